@@ -1,0 +1,24 @@
+"""Entry point: ``fqr`` / ``python -m fqr``. Each command lives in its own module."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import EXIT_USAGE, app, err
+
+# Command modules register themselves on `app` when imported.
+from . import doctor  # noqa: E402,F401
+
+
+def main() -> None:
+    from fqr.backends import BackendUnavailable
+
+    try:
+        app()
+    except (ValueError, TypeError, BackendUnavailable, FileNotFoundError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        sys.exit(EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""``fqr doctor``: what this machine has, and why each backend is or is not available."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import platform
+
+import torch
+from rich.table import Table
+
+from .common import app, out
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _facts() -> dict:
+    import os
+
+    facts = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "triton-ascend": _version("triton-ascend"),
+        "torch_npu": _version("torch_npu") or _version("torch-npu"),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+        "cann": os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH"),
+    }
+    return facts
+
+
+@app.command()
+def doctor(json_out: bool = __import__("typer").Option(False, "--json", help="print JSON")):
+    """Report torch / triton / triton-ascend / torch_npu / CANN presence and backend availability."""
+    from fqr.backends import BACKENDS
+
+    facts = _facts()
+    backends = {name: (b.unavailable_reason() or "available") for name, b in BACKENDS.items()}
+    if json_out:
+        out.print_json(json.dumps({"environment": facts, "backends": backends}))
+        return
+    env = Table(title="environment", show_header=False)
+    for k, v in facts.items():
+        env.add_row(k, str(v if v not in (None, [], "") else "-"))
+    out.print(env)
+    tb = Table(title="backends")
+    tb.add_column("backend")
+    tb.add_column("status")
+    for name, status in backends.items():
+        tb.add_row(name, "[green]available[/green]" if status == "available" else f"[yellow]{status}[/yellow]")
+    out.print(tb)

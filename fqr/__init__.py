@@ -1,0 +1,32 @@
+"""fqr: fused QKV-split, RMSNorm and RoPE.
+
+A JAX-style functional core (``fqr.ops``, ``fqr.core``) whose compositions are lowered to one
+generated Triton kernel (``fqr.lowering``) for NVIDIA GPUs and Ascend NPUs, with golden-file
+numerics (``fqr.golden``) and a vLLM-style multi-rank runtime (``fqr.runtime``).
+
+Follow one call: :func:`split_qkv_rmsnorm_rope` (``fqr/prologue.py``) -> :func:`trace`
+(``fqr/core.py``) -> :func:`lower` (``fqr/lowering``) -> generated source -> launch.
+"""
+
+from . import ops, presets
+from .backends import BACKENDS, BackendUnavailable, available_backends
+from .core import Aval, Program, TraceError, eval_program, spec, trace
+from .presets import PRESETS, get_preset
+from .prologue import NormStats, attention_prologue, split_qkv_rmsnorm_rope
+from .rope_cache import rope_cos_sin_cache
+
+__all__ = [
+    "split_qkv_rmsnorm_rope", "attention_prologue", "NormStats", "ops", "presets", "PRESETS",
+    "get_preset", "trace", "spec", "Aval", "Program", "TraceError", "eval_program",
+    "rope_cos_sin_cache", "BACKENDS", "BackendUnavailable", "available_backends",
+    "lower", "jit",
+]
+
+
+def __getattr__(name):
+    # The lowering imports triton lazily; keep `import fqr` light and triton-free.
+    if name in ("lower", "jit"):
+        from . import lowering
+
+        return getattr(lowering, name)
+    raise AttributeError(f"module 'fqr' has no attribute {name!r}")

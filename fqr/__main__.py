@@ -1,0 +1,3 @@
+from fqr_cli.app import main
+
+main()

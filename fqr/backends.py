@@ -1,0 +1,157 @@
+"""Backend registry and detection.
+
+A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
+
+=================  ===========================================================================
+``reference``      the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`);
+                   any device
+``interpret``      the generated Triton kernel (target ``cuda`` source) under ``TRITON_INTERPRET=1``
+                   on CPU tensors: slow, for CI and debugging
+``triton``         the generated kernel compiled by upstream Triton on a CUDA GPU
+``ascend``         the generated kernel (target ``ascend``) compiled by Triton-Ascend on an NPU
+``ascend-interpret`` the ``ascend``-target kernel under Triton-Ascend's interpreter on CPU
+=================  ===========================================================================
+
+``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors, ``reference`` otherwise
+(never the interpreter: it is slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .core import Program, eval_program
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    description: str
+    device_types: tuple[str, ...]
+    _availability: Callable[[], str | None]  # None when available, else the reason
+    _runner: Callable[[Program, list], list]
+
+    def unavailable_reason(self) -> str | None:
+        return self._availability()
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def run(self, program: Program, args: list) -> list[torch.Tensor]:
+        reason = self.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"backend {self.name!r} is unavailable: {reason}")
+        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        wrong = devices - set(self.device_types)
+        if wrong:
+            raise ValueError(f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, "
+                             f"got {'/'.join(sorted(wrong))} tensors")
+        return self._runner(program, args)
+
+
+def _triton_flavour() -> str | None:
+    """'upstream', 'ascend', or None when no triton is importable."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    if importlib.util.find_spec("triton.backends.ascend") is not None:
+        return "ascend"
+    return "upstream"
+
+
+def _npu_present() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    import torch_npu  # noqa: F401
+
+    return bool(torch.npu.is_available())
+
+
+def _reason_interpret() -> str | None:
+    if _triton_flavour() != "upstream":
+        return "upstream triton is not installed (pip install 'fqr[triton]')"
+    return None
+
+
+def _reason_triton() -> str | None:
+    if _triton_flavour() != "upstream":
+        return "upstream triton is not installed (pip install 'fqr[triton]')"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible to torch"
+    return None
+
+
+def _reason_ascend() -> str | None:
+    if _triton_flavour() != "ascend":
+        return "triton-ascend is not installed (use the Ascend environment: make ascend-env)"
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed"
+    if not _npu_present():
+        return "torch_npu found no NPU (is CANN installed and a device visible?)"
+    return None
+
+
+def _reason_ascend_interpret() -> str | None:
+    if _triton_flavour() != "ascend":
+        return "triton-ascend is not installed (use the Ascend environment: make ascend-env)"
+    return None
+
+
+def _run_reference(program: Program, args: list) -> list:
+    return eval_program(program, args, torch.float32)
+
+
+def _kernel_runner(target: str):
+    def run(program: Program, args: list) -> list:
+        from .lowering import lower
+
+        return lower(program, target=target)(*args)
+    return run
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in [
+    Backend("reference", "torch impl rules, fp32 compute", ("cpu", "cuda", "npu"),
+            lambda: None, _run_reference),
+    Backend("interpret", "generated kernel, Triton interpreter (CPU)", ("cpu",),
+            _reason_interpret, _kernel_runner("interpret")),
+    Backend("triton", "generated kernel, Triton on CUDA", ("cuda",),
+            _reason_triton, _kernel_runner("cuda")),
+    Backend("ascend", "generated kernel, Triton-Ascend on NPU", ("npu",),
+            _reason_ascend, _kernel_runner("ascend")),
+    Backend("ascend-interpret", "ascend-target kernel, Triton-Ascend interpreter (CPU)", ("cpu",),
+            _reason_ascend_interpret, _kernel_runner("ascend-interpret")),
+]}
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}") from None
+
+
+def auto_backend_name(device: torch.device) -> str:
+    return {"cuda": "triton", "npu": "ascend"}.get(device.type, "reference")
+
+
+def resolve_backend(name: str, device: torch.device) -> Backend:
+    backend = get_backend(auto_backend_name(device) if name == "auto" else name)
+    if device.type not in backend.device_types:
+        raise ValueError(f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
+                         f"tensors, but qkv is on {device.type}")
+    reason = backend.unavailable_reason()
+    if reason:
+        raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {reason}")
+    return backend
+
+
+def available_backends() -> list[str]:
+    return [name for name, b in BACKENDS.items() if b.available]

@@ -1,0 +1,135 @@
+"""The numerics contract, and the comparisons that enforce it.
+
+Every output is compared with the float64-exact value of the math on the (already rounded)
+inputs, head by head:
+
+==========  ==================  ==============================================================
+numerics    output dtype        passes when
+==========  ==================  ==============================================================
+fused       bf16, fp16          every element within 1 ULP of the correctly rounded float64
+                                value. Elements whose exact value is below the fp32 compute
+                                floor of their head (``|err| <= 2^-20 * max|head|``) pass on
+                                that absolute bound instead (fp32 arithmetic cannot resolve
+                                RoPE cancellation below it).
+fused       fp32                ``|err| <= 2^-16 * max|head|`` (head-relative, ~1.5e-5)
+unfused     bf16                ``|err| <= 2^-5  * max|head|`` (8 x bf16 epsilon)
+unfused     fp16                ``|err| <= 2^-8  * max|head|`` (8 x fp16 epsilon)
+unfused     fp32                as fused fp32
+any         any                 NaN or Inf in an output never passes
+==========  ==================  ==============================================================
+
+``v`` is a copy and must match bit for bit. ULPs are counted on the bit patterns (bit-cast in
+torch; numpy has no bf16), so +0 and -0 are the same value and neighbours are 1 apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+COMPUTE_FLOOR = 2.0 ** -20
+HEAD_RELATIVE_BOUND = {
+    ("fused", torch.float32): 2.0 ** -16,
+    ("unfused", torch.float32): 2.0 ** -16,
+    ("unfused", torch.bfloat16): 2.0 ** -5,
+    ("unfused", torch.float16): 2.0 ** -8,
+}
+_INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
+    if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
+        return "<=1 ulp"
+    return f"<={HEAD_RELATIVE_BOUND[(numerics, dtype)]:.2g} x head max"
+
+
+def ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """Map floats to int64 so that adjacent representable values differ by 1 (+0 == -0)."""
+    bits = x.contiguous().view(_INT_OF[x.dtype]).to(torch.int64)
+    width = torch.finfo(x.dtype).bits
+    sign = bits < 0
+    magnitude = bits & ((1 << (width - 1)) - 1)
+    return torch.where(sign, -magnitude, magnitude)
+
+
+def _from_ordered(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    width = torch.finfo(dtype).bits
+    bits = torch.where(o < 0, (-o) | (1 << (width - 1)), o)
+    bits = torch.where(bits >= (1 << (width - 1)), bits - (1 << width), bits)  # to signed range
+    return bits.to(_INT_OF[dtype]).view(dtype)
+
+
+def round_nearest(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Correctly rounded (nearest, ties to even) float64 -> ``dtype``.
+
+    torch's float64 -> bf16 conversion goes through float32 and can double-round; this picks
+    the nearest of the three neighbours of that result, measured exactly in float64.
+    """
+    ref = ref.to(torch.float64)
+    approx = ref.to(dtype)
+    if dtype == torch.float32:
+        return approx  # float64 -> float32 is a single rounding
+    base = ordered_bits(approx)
+    cands = torch.stack([_from_ordered(base + d, dtype) for d in (-1, 0, 1)])
+    err = (cands.to(torch.float64) - ref).abs()
+    finite = torch.isfinite(cands.to(torch.float64))
+    err = torch.where(finite, err, torch.full_like(err, float("inf")))
+    best = err.min(dim=0).values
+    is_best = err == best
+    even = (ordered_bits(cands.reshape(-1)).reshape(cands.shape) % 2) == 0
+    choice = torch.where(is_best & even, 0, torch.where(is_best, 1, 2)).argmin(dim=0)
+    picked = cands.gather(0, choice.unsqueeze(0)).squeeze(0)
+    return torch.where(torch.isfinite(ref), picked, approx)
+
+
+@dataclass
+class Comparison:
+    max_ulp: int | None       # None for fp32 outputs
+    max_abs: float
+    max_rel_head: float       # max |err| / max|head| over heads
+    bad: int                  # elements outside the tolerance
+    nonfinite: int
+    passed: bool
+    tolerance: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(out: torch.Tensor, exact: torch.Tensor, *, head_dim: int, numerics: str = "fused",
+            bitwise: bool = False) -> Comparison:
+    """Compare ``out`` (any dtype, [T, H*D]) with float64 ``exact`` under the contract above."""
+    if out.shape != exact.shape:
+        raise ValueError(f"shape mismatch: output {list(out.shape)} vs expected {list(exact.shape)}")
+    dtype = out.dtype
+    out_c, exact64 = out.detach().cpu(), exact.detach().cpu().to(torch.float64)
+    out64 = out_c.to(torch.float64)
+    nonfinite = int((~torch.isfinite(out64)).sum())
+    t = out.shape[0]
+    if out.numel() == 0:
+        return Comparison(0, 0.0, 0.0, 0, 0, True, "empty")
+    heads64 = exact64.reshape(t, -1, head_dim)
+    head_max = heads64.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    err = (out64.reshape(heads64.shape) - heads64).abs()
+    err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
+    rel = err / head_max
+    max_abs, max_rel = float(err.max()), float(rel.max())
+    max_ulp = None
+    if dtype in (torch.bfloat16, torch.float16):
+        nearest = round_nearest(exact64, dtype)
+        ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
+        max_ulp = int(ulp.max())
+    if bitwise:
+        tol = "bit-exact"
+        ok = (err == 0)
+    elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
+        tol = "<=1 ulp"
+        ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)
+    else:
+        bound = HEAD_RELATIVE_BOUND[(numerics, dtype)]
+        tol = f"<={bound:.2g} x head max"
+        ok = rel <= bound
+    bad = int((~ok).sum()) + 0
+    passed = bad == 0 and nonfinite == 0
+    return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol)

@@ -1,0 +1,30 @@
+"""reduce_precision: round a value to a storage dtype and keep computing in the wider one.
+
+Inside a fused program every intermediate stays in fp32; ``reduce_precision[dtype=bf16]``
+is the one explicit rounding the ``unfused`` numerics mode inserts after the norm, where an
+unfused model writes the norm's output to a bf16 tensor (JAX's ``lax.reduce_precision``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import Aval, primitive
+
+reduce_precision_p = primitive("reduce_precision")
+
+
+def reduce_precision(x, dtype: torch.dtype):
+    return reduce_precision_p.bind(x, dtype=dtype)
+
+
+@reduce_precision_p.def_abstract
+def _rp_abstract(x: Aval, *, dtype):
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be floating, got {dtype}")
+    return Aval(x.shape, x.dtype)
+
+
+@reduce_precision_p.def_impl
+def _rp_impl(x, *, dtype):
+    return x.to(dtype).to(x.dtype)

@@ -1,0 +1,74 @@
+"""rope: rotary position embedding with vLLM's ``cos_sin_cache`` layout.
+
+``cos_sin_cache`` is ``[max_position, R]`` (R = rotary_dim <= head_dim, even): cos in columns
+``[0, R/2)``, sin in ``[R/2, R)``. For token ``t`` with ``c, s = cache[positions[t]]`` split in
+halves, and each head's first ``R`` features split into pairs ``(x1_i, x2_i)``::
+
+    x1_i' = x1_i * c_i - x2_i * s_i
+    x2_i' = x2_i * c_i + x1_i * s_i
+
+NeoX style pairs feature ``i`` with ``i + R/2``; GPT-J style pairs ``2i`` with ``2i + 1``.
+Features ``[R, D)`` pass through (partial rotary). This is vLLM's ``RotaryEmbedding.forward_native``
+(``apply_rotary_emb_torch``).
+
+``round_to`` (a dtype, or None) rounds the result of every multiply and add to that dtype, as
+the unfused model code does when it runs RoPE in bf16/fp16 tensors with a cache of that dtype
+(cos and sin are rounded too); None is the fused contract (no intermediate rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import Aval, primitive
+
+rope_p = primitive("rope")
+
+
+def rope(x, positions, cos_sin_cache, *, head_dim: int, is_neox: bool = True,
+         round_to: torch.dtype | None = None):
+    """See the module docstring."""
+    return rope_p.bind(x, positions, cos_sin_cache, d=int(head_dim), neox=bool(is_neox),
+                       round_to=round_to)
+
+
+@rope_p.def_abstract
+def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D [T, heads*head_dim], got shape {list(x.shape)}")
+    if d < 1 or x.shape[1] % d:
+        raise ValueError(f"head_dim {d} does not divide the width {x.shape[1]}")
+    if positions.ndim != 1 or positions.shape[0] != x.shape[0]:
+        raise ValueError(f"positions must be [T] with T = {x.shape[0]}, got {list(positions.shape)}")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    if cache.ndim != 2:
+        raise ValueError(f"cos_sin_cache must be 2-D [max_position, rotary_dim], got {list(cache.shape)}")
+    if not cache.dtype.is_floating_point:
+        raise TypeError(f"cos_sin_cache must be a floating tensor, got {cache.dtype}")
+    r = cache.shape[1]
+    if r % 2 or r < 2:
+        raise ValueError(f"rotary_dim (cos_sin_cache width) must be even and >= 2, got {r}")
+    if r > d:
+        raise ValueError(f"rotary_dim (cos_sin_cache width) {r} exceeds head_dim {d}")
+    return Aval(x.shape, x.dtype)
+
+
+@rope_p.def_impl
+def _rope_impl(x, positions, cache, *, d, neox, round_to):
+    rnd = (lambda v: v.to(round_to).to(x.dtype)) if round_to is not None else (lambda v: v)
+    t, n = x.shape
+    r = cache.shape[1]
+    heads = x.reshape(t, n // d, d)
+    rot, passthrough = heads[..., :r], heads[..., r:]
+    cs = cache.index_select(0, positions.long()).to(x.dtype)
+    cos = rnd(cs[:, None, : r // 2])
+    sin = rnd(cs[:, None, r // 2:])
+    if neox:
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    o1 = rnd(rnd(x1 * cos) - rnd(x2 * sin))
+    o2 = rnd(rnd(x2 * cos) + rnd(x1 * sin))
+    rotated = torch.cat([o1, o2], -1) if neox else torch.stack([o1, o2], -1).flatten(-2)
+    return torch.cat([rotated, passthrough], -1).reshape(t, n)

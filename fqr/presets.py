@@ -1,0 +1,150 @@
+"""Real model attention-prologue shapes, and their tensor-parallel views.
+
+Each preset records what the fused op needs from a model's config: head counts, head_dim,
+rotary_dim (partial rotary), RoPE style and table (theta, scaling), the QK-norm kind
+("head": per-head RMSNorm as in Qwen3/Gemma 3; "full": one RMSNorm over the whole q and the
+whole k projection as in OLMo2; "none": split + RoPE only, as in Llama 3 and GLM-4), its eps
+and weight offset (1.0 for Gemma-style ``(1 + w)`` weights).
+
+``preset.shard(tp)`` is what one tensor-parallel rank holds, as vLLM shards attention: q heads
+are divided by ``tp``; kv heads are divided when ``num_kv_heads >= tp`` and replicated (one per
+rank) otherwise, which needs ``tp % num_kv_heads == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import torch
+
+from .rope_cache import rope_cos_sin_cache
+
+NORM_KINDS = ("head", "full", "none")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hf_id: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    max_position: int
+    norm: str = "head"
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    partial_rotary_factor: float = 1.0
+    is_neox: bool = True
+    rope_scaling: tuple = field(default=())  # (("rope_type", "llama3"), ("factor", 8.0), ...)
+    tp: int = 1
+    total_heads: int = 0  # unsharded q heads (set by __post_init__ when 0)
+    total_kv_heads: int = 0
+
+    def __post_init__(self):
+        if self.norm not in NORM_KINDS:
+            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+        if not self.total_heads:
+            object.__setattr__(self, "total_heads", self.num_heads)
+        if not self.total_kv_heads:
+            object.__setattr__(self, "total_kv_heads", self.num_kv_heads)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        return self.q_size + 2 * self.kv_size
+
+    @property
+    def norm_group(self) -> tuple[int, int] | None:
+        """(q group_size, k group_size) of the RMSNorm, or None when the model has no QK norm."""
+        if self.norm == "none":
+            return None
+        if self.norm == "head":
+            return self.head_dim, self.head_dim
+        # Full-width norm: the statistic spans the whole (unsharded) projection.
+        return self.total_heads * self.head_dim, self.total_kv_heads * self.head_dim
+
+    def shard(self, tp: int) -> "Preset":
+        """The per-rank view at tensor-parallel size ``tp`` (see module docstring)."""
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        if self.tp != 1:
+            raise ValueError(f"preset {self.name} is already a tp={self.tp} view")
+        if self.num_heads % tp:
+            raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_heads} q heads")
+        if self.num_kv_heads >= tp:
+            if self.num_kv_heads % tp:
+                raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} kv heads")
+            kv = self.num_kv_heads // tp
+        else:
+            if tp % self.num_kv_heads:
+                raise ValueError(
+                    f"tp={tp} is not a multiple of {self.name}'s {self.num_kv_heads} kv heads")
+            kv = 1
+        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=kv, tp=tp,
+                       total_heads=self.num_heads, total_kv_heads=self.num_kv_heads)
+
+    def kv_head_owner(self, tp_rank: int) -> int:
+        """Index of the first (unsharded) kv head that TP rank ``tp_rank`` holds."""
+        if self.total_kv_heads >= self.tp:
+            return tp_rank * self.num_kv_heads
+        return tp_rank * self.total_kv_heads // self.tp
+
+    @property
+    def label(self) -> str:
+        return self.name if self.tp == 1 else f"{self.name}@tp{self.tp}"
+
+    def cos_sin_cache(self, max_position: int | None = None, dtype=torch.float32) -> torch.Tensor:
+        """The model's real RoPE table in vLLM layout ``[max_position, rotary_dim]``."""
+        return rope_cos_sin_cache(self.rotary_dim, max_position or self.max_position,
+                                  self.rope_theta, scaling=dict(self.rope_scaling), dtype=dtype)
+
+    @cached_property
+    def summary(self) -> str:
+        return (f"{self.label}: hq={self.num_heads} hkv={self.num_kv_heads} d={self.head_dim} "
+                f"rotary={self.rotary_dim} {'neox' if self.is_neox else 'gptj'} norm={self.norm}"
+                f" eps={self.eps:g} offset={self.weight_offset:g} theta={self.rope_theta:g}")
+
+
+_LLAMA3_SCALING = (("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
+                   ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960),
+    Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960),
+    Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960),
+    Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960),
+    Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960),
+    # Gemma 3 global-attention layers (theta 1e6); Gemma norms scale by (1 + w).
+    Preset("gemma3-1b", "google/gemma-3-1b-it", 4, 1, 256, 1e6, 32768, weight_offset=1.0),
+    Preset("gemma3-27b", "google/gemma-3-27b-it", 32, 16, 128, 1e6, 131072, weight_offset=1.0),
+    # Qwen3.5 full-attention layers: head_dim 256, a quarter of it rotated, (1 + w) norms.
+    Preset("qwen3.5-27b", "Qwen/Qwen3.5-27B", 24, 4, 256, 1e7, 262144, weight_offset=1.0,
+           partial_rotary_factor=0.25),
+    Preset("olmo2-7b", "allenai/OLMo-2-1124-7B", 32, 32, 128, 5e5, 4096, norm="full"),
+    Preset("llama3-8b", "meta-llama/Llama-3.1-8B", 32, 8, 128, 5e5, 131072, norm="none",
+           eps=1e-5, rope_scaling=_LLAMA3_SCALING),
+    Preset("glm4-9b", "THUDM/glm-4-9b-chat", 32, 2, 128, 1e4, 131072, norm="none",
+           eps=1.5625e-7, partial_rotary_factor=0.5, is_neox=False),
+]}
+
+
+def get_preset(name: str, tp: int = 1) -> Preset:
+    """The preset called ``name`` (lower case, e.g. ``qwen3-8b``), viewed at TP size ``tp``."""
+    try:
+        preset = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+    return preset.shard(tp) if tp != 1 else preset

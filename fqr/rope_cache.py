@@ -1,0 +1,50 @@
+"""Real RoPE angle tables in vLLM's ``cos_sin_cache`` layout.
+
+``cache[p] = [cos(p * f_0) .. cos(p * f_{R/2-1}), sin(p * f_0) .. sin(p * f_{R/2-1})]`` with
+``f_i = 1 / theta^(2i / R)`` (R = rotary_dim), as vLLM's ``RotaryEmbedding._compute_cos_sin_cache``
+builds it. The angles are computed in float64 and rounded once to ``dtype``, so the table is the
+correctly rounded real table, not an fp32 approximation of it. ``scaling={"rope_type": "llama3",
+...}`` applies Llama 3.1's frequency scaling (vLLM ``Llama3RotaryEmbedding``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    if scaling and scaling.get("rope_type") == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_ctx = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(is_mid, mid, scaled)
+    elif scaling:
+        raise ValueError(f"unsupported rope scaling {scaling!r}")
+    return inv_freq
+
+
+def rope_angles(positions: torch.Tensor, rotary_dim: int, theta: float,
+                scaling: dict | None = None) -> torch.Tensor:
+    """float64 angles ``[len(positions), rotary_dim/2]``."""
+    inv_freq = inverse_frequencies(rotary_dim, theta, scaling)
+    return positions.to(torch.float64)[:, None] * inv_freq[None, :]
+
+
+def rope_cos_sin_cache(rotary_dim: int, max_position: int, theta: float,
+                       scaling: dict | None = None, dtype=torch.float32,
+                       rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given)."""
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    positions = torch.arange(max_position) if rows is None else rows
+    angles = rope_angles(positions, rotary_dim, theta, scaling)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
