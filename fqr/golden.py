@@ -1,0 +1,452 @@
+"""Golden files: an independent float64 formulation of the prologue, the bundled cases, their
+storage (``golden/manifest.json`` + one safetensors file per case) and the check of a backend's
+outputs against them.
+
+**The exact formulation** (:func:`exact_prologue`) shares no code with ``fqr.ops``. On the
+already-rounded inputs, in float64, per token ``t`` and head ``h`` (``x`` = the head's D features):
+
+* norm, per head (``norm="head"``) or over the whole q / k projection (``norm="full"``)::
+
+      y = x / sqrt(sum(x^2) / n + eps) * (weight_offset + w) + b       (n = features in the group)
+
+  where a tensor-parallel shard of a full-width norm takes ``sum(x^2)`` and ``n`` from the
+  all-reduced statistic (:class:`fqr.NormStats`) instead;
+* RoPE as complex multiplication: the first R features form R/2 complex numbers
+  ``z_i = x1_i + i x2_i`` (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``), each multiplied by
+  ``cos_i + i sin_i`` from row ``positions[t]`` of the (fp32) table, in complex128;
+* v is a bit-exact copy of its slice.
+
+The expectation is the same float64 value for ``numerics="fused"`` and ``"unfused"``; only the
+tolerance differs (:func:`fqr.numerics.compare`).
+
+**Storage.** Each case file holds its inputs in their own dtypes (``qkv``, ``positions``,
+``q_weight``/``k_weight``, ``q_bias``/``k_bias``, ``q_sum_sq``/``k_sum_sq`` for a sharded
+full-width norm), the rows of the RoPE table it uses (``cos_sin_rows``) with their indices
+(``cos_sin_index``), and the expectations (``expected_q``/``expected_k`` float64, ``expected_v``
+in the input dtype). :func:`load_case` rebuilds the full ``[max_position, R]`` table with NaN in
+every row the case does not use, so a kernel that reads a wrong row fails loudly, and (for cases
+with ``row_stride > width``) places qkv in a wider NaN-filled buffer. The manifest records each
+case's parameters, tolerances and the sha256 of its file; a mismatch raises
+:class:`GoldenCorrupt`. :func:`regen` rebuilds everything deterministically from each case's
+seed (same bytes twice).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from .numerics import Comparison, compare, tolerance_text
+from .presets import get_preset
+from .prologue import NormStats
+from .rope_cache import rope_cos_sin_cache
+
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+MANIFEST = "manifest.json"
+FORMAT = "fqr-golden/1"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class GoldenCorrupt(Exception):
+    """A golden file is missing or its sha256 does not match the manifest."""
+
+
+# ----------------------------------------------------------------------- exact formulation
+
+def _exact_norm(x: torch.Tensor, weight, bias, *, eps: float, weight_offset: float,
+                sum_sq: torch.Tensor | None, count: int | None) -> torch.Tensor:
+    """RMS-normalise the last dim of float64 ``x`` (``[T, groups, n]``) by its formula."""
+    n = x.shape[-1]
+    if sum_sq is None:
+        mean_sq = (x * x).sum(dim=-1, keepdim=True) / n
+    else:
+        mean_sq = sum_sq.to(torch.float64).reshape(-1, 1, 1) / count
+    y = x / torch.sqrt(mean_sq + eps) * (weight_offset + weight.to(torch.float64))
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y
+
+
+def _exact_rope(x: torch.Tensor, angle_rows: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """Rotate the first R features of every head of float64 ``x [T, H, D]`` as complex numbers."""
+    r = angle_rows.shape[1]
+    rot = torch.complex(angle_rows[:, : r // 2], angle_rows[:, r // 2:])[:, None, :]
+    head = x[..., :r]
+    if is_neox:
+        z = torch.complex(head[..., : r // 2].contiguous(), head[..., r // 2:].contiguous())
+    else:
+        z = torch.view_as_complex(head.reshape(*head.shape[:-1], r // 2, 2).contiguous())
+    w = z * rot
+    if is_neox:
+        rotated = torch.cat([w.real, w.imag], dim=-1)
+    else:
+        rotated = torch.view_as_real(w).flatten(-2)
+    return torch.cat([rotated, x[..., r:]], dim=-1)
+
+
+def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_heads: int,
+                   num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
+                   q_bias=None, k_bias=None, weight_offset: float = 0.0, norm: str = "head",
+                   norm_stats: NormStats | None = None):
+    """The prologue in float64 by its formulas (module docstring): ``(q, k, v)``.
+
+    Same arguments as :func:`fqr.split_qkv_rmsnorm_rope` (any float dtypes, any device);
+    returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
+    """
+    t, d = qkv.shape[0], head_dim
+    q_width, kv_width = num_heads * d, num_kv_heads * d
+    x = qkv[:, : q_width + 2 * kv_width].to(torch.float64)
+    q = x[:, :q_width].reshape(t, num_heads, d)
+    k = x[:, q_width: q_width + kv_width].reshape(t, num_kv_heads, d)
+    v = qkv[:, q_width + kv_width: q_width + 2 * kv_width].clone(memory_format=torch.contiguous_format)
+    if norm != "none":
+        stats = {"q": (None, None), "k": (None, None)}
+        if norm_stats is not None:
+            stats = {"q": (norm_stats.q_sum_sq, norm_stats.q_count),
+                     "k": (norm_stats.k_sum_sq, norm_stats.k_count)}
+        normed = []
+        for name, heads, weight, bias in (("q", q, q_weight, q_bias), ("k", k, k_weight, k_bias)):
+            group = heads if norm == "head" else heads.reshape(t, 1, -1)
+            y = _exact_norm(group, weight, bias, eps=eps, weight_offset=weight_offset,
+                            sum_sq=stats[name][0], count=stats[name][1])
+            normed.append(y.reshape(heads.shape))
+        q, k = normed
+    rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
+    q = _exact_rope(q, rows, is_neox).reshape(t, q_width)
+    k = _exact_rope(k, rows, is_neox).reshape(t, kv_width)
+    return q, k, v
+
+
+# ----------------------------------------------------------------------------- the cases
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One golden case: a preset (at TP size ``tp``), an input dtype and a token count, plus
+    the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
+    ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
+    row (row stride > width)."""
+    preset: str
+    dtype: str
+    tokens: int
+    numerics: str = "fused"
+    tp: int = 1
+    bias: bool = False
+    is_neox: bool | None = None
+    max_position: int | None = None
+    positions_dtype: str = "int64"
+    row_pad: int = 0
+
+    @property
+    def name(self) -> str:
+        parts = [self.preset if self.tp == 1 else f"{self.preset}-tp{self.tp}", self.dtype,
+                 f"t{self.tokens}", self.numerics]
+        if self.bias:
+            parts.append("bias")
+        if self.is_neox is False:
+            parts.append("gptj")
+        if self.max_position:
+            parts.append(f"pos{self.max_position.bit_length() - 1}")
+        if self.positions_dtype == "int32":
+            parts.append("i32")
+        if self.row_pad:
+            parts.append("strided")
+        return "-".join(parts)
+
+    @property
+    def seed(self) -> int:
+        """Deterministic per case, independent of the case's position in the list."""
+        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
+
+
+POS_2_18 = 1 << 18
+# Every preset; bf16/fp16/fp32; T = 1, 7, 257 (TP-sharded views keep the 257-token cases
+# small); bias; NeoX and GPT-J; partial rotary (qwen3.5, glm4); (1+w) (gemma3, qwen3.5);
+# full-width norm (olmo2, also sharded with all-reduced statistics); no norm (llama3, glm4);
+# fused and unfused numerics; positions up to 2^18; int32 positions; row stride > width.
+CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7),
+    CaseSpec("qwen3-0.6b", "fp16", 7, bias=True),
+    CaseSpec("qwen3-0.6b", "fp32", 7),
+    CaseSpec("qwen3-0.6b", "bf16", 257, "unfused", tp=8),
+    CaseSpec("qwen3-8b", "bf16", 1),
+    CaseSpec("qwen3-8b", "bf16", 257, tp=8, positions_dtype="int32", row_pad=64),
+    CaseSpec("qwen3-8b", "fp16", 7, "unfused"),
+    CaseSpec("qwen3-32b", "bf16", 7, tp=8, bias=True, is_neox=False),
+    CaseSpec("qwen3-30b-a3b", "fp16", 257, tp=8),
+    CaseSpec("qwen3-235b-a22b", "bf16", 7, tp=8, bias=True),
+    CaseSpec("gemma3-1b", "bf16", 7),
+    CaseSpec("gemma3-1b", "fp32", 257, tp=2, max_position=POS_2_18),
+    CaseSpec("gemma3-27b", "bf16", 257, "unfused", tp=16),
+    CaseSpec("gemma3-27b", "fp16", 1),
+    CaseSpec("qwen3.5-27b", "bf16", 7),
+    CaseSpec("qwen3.5-27b", "fp16", 257, tp=8, bias=True),
+    CaseSpec("qwen3.5-27b", "fp32", 1, "unfused"),
+    CaseSpec("olmo2-7b", "bf16", 7),
+    CaseSpec("olmo2-7b", "fp16", 7, bias=True, row_pad=32),
+    CaseSpec("olmo2-7b", "fp32", 1, "unfused"),
+    CaseSpec("olmo2-7b", "bf16", 7, tp=4),
+    CaseSpec("llama3-8b", "bf16", 7, max_position=POS_2_18),
+    CaseSpec("llama3-8b", "fp16", 257, "unfused", tp=8),
+    CaseSpec("llama3-8b", "fp32", 1),
+    CaseSpec("glm4-9b", "bf16", 7),
+    CaseSpec("glm4-9b", "bf16", 257, tp=8, max_position=POS_2_18, positions_dtype="int32"),
+    CaseSpec("glm4-9b", "fp16", 7, "unfused"),
+)
+
+
+def select_cases(pattern: str | None = None) -> list[CaseSpec]:
+    """The case specs whose name matches the glob ``pattern`` (all when None)."""
+    return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
+
+
+def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """Draw one case's inputs from its seed and compute its expectations."""
+    preset = get_preset(spec.preset, spec.tp)
+    dtype = DTYPES[spec.dtype]
+    gen = torch.Generator().manual_seed(spec.seed)
+    t, d = spec.tokens, preset.head_dim
+    heads = preset.num_heads + 2 * preset.num_kv_heads
+    is_neox = preset.is_neox if spec.is_neox is None else spec.is_neox
+    max_position = spec.max_position or preset.max_position
+
+    head_scale = 0.5 + 2.5 * torch.rand(heads, generator=gen, dtype=torch.float64)
+    qkv = (torch.randn(t, heads, d, generator=gen, dtype=torch.float64) * head_scale[:, None])
+    qkv = qkv.reshape(t, heads * d).to(dtype)
+    positions = torch.randint(0, max_position, (t,), generator=gen)
+    positions[0] = max_position - 1  # the table's last row is always exercised
+    if t > 2:
+        positions[1] = 0
+    positions = positions.to(getattr(torch, spec.positions_dtype))
+
+    tensors: dict[str, torch.Tensor] = {"qkv": qkv, "positions": positions}
+    norm_stats = None
+    if preset.norm != "none":
+        n_q = d if preset.norm == "head" else preset.q_size
+        n_k = d if preset.norm == "head" else preset.kv_size
+        centre = 0.0 if preset.weight_offset else 1.0
+        tensors["q_weight"] = (centre + 0.2 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(dtype)
+        tensors["k_weight"] = (centre + 0.2 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(dtype)
+        if spec.bias:
+            tensors["q_bias"] = (0.05 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(dtype)
+            tensors["k_bias"] = (0.05 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(dtype)
+        if preset.norm == "full" and preset.tp > 1:
+            # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
+            sums = []
+            for local, total in ((preset.q_size, preset.total_heads * d),
+                                 (preset.kv_size, preset.total_kv_heads * d)):
+                rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
+                rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(dtype)
+                sums.append(rest.to(torch.float64).square().sum(-1))
+            q_loc = qkv[:, : preset.q_size].to(torch.float64)
+            k_loc = qkv[:, preset.q_size: preset.q_size + preset.kv_size].to(torch.float64)
+            tensors["q_sum_sq"] = (sums[0] + q_loc.square().sum(-1)).to(torch.float32)
+            tensors["k_sum_sq"] = (sums[1] + k_loc.square().sum(-1)).to(torch.float32)
+            norm_stats = NormStats(tensors["q_sum_sq"], tensors["k_sum_sq"],
+                                   preset.total_heads * d, preset.total_kv_heads * d)
+
+    index = torch.unique(positions.long())
+    rows = rope_cos_sin_cache(preset.rotary_dim, max_position, preset.rope_theta,
+                              scaling=dict(preset.rope_scaling), rows=index)
+    tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
+    table = _sparse_table(rows, index, max_position)
+    q, k, v = exact_prologue(
+        qkv, positions, table, tensors.get("q_weight"), tensors.get("k_weight"),
+        num_heads=preset.num_heads, num_kv_heads=preset.num_kv_heads, head_dim=d,
+        eps=preset.eps, is_neox=is_neox, q_bias=tensors.get("q_bias"),
+        k_bias=tensors.get("k_bias"), weight_offset=preset.weight_offset, norm=preset.norm,
+        norm_stats=norm_stats)
+    tensors.update(expected_q=q, expected_k=k, expected_v=v)
+
+    entry = {
+        "name": spec.name, "file": f"{spec.name}.safetensors", "seed": spec.seed,
+        "preset": spec.preset, "tp": spec.tp, "dtype": spec.dtype, "numerics": spec.numerics,
+        "tokens": t, "bias": spec.bias, "is_neox": is_neox, "num_heads": preset.num_heads,
+        "num_kv_heads": preset.num_kv_heads, "head_dim": d, "rotary_dim": preset.rotary_dim,
+        "norm": preset.norm, "norm_stats": norm_stats is not None, "eps": preset.eps,
+        "weight_offset": preset.weight_offset, "rope_theta": preset.rope_theta,
+        "max_position": max_position, "positions_dtype": spec.positions_dtype,
+        "row_stride": heads * d + spec.row_pad,
+        "tolerance": {"q": tolerance_text(spec.numerics, dtype),
+                      "k": tolerance_text(spec.numerics, dtype), "v": "bit-exact"},
+    }
+    return tensors, entry
+
+
+def _sparse_table(rows: torch.Tensor, index: torch.Tensor, max_position: int) -> torch.Tensor:
+    """``[max_position, R]`` with ``rows`` at ``index`` and NaN everywhere else."""
+    table = torch.full((max_position, rows.shape[1]), float("nan"), dtype=rows.dtype)
+    table[index] = rows
+    return table
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_manifest(directory: Path, entries: list[dict]) -> None:
+    doc = {"format": FORMAT, "cases": entries}
+    (directory / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def read_manifest(directory: Path | str = GOLDEN_DIR) -> list[dict]:
+    """The manifest's case entries (raises FileNotFoundError when there is none)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no golden manifest at {path} (run `fqr golden regen`)")
+    doc = json.loads(path.read_text())
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown golden format {doc.get('format')!r} (want {FORMAT})")
+    return doc["cases"]
+
+
+def regen(directory: Path | str = GOLDEN_DIR, pattern: str | None = None,
+          kernels: bool = True) -> list[dict]:
+    """(Re)write the case files matching the glob ``pattern`` (all when None) and the manifest.
+
+    Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
+    entries of the cases not rebuilt; without one, stale case files are removed and (with
+    ``kernels``) the generated-kernel goldens are rebuilt by
+    ``fqr.lowering.golden_kernels.regen(directory)`` when that module exists.
+    Returns the entries written.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    specs = select_cases(pattern)
+    if not specs:
+        raise ValueError(f"pattern {pattern!r} matches no golden case")
+    old = {}
+    if pattern is not None and (directory / MANIFEST).is_file():
+        old = {e["name"]: e for e in read_manifest(directory)}
+    written = {}
+    for spec in specs:
+        tensors, entry = _case_tensors(spec)
+        path = directory / entry["file"]
+        path.write_bytes(save_safetensors(tensors, metadata={"format": FORMAT, "case": spec.name}))
+        entry["sha256"], entry["bytes"] = _sha256(path), path.stat().st_size
+        written[spec.name] = entry
+    entries = [written.get(c.name) or old.get(c.name) for c in CASES]
+    _write_manifest(directory, [e for e in entries if e is not None])
+    if pattern is None:
+        keep = {e["file"] for e in written.values()}
+        for stale in directory.glob("*.safetensors"):
+            if stale.name not in keep:
+                stale.unlink()
+        if kernels and importlib.util.find_spec("fqr.lowering.golden_kernels") is not None:
+            importlib.import_module("fqr.lowering.golden_kernels").regen(directory)
+    return list(written.values())
+
+
+def list_cases(directory: Path | str = GOLDEN_DIR, pattern: str | None = None) -> list[dict]:
+    """Manifest entries whose name matches the glob ``pattern`` (all when None)."""
+    return [e for e in read_manifest(directory)
+            if pattern is None or fnmatch.fnmatchcase(e["name"], pattern)]
+
+
+# ------------------------------------------------------------------------- loading, checking
+
+@dataclass
+class GoldenCase:
+    """One loaded case: the inputs of :func:`fqr.split_qkv_rmsnorm_rope` and the expectations."""
+    entry: dict
+    qkv_buffer: torch.Tensor          # [T, row_stride]; qkv is its first `width` columns
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor       # [max_position, R], NaN in every row the case does not use
+    q_weight: torch.Tensor | None
+    k_weight: torch.Tensor | None
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    q_sum_sq: torch.Tensor | None
+    k_sum_sq: torch.Tensor | None
+    expected_q: torch.Tensor          # float64
+    expected_k: torch.Tensor          # float64
+    expected_v: torch.Tensor          # input dtype (bit-exact copy)
+    tolerance: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.entry["name"]
+
+    @property
+    def qkv(self) -> torch.Tensor:
+        e = self.entry
+        return self.qkv_buffer[:, : (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"]]
+
+    def to(self, device) -> "GoldenCase":
+        """The inputs on ``device`` (expectations stay on the CPU)."""
+        move = {k: (None if getattr(self, k) is None else getattr(self, k).to(device))
+                for k in ("qkv_buffer", "positions", "cos_sin_cache", "q_weight", "k_weight",
+                          "q_bias", "k_bias", "q_sum_sq", "k_sum_sq")}
+        return GoldenCase(self.entry, **move, expected_q=self.expected_q,
+                          expected_k=self.expected_k, expected_v=self.expected_v,
+                          tolerance=self.tolerance)
+
+    def norm_stats(self) -> NormStats | None:
+        if self.q_sum_sq is None:
+            return None
+        e = self.entry
+        total = get_preset(e["preset"], e["tp"])
+        return NormStats(self.q_sum_sq, self.k_sum_sq, total.total_heads * e["head_dim"],
+                         total.total_kv_heads * e["head_dim"])
+
+    def args(self) -> tuple:
+        return (self.qkv, self.positions, self.cos_sin_cache, self.q_weight, self.k_weight)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
+        e = self.entry
+        return dict(num_heads=e["num_heads"], num_kv_heads=e["num_kv_heads"],
+                    head_dim=e["head_dim"], eps=e["eps"], is_neox=e["is_neox"],
+                    q_bias=self.q_bias, k_bias=self.k_bias, weight_offset=e["weight_offset"],
+                    norm=e["norm"], norm_stats=self.norm_stats(), numerics=e["numerics"])
+
+    def run(self, backend: str = "reference"):
+        """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""
+        from .prologue import split_qkv_rmsnorm_rope
+
+        return split_qkv_rmsnorm_rope(*self.args(), **self.kwargs(), backend=backend)
+
+    def check(self, q, k, v) -> dict[str, Comparison]:
+        """Compare outputs with the expectations under the case's numerics contract."""
+        e = self.entry
+        d, numerics = e["head_dim"], e["numerics"]
+        return {"q": compare(q, self.expected_q, head_dim=d, numerics=numerics),
+                "k": compare(k, self.expected_k, head_dim=d, numerics=numerics),
+                "v": compare(v, self.expected_v, head_dim=d, bitwise=True)}
+
+
+def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> GoldenCase:
+    """Load a case (by name or manifest entry), verifying its sha256 (:class:`GoldenCorrupt`)."""
+    directory = Path(directory)
+    if isinstance(name_or_entry, str):
+        found = [e for e in read_manifest(directory) if e["name"] == name_or_entry]
+        if not found:
+            raise ValueError(f"no golden case named {name_or_entry!r} in {directory}")
+        entry = found[0]
+    else:
+        entry = name_or_entry
+    path = directory / entry["file"]
+    if not path.is_file():
+        raise GoldenCorrupt(f"{path}: missing (listed in the manifest)")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["sha256"]:
+        raise GoldenCorrupt(f"{path}: sha256 {digest[:12]}... does not match the manifest's "
+                            f"{entry['sha256'][:12]}...")
+    t = load_safetensors(data)
+    qkv = t["qkv"]
+    buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
+    buffer[:, : qkv.shape[1]] = qkv
+    table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+    return GoldenCase(entry, buffer, t["positions"], table, t.get("q_weight"), t.get("k_weight"),
+                      t.get("q_bias"), t.get("k_bias"), t.get("q_sum_sq"), t.get("k_sum_sq"),
+                      t["expected_q"], t["expected_k"], t["expected_v"], entry["tolerance"])
