@@ -18,7 +18,9 @@ A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,11 +62,15 @@ class Backend:
 
 def _triton_flavour() -> str | None:
     """'upstream', 'ascend', or None when no triton is importable."""
+    # Look at the installed distributions only: importing triton would fix this process's
+    # interpreted/compiled mode (see fqr.lowering.loader.triton_mode).
     if importlib.util.find_spec("triton") is None:
         return None
-    if importlib.util.find_spec("triton.backends.ascend") is not None:
+    try:
+        md.version("triton-ascend")
         return "ascend"
-    return "upstream"
+    except md.PackageNotFoundError:
+        return "upstream"
 
 
 def _npu_present() -> bool:
@@ -75,10 +81,22 @@ def _npu_present() -> bool:
     return bool(torch.npu.is_available())
 
 
+def _mode_conflict(interpret: bool) -> str | None:
+    from .lowering.loader import triton_mode
+
+    mode = triton_mode()
+    if interpret and mode == "compiled":
+        return "triton is already loaded for compiled kernels in this process"
+    if not interpret and (mode == "interpreted" or
+                          (mode == "unloaded" and os.environ.get("TRITON_INTERPRET") == "1")):
+        return "this process runs triton interpreted (TRITON_INTERPRET=1)"
+    return None
+
+
 def _reason_interpret() -> str | None:
     if _triton_flavour() != "upstream":
         return "upstream triton is not installed (pip install 'fqr[triton]')"
-    return None
+    return _mode_conflict(interpret=True)
 
 
 def _reason_triton() -> str | None:
@@ -86,7 +104,7 @@ def _reason_triton() -> str | None:
         return "upstream triton is not installed (pip install 'fqr[triton]')"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"
-    return None
+    return _mode_conflict(interpret=False)
 
 
 def _reason_ascend() -> str | None:
@@ -102,7 +120,7 @@ def _reason_ascend() -> str | None:
 def _reason_ascend_interpret() -> str | None:
     if _triton_flavour() != "ascend":
         return "triton-ascend is not installed (use the Ascend environment: make ascend-env)"
-    return None
+    return _mode_conflict(interpret=True)
 
 
 def _run_reference(program: Program, args: list) -> list:

@@ -73,3 +73,35 @@ def _norm_impl(x, w, b, sum_sq, *, eps, group, offset, count):
     if b is not None:
         y = y + b.to(x.dtype)
     return y.reshape(t, n)
+
+
+@rms_norm_p.def_lowering
+def _norm_lowering(b, eqn):
+    x_var, w_var, bias_var, sumsq_var = eqn.inputs
+    p = eqn.params
+    x = b.pieces(x_var)
+    chain = b.chain
+    full = p["group"] == chain.width and p["group"] != chain.head_dim
+    r = b.fresh("rstd")
+    if sumsq_var is not None:
+        stat = b.token_values(sumsq_var)
+        b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r})[:, None, None]")
+    elif full:
+        stat = b.full_width_sumsq(eqn)
+        if stat is None:
+            stat = b.fresh("sumsq")
+            b.emit(f"{stat} = " + " + ".join(f"tl.sum(tl.sum({v} * {v}, 2), 1)" for v in x.values()))
+        b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r})[:, None, None]")
+    else:
+        ss = b.fresh("sumsq")
+        b.emit(f"{ss} = " + " + ".join(f"tl.sum({v} * {v}, 2)" for v in x.values()))
+        b.emit(f"{r} = tl.rsqrt({ss} / {p['group']} + {p['eps']!r})[:, :, None]")
+    w = b.weight_pieces(w_var, per_head=not full)
+    bias = b.weight_pieces(bias_var, per_head=not full) if bias_var is not None else None
+    out = {}
+    for name, v in x.items():
+        scale = w[name] if p["offset"] == 0.0 else f"({p['offset']!r} + {w[name]})"
+        y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
+        b.emit(f"{y} = {v} * {r} * {scale}" + (f" + {bias[name]}" if bias else ""))
+        out[name] = y
+    b.set(eqn.outputs[0], out)

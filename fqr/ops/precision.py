@@ -28,3 +28,13 @@ def _rp_abstract(x: Aval, *, dtype):
 @reduce_precision_p.def_impl
 def _rp_impl(x, *, dtype):
     return x.to(dtype).to(x.dtype)
+
+
+@reduce_precision_p.def_lowering
+def _rp_lowering(b, eqn):
+    out = {}
+    for name, v in b.pieces(eqn.inputs[0]).items():
+        y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
+        b.emit(f"{y} = {b.cast(v, eqn.params['dtype'])}.to(tl.float32)")
+        out[name] = y
+    b.set(eqn.outputs[0], out)

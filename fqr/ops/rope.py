@@ -72,3 +72,28 @@ def _rope_impl(x, positions, cache, *, d, neox, round_to):
     o2 = rnd(rnd(x2 * cos) + rnd(x1 * sin))
     rotated = torch.cat([o1, o2], -1) if neox else torch.stack([o1, o2], -1).flatten(-2)
     return torch.cat([rotated, passthrough], -1).reshape(t, n)
+
+
+@rope_p.def_lowering
+def _rope_lowering(b, eqn):
+    x_var, pos_var, cache_var = eqn.inputs
+    x = b.pieces(x_var)
+    cos, sin = b.cos_sin(pos_var, cache_var)
+    rt = eqn.params["round_to"]
+    if rt is not None:
+        rnd = lambda e: f"{b.cast(e, rt)}.to(tl.float32)"  # noqa: E731
+        c, s = b.fresh("cosr"), b.fresh("sinr")
+        b.emit(f"{c} = {rnd(cos)}")
+        b.emit(f"{s} = {rnd(sin)}")
+        cos, sin = c, s
+    else:
+        rnd = lambda e: e  # noqa: E731
+    a, bb = x["a"], x["b"]
+    name = b.var_name(eqn.outputs[0])
+    a2, b2 = b.fresh(f"{name}_a_"), b.fresh(f"{name}_b_")
+    a_cos, b_sin = rnd(f"{a} * {cos}"), rnd(f"{bb} * {sin}")
+    b_cos, a_sin = rnd(f"{bb} * {cos}"), rnd(f"{a} * {sin}")
+    b.emit(f"{a2} = " + rnd(f"{a_cos} - {b_sin}"))
+    b.emit(f"{b2} = " + rnd(f"{b_cos} + {a_sin}"))
+    out = dict(x, a=a2, b=b2)
+    b.set(eqn.outputs[0], out)

@@ -39,3 +39,10 @@ def _split_abstract(qkv: Aval, *, hq: int, hkv: int, d: int):
 def _split_impl(qkv: torch.Tensor, *, hq: int, hkv: int, d: int):
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     return q.contiguous().clone(), k.contiguous().clone(), v.contiguous().clone()
+
+
+@split_qkv_p.def_lowering
+def _split_lowering(b, eqn):
+    # q, k and v are views of the packed row: the kernel plan gave each its own chain, whose
+    # first use loads it (fqr/lowering/plan.py). Nothing to emit here.
+    return None

@@ -1,0 +1,324 @@
+"""The ``ascend`` target profile: persistent grid, tiles sized from the on-chip buffer budget.
+
+An Ascend NPU runs a Triton-Ascend vector kernel on its AI vector cores (AIV). Each core
+computes out of its *Unified Buffer* (UB), a small on-chip SRAM: every tile a kernel holds in
+"registers" is really a UB buffer, and a kernel whose live tiles exceed the UB does not
+compile (or, with a hand-picked budget that is too large, spills). So this profile:
+
+* launches a **persistent grid of one program per vector core** (fewer when there are fewer
+  token tiles): the count comes from
+  ``triton.runtime.driver.active.utils.get_device_properties(dev)["num_vectorcore"]`` on an
+  NPU, from the ``num_vectorcore`` option (``fqr lower --num-vectorcore N``) offline, and
+  otherwise defaults to :data:`DEFAULT_NUM_VECTORCORE` (an Atlas 800T A2, Ascend910B3:
+  20 AI cores x 2 vector cores). The token count stays a runtime value, so the kernel never
+  recompiles per batch size, and each program loops over its token tiles;
+* sizes the tile from an **explicit UB budget per chip** (:data:`CHIPS`, overridable with the
+  ``ub_bytes`` option or ``$FQR_ASCEND_UB_BYTES``): :func:`tile_footprint` counts the bytes
+  every live tile of the emitted kernel occupies, and :func:`ascend_tiling` picks the largest
+  ``BLOCK_T`` (a power of two, at most :data:`MAX_BLOCK_T`) at which every chain's whole row
+  fits; when even one token's row of a chain does not fit, that chain is processed in **head
+  chunks** (the largest power-of-two head count that fits). Nothing is clamped silently: when
+  one head of one token does not fit, :class:`TileDoesNotFit` says so with the numbers.
+
+The emitted source itself is the generic one (``fqr/lowering/emit.py``): positions and cos/sin
+are loaded as vectors of the token tile and used as tensors (a position is never read back as
+a scalar from a tile whose load may still be in flight, the flaw of vllm-ascend issue 16674).
+
+UB sizes (bytes per vector core), from Huawei's Ascend C documentation:
+
+========  =====================  =========  =====================================================
+chip      Triton-Ascend arch     UB         note
+========  =====================  =========  =====================================================
+``A2``    ``Ascend910B3``        192 KiB    Atlas A2 (910B1-B4); the compiler double-buffers loads
+``A3``    ``Ascend910_9391``     192 KiB    Atlas A3 (910C, two 910B-class dies per package)
+``950``   ``Ascend910_9599``     248 KiB    Ascend 950PR/950DT, SIMD-only kernels (216 KiB when
+                                            SIMD and SIMT mix; these kernels are SIMD)
+========  =====================  =========  =====================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from .emit import Tiling
+from .plan import Chain, KernelPlan, next_pow2
+from .targets import TARGETS, Target, cdiv
+
+KIB = 1024
+DEFAULT_NUM_VECTORCORE = 40
+DEFAULT_INTERPRET_VECTORCORES = 3
+MAX_BLOCK_T = 16
+UB_RESERVE_BYTES = 16 * KIB  # compiler scratch: reduction workspaces, masks, index vectors
+UB_ALIGN = 32                # UB buffers are allocated in 32-byte blocks
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class AscendChip:
+    name: str
+    arch: str              # the GPUTarget arch Triton-Ascend compiles for
+    ub_bytes: int          # Unified Buffer per vector core
+    multibuffer: bool      # Triton-Ascend's default auto multi-buffering of loads/stores
+    compile_on_910_95: bool
+
+    @property
+    def summary(self) -> str:
+        return f"{self.name} ({self.arch}, UB {self.ub_bytes // KIB} KiB per vector core)"
+
+
+CHIPS: dict[str, AscendChip] = {c.name: c for c in [
+    AscendChip("A2", "Ascend910B3", 192 * KIB, multibuffer=True, compile_on_910_95=False),
+    AscendChip("A3", "Ascend910_9391", 192 * KIB, multibuffer=True, compile_on_910_95=False),
+    AscendChip("950", "Ascend910_9599", 248 * KIB, multibuffer=False, compile_on_910_95=True),
+]}
+DEFAULT_CHIP = "A2"
+
+
+class TileDoesNotFit(ValueError):
+    """Even the smallest tile (one token, one head) exceeds the UB budget."""
+
+
+def get_chip(name: str | None = None) -> AscendChip:
+    name = name or os.environ.get("FQR_ASCEND_CHIP") or DEFAULT_CHIP
+    try:
+        return CHIPS[name]
+    except KeyError:
+        raise ValueError(f"chip must be one of {', '.join(CHIPS)}, got {name!r}") from None
+
+
+def chip_of_arch(arch: str) -> AscendChip:
+    """The chip family of a SoC name as the NPU driver reports it (``Ascend910B3`` -> A2)."""
+    a = arch.replace(" ", "")
+    if a.startswith(("Ascend910_95", "Ascend950")):
+        return CHIPS["950"]
+    if a.startswith("Ascend910_93"):
+        return CHIPS["A3"]
+    if a.startswith("Ascend910B") or a.startswith("Ascend910_B"):
+        return CHIPS["A2"]
+    raise ValueError(f"unknown Ascend SoC {arch!r}: pass chip= (one of {', '.join(CHIPS)})")
+
+
+def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
+    """Bytes the kernel's tiles may occupy: the UB (or the override) minus the compiler reserve."""
+    if ub_bytes is None and os.environ.get("FQR_ASCEND_UB_BYTES"):
+        ub_bytes = int(os.environ["FQR_ASCEND_UB_BYTES"])
+    ub = chip.ub_bytes if ub_bytes is None else ub_bytes
+    if not isinstance(ub, int) or isinstance(ub, bool) or ub <= UB_RESERVE_BYTES:
+        raise ValueError(f"ub_bytes must be an int > {UB_RESERVE_BYTES} (the compiler reserve), got {ub!r}")
+    return ub - UB_RESERVE_BYTES
+
+
+# ----------------------------------------------------------------------- the footprint model
+
+def _buf(nbytes: int) -> int:
+    return -(-nbytes // UB_ALIGN) * UB_ALIGN
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class ChainShape:
+    """What the footprint of one chain depends on (taken from a :class:`Chain` of the plan)."""
+    name: str
+    heads: int
+    head_dim: int
+    padded_features: int   # sum of the padded widths of the layout's slots
+    in_bytes: int
+    out_bytes: int
+    compute_free: bool     # a pure copy (v): no fp32 working set
+    full_norm: bool        # norm over the whole width (needs a prepass when chunked)
+
+    @classmethod
+    def of(cls, chain: Chain, plan: KernelPlan) -> "ChainShape":
+        src = chain.view_of if chain.view_of is not None else chain.source
+        outs = [o for o in plan.program.outputs if plan.chain_of.get(id(o)) is chain]
+        out_dtype = outs[-1].aval.dtype if outs else src.aval.dtype
+        padded = sum(s.padded * (2 if s.kind == "pairs" else 1) for s in chain.layout.slots)
+        full = any(e.prim.name == "rms_norm" and e.params["group"] == chain.width and chain.heads > 1
+                   for e in chain.eqns)
+        return cls(f"chain{chain.index}", chain.heads, chain.head_dim, padded,
+                   _itemsize(src.aval.dtype), _itemsize(out_dtype), chain.compute_free, full)
+
+
+# fp32 copies of a head live at once in a compute chain: the loaded value, the normalised value
+# and the rotated result (the emitter's pieces; the pass-through piece is shared, so this is an
+# upper bound).
+FP32_LIVE_COPIES = 3
+
+
+def chain_footprint(c: ChainShape, block_t: int, head_chunk: int, multibuffer: bool) -> int:
+    """UB bytes of one chain's tiles for ``block_t`` tokens x ``head_chunk`` heads."""
+    elems = block_t * next_pow2(head_chunk) * c.padded_features
+    mb = 2 if multibuffer else 1
+    if c.compute_free:
+        return mb * (_buf(elems * c.in_bytes) + _buf(elems * c.out_bytes))
+    total = mb * _buf(elems * c.in_bytes)                 # load staging
+    total += FP32_LIVE_COPIES * _buf(elems * FP32)        # fp32 working set
+    total += mb * _buf(elems * c.out_bytes)               # store staging
+    total += 2 * _buf(block_t * next_pow2(head_chunk) * FP32)  # per-head sum of squares, rstd
+    if c.full_norm:                                       # [1, HC, D] full-width weight+bias
+        total += 2 * _buf(next_pow2(head_chunk) * c.padded_features * FP32)
+    return total
+
+
+def tile_scope_footprint(plan: KernelPlan, block_t: int, multibuffer: bool) -> int:
+    """Bytes live for the whole token tile: indices, masks, positions, cos/sin, token stats."""
+    mb = 2 if multibuffer else 1
+    total = _buf(block_t * 4) + _buf(block_t * 8) + _buf(block_t)   # tok, tok64, tmask
+    for v in plan.program.inputs:
+        role = plan.input_role(v)
+        if role == "tokens":
+            total += mb * _buf(block_t * _itemsize(v.aval.dtype))
+        elif role == "table":
+            half = next_pow2(v.aval.shape[1] // 2)
+            total += 2 * (mb * _buf(block_t * half * _itemsize(v.aval.dtype))
+                          + _buf(block_t * half * FP32))
+    return total
+
+
+def hoisted_footprint(plan: KernelPlan) -> int:
+    """Per-head weight/bias vectors, loaded once before the token loop (fp32)."""
+    total = 0
+    for c in plan.chains:
+        for e in c.eqns:
+            if e.prim.name == "rms_norm" and e.params["group"] == c.head_dim:
+                padded = ChainShape.of(c, plan).padded_features
+                total += sum(_buf(padded * FP32) for v in e.inputs[1:3] if v is not None)
+    return total
+
+
+@dataclass(frozen=True)
+class AscendTiling:
+    """The profile's decision, with the numbers behind it."""
+    tiling: Tiling
+    chip: AscendChip
+    budget: int                       # bytes available to tiles
+    footprint: int                    # bytes the chosen tiling occupies (<= budget)
+    chain_bytes: tuple[int, ...]      # per chain, at the chosen tiling
+    chunked: tuple[str, ...] = field(default=())   # "chain0: 64 heads in chunks of 16"
+
+    def describe(self) -> str:
+        chunks = "; ".join(self.chunked)
+        return (f"{self.chip.summary}: BLOCK_T={self.tiling.block_t}, head chunks "
+                f"{list(self.tiling.head_chunks)}, footprint {self.footprint / KIB:.1f} KiB of "
+                f"{self.budget / KIB:.1f} KiB budget" + (f" ({chunks})" if self.chunked else ""))
+
+
+def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: int | None = None,
+                  block_t: int | None = None, max_block_t: int = MAX_BLOCK_T) -> AscendTiling:
+    """Choose ``BLOCK_T`` and per-chain head chunks so that the kernel's tiles fit the UB.
+
+    Chains (q, k, v) run one after the other inside a token tile, so the footprint is the
+    tile-scope and hoisted tensors plus the largest chain. ``block_t`` forces the token tile
+    (head chunks are still chosen to fit it).
+    """
+    chip = chip or get_chip()
+    budget = ub_budget(chip, ub_bytes)
+    shapes = [ChainShape.of(c, plan) for c in plan.chains]
+    mb = chip.multibuffer
+    fixed = hoisted_footprint(plan)
+
+    def fits(bt: int, chunks: list[int]) -> tuple[bool, int, list[int]]:
+        per = [chain_footprint(s, bt, hc, mb) for s, hc in zip(shapes, chunks)]
+        total = fixed + tile_scope_footprint(plan, bt, mb) + max(per)
+        return total <= budget, total, per
+
+    whole = [s.heads for s in shapes]
+    if block_t is None:
+        if not isinstance(max_block_t, int) or max_block_t < 1:
+            raise ValueError(f"max_block_t must be a positive int, got {max_block_t!r}")
+        bt = 1 << (max_block_t.bit_length() - 1)  # the largest power of two <= max_block_t
+        while bt > 1 and not fits(bt, whole)[0]:
+            bt //= 2
+    else:
+        if not isinstance(block_t, int) or isinstance(block_t, bool) or block_t < 1 or block_t & (block_t - 1):
+            raise ValueError(f"block_t must be a power of two >= 1, got {block_t!r}")
+        bt = block_t
+    chunks = list(whole)
+    ok, total, per = fits(bt, chunks)
+    if not ok:
+        # Whole rows do not fit even at this token tile: split the chains that overflow.
+        base = fixed + tile_scope_footprint(plan, bt, mb)
+        for i, s in enumerate(shapes):
+            hc = next_pow2(s.heads)
+            while hc >= 1 and base + chain_footprint(s, bt, min(hc, s.heads), mb) > budget:
+                hc //= 2
+            if hc < 1:
+                raise TileDoesNotFit(
+                    f"{s.name} ({s.heads} heads x {s.head_dim}): one head of {bt} token(s) needs "
+                    f"{(base + chain_footprint(s, bt, 1, mb)) / KIB:.1f} KiB of UB, the budget is "
+                    f"{budget / KIB:.1f} KiB ({chip.summary}, {UB_RESERVE_BYTES // KIB} KiB reserved); "
+                    f"use a smaller block_t or a larger ub_bytes")
+            chunks[i] = min(hc, s.heads)
+        ok, total, per = fits(bt, chunks)
+        assert ok, "head chunking must produce a fitting tiling"
+    chunked = tuple(f"{s.name}: {s.heads} heads in chunks of {hc}"
+                    for s, hc in zip(shapes, chunks) if hc < s.heads)
+    return AscendTiling(Tiling(block_t=bt, head_chunks=tuple(chunks)), chip, budget, total,
+                        tuple(per), chunked)
+
+
+# ----------------------------------------------------------------------- vector cores
+
+def npu_vector_core_count(device: torch.device | int | None = None) -> int:
+    """``num_vectorcore`` of an NPU, as Triton-Ascend's driver reports it."""
+    import triton
+
+    index = device.index if isinstance(device, torch.device) else device
+    if index is None:
+        index = torch.npu.current_device()  # torch_npu registers torch.npu
+    props = triton.runtime.driver.active.utils.get_device_properties(index)
+    return int(props["num_vectorcore"])
+
+
+def vector_core_count(device: torch.device | None = None, num_vectorcore: int | None = None,
+                      default: int = DEFAULT_NUM_VECTORCORE) -> int:
+    """The persistent grid size: the option, else the NPU's count, else ``default``."""
+    if num_vectorcore is not None:
+        if not isinstance(num_vectorcore, int) or isinstance(num_vectorcore, bool) or num_vectorcore < 1:
+            raise ValueError(f"num_vectorcore must be a positive int, got {num_vectorcore!r}")
+        return num_vectorcore
+    if device is not None and torch.device(device).type == "npu":
+        return npu_vector_core_count(torch.device(device))
+    return default
+
+
+# ----------------------------------------------------------------------- the targets
+
+_TILING_OPTIONS = ("chip", "ub_bytes", "block_t", "max_block_t")
+
+
+@dataclass(frozen=True)
+class AscendTarget(Target):
+    """Triton-Ascend on NPUs: one program per vector core, UB-sized tiles (module docstring)."""
+    default_vector_cores: int = DEFAULT_NUM_VECTORCORE
+
+    def ascend_tiling(self, plan: KernelPlan, **options) -> AscendTiling:
+        chip = options.get("chip")
+        if chip is None and options.get("device") is not None and torch.device(options["device"]).type == "npu":
+            chip = chip_of_arch(torch.npu.get_device_name(torch.device(options["device"]).index))
+        elif chip is not None and not isinstance(chip, AscendChip):
+            chip = get_chip(chip)
+        return ascend_tiling(plan, chip=chip, ub_bytes=options.get("ub_bytes"),
+                             block_t=options.get("block_t"),
+                             max_block_t=options.get("max_block_t", MAX_BLOCK_T))
+
+    def tiling(self, plan: KernelPlan, **options) -> Tiling:
+        return self.ascend_tiling(plan, **options).tiling
+
+    def grid(self, tokens: int, block_t: int, device: torch.device, **options) -> int:
+        cores = vector_core_count(device, options.get("num_vectorcore"), self.default_vector_cores)
+        return max(1, min(cores, cdiv(tokens, block_t)))
+
+
+TARGETS["ascend"] = AscendTarget("ascend", flavour="ascend")
+# The same source under Triton-Ascend's interpreter, with a small persistent grid so that every
+# program runs several token tiles (the multi-tile path the NPU takes at large batch sizes).
+TARGETS["ascend-interpret"] = AscendTarget(
+    "ascend-interpret", interpret=True, flavour="ascend", source_target="ascend",
+    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES)

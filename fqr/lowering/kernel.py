@@ -1,0 +1,66 @@
+"""The lowered kernel: generated source plus its host launcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..core import TOKENS, Program
+from .emit import Tiling
+from .plan import KernelPlan
+from .targets import Target
+
+
+@dataclass
+class Kernel:
+    """One fused kernel for one program on one target. Call it with the program's inputs."""
+    program: Program
+    plan: KernelPlan
+    target: Target
+    tiling: Tiling
+    source: str
+    path: Path
+    cache_hit: bool
+    fn: object = field(repr=False)
+    options: dict = field(default_factory=dict)
+
+    def __call__(self, *args: torch.Tensor, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        prog = self.program
+        if len(args) != len(prog.inputs):
+            raise TypeError(f"kernel takes {len(prog.inputs)} tensors, got {len(args)}")
+        tokens = None
+        flat: list = []
+        for i, (var, a) in enumerate(zip(prog.inputs, args)):
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"argument {i} must be a tensor, got {type(a).__name__}")
+            if a.dtype != var.aval.dtype:
+                raise TypeError(f"argument {i} must be {var.aval.dtype}, got {a.dtype}")
+            shape = var.aval.shape
+            if a.dim() != len(shape) or any(s != d for s, d in zip(shape, a.shape) if isinstance(s, int)):
+                raise ValueError(f"argument {i} must have shape {var.aval}, got {list(a.shape)}")
+            if shape and shape[0] == TOKENS:
+                if tokens is None:
+                    tokens = a.shape[0]
+                elif a.shape[0] != tokens:
+                    raise ValueError(f"argument {i} has {a.shape[0]} tokens, expected {tokens}")
+            if a.dim() and a.stride(-1) != 1:
+                raise ValueError(f"argument {i} must be contiguous in its last dim")
+            flat.append(a)
+            if self.plan.input_role(var) in ("activation", "table"):
+                flat.append(a.stride(0))
+        device = args[0].device
+        outs = out if out is not None else [
+            torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)
+            for v in prog.outputs]
+        for i, (o, v) in enumerate(zip(outs, prog.outputs)):
+            if o.shape != (tokens, v.aval.shape[1]) or o.dtype != v.aval.dtype or not o.is_contiguous():
+                raise ValueError(f"out[{i}] must be a contiguous {v.aval} with T={tokens}")
+        if tokens == 0:
+            return outs
+        block_t = self.target.block_t(self.plan, self.tiling, **self.options)
+        grid = (self.target.grid(tokens, block_t, device, **self.options),)
+        launch = self.target.launch_options(self.plan, **self.options)
+        self.fn[grid](*flat, *outs, tokens, BLOCK_T=block_t, **launch)
+        return outs
