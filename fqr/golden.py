@@ -63,35 +63,41 @@ class GoldenCorrupt(Exception):
 
 # ----------------------------------------------------------------------- exact formulation
 
-def _exact_norm(x: torch.Tensor, weight, bias, *, eps: float, weight_offset: float,
-                sum_sq: torch.Tensor | None, count: int | None) -> torch.Tensor:
-    """RMS-normalise the last dim of float64 ``x`` (``[T, groups, n]``) by its formula."""
-    n = x.shape[-1]
+def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, group_size: int,
+                   bias: torch.Tensor | None = None, weight_offset: float = 0.0,
+                   sum_sq: torch.Tensor | None = None, count: int | None = None) -> torch.Tensor:
+    """float64 ``y = x / sqrt(sum(x^2)/n + eps) * (weight_offset + w) + b`` per group of
+    ``group_size`` features of ``x [T, width]``; ``sum_sq [T]`` / ``count`` replace the group's own
+    sum of squares and width (a TP shard of a full-width norm)."""
+    t, width = x.shape
+    g = x.to(torch.float64).reshape(t, width // group_size, group_size)
     if sum_sq is None:
-        mean_sq = (x * x).sum(dim=-1, keepdim=True) / n
+        mean_sq = (g * g).sum(dim=-1, keepdim=True) / group_size
     else:
-        mean_sq = sum_sq.to(torch.float64).reshape(-1, 1, 1) / count
-    y = x / torch.sqrt(mean_sq + eps) * (weight_offset + weight.to(torch.float64))
+        mean_sq = sum_sq.to(torch.float64).reshape(t, 1, 1) / count
+    y = g / torch.sqrt(mean_sq + eps) * (weight_offset + weight.to(torch.float64))
     if bias is not None:
         y = y + bias.to(torch.float64)
-    return y
+    return y.reshape(t, width)
 
 
-def _exact_rope(x: torch.Tensor, angle_rows: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    """Rotate the first R features of every head of float64 ``x [T, H, D]`` as complex numbers."""
-    r = angle_rows.shape[1]
-    rot = torch.complex(angle_rows[:, : r // 2], angle_rows[:, r // 2:])[:, None, :]
-    head = x[..., :r]
+def exact_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+               head_dim: int, is_neox: bool = True) -> torch.Tensor:
+    """float64 RoPE of ``x [T, H*D]``: the first R features of each head as R/2 complex numbers
+    (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``) times ``cos + i sin`` of the table row."""
+    t, width = x.shape
+    heads = x.to(torch.float64).reshape(t, width // head_dim, head_dim)
+    rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
+    r = rows.shape[1]
+    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2:])[:, None, :]
+    part = heads[..., :r]
     if is_neox:
-        z = torch.complex(head[..., : r // 2].contiguous(), head[..., r // 2:].contiguous())
+        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2:].contiguous())
     else:
-        z = torch.view_as_complex(head.reshape(*head.shape[:-1], r // 2, 2).contiguous())
-    w = z * rot
-    if is_neox:
-        rotated = torch.cat([w.real, w.imag], dim=-1)
-    else:
-        rotated = torch.view_as_real(w).flatten(-2)
-    return torch.cat([rotated, x[..., r:]], dim=-1)
+        z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
+    w = z * rotation
+    rotated = torch.cat([w.real, w.imag], dim=-1) if is_neox else torch.view_as_real(w).flatten(-2)
+    return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
 
 
 def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_heads: int,
@@ -103,27 +109,21 @@ def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_hea
     Same arguments as :func:`fqr.split_qkv_rmsnorm_rope` (any float dtypes, any device);
     returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
     """
-    t, d = qkv.shape[0], head_dim
-    q_width, kv_width = num_heads * d, num_kv_heads * d
-    x = qkv[:, : q_width + 2 * kv_width].to(torch.float64)
-    q = x[:, :q_width].reshape(t, num_heads, d)
-    k = x[:, q_width: q_width + kv_width].reshape(t, num_kv_heads, d)
+    q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+    q = qkv[:, :q_width].to(torch.float64)
+    k = qkv[:, q_width: q_width + kv_width].to(torch.float64)
     v = qkv[:, q_width + kv_width: q_width + 2 * kv_width].clone(memory_format=torch.contiguous_format)
     if norm != "none":
-        stats = {"q": (None, None), "k": (None, None)}
+        q_stats = k_stats = (None, None)
         if norm_stats is not None:
-            stats = {"q": (norm_stats.q_sum_sq, norm_stats.q_count),
-                     "k": (norm_stats.k_sum_sq, norm_stats.k_count)}
-        normed = []
-        for name, heads, weight, bias in (("q", q, q_weight, q_bias), ("k", k, k_weight, k_bias)):
-            group = heads if norm == "head" else heads.reshape(t, 1, -1)
-            y = _exact_norm(group, weight, bias, eps=eps, weight_offset=weight_offset,
-                            sum_sq=stats[name][0], count=stats[name][1])
-            normed.append(y.reshape(heads.shape))
-        q, k = normed
-    rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
-    q = _exact_rope(q, rows, is_neox).reshape(t, q_width)
-    k = _exact_rope(k, rows, is_neox).reshape(t, kv_width)
+            q_stats = (norm_stats.q_sum_sq, norm_stats.q_count)
+            k_stats = (norm_stats.k_sum_sq, norm_stats.k_count)
+        q = exact_rms_norm(q, q_weight, eps=eps, group_size=head_dim if norm == "head" else q_width,
+                           bias=q_bias, weight_offset=weight_offset, sum_sq=q_stats[0], count=q_stats[1])
+        k = exact_rms_norm(k, k_weight, eps=eps, group_size=head_dim if norm == "head" else kv_width,
+                           bias=k_bias, weight_offset=weight_offset, sum_sq=k_stats[0], count=k_stats[1])
+    q = exact_rope(q, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
+    k = exact_rope(k, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
     return q, k, v
 
 
