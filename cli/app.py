@@ -7,7 +7,7 @@ import sys
 from .common import EXIT_USAGE, app, err
 
 # Command modules register themselves on `app` when imported.
-from . import doctor, golden, verify  # noqa: E402,F401
+from . import doctor, golden, verify, lower  # noqa: E402,F401
 
 
 def main() -> None:

@@ -119,3 +119,33 @@ def split_qkv_rmsnorm_rope(
         return tuple(torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
                      for v in program.outputs)
     return tuple(resolve_backend(backend, qkv.device).run(program, args))
+
+
+def preset_program(preset, dtype: torch.dtype = torch.bfloat16, *, numerics: str = "fused",
+                   bias: bool = False, positions_dtype: torch.dtype = torch.int64,
+                   cache_dtype: torch.dtype = torch.float32, weight_dtype: torch.dtype | None = None,
+                   sharded_full_norm: bool = False) -> Program:
+    """The traced prologue for a :class:`fqr.presets.Preset` (its TP view included).
+
+    ``sharded_full_norm`` (full-width norm at tp > 1): the program takes the all-reduced
+    per-token sums of squares as inputs (see :class:`NormStats`).
+    """
+    wdt = weight_dtype or dtype
+    d = preset.head_dim
+    q_len = d if preset.norm == "head" else preset.q_size
+    k_len = d if preset.norm == "head" else preset.kv_size
+    has_norm = preset.norm != "none"
+    vec = lambda n, on: Aval((n,), wdt) if on else None  # noqa: E731
+    stats = sharded_full_norm and preset.norm == "full"
+    avals = (Aval(("T", preset.qkv_width), dtype), Aval(("T",), positions_dtype),
+             Aval(("P", preset.rotary_dim), cache_dtype),
+             vec(q_len, has_norm), vec(k_len, has_norm), vec(q_len, has_norm and bias),
+             vec(k_len, has_norm and bias),
+             Aval(("T",), torch.float32) if stats else None,
+             Aval(("T",), torch.float32) if stats else None)
+    static = dict(num_heads=preset.num_heads, num_kv_heads=preset.num_kv_heads, head_dim=d,
+                  eps=float(preset.eps), is_neox=preset.is_neox,
+                  weight_offset=float(preset.weight_offset), norm=preset.norm, numerics=numerics)
+    if stats:
+        static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
+    return prologue_program((avals, tuple(sorted(static.items()))))
