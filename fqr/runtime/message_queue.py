@@ -1,0 +1,232 @@
+"""A shared-memory ring buffer broadcast queue: one writer, N readers (vLLM's ``MessageQueue``).
+
+Layout of the shared segment (``/dev/shm/<name>``)::
+
+    [0]                      cancel flag (1 = the queue was cancelled; every wait raises)
+    [1]                      writer sleeping flag
+    [2 : 2+N]                reader sleeping flags
+    then n_slots x (1 + N)   per slot: written flag, then one read flag per reader
+    then n_slots x chunk     per slot: 8-byte fragment header (length, last flag) + data
+
+The writer fills slot ``i`` only when it is free (never written, or read by every reader):
+it copies the data, clears the read flags, then sets the written flag. Reader ``r`` takes slot
+``i`` when it is written and its own read flag is clear, copies it out, and sets its flag.
+Writer and readers walk the slots in the same round-robin order, so messages arrive in order.
+A payload larger than one chunk takes the **overflow path**: it is split into fragments over
+consecutive slots (the last one flagged), so it streams through a ring of any size.
+
+Waiting: spin (``os.sched_yield``) for ``spin_s``, then block on a semaphore that the other
+side posts when it sees the sleeping flag (a bounded wait, so a missed post costs at most
+``block_s``). A writer that finds no free slot for ``warn_every_s`` logs a warning (a slow or
+dead reader). :meth:`cancel` makes every current and future wait raise :class:`QueueCancelled`
+(shutdown). The creator owns the segment and unlinks it in :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import struct
+import time
+from multiprocessing import shared_memory
+
+log = logging.getLogger("fqr.runtime")
+
+_FRAG = struct.Struct("<IB3x")  # fragment length, last-fragment flag
+SEGMENT_PREFIX = "fqr_"
+_names = itertools.count()
+
+
+class QueueCancelled(RuntimeError):
+    """The queue was cancelled (the run is shutting down)."""
+
+
+class QueueTimeout(TimeoutError):
+    """A read or write did not complete within its timeout."""
+
+
+def segment_name(tag: str) -> str:
+    """``fqr_<pid>_<n>_<tag>``: unique per process, recognisable in ``/dev/shm``."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{next(_names)}_{tag}"
+
+
+class MessageQueue:
+    """Broadcast ring. Build with :meth:`create` in the owning process; pass the object to
+    spawned processes as a ``Process`` argument (it pickles to a handle); there call
+    :meth:`as_writer` or :meth:`as_reader` once."""
+
+    def __init__(self, name: str, n_readers: int, n_slots: int, chunk_bytes: int,
+                 reader_sems: list, writer_sem, *, create: bool = False):
+        if n_readers < 1 or n_slots < 1:
+            raise ValueError(f"n_readers and n_slots must be >= 1, got {n_readers}, {n_slots}")
+        if chunk_bytes <= _FRAG.size:
+            raise ValueError(f"chunk_bytes must exceed {_FRAG.size}, got {chunk_bytes}")
+        self.name, self.n_readers, self.n_slots, self.chunk_bytes = name, n_readers, n_slots, chunk_bytes
+        self.reader_sems, self.writer_sem = reader_sems, writer_sem
+        self._meta_off = 2 + n_readers
+        self._data_off = self._meta_off + n_slots * (1 + n_readers)
+        size = self._data_off + n_slots * chunk_bytes
+        self._owner = create
+        if create:
+            self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+            self._shm.buf[:self._data_off] = bytes(self._data_off)
+        else:
+            self._shm = shared_memory.SharedMemory(name=name)
+        self.buf = self._shm.buf
+        self._slot = 0
+        self._reader = None
+        self.spin_s, self.block_s, self.warn_every_s = 0.002, 0.05, 10.0
+
+    @classmethod
+    def create(cls, n_readers: int, *, n_slots: int = 8, chunk_bytes: int = 1 << 20,
+               tag: str = "mq", context=None) -> "MessageQueue":
+        ctx = context or mp.get_context("spawn")
+        return cls(segment_name(tag), n_readers, n_slots, chunk_bytes,
+                   [ctx.Semaphore(0) for _ in range(n_readers)], ctx.Semaphore(0), create=True)
+
+    def __reduce__(self):
+        return (MessageQueue, (self.name, self.n_readers, self.n_slots, self.chunk_bytes,
+                               self.reader_sems, self.writer_sem))
+
+    # -- roles -----------------------------------------------------------------------------
+    def as_writer(self) -> "MessageQueue":
+        self._reader = None
+        return self
+
+    def as_reader(self, index: int) -> "MessageQueue":
+        if not 0 <= index < self.n_readers:
+            raise ValueError(f"reader index must be in [0, {self.n_readers}), got {index}")
+        self._reader = index
+        return self
+
+    # -- flags -----------------------------------------------------------------------------
+    def _written_at(self, slot: int) -> int:
+        return self._meta_off + slot * (1 + self.n_readers)
+
+    def _read_at(self, slot: int, reader: int) -> int:
+        return self._written_at(slot) + 1 + reader
+
+    @property
+    def cancelled(self) -> bool:
+        return self.buf[0] == 1
+
+    def cancel(self) -> None:
+        """Make every wait on this queue (any process) raise :class:`QueueCancelled`."""
+        self.buf[0] = 1
+        for sem in self.reader_sems + [self.writer_sem]:
+            sem.release()
+
+    def depth(self, reader: int) -> int:
+        """Messages (fragments) written and not yet read by ``reader``."""
+        return sum(1 for s in range(self.n_slots)
+                   if self.buf[self._written_at(s)] == 1 and self.buf[self._read_at(s, reader)] == 0)
+
+    def _slot_free(self, slot: int) -> bool:
+        if self.buf[self._written_at(slot)] == 0:
+            return True
+        return all(self.buf[self._read_at(slot, r)] == 1 for r in range(self.n_readers))
+
+    def _slot_ready(self, slot: int) -> bool:
+        return (self.buf[self._written_at(slot)] == 1
+                and self.buf[self._read_at(slot, self._reader)] == 0)
+
+    def _wait(self, ready, sleeping_at: int, sem, timeout: float | None, what: str) -> None:
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        next_warning = start + self.warn_every_s
+        while True:
+            if self.cancelled:
+                raise QueueCancelled(f"message queue {self.name} was cancelled")
+            if ready():
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise QueueTimeout(f"{what} for {timeout:g} s")
+            if what.startswith("no free slot") and now >= next_warning:
+                log.warning("%s: no free slot for %.0f s (a reader is slow or gone)",
+                            self.name, now - start)
+                next_warning = now + self.warn_every_s
+            if now - start < self.spin_s:
+                os.sched_yield()
+                continue
+            self.buf[sleeping_at] = 1
+            try:
+                if not ready() and not self.cancelled:
+                    wait = self.block_s if deadline is None else max(0.0, min(self.block_s, deadline - now))
+                    sem.acquire(timeout=wait)
+            finally:
+                self.buf[sleeping_at] = 0
+
+    # -- writer ----------------------------------------------------------------------------
+    def enqueue(self, obj, timeout: float | None = None) -> None:
+        """Broadcast ``obj`` (pickled) to every reader; fragments over slots when large."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self.enqueue_bytes(data, timeout)
+
+    def enqueue_bytes(self, data: bytes, timeout: float | None = None) -> None:
+        if self._reader is not None:
+            raise RuntimeError("enqueue on a reader handle")
+        room = self.chunk_bytes - _FRAG.size
+        view = memoryview(data)
+        offsets = range(0, max(len(data), 1), room)
+        for i, off in enumerate(offsets):
+            part = view[off:off + room]
+            slot = self._slot
+            self._wait(lambda: self._slot_free(slot), 1, self.writer_sem, timeout,
+                       f"no free slot in {self.name}")
+            base = self._data_off + slot * self.chunk_bytes
+            _FRAG.pack_into(self.buf, base, len(part), i == len(offsets) - 1)
+            self.buf[base + _FRAG.size: base + _FRAG.size + len(part)] = part
+            for r in range(self.n_readers):
+                self.buf[self._read_at(slot, r)] = 0
+            self.buf[self._written_at(slot)] = 1
+            for r in range(self.n_readers):
+                if self.buf[2 + r]:
+                    self.reader_sems[r].release()
+            self._slot = (slot + 1) % self.n_slots
+
+    # -- reader ----------------------------------------------------------------------------
+    def dequeue(self, timeout: float | None = None):
+        """The next message, in order. Raises QueueTimeout / QueueCancelled."""
+        return pickle.loads(self.dequeue_bytes(timeout))
+
+    def dequeue_bytes(self, timeout: float | None = None) -> bytes:
+        if self._reader is None:
+            raise RuntimeError("dequeue on a writer handle (call as_reader first)")
+        r = self._reader
+        deadline = None if timeout is None else time.monotonic() + timeout
+        parts = []
+        while True:
+            slot = self._slot
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wait(lambda: self._slot_ready(slot), 2 + r, self.reader_sems[r], left,
+                       f"no message in {self.name}")
+            base = self._data_off + slot * self.chunk_bytes
+            length, last = _FRAG.unpack_from(self.buf, base)
+            parts.append(bytes(self.buf[base + _FRAG.size: base + _FRAG.size + length]))
+            self.buf[self._read_at(slot, r)] = 1
+            if self.buf[1]:
+                self.writer_sem.release()
+            self._slot = (slot + 1) % self.n_slots
+            if last:
+                return b"".join(parts)
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Detach; the creator also unlinks the segment. Safe to call twice."""
+        if self._shm is None:
+            return
+        self.buf = None
+        shm, self._shm = self._shm, None
+        try:
+            shm.close()
+        except BufferError:
+            pass  # a view is still alive in this process; the mapping goes with it
+        if self._owner:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
