@@ -16,7 +16,7 @@ compile (or, with a hand-picked budget that is too large, spills). So this profi
   ``ub_bytes`` option or ``$FQR_ASCEND_UB_BYTES``): :func:`tile_footprint` counts the bytes
   every live tile of the emitted kernel occupies, and :func:`ascend_tiling` picks the largest
   ``BLOCK_T`` (a power of two, at most :data:`MAX_BLOCK_T`) at which every chain's whole row
-  fits; when even one token's row of a chain does not fit, that chain is processed in **head
+  fits; when even a row of :data:`MIN_BLOCK_T` tokens of a chain does not fit, that chain is processed in **head
   chunks** (the largest power-of-two head count that fits). Nothing is clamped silently: when
   one head of one token does not fit, :class:`TileDoesNotFit` says so with the numbers.
 
@@ -51,6 +51,11 @@ KIB = 1024
 DEFAULT_NUM_VECTORCORE = 40
 DEFAULT_INTERPRET_VECTORCORES = 3
 MAX_BLOCK_T = 16
+# triton-adapter-opt (triton-ascend 3.2.0) aborts on single-token tiles: once BLOCK_T == 1 folds
+# the token axis away, the cos/sin row pointer shared by two gathers trips its assertion
+# "tt.addptr has multiple users" (BlockPtrAnalysis.cpp). So tiles hold >= 2 tokens and a row
+# that does not fit twice is split into head chunks instead.
+MIN_BLOCK_T = 2
 UB_RESERVE_BYTES = 16 * KIB  # compiler scratch: reduction workspaces, masks, index vectors
 UB_ALIGN = 32                # UB buffers are allocated in 32-byte blocks
 FP32 = 4
@@ -230,14 +235,15 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
 
     whole = [s.heads for s in shapes]
     if block_t is None:
-        if not isinstance(max_block_t, int) or max_block_t < 1:
-            raise ValueError(f"max_block_t must be a positive int, got {max_block_t!r}")
+        if not isinstance(max_block_t, int) or max_block_t < MIN_BLOCK_T:
+            raise ValueError(f"max_block_t must be an int >= {MIN_BLOCK_T}, got {max_block_t!r}")
         bt = 1 << (max_block_t.bit_length() - 1)  # the largest power of two <= max_block_t
-        while bt > 1 and not fits(bt, whole)[0]:
+        while bt > MIN_BLOCK_T and not fits(bt, whole)[0]:
             bt //= 2
     else:
-        if not isinstance(block_t, int) or isinstance(block_t, bool) or block_t < 1 or block_t & (block_t - 1):
-            raise ValueError(f"block_t must be a power of two >= 1, got {block_t!r}")
+        if (not isinstance(block_t, int) or isinstance(block_t, bool) or block_t < MIN_BLOCK_T
+                or block_t & (block_t - 1)):
+            raise ValueError(f"block_t must be a power of two >= {MIN_BLOCK_T}, got {block_t!r}")
         bt = block_t
     chunks = list(whole)
     ok, total, per = fits(bt, chunks)

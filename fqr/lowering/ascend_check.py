@@ -1,0 +1,250 @@
+"""Compile check of an ``ascend`` kernel through Triton-Ascend's own stages, on any machine.
+
+Triton-Ascend compiles a kernel for an NPU in three stages (``AscendBackend.add_stages``):
+
+1. ``ttir``   -- the Python AST to Triton IR, then ``make_ttir``'s passes (inline, combine,
+   canonicalize, CSE, LICM, loop unroll);
+2. ``linalg`` -- ``ttir_to_linalg``: the bundled ``triton-adapter-opt`` lowers Triton IR to
+   Ascend linalg/HIVM (``--triton-to-hivm``, ``--triton-to-linalg`` ...); it ships inside the
+   ``triton-ascend`` wheel, so this runs on a CPU-only machine;
+3. ``npubin`` -- ``bishengir-compile`` (part of the CANN toolkit) turns that into an NPU binary,
+   and queries the NPU's SoC. Without CANN this stage is reported as *needs CANN*, not as a
+   failure; with ``bishengir-compile`` on ``PATH`` it runs.
+
+:func:`check_kernel` compiles exactly what the host launcher would launch: it runs the
+kernel's launcher (:class:`fqr.lowering.kernel.Kernel`) on ``meta`` tensors with a recorder in
+place of the Triton function, and builds the signature (``*bf16``, ``i32``, ``constexpr`` ...)
+from the recorded arguments. The target is ``GPUTarget("npu", chip.arch, 0)``
+(``Ascend910B3`` for A2 by default, see :mod:`fqr.lowering.ascend`).
+
+This module needs the Ascend environment (``make ascend-env``): upstream Triton cannot compile
+for an NPU target, and the two cannot share an environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .ascend import AscendChip, get_chip
+
+STAGES = ("ttir", "linalg", "npubin")
+NEEDS_CANN = "needs CANN"
+_TT_OP = re.compile(r"(?:=\s*|^\s*)\"?tt\.[a-z_]+", re.M)
+
+
+class AscendToolchainMissing(RuntimeError):
+    """triton-ascend is not importable here (use the Ascend environment)."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str              # "ok" | "failed" | NEEDS_CANN
+    seconds: float = 0.0
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class CheckReport:
+    kernel_name: str
+    arch: str
+    signature: dict
+    constants: dict
+    stages: list[StageResult] = field(default_factory=list)
+    linalg: str | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return all(s.status != "failed" for s in self.stages) and bool(self.stages)
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(f"{s.name} {s.status}" for s in self.stages)
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel_name, "arch": self.arch, "passed": self.passed,
+                "signature": self.signature, "constants": self.constants,
+                "stages": [s.to_dict() for s in self.stages]}
+
+
+def require_triton_ascend() -> None:
+    try:
+        import triton.backends.ascend.compiler  # noqa: F401
+    except ImportError as e:
+        raise AscendToolchainMissing(
+            f"the ascend compile check needs triton-ascend ({e}); run it in the Ascend "
+            f"environment: make ascend-env, then .venv-ascend/bin/fqr lower --target ascend --check")
+
+
+# ----------------------------------------------------------------------- launcher arguments
+
+class _Recorder:
+    """Stands in for the Triton function: ``fn[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self):
+        self.grid = None
+        self.args: tuple = ()
+        self.kwargs: dict = {}
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grid, self.args, self.kwargs = grid, args, kwargs
+        return launch
+
+
+def _meta_inputs(program, tokens: int) -> list[torch.Tensor]:
+    out = []
+    for v in program.inputs:
+        shape = [tokens if s == "T" else (64 if isinstance(s, str) else s) for s in v.aval.shape]
+        out.append(torch.empty(shape, dtype=v.aval.dtype, device="meta"))
+    return out
+
+
+def launch_arguments(kernel, tokens: int = 1024) -> tuple[tuple, dict, tuple]:
+    """(positional args, keyword args, grid) the kernel's launcher passes for ``tokens`` tokens."""
+    rec = _Recorder()
+    probe = dataclasses.replace(kernel, fn=rec)
+    probe(*_meta_inputs(kernel.program, tokens))
+    return rec.args, rec.kwargs, rec.grid
+
+
+def kernel_signature(jit_fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """Triton-Ascend's ``ASTSource`` signature and constants for one launch.
+
+    Constexpr parameters appear in the signature as ``"constexpr"`` with their values in
+    ``constants`` (triton-ascend 3.2's ``ASTSource(fn, signature, constants=...)``).
+    """
+    from triton.runtime.jit import mangle_type
+
+    params = jit_fn.params
+    runtime = [p for p in params if not p.is_constexpr]
+    if len(args) != len(runtime):
+        raise ValueError(f"{jit_fn.__name__}: the launcher passes {len(args)} runtime arguments, "
+                         f"the kernel takes {len(runtime)}")
+    signature, constants = {}, {}
+    for p, a in zip(runtime, args):
+        signature[p.name] = mangle_type(a)
+    for p in params:
+        if p.is_constexpr:
+            if p.name not in kwargs:
+                raise ValueError(f"{jit_fn.__name__}: constexpr {p.name} is not set by the launcher")
+            signature[p.name] = "constexpr"
+            constants[p.name] = kwargs[p.name]
+    return signature, constants
+
+
+# ----------------------------------------------------------------------- the stages
+
+def bishengir_compile_path() -> str | None:
+    """CANN's ``bishengir-compile`` (or ``$TRITON_NPU_COMPILER_PATH/npuc``), if present."""
+    import os
+
+    found = shutil.which("bishengir-compile")
+    if found:
+        return found
+    root = os.environ.get("TRITON_NPU_COMPILER_PATH")
+    if root and os.access(os.path.join(root, "npuc"), os.X_OK):
+        return os.path.join(root, "npuc")
+    return None
+
+
+def _tool_error(e: BaseException) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        tool = e.cmd[0] if isinstance(e.cmd, (list, tuple)) and e.cmd else e.cmd
+        # The tool's own message comes before LLVM's stack dump.
+        message = err.split("Stack dump:")[0].strip() or err.strip()
+        return f"{tool} exited {e.returncode}: {message[-3000:]}"
+    return f"{type(e).__name__}: {e}"
+
+
+def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
+                   run_npubin: bool | None = None) -> tuple[list[StageResult], str | None]:
+    """Run the Ascend stages on ``jit_fn``; returns the stage results and the linalg text."""
+    require_triton_ascend()
+    from triton._C.libtriton import ir
+    from triton.backends.ascend.compiler import AscendBackend
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    backend = AscendBackend(GPUTarget("npu", chip.arch, 0))
+    options = backend.parse_options({"compile_on_910_95": chip.compile_on_910_95,
+                                     "multibuffer": chip.multibuffer})
+    stages: dict = {}
+    backend.add_stages(stages, options)
+    metadata = {"enable_nd2nz_on_vector": options.enable_nd2nz_on_vector,
+                "enable_select_analysis": options.enable_select_analysis,
+                "compile_on_910_95": options.compile_on_910_95,
+                "force_simt_template": options.force_simt_template,
+                "target": backend.target, **{k: getattr(options, k) for k in options.__dataclass_fields__}}
+    results: list[StageResult] = []
+
+    t0 = time.perf_counter()
+    try:
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        src = ASTSource(jit_fn, signature, constants=constants)
+        module = src.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(),
+                             context)
+        ttir = stages["ttir"](module, metadata)
+        ttir_text = str(ttir)
+        results.append(StageResult("ttir", "ok", time.perf_counter() - t0,
+                                   f"{ttir_text.count(chr(10))} lines of Triton IR"))
+    except Exception as e:  # noqa: BLE001 -- any compiler error is the check's finding
+        results.append(StageResult("ttir", "failed", time.perf_counter() - t0, _tool_error(e)))
+        return results, None
+
+    t0 = time.perf_counter()
+    try:
+        linalg = stages["ttadapter"](ttir, metadata)
+        leftover = _TT_OP.findall(linalg)
+        if leftover:
+            raise RuntimeError(f"triton ops left after lowering: {sorted(set(leftover))[:5]}")
+        modes = dict(re.findall(r'(mix_mode|parallel_mode)\s*=\s*"([^"]+)"', linalg))
+        results.append(StageResult(
+            "linalg", "ok", time.perf_counter() - t0,
+            f"triton-adapter-opt -> Ascend linalg/HIVM, {linalg.count(chr(10))} lines, "
+            f"mix_mode={modes.get('mix_mode', '?')} parallel_mode={modes.get('parallel_mode', '?')}"))
+    except Exception as e:  # noqa: BLE001
+        results.append(StageResult("linalg", "failed", time.perf_counter() - t0, _tool_error(e)))
+        return results, None
+
+    compiler = bishengir_compile_path()
+    if run_npubin is False or (run_npubin is None and compiler is None):
+        results.append(StageResult(
+            "npubin", NEEDS_CANN, 0.0,
+            "bishengir-compile (CANN toolkit) is not installed: the HIVM -> NPU binary step runs "
+            "only where CANN is; everything before it passed"))
+        return results, linalg
+    t0 = time.perf_counter()
+    try:
+        binary = stages["npubin"](linalg, metadata)
+        results.append(StageResult("npubin", "ok", time.perf_counter() - t0,
+                                   f"{compiler}: {len(binary)} bytes"))
+    except Exception as e:  # noqa: BLE001
+        results.append(StageResult("npubin", "failed", time.perf_counter() - t0, _tool_error(e)))
+    return results, linalg
+
+
+def check_kernel(kernel, chip: AscendChip | str | None = None, tokens: int = 1024,
+                 run_npubin: bool | None = None) -> CheckReport:
+    """Compile an ``ascend``-target :class:`~fqr.lowering.kernel.Kernel` for an NPU target."""
+    if kernel.target.flavour != "ascend" or kernel.target.interpret:
+        raise ValueError(f"the ascend compile check needs a kernel lowered for target 'ascend', "
+                         f"got {kernel.target.name!r}")
+    chip = chip if isinstance(chip, AscendChip) else get_chip(chip or kernel.options.get("chip"))
+    args, kwargs, _grid = launch_arguments(kernel, tokens)
+    signature, constants = kernel_signature(kernel.fn, args, kwargs)
+    stages, linalg = compile_stages(kernel.fn, signature, constants, chip, run_npubin)
+    return CheckReport(kernel.fn.__name__, chip.arch, signature, constants, stages, linalg)
