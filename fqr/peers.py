@@ -1,0 +1,236 @@
+"""The unfused implementations that ``fqr bench`` measures the fused kernel against.
+
+Each peer computes the same attention prologue as :func:`fqr.split_qkv_rmsnorm_rope`, the way a
+serving stack does it today without fusion:
+
+``eager``
+    PyTorch eager, written as vLLM's model code writes it (``Qwen3Attention.forward``)::
+
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q_norm(q.view(T, Hq, D)).view(T, Hq * D)        # RMSNorm.forward_native
+        k = k_norm(k.view(T, Hkv, D)).view(T, Hkv * D)      #   (GemmaRMSNorm for (1 + w))
+        q, k = rotary_emb(positions, q, k)                  # RotaryEmbedding.forward_native
+
+    ``RMSNorm.forward_native``: ``x.float() * rsqrt(mean(x^2) + eps)``, rounded to the model dtype,
+    then ``* w`` in the model dtype; ``GemmaRMSNorm.forward_static``: ``x * (1 + w.float())`` in
+    fp32, rounded once. ``RotaryEmbedding.forward_native``: ``cos_sin_cache`` (held in the model
+    dtype) gathered by ``positions``, ``apply_rotary_emb_torch`` on the first ``rotary_dim``
+    features of each head in the model dtype, the rest concatenated back. OLMo2 (``norm="full"``)
+    normalises the whole q and the whole k projection; Llama 3 / GLM-4 (``norm="none"``) have no
+    QK norm. ``v`` stays the strided view of ``qkv`` that vLLM hands to attention (not copied).
+``compile``
+    ``torch.compile(fullgraph=True)`` of ``eager``, token dimension dynamic (as vLLM marks it).
+``liger``
+    Liger-Kernel's Triton ``liger_rms_norm`` (casting mode ``llama``, or ``gemma`` for ``(1 + w)``
+    weights) on q and k, then ``liger_rope`` (Hugging Face layout: per-token ``cos``/``sin`` rows
+    ``[T, D]`` gathered from tables precomputed once). Liger rotates whole heads NeoX-style only,
+    so presets with partial rotary or GPT-J pairs have no Liger peer.
+
+Their numerics are the ``unfused`` contract of :mod:`fqr.numerics` (roundings between the ops).
+A peer is built once per (shape, dtype, device) by :func:`build_peer`; tables it holds (the
+cache in the model dtype, Liger's cos/sin tables) are prepared there, outside any timing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+PEER_NAMES = ("eager", "compile", "liger")
+
+
+@dataclass(frozen=True)
+class PrologueShape:
+    """The static parameters of one prologue (those of :func:`fqr.split_qkv_rmsnorm_rope`)."""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    eps: float = 1e-6
+    is_neox: bool = True
+    weight_offset: float = 0.0
+    norm: str = "head"
+
+    @classmethod
+    def of_preset(cls, preset) -> "PrologueShape":
+        return cls(preset.num_heads, preset.num_kv_heads, preset.head_dim, preset.rotary_dim,
+                   preset.eps, preset.is_neox, preset.weight_offset, preset.norm)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+# --------------------------------------------------------------- eager, as vLLM writes it
+
+def vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM ``RMSNorm.forward_native`` (no residual): round after the norm, scale in x's dtype."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    x = x.to(orig_dtype)
+    return x * weight
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   weight_offset: float = 1.0) -> torch.Tensor:
+    """vLLM ``GemmaRMSNorm.forward_static`` (no residual): ``x * (1 + w)`` in fp32, rounded once."""
+    orig_dtype = x.dtype
+    x = x.float()
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    x = x * (weight_offset + weight.float())
+    return x.to(orig_dtype)
+
+
+def apply_rotary_emb_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           is_neox_style: bool) -> torch.Tensor:
+    """vLLM ``apply_rotary_emb_torch``: rotate ``x [T, H, R]`` by ``cos``/``sin`` ``[T, R/2]``."""
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    if is_neox_style:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    else:
+        x1 = x[..., ::2]
+        x2 = x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox_style:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def vllm_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                          cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int,
+                          is_neox_style: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM ``RotaryEmbedding.forward_native`` (cache already in the model dtype)."""
+    positions = positions.flatten()
+    num_tokens = positions.shape[0]
+    cos_sin = cos_sin_cache.index_select(0, positions)
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    out = []
+    for x in (query, key):
+        shape = x.shape
+        x = x.view(num_tokens, -1, head_size)
+        x_rot = apply_rotary_emb_torch(x[..., :rotary_dim], cos, sin, is_neox_style)
+        out.append(torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape))
+    return out[0], out[1]
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, shape: PrologueShape) -> torch.Tensor:
+    if shape.weight_offset:
+        return gemma_rms_norm(x, weight, shape.eps, shape.weight_offset)
+    return vllm_rms_norm(x, weight, shape.eps)
+
+
+def vllm_prologue(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                  shape: PrologueShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The unfused prologue of vLLM's attention modules (module docstring, ``eager``)."""
+    q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
+    if shape.norm == "head":
+        d = shape.head_dim
+        q = _norm(q.view(*q.shape[:-1], q.shape[-1] // d, d), q_weight, shape).view(q.shape)
+        k = _norm(k.view(*k.shape[:-1], k.shape[-1] // d, d), k_weight, shape).view(k.shape)
+    elif shape.norm == "full":
+        q = _norm(q, q_weight, shape)
+        k = _norm(k, k_weight, shape)
+    q, k = vllm_rotary_embedding(positions, q, k, cos_sin_cache, shape.head_dim,
+                                 shape.rotary_dim, shape.is_neox)
+    return q, k, v
+
+
+# ------------------------------------------------------------------------------- Liger
+
+def _liger_unsupported(shape: PrologueShape) -> str | None:
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "liger_kernel is not installed"
+    if not shape.is_neox or shape.rotary_dim != shape.head_dim:
+        return "Liger's RoPE rotates whole heads NeoX-style only (this preset has " \
+               f"{'partial rotary' if shape.rotary_dim != shape.head_dim else 'GPT-J pairs'})"
+    return None
+
+
+def _liger_prologue(shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor):
+    from liger_kernel.transformers.functional import liger_rms_norm, liger_rope
+
+    half = shape.rotary_dim // 2
+    cos_half, sin_half = cos_sin_cache_fp32[:, :half], cos_sin_cache_fp32[:, half:]
+    cos_table = torch.cat([cos_half, cos_half], dim=-1).contiguous()  # HF layout [P, D]
+    sin_table = torch.cat([sin_half, sin_half], dim=-1).contiguous()
+    casting = "gemma" if shape.weight_offset else "llama"
+
+    def run(qkv, positions, q_weight, k_weight):
+        t = qkv.shape[0]
+        q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
+        d = shape.head_dim
+        if shape.norm == "head":
+            q = liger_rms_norm(q.view(t, shape.num_heads, d), q_weight, shape.eps,
+                               shape.weight_offset, casting)
+            k = liger_rms_norm(k.view(t, shape.num_kv_heads, d), k_weight, shape.eps,
+                               shape.weight_offset, casting)
+        elif shape.norm == "full":
+            q = liger_rms_norm(q, q_weight, shape.eps, shape.weight_offset, casting)
+            k = liger_rms_norm(k, k_weight, shape.eps, shape.weight_offset, casting)
+        else:
+            q, k = q.contiguous(), k.contiguous()  # Liger's RoPE works in place
+        cos = cos_table.index_select(0, positions).unsqueeze(0)
+        sin = sin_table.index_select(0, positions).unsqueeze(0)
+        q4 = q.reshape(1, t, shape.num_heads, d).transpose(1, 2)
+        k4 = k.reshape(1, t, shape.num_kv_heads, d).transpose(1, 2)
+        q4, k4 = liger_rope(q4, k4, cos, sin)
+        return (q4.transpose(1, 2).reshape(t, shape.q_size),
+                k4.transpose(1, 2).reshape(t, shape.kv_size), v)
+    return run
+
+
+# ----------------------------------------------------------------------------- registry
+
+PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+                  tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def peer_unavailable_reason(name: str, shape: PrologueShape) -> str | None:
+    """None when peer ``name`` can run ``shape`` here, else why not."""
+    if name not in PEER_NAMES:
+        raise ValueError(f"peer must be one of {', '.join(PEER_NAMES)}; got {name!r}")
+    if name == "liger":
+        return _liger_unsupported(shape)
+    return None
+
+
+def build_peer(name: str, shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor,
+               dtype: torch.dtype) -> PeerFn:
+    """Peer ``name`` for ``shape`` in ``dtype``: ``fn(qkv, positions, q_weight, k_weight)``.
+
+    ``cos_sin_cache_fp32`` is the model's real table (:meth:`fqr.presets.Preset.cos_sin_cache`);
+    vLLM's peers hold it in the model dtype as vLLM does, Liger gets Hugging Face cos/sin tables.
+    """
+    reason = peer_unavailable_reason(name, shape)
+    if reason:
+        raise ValueError(f"peer {name!r} cannot run here: {reason}")
+    if name == "liger":
+        return _liger_prologue(shape, cos_sin_cache_fp32)
+    cache = cos_sin_cache_fp32.to(dtype)
+
+    def eager(qkv, positions, q_weight, k_weight):
+        return vllm_prologue(qkv, positions, cache, q_weight, k_weight, shape)
+
+    if name == "eager":
+        return eager
+    compiled = torch.compile(vllm_prologue, fullgraph=True)
+
+    def compiled_prologue(qkv, positions, q_weight, k_weight):
+        if qkv.shape[0] >= 2:  # sizes 0 and 1 are always specialised
+            torch._dynamo.mark_dynamic(qkv, 0)
+            torch._dynamo.mark_dynamic(positions, 0)
+        return compiled(qkv, positions, cache, q_weight, k_weight, shape)
+    return compiled_prologue
