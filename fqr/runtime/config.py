@@ -28,10 +28,10 @@ class RunConfig:
     dtype: str = "bf16"
     numerics: str = "fused"
     launcher: str = "mp"
-    requests: int = 16
-    prompt_len: tuple = (16, 96)
-    decode_steps: int = 8
-    max_batched_tokens: int = 128
+    requests: int = 8
+    prompt_len: tuple = (16, 64)
+    decode_steps: int = 4
+    max_batched_tokens: int = 64
     max_running: int = 32
     seed: int = 0
     verify_every: int = 1
@@ -56,7 +56,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def build(cls, *, prompt_len: str | tuple = "16..96", fault: str | None = None,
+    def build(cls, *, prompt_len: str | tuple = "16..64", fault: str | None = None,
               **kw) -> "RunConfig":
         """From CLI-shaped values; raises ValueError/TypeError naming the bad option."""
         if isinstance(prompt_len, str):

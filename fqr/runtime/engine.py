@@ -51,6 +51,7 @@ class RunResult:
     wait_s: float = 0.0
     requests_per_dp: list = field(default_factory=list)
     per_rank: dict = field(default_factory=dict)  # rank -> {steps, tokens, compute_s}
+    verification: dict = field(default_factory=dict)  # rank -> RankVerification.to_dict()
 
 
 class Engine:
@@ -111,6 +112,7 @@ class Engine:
                                      len(in_flight)))
         res.wall_s = time.perf_counter() - start
         res.verification_failures = list(self.verifier.failures)
+        res.verification = {r: v.to_dict() for r, v in self.verifier.ranks.items()}
         res.requests_per_dp = list(self.scheduler.balancer.assigned)
         verified_enough = res.verified_steps > 0 or self.cfg.verify_every == 0
         res.ok = not res.verification_failures and verified_enough

@@ -1,0 +1,200 @@
+"""``fqr run``: run and verify the fused op across DP x TP worker processes, vLLM-style.
+
+Progress (a live view: steps, tokens/s, per-rank queue depth) and messages go to stderr; the
+final per-rank table (or ``--json``) to stdout. Exit 0 when every verified step passed, 1 when
+a check failed or a rank failed, died or hung, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from .common import EXIT_FAILED, app, err, out
+
+_MIB = 1 << 20
+
+
+def _live_table(p, world_size: int) -> Table:
+    t = Table(title="fqr run", show_header=True)
+    for col in ("step", "tokens", "tokens/s", "verified", "in flight", "queue depth per rank"):
+        t.add_column(col, justify="right")
+    depths = " ".join(str(d) for d in p.queue_depths) if p.queue_depths else "-"
+    t.add_row(str(p.step), str(p.tokens), f"{p.tokens_per_s:,.0f}", str(p.verified_steps),
+              str(p.in_flight), depths)
+    return t
+
+
+def summary_dict(cfg, result, ready_info: dict, totals: dict, failure: str | None) -> dict:
+    layout = cfg.layout
+    ranks = []
+    for rank in range(layout.world_size):
+        dp_rank, tp_rank = layout.coords(rank)
+        info = ready_info.get(rank, {})
+        stats = result.per_rank.get(rank, {}) if result else {}
+        ver = result_verification(result, rank)
+        memory = (totals.get(rank) or info or {}).get("memory", {})
+        compute_s = stats.get("compute_s", 0.0)
+        ranks.append({
+            "rank": rank, "dp": dp_rank, "tp": tp_rank, "device": info.get("device"),
+            "pid": info.get("pid"), "host": info.get("host"), "steps": stats.get("steps", 0),
+            "tokens": stats.get("tokens", 0), "compute_s": compute_s,
+            "tokens_per_s": stats.get("tokens", 0) / compute_s if compute_s > 0 else 0.0,
+            "memory_bytes": memory.get("used_bytes"), "verification": ver,
+        })
+    res = {
+        "ok": bool(result and result.ok and failure is None), "failure": failure,
+        "config": cfg.to_dict(), "ranks": ranks,
+    }
+    if result is not None:
+        res.update({
+            "steps": result.steps, "tokens": result.tokens, "wall_s": result.wall_s,
+            "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
+            "verified_steps": result.verified_steps,
+            "verification_failures": result.verification_failures,
+            "requests_per_dp": result.requests_per_dp,
+            "scheduling": {"async": cfg.async_scheduling, "host_s": result.host_s,
+                           "host_overlapped_s": result.host_overlapped_s,
+                           "wait_s": result.wait_s},
+        })
+    return res
+
+
+def result_verification(result, rank: int) -> dict:
+    return {} if result is None else result.verification.get(rank, {})
+
+
+def _print_tables(summary: dict) -> None:
+    t = Table(title=f"fqr run: {summary['config']['preset']} dp={summary['config']['dp']} "
+                    f"tp={summary['config']['tp']} {summary['config']['device']} "
+                    f"{summary['config']['backend']}")
+    for col in ("rank", "dp", "tp", "dev", "steps", "tok", "time_s", "tok/s", "MiB",
+                "verified", "ulp"):
+        t.add_column(col, justify="right")
+    for r in summary["ranks"]:
+        v = r["verification"]
+        verified = f"{v.get('passed', 0)}/{v.get('checks', 0)}" if v else "-"
+        ulp = str(v.get("max_ulp", "-")) if v else "-"
+        mem = f"{r['memory_bytes'] / _MIB:,.0f}" if r["memory_bytes"] else "-"
+        t.add_row(str(r["rank"]), str(r["dp"]), str(r["tp"]), str(r["device"] or "-"),
+                  str(r["steps"]), str(r["tokens"]), f"{r['compute_s']:.3f}",
+                  f"{r['tokens_per_s']:,.0f}", mem, verified, ulp)
+    out.print(t)
+    if "steps" in summary:
+        s = summary["scheduling"]
+        overlap = (f"; async: {s['host_overlapped_s']:.2f} s of {s['host_s']:.2f} s host work "
+                   f"overlapped with workers" if s["async"] else
+                   f"; sync: host work {s['host_s']:.2f} s, waiting {s['wait_s']:.2f} s")
+        out.print(f"{summary['steps']} steps, {summary['tokens']} tokens in "
+                  f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:,.0f} tokens/s), "
+                  f"{summary['verified_steps']} steps verified, requests per DP rank "
+                  f"{summary['requests_per_dp']}{overlap}", highlight=False)
+
+
+@app.command()
+def run(
+    preset: str = typer.Option("qwen3-8b", help="model preset (see fqr.presets)"),
+    dp: int = typer.Option(None, help="data-parallel replicas (default 1; torchrun: world / tp)"),
+    tp: int = typer.Option(1, help="tensor-parallel size"),
+    device: str = typer.Option("cpu", help="cpu | cuda | npu"),
+    backend: str = typer.Option("reference", help="reference | interpret | triton | ascend"),
+    dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),
+    numerics: str = typer.Option("fused", help="fused | unfused"),
+    launcher: str = typer.Option("mp", help="mp (fqr spawns the workers) | torchrun"),
+    requests: int = typer.Option(8, help="synthetic requests"),
+    prompt_len: str = typer.Option("16..64", help="prompt length range A..B"),
+    decode_steps: int = typer.Option(4, help="decode tokens per request"),
+    max_batched_tokens: int = typer.Option(64, help="token budget per step and DP replica"),
+    seed: int = typer.Option(0, help="workload, weights and activations seed"),
+    verify_every: int = typer.Option(1, help="verify every K-th step (0: never)"),
+    async_scheduling: bool = typer.Option(False, "--async-scheduling",
+                                          help="two batches in flight"),
+    inject_fault: str = typer.Option(None, help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"),
+    init_timeout: float = typer.Option(120.0, help="seconds for every worker to report READY"),
+    step_timeout: float = typer.Option(60.0, help="seconds for every rank to answer a step"),
+    collective_timeout: float = typer.Option(60.0, help="timeout of every collective (s)"),
+    json_out: bool = typer.Option(False, "--json", help="print a JSON summary"),
+) -> None:
+    """Run the fused op across DP x TP ranks as vLLM's workers do, verifying every step."""
+    from fqr.runtime.config import RunConfig
+
+    if launcher == "torchrun" and dp is None:
+        from fqr.runtime.torchrun import world_size_from_env
+
+        world = world_size_from_env()
+        if tp < 1 or world % tp:
+            raise ValueError(f"--tp {tp} does not divide the torchrun world size {world}")
+        dp = world // tp
+    cfg = RunConfig.build(
+        preset=preset, dp=1 if dp is None else dp, tp=tp, device=device, backend=backend,
+        dtype=dtype, numerics=numerics, launcher=launcher, requests=requests,
+        prompt_len=prompt_len, decode_steps=decode_steps, max_batched_tokens=max_batched_tokens,
+        seed=seed, verify_every=verify_every, async_scheduling=async_scheduling,
+        fault=inject_fault, init_timeout_s=init_timeout, step_timeout_s=step_timeout,
+        collective_timeout_s=collective_timeout)
+    if launcher == "torchrun":
+        summary = _run_torchrun(cfg)
+        if summary is None:  # ranks > 0: rank 0 reports
+            return
+    else:
+        summary = _run_mp(cfg)
+    _report(summary, json_out)
+
+
+def _run_mp(cfg) -> dict:
+    from fqr.runtime.engine import Engine
+    from fqr.runtime.executor import MultiprocExecutor, RunFailed
+
+    executor = MultiprocExecutor(cfg)
+    result, failure = None, None
+    err.print(f"fqr run: starting {cfg.layout.world_size} workers "
+              f"(dp={cfg.dp} x tp={cfg.tp}, {cfg.device}, {cfg.backend})", highlight=False)
+    try:
+        executor.start()
+        for rank, info in sorted(executor.ready_info.items()):
+            err.print(f"  {cfg.layout.describe(rank)}: pid {info['pid']} on {info['device']}",
+                      highlight=False)
+        with Live(console=err, refresh_per_second=4, transient=True) as live:
+            result = Engine(cfg, executor).run(
+                lambda p: live.update(_live_table(p, cfg.layout.world_size)))
+    except RunFailed as e:
+        failure = str(e)
+    finally:
+        executor.shutdown()
+    return summary_dict(cfg, result, executor.ready_info, executor.totals, failure)
+
+
+def _run_torchrun(cfg) -> dict | None:
+    from fqr.runtime.executor import RunFailed
+    from fqr.runtime.torchrun import run_torchrun
+
+    try:
+        with Live(console=err, refresh_per_second=4, transient=True) as live:
+            outcome = run_torchrun(
+                cfg, lambda p: live.update(_live_table(p, cfg.layout.world_size)))
+    except RunFailed as e:
+        err.print(f"[red]run failed:[/red] {e}", highlight=False)
+        sys.exit(EXIT_FAILED)
+    if outcome is None:
+        return None
+    result, infos, totals = outcome
+    return summary_dict(cfg, result, infos, totals, None)
+
+
+def _report(summary: dict, json_out: bool) -> None:
+    if summary["failure"]:
+        err.print(f"[red]run failed:[/red] {summary['failure']}", highlight=False)
+    for line in summary.get("verification_failures", []):
+        err.print(f"[red]verification failed:[/red] {line}", highlight=False)
+    if summary.get("verification_failures"):
+        err.print(f"{len(summary['verification_failures'])} verification failure(s)")
+    if json_out:
+        out.print_json(json.dumps(summary))
+    else:
+        _print_tables(summary)
+    if not summary["ok"]:
+        sys.exit(EXIT_FAILED)
