@@ -1,0 +1,79 @@
+"""``fqr verify`` and ``fqr golden`` as a user runs them (subprocess: real exit codes, real streams)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fqr.golden import GOLDEN_DIR, list_cases
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fqr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_verify_reference_passes_every_case():
+    r = fqr("verify", "--backend", "reference")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for e in list_cases():
+        assert e["name"] in r.stdout
+    assert "FAIL" not in r.stdout and f"{len(list_cases())} pass" in r.stderr
+
+
+def test_verify_json_is_one_parseable_document():
+    r = fqr("verify", "--backend", "reference", "--case", "qwen3.5-*", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    names = [e["name"] for e in list_cases(pattern="qwen3.5-*")]
+    assert doc["passed"] is True and doc["backends"] == ["reference"]
+    assert [row["case"] for row in doc["results"]] == names
+    for row in doc["results"]:
+        assert row["status"] == "pass" and set(row["outputs"]) == {"q", "k", "v"}
+        assert row["outputs"]["v"]["max_abs"] == 0.0
+
+
+def test_tampered_golden_file_is_reported_corrupt(tmp_path):
+    case = list_cases(pattern="glm4-9b-fp16-t7-*")[0]
+    shutil.copy(GOLDEN_DIR / "manifest.json", tmp_path)
+    shutil.copy(GOLDEN_DIR / case["file"], tmp_path)
+    data = bytearray((tmp_path / case["file"]).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (tmp_path / case["file"]).write_bytes(bytes(data))
+    r = fqr("verify", "--backend", "reference", "--golden-dir", str(tmp_path), "--case", case["name"], "--json")
+    assert r.returncode == 1, r.stderr
+    row, = json.loads(r.stdout)["results"]
+    assert row["status"] == "corrupt" and "sha256" in row["detail"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["verify", "--backend", "no-such-backend"], "--backend"),
+    (["verify", "--backend", "reference", "--case", "no-such-case*"], "--case"),
+    (["verify", "--backend", "ascend"], "ascend"),  # known but unavailable on this machine
+    (["verify", "--golden-dir", "/nonexistent-golden"], "manifest"),
+    (["golden", "list", "--case", "no-such-case*"], "--case"),
+])
+def test_bad_usage_exits_2_with_one_line(args, needle):
+    r = fqr(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_golden_list_json_and_regen_subset(tmp_path):
+    r = fqr("golden", "list", "--json")
+    assert r.returncode == 0
+    assert [c["name"] for c in json.loads(r.stdout)["cases"]] == [e["name"] for e in list_cases()]
+    r = fqr("golden", "regen", "--dir", str(tmp_path), "--case", "llama3-8b-fp32-*")
+    assert r.returncode == 0, r.stderr
+    regenerated, = list_cases(tmp_path)
+    shipped, = list_cases(pattern="llama3-8b-fp32-*")
+    assert regenerated["seed"] == shipped["seed"] and regenerated["name"] == shipped["name"]
