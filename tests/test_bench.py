@@ -1,0 +1,324 @@
+"""``fqr bench`` on a CPU machine: argument handling, the no-GPU error, the traffic model,
+the check-before-timing bookkeeping, and the JSON -> table/plot path.
+
+The measuring itself needs a CUDA GPU; here :func:`fqr.bench.run_bench` is driven on CPU with
+the ``reference`` backend and a clock that returns fixed times, so that the bookkeeping
+(bytes, GB/s, % of ceiling, speed-ups, wrong implementations not timed) is checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fqr.bench as fb
+import fqr_cli.bench as cli_bench  # noqa: F401  (registers the command)
+from fqr.presets import get_preset
+from fqr_cli.app import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["fqr", "bench", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ------------------------------------------------------------------------ argument handling
+
+@pytest.mark.parametrize("args, names", [
+    (["--preset", "qwen3-9000b"], ["--preset", "qwen3-9000b"]),
+    (["--preset", "qwen3-8b,nope"], ["--preset", "nope"]),
+    (["--dtype", "bf8"], ["--dtype", "bf8"]),
+    (["--dtype", "bf16,int8"], ["--dtype", "int8"]),
+    (["--tokens", "1,x,3"], ["--tokens"]),
+    (["--tokens", "0,16"], ["--tokens", "0"]),
+    (["--tokens", "-4"], ["--tokens"]),
+    (["--tokens", ","], ["--tokens"]),
+    (["--compare", "eager,tensorrt"], ["--compare", "tensorrt"]),
+    (["--numerics", "approx"], ["--numerics"]),
+    (["--backend", "nope"], ["backend"]),
+    (["--backend", "interpret"], ["--backend", "interpret"]),
+    (["--from-json", "/nonexistent/b.json"], ["--from-json"]),
+])
+def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, args, names):
+    monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    for n in names:
+        assert n in lines[0]
+    assert "Traceback" not in err
+
+
+def _must_not_run(*a, **k):
+    raise AssertionError("the bench started despite bad usage")
+
+
+def test_no_gpu_is_one_line_and_exit_2_before_any_work(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
+    code, out, err = run_cli(monkeypatch, capsys, "--preset", "qwen3-8b", "--tokens", "1,16")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "needs a CUDA GPU" in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_no_gpu_from_the_console_entry_point():
+    """The real process: ``python -m fqr bench`` on a machine without a GPU."""
+    proc = subprocess.run([sys.executable, "-m", "fqr", "bench", "--preset", "qwen3-8b"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "GPU" in proc.stderr
+
+
+def test_run_bench_itself_refuses_without_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = fb.BenchConfig([get_preset("qwen3-8b")], [1], [torch.bfloat16])
+    with pytest.raises(fb.NoGPU):
+        fb.run_bench(cfg)
+
+
+def test_from_json_does_not_take_measuring_options(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(_document(tmp_path)))
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--preset", "qwen3-8b")
+    assert code == 2 and "--preset" in err
+
+
+# ------------------------------------------------------------------------------ the model
+
+def test_traffic_model_per_head_norm():
+    p = get_preset("qwen3-8b")  # 32 q heads, 8 kv heads, D = R = 128
+    t = fb.traffic_bytes(p, torch.bfloat16, 1024)
+    width = (32 + 2 * 8) * 128
+    assert t.qkv_read == t.qkv_written == 1024 * width * 2
+    assert t.positions == 1024 * 8
+    assert t.cos_sin == 1024 * 128 * 4            # one fp32 table row per token
+    assert t.weights == 2 * 128 * 2               # q_norm and k_norm weights, once per call
+    assert t.total == 2 * 1024 * width * 2 + 1024 * 8 + 1024 * 128 * 4 + 512
+
+
+@pytest.mark.parametrize("name, dtype, weight_values, rotary", [
+    ("olmo2-7b", torch.float16, (32 + 32) * 128, 128),   # full-width norm weights
+    ("llama3-8b", torch.float32, 0, 128),                # no QK norm
+    ("qwen3.5-27b", torch.bfloat16, 2 * 256, 64),       # partial rotary: a quarter of D
+    ("glm4-9b", torch.bfloat16, 0, 64),
+])
+def test_traffic_model_other_shapes(name, dtype, weight_values, rotary):
+    p = get_preset(name)
+    elt = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[dtype]
+    one, many = fb.traffic_bytes(p, dtype, 1), fb.traffic_bytes(p, dtype, 4096)
+    assert one.weights == many.weights == weight_values * elt
+    assert one.cos_sin == rotary * 4
+    assert one.qkv_read == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim * elt
+    # Everything but the weights is per token.
+    assert many.total - many.weights == 4096 * (one.total - one.weights)
+
+
+def test_rotation_sets_overflow_l2():
+    l2 = 50 << 20
+    for set_bytes in (17_000, 3 << 20, 30 << 20, 60 << 20, 1 << 30):
+        n = fb.rotation_sets(set_bytes, l2)
+        assert 1 <= n <= fb.MAX_ROTATION_SETS
+        assert n * set_bytes >= 2 * l2 or n == fb.MAX_ROTATION_SETS
+    assert fb.rotation_sets(1 << 30, l2) == 1
+    with pytest.raises(ValueError):
+        fb.rotation_sets(0, l2)
+
+
+def test_check_rows_cover_both_ends():
+    g = torch.Generator().manual_seed(0)
+    rows = fb.check_row_index(65536, 1024, g, "cpu")
+    assert rows.numel() == 1024 and torch.equal(rows, rows.unique())
+    assert rows[:64].tolist() == list(range(64))
+    assert rows[-64:].tolist() == list(range(65536 - 64, 65536))
+    assert torch.equal(fb.check_row_index(100, 1024, g, "cpu"), torch.arange(100))
+    assert torch.equal(fb.check_row_index(100, 0, g, "cpu"), torch.arange(100))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(tokens=[]), "tokens"), (dict(tokens=[0]), "tokens"), (dict(dtypes=[torch.int8]), "dtype"),
+    (dict(compare=["vllm-cuda"]), "compare"), (dict(check_rows=-1), "check_rows"),
+    (dict(rep_ms=0), "rep_ms"),
+])
+def test_config_validation(kwargs, match):
+    base = dict(presets=[get_preset("qwen3-8b")], tokens=[1], dtypes=[torch.bfloat16])
+    with pytest.raises(ValueError, match=match):
+        fb.BenchConfig(**{**base, **kwargs})
+
+
+# ------------------------------------------------------- bookkeeping, driven on CPU
+
+class FixedClock:
+    """Returns preset times in call order; records what it was asked to time."""
+
+    def __init__(self, kernel_times):
+        self.kernel_times = list(kernel_times)
+        self.timed = 0
+
+    def kernel_us(self, call, warmup_ms, rep_ms):
+        call()
+        self.timed += 1
+        return self.kernel_times[(self.timed - 1) % len(self.kernel_times)]
+
+    def graph_us(self, call, rep_ms):
+        call()
+        return 2.5
+
+    def dispatch_us(self, call):
+        call()
+        return 9.0
+
+    def copy_ceiling(self):
+        return {"bytes": 4 << 30, "us": 1000.0, "gbps": 4294.967296}
+
+
+def _config(**kw):
+    base = dict(presets=[get_preset("qwen3-0.6b")], tokens=[1, 300], dtypes=[torch.bfloat16],
+                compare=["eager"], backend="reference", check_rows=0)
+    return fb.BenchConfig(**{**base, **kw})
+
+
+def test_bookkeeping_of_a_cpu_run():
+    clock = FixedClock([10.0, 30.0])  # fqr, then eager, each cell
+    doc = fb.run_bench(_config(), device="cpu", timers=clock)
+    assert doc["schema"] == fb.SCHEMA and doc["passed"] is True
+    assert [r["tokens"] for r in doc["rows"]] == [1, 300]
+    for row in doc["rows"]:
+        p = get_preset(row["preset"])
+        assert row["bytes"] == fb.traffic_bytes(p, torch.bfloat16, row["tokens"]).total
+        fqr, eager = row["impls"]["fqr"], row["impls"]["eager"]
+        assert fqr["check"]["passed"] and eager["check"]["passed"]
+        assert fqr["check"]["q"]["tolerance"] == "<=1 ulp"        # fused contract for fqr
+        assert eager["check"]["numerics"] == "unfused"
+        assert fqr["us"] == 10.0 and eager["us"] == 30.0
+        assert fqr["gbps"] == pytest.approx(row["bytes"] / 10.0 / 1e3)
+        assert fqr["pct_ceiling"] == pytest.approx(100 * fqr["gbps"] / 4294.967296)
+        assert row["speedup"] == {"eager": pytest.approx(3.0)}
+        small = row["tokens"] <= fb.GRAPH_MAX_TOKENS
+        assert (fqr["graph_us"], fqr["dispatch_us"]) == ((2.5, 9.0) if small else (None, None))
+    assert doc["rows"][0]["input_sets"] == fb.MAX_ROTATION_SETS  # tiny sets rotate
+    json.dumps(doc)  # the document is plain JSON
+
+
+def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
+    """An fqr kernel whose q misses the norm fails its check; only the peer gets timed."""
+    real = fb._fqr_callable
+
+    def broken(preset, cache, backend, numerics):
+        run = real(preset, cache, backend, numerics)
+
+        def wrong(x):
+            q, k, v = run(x)
+            return q * 1.01, k, v
+        return wrong
+    monkeypatch.setattr(fb, "_fqr_callable", broken)
+    clock = FixedClock([20.0])
+    doc = fb.run_bench(_config(tokens=[5]), device="cpu", timers=clock)
+    fqr = doc["rows"][0]["impls"]["fqr"]
+    assert doc["passed"] is False
+    assert fqr["check"]["passed"] is False and fqr["check"]["q"]["bad"] > 0
+    assert fqr["check"]["k"]["passed"] and fqr["check"]["v"]["passed"]
+    assert fqr["us"] is None and fqr["gbps"] is None
+    assert clock.timed == 1  # the eager peer only
+    assert doc["rows"][0]["speedup"] == {}
+    lines = cli_bench.failure_lines(doc)
+    assert len(lines) == 1 and lines[0].startswith("fqr qwen3-0.6b bf16 T=5 is wrong")
+
+
+def test_a_raising_implementation_is_reported(monkeypatch):
+    def raising(preset, cache, backend, numerics):
+        def run(x):
+            raise RuntimeError("kernel launch failed\nsecond line")
+        return run
+    monkeypatch.setattr(fb, "_fqr_callable", raising)
+    doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([1.0]))
+    fqr = doc["rows"][0]["impls"]["fqr"]
+    assert fqr["error"] == "RuntimeError: kernel launch failed" and fqr["us"] is None
+    assert doc["passed"] is False
+
+
+# ------------------------------------------------------------------ JSON -> table / plot
+
+def _document(tmp_path, **kw):
+    return fb.run_bench(_config(**kw), device="cpu", timers=FixedClock([10.0, 30.0]))
+
+
+def test_json_round_trip_table_and_plot(monkeypatch, capsys, tmp_path):
+    doc = _document(tmp_path)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    png = tmp_path / "b.png"
+    code, out, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "plot written" in err
+    lines = [ln for ln in out.splitlines() if "qwen3-0.6b" in ln]
+    assert len(lines) == 2                                  # one table row per cell
+    gbps = doc["rows"][1]["impls"]["fqr"]["gbps"]
+    assert f"{gbps:.0f}" in lines[1] and "3.00" in lines[1]  # GB/s and x eager
+
+    code, out, _ = run_cli(monkeypatch, capsys, "--from-json", str(path), "--json")
+    assert code == 0 and json.loads(out) == doc
+
+
+def test_failed_document_exits_1(monkeypatch, capsys, tmp_path):
+    doc = _document(tmp_path, tokens=[2])
+    doc["rows"][0]["impls"]["fqr"].update(us=None, check=dict(doc["rows"][0]["impls"]["fqr"]["check"],
+                                                              passed=False))
+    doc["passed"] = False
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
+    assert code == 1
+    assert "WRONG" in out and "check failed" in err
+
+
+def test_merged_runs_keep_their_ceilings(monkeypatch, capsys, tmp_path):
+    a, b = _document(tmp_path, tokens=[4]), _document(tmp_path, tokens=[8])
+    b["ceiling"] = dict(b["ceiling"], gbps=4000.0)
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    merged = fb.merge_documents([fb.load_document(pa), fb.load_document(pb)])
+    assert [r["tokens"] for r in merged["rows"]] == [4, 8]
+    assert [r["ceiling_gbps"] for r in merged["rows"]] == [a["ceiling"]["gbps"], 4000.0]
+    png = tmp_path / "m.png"
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(pa), "--from-json", str(pb),
+                           "--plot", str(png))
+    assert code == 0 and png.exists(), err
+
+
+def test_plot_without_matplotlib_is_a_clear_message(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(_document(tmp_path, tokens=[2])))
+    monkeypatch.setattr(cli_bench, "_matplotlib_missing",
+                        lambda: "matplotlib is not installed here, so no plot")
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--plot",
+                           str(tmp_path / "x.png"))
+    assert code == 2
+    assert err.strip().splitlines()[-1] == "error: matplotlib is not installed here, so no plot"
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"schema": "fqr-golden/1"}))
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
+    assert code == 2 and "not an fqr-bench/1 document" in err
