@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fqr.backends import available_backends
 from fqr.golden import GOLDEN_DIR, list_cases
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,3 +78,14 @@ def test_golden_list_json_and_regen_subset(tmp_path):
     regenerated, = list_cases(tmp_path)
     shipped, = list_cases(pattern="llama3-8b-fp32-*")
     assert regenerated["seed"] == shipped["seed"] and regenerated["name"] == shipped["name"]
+
+
+@pytest.mark.skipif("interpret" not in available_backends(), reason="upstream triton not installed")
+def test_verify_interpret_passes_every_case():
+    """The generated kernel under the Triton interpreter, on every golden case (CI's kernel check)."""
+    r = fqr("verify", "--backend", "interpret", "--json")
+    doc = json.loads(r.stdout)
+    failed = [(row["case"], row["status"], row.get("detail")) for row in doc["results"]
+              if row["status"] != "pass"]
+    assert r.returncode == 0 and not failed, failed
+    assert len(doc["results"]) == len(list_cases())
