@@ -7,6 +7,14 @@ is printed, so a failure can be replayed with ``FQR_TEST_SEED=<seed> pytest ...`
 from __future__ import annotations
 
 import os
+
+import torch as _torch
+
+# One process runs triton either interpreted or compiled, decided when triton is first imported
+# (fqr.lowering.loader.triton_mode). Without a GPU the suite runs the generated kernels under the
+# interpreter; with one, the compiled backend (and the interpreter tests skip).
+if not _torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import random
 from dataclasses import dataclass
 from functools import lru_cache

@@ -32,18 +32,31 @@ class Tiling:
     """How the emitted kernel tiles the work (chosen by the target profile)."""
     block_t: int                 # tokens per tile
     head_chunks: tuple[int, ...]  # heads per chunk, one entry per chain (== heads: no chunking)
+    bf16_rounding: str = "native"  # how fp32 -> bf16 is rounded: native | bits (see ROUND_TO_BF16)
 
 
-ROUND_TO_BF16 = (
-    "@triton.jit",
-    "def round_to_bf16(x):",
-    '    """fp32 -> bf16 rounded to nearest even on every target (Triton\'s interpreter truncates)."""',
-    "    bits = x.to(tl.uint32, bitcast=True)",
-    "    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
-    "    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(tl.bfloat16)",
-    "",
-    "",
-)
+ROUND_TO_BF16 = {
+    # Hardware conversion: round to nearest even on NVIDIA (cvt.rn.bf16.f32) and Ascend.
+    "native": (
+        "@triton.jit",
+        "def round_to_bf16(x):",
+        '    """fp32 -> bf16, round to nearest even (the hardware conversion)."""',
+        "    return x.to(tl.bfloat16)",
+        "",
+        "",
+    ),
+    # Triton's interpreter truncates fp32 -> bf16; round to nearest even on the bits instead.
+    "bits": (
+        "@triton.jit",
+        "def round_to_bf16(x):",
+        '    """fp32 -> bf16, round to nearest even on the bits (the interpreter\'s cast truncates)."""',
+        "    bits = x.to(tl.uint32, bitcast=True)",
+        "    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
+        "    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(tl.bfloat16)",
+        "",
+        "",
+    ),
+}
 
 
 class KernelBuilder:
@@ -324,7 +337,7 @@ class KernelBuilder:
             "import triton.language as tl",
             "",
             "",
-            *(ROUND_TO_BF16 if self.uses_round_bf16 else ()),
+            *(ROUND_TO_BF16[self.tiling.bf16_rounding] if self.uses_round_bf16 else ()),
             '@triton.jit(do_not_specialize=["T"])',
             f"def {self.kernel_name}(\n    {params},\n):",
             "    pid = tl.program_id(0)",

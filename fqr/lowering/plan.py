@@ -10,7 +10,8 @@ RoPE decides how a chain's head is held (its :class:`Layout`):
 * NeoX: piece ``a`` = features ``[0, R/2)``, ``b`` = ``[R/2, R)`` (two contiguous loads);
 * GPT-J: ``a``/``b`` = even/odd features of ``[0, R)``, loaded as one contiguous pair tile and
   split in registers (``tl.split``), so loads stay vectorised;
-* pass-through piece ``p`` = ``[R, D)`` (partial rotary), or the whole head without RoPE.
+* pass-through pieces ``p0, p1, ..`` = ``[R, D)`` (partial rotary) in power-of-two runs, or
+  the whole head without RoPE.
 
 Elementwise rules work piece by piece; reductions (the norm) sum over all pieces.
 """
@@ -24,6 +25,19 @@ from ..core import TOKENS, Eqn, Program, Var
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def pow2_parts(start: int, count: int, min_part: int = 16) -> list[tuple[int, int]]:
+    """Split ``count`` features into power-of-two runs (the last one padded when small), so
+    that a 192-wide pass-through is 128 + 64 registers rather than 256 with a quarter masked."""
+    parts = []
+    while count > 0:
+        n = 1 << (count.bit_length() - 1)
+        if n != count and count - n < min_part:
+            n = count  # a small remainder: pad this run instead of adding a tiny one
+        parts.append((start, n))
+        start, count = start + n, count - n
+    return parts
 
 
 @dataclass(frozen=True)
@@ -49,10 +63,12 @@ class Layout:
     def slots(self) -> tuple[Slot, ...]:
         d, r = self.head_dim, self.rotary_dim
         if self.style == "plain":
-            return (Slot("contig", ("p",), 0, d),)
+            return tuple(Slot("contig", (f"p{i}",), start, n)
+                         for i, (start, n) in enumerate(pow2_parts(0, d)))
         rot = ((Slot("contig", ("a",), 0, r // 2), Slot("contig", ("b",), r // 2, r // 2))
                if self.style == "neox" else (Slot("pairs", ("a", "b"), 0, r // 2),))
-        return rot + ((Slot("contig", ("p",), r, d - r),) if d > r else ())
+        return rot + tuple(Slot("contig", (f"p{i}",), start, n)
+                           for i, (start, n) in enumerate(pow2_parts(r, d - r)))
 
     @property
     def tag(self) -> str:

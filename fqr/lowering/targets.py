@@ -27,6 +27,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def checked_block_t(value) -> int:
+    block_t = int(value)
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"block_t must be a power of two, got {value}")
+    return block_t
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -44,45 +51,63 @@ class Target:
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options) -> int:
         return tiling.block_t
 
-    def grid(self, tokens: int, block_t: int, device: torch.device, **options) -> int:
-        return max(1, cdiv(tokens, block_t))
+    def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
+        return max(1, cdiv(tokens, tile))
 
     def launch_options(self, plan: KernelPlan, **options) -> dict:
         return {}
 
 
+def padded_head_elems(chain) -> int:
+    """fp32 registers one head of ``chain`` takes in the kernel (its slots, padded)."""
+    return sum(slot.padded * (2 if slot.kind == "pairs" else 1) for slot in chain.layout.slots)
+
+
 @dataclass(frozen=True)
 class CudaTarget(Target):
+    """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
+    4096): a whole Qwen3-8B q row (32 x 128) is one chunk, wider rows loop over chunks, so
+    registers never spill."""
+    bf16_rounding: str = "native"
+
+    def tiling(self, plan: KernelPlan, **options) -> Tiling:
+        budget = int(options.get("tile_elems", 4096))
+        chunks = []
+        for c in plan.chains:
+            fit = max(1, budget // padded_head_elems(c))
+            hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
+            chunks.append(hc)
+        return Tiling(block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding)
+
     def launch_options(self, plan: KernelPlan, **options) -> dict:
-        if "num_warps" in options:
-            return {"num_warps": int(options["num_warps"])}
-        # fp32 elements live per token tile: the widest chain decides the warps.
-        widest = max(next_pow2(c.heads) * next_pow2(c.head_dim) for c in plan.chains)
-        return {"num_warps": int(min(16, max(2, widest // 1024)))}
+        return {"num_warps": int(options.get("num_warps", 4))}
 
     def block_t(self, plan, tiling, **options) -> int:
-        return int(options.get("block_t", tiling.block_t))
+        return checked_block_t(options.get("block_t", tiling.block_t))
 
-    def grid(self, tokens, block_t, device, **options) -> int:
-        tiles = max(1, cdiv(tokens, block_t))
+    def grid(self, tokens, tile, device, **options) -> int:
+        tiles = max(1, cdiv(tokens, tile))
         cap = options.get("max_programs")
         return min(tiles, int(cap)) if cap else tiles
 
 
 @dataclass(frozen=True)
-class InterpretTarget(Target):
-    """The cuda source under the interpreter: tiles of 8 tokens, at most 3 programs."""
+class InterpretTarget(CudaTarget):
+    """The cuda kernel under the interpreter: same tiling and body, bf16 rounding done on the
+    bits (the interpreter's own fp32 -> bf16 cast truncates), tiles of 8 tokens, at most 3
+    programs so that the persistent loop iterates."""
+    bf16_rounding: str = "bits"
 
     def block_t(self, plan, tiling, **options) -> int:
-        return int(options.get("block_t", 8))
+        return checked_block_t(options.get("block_t", 8))
 
-    def grid(self, tokens, block_t, device, **options) -> int:
-        return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, block_t)))
+    def grid(self, tokens, tile, device, **options) -> int:
+        return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, tile)))
 
 
 TARGETS: dict[str, Target] = {
     "cuda": CudaTarget("cuda"),
-    "interpret": InterpretTarget("interpret", interpret=True, source_target="cuda"),
+    "interpret": InterpretTarget("interpret", interpret=True),
 }
 
 
