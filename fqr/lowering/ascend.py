@@ -106,6 +106,19 @@ def chip_of_arch(arch: str) -> AscendChip:
     raise ValueError(f"unknown Ascend SoC {arch!r}: pass chip= (one of {', '.join(CHIPS)})")
 
 
+def detected_chip() -> AscendChip | None:
+    """The chip of NPU 0 when torch_npu sees one (None offline: the default chip applies)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    if not torch.npu.is_available():
+        return None
+    return chip_of_arch(torch.npu.get_device_name(0))
+
+
 def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
     """Bytes the kernel's tiles may occupy: the UB (or the override) minus the compiler reserve."""
     if ub_bytes is None and os.environ.get("FQR_ASCEND_UB_BYTES"):
@@ -215,7 +228,8 @@ class AscendTiling:
 
 
 def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: int | None = None,
-                  block_t: int | None = None, max_block_t: int = MAX_BLOCK_T) -> AscendTiling:
+                  block_t: int | None = None, max_block_t: int = MAX_BLOCK_T,
+                  bf16_rounding: str = "native") -> AscendTiling:
     """Choose ``BLOCK_T`` and per-chain head chunks so that the kernel's tiles fit the UB.
 
     Chains (q, k, v) run one after the other inside a token tile, so the footprint is the
@@ -258,14 +272,15 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
                 raise TileDoesNotFit(
                     f"{s.name} ({s.heads} heads x {s.head_dim}): one head of {bt} token(s) needs "
                     f"{(base + chain_footprint(s, bt, 1, mb)) / KIB:.1f} KiB of UB, the budget is "
-                    f"{budget / KIB:.1f} KiB ({chip.summary}, {UB_RESERVE_BYTES // KIB} KiB reserved); "
-                    f"use a smaller block_t or a larger ub_bytes")
+                    f"{budget / KIB:.1f} KiB ({chip.summary}, {UB_RESERVE_BYTES // KIB} KiB reserved)"
+                    + ("; a larger ub_bytes is needed" if bt == MIN_BLOCK_T else "; use a smaller block_t"))
             chunks[i] = min(hc, s.heads)
         ok, total, per = fits(bt, chunks)
         assert ok, "head chunking must produce a fitting tiling"
     chunked = tuple(f"{s.name}: {s.heads} heads in chunks of {hc}"
                     for s, hc in zip(shapes, chunks) if hc < s.heads)
-    return AscendTiling(Tiling(block_t=bt, head_chunks=tuple(chunks)), chip, budget, total,
+    return AscendTiling(Tiling(block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding),
+                        chip, budget, total,
                         tuple(per), chunked)
 
 
@@ -296,35 +311,40 @@ def vector_core_count(device: torch.device | None = None, num_vectorcore: int | 
 
 # ----------------------------------------------------------------------- the targets
 
-_TILING_OPTIONS = ("chip", "ub_bytes", "block_t", "max_block_t")
-
-
 @dataclass(frozen=True)
 class AscendTarget(Target):
     """Triton-Ascend on NPUs: one program per vector core, UB-sized tiles (module docstring)."""
     default_vector_cores: int = DEFAULT_NUM_VECTORCORE
+    bf16_rounding: str = "native"   # the NPU's fp32 -> bf16 conversion rounds to nearest even
 
     def ascend_tiling(self, plan: KernelPlan, **options) -> AscendTiling:
+        """Options: ``chip`` (A2, A3, 950; default: the NPU's, else ``$FQR_ASCEND_CHIP`` or A2),
+        ``ub_bytes`` (overrides the chip's UB), ``max_block_t``; others are ignored here."""
         chip = options.get("chip")
-        if chip is None and options.get("device") is not None and torch.device(options["device"]).type == "npu":
-            chip = chip_of_arch(torch.npu.get_device_name(torch.device(options["device"]).index))
-        elif chip is not None and not isinstance(chip, AscendChip):
+        if chip is not None and not isinstance(chip, AscendChip):
             chip = get_chip(chip)
-        return ascend_tiling(plan, chip=chip, ub_bytes=options.get("ub_bytes"),
+        if options.get("num_vectorcore") is not None:
+            vector_core_count(num_vectorcore=options["num_vectorcore"])  # validate before emitting
+        return ascend_tiling(plan, chip=chip or detected_chip(),
+                             ub_bytes=options.get("ub_bytes", options.get("buffer_bytes")),
                              block_t=options.get("block_t"),
-                             max_block_t=options.get("max_block_t", MAX_BLOCK_T))
+                             max_block_t=options.get("max_block_t", MAX_BLOCK_T),
+                             bf16_rounding=self.bf16_rounding)
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
         return self.ascend_tiling(plan, **options).tiling
 
-    def grid(self, tokens: int, block_t: int, device: torch.device, **options) -> int:
+    def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
+        """One program per vector core, but never more programs than token tiles."""
         cores = vector_core_count(device, options.get("num_vectorcore"), self.default_vector_cores)
-        return max(1, min(cores, cdiv(tokens, block_t)))
+        return max(1, min(cores, cdiv(tokens, tile)))
 
 
 TARGETS["ascend"] = AscendTarget("ascend", flavour="ascend")
-# The same source under Triton-Ascend's interpreter, with a small persistent grid so that every
-# program runs several token tiles (the multi-tile path the NPU takes at large batch sizes).
+# The ascend kernel under Triton-Ascend's interpreter: the same tiling and body, with a small
+# persistent grid so that every program runs several token tiles (the multi-tile path an NPU
+# takes at large batch sizes), and bf16 rounding done on the bits (the interpreter's own
+# fp32 -> bf16 cast truncates).
 TARGETS["ascend-interpret"] = AscendTarget(
-    "ascend-interpret", interpret=True, flavour="ascend", source_target="ascend",
-    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES)
+    "ascend-interpret", interpret=True, flavour="ascend",
+    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES, bf16_rounding="bits")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backends import BackendUnavailable
 from .ascend import AscendChip, get_chip
 
 STAGES = ("ttir", "linalg", "npubin")
@@ -39,7 +40,7 @@ NEEDS_CANN = "needs CANN"
 _TT_OP = re.compile(r"(?:=\s*|^\s*)\"?tt\.[a-z_]+", re.M)
 
 
-class AscendToolchainMissing(RuntimeError):
+class AscendToolchainMissing(BackendUnavailable):
     """triton-ascend is not importable here (use the Ascend environment)."""
 
 
@@ -248,3 +249,67 @@ def check_kernel(kernel, chip: AscendChip | str | None = None, tokens: int = 102
     signature, constants = kernel_signature(kernel.fn, args, kwargs)
     stages, linalg = compile_stages(kernel.fn, signature, constants, chip, run_npubin)
     return CheckReport(kernel.fn.__name__, chip.arch, signature, constants, stages, linalg)
+
+
+# ----------------------------------------------------------------------- presets x TP
+
+CHECK_TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass
+class PresetCheck:
+    """The compile check of one preset's kernel at one TP size."""
+    label: str
+    preset: str
+    tp: int
+    dtype: str
+    tiling: object            # fqr.lowering.ascend.AscendTiling
+    report: CheckReport
+
+    def to_dict(self) -> dict:
+        t = self.tiling
+        return {"preset": self.preset, "tp": self.tp, "dtype": self.dtype,
+                "block_t": t.tiling.block_t, "head_chunks": list(t.tiling.head_chunks),
+                "footprint_bytes": t.footprint, "budget_bytes": t.budget, "chip": t.chip.name,
+                **self.report.to_dict()}
+
+
+def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tuple[str, int]]:
+    """Every (preset, TP) to check: all presets (or ``preset``) at ``tp`` or each TP in
+    :data:`CHECK_TP_SIZES` that the preset's head counts allow. An explicitly requested
+    pair that is impossible raises the preset's ``ValueError``."""
+    from ..presets import PRESETS, get_preset
+
+    names = [preset] if preset is not None else list(PRESETS)
+    pairs = []
+    for name in names:
+        for size in ([tp] if tp is not None else CHECK_TP_SIZES):
+            try:
+                get_preset(name, size)
+            except ValueError:
+                if preset is not None and tp is not None:
+                    raise
+                continue
+            pairs.append((name, size))
+    return pairs
+
+
+def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, *,
+                 numerics: str = "fused", bias: bool = False, chip: str | None = None,
+                 ub_bytes: int | None = None, num_vectorcore: int | None = None) -> PresetCheck:
+    """Lower the preset's prologue (its TP view) for ``ascend`` and compile-check it."""
+    from ..core import DTYPE_NAMES
+    from ..presets import get_preset
+    from ..prologue import preset_program
+    from . import lower
+    from .ascend import TARGETS
+
+    p = get_preset(preset, tp)
+    program = preset_program(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
+    options = {k: v for k, v in (("chip", chip), ("ub_bytes", ub_bytes),
+                                 ("num_vectorcore", num_vectorcore)) if v is not None}
+    kernel = lower(program, "ascend", **options)
+    tiling = TARGETS["ascend"].ascend_tiling(kernel.plan, **options)
+    assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"
+    report = check_kernel(kernel, chip=tiling.chip)
+    return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
