@@ -1,0 +1,27 @@
+"""Graph fusion: the fused prologue as torch custom ops, and an Inductor pass that puts them
+into real model code.
+
+* ``torch.ops.fqr.split_qkv_rmsnorm_rope`` / ``torch.ops.fqr.qk_rmsnorm_rope``
+  (:mod:`fqr.fusion.custom_ops`), registered when ``fqr`` is imported;
+* :func:`qk_rmsnorm_rope` (:mod:`fqr.fusion.qk_prologue`): the no-split prologue for models with
+  separate q/k projections;
+* :func:`backend` / :class:`FusionPass` (:mod:`fqr.fusion.fusion_pass`): rewrite vLLM- and
+  Hugging Face-style unfused prologues (:mod:`fqr.fusion.unfused`) with the patterns of
+  :mod:`fqr.fusion.patterns`.
+
+The pattern and backend modules import Inductor; they load on first use.
+"""
+
+from . import custom_ops
+from .qk_prologue import qk_norm_rope_prologue, qk_rmsnorm_rope
+
+__all__ = ["custom_ops", "qk_rmsnorm_rope", "qk_norm_rope_prologue", "backend", "FusionPass",
+           "FusionBackend", "FusionStats", "fusion_patterns"]
+
+
+def __getattr__(name):
+    if name in ("backend", "FusionPass", "FusionBackend", "FusionStats", "fusion_patterns"):
+        from . import fusion_pass
+
+        return getattr(fusion_pass, name)
+    raise AttributeError(f"module 'fqr.fusion' has no attribute {name!r}")

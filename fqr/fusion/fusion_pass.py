@@ -1,0 +1,125 @@
+"""The fusion pass for Inductor, and a ``torch.compile`` backend that runs it.
+
+:class:`FusionPass` is an Inductor ``CustomGraphPass``: put it in
+``torch._inductor.config.post_grad_custom_post_pass`` (or let :func:`backend` do it). It applies
+the replacement patterns of :mod:`fqr.fusion.patterns` to each post-grad graph and records, per
+graph, how many prologue sites it fused and which unfused norm/RoPE ops are left::
+
+    fusion = fqr.fusion.backend()
+    compiled = torch.compile(model, backend=fusion)
+    compiled(positions, hidden)
+    fusion.stats.sites                  # fused prologues, summed over compiled graphs
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.pattern_matcher import PatternMatcherPass, stable_topological_sort
+
+from . import custom_ops  # noqa: F401  (torch.ops.fqr.*)
+
+FUSED_OPS = (torch.ops.fqr.split_qkv_rmsnorm_rope.default, torch.ops.fqr.qk_rmsnorm_rope.default)
+
+# What the unfused prologue leaves in an aten graph: RMSNorm's statistic and RoPE's gather.
+# None of these should survive in a graph whose prologues were all fused.
+UNFUSED_OPS = (torch.ops.aten.rsqrt.default, torch.ops.aten.mean.dim,
+               torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.index.Tensor,
+               torch.ops.aten.index_select.default)
+
+_SOURCES = tuple(os.path.join(os.path.dirname(__file__), f)
+                 for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py"))
+
+
+@lru_cache(maxsize=1)
+def fusion_patterns() -> PatternMatcherPass:
+    """All replacement patterns, traced once per process (about 10 s of CPU)."""
+    from .patterns import register_patterns
+
+    patterns = PatternMatcherPass(pass_name="fqr_qk_norm_rope_fusion")
+    register_patterns(patterns)
+    return patterns
+
+
+@dataclass
+class GraphRecord:
+    sites: int
+    fused_ops: int               # fqr ops in the graph after the pass
+    unfused_ops: dict            # aten op name -> count of UNFUSED_OPS left after the pass
+
+
+@dataclass
+class FusionStats:
+    graphs: list[GraphRecord] = field(default_factory=list)
+
+    @property
+    def sites(self) -> int:
+        return sum(g.sites for g in self.graphs)
+
+    @property
+    def unfused_left(self) -> int:
+        return sum(sum(g.unfused_ops.values()) for g in self.graphs)
+
+
+def op_counts(graph: torch.fx.Graph) -> Counter:
+    return Counter(n.target for n in graph.nodes if n.op == "call_function")
+
+
+class FusionPass(CustomGraphPass):
+    """Replace every unfused attention prologue of a post-grad graph by one fqr op."""
+
+    def __init__(self):
+        self.patterns = fusion_patterns()
+        self.stats = FusionStats()
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        sites = self.patterns.apply(graph)
+        if sites:
+            # A replacement lands before the first matched output (v, early in the graph);
+            # an input computed later (a Gemma (1 + w) in fp32, say) must move up.
+            stable_topological_sort(graph)
+            graph.eliminate_dead_code()
+        ops = op_counts(graph)
+        self.stats.graphs.append(GraphRecord(
+            sites=sites, fused_ops=sum(ops[o] for o in FUSED_OPS),
+            unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]}))
+
+    def uuid(self):
+        return get_hash_for_files(_SOURCES)
+
+
+class FusionBackend:
+    """A ``torch.compile`` backend: Inductor with :class:`FusionPass` as its post-grad pass.
+
+    Inductor's FX-graph and AOTAutograd caches are off by default (``cache=False``): a graph
+    loaded from the cache skips every pass, so its sites would go uncounted. With
+    ``cache=True`` repeated compiles are faster and ``stats`` covers only graphs compiled here.
+    """
+
+    def __init__(self, fusion_pass: FusionPass | None = None, *, cache: bool = False,
+                 config_patches: dict | None = None):
+        self.fusion_pass = fusion_pass or FusionPass()
+        self.cache = cache
+        self.config_patches = dict(config_patches or {})
+
+    @property
+    def stats(self) -> FusionStats:
+        return self.fusion_pass.stats
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {"post_grad_custom_post_pass": self.fusion_pass,
+                   "fx_graph_cache": self.cache, **self.config_patches}
+        with torch._functorch.config.patch(enable_autograd_cache=self.cache):
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def backend(*, cache: bool = False, config_patches: dict | None = None) -> FusionBackend:
+    """``torch.compile(model, backend=fqr.fusion.backend())``; see :class:`FusionBackend`."""
+    return FusionBackend(cache=cache, config_patches=config_patches)
