@@ -122,14 +122,18 @@ def _speedup(row: dict, peer: str) -> str:
 def render_table(doc: dict) -> Table:
     """The Rich table of a bench document (fqr's numbers; peers as speed-ups)."""
     peers = [p for p in PEER_NAMES if any(p in r["impls"] for r in doc["rows"])]
+    launcher = any("launcher_dispatch_us" in r["impls"][FQR] for r in doc["rows"])
     env, ceiling = doc["environment"], doc["ceiling"]
     table = Table(title=f"fqr bench: {env.get('gpu', '?')}, copy ceiling {ceiling['gbps']:.0f} GB/s",
                   caption=f"numerics {doc['settings'].get('numerics')}, backend "
                           f"{doc['settings'].get('backend')}; graph/dispatch for T <= "
-                          f"{GRAPH_MAX_TOKENS}; x peer = peer time / fqr time")
+                          f"{GRAPH_MAX_TOKENS} (dispatch: the public op; launch: the bare "
+                          "kernel launcher); x peer = peer time / fqr time")
     for name in ("preset", "dtype", "T"):
         table.add_column(name, justify="left" if name != "T" else "right")
-    for name in ("us", "GB/s", "% ceiling", "graph us", "dispatch us") + tuple(f"x {p}" for p in peers):
+    extra = ("launch us",) if launcher else ()
+    for name in ("us", "GB/s", "% ceiling", "graph us", "dispatch us") + extra + \
+            tuple(f"x {p}" for p in peers):
         table.add_column(name, justify="right")
     for row in doc["rows"]:
         r = row["impls"][FQR]
@@ -141,7 +145,9 @@ def render_table(doc: dict) -> Table:
             us = _num(r["us"], ".2f")
         table.add_row(row["preset"], row["dtype"], str(row["tokens"]), us, _num(r["gbps"], ".0f"),
                       _num(r["pct_ceiling"], ".1f"), _num(r["graph_us"], ".2f"),
-                      _num(r["dispatch_us"], ".1f"), *[_speedup(row, p) for p in peers])
+                      _num(r["dispatch_us"], ".1f"),
+                      *([_num(r.get("launcher_dispatch_us"), ".1f")] if launcher else []),
+                      *[_speedup(row, p) for p in peers])
     return table
 
 
@@ -168,6 +174,13 @@ def failure_lines(doc: dict) -> list[str]:
 
 def _tokens_label(t: int) -> str:
     return f"{t // 1024}k" if t >= 1024 and t % 1024 == 0 else str(t)
+
+
+def timing_notes(doc: dict) -> list[str]:
+    """One line per graph/dispatch measurement that could not be taken (the kernel was right)."""
+    return [f"{name} {row['preset']} {row['dtype']} T={row['tokens']} {key}: {text}"
+            for row in doc["rows"] for name, r in row["impls"].items()
+            for key, text in r.get("timing_errors", {}).items()]
 
 
 def plot_document(doc: dict, path: Path) -> None:
@@ -272,6 +285,8 @@ def bench(
         # Never squeeze the table into a pipe's default 80 columns: its cells are data.
         width = Measurement.get(out, out.options.update(max_width=1000), table).maximum
         Console(file=out.file, width=max(out.width, width)).print(table)
+    for line in timing_notes(doc):
+        err.print(f"[yellow]not measured:[/yellow] {line}", highlight=False)
     for line in failure_lines(doc):
         err.print(f"[red]check failed:[/red] {line}", highlight=False)
     if plot:
