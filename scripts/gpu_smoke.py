@@ -71,23 +71,28 @@ def copy_ceiling(nbytes):
 
 if __name__ == "__main__":
     ok = True
-    for name in ["qwen3-8b", "qwen3-0.6b", "gemma3-1b", "gemma3-27b", "qwen3.5-27b", "olmo2-7b", "llama3-8b", "glm4-9b", "qwen3-235b-a22b"]:
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            ok &= check(name, 1, dtype, 1037)
-    ok &= check("qwen3-8b", 1, torch.bfloat16, 513, numerics="unfused")
-    ok &= check("qwen3-8b", 1, torch.bfloat16, 513, bias=True)
-    ok &= check("qwen3-8b", 4, torch.bfloat16, 1)
+    if "--checks" in sys.argv:
+        for name in ["qwen3-8b", "qwen3.5-27b", "glm4-9b"]:
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                ok &= check(name, 1, dtype, 1037)
+        ok &= check("qwen3-8b", 1, torch.bfloat16, 513, numerics="unfused")
+        ok &= check("qwen3-8b", 1, torch.bfloat16, 513, bias=True)
     ceiling = copy_ceiling(2 * 65536 * 6144 * 2)
     rows = []
-    for name, dtype, T in [("qwen3-8b", torch.bfloat16, 65536), ("qwen3-8b", torch.bfloat16, 4096),
-                           ("qwen3-8b", torch.bfloat16, 1024), ("qwen3-32b", torch.bfloat16, 65536),
-                           ("qwen3.5-27b", torch.bfloat16, 65536), ("qwen3-8b", torch.float32, 65536)]:
-        for opts in [dict(), dict(num_warps=4), dict(num_warps=8), dict(block_t=2, num_warps=8),
-                     dict(block_t=4, num_warps=8), dict(max_programs=132 * 8), dict(max_programs=132 * 16, num_warps=8)]:
+    shapes = [("qwen3-8b", torch.bfloat16, 65536), ("qwen3-8b", torch.bfloat16, 4096),
+              ("qwen3-8b", torch.bfloat16, 1024), ("qwen3-32b", torch.bfloat16, 65536),
+              ("qwen3-235b-a22b", torch.bfloat16, 65536), ("gemma3-27b", torch.bfloat16, 65536),
+              ("qwen3.5-27b", torch.bfloat16, 65536), ("qwen3-0.6b", torch.bfloat16, 65536),
+              ("qwen3-8b", torch.float32, 65536)]
+    variants = [json.loads(v) for v in os.environ.get("VARIANTS", "").split(";") if v] or [
+        dict(), dict(tile_elems=2048), dict(tile_elems=8192), dict(num_warps=8),
+        dict(tile_elems=2048, num_warps=2), dict(block_t=2), dict(tile_elems=2048, block_t=2)]
+    for name, dtype, T in shapes:
+        for opts in variants:
             ms, nbytes = bench(name, dtype, T, **opts)
             gbs = nbytes / ms / 1e6
             rows.append((name, str(dtype)[6:], T, json.dumps(opts), ms * 1e3, gbs, 100 * gbs / ceiling))
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for r in rows:
-        print(f"{r[0]:12s} {r[1]:9s} T={r[2]:6d} {r[3]:42s} {r[4]:9.1f} us {r[5]:7.0f} GB/s {r[6]:5.1f}%")
+        print(f"{r[0]:15s} {r[1]:8s} T={r[2]:6d} {r[3]:40s} {r[4]:8.1f} us {r[5]:6.0f} GB/s {r[6]:5.1f}%")
     print("ALL CHECKS", "PASS" if ok else "FAIL")
