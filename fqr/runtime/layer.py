@@ -14,6 +14,7 @@ MiniMax-M2 QK-norm does.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -21,6 +22,12 @@ import torch
 from ..presets import get_preset
 from ..prologue import NormStats, split_qkv_rmsnorm_rope
 from .workload import model_norm_weights
+
+
+@lru_cache(maxsize=4)
+def _rope_table(preset_name: str) -> torch.Tensor:
+    """The preset's float32 ``cos_sin_cache`` (built once per process and preset)."""
+    return get_preset(preset_name).cos_sin_cache()
 
 
 def shard_heads(shard, tp_rank: int) -> tuple[range, range]:
@@ -46,7 +53,7 @@ class PrologueLayer:
         # A replicated kv head counts once in the k statistic: on the first rank that holds it.
         self.counts_k = tp_rank == 0 or s.kv_head_owner(tp_rank - 1) != first_kv
         self.columns = self.shard_columns()
-        self.cos_sin_cache = s.cos_sin_cache().to(device)
+        self.cos_sin_cache = _rope_table(preset_name).to(device)
         q_w, k_w = model_norm_weights(self.full, seed, dtype)
         if self.full.norm == "full":
             q_w = q_w[self.q_heads.start * d: self.q_heads.stop * d]
