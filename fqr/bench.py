@@ -158,13 +158,16 @@ def check_row_index(tokens: int, check_rows: int, generator: torch.Generator, de
 # ------------------------------------------------------------------------------- checks
 
 def check_outputs(outputs, exact, rows: torch.Tensor, head_dim: int, numerics: str,
-                  expected_shapes) -> dict:
+                  expected_shapes, expected_dtype: torch.dtype) -> dict:
     """Compare ``(q, k, v)`` with the float64 ``exact`` ``(q, k, v)`` on ``rows``."""
     report = {"passed": True, "rows": int(rows.numel()), "numerics": numerics}
     for name, out, ref, shape in zip("qkv", outputs, exact, expected_shapes):
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape):
-            got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            report[name] = {"passed": False, "error": f"shape {got}, expected {list(shape)}"}
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
+                or out.dtype != expected_dtype):
+            got = (f"{list(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor)
+                   else type(out).__name__)
+            report[name] = {"passed": False,
+                            "error": f"got {got}, expected {list(shape)} {expected_dtype}"}
             report["passed"] = False
             continue
         nonfinite_all = int((~torch.isfinite(out)).sum())
@@ -325,6 +328,13 @@ def _peer_callable(peer):
     return lambda x: peer(x.qkv, x.positions, x.q_weight, x.k_weight)
 
 
+def _poison_free_memory(nbytes: int, device: torch.device) -> None:
+    """Fill and free a block as large as the outputs, so that the caching allocator most likely
+    hands NaN-filled memory to the next outputs: elements a kernel fails to write then show."""
+    block = torch.full((max(1, nbytes // 4),), float("nan"), dtype=torch.float32, device=device)
+    del block
+
+
 def _measure_impl(fn: Callable, sets: list, exact, rows, preset: Preset, numerics: str,
                   tokens: int, traffic: int, ceiling_gbps: float, cfg: BenchConfig, timers,
                   device: torch.device) -> dict:
@@ -333,9 +343,11 @@ def _measure_impl(fn: Callable, sets: list, exact, rows, preset: Preset, numeric
     result: dict = {"check": None, "us": None, "gbps": None, "pct_ceiling": None,
                     "graph_us": None, "dispatch_us": None, "error": None}
     try:
+        _poison_free_memory(2 * traffic, device)
         outputs = fn(sets[0])
         _synchronize(device)
-        result["check"] = check_outputs(outputs, exact, rows, preset.head_dim, numerics, shapes)
+        result["check"] = check_outputs(outputs, exact, rows, preset.head_dim, numerics, shapes,
+                                        sets[0].qkv.dtype)
         del outputs
     except Exception as e:  # a failing implementation is reported, the run goes on
         result["error"] = _error_text(e)

@@ -322,3 +322,31 @@ def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
     path.write_text(json.dumps({"schema": "fqr-golden/1"}))
     code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
     assert code == 2 and "not an fqr-bench/1 document" in err
+
+
+def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
+    p = get_preset("qwen3-0.6b")
+    g = torch.Generator().manual_seed(7)
+    x = fb.make_inputs(p, torch.bfloat16, 300, "cpu", g)
+    cache = p.cos_sin_cache()
+    from fqr.golden import exact_prologue
+    from fqr.prologue import split_qkv_rmsnorm_rope
+
+    kw = dict(num_heads=p.num_heads, num_kv_heads=p.num_kv_heads, head_dim=p.head_dim, eps=p.eps,
+              is_neox=p.is_neox, weight_offset=p.weight_offset, norm=p.norm)
+    q, k, v = split_qkv_rmsnorm_rope(x.qkv, x.positions, cache, x.q_weight, x.k_weight,
+                                     backend="reference", **kw)
+    rows = fb.check_row_index(300, 130, g, "cpu")
+    exact = exact_prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
+    shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
+    good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    assert good["passed"] and good["rows"] == 130
+
+    wide = fb.check_outputs((q.float(), k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    assert not wide["passed"] and "expected" in wide["q"]["error"]
+
+    missed = int(next(r for r in range(300) if r not in set(rows.tolist())))
+    k_bad = k.clone()
+    k_bad[missed, 5] = float("nan")  # a row the sample does not compare
+    bad = fb.check_outputs((q, k_bad, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    assert not bad["passed"] and bad["k"]["nonfinite_all_rows"] == 1 and bad["k"]["bad"] == 0
