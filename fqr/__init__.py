@@ -14,6 +14,7 @@ from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .presets import PRESETS, get_preset
 from .prologue import NormStats, attention_prologue, split_qkv_rmsnorm_rope
 from .rope_cache import rope_cos_sin_cache
+from . import fusion  # noqa: F401  (registers torch.ops.fqr.*: fqr/fusion/custom_ops.py)
 
 __all__ = [
     "split_qkv_rmsnorm_rope", "attention_prologue", "NormStats", "ops", "presets", "PRESETS",

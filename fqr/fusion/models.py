@@ -1,0 +1,117 @@
+"""Small randomly initialised attention stacks written like vLLM model code (unfused).
+
+Each :class:`VllmStyleAttention` layer is vLLM's ``Qwen3Attention`` (Gemma 3's with
+``gemma=True``) made small: packed ``qkv_proj``, per-head q/k RMSNorm, RoPE from a
+``cos_sin_cache`` in the model dtype, causal GQA attention over the tokens, ``o_proj`` and a
+residual add. Layers may have different shapes (a mixed-shape model). The model returns the
+final hidden states and, per layer, ``(qkv, q, k, v)`` so that callers can check each
+prologue against a float64 reference. Used by ``fqr fuse`` and the fusion tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..presets import Preset
+from ..rope_cache import rope_cos_sin_cache
+from .unfused import vllm_qk_norm_rope
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    eps: float = 1e-6
+    is_neox: bool = True
+    gemma: bool = False      # GemmaRMSNorm: scale by (1 + w)
+    bias: bool = False       # qkv_proj bias and a norm bias
+    rope_theta: float = 1e6
+    max_position: int = 4096
+
+    @classmethod
+    def from_preset(cls, preset: Preset, *, bias: bool = False,
+                    max_position: int = 4096) -> "AttentionShape":
+        if preset.norm != "head":
+            raise ValueError(
+                f"preset {preset.name} has norm={preset.norm!r}; the fusion patterns cover the "
+                f"per-head QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)")
+        return cls(preset.num_heads, preset.num_kv_heads, preset.head_dim, preset.rotary_dim,
+                   eps=preset.eps, is_neox=preset.is_neox, gemma=preset.weight_offset == 1.0,
+                   bias=bias, rope_theta=preset.rope_theta,
+                   max_position=min(max_position, preset.max_position))
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+class VllmStyleAttention(nn.Module):
+    def __init__(self, hidden_size: int, shape: AttentionShape, dtype: torch.dtype):
+        super().__init__()
+        s, d = shape, shape.head_dim
+        self.shape = s
+        self.qkv_proj = nn.Linear(hidden_size, s.q_size + 2 * s.kv_size, bias=s.bias, dtype=dtype)
+        self.o_proj = nn.Linear(s.q_size, hidden_size, bias=False, dtype=dtype)
+        # Gemma stores w with the norm scaling by (1 + w): keep both near a unit scale.
+        base = 0.0 if s.gemma else 1.0
+        self.q_weight = nn.Parameter((base + 0.1 * torch.randn(d)).to(dtype))
+        self.k_weight = nn.Parameter((base + 0.1 * torch.randn(d)).to(dtype))
+        self.q_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
+        self.k_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
+        # vLLM keeps the cache in the model dtype (RotaryEmbedding._match_cos_sin_cache_dtype).
+        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(
+            s.rotary_dim, s.max_position, s.rope_theta, dtype=dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor):
+        s = self.shape
+        qkv = self.qkv_proj(hidden)
+        q, k, v = vllm_qk_norm_rope(
+            qkv, positions, self.cos_sin_cache, self.q_weight, self.k_weight, q_size=s.q_size,
+            kv_size=s.kv_size, eps=s.eps, is_neox=s.is_neox, gemma=s.gemma, q_bias=self.q_bias,
+            k_bias=self.k_bias)
+        t = hidden.shape[0]
+        attn = F.scaled_dot_product_attention(
+            q.view(t, s.num_heads, s.head_dim).transpose(0, 1),
+            k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
+            v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
+            is_causal=True, enable_gqa=True)
+        out = self.o_proj(attn.transpose(0, 1).reshape(t, s.q_size))
+        return hidden + out, (qkv, q, k, v)
+
+
+class VllmStyleModel(nn.Module):
+    """A stack of :class:`VllmStyleAttention` layers, one :class:`AttentionShape` each."""
+
+    def __init__(self, hidden_size: int, shapes: list[AttentionShape], dtype: torch.dtype):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.layers = nn.ModuleList(VllmStyleAttention(hidden_size, s, dtype) for s in shapes)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor):
+        prologues = []
+        for layer in self.layers:
+            hidden, prologue = layer(positions, hidden)
+            prologues.append(prologue)
+        return hidden, prologues
+
+
+def preset_model(preset: Preset, layers: int, dtype: torch.dtype, *, seed: int = 0,
+                 bias: bool = False, device: str | torch.device = "cpu") -> VllmStyleModel:
+    """``layers`` layers of ``preset``'s attention shapes, random weights from ``seed``."""
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    shape = AttentionShape.from_preset(preset, bias=bias)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = VllmStyleModel(preset.num_heads * preset.head_dim, [shape] * layers, dtype)
+    return model.to(device).eval()
