@@ -22,11 +22,12 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
 from fqr.bench import (DEFAULT_TOKENS, DTYPES, FQR, GRAPH_MAX_TOKENS, BenchConfig, NoGPU,
-                       load_document, merge_documents, require_gpu, run_bench)
+                       load_document, merge_documents, require_gpu, run_bench, save_document)
 from fqr.peers import PEER_NAMES
 from fqr.presets import get_preset
 
@@ -128,7 +129,8 @@ def render_table(doc: dict) -> Table:
                   caption=f"numerics {doc['settings'].get('numerics')}, backend "
                           f"{doc['settings'].get('backend')}; graph/dispatch for T <= "
                           f"{GRAPH_MAX_TOKENS} (dispatch: the public op; launch: the bare "
-                          "kernel launcher); x peer = peer time / fqr time")
+                          "kernel launcher); x peer = peer time / fqr time"
+                          + ("" if doc.get("complete", True) else "; INCOMPLETE run (cut short)"))
     for name in ("preset", "dtype", "T"):
         table.add_column(name, justify="left" if name != "T" else "right")
     extra = ("launch us",) if launcher else ()
@@ -249,6 +251,8 @@ def bench(
     warmup_ms: float = typer.Option(10.0, "--warmup-ms", help="do_bench warm-up time (ms)"),
     seed: int = typer.Option(0, "--seed", help="seed of the random inputs"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document instead of the table"),
+    save: Path = typer.Option(None, "--save", help="also write the JSON document here, rewritten "
+                              "after every cell (a run cut short keeps its rows)"),
     plot: Path = typer.Option(None, "--plot", help="write a GB/s-vs-tokens PNG here (matplotlib)"),
     from_json: list[Path] = typer.Option(None, "--from-json", help="render saved --json output "
                                          "(repeatable: runs are merged) instead of measuring"),
@@ -257,6 +261,8 @@ def bench(
     if from_json:
         given = [n for n, v in (("--preset", preset), ("--tokens", tokens), ("--dtype", dtype),
                                 ("--compare", compare)) if v]
+        if save:
+            given.append("--save")
         if given:
             raise UsageError(f"--from-json renders saved results; it takes no {given[0]}")
         doc = merge_documents([load_document(p) for p in from_json])
@@ -266,17 +272,19 @@ def bench(
                           dtypes=_parse_dtypes(dtype), compare=_parse_compare(compare),
                           backend=backend, numerics=numerics, check_rows=check_rows,
                           warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed)
+        if save and not save.parent.is_dir():
+            raise UsageError(f"--save: no such directory {save.parent}")
         try:
             require_gpu()
         except NoGPU as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
             raise typer.Exit(EXIT_USAGE)
         if plot and _matplotlib_missing():
-            err.print(f"[yellow]note:[/yellow] {_matplotlib_missing()}", highlight=False)
-        doc = _measure(cfg)
+            err.print(f"[yellow]note:[/yellow] {escape(_matplotlib_missing())}", highlight=False)
+        doc = _measure(cfg, save)
         for reason in sorted(set(doc["skipped"].values())):
             peers = sorted({k.split("/")[0] for k, v in doc["skipped"].items() if v == reason})
-            err.print(f"[yellow]skipped[/yellow] {','.join(peers)}: {reason}", highlight=False)
+            err.print(f"[yellow]skipped[/yellow] {','.join(peers)}: {escape(reason)}", highlight=False)
 
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
@@ -286,25 +294,30 @@ def bench(
         width = Measurement.get(out, out.options.update(max_width=1000), table).maximum
         Console(file=out.file, width=max(out.width, width)).print(table)
     for line in timing_notes(doc):
-        err.print(f"[yellow]not measured:[/yellow] {line}", highlight=False)
+        err.print(f"[yellow]not measured:[/yellow] {escape(line)}", highlight=False)
     for line in failure_lines(doc):
-        err.print(f"[red]check failed:[/red] {line}", highlight=False)
+        err.print(f"[red]check failed:[/red] {escape(line)}", highlight=False)
     if plot:
         try:
             plot_document(doc, plot)
-            err.print(f"plot written to {plot}", highlight=False)
+            err.print(f"plot written to {escape(str(plot))}", highlight=False)
         except MissingPlotter as e:
             if from_json:
                 raise
-            err.print(f"[yellow]no plot:[/yellow] {e}", highlight=False)
+            err.print(f"[yellow]no plot:[/yellow] {escape(str(e))}", highlight=False)
     if not doc["passed"]:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _measure(cfg: BenchConfig) -> dict:
+def _measure(cfg: BenchConfig, save: Path | None) -> dict:
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())
+    checkpoint = (lambda doc: save_document(doc, save)) if save else (lambda doc: None)
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("starting", total=cfg.cells + 1)
-        return run_bench(cfg, progress=lambda text: progress.update(task, description=text),
-                         advance=lambda: progress.advance(task))
+        doc = run_bench(cfg, progress=lambda text: progress.update(task, description=escape(text)),
+                        advance=lambda: progress.advance(task), on_row=checkpoint)
+    if save:
+        save_document(doc, save)
+        err.print(f"saved to {escape(str(save))}", highlight=False)
+    return doc

@@ -389,11 +389,12 @@ def _launcher_callable(preset: Preset, dtype: torch.dtype, cache: torch.Tensor, 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: None,
               advance: Callable[[], None] = lambda: None, device: str = "cuda",
-              timers=None) -> dict:
+              timers=None, on_row: Callable[[dict], None] = lambda doc: None) -> dict:
     """Run every cell of ``cfg``; return the result document (module docstring).
 
     ``progress(text)`` is told what is running; ``advance()`` is called after the copy ceiling
-    and after each cell. The bench proper runs on ``device="cuda"`` with :class:`CudaTimers`;
+    and after each cell, ``on_row(doc)`` after each cell with the document so far
+    (``doc["complete"]`` turns true at the end), so a run cut short still leaves its rows. The bench proper runs on ``device="cuda"`` with :class:`CudaTimers`;
     another device needs its own ``timers`` (the tests drive the bookkeeping on CPU that way).
     """
     device = torch.device(device)
@@ -411,7 +412,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: N
     ceiling = timers.copy_ceiling()
     advance()
     doc = {"schema": SCHEMA, "environment": env, "settings": cfg.settings(), "ceiling": ceiling,
-           "rows": [], "skipped": {}, "passed": True}
+           "rows": [], "skipped": {}, "passed": True, "complete": False}
     generator = torch.Generator(device=device)
     row_generator = torch.Generator()
     for preset in cfg.presets:
@@ -476,11 +477,25 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: N
                     doc["passed"] = False
                 doc["rows"].append(row)
                 del sets, exact, x0
+                on_row(doc)
                 advance()
             del impls, launcher
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    doc["complete"] = True
     return doc
+
+
+def save_document(doc: dict, path) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically (a reader never sees half a file)."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def load_document(path) -> dict:
@@ -505,11 +520,13 @@ def merge_documents(docs: list[dict]) -> dict:
     if len(docs) == 1:
         return docs[0]
     merged = {"schema": SCHEMA, "environment": docs[0]["environment"], "settings": docs[0]["settings"],
-              "ceiling": docs[0]["ceiling"], "rows": [], "skipped": {}, "passed": True, "runs": []}
+              "ceiling": docs[0]["ceiling"], "rows": [], "skipped": {}, "passed": True,
+              "complete": True, "runs": []}
     for d in docs:
         merged["runs"].append({"environment": d["environment"], "ceiling": d["ceiling"]})
         for r in d["rows"]:
             merged["rows"].append(dict(r, ceiling_gbps=d["ceiling"]["gbps"]))
         merged["skipped"].update(d.get("skipped", {}))
         merged["passed"] = merged["passed"] and d.get("passed", False)
+        merged["complete"] = merged["complete"] and d.get("complete", True)
     return merged

@@ -51,6 +51,7 @@ def run_cli(monkeypatch, capsys, *args):
     (["--backend", "nope"], ["backend"]),
     (["--backend", "interpret"], ["--backend", "interpret"]),
     (["--from-json", "/nonexistent/b.json"], ["--from-json"]),
+    (["--save", "/nonexistent/dir/b.json"], ["--save"]),
 ])
 def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, args, names):
     monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
@@ -350,3 +351,17 @@ def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     k_bad[missed, 5] = float("nan")  # a row the sample does not compare
     bad = fb.check_outputs((q, k_bad, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
     assert not bad["passed"] and bad["k"]["nonfinite_all_rows"] == 1 and bad["k"]["bad"] == 0
+
+
+def test_rows_are_saved_as_they_come(tmp_path):
+    path = tmp_path / "partial.json"
+    seen = []
+
+    def checkpoint(doc):
+        fb.save_document(doc, path)
+        saved = fb.load_document(path)
+        seen.append((len(saved["rows"]), saved["complete"]))
+    doc = fb.run_bench(_config(tokens=[2, 3]), device="cpu", timers=FixedClock([1.0]),
+                       on_row=checkpoint)
+    assert seen == [(1, False), (2, False)] and doc["complete"] is True
+    assert not list(tmp_path.glob("*.tmp"))
