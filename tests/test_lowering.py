@@ -95,15 +95,19 @@ def test_unfused_mode_matches_the_unfused_reference(gen, dtype):
     assert not torch.equal(outs[0], fused[0])  # the modes really differ
 
 
+@pytest.mark.parametrize("mode, marker", [("loop", "for h0 in range(0, 6, 4):"),
+                                          ("unroll", "hh = 4 + tl.arange(0, 2)"),
+                                          ("grid", "elif block == 1:")])
 @pytest.mark.parametrize("norm", ["head", "full"])
-def test_head_chunks_and_multi_tile_persistent_loop(gen, norm):
-    # 8 q heads in chunks of 2 (a full-width norm then needs its two-pass statistic), tiles of
-    # 4 tokens, 2 programs: every program runs several tiles, the last one ragged.
-    pb = make_problem(gen, tokens=17, num_heads=8, num_kv_heads=2, head_dim=64, norm=norm)
+def test_head_chunks_and_multi_tile_persistent_loop(gen, norm, mode, marker):
+    # 6 q heads in chunks of at most 4 (loop: 4 + 4 masked; unroll/grid: 4 + 2; a full-width
+    # norm then needs its two-pass statistic), tiles of 4 tokens, 2 programs: every program runs
+    # several tiles, the last one ragged.
+    pb = make_problem(gen, tokens=17, num_heads=6, num_kv_heads=2, head_dim=64, norm=norm)
     program = program_of(pb)
-    assert tiling_of(program, "interpret", tile_elems=128).head_chunks == (2, 2, 2)
-    outs, kernel = run_kernel(pb, tile_elems=128, block_t=4, max_programs=2)
-    assert "for h0 in range(0, 8, 2):" in kernel.source
+    assert tiling_of(program, "interpret", tile_elems=256).head_chunks == (4, 2, 2)
+    outs, kernel = run_kernel(pb, tile_elems=256, block_t=4, max_programs=2, chunk_mode=mode)
+    assert marker in kernel.source
     check_against_float64(pb, outs)
 
 

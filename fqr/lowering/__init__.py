@@ -34,6 +34,7 @@ def _tiling_options(options: dict) -> dict:
     return {k: v for k, v in options.items() if k not in ("block_t", "num_warps", "max_programs")}
 
 
+
 def tiling_of(program: Program, target: str = "cuda", **options):
     """The :class:`~fqr.lowering.emit.Tiling` the target profile picks for ``program``."""
     return get_target(get_target(target).source_name).tiling(plan_program(program),

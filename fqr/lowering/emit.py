@@ -33,6 +33,39 @@ class Tiling:
     block_t: int                 # tokens per tile
     head_chunks: tuple[int, ...]  # heads per chunk, one entry per chain (== heads: no chunking)
     bf16_rounding: str = "native"  # how fp32 -> bf16 is rounded: native | bits (see ROUND_TO_BF16)
+    # How a chain wider than its chunk is covered: "loop" (a runtime loop over equal chunks, the
+    # last one masked), "unroll" (static power-of-two chunks, no masking) or "grid" (each static
+    # chunk is its own program along grid axis 1; a full-width-norm chain stays in one program).
+    chunk_mode: str = "loop"
+
+
+def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
+    """Cover ``heads`` with power-of-two chunks of at most ``chunk`` heads: 24, 16 -> 16 + 8."""
+    parts, h0 = [], 0
+    while h0 < heads:
+        n = min(chunk, 1 << ((heads - h0).bit_length() - 1))
+        n = 1 << (n.bit_length() - 1)
+        parts.append((h0, n))
+        h0 += n
+    return parts
+
+
+def has_full_norm(chain: Chain) -> bool:
+    return any(e.prim.name == "rms_norm" and e.params["group"] == chain.width
+               and e.params["group"] != chain.head_dim and e.inputs[3] is None for e in chain.eqns)
+
+
+def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[tuple[Chain, list[tuple[int, int]]]]:
+    """The program blocks of a kernel: (chain, its static head parts). In ``grid`` mode each
+    block is one program index along grid axis 1; otherwise there is one block per chain."""
+    blocks = []
+    for chain, hc in zip(plan.chains, tiling.head_chunks):
+        parts = static_parts(chain.heads, hc) if tiling.chunk_mode != "loop" else []
+        if tiling.chunk_mode == "grid" and not has_full_norm(chain):
+            blocks += [(chain, [part]) for part in parts]
+        else:
+            blocks.append((chain, parts))
+    return blocks
 
 
 ROUND_TO_BF16 = {
@@ -199,6 +232,14 @@ class KernelBuilder:
             self._tile[key] = name
         return self._tile[key]
 
+    def _emit_tile_values(self, eqns) -> None:
+        for e in eqns:
+            if e.prim.name == "rope":
+                self.cos_sin(e.inputs[1], e.inputs[2])
+            for v in e.inputs[1:]:
+                if v is not None and self.plan.input_role(v) == "tokens" and v.aval.dtype.is_floating_point:
+                    self.token_values(v)
+
     def cos_sin(self, positions: Var, cache: Var) -> tuple[str, str]:
         """``[BLOCK_T, 1, R/2]`` cos and sin rows of this tile's positions (loaded once)."""
         key = ("cs", id(positions), id(cache))
@@ -250,13 +291,40 @@ class KernelBuilder:
         return self.full_sumsq.get(id(eqn))
 
     # -------------------------------------------------------------- chain emission
-    def emit_chain(self, chain: Chain, head_chunk: int) -> None:
+    def emit_static_block(self, chain: Chain, parts: list[tuple[int, int]]) -> None:
+        """A chain (or part of it) as static power-of-two head chunks, unmasked."""
         self.chain = chain
+        self._emit_chain_header(chain, parts)
+        if len(parts) > 1 and has_full_norm(chain):
+            self._emit_full_norm_prepass(chain, None, None, parts)
+        for h0, n in parts:
+            self.emit(f"hh = {f'{h0} + ' if h0 else ''}tl.arange(0, {n})[None, :, None]")
+            self.head_valid = None
+            self.emit("hmask = tmask[:, None, None]")
+            self._emit_chain_body(chain)
+
+    def _emit_chain_header(self, chain: Chain, parts=None) -> None:
         name = self.var_name(chain.source)
         src = self.var_name(chain.view_of) if chain.view_of is not None else name
+        where = "" if not parts or parts == [(0, chain.heads)] else \
+            f", heads {' + '.join(f'[{h0}, {h0 + n})' for h0, n in parts)}"
         self.emit(f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}, "
-                  f"{chain.layout.tag})")
+                  f"{chain.layout.tag}{where})")
         self.emit(f"row{chain.index} = {src}_ptr + tok64[:, None, None] * {src}_stride")
+
+    def _emit_chain_body(self, chain: Chain) -> None:
+        self.src_base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
+        self.values = {}
+        self._store_if_output(chain.source)
+        for e in chain.eqns:
+            e.prim.lower(self, e)
+            for out in e.outputs:
+                self._store_if_output(out)
+
+    def emit_chain(self, chain: Chain, head_chunk: int) -> None:
+        """A chain in ``loop`` mode: a runtime loop over equal chunks, the last one masked."""
+        self.chain = chain
+        self._emit_chain_header(chain)
         chunked = head_chunk < chain.heads
         padded = next_pow2(head_chunk)
         if chunked:
@@ -273,17 +341,13 @@ class KernelBuilder:
         else:
             self.head_valid = None
             self.emit("hmask = tmask[:, None, None]")
-        self.src_base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
-        self.values = {}
-        self._store_if_output(chain.source)
-        for e in chain.eqns:
-            e.prim.lower(self, e)
-            for out in e.outputs:
-                self._store_if_output(out)
+        self._emit_chain_body(chain)
         if chunked:
             self.indent -= 1
 
-    def _emit_full_norm_prepass(self, chain: Chain, head_chunk: int, padded: int) -> None:
+    def _emit_full_norm_prepass(self, chain: Chain, head_chunk: int | None, padded: int | None,
+                                parts: list[tuple[int, int]] | None = None) -> None:
+        """Sum of squares of a whole full-width-norm row, chunk by chunk, before the main pass."""
         for e in chain.eqns:
             if e.prim.name != "rms_norm" or e.params["group"] != chain.width or e.inputs[3] is not None:
                 continue
@@ -291,15 +355,22 @@ class KernelBuilder:
                 raise PlanError("a chunked full-width norm must read the loaded value directly")
             acc = self.fresh("sumsq")
             self.emit(f"{acc} = tl.zeros([BLOCK_T], dtype=tl.float32)")
-            self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
-            self.indent += 1
-            self.emit(f"hh = h0 + tl.arange(0, {padded})[None, :, None]")
-            self.emit(f"hmask = tmask[:, None, None] & (hh < {chain.heads})")
-            base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
-            pieces = self._load_slots(base, "hmask", chain.layout, True, "pre", self.emit)
-            terms = " + ".join(f"tl.sum(tl.sum({p} * {p}, 2), 1)" for p in pieces.values())
-            self.emit(f"{acc} += {terms}")
-            self.indent -= 1
+            if parts is None:
+                self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
+                heads = [(f"h0 + tl.arange(0, {padded})[None, :, None]",
+                          f"tmask[:, None, None] & (hh < {chain.heads})")]
+            else:
+                heads = [(f"{h0} + tl.arange(0, {n})[None, :, None]", "tmask[:, None, None]")
+                         for h0, n in parts]
+            self.indent += parts is None
+            for hh, mask in heads:
+                self.emit(f"hh = {hh}")
+                self.emit(f"hmask = {mask}")
+                base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
+                pieces = self._load_slots(base, "hmask", chain.layout, True, "pre", self.emit)
+                terms = " + ".join(f"tl.sum(tl.sum({p} * {p}, 2), 1)" for p in pieces.values())
+                self.emit(f"{acc} += {terms}")
+            self.indent -= parts is None
             self.full_sumsq[id(e)] = acc
 
     def _store_if_output(self, var: Var) -> None:
@@ -318,15 +389,25 @@ class KernelBuilder:
         self.emit("tok = t0 + tt")
         self.emit("tmask = tok < T")
         self.emit("tok64 = tok.to(tl.int64)")
-        # Tile-scope values first, so that chunk loops below only read them.
-        for e in self.plan.program.eqns:
-            if e.prim.name == "rope":
-                self.cos_sin(e.inputs[1], e.inputs[2])
-            for v in e.inputs[1:]:
-                if v is not None and self.plan.input_role(v) == "tokens" and v.aval.dtype.is_floating_point:
-                    self.token_values(v)
-        for chain, hc in zip(self.plan.chains, self.tiling.head_chunks):
-            self.emit_chain(chain, hc)
+        mode = self.tiling.chunk_mode
+        if mode == "grid":
+            # One program per (token tiles, block): each block loads what it needs itself.
+            self.emit_pre("block = tl.program_id(1)")
+            for i, (chain, parts) in enumerate(chunk_blocks(self.plan, self.tiling)):
+                self.emit(f"{'if' if i == 0 else 'elif'} block == {i}:")
+                self.indent += 1
+                self._tile = {}
+                self._emit_tile_values(chain.eqns)
+                self.emit_static_block(chain, parts)
+                self.indent -= 1
+        else:
+            # Tile-scope values first, so that chunk loops below only read them.
+            self._emit_tile_values(self.plan.program.eqns)
+            for chain, parts in chunk_blocks(self.plan, self.tiling):
+                if mode == "loop":
+                    self.emit_chain(chain, self.tiling.head_chunks[chain.index])
+                else:
+                    self.emit_static_block(chain, parts)
         program_text = "\n".join("# " + line for line in str(self.plan.program).splitlines())
         params = ",\n    ".join(self.param_list)
         lines = [

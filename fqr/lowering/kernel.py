@@ -26,6 +26,17 @@ class Kernel:
     fn: object = field(repr=False)
     options: dict = field(default_factory=dict)
 
+    @property
+    def grid_blocks(self) -> int:
+        """Programs along grid axis 1 (one per chunk block in ``grid`` chunk mode)."""
+        from .emit import chunk_blocks
+
+        if self.tiling.chunk_mode != "grid":
+            return 1
+        if not hasattr(self, "_grid_blocks"):
+            self._grid_blocks = len(chunk_blocks(self.plan, self.tiling))
+        return self._grid_blocks
+
     def __call__(self, *args: torch.Tensor, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         prog = self.program
         if len(args) != len(prog.inputs):
@@ -60,7 +71,7 @@ class Kernel:
         if tokens == 0:
             return outs
         block_t = self.target.block_t(self.plan, self.tiling, **self.options)
-        grid = (self.target.grid(tokens, block_t, device, **self.options),)
+        grid = (self.target.grid(tokens, block_t, device, **self.options), self.grid_blocks)
         launch = self.target.launch_options(self.plan, **self.options)
         self.fn[grid](*flat, *outs, tokens, BLOCK_T=block_t, **launch)
         return outs

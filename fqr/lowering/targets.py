@@ -72,12 +72,16 @@ class CudaTarget(Target):
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
         budget = int(options.get("tile_elems", 4096))
+        mode = options.get("chunk_mode", "grid")
+        if mode not in ("loop", "unroll", "grid"):
+            raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")
         chunks = []
         for c in plan.chains:
             fit = max(1, budget // padded_head_elems(c))
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
-        return Tiling(block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding)
+        return Tiling(block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding,
+                      chunk_mode=mode)
 
     def launch_options(self, plan: KernelPlan, **options) -> dict:
         return {"num_warps": int(options.get("num_warps", 4))}
