@@ -48,3 +48,25 @@ clean:
 # Ascend (Triton-Ascend) section: the Ascend engineer defines `test-ascend` (and `ascend-env`)
 # here; `make test` picks `test-ascend` up automatically.
 # ---------------------------------------------------------------------------------------------
+
+ASCEND_VENV ?= .venv-ascend
+ASCEND_PY := $(ASCEND_VENV)/bin/python
+ASCEND_FQR := $(ASCEND_VENV)/bin/fqr
+
+.PHONY: ascend-env test-ascend
+
+# A second virtual environment (upstream triton and triton-ascend both install `triton`):
+# CPU torch, triton-ascend 3.2.0, pybind11, fqr itself (editable, no deps). Idempotent (stamp).
+ascend-env:
+	bash scripts/ascend-env.sh $(ASCEND_VENV)
+
+# 1. the compile check: every preset at TP 1/2/4/8 through TTIR and triton-adapter-opt
+#    (Ascend linalg/HIVM for Ascend910B3; bishengir needs CANN and is reported, not failed);
+# 2. the ascend-target kernel under Triton-Ascend's interpreter on every golden case;
+# 3. tests/ascend: the compile tests in a compiling process, then the interpreter tests
+#    (multi-tile cases where vllm-ascend's kernel breaks, head chunks) and the profile tests.
+test-ascend: ascend-env
+	$(ASCEND_FQR) lower --target ascend --check
+	$(ASCEND_FQR) verify --backend ascend-interpret
+	TRITON_INTERPRET=0 $(ASCEND_PY) -m pytest tests/ascend/test_ascend_compile.py $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(ASCEND_PY) -m pytest tests/ascend --ignore=tests/ascend/test_ascend_compile.py $(PYTEST_ARGS)

@@ -1,0 +1,116 @@
+"""The compile check: generated ``ascend`` kernels through Triton-Ascend's own stages.
+
+TTIR, then ``triton-adapter-opt`` to Ascend linalg/HIVM for ``GPUTarget("npu", arch, 0)``; the
+final bishengir step is reported as needing CANN. The full sweep (every preset at TP 1/2/4/8)
+is ``fqr lower --target ascend --check`` in ``make test-ascend``; here: representative kernels
+(head chunks, full-width norm, GPT-J, partial rotary, fp16/fp32, bias, unfused, the 950 chip),
+that a failing stage is reported as a failure, and the CLI's exit codes.
+
+Needs the Ascend environment and a compiling process: ``TRITON_INTERPRET=0 pytest
+tests/ascend/test_ascend_compile.py`` (``make test-ascend`` does this); skips otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fqr.lowering.ascend import get_chip
+from fqr.lowering.ascend_check import NEEDS_CANN, check_preset, compile_stages
+from fqr.lowering.loader import triton_mode
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+HAVE_TRITON_ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
+pytestmark = [
+    pytest.mark.skipif(not HAVE_TRITON_ASCEND,
+                       reason="needs triton-ascend: the Ascend environment (make ascend-env)"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "0" or triton_mode() == "interpreted",
+                       reason="the compile check needs a process with TRITON_INTERPRET=0"),
+]
+
+
+@pytest.mark.parametrize("preset, tp, dtype, options", [
+    ("qwen3-32b", 1, torch.bfloat16, {}),                      # q row split into head chunks
+    ("olmo2-7b", 1, torch.float16, {}),                        # chunked full-width norm prepass
+    ("olmo2-7b", 4, torch.bfloat16, {}),                       # sharded full norm: stats inputs
+    ("glm4-9b", 8, torch.float32, {}),                         # GPT-J, partial rotary, no norm
+    ("qwen3.5-27b", 2, torch.bfloat16, {"bias": True, "numerics": "unfused"}),  # D=256, 1+w
+    ("gemma3-27b", 1, torch.bfloat16, {"chip": "950"}),
+    ("qwen3-235b-a22b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024}),  # vllm-ascend's budget
+], ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, dict) else
+    "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_preset_kernels_lower_to_ascend_linalg(preset, tp, dtype, options):
+    r = check_preset(preset, tp, dtype, **options)
+    stages = {s.name: s for s in r.report.stages}
+    assert r.report.passed, r.report.to_dict()
+    assert stages["ttir"].status == "ok" and stages["linalg"].status == "ok"
+    assert "mix_mode=aiv" in stages["linalg"].detail
+    assert stages["npubin"].status in ("ok", NEEDS_CANN)
+    assert r.report.arch == get_chip(options.get("chip")).arch
+    assert r.report.signature["T"] == "i32" and r.report.signature["BLOCK_T"] == "constexpr"
+    assert r.report.constants == {"BLOCK_T": r.tiling.tiling.block_t}
+    assert r.tiling.footprint <= r.tiling.budget
+
+
+@triton.jit
+def shared_row_gather(pos_ptr, cache_ptr, out_ptr, T, BLOCK_T: tl.constexpr):
+    """Two gathers through one position-indexed row pointer, as the prologue's cos/sin."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    m = tok < T
+    pos = tl.load(pos_ptr + tok, mask=m, other=0)
+    row = cache_ptr + pos[:, None] * 64
+    c = tl.arange(0, 32)[None, :]
+    a = tl.load(row + c, mask=m[:, None], other=0.0)
+    b = tl.load(row + 32 + c, mask=m[:, None], other=0.0)
+    tl.store(out_ptr + tok[:, None] * 32 + c, a * b, mask=m[:, None])
+
+
+SHARED_ROW_SIGNATURE = {"pos_ptr": "*i64", "cache_ptr": "*fp32", "out_ptr": "*fp32", "T": "i32",
+                        "BLOCK_T": "constexpr"}
+
+
+def test_a_failing_stage_is_reported_with_the_tools_message():
+    """triton-adapter-opt 3.2.0 aborts on single-token tiles: the reason for MIN_BLOCK_T = 2."""
+    results, linalg = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 1},
+                                     get_chip("A2"))
+    assert [(r.name, r.status) for r in results] == [("ttir", "ok"), ("linalg", "failed")]
+    assert "triton-adapter-opt exited" in results[1].detail and "multiple users" in results[1].detail
+    assert linalg is None
+    results, linalg = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2},
+                                     get_chip("A2"))
+    assert [r.status for r in results][:2] == ["ok", "ok"] and "func.func @shared_row_gather" in linalg
+
+
+def test_npubin_runs_where_a_bishengir_compile_is_found(tmp_path, monkeypatch):
+    """With a bishengir-compile on PATH the last stage runs (this fake one fails loudly)."""
+    fake = tmp_path / "bishengir-compile"
+    fake.write_text("#!/bin/sh\necho 'fake bishengir: no NPU toolchain here' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    results, _ = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2},
+                                get_chip("A2"))
+    assert [r.status for r in results] == ["ok", "ok", "failed"]
+
+
+def _fqr(*args):
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    return subprocess.run([sys.executable, "-m", "fqr", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_cli_check_json_and_usage_errors():
+    r = _fqr("lower", "--target", "ascend", "--check", "--preset", "qwen3-8b", "--tp", "8",
+             "--num-vectorcore", "20", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["passed"] and [c["tp"] for c in report["checks"]] == [8]
+    assert "needs the CANN toolkit" in r.stderr or report["checks"][0]["stages"][2]["status"] == "ok"
+    bad = _fqr("lower", "--target", "ascend", "--check", "--preset", "qwen3-8b", "--tp", "3")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "tp=3" in bad.stderr

@@ -1,0 +1,96 @@
+"""The ascend-target kernel under Triton-Ascend's interpreter, where vllm-ascend's kernel breaks.
+
+vllm-ascend's ``split_qkv_rmsnorm_rope`` returns wrong, run-to-run different q/k once a vector
+core processes more than one tile of tokens (issue 16674: from 1024 tokens with 12/1 heads, from
+257 tokens with 64/4 heads). Here a small persistent grid (3 "vector cores") makes every program
+run many tiles, with token counts that neither the core count nor the tile divides; and a small
+UB budget forces head chunks (including the full-width-norm prepass). Every output is compared
+with the independent float64 formulation (``fqr.golden.exact_prologue``) under the numerics
+contract, on fresh random inputs and real RoPE tables, with NaN-poisoned output buffers.
+
+Needs the Ascend environment (``make ascend-env``) and an interpreted process (the default of
+``tests/conftest.py``); skips otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import make_problem
+
+from fqr.backends import BACKENDS
+from fqr.golden import exact_prologue
+from fqr.lowering import ascend as A
+from fqr.lowering import lower
+from fqr.lowering.loader import triton_mode
+from fqr.lowering.targets import cdiv
+from fqr.numerics import compare
+from fqr.prologue import program_signature, prologue_program
+
+_reason = BACKENDS["ascend-interpret"].unavailable_reason()
+pytestmark = [
+    pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
+                       reason="the interpreter needs a process with TRITON_INTERPRET=1"),
+    # triton-ascend 3.2's interpreter turns 1-element arrays into ints (numpy warns; pinned <2.4)
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+CORES = 3
+
+
+def run_ascend_interpret(pr, numerics="fused", **options):
+    """Lower the problem's program for ascend-interpret and run it on NaN-poisoned outputs."""
+    static = dict(pr.static, eps=float(pr.static["eps"]),
+                  weight_offset=float(pr.static["weight_offset"]), numerics=numerics)
+    tensors = (pr.qkv, pr.positions, pr.cos_sin_cache, pr.q_weight, pr.k_weight, pr.q_bias, pr.k_bias)
+    program = prologue_program(program_signature(*tensors, None, **static))
+    kernel = lower(program, "ascend-interpret", num_vectorcore=CORES, **options)
+    outs = [torch.full((pr.qkv.shape[0], v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
+            for v in program.outputs]
+    kernel(*[t for t in tensors if t is not None], out=outs)
+    return kernel, outs
+
+
+def check_against_float64(pr, outs, numerics="fused"):
+    s = pr.static
+    eq, ek, ev = exact_prologue(pr.qkv, pr.positions, pr.cos_sin_cache, pr.q_weight, pr.k_weight,
+                                num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"],
+                                head_dim=s["head_dim"], eps=s["eps"], is_neox=s["is_neox"],
+                                q_bias=pr.q_bias, k_bias=pr.k_bias,
+                                weight_offset=s["weight_offset"], norm=s["norm"])
+    q, k, v = outs
+    for name, out, exp in (("q", q, eq), ("k", k, ek)):
+        c = compare(out, exp, head_dim=s["head_dim"], numerics=numerics)
+        assert c.passed, f"{name}: {c}"
+    assert torch.equal(v, ev), "v must be a bit-exact copy"
+
+
+@pytest.mark.parametrize("heads, kv_heads, tokens", [(12, 1, 1031), (64, 4, 263)],
+                         ids=["12-1heads-1031tok", "64-4heads-263tok"])
+def test_many_tiles_per_program_where_vllm_ascend_breaks(gen, heads, kv_heads, tokens):
+    pr = make_problem(gen, tokens=tokens, num_heads=heads, num_kv_heads=kv_heads, head_dim=128,
+                      max_position=32768)
+    kernel, outs = run_ascend_interpret(pr)
+    bt = kernel.tiling.block_t
+    grid = kernel.target.grid(tokens, bt, pr.qkv.device, **kernel.options)
+    assert grid == CORES and tokens % CORES and tokens % bt
+    assert cdiv(tokens, bt) >= 4 * CORES, "every program must run several token tiles"
+    check_against_float64(pr, outs)
+
+
+@pytest.mark.parametrize("case", [
+    dict(num_heads=8, num_kv_heads=4, norm="full", dtype=torch.float16, bias=True),
+    dict(num_heads=12, num_kv_heads=2, rotary_dim=64, is_neox=False, weight_offset=1.0),
+    dict(num_heads=6, num_kv_heads=1, head_dim=256, rotary_dim=64, dtype=torch.float32,
+         numerics="unfused"),
+], ids=["full-norm-fp16-bias", "gptj-partial-1+w-bf16", "d256-partial-fp32-unfused"])
+def test_head_chunks_when_a_row_does_not_fit(gen, case):
+    case = dict(case)
+    numerics = case.pop("numerics", "fused")
+    pr = make_problem(gen, tokens=37, **case)
+    ub = A.UB_RESERVE_BYTES + 24 * 1024  # small enough that the q row is split
+    kernel, outs = run_ascend_interpret(pr, numerics=numerics, ub_bytes=ub)
+    assert kernel.tiling.head_chunks[0] < pr.static["num_heads"], kernel.tiling
+    check_against_float64(pr, outs, numerics)
