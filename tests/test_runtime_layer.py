@@ -62,6 +62,11 @@ def run_step(cfg: RunConfig, plan: StepPlan, reduce=True) -> dict:
     return replies
 
 
+def _seed(gen: torch.Generator) -> int:
+    """The workload seed, drawn from the suite's fresh (printed, replayable) generator."""
+    return int(torch.randint(0, 2**31, (1,), generator=gen))
+
+
 def _plan(step=0):
     batches = ((Segment(0, 0, 5), Segment(1, 300, 1)), (Segment(2, 2000, 4),))
     return StepPlan(step, batches, verify=True)
@@ -74,11 +79,12 @@ def _plan(step=0):
     ("olmo2-7b", 2, "bf16"),       # full-width norm: TP all-reduce of the sums of squares
     ("olmo2-7b", 4, "fp32"),
 ])
-def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype):
-    cfg = RunConfig.build(preset=preset, dp=2, tp=tp, dtype=dtype, seed=5)
+def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype, gen):
+    seed = _seed(gen)
+    cfg = RunConfig.build(preset=preset, dp=2, tp=tp, dtype=dtype, seed=seed)
     plan = _plan(step=3)
     replies = run_step(cfg, plan)
-    v = Verifier(preset, cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=5)
+    v = Verifier(preset, cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=seed)
     assert v.check_step(plan, replies), v.failures
     for rank, stats in v.ranks.items():
         assert stats.checks == 2 and stats.passed == 2  # its batch and the probe
@@ -88,18 +94,18 @@ def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype):
     assert widths == get_preset(preset).q_size
 
 
-def test_full_width_norm_without_the_all_reduce_fails_verification():
-    cfg = RunConfig.build(preset="olmo2-7b", dp=1, tp=2, seed=1)
+def test_full_width_norm_without_the_all_reduce_fails_verification(gen):
+    cfg = RunConfig.build(preset="olmo2-7b", dp=1, tp=2, seed=_seed(gen))
     plan = StepPlan(0, ((Segment(0, 10, 6),),), verify=True)
     replies = run_step(cfg, plan, reduce=False)
-    v = Verifier("olmo2-7b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=1)
+    v = Verifier("olmo2-7b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=cfg.seed)
     assert not v.check_step(plan, replies)
     assert any(f.startswith("step 0: rank 0 (dp 0, tp 0): q:") and "max ulp" in f
                for f in v.failures), v.failures
 
 
-def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs():
-    cfg = RunConfig.build(preset="qwen3-0.6b", dp=2, tp=2, seed=2)
+def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs(gen):
+    cfg = RunConfig.build(preset="qwen3-0.6b", dp=2, tp=2, seed=_seed(gen))
     plan = _plan()
     replies = run_step(cfg, plan)
     q, k, v_ = replies[3]["outputs"]
@@ -112,7 +118,8 @@ def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs():
     pq = pq.clone()
     pq.view(torch.int16)[0, 0] += 1  # one ULP: still correct, but not bit-identical
     replies[2]["probe"] = (pq, pk, pv)
-    ver = Verifier("qwen3-0.6b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=2)
+    ver = Verifier("qwen3-0.6b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused",
+                   seed=cfg.seed)
     assert not ver.check_step(plan, replies)
     text = "\n".join(ver.failures)
     assert "step 0: rank 3 (dp 1, tp 1): k: 1 elements outside <=1 ulp" in text

@@ -106,7 +106,8 @@ class MultiprocExecutor:
         death_read.close()
         try:
             self._wait_ready(ready)
-        except BaseException:
+        except BaseException as e:
+            self._fail(str(e) or type(e).__name__)
             self.shutdown()
             raise
         finally:
@@ -242,6 +243,8 @@ class MultiprocExecutor:
                 except Exception:  # noqa: BLE001 - escalate below
                     pass
             self._stopping = True
+            if self.failure is not None:
+                self._cancel_queues()  # idle workers see it and exit at once
             deadline = time.monotonic() + (grace_s if self.failure is None else 1.0)
             for p in self.procs:
                 p.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -89,7 +89,10 @@ def step_qkv(seed: int, step: int, stream: int, tokens: int, preset: Preset,
     if preset.tp != 1:
         raise ValueError("step_qkv draws the unsharded rows: pass the tp=1 preset")
     g = _generator(seed, step, stream)
-    return torch.randn(tokens, preset.qkv_width, generator=g, dtype=torch.float32).to(dtype)
+    heads = preset.num_heads + 2 * preset.num_kv_heads
+    scale = 0.5 + 2.5 * torch.rand(heads, 1, generator=g)  # per-head scales, as in real models
+    x = torch.randn(tokens, heads, preset.head_dim, generator=g) * scale
+    return x.reshape(tokens, preset.qkv_width).to(dtype)
 
 
 def model_norm_weights(preset: Preset, seed: int, dtype: torch.dtype):
