@@ -192,7 +192,7 @@ class FixedClock:
 
 def _config(**kw):
     base = dict(presets=[get_preset("qwen3-0.6b")], tokens=[1, 300], dtypes=[torch.bfloat16],
-                compare=["eager"], backend="reference", check_rows=0)
+                compare=["eager"], backend="reference", check_rows=40)
     return fb.BenchConfig(**{**base, **kw})
 
 
@@ -337,11 +337,11 @@ def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
               is_neox=p.is_neox, weight_offset=p.weight_offset, norm=p.norm)
     q, k, v = split_qkv_rmsnorm_rope(x.qkv, x.positions, cache, x.q_weight, x.k_weight,
                                      backend="reference", **kw)
-    rows = fb.check_row_index(300, 130, g, "cpu")
+    rows = fb.check_row_index(300, 50, g, "cpu")
     exact = exact_prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
     shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
     good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
-    assert good["passed"] and good["rows"] == 130
+    assert good["passed"] and good["rows"] == 50
 
     wide = fb.check_outputs((q.float(), k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
     assert not wide["passed"] and "expected" in wide["q"]["error"]
