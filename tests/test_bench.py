@@ -365,3 +365,25 @@ def test_rows_are_saved_as_they_come(tmp_path):
                        on_row=checkpoint)
     assert seen == [(1, False), (2, False)] and doc["complete"] is True
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# ------------------------------------------------------------------------------ on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
+    """The real thing, small: two presets, decode and prefill sizes, the eager peer."""
+    saved = tmp_path / "gpu.json"
+    code, out, err = run_cli(monkeypatch, capsys, "--preset", "qwen3-0.6b,glm4-9b", "--tokens",
+                             "1,4096", "--compare", "eager", "--rep-ms", "20", "--json",
+                             "--save", str(saved))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc == fb.load_document(saved) and doc["complete"] and doc["passed"]
+    assert 500 < doc["ceiling"]["gbps"] < 20_000
+    for row in doc["rows"]:
+        fqr = row["impls"]["fqr"]
+        assert fqr["check"]["passed"] and fqr["us"] > 0 and 0 < fqr["pct_ceiling"] < 150
+        assert row["speedup"]["eager"] > 0
+        if row["tokens"] == 1:
+            assert fqr["graph_us"] > 0 and fqr["dispatch_us"] > 0 and fqr["launcher_dispatch_us"] > 0
