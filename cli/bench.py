@@ -237,12 +237,12 @@ def plot_document(doc: dict, path: Path) -> None:
 @app.command()
 def bench(
     preset: list[str] = typer.Option(None, "--preset", "-p", help="preset name(s); repeatable or "
-                                     f"comma list [default: {','.join(DEFAULT_PRESETS)}]"),
+                                     f"comma list (default: {','.join(DEFAULT_PRESETS)})"),
     tokens: str = typer.Option(None, "--tokens", "-t", help="token counts, comma list "
-                               f"[default: {','.join(map(str, DEFAULT_TOKENS))}]"),
-    dtype: str = typer.Option(None, "--dtype", help="bf16,fp16,fp32 (comma list) [default: bf16]"),
+                               f"(default: {','.join(map(str, DEFAULT_TOKENS))})"),
+    dtype: str = typer.Option(None, "--dtype", help="bf16,fp16,fp32, comma list (default: bf16)"),
     compare: str = typer.Option(None, "--compare", help="peers: eager,compile,liger or none "
-                                "[default: all; liger only where installed]"),
+                                "(default: all three; liger only where installed)"),
     backend: str = typer.Option("triton", "--backend", help="fqr backend that runs the kernel"),
     numerics: str = typer.Option("fused", "--numerics", help="fused or unfused contract for fqr"),
     check_rows: int = typer.Option(1024, "--check-rows", help="rows checked against float64 "
