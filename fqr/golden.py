@@ -331,7 +331,8 @@ def regen(directory: Path | str = GOLDEN_DIR, pattern: str | None = None,
     for spec in specs:
         tensors, entry = _case_tensors(spec)
         path = directory / entry["file"]
-        path.write_bytes(save_safetensors(tensors, metadata={"format": FORMAT, "case": spec.name}))
+        # One metadata key: safetensors writes a multi-key map in hash order (not reproducible).
+        path.write_bytes(save_safetensors(tensors, metadata={FORMAT: spec.name}))
         entry["sha256"], entry["bytes"] = _sha256(path), path.stat().st_size
         written[spec.name] = entry
     entries = [written.get(c.name) or old.get(c.name) for c in CASES]
