@@ -66,13 +66,16 @@ def padded_head_elems(chain) -> int:
 @dataclass(frozen=True)
 class CudaTarget(Target):
     """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
-    4096): a whole Qwen3-8B q row (32 x 128) is one chunk, wider rows loop over chunks, so
-    registers never spill."""
+    4096): a whole Qwen3-8B q row (32 x 128) is one chunk; wider rows are covered by static
+    power-of-two chunks (``chunk_mode="unroll"``: 24 heads -> 16 + 8, nothing masked), so
+    registers never spill. Measured on an H200 (scripts/gpu_smoke.py, docs/PERFORMANCE.md):
+    unroll beat one-program-per-chunk (``grid``) and a runtime chunk loop (``loop``), and 4
+    warps beat 8."""
     bf16_rounding: str = "native"
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
         budget = int(options.get("tile_elems", 4096))
-        mode = options.get("chunk_mode", "grid")
+        mode = options.get("chunk_mode", "unroll")
         if mode not in ("loop", "unroll", "grid"):
             raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")
         chunks = []
