@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..backends import get_backend
+from ..backends import BackendUnavailable, get_backend
 from ..presets import get_preset
 from .device import DEVICE_TYPES
 from .faults import FaultSpec, parse_fault
@@ -83,6 +83,9 @@ class RunConfig:
         if self.device not in backend.device_types:
             raise ValueError(f"--backend {self.backend} runs on {'/'.join(backend.device_types)}, "
                              f"not on --device {self.device}")
+        reason = backend.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"--backend {self.backend} is unavailable: {reason}")
         if self.prompt_len[1] + self.decode_steps > preset.max_position:
             raise ValueError(f"--prompt-len/--decode-steps reach position "
                              f"{self.prompt_len[1] + self.decode_steps - 1}, beyond "

@@ -12,6 +12,7 @@ into this rank's forward (and the probe batch on verified steps).
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import threading
@@ -33,7 +34,13 @@ SUCCESS, FAILURE, READY, SHUTDOWN = "SUCCESS", "FAILURE", "READY", "SHUTDOWN"
 
 
 def error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
+    """``Type: message (at file:line in function)``: one line, the innermost frame."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    return f"{type(e).__name__}: {e}{where}"
 
 
 class StepRunner:
@@ -107,7 +114,7 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
         dp_rank, tp_rank = cfg.layout.coords(rank)
         device = bind_device(cfg.device, local_device_index(tp_rank, dp_rank, cfg.tp), what)
         store = dist.TCPStore(store_host, store_port, cfg.layout.world_size, is_master=False,
-                              timeout=_seconds(cfg.init_timeout_s))
+                              timeout=datetime.timedelta(seconds=cfg.init_timeout_s))
         groups = init_distributed(cfg.layout, rank, device, timeout_s=cfg.collective_timeout_s,
                                   store=store)
         at_init = memory_snapshot(device)
@@ -133,7 +140,6 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
             try:
                 replies.enqueue((SUCCESS, runner.run(msg)))
             except Exception as e:  # noqa: BLE001 - a failed call is a reply, not a crash
-                traceback.print_exc(file=sys.stderr)
                 replies.enqueue((FAILURE, error_text(e)))
     except QueueCancelled:
         code = 1
@@ -143,9 +149,3 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
         if code == 0:
             destroy_distributed()
     os._exit(code)
-
-
-def _seconds(s: float):
-    import datetime
-
-    return datetime.timedelta(seconds=s)
