@@ -154,3 +154,30 @@ def test_killed_engine_takes_its_workers_down(seed):
     assert rc == -9
     assert "rank 1 (dp 1, tp 0): injecting fault kill-parent" in err
     assert "engine process died; worker exiting" in err
+
+
+def test_rendezvous_store_takes_a_fresh_port_when_the_address_is_in_use(monkeypatch):
+    from fqr.runtime import executor
+
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    taken = busy.getsockname()[1]
+    offered = []
+    fresh = executor._free_port
+
+    def offer():
+        port = taken if not offered else fresh()
+        offered.append(port)
+        return port
+
+    monkeypatch.setattr(executor, "_free_port", offer)
+    try:
+        store, port = executor.host_store(1, timeout_s=5)
+    finally:
+        busy.close()
+    assert offered[0] == taken and port == offered[-1] != taken
+    store.set("k", "v")
+    assert store.get("k") == b"v"
