@@ -193,3 +193,16 @@ def test_cache_is_reused_across_processes(tmp_path):
                            text=True, check=True).stdout.split() for _ in range(2)]
     assert runs[0][0] == "False" and runs[1][0] == "True"
     assert runs[0][1] == runs[1][1] and len(list(tmp_path.glob("fqr_*.py"))) == 1
+
+
+def test_out_of_range_position_rotates_by_nan_and_never_reads_outside(gen):
+    # The host check covers CPU tensors; on a device the kernel itself guards the gather.
+    pb = make_problem(gen, tokens=5, max_position=64)
+    pb.positions[2] = 64
+    pb.positions[4] = -1
+    outs, _ = run_kernel(pb)
+    q, k, v = outs
+    bad = torch.tensor([False, False, True, False, True])
+    assert torch.isnan(q[bad]).all() and torch.isnan(k[bad]).all()
+    assert torch.isfinite(q[~bad]).all() and torch.isfinite(k[~bad]).all()
+    assert torch.equal(v, pb.qkv[:, -v.shape[1]:])

@@ -133,6 +133,8 @@ class KernelBuilder:
             self.param_list.append(base)
             if role in ("activation", "table"):
                 self.param_list.append(f"{self.var_name(v)}_stride")
+            if role == "table":
+                self.param_list.append(f"{self.var_name(v)}_rows")
         for i, v in enumerate(self.plan.program.outputs):
             self.param_list.append(f"out{i}_ptr")
         self.param_list += ["T", "BLOCK_T: tl.constexpr"]
@@ -250,10 +252,13 @@ class KernelBuilder:
             c = self.cols(next_pow2(half))
             cos, sin, row = self.fresh("cos"), self.fresh("sin"), self.fresh("csrow")
             name = self.var_name(cache)
+            ok = self.fresh("posok")
+            # A position outside the table reads nothing and rotates by NaN: loud, never OOB.
+            self.emit(f"{ok} = ((tmask & ({pos} >= 0) & ({pos} < {name}_rows)))[:, None, None]")
             self.emit(f"{row} = {name}_ptr + {pos}.to(tl.int64)[:, None, None] * {name}_stride")
-            m = "tmask[:, None, None]" + ("" if next_pow2(half) == half else f" & ({c} < {half})")
-            self.emit(f"{cos} = tl.load({row} + {c}, mask={m}, other=0.0).to(tl.float32)")
-            self.emit(f"{sin} = tl.load({row} + {half} + {c}, mask={m}, other=0.0).to(tl.float32)")
+            m = ok + ("" if next_pow2(half) == half else f" & ({c} < {half})")
+            self.emit(f"{cos} = tl.load({row} + {c}, mask={m}, other=float('nan')).to(tl.float32)")
+            self.emit(f"{sin} = tl.load({row} + {half} + {c}, mask={m}, other=float('nan')).to(tl.float32)")
             self._tile[key] = (cos, sin)
         return self._tile[key]
 

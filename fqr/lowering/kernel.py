@@ -59,8 +59,11 @@ class Kernel:
             if a.dim() and a.stride(-1) != 1:
                 raise ValueError(f"argument {i} must be contiguous in its last dim")
             flat.append(a)
-            if self.plan.input_role(var) in ("activation", "table"):
+            role = self.plan.input_role(var)
+            if role in ("activation", "table"):
                 flat.append(a.stride(0))
+            if role == "table":
+                flat.append(a.shape[0])
         device = args[0].device
         outs = out if out is not None else [
             torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)

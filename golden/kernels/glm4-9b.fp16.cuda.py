@@ -17,6 +17,7 @@ def fqr_cuda_87e969d74b81(
     b_ptr,
     c_ptr,
     c_stride,
+    c_rows,
     out0_ptr,
     out1_ptr,
     out2_ptr,
@@ -36,35 +37,36 @@ def fqr_cuda_87e969d74b81(
         tmask = tok < T
         tok64 = tok.to(tl.int64)
         pos1 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok5 = ((tmask & (pos1 >= 0) & (pos1 < c_rows)))[:, None, None]
         csrow4 = c_ptr + pos1.to(tl.int64)[:, None, None] * c_stride
-        cos2 = tl.load(csrow4 + cols32, mask=tmask[:, None, None], other=0.0).to(tl.float32)
-        sin3 = tl.load(csrow4 + 32 + cols32, mask=tmask[:, None, None], other=0.0).to(tl.float32)
+        cos2 = tl.load(csrow4 + cols32, mask=posok5, other=float('nan')).to(tl.float32)
+        sin3 = tl.load(csrow4 + 32 + cols32, mask=posok5, other=float('nan')).to(tl.float32)
         # chain 0: d (32 heads x 128, gptj64)
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 32)[None, :, None]
         hmask = tmask[:, None, None]
-        d_a_5, d_b_6 = tl.split(tl.load((row0 + 0 + hh * 128)[:, :, :, None] + paircols32, mask=hmask[:, :, :, None], other=0.0).to(tl.float32))
-        d_p0_7 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        g_a_8 = d_a_5 * cos2 - d_b_6 * sin3
-        g_b_9 = d_b_6 * cos2 + d_a_5 * sin3
-        obase10 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
-        tl.store(obase10[:, :, :, None] + paircols32, (tl.join(g_a_8, g_b_9)).to(tl.float16), mask=hmask[:, :, :, None])
-        tl.store(obase10 + (64 + cols64), (d_p0_7).to(tl.float16), mask=hmask)
+        d_a_6, d_b_7 = tl.split(tl.load((row0 + 0 + hh * 128)[:, :, :, None] + paircols32, mask=hmask[:, :, :, None], other=0.0).to(tl.float32))
+        d_p0_8 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        g_a_9 = d_a_6 * cos2 - d_b_7 * sin3
+        g_b_10 = d_b_7 * cos2 + d_a_6 * sin3
+        obase11 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
+        tl.store(obase11[:, :, :, None] + paircols32, (tl.join(g_a_9, g_b_10)).to(tl.float16), mask=hmask[:, :, :, None])
+        tl.store(obase11 + (64 + cols64), (d_p0_8).to(tl.float16), mask=hmask)
         # chain 1: e (2 heads x 128, gptj64)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 2)[None, :, None]
         hmask = tmask[:, None, None]
-        e_a_11, e_b_12 = tl.split(tl.load((row1 + 4096 + hh * 128)[:, :, :, None] + paircols32, mask=hmask[:, :, :, None], other=0.0).to(tl.float32))
-        e_p0_13 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        h_a_14 = e_a_11 * cos2 - e_b_12 * sin3
-        h_b_15 = e_b_12 * cos2 + e_a_11 * sin3
-        obase16 = out1_ptr + tok64[:, None, None] * 256 + hh * 128
-        tl.store(obase16[:, :, :, None] + paircols32, (tl.join(h_a_14, h_b_15)).to(tl.float16), mask=hmask[:, :, :, None])
-        tl.store(obase16 + (64 + cols64), (e_p0_13).to(tl.float16), mask=hmask)
+        e_a_12, e_b_13 = tl.split(tl.load((row1 + 4096 + hh * 128)[:, :, :, None] + paircols32, mask=hmask[:, :, :, None], other=0.0).to(tl.float32))
+        e_p0_14 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        h_a_15 = e_a_12 * cos2 - e_b_13 * sin3
+        h_b_16 = e_b_13 * cos2 + e_a_12 * sin3
+        obase17 = out1_ptr + tok64[:, None, None] * 256 + hh * 128
+        tl.store(obase17[:, :, :, None] + paircols32, (tl.join(h_a_15, h_b_16)).to(tl.float16), mask=hmask[:, :, :, None])
+        tl.store(obase17 + (64 + cols64), (e_p0_14).to(tl.float16), mask=hmask)
         # chain 2: f (2 heads x 128, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 2)[None, :, None]
         hmask = tmask[:, None, None]
-        obase17 = out2_ptr + tok64[:, None, None] * 256 + hh * 128
-        f_p0_18 = tl.load((row2 + 4352 + hh * 128) + cols128, mask=hmask, other=0.0)
-        tl.store(obase17 + cols128, f_p0_18, mask=hmask)
+        obase18 = out2_ptr + tok64[:, None, None] * 256 + hh * 128
+        f_p0_19 = tl.load((row2 + 4352 + hh * 128) + cols128, mask=hmask, other=0.0)
+        tl.store(obase18 + cols128, f_p0_19, mask=hmask)

@@ -25,6 +25,7 @@ def fqr_cuda_e811b7add677(
     b_ptr,
     c_ptr,
     c_stride,
+    c_rows,
     d_ptr,
     e_ptr,
     f_ptr,
@@ -47,47 +48,48 @@ def fqr_cuda_e811b7add677(
         tokval1 = tl.load(f_ptr + tok, mask=tmask, other=1.0).to(tl.float32)
         tokval2 = tl.load(g_ptr + tok, mask=tmask, other=1.0).to(tl.float32)
         pos3 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok7 = ((tmask & (pos3 >= 0) & (pos3 < c_rows)))[:, None, None]
         csrow6 = c_ptr + pos3.to(tl.int64)[:, None, None] * c_stride
-        cos4 = tl.load(csrow6 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
-        sin5 = tl.load(csrow6 + 64 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
+        cos4 = tl.load(csrow6 + cols64, mask=posok7, other=float('nan')).to(tl.float32)
+        sin5 = tl.load(csrow6 + 64 + cols64, mask=posok7, other=float('nan')).to(tl.float32)
         # chain 0: h (16 heads x 128, neox128)
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 16)[None, :, None]
         hmask = tmask[:, None, None]
-        h_a_7 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        h_b_8 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        rstd9 = tl.rsqrt(tokval1 / 4096 + 1e-06)[:, None, None]
-        wbase10 = d_ptr + hh * 128
-        dw_a_11 = tl.load(wbase10 + cols64).to(tl.float32)
-        dw_b_12 = tl.load(wbase10 + (64 + cols64)).to(tl.float32)
-        k_a_13 = h_a_7 * rstd9 * dw_a_11
-        k_b_14 = h_b_8 * rstd9 * dw_b_12
-        m_a_15 = k_a_13 * cos4 - k_b_14 * sin5
-        m_b_16 = k_b_14 * cos4 + k_a_13 * sin5
-        obase17 = out0_ptr + tok64[:, None, None] * 2048 + hh * 128
-        tl.store(obase17 + cols64, round_to_bf16(m_a_15), mask=hmask)
-        tl.store(obase17 + (64 + cols64), round_to_bf16(m_b_16), mask=hmask)
+        h_a_8 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        h_b_9 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        rstd10 = tl.rsqrt(tokval1 / 4096 + 1e-06)[:, None, None]
+        wbase11 = d_ptr + hh * 128
+        dw_a_12 = tl.load(wbase11 + cols64).to(tl.float32)
+        dw_b_13 = tl.load(wbase11 + (64 + cols64)).to(tl.float32)
+        k_a_14 = h_a_8 * rstd10 * dw_a_12
+        k_b_15 = h_b_9 * rstd10 * dw_b_13
+        m_a_16 = k_a_14 * cos4 - k_b_15 * sin5
+        m_b_17 = k_b_15 * cos4 + k_a_14 * sin5
+        obase18 = out0_ptr + tok64[:, None, None] * 2048 + hh * 128
+        tl.store(obase18 + cols64, round_to_bf16(m_a_16), mask=hmask)
+        tl.store(obase18 + (64 + cols64), round_to_bf16(m_b_17), mask=hmask)
         # chain 1: i (16 heads x 128, neox128)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 16)[None, :, None]
         hmask = tmask[:, None, None]
-        i_a_18 = tl.load((row1 + 2048 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        i_b_19 = tl.load((row1 + 2048 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        rstd20 = tl.rsqrt(tokval2 / 4096 + 1e-06)[:, None, None]
-        wbase21 = e_ptr + hh * 128
-        ew_a_22 = tl.load(wbase21 + cols64).to(tl.float32)
-        ew_b_23 = tl.load(wbase21 + (64 + cols64)).to(tl.float32)
-        l_a_24 = i_a_18 * rstd20 * ew_a_22
-        l_b_25 = i_b_19 * rstd20 * ew_b_23
-        n_a_26 = l_a_24 * cos4 - l_b_25 * sin5
-        n_b_27 = l_b_25 * cos4 + l_a_24 * sin5
-        obase28 = out1_ptr + tok64[:, None, None] * 2048 + hh * 128
-        tl.store(obase28 + cols64, round_to_bf16(n_a_26), mask=hmask)
-        tl.store(obase28 + (64 + cols64), round_to_bf16(n_b_27), mask=hmask)
+        i_a_19 = tl.load((row1 + 2048 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        i_b_20 = tl.load((row1 + 2048 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        rstd21 = tl.rsqrt(tokval2 / 4096 + 1e-06)[:, None, None]
+        wbase22 = e_ptr + hh * 128
+        ew_a_23 = tl.load(wbase22 + cols64).to(tl.float32)
+        ew_b_24 = tl.load(wbase22 + (64 + cols64)).to(tl.float32)
+        l_a_25 = i_a_19 * rstd21 * ew_a_23
+        l_b_26 = i_b_20 * rstd21 * ew_b_24
+        n_a_27 = l_a_25 * cos4 - l_b_26 * sin5
+        n_b_28 = l_b_26 * cos4 + l_a_25 * sin5
+        obase29 = out1_ptr + tok64[:, None, None] * 2048 + hh * 128
+        tl.store(obase29 + cols64, round_to_bf16(n_a_27), mask=hmask)
+        tl.store(obase29 + (64 + cols64), round_to_bf16(n_b_28), mask=hmask)
         # chain 2: j (16 heads x 128, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 16)[None, :, None]
         hmask = tmask[:, None, None]
-        obase29 = out2_ptr + tok64[:, None, None] * 2048 + hh * 128
-        j_p0_30 = tl.load((row2 + 4096 + hh * 128) + cols128, mask=hmask, other=0.0)
-        tl.store(obase29 + cols128, j_p0_30, mask=hmask)
+        obase30 = out2_ptr + tok64[:, None, None] * 2048 + hh * 128
+        j_p0_31 = tl.load((row2 + 4096 + hh * 128) + cols128, mask=hmask, other=0.0)
+        tl.store(obase30 + cols128, j_p0_31, mask=hmask)

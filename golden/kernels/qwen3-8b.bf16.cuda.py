@@ -25,6 +25,7 @@ def fqr_cuda_741f3c005fba(
     b_ptr,
     c_ptr,
     c_stride,
+    c_rows,
     d_ptr,
     e_ptr,
     out0_ptr,
@@ -37,53 +38,54 @@ def fqr_cuda_741f3c005fba(
     nprog = tl.num_programs(0)
     tt = tl.arange(0, BLOCK_T)
     cols64 = tl.arange(0, 64)[None, None, :]
-    dw_a_9 = tl.load(d_ptr + cols64).to(tl.float32)
-    dw_b_10 = tl.load(d_ptr + (64 + cols64)).to(tl.float32)
-    ew_a_20 = tl.load(e_ptr + cols64).to(tl.float32)
-    ew_b_21 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
+    dw_a_10 = tl.load(d_ptr + cols64).to(tl.float32)
+    dw_b_11 = tl.load(d_ptr + (64 + cols64)).to(tl.float32)
+    ew_a_21 = tl.load(e_ptr + cols64).to(tl.float32)
+    ew_b_22 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
     cols128 = tl.arange(0, 128)[None, None, :]
     for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):
         tok = t0 + tt
         tmask = tok < T
         tok64 = tok.to(tl.int64)
         pos1 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok5 = ((tmask & (pos1 >= 0) & (pos1 < c_rows)))[:, None, None]
         csrow4 = c_ptr + pos1.to(tl.int64)[:, None, None] * c_stride
-        cos2 = tl.load(csrow4 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
-        sin3 = tl.load(csrow4 + 64 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
+        cos2 = tl.load(csrow4 + cols64, mask=posok5, other=float('nan')).to(tl.float32)
+        sin3 = tl.load(csrow4 + 64 + cols64, mask=posok5, other=float('nan')).to(tl.float32)
         # chain 0: f (32 heads x 128, neox128)
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 32)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_5 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        f_b_6 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq8 = tl.sum(f_a_5 * f_a_5, 2) + tl.sum(f_b_6 * f_b_6, 2)
-        rstd7 = tl.rsqrt(sumsq8 / 128 + 1e-06)[:, :, None]
-        i_a_11 = f_a_5 * rstd7 * dw_a_9
-        i_b_12 = f_b_6 * rstd7 * dw_b_10
-        k_a_13 = i_a_11 * cos2 - i_b_12 * sin3
-        k_b_14 = i_b_12 * cos2 + i_a_11 * sin3
-        obase15 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
-        tl.store(obase15 + cols64, round_to_bf16(k_a_13), mask=hmask)
-        tl.store(obase15 + (64 + cols64), round_to_bf16(k_b_14), mask=hmask)
+        f_a_6 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        f_b_7 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq9 = tl.sum(f_a_6 * f_a_6, 2) + tl.sum(f_b_7 * f_b_7, 2)
+        rstd8 = tl.rsqrt(sumsq9 / 128 + 1e-06)[:, :, None]
+        i_a_12 = f_a_6 * rstd8 * dw_a_10
+        i_b_13 = f_b_7 * rstd8 * dw_b_11
+        k_a_14 = i_a_12 * cos2 - i_b_13 * sin3
+        k_b_15 = i_b_13 * cos2 + i_a_12 * sin3
+        obase16 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
+        tl.store(obase16 + cols64, round_to_bf16(k_a_14), mask=hmask)
+        tl.store(obase16 + (64 + cols64), round_to_bf16(k_b_15), mask=hmask)
         # chain 1: g (8 heads x 128, neox128)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        g_a_16 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        g_b_17 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq19 = tl.sum(g_a_16 * g_a_16, 2) + tl.sum(g_b_17 * g_b_17, 2)
-        rstd18 = tl.rsqrt(sumsq19 / 128 + 1e-06)[:, :, None]
-        j_a_22 = g_a_16 * rstd18 * ew_a_20
-        j_b_23 = g_b_17 * rstd18 * ew_b_21
-        l_a_24 = j_a_22 * cos2 - j_b_23 * sin3
-        l_b_25 = j_b_23 * cos2 + j_a_22 * sin3
-        obase26 = out1_ptr + tok64[:, None, None] * 1024 + hh * 128
-        tl.store(obase26 + cols64, round_to_bf16(l_a_24), mask=hmask)
-        tl.store(obase26 + (64 + cols64), round_to_bf16(l_b_25), mask=hmask)
+        g_a_17 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        g_b_18 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq20 = tl.sum(g_a_17 * g_a_17, 2) + tl.sum(g_b_18 * g_b_18, 2)
+        rstd19 = tl.rsqrt(sumsq20 / 128 + 1e-06)[:, :, None]
+        j_a_23 = g_a_17 * rstd19 * ew_a_21
+        j_b_24 = g_b_18 * rstd19 * ew_b_22
+        l_a_25 = j_a_23 * cos2 - j_b_24 * sin3
+        l_b_26 = j_b_24 * cos2 + j_a_23 * sin3
+        obase27 = out1_ptr + tok64[:, None, None] * 1024 + hh * 128
+        tl.store(obase27 + cols64, round_to_bf16(l_a_25), mask=hmask)
+        tl.store(obase27 + (64 + cols64), round_to_bf16(l_b_26), mask=hmask)
         # chain 2: h (8 heads x 128, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        obase27 = out2_ptr + tok64[:, None, None] * 1024 + hh * 128
-        h_p0_28 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
-        tl.store(obase27 + cols128, h_p0_28, mask=hmask)
+        obase28 = out2_ptr + tok64[:, None, None] * 1024 + hh * 128
+        h_p0_29 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
+        tl.store(obase28 + cols128, h_p0_29, mask=hmask)

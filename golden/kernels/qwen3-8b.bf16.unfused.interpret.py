@@ -29,6 +29,7 @@ def fqr_interpret_0c15f6192d39(
     b_ptr,
     c_ptr,
     c_stride,
+    c_rows,
     d_ptr,
     e_ptr,
     out0_ptr,
@@ -41,61 +42,62 @@ def fqr_interpret_0c15f6192d39(
     nprog = tl.num_programs(0)
     tt = tl.arange(0, BLOCK_T)
     cols64 = tl.arange(0, 64)[None, None, :]
-    dw_a_9 = tl.load(d_ptr + cols64).to(tl.float32)
-    dw_b_10 = tl.load(d_ptr + (64 + cols64)).to(tl.float32)
-    ew_a_24 = tl.load(e_ptr + cols64).to(tl.float32)
-    ew_b_25 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
+    dw_a_10 = tl.load(d_ptr + cols64).to(tl.float32)
+    dw_b_11 = tl.load(d_ptr + (64 + cols64)).to(tl.float32)
+    ew_a_25 = tl.load(e_ptr + cols64).to(tl.float32)
+    ew_b_26 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
     cols128 = tl.arange(0, 128)[None, None, :]
     for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):
         tok = t0 + tt
         tmask = tok < T
         tok64 = tok.to(tl.int64)
         pos1 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok5 = ((tmask & (pos1 >= 0) & (pos1 < c_rows)))[:, None, None]
         csrow4 = c_ptr + pos1.to(tl.int64)[:, None, None] * c_stride
-        cos2 = tl.load(csrow4 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
-        sin3 = tl.load(csrow4 + 64 + cols64, mask=tmask[:, None, None], other=0.0).to(tl.float32)
+        cos2 = tl.load(csrow4 + cols64, mask=posok5, other=float('nan')).to(tl.float32)
+        sin3 = tl.load(csrow4 + 64 + cols64, mask=posok5, other=float('nan')).to(tl.float32)
         # chain 0: f (32 heads x 128, neox128)
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 32)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_5 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        f_b_6 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq8 = tl.sum(f_a_5 * f_a_5, 2) + tl.sum(f_b_6 * f_b_6, 2)
-        rstd7 = tl.rsqrt(sumsq8 / 128 + 1e-06)[:, :, None]
-        i_a_11 = f_a_5 * rstd7 * dw_a_9
-        i_b_12 = f_b_6 * rstd7 * dw_b_10
-        k_a_13 = round_to_bf16(i_a_11).to(tl.float32)
-        k_b_14 = round_to_bf16(i_b_12).to(tl.float32)
-        cosr15 = round_to_bf16(cos2).to(tl.float32)
-        sinr16 = round_to_bf16(sin3).to(tl.float32)
-        m_a_17 = round_to_bf16(round_to_bf16(k_a_13 * cosr15).to(tl.float32) - round_to_bf16(k_b_14 * sinr16).to(tl.float32)).to(tl.float32)
-        m_b_18 = round_to_bf16(round_to_bf16(k_b_14 * cosr15).to(tl.float32) + round_to_bf16(k_a_13 * sinr16).to(tl.float32)).to(tl.float32)
-        obase19 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
-        tl.store(obase19 + cols64, round_to_bf16(m_a_17), mask=hmask)
-        tl.store(obase19 + (64 + cols64), round_to_bf16(m_b_18), mask=hmask)
+        f_a_6 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        f_b_7 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq9 = tl.sum(f_a_6 * f_a_6, 2) + tl.sum(f_b_7 * f_b_7, 2)
+        rstd8 = tl.rsqrt(sumsq9 / 128 + 1e-06)[:, :, None]
+        i_a_12 = f_a_6 * rstd8 * dw_a_10
+        i_b_13 = f_b_7 * rstd8 * dw_b_11
+        k_a_14 = round_to_bf16(i_a_12).to(tl.float32)
+        k_b_15 = round_to_bf16(i_b_13).to(tl.float32)
+        cosr16 = round_to_bf16(cos2).to(tl.float32)
+        sinr17 = round_to_bf16(sin3).to(tl.float32)
+        m_a_18 = round_to_bf16(round_to_bf16(k_a_14 * cosr16).to(tl.float32) - round_to_bf16(k_b_15 * sinr17).to(tl.float32)).to(tl.float32)
+        m_b_19 = round_to_bf16(round_to_bf16(k_b_15 * cosr16).to(tl.float32) + round_to_bf16(k_a_14 * sinr17).to(tl.float32)).to(tl.float32)
+        obase20 = out0_ptr + tok64[:, None, None] * 4096 + hh * 128
+        tl.store(obase20 + cols64, round_to_bf16(m_a_18), mask=hmask)
+        tl.store(obase20 + (64 + cols64), round_to_bf16(m_b_19), mask=hmask)
         # chain 1: g (8 heads x 128, neox128)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        g_a_20 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        g_b_21 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq23 = tl.sum(g_a_20 * g_a_20, 2) + tl.sum(g_b_21 * g_b_21, 2)
-        rstd22 = tl.rsqrt(sumsq23 / 128 + 1e-06)[:, :, None]
-        j_a_26 = g_a_20 * rstd22 * ew_a_24
-        j_b_27 = g_b_21 * rstd22 * ew_b_25
-        l_a_28 = round_to_bf16(j_a_26).to(tl.float32)
-        l_b_29 = round_to_bf16(j_b_27).to(tl.float32)
-        cosr30 = round_to_bf16(cos2).to(tl.float32)
-        sinr31 = round_to_bf16(sin3).to(tl.float32)
-        n_a_32 = round_to_bf16(round_to_bf16(l_a_28 * cosr30).to(tl.float32) - round_to_bf16(l_b_29 * sinr31).to(tl.float32)).to(tl.float32)
-        n_b_33 = round_to_bf16(round_to_bf16(l_b_29 * cosr30).to(tl.float32) + round_to_bf16(l_a_28 * sinr31).to(tl.float32)).to(tl.float32)
-        obase34 = out1_ptr + tok64[:, None, None] * 1024 + hh * 128
-        tl.store(obase34 + cols64, round_to_bf16(n_a_32), mask=hmask)
-        tl.store(obase34 + (64 + cols64), round_to_bf16(n_b_33), mask=hmask)
+        g_a_21 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        g_b_22 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq24 = tl.sum(g_a_21 * g_a_21, 2) + tl.sum(g_b_22 * g_b_22, 2)
+        rstd23 = tl.rsqrt(sumsq24 / 128 + 1e-06)[:, :, None]
+        j_a_27 = g_a_21 * rstd23 * ew_a_25
+        j_b_28 = g_b_22 * rstd23 * ew_b_26
+        l_a_29 = round_to_bf16(j_a_27).to(tl.float32)
+        l_b_30 = round_to_bf16(j_b_28).to(tl.float32)
+        cosr31 = round_to_bf16(cos2).to(tl.float32)
+        sinr32 = round_to_bf16(sin3).to(tl.float32)
+        n_a_33 = round_to_bf16(round_to_bf16(l_a_29 * cosr31).to(tl.float32) - round_to_bf16(l_b_30 * sinr32).to(tl.float32)).to(tl.float32)
+        n_b_34 = round_to_bf16(round_to_bf16(l_b_30 * cosr31).to(tl.float32) + round_to_bf16(l_a_29 * sinr32).to(tl.float32)).to(tl.float32)
+        obase35 = out1_ptr + tok64[:, None, None] * 1024 + hh * 128
+        tl.store(obase35 + cols64, round_to_bf16(n_a_33), mask=hmask)
+        tl.store(obase35 + (64 + cols64), round_to_bf16(n_b_34), mask=hmask)
         # chain 2: h (8 heads x 128, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        obase35 = out2_ptr + tok64[:, None, None] * 1024 + hh * 128
-        h_p0_36 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
-        tl.store(obase35 + cols128, h_p0_36, mask=hmask)
+        obase36 = out2_ptr + tok64[:, None, None] * 1024 + hh * 128
+        h_p0_37 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
+        tl.store(obase36 + cols128, h_p0_37, mask=hmask)

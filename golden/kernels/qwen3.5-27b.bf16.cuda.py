@@ -25,6 +25,7 @@ def fqr_cuda_e87b7fdc7c9e(
     b_ptr,
     c_ptr,
     c_stride,
+    c_rows,
     d_ptr,
     e_ptr,
     out0_ptr,
@@ -39,88 +40,89 @@ def fqr_cuda_e87b7fdc7c9e(
     cols32 = tl.arange(0, 32)[None, None, :]
     cols128 = tl.arange(0, 128)[None, None, :]
     cols64 = tl.arange(0, 64)[None, None, :]
-    dw_a_11 = tl.load(d_ptr + cols32).to(tl.float32)
-    dw_b_12 = tl.load(d_ptr + (32 + cols32)).to(tl.float32)
-    dw_p0_13 = tl.load(d_ptr + (64 + cols128)).to(tl.float32)
-    dw_p1_14 = tl.load(d_ptr + (192 + cols64)).to(tl.float32)
-    ew_a_41 = tl.load(e_ptr + cols32).to(tl.float32)
-    ew_b_42 = tl.load(e_ptr + (32 + cols32)).to(tl.float32)
-    ew_p0_43 = tl.load(e_ptr + (64 + cols128)).to(tl.float32)
-    ew_p1_44 = tl.load(e_ptr + (192 + cols64)).to(tl.float32)
+    dw_a_12 = tl.load(d_ptr + cols32).to(tl.float32)
+    dw_b_13 = tl.load(d_ptr + (32 + cols32)).to(tl.float32)
+    dw_p0_14 = tl.load(d_ptr + (64 + cols128)).to(tl.float32)
+    dw_p1_15 = tl.load(d_ptr + (192 + cols64)).to(tl.float32)
+    ew_a_42 = tl.load(e_ptr + cols32).to(tl.float32)
+    ew_b_43 = tl.load(e_ptr + (32 + cols32)).to(tl.float32)
+    ew_p0_44 = tl.load(e_ptr + (64 + cols128)).to(tl.float32)
+    ew_p1_45 = tl.load(e_ptr + (192 + cols64)).to(tl.float32)
     cols256 = tl.arange(0, 256)[None, None, :]
     for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):
         tok = t0 + tt
         tmask = tok < T
         tok64 = tok.to(tl.int64)
         pos1 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok5 = ((tmask & (pos1 >= 0) & (pos1 < c_rows)))[:, None, None]
         csrow4 = c_ptr + pos1.to(tl.int64)[:, None, None] * c_stride
-        cos2 = tl.load(csrow4 + cols32, mask=tmask[:, None, None], other=0.0).to(tl.float32)
-        sin3 = tl.load(csrow4 + 32 + cols32, mask=tmask[:, None, None], other=0.0).to(tl.float32)
+        cos2 = tl.load(csrow4 + cols32, mask=posok5, other=float('nan')).to(tl.float32)
+        sin3 = tl.load(csrow4 + 32 + cols32, mask=posok5, other=float('nan')).to(tl.float32)
         # chain 0: f (24 heads x 256, neox64, heads [0, 16) + [16, 24))
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 16)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_5 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
-        f_b_6 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        f_p0_7 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        f_p1_8 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq10 = tl.sum(f_a_5 * f_a_5, 2) + tl.sum(f_b_6 * f_b_6, 2) + tl.sum(f_p0_7 * f_p0_7, 2) + tl.sum(f_p1_8 * f_p1_8, 2)
-        rstd9 = tl.rsqrt(sumsq10 / 256 + 1e-06)[:, :, None]
-        i_a_15 = f_a_5 * rstd9 * (1.0 + dw_a_11)
-        i_b_16 = f_b_6 * rstd9 * (1.0 + dw_b_12)
-        i_p0_17 = f_p0_7 * rstd9 * (1.0 + dw_p0_13)
-        i_p1_18 = f_p1_8 * rstd9 * (1.0 + dw_p1_14)
-        k_a_19 = i_a_15 * cos2 - i_b_16 * sin3
-        k_b_20 = i_b_16 * cos2 + i_a_15 * sin3
-        obase21 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
-        tl.store(obase21 + cols32, round_to_bf16(k_a_19), mask=hmask)
-        tl.store(obase21 + (32 + cols32), round_to_bf16(k_b_20), mask=hmask)
-        tl.store(obase21 + (64 + cols128), round_to_bf16(i_p0_17), mask=hmask)
-        tl.store(obase21 + (192 + cols64), round_to_bf16(i_p1_18), mask=hmask)
+        f_a_6 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
+        f_b_7 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p0_8 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
+        f_p1_9 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq11 = tl.sum(f_a_6 * f_a_6, 2) + tl.sum(f_b_7 * f_b_7, 2) + tl.sum(f_p0_8 * f_p0_8, 2) + tl.sum(f_p1_9 * f_p1_9, 2)
+        rstd10 = tl.rsqrt(sumsq11 / 256 + 1e-06)[:, :, None]
+        i_a_16 = f_a_6 * rstd10 * (1.0 + dw_a_12)
+        i_b_17 = f_b_7 * rstd10 * (1.0 + dw_b_13)
+        i_p0_18 = f_p0_8 * rstd10 * (1.0 + dw_p0_14)
+        i_p1_19 = f_p1_9 * rstd10 * (1.0 + dw_p1_15)
+        k_a_20 = i_a_16 * cos2 - i_b_17 * sin3
+        k_b_21 = i_b_17 * cos2 + i_a_16 * sin3
+        obase22 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
+        tl.store(obase22 + cols32, round_to_bf16(k_a_20), mask=hmask)
+        tl.store(obase22 + (32 + cols32), round_to_bf16(k_b_21), mask=hmask)
+        tl.store(obase22 + (64 + cols128), round_to_bf16(i_p0_18), mask=hmask)
+        tl.store(obase22 + (192 + cols64), round_to_bf16(i_p1_19), mask=hmask)
         hh = 16 + tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_22 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
-        f_b_23 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        f_p0_24 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        f_p1_25 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq27 = tl.sum(f_a_22 * f_a_22, 2) + tl.sum(f_b_23 * f_b_23, 2) + tl.sum(f_p0_24 * f_p0_24, 2) + tl.sum(f_p1_25 * f_p1_25, 2)
-        rstd26 = tl.rsqrt(sumsq27 / 256 + 1e-06)[:, :, None]
-        i_a_28 = f_a_22 * rstd26 * (1.0 + dw_a_11)
-        i_b_29 = f_b_23 * rstd26 * (1.0 + dw_b_12)
-        i_p0_30 = f_p0_24 * rstd26 * (1.0 + dw_p0_13)
-        i_p1_31 = f_p1_25 * rstd26 * (1.0 + dw_p1_14)
-        k_a_32 = i_a_28 * cos2 - i_b_29 * sin3
-        k_b_33 = i_b_29 * cos2 + i_a_28 * sin3
-        obase34 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
-        tl.store(obase34 + cols32, round_to_bf16(k_a_32), mask=hmask)
-        tl.store(obase34 + (32 + cols32), round_to_bf16(k_b_33), mask=hmask)
-        tl.store(obase34 + (64 + cols128), round_to_bf16(i_p0_30), mask=hmask)
-        tl.store(obase34 + (192 + cols64), round_to_bf16(i_p1_31), mask=hmask)
+        f_a_23 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
+        f_b_24 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p0_25 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
+        f_p1_26 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq28 = tl.sum(f_a_23 * f_a_23, 2) + tl.sum(f_b_24 * f_b_24, 2) + tl.sum(f_p0_25 * f_p0_25, 2) + tl.sum(f_p1_26 * f_p1_26, 2)
+        rstd27 = tl.rsqrt(sumsq28 / 256 + 1e-06)[:, :, None]
+        i_a_29 = f_a_23 * rstd27 * (1.0 + dw_a_12)
+        i_b_30 = f_b_24 * rstd27 * (1.0 + dw_b_13)
+        i_p0_31 = f_p0_25 * rstd27 * (1.0 + dw_p0_14)
+        i_p1_32 = f_p1_26 * rstd27 * (1.0 + dw_p1_15)
+        k_a_33 = i_a_29 * cos2 - i_b_30 * sin3
+        k_b_34 = i_b_30 * cos2 + i_a_29 * sin3
+        obase35 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
+        tl.store(obase35 + cols32, round_to_bf16(k_a_33), mask=hmask)
+        tl.store(obase35 + (32 + cols32), round_to_bf16(k_b_34), mask=hmask)
+        tl.store(obase35 + (64 + cols128), round_to_bf16(i_p0_31), mask=hmask)
+        tl.store(obase35 + (192 + cols64), round_to_bf16(i_p1_32), mask=hmask)
         # chain 1: g (4 heads x 256, neox64)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 4)[None, :, None]
         hmask = tmask[:, None, None]
-        g_a_35 = tl.load((row1 + 6144 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
-        g_b_36 = tl.load((row1 + 6144 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        g_p0_37 = tl.load((row1 + 6144 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        g_p1_38 = tl.load((row1 + 6144 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq40 = tl.sum(g_a_35 * g_a_35, 2) + tl.sum(g_b_36 * g_b_36, 2) + tl.sum(g_p0_37 * g_p0_37, 2) + tl.sum(g_p1_38 * g_p1_38, 2)
-        rstd39 = tl.rsqrt(sumsq40 / 256 + 1e-06)[:, :, None]
-        j_a_45 = g_a_35 * rstd39 * (1.0 + ew_a_41)
-        j_b_46 = g_b_36 * rstd39 * (1.0 + ew_b_42)
-        j_p0_47 = g_p0_37 * rstd39 * (1.0 + ew_p0_43)
-        j_p1_48 = g_p1_38 * rstd39 * (1.0 + ew_p1_44)
-        l_a_49 = j_a_45 * cos2 - j_b_46 * sin3
-        l_b_50 = j_b_46 * cos2 + j_a_45 * sin3
-        obase51 = out1_ptr + tok64[:, None, None] * 1024 + hh * 256
-        tl.store(obase51 + cols32, round_to_bf16(l_a_49), mask=hmask)
-        tl.store(obase51 + (32 + cols32), round_to_bf16(l_b_50), mask=hmask)
-        tl.store(obase51 + (64 + cols128), round_to_bf16(j_p0_47), mask=hmask)
-        tl.store(obase51 + (192 + cols64), round_to_bf16(j_p1_48), mask=hmask)
+        g_a_36 = tl.load((row1 + 6144 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
+        g_b_37 = tl.load((row1 + 6144 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p0_38 = tl.load((row1 + 6144 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
+        g_p1_39 = tl.load((row1 + 6144 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq41 = tl.sum(g_a_36 * g_a_36, 2) + tl.sum(g_b_37 * g_b_37, 2) + tl.sum(g_p0_38 * g_p0_38, 2) + tl.sum(g_p1_39 * g_p1_39, 2)
+        rstd40 = tl.rsqrt(sumsq41 / 256 + 1e-06)[:, :, None]
+        j_a_46 = g_a_36 * rstd40 * (1.0 + ew_a_42)
+        j_b_47 = g_b_37 * rstd40 * (1.0 + ew_b_43)
+        j_p0_48 = g_p0_38 * rstd40 * (1.0 + ew_p0_44)
+        j_p1_49 = g_p1_39 * rstd40 * (1.0 + ew_p1_45)
+        l_a_50 = j_a_46 * cos2 - j_b_47 * sin3
+        l_b_51 = j_b_47 * cos2 + j_a_46 * sin3
+        obase52 = out1_ptr + tok64[:, None, None] * 1024 + hh * 256
+        tl.store(obase52 + cols32, round_to_bf16(l_a_50), mask=hmask)
+        tl.store(obase52 + (32 + cols32), round_to_bf16(l_b_51), mask=hmask)
+        tl.store(obase52 + (64 + cols128), round_to_bf16(j_p0_48), mask=hmask)
+        tl.store(obase52 + (192 + cols64), round_to_bf16(j_p1_49), mask=hmask)
         # chain 2: h (4 heads x 256, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 4)[None, :, None]
         hmask = tmask[:, None, None]
-        obase52 = out2_ptr + tok64[:, None, None] * 1024 + hh * 256
-        h_p0_53 = tl.load((row2 + 7168 + hh * 256) + cols256, mask=hmask, other=0.0)
-        tl.store(obase52 + cols256, h_p0_53, mask=hmask)
+        obase53 = out2_ptr + tok64[:, None, None] * 1024 + hh * 256
+        h_p0_54 = tl.load((row2 + 7168 + hh * 256) + cols256, mask=hmask, other=0.0)
+        tl.store(obase53 + cols256, h_p0_54, mask=hmask)
