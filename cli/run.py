@@ -19,7 +19,7 @@ from .common import EXIT_FAILED, app, err, out
 _MIB = 1 << 20
 
 
-def _live_table(p, world_size: int) -> Table:
+def _live_table(p) -> Table:
     t = Table(title="fqr run", show_header=True)
     for col in ("step", "tokens", "tokens/s", "verified", "in flight", "queue depth per rank"):
         t.add_column(col, justify="right")
@@ -159,8 +159,7 @@ def _run_mp(cfg) -> dict:
             err.print(f"  {cfg.layout.describe(rank)}: pid {info['pid']} on {info['device']}",
                       highlight=False)
         with Live(console=err, refresh_per_second=4, transient=True) as live:
-            result = Engine(cfg, executor).run(
-                lambda p: live.update(_live_table(p, cfg.layout.world_size)))
+            result = Engine(cfg, executor).run(lambda p: live.update(_live_table(p)))
     except RunFailed as e:
         failure = str(e)
     finally:
@@ -174,8 +173,7 @@ def _run_torchrun(cfg) -> dict | None:
 
     try:
         with Live(console=err, refresh_per_second=4, transient=True) as live:
-            outcome = run_torchrun(
-                cfg, lambda p: live.update(_live_table(p, cfg.layout.world_size)))
+            outcome = run_torchrun(cfg, lambda p: live.update(_live_table(p)))
     except RunFailed as e:
         err.print(f"[red]run failed:[/red] {e}", highlight=False)
         sys.exit(EXIT_FAILED)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -158,8 +159,6 @@ def test_killed_engine_takes_its_workers_down(seed):
 
 def test_rendezvous_store_takes_a_fresh_port_when_the_address_is_in_use(monkeypatch):
     from fqr.runtime import executor
-
-    import socket
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

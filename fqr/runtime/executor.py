@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import datetime
 import errno
 import multiprocessing as mp
 import socket
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from .config import RunConfig
 from .message_queue import MessageQueue, QueueCancelled, QueueTimeout
 from .scheduler import StepPlan
-from .worker import FAILURE, READY, SHUTDOWN, SUCCESS, worker_main
+from .worker import FAILURE, READY, SHUTDOWN, worker_main
 
 
 class RunFailed(RuntimeError):
@@ -45,8 +46,6 @@ def _free_port() -> int:
 
 def host_store(world_size: int, timeout_s: float, attempts: int = 5):
     """A master ``TCPStore`` on a free loopback port; a fresh port when it is taken."""
-    import datetime
-
     for attempt in range(attempts):
         port = _free_port()
         try:

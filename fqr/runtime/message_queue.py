@@ -133,7 +133,8 @@ class MessageQueue:
         return (self.buf[self._written_at(slot)] == 1
                 and self.buf[self._read_at(slot, self._reader)] == 0)
 
-    def _wait(self, ready, sleeping_at: int, sem, timeout: float | None, what: str) -> None:
+    def _wait(self, ready, sleeping_at: int, sem, timeout: float | None, what: str,
+              warn: bool = False) -> None:
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         next_warning = start + self.warn_every_s
@@ -145,7 +146,7 @@ class MessageQueue:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise QueueTimeout(f"{what} for {timeout:g} s")
-            if what.startswith("no free slot") and now >= next_warning:
+            if warn and now >= next_warning:
                 log.warning("%s: no free slot for %.0f s (a reader is slow or gone)",
                             self.name, now - start)
                 next_warning = now + self.warn_every_s
@@ -176,7 +177,7 @@ class MessageQueue:
             part = view[off:off + room]
             slot = self._slot
             self._wait(lambda: self._slot_free(slot), 1, self.writer_sem, timeout,
-                       f"no free slot in {self.name}")
+                       f"no free slot in {self.name}", warn=True)
             base = self._data_off + slot * self.chunk_bytes
             _FRAG.pack_into(self.buf, base, len(part), i == len(offsets) - 1)
             self.buf[base + _FRAG.size: base + _FRAG.size + len(part)] = part

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 from concurrent.futures import Future
 
 import torch.distributed as dist
 
 from .config import RunConfig
-from .device import bind_device
-from .engine import Engine, Progress, RunResult
+from .device import bind_device, memory_snapshot
+from .engine import Engine, RunResult
 from .executor import RunFailed
 from .parallel_state import ParallelGroups, destroy_distributed, init_distributed
 from .worker import FAILURE, SUCCESS, StepRunner, error_text
@@ -65,6 +64,9 @@ class _RankZeroExecutor:
             future.set_result(self._step(plan))
         except RunFailed as e:
             future.set_exception(e)
+        except RuntimeError as e:  # a collective failed: a peer died or the group broke
+            future.set_exception(RunFailed(f"step {plan.step}: collective failed: "
+                                           f"{_first_line(e)}"))
         return future
 
     def _step(self, plan) -> dict:
@@ -115,8 +117,6 @@ def run_torchrun(cfg: RunConfig, on_progress=None):
         device = bind_device(cfg.device, local_rank, what)
         groups = init_distributed(layout, rank, device, timeout_s=cfg.collective_timeout_s,
                                   init_method="env://")
-        from .device import memory_snapshot
-
         info = {"pid": os.getpid(), "device": str(device), "host": os.uname().nodename,
                 "memory": memory_snapshot(device).to_dict()}
         runner = StepRunner(cfg, rank, device, groups)
@@ -126,14 +126,20 @@ def run_torchrun(cfg: RunConfig, on_progress=None):
         raise RunFailed(f"{what} failed during startup: {error_text(e)}") from None
     cpu = groups.world.cpu_group
     infos = [None] * layout.world_size if rank == 0 else None
-    dist.gather_object(info, infos, dst=0, group=cpu)
+    try:
+        dist.gather_object(info, infos, dst=0, group=cpu)
+    except RuntimeError as e:
+        raise RunFailed(f"{what}: a rank did not finish startup: {_first_line(e)}") from None
     if rank != 0:
         _follow(runner, groups, what)
         return None
     result: RunResult = Engine(cfg, _RankZeroExecutor(cfg, runner, groups)).run(on_progress)
-    dist.broadcast_object_list([("STOP", None)], src=0, group=cpu)
     totals = [None] * layout.world_size
-    dist.gather_object(runner.totals(), totals, dst=0, group=cpu)
+    try:
+        dist.broadcast_object_list([("STOP", None)], src=0, group=cpu)
+        dist.gather_object(runner.totals(), totals, dst=0, group=cpu)
+    except RuntimeError as e:
+        raise RunFailed(f"{what}: stopping the ranks failed: {_first_line(e)}") from None
     destroy_distributed()
     return result, dict(enumerate(infos)), dict(enumerate(totals))
 
@@ -157,7 +163,3 @@ def _follow(runner: StepRunner, groups: ParallelGroups, what: str) -> None:
         raise RunFailed(f"{what}: lost contact with the engine (rank 0) or a peer: "
                         f"{_first_line(e)}") from None
     destroy_distributed()
-
-
-def print_rank_error(message: str) -> None:
-    print(f"fqr: {message}", file=sys.stderr, flush=True)
