@@ -33,6 +33,9 @@ def _facts() -> dict:
         if torch.cuda.is_available() else [],
         "cann": os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH"),
     }
+    from fqr.lowering.ascend_check import ascend_facts
+
+    facts.update(ascend_facts())
     return facts
 
 

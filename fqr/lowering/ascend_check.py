@@ -313,3 +313,29 @@ def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, 
     assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"
     report = check_kernel(kernel, chip=tiling.chip)
     return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
+
+
+# ----------------------------------------------------------------------- environment facts
+
+def ascend_facts() -> dict:
+    """What ``fqr doctor`` reports for Ascend: CANN's compiler and the visible NPUs."""
+    import importlib.util
+
+    from .ascend import chip_of_arch, npu_vector_core_count
+
+    facts = {"bishengir-compile": bishengir_compile_path(), "npu_devices": []}
+    if importlib.util.find_spec("torch_npu") is None:
+        return facts
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        for i in range(torch.npu.device_count() if torch.npu.is_available() else 0):
+            name = torch.npu.get_device_name(i)
+            try:
+                chip, cores = chip_of_arch(name).name, npu_vector_core_count(i)
+            except Exception as e:  # noqa: BLE001 -- report, do not fail the doctor
+                chip, cores = "?", f"unknown ({type(e).__name__}: {e})"
+            facts["npu_devices"].append(f"{i}: {name} ({chip}, {cores} vector cores)")
+    except Exception as e:  # noqa: BLE001
+        facts["npu_devices"] = [f"torch_npu failed: {type(e).__name__}: {e}"]
+    return facts

@@ -176,3 +176,26 @@ def test_token_count_is_a_runtime_argument_only():
     assert len(seen) == 1  # strides and every other scalar argument do not depend on T
     assert '@triton.jit(do_not_specialize=["T"])' in kernel.source
     assert not re.search(r"\bT: tl.constexpr", kernel.source)
+
+
+# ----------------------------------------------------------------------- the device boundary
+
+def test_ascend_backend_without_an_npu_is_a_clear_error(problem):
+    import importlib.util
+
+    import fqr
+    from fqr.backends import BACKENDS, BackendUnavailable
+
+    reason = BACKENDS["ascend"].unavailable_reason()
+    if importlib.util.find_spec("torch_npu") is None:
+        assert reason is not None and ("torch_npu" in reason or "triton-ascend" in reason)
+    with pytest.raises((ValueError, BackendUnavailable), match="npu|torch_npu|triton-ascend"):
+        fqr.split_qkv_rmsnorm_rope(*problem.args(), **problem.kwargs(), backend="ascend")
+
+
+def test_doctor_facts_name_the_cann_compiler():
+    from fqr.lowering.ascend_check import ascend_facts
+
+    facts = ascend_facts()
+    assert set(facts) == {"bishengir-compile", "npu_devices"}
+    assert isinstance(facts["npu_devices"], list)
