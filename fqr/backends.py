@@ -18,6 +18,7 @@ A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import importlib.util
 import os
@@ -59,7 +60,13 @@ class Backend:
                              f"got {'/'.join(sorted(wrong))} tensors")
         return self._runner(program, args)
 
+    def launch(self, program: Program, args: list) -> list[torch.Tensor]:
+        """:meth:`run` without the checks, for callers that resolved the backend already
+        (:func:`resolve_backend`) and validated their arguments (the per-call hot path)."""
+        return self._runner(program, args)
 
+
+@functools.cache
 def _triton_flavour() -> str | None:
     """'upstream', 'ascend', or None when no triton is importable."""
     # Look at the installed distributions only: importing triton would fix this process's
@@ -160,7 +167,15 @@ def auto_backend_name(device: torch.device) -> str:
     return {"cuda": "triton", "npu": "ascend"}.get(device.type, "reference")
 
 
+_RESOLVED: dict[tuple[str, str], Backend] = {}
+
+
 def resolve_backend(name: str, device: torch.device) -> Backend:
+    """The backend to run on ``device`` (checked once per name and device type, then cached:
+    this sits on the per-call dispatch path)."""
+    key = (name, device.type)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
     backend = get_backend(auto_backend_name(device) if name == "auto" else name)
     if device.type not in backend.device_types:
         raise ValueError(f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
@@ -168,6 +183,7 @@ def resolve_backend(name: str, device: torch.device) -> Backend:
     reason = backend.unavailable_reason()
     if reason:
         raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {reason}")
+    _RESOLVED[key] = backend
     return backend
 
 

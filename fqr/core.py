@@ -96,7 +96,9 @@ class Program:
 
     def fingerprint(self) -> str:
         """A stable text that identifies the program (for kernel-cache keys)."""
-        return str(self)
+        if "_fingerprint" not in self.__dict__:
+            self.__dict__["_fingerprint"] = str(self)
+        return self.__dict__["_fingerprint"]
 
 
 def _fmt_param(v) -> str:

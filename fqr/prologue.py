@@ -81,6 +81,9 @@ def program_signature(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias,
     return avals, tuple(sorted(static.items()))
 
 
+_PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) per tensor + statics
+
+
 def split_qkv_rmsnorm_rope(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, *,
@@ -112,13 +115,20 @@ def split_qkv_rmsnorm_rope(
 
     static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    program = prologue_program(program_signature(*tensors, norm_stats, **static))
+    fast_key = (positions.dtype,
+                tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
+                None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
+                tuple(static.values()))
+    program = _PROGRAMS.get(fast_key)
+    if program is None:
+        program = prologue_program(program_signature(*tensors, norm_stats, **static))
+        _PROGRAMS[fast_key] = program
     stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
     args = [t for t in tensors if t is not None] + list(stats)
     if qkv.shape[0] == 0:
         return tuple(torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
                      for v in program.outputs)
-    return tuple(resolve_backend(backend, qkv.device).run(program, args))
+    return tuple(resolve_backend(backend, qkv.device).launch(program, args))
 
 
 def preset_program(preset, dtype: torch.dtype = torch.bfloat16, *, numerics: str = "fused",
