@@ -70,6 +70,7 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     """``--target ascend --check``: one row per (preset, TP); exit 1 when a stage fails."""
     import json
 
+    from rich.console import Console
     from rich.table import Table
 
     from fqr.lowering.ascend_check import NEEDS_CANN, check_preset, preset_tp_pairs, require_triton_ascend
@@ -93,7 +94,8 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
                           "/".join(map(str, r.tiling.tiling.head_chunks)),
                           f"{r.tiling.footprint / 1024:.0f}/{r.tiling.budget / 1024:.0f}",
                           *(st.get(n, "-") for n in ("ttir", "linalg", "npubin")))
-        out.print(table)
+        # Wider than a default 80-column pipe, so that no cell is cropped.
+        Console(width=max(out.width, 110)).print(table)
     for r in failed:
         bad = next(s for s in r.report.stages if s.status == "failed")
         err.print(f"[red]FAILED[/red] {r.label} at {bad.name}: {bad.detail}", highlight=False)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .emit import Tiling
+from .emit import Tiling, static_parts
 from .plan import Chain, KernelPlan, next_pow2
 from .targets import TARGETS, Target, cdiv
 
@@ -169,18 +169,34 @@ class ChainShape:
 FP32_LIVE_COPIES = 3
 
 
-def chain_footprint(c: ChainShape, block_t: int, head_chunk: int, multibuffer: bool) -> int:
+CHUNK_MODES = ("unroll", "loop")
+
+
+def heads_held(heads: int, head_chunk: int, chunk_mode: str) -> int:
+    """Heads one tile holds at once: the padded chunk (``loop``: a runtime loop over equal,
+    masked chunks) or the largest of the static power-of-two parts (``unroll``: 24 heads in
+    chunks of 16 are 16 + 8, no padding, no head mask)."""
+    if chunk_mode == "loop":
+        return next_pow2(head_chunk)
+    if chunk_mode == "unroll":
+        return max(n for _, n in static_parts(heads, head_chunk))
+    raise ValueError(f"chunk_mode must be one of {CHUNK_MODES}, got {chunk_mode!r}")
+
+
+def chain_footprint(c: ChainShape, block_t: int, head_chunk: int, multibuffer: bool,
+                    chunk_mode: str = "unroll") -> int:
     """UB bytes of one chain's tiles for ``block_t`` tokens x ``head_chunk`` heads."""
-    elems = block_t * next_pow2(head_chunk) * c.padded_features
+    held = heads_held(c.heads, head_chunk, chunk_mode)
+    elems = block_t * held * c.padded_features
     mb = 2 if multibuffer else 1
     if c.compute_free:
         return mb * (_buf(elems * c.in_bytes) + _buf(elems * c.out_bytes))
     total = mb * _buf(elems * c.in_bytes)                 # load staging
     total += FP32_LIVE_COPIES * _buf(elems * FP32)        # fp32 working set
     total += mb * _buf(elems * c.out_bytes)               # store staging
-    total += 2 * _buf(block_t * next_pow2(head_chunk) * FP32)  # per-head sum of squares, rstd
+    total += 2 * _buf(block_t * held * FP32)              # per-head sum of squares, rstd
     if c.full_norm:                                       # [1, HC, D] full-width weight+bias
-        total += 2 * _buf(next_pow2(head_chunk) * c.padded_features * FP32)
+        total += 2 * _buf(held * c.padded_features * FP32)
     return total
 
 
@@ -229,7 +245,7 @@ class AscendTiling:
 
 def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: int | None = None,
                   block_t: int | None = None, max_block_t: int = MAX_BLOCK_T,
-                  bf16_rounding: str = "native") -> AscendTiling:
+                  bf16_rounding: str = "native", chunk_mode: str = "unroll") -> AscendTiling:
     """Choose ``BLOCK_T`` and per-chain head chunks so that the kernel's tiles fit the UB.
 
     Chains (q, k, v) run one after the other inside a token tile, so the footprint is the
@@ -243,7 +259,7 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
     fixed = hoisted_footprint(plan)
 
     def fits(bt: int, chunks: list[int]) -> tuple[bool, int, list[int]]:
-        per = [chain_footprint(s, bt, hc, mb) for s, hc in zip(shapes, chunks)]
+        per = [chain_footprint(s, bt, hc, mb, chunk_mode) for s, hc in zip(shapes, chunks)]
         total = fixed + tile_scope_footprint(plan, bt, mb) + max(per)
         return total <= budget, total, per
 
@@ -266,12 +282,12 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
         base = fixed + tile_scope_footprint(plan, bt, mb)
         for i, s in enumerate(shapes):
             hc = next_pow2(s.heads)
-            while hc >= 1 and base + chain_footprint(s, bt, min(hc, s.heads), mb) > budget:
+            while hc >= 1 and base + chain_footprint(s, bt, min(hc, s.heads), mb, chunk_mode) > budget:
                 hc //= 2
             if hc < 1:
                 raise TileDoesNotFit(
                     f"{s.name} ({s.heads} heads x {s.head_dim}): one head of {bt} token(s) needs "
-                    f"{(base + chain_footprint(s, bt, 1, mb)) / KIB:.1f} KiB of UB, the budget is "
+                    f"{(base + chain_footprint(s, bt, 1, mb, chunk_mode)) / KIB:.1f} KiB of UB, the budget is "
                     f"{budget / KIB:.1f} KiB ({chip.summary}, {UB_RESERVE_BYTES // KIB} KiB reserved)"
                     + ("; a larger ub_bytes is needed" if bt == MIN_BLOCK_T else "; use a smaller block_t"))
             chunks[i] = min(hc, s.heads)
@@ -279,9 +295,9 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
         assert ok, "head chunking must produce a fitting tiling"
     chunked = tuple(f"{s.name}: {s.heads} heads in chunks of {hc}"
                     for s, hc in zip(shapes, chunks) if hc < s.heads)
-    return AscendTiling(Tiling(block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding),
-                        chip, budget, total,
-                        tuple(per), chunked)
+    tiling = Tiling(block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding,
+                    chunk_mode=chunk_mode)
+    return AscendTiling(tiling, chip, budget, total, tuple(per), chunked)
 
 
 # ----------------------------------------------------------------------- vector cores
@@ -316,6 +332,7 @@ class AscendTarget(Target):
     """Triton-Ascend on NPUs: one program per vector core, UB-sized tiles (module docstring)."""
     default_vector_cores: int = DEFAULT_NUM_VECTORCORE
     bf16_rounding: str = "native"   # the NPU's fp32 -> bf16 conversion rounds to nearest even
+    chunk_mode: str = "unroll"      # static power-of-two head parts: no padded heads in the UB
 
     def ascend_tiling(self, plan: KernelPlan, **options) -> AscendTiling:
         """Options: ``chip`` (A2, A3, 950; default: the NPU's, else ``$FQR_ASCEND_CHIP`` or A2),
@@ -329,7 +346,8 @@ class AscendTarget(Target):
                              ub_bytes=options.get("ub_bytes", options.get("buffer_bytes")),
                              block_t=options.get("block_t"),
                              max_block_t=options.get("max_block_t", MAX_BLOCK_T),
-                             bf16_rounding=self.bf16_rounding)
+                             bf16_rounding=self.bf16_rounding,
+                             chunk_mode=options.get("chunk_mode", self.chunk_mode))
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
         return self.ascend_tiling(plan, **options).tiling

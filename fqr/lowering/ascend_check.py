@@ -296,7 +296,8 @@ def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tu
 
 def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, *,
                  numerics: str = "fused", bias: bool = False, chip: str | None = None,
-                 ub_bytes: int | None = None, num_vectorcore: int | None = None) -> PresetCheck:
+                 ub_bytes: int | None = None, num_vectorcore: int | None = None,
+                 chunk_mode: str | None = None) -> PresetCheck:
     """Lower the preset's prologue (its TP view) for ``ascend`` and compile-check it."""
     from ..core import DTYPE_NAMES
     from ..presets import get_preset
@@ -307,7 +308,8 @@ def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, 
     p = get_preset(preset, tp)
     program = preset_program(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
     options = {k: v for k, v in (("chip", chip), ("ub_bytes", ub_bytes),
-                                 ("num_vectorcore", num_vectorcore)) if v is not None}
+                                 ("num_vectorcore", num_vectorcore), ("chunk_mode", chunk_mode))
+               if v is not None}
     kernel = lower(program, "ascend", **options)
     tiling = TARGETS["ascend"].ascend_tiling(kernel.plan, **options)
     assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"

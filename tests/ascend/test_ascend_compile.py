@@ -44,6 +44,7 @@ pytestmark = [
     ("qwen3.5-27b", 2, torch.bfloat16, {"bias": True, "numerics": "unfused"}),  # D=256, 1+w
     ("gemma3-27b", 1, torch.bfloat16, {"chip": "950"}),
     ("qwen3-235b-a22b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024}),  # vllm-ascend's budget
+    ("qwen3.5-27b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024, "chunk_mode": "loop"}),
 ], ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, dict) else
     "-".join(f"{k}={x}" for k, x in v.items()) or "default")
 def test_preset_kernels_lower_to_ascend_linalg(preset, tp, dtype, options):

@@ -85,12 +85,16 @@ def test_many_tiles_per_program_where_vllm_ascend_breaks(gen, heads, kv_heads, t
     dict(num_heads=12, num_kv_heads=2, rotary_dim=64, is_neox=False, weight_offset=1.0),
     dict(num_heads=6, num_kv_heads=1, head_dim=256, rotary_dim=64, dtype=torch.float32,
          numerics="unfused"),
-], ids=["full-norm-fp16-bias", "gptj-partial-1+w-bf16", "d256-partial-fp32-unfused"])
+    dict(num_heads=12, num_kv_heads=4, norm="full", chunk_mode="loop"),
+], ids=["full-norm-fp16-bias", "gptj-partial-1+w-bf16", "d256-partial-fp32-unfused",
+        "full-norm-bf16-loop-chunks"])
 def test_head_chunks_when_a_row_does_not_fit(gen, case):
     case = dict(case)
     numerics = case.pop("numerics", "fused")
+    chunk_mode = case.pop("chunk_mode", "unroll")
     pr = make_problem(gen, tokens=37, **case)
     ub = A.UB_RESERVE_BYTES + 24 * 1024  # small enough that the q row is split
-    kernel, outs = run_ascend_interpret(pr, numerics=numerics, ub_bytes=ub)
+    kernel, outs = run_ascend_interpret(pr, numerics=numerics, ub_bytes=ub, chunk_mode=chunk_mode)
+    assert kernel.tiling.chunk_mode == chunk_mode
     assert kernel.tiling.head_chunks[0] < pr.static["num_heads"], kernel.tiling
     check_against_float64(pr, outs, numerics)

@@ -107,6 +107,23 @@ def test_unknown_chip_names():
         A.get_chip("910C")
 
 
+def test_heads_held_at_once():
+    assert A.heads_held(24, 24, "unroll") == 16   # 16 + 8, no padded heads
+    assert A.heads_held(24, 24, "loop") == 32     # one chunk padded to a power of two
+    assert A.heads_held(24, 8, "unroll") == A.heads_held(24, 8, "loop") == 8
+    assert A.heads_held(12, 12, "unroll") == 8 and A.heads_held(3, 3, "unroll") == 2
+    with pytest.raises(ValueError, match="chunk_mode"):
+        A.heads_held(8, 8, "grid")
+
+
+def test_unrolled_parts_let_qwen35_keep_a_larger_tile():
+    plan = plan_of(get_preset("qwen3.5-27b"))  # 24 q heads x 256
+    unroll = A.ascend_tiling(plan, chunk_mode="unroll")
+    loop = A.ascend_tiling(plan, chunk_mode="loop")
+    assert unroll.tiling.head_chunks[0] == 24 and unroll.tiling.chunk_mode == "unroll"
+    assert loop.tiling.head_chunks[0] < 24  # padded to 32 heads, the row does not fit
+
+
 def test_block_t_override_is_validated():
     plan = plan_of(get_preset("qwen3-8b", 8))
     assert A.ascend_tiling(plan, block_t=2).tiling.block_t == 2
