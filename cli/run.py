@@ -44,7 +44,9 @@ def summary_dict(cfg, result, ready_info: dict, totals: dict, failure: str | Non
             "pid": info.get("pid"), "host": info.get("host"), "steps": stats.get("steps", 0),
             "tokens": stats.get("tokens", 0), "compute_s": compute_s,
             "tokens_per_s": stats.get("tokens", 0) / compute_s if compute_s > 0 else 0.0,
-            "memory_bytes": memory.get("used_bytes"), "verification": ver,
+            "memory_bytes": memory.get("used_bytes"),
+            "memory_at_init_bytes": info.get("memory", {}).get("used_bytes"),
+            "torch_peak_bytes": memory.get("torch_peak_bytes"), "verification": ver,
         })
     res = {
         "ok": bool(result and result.ok and failure is None), "failure": failure,

@@ -120,6 +120,7 @@ def run_torchrun(cfg: RunConfig, on_progress=None):
         info = {"pid": os.getpid(), "device": str(device), "host": os.uname().nodename,
                 "memory": memory_snapshot(device).to_dict()}
         runner = StepRunner(cfg, rank, device, groups)
+        runner.warm_up()
         if cfg.fault is not None and cfg.fault.fires(rank, "init"):
             cfg.fault.trigger(what)
     except Exception as e:  # noqa: BLE001

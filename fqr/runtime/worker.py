@@ -59,11 +59,27 @@ class StepRunner:
     def _all_reduce(self, t: torch.Tensor) -> None:
         dist.all_reduce(t, group=self.groups.tp.device_group)
 
+    def _sync(self) -> None:
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize(self.device)
+
     def _forward(self, step: int, stream: int, positions: torch.Tensor):
+        """Draw the batch's rows (not timed), then run the layer: (outputs, seconds)."""
         qkv_full = step_qkv(self.cfg.seed, step, stream, len(positions), self.layer.full,
                             self.cfg.torch_dtype)
-        outs = self.layer.forward(self.layer.local_rows(qkv_full), positions, self._all_reduce)
-        return outs
+        rows = self.layer.local_rows(qkv_full)
+        positions = positions.to(self.device)
+        self._sync()
+        t0 = time.perf_counter()
+        outs = self.layer.forward(rows, positions, self._all_reduce)
+        self._sync()
+        return outs, time.perf_counter() - t0
+
+    def warm_up(self) -> None:
+        """One untimed forward before READY (kernel compilation, allocator, collectives), as
+        vLLM warms up before serving; every rank of a TP group must call it."""
+        pp = probe_positions(self.cfg.seed, -1, self.layer.full.max_position)
+        self._forward(-1, PROBE_STREAM, pp)
 
     def run(self, plan: StepPlan) -> dict:
         fault = self.cfg.fault
@@ -71,15 +87,11 @@ class StepRunner:
             fault.trigger(self.what)
         batch = list(plan.batches[self.dp_rank])
         positions = segment_positions(batch)
-        t0 = time.perf_counter()
-        outputs = self._forward(plan.step, self.dp_rank, positions)
+        outputs, elapsed = self._forward(plan.step, self.dp_rank, positions)
         probe = None
-        if plan.verify:
+        if plan.verify:  # the probe is verification work: not counted in the rank's time
             pp = probe_positions(self.cfg.seed, plan.step, self.layer.full.max_position)
-            probe = self._forward(plan.step, PROBE_STREAM, pp)
-        if self.device.type != "cpu":
-            getattr(torch, self.device.type).synchronize(self.device)
-        elapsed = time.perf_counter() - t0
+            probe, _ = self._forward(plan.step, PROBE_STREAM, pp)
         self.steps += 1
         self.tokens += len(positions)
         self.compute_s += elapsed
@@ -119,6 +131,7 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
                                   store=store)
         at_init = memory_snapshot(device)
         runner = StepRunner(cfg, rank, device, groups)
+        runner.warm_up()
         if cfg.fault is not None and cfg.fault.fires(rank, "init"):
             cfg.fault.trigger(what)
         calls = broadcast.as_reader(rank)
