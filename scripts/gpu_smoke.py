@@ -84,6 +84,9 @@ if __name__ == "__main__":
               ("qwen3-235b-a22b", torch.bfloat16, 65536), ("gemma3-27b", torch.bfloat16, 65536),
               ("qwen3.5-27b", torch.bfloat16, 65536), ("qwen3-0.6b", torch.bfloat16, 65536),
               ("qwen3-8b", torch.float32, 65536)]
+    if os.environ.get("SHAPES"):
+        shapes = [(n, getattr(torch, d), int(t)) for n, d, t in
+                  (x.split(":") for x in os.environ["SHAPES"].split(","))]
     variants = [json.loads(v) for v in os.environ.get("VARIANTS", "").split(";") if v] or [
         dict(), dict(tile_elems=2048), dict(tile_elems=8192), dict(num_warps=8),
         dict(tile_elems=2048, num_warps=2), dict(block_t=2), dict(tile_elems=2048, block_t=2)]

@@ -67,8 +67,14 @@ class Layout:
                          for i, (start, n) in enumerate(pow2_parts(0, d)))
         rot = ((Slot("contig", ("a",), 0, r // 2), Slot("contig", ("b",), r // 2, r // 2))
                if self.style == "neox" else (Slot("pairs", ("a", "b"), 0, r // 2),))
-        return rot + tuple(Slot("contig", (f"p{i}",), start, n)
-                           for i, (start, n) in enumerate(pow2_parts(r, d - r)))
+        half = r // 2
+        if self.style == "neox" and (d - r) % half == 0 and half == next_pow2(half):
+            # Pass-through in runs as wide as the rotated halves: every piece then has the same
+            # shape, so the norm's per-head sums combine without layout conversions.
+            parts = [(start, half) for start in range(r, d, half)]
+        else:
+            parts = pow2_parts(r, d - r)
+        return rot + tuple(Slot("contig", (f"p{i}",), start, n) for i, (start, n) in enumerate(parts))
 
     @property
     def tag(self) -> str:

@@ -38,16 +38,22 @@ def fqr_cuda_e87b7fdc7c9e(
     nprog = tl.num_programs(0)
     tt = tl.arange(0, BLOCK_T)
     cols32 = tl.arange(0, 32)[None, None, :]
-    cols128 = tl.arange(0, 128)[None, None, :]
-    cols64 = tl.arange(0, 64)[None, None, :]
-    dw_a_12 = tl.load(d_ptr + cols32).to(tl.float32)
-    dw_b_13 = tl.load(d_ptr + (32 + cols32)).to(tl.float32)
-    dw_p0_14 = tl.load(d_ptr + (64 + cols128)).to(tl.float32)
-    dw_p1_15 = tl.load(d_ptr + (192 + cols64)).to(tl.float32)
-    ew_a_42 = tl.load(e_ptr + cols32).to(tl.float32)
-    ew_b_43 = tl.load(e_ptr + (32 + cols32)).to(tl.float32)
-    ew_p0_44 = tl.load(e_ptr + (64 + cols128)).to(tl.float32)
-    ew_p1_45 = tl.load(e_ptr + (192 + cols64)).to(tl.float32)
+    dw_a_16 = tl.load(d_ptr + cols32).to(tl.float32)
+    dw_b_17 = tl.load(d_ptr + (32 + cols32)).to(tl.float32)
+    dw_p0_18 = tl.load(d_ptr + (64 + cols32)).to(tl.float32)
+    dw_p1_19 = tl.load(d_ptr + (96 + cols32)).to(tl.float32)
+    dw_p2_20 = tl.load(d_ptr + (128 + cols32)).to(tl.float32)
+    dw_p3_21 = tl.load(d_ptr + (160 + cols32)).to(tl.float32)
+    dw_p4_22 = tl.load(d_ptr + (192 + cols32)).to(tl.float32)
+    dw_p5_23 = tl.load(d_ptr + (224 + cols32)).to(tl.float32)
+    ew_a_66 = tl.load(e_ptr + cols32).to(tl.float32)
+    ew_b_67 = tl.load(e_ptr + (32 + cols32)).to(tl.float32)
+    ew_p0_68 = tl.load(e_ptr + (64 + cols32)).to(tl.float32)
+    ew_p1_69 = tl.load(e_ptr + (96 + cols32)).to(tl.float32)
+    ew_p2_70 = tl.load(e_ptr + (128 + cols32)).to(tl.float32)
+    ew_p3_71 = tl.load(e_ptr + (160 + cols32)).to(tl.float32)
+    ew_p4_72 = tl.load(e_ptr + (192 + cols32)).to(tl.float32)
+    ew_p5_73 = tl.load(e_ptr + (224 + cols32)).to(tl.float32)
     cols256 = tl.arange(0, 256)[None, None, :]
     for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):
         tok = t0 + tt
@@ -64,65 +70,101 @@ def fqr_cuda_e87b7fdc7c9e(
         hmask = tmask[:, None, None]
         f_a_6 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
         f_b_7 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        f_p0_8 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        f_p1_9 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq11 = tl.sum(f_a_6 * f_a_6, 2) + tl.sum(f_b_7 * f_b_7, 2) + tl.sum(f_p0_8 * f_p0_8, 2) + tl.sum(f_p1_9 * f_p1_9, 2)
-        rstd10 = tl.rsqrt(sumsq11 / 256 + 1e-06)[:, :, None]
-        i_a_16 = f_a_6 * rstd10 * (1.0 + dw_a_12)
-        i_b_17 = f_b_7 * rstd10 * (1.0 + dw_b_13)
-        i_p0_18 = f_p0_8 * rstd10 * (1.0 + dw_p0_14)
-        i_p1_19 = f_p1_9 * rstd10 * (1.0 + dw_p1_15)
-        k_a_20 = i_a_16 * cos2 - i_b_17 * sin3
-        k_b_21 = i_b_17 * cos2 + i_a_16 * sin3
-        obase22 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
-        tl.store(obase22 + cols32, round_to_bf16(k_a_20), mask=hmask)
-        tl.store(obase22 + (32 + cols32), round_to_bf16(k_b_21), mask=hmask)
-        tl.store(obase22 + (64 + cols128), round_to_bf16(i_p0_18), mask=hmask)
-        tl.store(obase22 + (192 + cols64), round_to_bf16(i_p1_19), mask=hmask)
+        f_p0_8 = tl.load((row0 + 0 + hh * 256) + (64 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p1_9 = tl.load((row0 + 0 + hh * 256) + (96 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p2_10 = tl.load((row0 + 0 + hh * 256) + (128 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p3_11 = tl.load((row0 + 0 + hh * 256) + (160 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p4_12 = tl.load((row0 + 0 + hh * 256) + (192 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p5_13 = tl.load((row0 + 0 + hh * 256) + (224 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        sumsq15 = tl.sum(f_a_6 * f_a_6, 2) + tl.sum(f_b_7 * f_b_7, 2) + tl.sum(f_p0_8 * f_p0_8, 2) + tl.sum(f_p1_9 * f_p1_9, 2) + tl.sum(f_p2_10 * f_p2_10, 2) + tl.sum(f_p3_11 * f_p3_11, 2) + tl.sum(f_p4_12 * f_p4_12, 2) + tl.sum(f_p5_13 * f_p5_13, 2)
+        rstd14 = tl.rsqrt(sumsq15 / 256 + 1e-06)[:, :, None]
+        i_a_24 = f_a_6 * rstd14 * (1.0 + dw_a_16)
+        i_b_25 = f_b_7 * rstd14 * (1.0 + dw_b_17)
+        i_p0_26 = f_p0_8 * rstd14 * (1.0 + dw_p0_18)
+        i_p1_27 = f_p1_9 * rstd14 * (1.0 + dw_p1_19)
+        i_p2_28 = f_p2_10 * rstd14 * (1.0 + dw_p2_20)
+        i_p3_29 = f_p3_11 * rstd14 * (1.0 + dw_p3_21)
+        i_p4_30 = f_p4_12 * rstd14 * (1.0 + dw_p4_22)
+        i_p5_31 = f_p5_13 * rstd14 * (1.0 + dw_p5_23)
+        k_a_32 = i_a_24 * cos2 - i_b_25 * sin3
+        k_b_33 = i_b_25 * cos2 + i_a_24 * sin3
+        obase34 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
+        tl.store(obase34 + cols32, round_to_bf16(k_a_32), mask=hmask)
+        tl.store(obase34 + (32 + cols32), round_to_bf16(k_b_33), mask=hmask)
+        tl.store(obase34 + (64 + cols32), round_to_bf16(i_p0_26), mask=hmask)
+        tl.store(obase34 + (96 + cols32), round_to_bf16(i_p1_27), mask=hmask)
+        tl.store(obase34 + (128 + cols32), round_to_bf16(i_p2_28), mask=hmask)
+        tl.store(obase34 + (160 + cols32), round_to_bf16(i_p3_29), mask=hmask)
+        tl.store(obase34 + (192 + cols32), round_to_bf16(i_p4_30), mask=hmask)
+        tl.store(obase34 + (224 + cols32), round_to_bf16(i_p5_31), mask=hmask)
         hh = 16 + tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_23 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
-        f_b_24 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        f_p0_25 = tl.load((row0 + 0 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        f_p1_26 = tl.load((row0 + 0 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq28 = tl.sum(f_a_23 * f_a_23, 2) + tl.sum(f_b_24 * f_b_24, 2) + tl.sum(f_p0_25 * f_p0_25, 2) + tl.sum(f_p1_26 * f_p1_26, 2)
-        rstd27 = tl.rsqrt(sumsq28 / 256 + 1e-06)[:, :, None]
-        i_a_29 = f_a_23 * rstd27 * (1.0 + dw_a_12)
-        i_b_30 = f_b_24 * rstd27 * (1.0 + dw_b_13)
-        i_p0_31 = f_p0_25 * rstd27 * (1.0 + dw_p0_14)
-        i_p1_32 = f_p1_26 * rstd27 * (1.0 + dw_p1_15)
-        k_a_33 = i_a_29 * cos2 - i_b_30 * sin3
-        k_b_34 = i_b_30 * cos2 + i_a_29 * sin3
-        obase35 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
-        tl.store(obase35 + cols32, round_to_bf16(k_a_33), mask=hmask)
-        tl.store(obase35 + (32 + cols32), round_to_bf16(k_b_34), mask=hmask)
-        tl.store(obase35 + (64 + cols128), round_to_bf16(i_p0_31), mask=hmask)
-        tl.store(obase35 + (192 + cols64), round_to_bf16(i_p1_32), mask=hmask)
+        f_a_35 = tl.load((row0 + 0 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
+        f_b_36 = tl.load((row0 + 0 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p0_37 = tl.load((row0 + 0 + hh * 256) + (64 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p1_38 = tl.load((row0 + 0 + hh * 256) + (96 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p2_39 = tl.load((row0 + 0 + hh * 256) + (128 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p3_40 = tl.load((row0 + 0 + hh * 256) + (160 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p4_41 = tl.load((row0 + 0 + hh * 256) + (192 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        f_p5_42 = tl.load((row0 + 0 + hh * 256) + (224 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        sumsq44 = tl.sum(f_a_35 * f_a_35, 2) + tl.sum(f_b_36 * f_b_36, 2) + tl.sum(f_p0_37 * f_p0_37, 2) + tl.sum(f_p1_38 * f_p1_38, 2) + tl.sum(f_p2_39 * f_p2_39, 2) + tl.sum(f_p3_40 * f_p3_40, 2) + tl.sum(f_p4_41 * f_p4_41, 2) + tl.sum(f_p5_42 * f_p5_42, 2)
+        rstd43 = tl.rsqrt(sumsq44 / 256 + 1e-06)[:, :, None]
+        i_a_45 = f_a_35 * rstd43 * (1.0 + dw_a_16)
+        i_b_46 = f_b_36 * rstd43 * (1.0 + dw_b_17)
+        i_p0_47 = f_p0_37 * rstd43 * (1.0 + dw_p0_18)
+        i_p1_48 = f_p1_38 * rstd43 * (1.0 + dw_p1_19)
+        i_p2_49 = f_p2_39 * rstd43 * (1.0 + dw_p2_20)
+        i_p3_50 = f_p3_40 * rstd43 * (1.0 + dw_p3_21)
+        i_p4_51 = f_p4_41 * rstd43 * (1.0 + dw_p4_22)
+        i_p5_52 = f_p5_42 * rstd43 * (1.0 + dw_p5_23)
+        k_a_53 = i_a_45 * cos2 - i_b_46 * sin3
+        k_b_54 = i_b_46 * cos2 + i_a_45 * sin3
+        obase55 = out0_ptr + tok64[:, None, None] * 6144 + hh * 256
+        tl.store(obase55 + cols32, round_to_bf16(k_a_53), mask=hmask)
+        tl.store(obase55 + (32 + cols32), round_to_bf16(k_b_54), mask=hmask)
+        tl.store(obase55 + (64 + cols32), round_to_bf16(i_p0_47), mask=hmask)
+        tl.store(obase55 + (96 + cols32), round_to_bf16(i_p1_48), mask=hmask)
+        tl.store(obase55 + (128 + cols32), round_to_bf16(i_p2_49), mask=hmask)
+        tl.store(obase55 + (160 + cols32), round_to_bf16(i_p3_50), mask=hmask)
+        tl.store(obase55 + (192 + cols32), round_to_bf16(i_p4_51), mask=hmask)
+        tl.store(obase55 + (224 + cols32), round_to_bf16(i_p5_52), mask=hmask)
         # chain 1: g (4 heads x 256, neox64)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 4)[None, :, None]
         hmask = tmask[:, None, None]
-        g_a_36 = tl.load((row1 + 6144 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
-        g_b_37 = tl.load((row1 + 6144 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
-        g_p0_38 = tl.load((row1 + 6144 + hh * 256) + (64 + cols128), mask=hmask, other=0.0).to(tl.float32)
-        g_p1_39 = tl.load((row1 + 6144 + hh * 256) + (192 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq41 = tl.sum(g_a_36 * g_a_36, 2) + tl.sum(g_b_37 * g_b_37, 2) + tl.sum(g_p0_38 * g_p0_38, 2) + tl.sum(g_p1_39 * g_p1_39, 2)
-        rstd40 = tl.rsqrt(sumsq41 / 256 + 1e-06)[:, :, None]
-        j_a_46 = g_a_36 * rstd40 * (1.0 + ew_a_42)
-        j_b_47 = g_b_37 * rstd40 * (1.0 + ew_b_43)
-        j_p0_48 = g_p0_38 * rstd40 * (1.0 + ew_p0_44)
-        j_p1_49 = g_p1_39 * rstd40 * (1.0 + ew_p1_45)
-        l_a_50 = j_a_46 * cos2 - j_b_47 * sin3
-        l_b_51 = j_b_47 * cos2 + j_a_46 * sin3
-        obase52 = out1_ptr + tok64[:, None, None] * 1024 + hh * 256
-        tl.store(obase52 + cols32, round_to_bf16(l_a_50), mask=hmask)
-        tl.store(obase52 + (32 + cols32), round_to_bf16(l_b_51), mask=hmask)
-        tl.store(obase52 + (64 + cols128), round_to_bf16(j_p0_48), mask=hmask)
-        tl.store(obase52 + (192 + cols64), round_to_bf16(j_p1_49), mask=hmask)
+        g_a_56 = tl.load((row1 + 6144 + hh * 256) + cols32, mask=hmask, other=0.0).to(tl.float32)
+        g_b_57 = tl.load((row1 + 6144 + hh * 256) + (32 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p0_58 = tl.load((row1 + 6144 + hh * 256) + (64 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p1_59 = tl.load((row1 + 6144 + hh * 256) + (96 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p2_60 = tl.load((row1 + 6144 + hh * 256) + (128 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p3_61 = tl.load((row1 + 6144 + hh * 256) + (160 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p4_62 = tl.load((row1 + 6144 + hh * 256) + (192 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        g_p5_63 = tl.load((row1 + 6144 + hh * 256) + (224 + cols32), mask=hmask, other=0.0).to(tl.float32)
+        sumsq65 = tl.sum(g_a_56 * g_a_56, 2) + tl.sum(g_b_57 * g_b_57, 2) + tl.sum(g_p0_58 * g_p0_58, 2) + tl.sum(g_p1_59 * g_p1_59, 2) + tl.sum(g_p2_60 * g_p2_60, 2) + tl.sum(g_p3_61 * g_p3_61, 2) + tl.sum(g_p4_62 * g_p4_62, 2) + tl.sum(g_p5_63 * g_p5_63, 2)
+        rstd64 = tl.rsqrt(sumsq65 / 256 + 1e-06)[:, :, None]
+        j_a_74 = g_a_56 * rstd64 * (1.0 + ew_a_66)
+        j_b_75 = g_b_57 * rstd64 * (1.0 + ew_b_67)
+        j_p0_76 = g_p0_58 * rstd64 * (1.0 + ew_p0_68)
+        j_p1_77 = g_p1_59 * rstd64 * (1.0 + ew_p1_69)
+        j_p2_78 = g_p2_60 * rstd64 * (1.0 + ew_p2_70)
+        j_p3_79 = g_p3_61 * rstd64 * (1.0 + ew_p3_71)
+        j_p4_80 = g_p4_62 * rstd64 * (1.0 + ew_p4_72)
+        j_p5_81 = g_p5_63 * rstd64 * (1.0 + ew_p5_73)
+        l_a_82 = j_a_74 * cos2 - j_b_75 * sin3
+        l_b_83 = j_b_75 * cos2 + j_a_74 * sin3
+        obase84 = out1_ptr + tok64[:, None, None] * 1024 + hh * 256
+        tl.store(obase84 + cols32, round_to_bf16(l_a_82), mask=hmask)
+        tl.store(obase84 + (32 + cols32), round_to_bf16(l_b_83), mask=hmask)
+        tl.store(obase84 + (64 + cols32), round_to_bf16(j_p0_76), mask=hmask)
+        tl.store(obase84 + (96 + cols32), round_to_bf16(j_p1_77), mask=hmask)
+        tl.store(obase84 + (128 + cols32), round_to_bf16(j_p2_78), mask=hmask)
+        tl.store(obase84 + (160 + cols32), round_to_bf16(j_p3_79), mask=hmask)
+        tl.store(obase84 + (192 + cols32), round_to_bf16(j_p4_80), mask=hmask)
+        tl.store(obase84 + (224 + cols32), round_to_bf16(j_p5_81), mask=hmask)
         # chain 2: h (4 heads x 256, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 4)[None, :, None]
         hmask = tmask[:, None, None]
-        obase53 = out2_ptr + tok64[:, None, None] * 1024 + hh * 256
-        h_p0_54 = tl.load((row2 + 7168 + hh * 256) + cols256, mask=hmask, other=0.0)
-        tl.store(obase53 + cols256, h_p0_54, mask=hmask)
+        obase85 = out2_ptr + tok64[:, None, None] * 1024 + hh * 256
+        h_p0_86 = tl.load((row2 + 7168 + hh * 256) + cols256, mask=hmask, other=0.0)
+        tl.store(obase85 + cols256, h_p0_86, mask=hmask)
