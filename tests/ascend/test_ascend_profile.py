@@ -216,3 +216,20 @@ def test_doctor_facts_name_the_cann_compiler():
     facts = ascend_facts()
     assert set(facts) == {"bishengir-compile", "npu_devices"}
     assert isinstance(facts["npu_devices"], list)
+
+
+@pytest.mark.parametrize("preset, tp", [("qwen3-8b", 1), ("glm4-9b", 8), ("olmo2-7b", 1)])
+def test_positions_are_read_as_a_vector_of_the_tile(preset, tp):
+    """vllm-ascend issue 16674: positions read back as scalars from a tile whose load had not
+    finished. Here the token tile's positions are one vector load, used only as a tensor."""
+    from fqr.core import ProgramPrinter
+    from fqr.lowering import kernel_source
+
+    program = preset_program(get_preset(preset, tp), sharded_full_norm=tp > 1)
+    source = kernel_source(program, "ascend")
+    printer = ProgramPrinter(program)
+    pos_ptr = [printer.name(v) for v in program.inputs][1] + "_ptr"  # as the printed program
+    uses = [line.strip() for line in source.splitlines() if re.search(rf"\b{pos_ptr}\b", line)]
+    loads = [u for u in uses if "tl.load(" in u]
+    assert len(loads) == 1 and re.search(rf"= tl\.load\({pos_ptr} \+ tok, mask=tmask\b", loads[0])
+    assert not re.search(r"get_element|extract_slice|insert_slice|\.item\(", source)
