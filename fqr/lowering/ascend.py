@@ -38,6 +38,7 @@ chip      Triton-Ascend arch     UB         note
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -106,6 +107,7 @@ def chip_of_arch(arch: str) -> AscendChip:
     raise ValueError(f"unknown Ascend SoC {arch!r}: pass chip= (one of {', '.join(CHIPS)})")
 
 
+@functools.lru_cache(maxsize=1)
 def detected_chip() -> AscendChip | None:
     """The chip of NPU 0 when torch_npu sees one (None offline: the default chip applies)."""
     import importlib.util

@@ -230,9 +230,22 @@ def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
         return results, linalg
     t0 = time.perf_counter()
     try:
-        binary = stages["npubin"](linalg, metadata)
-        results.append(StageResult("npubin", "ok", time.perf_counter() - t0,
-                                   f"{compiler}: {len(binary)} bytes"))
+        import os
+
+        # Ask bishengir for the UB it allocates: the measure the profile's model estimates.
+        previous = os.environ.get("ENABLE_PRINT_UB_BITS")
+        os.environ["ENABLE_PRINT_UB_BITS"] = "1"
+        try:
+            binary = stages["npubin"](linalg, metadata)
+        finally:
+            if previous is None:
+                os.environ.pop("ENABLE_PRINT_UB_BITS", None)
+            else:
+                os.environ["ENABLE_PRINT_UB_BITS"] = previous
+        ub = metadata.get("required_ub_bits")
+        results.append(StageResult(
+            "npubin", "ok", time.perf_counter() - t0,
+            f"{compiler}: {len(binary)} bytes" + (f", UB {ub / 8 / 1024:.1f} KiB" if ub else "")))
     except Exception as e:  # noqa: BLE001
         results.append(StageResult("npubin", "failed", time.perf_counter() - t0, _tool_error(e)))
     return results, linalg

@@ -51,6 +51,10 @@ class Target:
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options) -> int:
         return tiling.block_t
 
+    def pair_access(self, **options) -> str:
+        """How GPT-J pairs are loaded (see :class:`fqr.lowering.plan.Layout`)."""
+        return options.get("pair_access", "pairs")
+
     def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
         return max(1, cdiv(tokens, tile))
 

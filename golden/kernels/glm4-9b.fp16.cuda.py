@@ -11,7 +11,7 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_cuda_87e969d74b81(
+def fqr_cuda_59e926161417(
     a_ptr,
     a_stride,
     b_ptr,

@@ -19,7 +19,7 @@ def round_to_bf16(x):
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_cuda_741f3c005fba(
+def fqr_cuda_0f255ebd488f(
     a_ptr,
     a_stride,
     b_ptr,

@@ -23,7 +23,7 @@ def round_to_bf16(x):
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_interpret_0c15f6192d39(
+def fqr_interpret_1fedfd76d7dd(
     a_ptr,
     a_stride,
     b_ptr,

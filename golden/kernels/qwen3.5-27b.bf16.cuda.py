@@ -19,7 +19,7 @@ def round_to_bf16(x):
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_cuda_e87b7fdc7c9e(
+def fqr_cuda_6a180a1a97bf(
     a_ptr,
     a_stride,
     b_ptr,
