@@ -7,7 +7,7 @@ import sys
 from .common import EXIT_USAGE, app, err
 
 # Command modules register themselves on `app` when imported.
-from . import bench, doctor, golden, verify, lower, run  # noqa: E402,F401
+from . import bench, doctor, fuse, golden, verify, lower, run  # noqa: E402,F401
 
 
 def main() -> None:

@@ -66,6 +66,29 @@ class FusionStats:
         return sum(sum(g.unfused_ops.values()) for g in self.graphs)
 
 
+def unify_symbolic_sizes(graph: torch.fx.Graph) -> int:
+    """Make every use of one symbolic size go through one node.
+
+    With ``mark_dynamic`` on several inputs (hidden states and positions, as vLLM does), the
+    token count reaches the graph as one placeholder per input, all holding the same symbol.
+    Inductor re-checks a match with one argument per symbol, so uses must agree on the node:
+    point them all at the first node that holds the symbol. Returns the nodes redirected.
+    """
+    first: dict = {}
+    redirected = 0
+    for node in graph.nodes:
+        if node.op != "placeholder" and node.target is not torch.ops.aten.sym_size.int:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.SymInt) or not val.node.expr.is_Symbol:
+            continue
+        canonical = first.setdefault(val.node.expr, node)
+        if canonical is not node and node.users:
+            node.replace_all_uses_with(canonical)
+            redirected += 1
+    return redirected
+
+
 def op_counts(graph: torch.fx.Graph) -> Counter:
     return Counter(n.target for n in graph.nodes if n.op == "call_function")
 
@@ -78,6 +101,7 @@ class FusionPass(CustomGraphPass):
         self.stats = FusionStats()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        unify_symbolic_sizes(graph)
         sites = self.patterns.apply(graph)
         if sites:
             # A replacement lands before the first matched output (v, early in the graph);
