@@ -13,12 +13,15 @@ compile (or, with a hand-picked budget that is too large, spills). So this profi
   20 AI cores x 2 vector cores). The token count stays a runtime value, so the kernel never
   recompiles per batch size, and each program loops over its token tiles;
 * sizes the tile from an **explicit UB budget per chip** (:data:`CHIPS`, overridable with the
-  ``ub_bytes`` option or ``$FQR_ASCEND_UB_BYTES``): :func:`tile_footprint` counts the bytes
-  every live tile of the emitted kernel occupies, and :func:`ascend_tiling` picks the largest
-  ``BLOCK_T`` (a power of two, at most :data:`MAX_BLOCK_T`) at which every chain's whole row
-  fits; when even a row of :data:`MIN_BLOCK_T` tokens of a chain does not fit, that chain is processed in **head
-  chunks** (the largest power-of-two head count that fits). Nothing is clamped silently: when
-  one head of one token does not fit, :class:`TileDoesNotFit` says so with the numbers.
+  ``ub_bytes`` option or ``$FQR_ASCEND_UB_BYTES``): :func:`chain_footprint`,
+  :func:`tile_scope_footprint` and :func:`hoisted_footprint` count the bytes every live tile
+  of the emitted kernel occupies, and :func:`ascend_tiling` picks the largest ``BLOCK_T`` (a
+  power of two in [:data:`MIN_BLOCK_T`, :data:`MAX_BLOCK_T`]) at which every chain's whole
+  row fits. When even :data:`MIN_BLOCK_T` tokens of a chain's row do not fit, that chain is
+  processed in **head chunks** (the largest power-of-two head count that fits), emitted as
+  static power-of-two parts (``chunk_mode="unroll"``: 24 heads are 16 + 8, no padded heads
+  taking UB) or as a runtime loop (``"loop"``). Nothing is clamped silently: when one head of
+  :data:`MIN_BLOCK_T` tokens does not fit, :class:`TileDoesNotFit` says so with the numbers.
 
 The emitted source itself is the generic one (``fqr/lowering/emit.py``): positions and cos/sin
 are loaded as vectors of the token tile and used as tensors (a position is never read back as

@@ -233,3 +233,34 @@ def test_positions_are_read_as_a_vector_of_the_tile(preset, tp):
     loads = [u for u in uses if "tl.load(" in u]
     assert len(loads) == 1 and re.search(rf"= tl\.load\({pos_ptr} \+ tok, mask=tmask\b", loads[0])
     assert not re.search(r"get_element|extract_slice|insert_slice|\.item\(", source)
+
+
+# ----------------------------------------------------------------------- any shape
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fqr.presets import Preset  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(kv=st.integers(1, 16), group=st.integers(1, 8), d=st.sampled_from([64, 80, 96, 128, 192, 256]),
+       rot=st.sampled_from([0.25, 0.5, 1.0]), norm=st.sampled_from(["head", "full", "none"]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       ub_kib=st.integers(24, 256), mode=st.sampled_from(["unroll", "loop"]))
+def test_any_shape_fits_or_is_refused(kv, group, d, rot, norm, dtype, ub_kib, mode):
+    p = Preset("any", "-", kv * group, kv, d, 1e4, 4096, norm=norm, partial_rotary_factor=rot)
+    plan = plan_of(p, dtype)
+    try:
+        t = A.ascend_tiling(plan, ub_bytes=ub_kib * 1024, chunk_mode=mode)
+    except A.TileDoesNotFit:
+        shapes = [A.ChainShape.of(c, plan) for c in plan.chains]
+        smallest = (A.hoisted_footprint(plan) + A.tile_scope_footprint(plan, A.MIN_BLOCK_T, True)
+                    + max(A.chain_footprint(s, A.MIN_BLOCK_T, 1, True, mode) for s in shapes))
+        assert smallest > ub_kib * 1024 - A.UB_RESERVE_BYTES
+        return
+    assert t.footprint <= t.budget
+    for c, hc in zip(plan.chains, t.tiling.head_chunks):
+        assert 1 <= hc <= c.heads
+        if hc < c.heads:
+            assert t.tiling.block_t == A.MIN_BLOCK_T
