@@ -87,7 +87,7 @@ DEFAULT_CHIP = "A2"
 
 
 class TileDoesNotFit(ValueError):
-    """Even the smallest tile (one token, one head) exceeds the UB budget."""
+    """Even the smallest tile (:data:`MIN_BLOCK_T` tokens of one head) exceeds the UB budget."""
 
 
 def get_chip(name: str | None = None) -> AscendChip:
@@ -127,7 +127,10 @@ def detected_chip() -> AscendChip | None:
 def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
     """Bytes the kernel's tiles may occupy: the UB (or the override) minus the compiler reserve."""
     if ub_bytes is None and os.environ.get("FQR_ASCEND_UB_BYTES"):
-        ub_bytes = int(os.environ["FQR_ASCEND_UB_BYTES"])
+        text = os.environ["FQR_ASCEND_UB_BYTES"]
+        if not text.strip().isdigit():
+            raise ValueError(f"ub_bytes: $FQR_ASCEND_UB_BYTES must be a byte count, got {text!r}")
+        ub_bytes = int(text)
     ub = chip.ub_bytes if ub_bytes is None else ub_bytes
     if not isinstance(ub, int) or isinstance(ub, bool) or ub <= UB_RESERVE_BYTES:
         raise ValueError(f"ub_bytes must be an int > {UB_RESERVE_BYTES} (the compiler reserve), got {ub!r}")
