@@ -51,6 +51,7 @@ class GraphRecord:
     sites: int
     fused_ops: int               # fqr ops in the graph after the pass
     unfused_ops: dict            # aten op name -> count of UNFUSED_OPS left after the pass
+    ops: dict                    # every call_function target name -> count, after the pass
 
 
 @dataclass
@@ -111,7 +112,8 @@ class FusionPass(CustomGraphPass):
         ops = op_counts(graph)
         self.stats.graphs.append(GraphRecord(
             sites=sites, fused_ops=sum(ops[o] for o in FUSED_OPS),
-            unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]}))
+            unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},
+            ops={str(o): n for o, n in ops.items()}))
 
     def uuid(self):
         return get_hash_for_files(_SOURCES)

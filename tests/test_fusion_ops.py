@@ -1,0 +1,133 @@
+"""torch.ops.fqr.* custom ops and the no-split prologue: opcheck, numerics vs float64, bad input,
+dynamic token counts under torch.compile. Fast (CPU, reference backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fqr
+from fqr.fusion import qk_rmsnorm_rope
+from fqr.numerics import compare
+from fqr.rope_cache import rope_cos_sin_cache
+
+
+def exact_heads(x, weight, bias, offset, eps, cos, sin, head_dim, neox):
+    """float64 per-head RMSNorm then RoPE of x [T, H*D]; cos/sin [T, R/2]."""
+    t = x.shape[0]
+    h = x.double().reshape(t, -1, head_dim)
+    y = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * (offset + weight.double())
+    if bias is not None:
+        y = y + bias.double()
+    r = 2 * cos.shape[-1]
+    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+    rot = y[..., :r]
+    a, b = (rot[..., : r // 2], rot[..., r // 2:]) if neox else (rot[..., 0::2], rot[..., 1::2])
+    ra, rb = a * c - b * s, b * c + a * s
+    rot = torch.cat([ra, rb], -1) if neox else torch.stack([ra, rb], -1).flatten(-2)
+    return torch.cat([rot, y[..., r:]], -1).reshape(t, -1)
+
+
+def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, seed, gemma=False):
+    g = torch.Generator().manual_seed(seed)
+    cache = rope_cos_sin_cache(rotary, 4096, 1e6, dtype=dtype)
+    positions = torch.randint(0, 4096, (tokens,), generator=g)
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    base = 0.0 if gemma else 1.0
+    w = [(base + 0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)]
+    b = [(0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)] if bias else [None, None]
+    return qkv, positions, cache, w, b
+
+
+CASES = [  # tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
+    (7, 3, 1, 48, 48, torch.bfloat16, True, False, 0.0),
+    (5, 4, 2, 32, 16, torch.bfloat16, False, True, 1.0),
+    (6, 2, 2, 64, 64, torch.float32, False, False, 0.0),
+    (3, 6, 3, 16, 8, torch.float16, True, True, 0.0),
+]
+
+
+@pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
+def test_opcheck_split_op(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 1,
+                                                      gemma=offset == 1.0)
+    args = (qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, 1e-6, neox, offset, "head", "unfused")
+    torch.library.opcheck(torch.ops.fqr.split_qkv_rmsnorm_rope.default, args)
+
+
+@pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
+def test_opcheck_qk_op(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 2,
+                                                      gemma=offset == 1.0)
+    q, k = qkv[:, : hq * d].contiguous(), qkv[:, hq * d:(hq + hkv) * d].contiguous()
+    args = (q, k, pos, cache, qw, kw, qb, kb, d, 1e-5, neox, offset, "fused")
+    torch.library.opcheck(torch.ops.fqr.qk_rmsnorm_rope.default, args)
+
+
+@pytest.mark.parametrize("numerics", ["fused", "unfused"])
+@pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
+def test_ops_match_float64(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset, numerics):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 3,
+                                                      gemma=offset == 1.0)
+    eps = 1e-6
+    cos, sin = cache[pos].chunk(2, dim=-1)
+    q_in, k_in = qkv[:, : hq * d], qkv[:, hq * d:(hq + hkv) * d]
+    exact_q = exact_heads(q_in, qw, qb, offset, eps, cos, sin, d, neox)
+    exact_k = exact_heads(k_in, kw, kb, offset, eps, cos, sin, d, neox)
+
+    q, k, v = torch.ops.fqr.split_qkv_rmsnorm_rope(qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d,
+                                                   eps, neox, offset, "head", numerics)
+    q2, k2 = torch.ops.fqr.qk_rmsnorm_rope(q_in.contiguous(), k_in.contiguous(), pos, cache, qw,
+                                           kw, qb, kb, d, eps, neox, offset, numerics)
+    for out, exact in ((q, exact_q), (k, exact_k), (q2, exact_q), (k2, exact_k)):
+        assert out.dtype == dtype and out.is_contiguous()
+        c = compare(out, exact, head_dim=d, numerics=numerics)
+        assert c.passed, c
+    assert torch.equal(v, qkv[:, (hq + hkv) * d:])
+    # the split op and the no-split op share one functional core: same bits
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+
+
+def test_qk_op_bad_input_names_the_argument():
+    qkv, pos, cache, (qw, kw), _ = make_inputs(4, 2, 1, 32, 32, torch.bfloat16, False, 4)
+    q, k = qkv[:, :64].contiguous(), qkv[:, 64:96].contiguous()
+    with pytest.raises(ValueError, match="q_weight"):
+        qk_rmsnorm_rope(q, k, pos, cache, qw[:16], kw, head_dim=32)
+    with pytest.raises(TypeError, match="positions"):
+        qk_rmsnorm_rope(q, k, pos.float(), cache, qw, kw, head_dim=32)
+    with pytest.raises(ValueError, match="positions out of range"):
+        qk_rmsnorm_rope(q, k, pos + 5000, cache, qw, kw, head_dim=32)
+    with pytest.raises(ValueError, match="k width"):
+        qk_rmsnorm_rope(q, k[:, :20], pos, cache, qw, kw, head_dim=32)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        qk_rmsnorm_rope(q, k, pos, rope_cos_sin_cache(64, 16, 1e6), qw, kw, head_dim=32)
+    with pytest.raises(ValueError, match="numerics"):
+        qk_rmsnorm_rope(q, k, pos, cache, qw, kw, head_dim=32, numerics="fast")
+
+
+def test_ops_trace_with_dynamic_token_count():
+    """The fake impls let torch.compile trace the ops once for every token count."""
+    p = fqr.get_preset("qwen3-0.6b")
+    d, cache = p.head_dim, p.cos_sin_cache(512, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    qw, kw = (torch.randn(d, generator=g).bfloat16() for _ in range(2))
+    frames = []
+
+    def count_backend(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=count_backend, dynamic=True, fullgraph=True)
+    def prologue(qkv, positions):
+        return torch.ops.fqr.split_qkv_rmsnorm_rope(qkv, positions, cache, qw, kw, None, None,
+                                                    p.num_heads, p.num_kv_heads, d, p.eps, True,
+                                                    0.0, "head", "fused")
+
+    for tokens in (3, 9, 17):
+        qkv = torch.randn(tokens, p.qkv_width, generator=g).bfloat16()
+        pos = torch.randint(0, 512, (tokens,), generator=g)
+        q, k, v = prologue(qkv, pos)
+        want = fqr.split_qkv_rmsnorm_rope(qkv, pos, cache, qw, kw, num_heads=p.num_heads,
+                                          num_kv_heads=p.num_kv_heads, head_dim=d, eps=p.eps)
+        assert all(torch.equal(a, b) for a, b in zip((q, k, v), want))
+    assert len(frames) == 1
