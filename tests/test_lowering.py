@@ -111,12 +111,11 @@ def test_head_chunks_and_multi_tile_persistent_loop(gen, norm, mode, marker):
     check_against_float64(pb, outs)
 
 
-@pytest.mark.parametrize("pair_access", ["pairs", "strided"])
 @pytest.mark.parametrize("rotary_dim", [64, 128])
-def test_gptj_pair_access(gen, pair_access, rotary_dim):
+def test_gptj_pairs(gen, rotary_dim):
     pb = make_problem(gen, tokens=9, is_neox=False, rotary_dim=rotary_dim, bias=True)
-    outs, kernel = run_kernel(pb, pair_access=pair_access)
-    assert ("tl.split(" in kernel.source) == (pair_access == "pairs")
+    outs, kernel = run_kernel(pb)
+    assert "tl.split(" in kernel.source and "tl.join(" in kernel.source
     check_against_float64(pb, outs)
 
 

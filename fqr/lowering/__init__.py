@@ -32,14 +32,14 @@ _KERNELS: dict[tuple, Kernel] = {}
 
 def _tiling_options(options: dict) -> dict:
     return {k: v for k, v in options.items()
-            if k not in ("block_t", "num_warps", "max_programs", "pair_access")}
+            if k not in ("block_t", "num_warps", "max_programs")}
 
 
 
 def tiling_of(program: Program, target: str = "cuda", **options):
     """The :class:`~fqr.lowering.emit.Tiling` the target profile picks for ``program``."""
     tgt = get_target(get_target(target).source_name)
-    return tgt.tiling(plan_program(program, tgt.pair_access(**options)), **_tiling_options(options))
+    return tgt.tiling(plan_program(program), **_tiling_options(options))
 
 
 def kernel_source(program: Program, target: str = "cuda", **options) -> str:
@@ -50,7 +50,7 @@ def kernel_source(program: Program, target: str = "cuda", **options) -> str:
 def _build(program: Program, target_name: str, options: dict):
     target = get_target(target_name)
     source_target = get_target(target.source_name)
-    plan = plan_program(program, source_target.pair_access(**options))
+    plan = plan_program(program)
     tiling = source_target.tiling(plan, **_tiling_options(options))
     fingerprint = program.fingerprint()
     key = cache_key(fingerprint, repr(tiling), repr([c.layout for c in plan.chains]), EMITTER_VERSION)

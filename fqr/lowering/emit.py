@@ -167,11 +167,10 @@ class KernelBuilder:
 
     def slot_offsets(self, slot: Slot) -> tuple[str, str | None, bool]:
         """(offset expression, extra mask or None, is_pair) for one slot, relative to a head."""
-        if slot.kind in ("contig", "strided"):
+        if slot.kind == "contig":
             c = self.cols(slot.padded)
             mask = None if slot.padded == slot.count else f"({c} < {slot.count})"
-            col = c if slot.kind == "contig" else f"2 * {c}"
-            off = col if slot.start == 0 else f"({slot.start} + {col})"
+            off = c if slot.start == 0 else f"({slot.start} + {c})"
             return off, mask, False
         offs, idx = self.pair_cols(slot.padded)
         mask = None if slot.padded == slot.count else f"({idx} < {slot.count})"

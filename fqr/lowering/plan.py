@@ -42,8 +42,7 @@ def pow2_parts(start: int, count: int, min_part: int = 16) -> list[tuple[int, in
 
 @dataclass(frozen=True)
 class Slot:
-    """One load/store unit of a head: ``contig`` (names=(piece,)), ``strided`` (every second
-    feature from ``start``, names=(piece,)) or ``pairs`` (names=(a, b))."""
+    """One load/store unit of a head: ``contig`` (names=(piece,)) or ``pairs`` (names=(a, b))."""
     kind: str
     names: tuple[str, ...]
     start: int   # first feature of the slot within the head
@@ -59,9 +58,6 @@ class Layout:
     head_dim: int
     rotary_dim: int   # 0 when the chain has no RoPE
     style: str        # "neox", "gptj" or "plain"
-    # GPT-J pairs: one contiguous pair tile split in registers ("pairs"), or even and odd
-    # features as two stride-2 loads ("strided", same-shape pieces: no layout conversions).
-    pair_access: str = "pairs"
 
     @property
     def slots(self) -> tuple[Slot, ...]:
@@ -72,8 +68,6 @@ class Layout:
         half = r // 2
         if self.style == "neox":
             rot = (Slot("contig", ("a",), 0, half), Slot("contig", ("b",), half, half))
-        elif self.pair_access == "strided":
-            rot = (Slot("strided", ("a",), 0, half), Slot("strided", ("b",), 1, half))
         else:
             rot = (Slot("pairs", ("a", "b"), 0, half),)
         if rot[0].kind != "pairs" and (d - r) % half == 0 and half == next_pow2(half):
@@ -134,7 +128,7 @@ class PlanError(ValueError):
     """The program is outside what the fused lowering supports; the message says why."""
 
 
-def plan_program(program: Program, pair_access: str = "pairs") -> KernelPlan:
+def plan_program(program: Program) -> KernelPlan:
     chains: list[Chain] = []
     chain_of: dict[int, Chain] = {}
     input_ids = {id(v) for v in program.inputs}
@@ -180,7 +174,7 @@ def plan_program(program: Program, pair_access: str = "pairs") -> KernelPlan:
             raise PlanError(f"one value is rotated with two different rope settings: {ropes}")
         if ropes:
             (r, neox), = ropes
-            c.layout = Layout(c.head_dim, r, "neox" if neox else "gptj", pair_access)
+            c.layout = Layout(c.head_dim, r, "neox" if neox else "gptj")
         else:
             c.layout = Layout(c.head_dim, 0, "plain")
     for v in program.outputs:

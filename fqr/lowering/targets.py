@@ -51,10 +51,6 @@ class Target:
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options) -> int:
         return tiling.block_t
 
-    def pair_access(self, **options) -> str:
-        """How GPT-J pairs are loaded (see :class:`fqr.lowering.plan.Layout`)."""
-        return options.get("pair_access", "pairs")
-
     def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
         return max(1, cdiv(tokens, tile))
 
@@ -70,15 +66,17 @@ def padded_head_elems(chain) -> int:
 @dataclass(frozen=True)
 class CudaTarget(Target):
     """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
-    4096): a whole Qwen3-8B q row (32 x 128) is one chunk; wider rows are covered by static
-    power-of-two chunks (``chunk_mode="unroll"``: 24 heads -> 16 + 8, nothing masked), so
-    registers never spill. Measured on an H200 (scripts/gpu_smoke.py, docs/PERFORMANCE.md):
+    2048: 16 heads of 128), covered by static power-of-two chunks (``chunk_mode="unroll"``:
+    Qwen3.5's 24 heads of 256 -> 8 + 8 + 8, nothing masked), so registers never spill. Measured on an H200 (scripts/gpu_smoke.py, docs/PERFORMANCE.md):
     unroll beat one-program-per-chunk (``grid``) and a runtime chunk loop (``loop``), and 2
-    warps beat 4 and 8 (bf16 Qwen3-8B at 65,536 tokens: 92% / 79% / 70% of the copy ceiling)."""
+    warps beat 4 and 8 (bf16 Qwen3-8B at 65,536 tokens: 92% / 79% / 70% of the copy ceiling),
+    2048-element chunks beat 4096 for Qwen3.5-27B (91% vs 74%), and GPT-J pairs loaded as one
+    contiguous pair tile split in registers beat two stride-2 loads (66% vs 25%, GLM-4-9B; the
+    stride-2 variant was removed)."""
     bf16_rounding: str = "native"
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
-        budget = int(options.get("tile_elems", 4096))
+        budget = int(options.get("tile_elems", 2048))
         mode = options.get("chunk_mode", "unroll")
         if mode not in ("loop", "unroll", "grid"):
             raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")

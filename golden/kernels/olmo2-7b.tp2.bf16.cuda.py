@@ -19,7 +19,7 @@ def round_to_bf16(x):
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_cuda_6e534a5d335d(
+def fqr_cuda_75d3f9817009(
     a_ptr,
     a_stride,
     b_ptr,
