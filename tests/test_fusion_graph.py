@@ -12,6 +12,8 @@ token counts.
 
 from __future__ import annotations
 
+import os
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -28,6 +30,9 @@ from test_fusion_ops import exact_heads
 
 HIDDEN = 64
 MAX_POS = 2048
+# Fresh weights and inputs each run (the compiled models are module fixtures, so one seed per
+# module); replay a failure with FQR_TEST_SEED=<seed>.
+SEED = int(os.environ.get("FQR_TEST_SEED") or random.SystemRandom().randrange(2**31))
 UNFUSED_LEFTOVERS = ("aten.rsqrt.default", "aten.mean.dim", "aten.pow.Tensor_Scalar",
                      "aten.index.Tensor", "aten.index_select.default", "aten.cat.default",
                      "aten.split.Tensor", "aten.split_with_sizes.default", "aten.slice.Tensor")
@@ -196,12 +201,13 @@ def inputs(tokens, dtype, seed):
 def vllm_compiled(request):
     """One model per dtype, compiled once with the fusion backend and run at two token counts."""
     dtype = request.param
-    model = VllmModel(VLLM_LAYERS, dtype).eval()
+    print(f"FQR_TEST_SEED={SEED}")
+    model = VllmModel(VLLM_LAYERS, dtype, seed=SEED).eval()
     fusion = fqr.fusion.backend()
     compiled = torch.compile(model, backend=fusion)
     runs = []
     with torch.no_grad():
-        for tokens, seed in ((11, 1), (6, 2)):
+        for tokens, seed in ((11, SEED + 1), (6, SEED + 2)):
             positions, hidden = inputs(tokens, dtype, seed)
             torch._dynamo.mark_dynamic(positions, 0)
             torch._dynamo.mark_dynamic(hidden, 0)
@@ -337,9 +343,10 @@ class Qwen3Model(nn.Module):
 def hf_compiled(request):
     """Compiled with the pass in Inductor's post_grad_custom_post_pass (no fqr backend)."""
     dtype = request.param
-    model = Qwen3Model(dtype).eval()
+    print(f"FQR_TEST_SEED={SEED}")
+    model = Qwen3Model(dtype, seed=SEED).eval()
     fusion_pass = FusionPass()
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(SEED + 3)
     batch, seq = 2, 5
     hidden = torch.randn(batch, seq, HIDDEN, generator=g).to(dtype)
     position_ids = torch.randint(0, MAX_POS, (batch, seq), generator=g)

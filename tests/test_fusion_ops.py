@@ -28,8 +28,9 @@ def exact_heads(x, weight, bias, offset, eps, cos, sin, head_dim, neox):
     return torch.cat([rot, y[..., r:]], -1).reshape(t, -1)
 
 
-def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, seed, gemma=False):
-    g = torch.Generator().manual_seed(seed)
+def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, g, gemma=False):
+    """Fresh random qkv, weights (around 1, or 0 for (1 + w)), biases; the real RoPE table
+    in the activation dtype, as vLLM keeps it."""
     cache = rope_cos_sin_cache(rotary, 4096, 1e6, dtype=dtype)
     positions = torch.randint(0, 4096, (tokens,), generator=g)
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
@@ -48,16 +49,16 @@ CASES = [  # tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
 
 
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
-def test_opcheck_split_op(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 1,
+def test_opcheck_split_op(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
                                                       gemma=offset == 1.0)
     args = (qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, 1e-6, neox, offset, "head", "unfused")
     torch.library.opcheck(torch.ops.fqr.split_qkv_rmsnorm_rope.default, args)
 
 
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
-def test_opcheck_qk_op(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 2,
+def test_opcheck_qk_op(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
                                                       gemma=offset == 1.0)
     q, k = qkv[:, : hq * d].contiguous(), qkv[:, hq * d:(hq + hkv) * d].contiguous()
     args = (q, k, pos, cache, qw, kw, qb, kb, d, 1e-5, neox, offset, "fused")
@@ -66,8 +67,8 @@ def test_opcheck_qk_op(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
 
 @pytest.mark.parametrize("numerics", ["fused", "unfused"])
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
-def test_ops_match_float64(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset, numerics):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, 3,
+def test_ops_match_float64(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset, numerics):
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
                                                       gemma=offset == 1.0)
     eps = 1e-6
     cos, sin = cache[pos].chunk(2, dim=-1)
@@ -88,8 +89,8 @@ def test_ops_match_float64(tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
     assert torch.equal(q, q2) and torch.equal(k, k2)
 
 
-def test_qk_op_bad_input_names_the_argument():
-    qkv, pos, cache, (qw, kw), _ = make_inputs(4, 2, 1, 32, 32, torch.bfloat16, False, 4)
+def test_qk_op_bad_input_names_the_argument(gen):
+    qkv, pos, cache, (qw, kw), _ = make_inputs(4, 2, 1, 32, 32, torch.bfloat16, False, gen)
     q, k = qkv[:, :64].contiguous(), qkv[:, 64:96].contiguous()
     with pytest.raises(ValueError, match="q_weight"):
         qk_rmsnorm_rope(q, k, pos, cache, qw[:16], kw, head_dim=32)
@@ -105,11 +106,11 @@ def test_qk_op_bad_input_names_the_argument():
         qk_rmsnorm_rope(q, k, pos, cache, qw, kw, head_dim=32, numerics="fast")
 
 
-def test_ops_trace_with_dynamic_token_count():
+def test_ops_trace_with_dynamic_token_count(gen):
     """The fake impls let torch.compile trace the ops once for every token count."""
     p = fqr.get_preset("qwen3-0.6b")
     d, cache = p.head_dim, p.cos_sin_cache(512, dtype=torch.bfloat16)
-    g = torch.Generator().manual_seed(5)
+    g = gen
     qw, kw = (torch.randn(d, generator=g).bfloat16() for _ in range(2))
     frames = []
 

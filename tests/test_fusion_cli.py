@@ -1,0 +1,43 @@
+"""``fqr fuse`` as a user runs it (subprocess: real exit codes, real streams)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fqr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=400)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--preset", "llama3-8b"), "norm='none'"),
+    (("--preset", "nope"), "unknown preset"),
+    (("--layers", "0"), "--layers"),
+    (("--dtype", "int8"), "--dtype"),
+])
+def test_fuse_bad_usage_is_one_line_exit_2(args, message):
+    r = fqr("fuse", *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_fuse_json_reports_every_layer_fused():
+    r = fqr("fuse", "--preset", "qwen3-0.6b", "--layers", "2", "--tokens", "4", "--dtype", "fp32",
+            "--runs", "1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["passed"] is True and doc["sites"] == 2 and doc["layers"] == 2
+    assert doc["unfused_ops_left"] == {}
+    assert doc["contract"]["passed"] and all(c["v_exact"] for c in doc["layer_checks"])
+    for side in ("unfused", "fused"):
+        assert doc[side]["compile_s"] > 0 and doc[side]["run_ms"] > 0
+    assert "compiling with the fusion pass" in r.stderr
