@@ -349,7 +349,9 @@ def hf_compiled(request):
     g = torch.Generator().manual_seed(SEED + 3)
     batch, seq = 2, 5
     hidden = torch.randn(batch, seq, HIDDEN, generator=g).to(dtype)
-    position_ids = torch.randint(0, MAX_POS, (batch, seq), generator=g)
+    # bf16: a position row per sequence; fp32: one row broadcast over the batch (cos [1, S, D])
+    rows = batch if dtype == torch.bfloat16 else 1
+    position_ids = torch.randint(0, MAX_POS, (rows, seq), generator=g)
     patches = {"post_grad_custom_post_pass": fusion_pass, "fx_graph_cache": False}
     with torch.no_grad(), torch._inductor.config.patch(patches), \
             torch._functorch.config.patch(enable_autograd_cache=False):
@@ -376,8 +378,11 @@ def test_hf_outputs_within_numerics_contract(hf_compiled):
         for layer, (hq, hkv, d, eps), (q_lin, k_lin, cos, sin, q, k) in zip(
                 model.layers, HF_LAYERS, per_layer):
             b, s = q_lin.shape[:2]
-            half_cos, half_sin = cos[..., : d // 2].reshape(-1, d // 2), sin[..., : d // 2].reshape(-1, d // 2)
-            for lin, norm, out, heads in ((q_lin, layer.q_norm, q, hq), (k_lin, layer.k_norm, k, hkv)):
+            # cos/sin may be [1, S, D] (one position row for the whole batch): broadcast
+            half_cos, half_sin = (t.expand(b, s, d)[..., : d // 2].reshape(b * s, d // 2)
+                                  for t in (cos, sin))
+            for lin, norm, out, heads in ((q_lin, layer.q_norm, q, hq),
+                                          (k_lin, layer.k_norm, k, hkv)):
                 exact = exact_heads(lin.reshape(b * s, -1), norm.weight, None, 0.0, eps,
                                     half_cos, half_sin, d, True)
                 assert out.shape == (b, heads, s, d) and out.dtype == dtype

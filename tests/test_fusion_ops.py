@@ -132,3 +132,22 @@ def test_ops_trace_with_dynamic_token_count(gen):
                                           num_kv_heads=p.num_kv_heads, head_dim=d, eps=p.eps)
         assert all(torch.equal(a, b) for a, b in zip((q, k, v), want))
     assert len(frames) == 1
+
+
+@pytest.mark.skipif("interpret" not in fqr.available_backends(),
+                    reason="upstream triton is not installed")
+@pytest.mark.parametrize("neox,numerics", [(True, "fused"), (False, "unfused")])
+def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
+    """The no-split composition through the generated Triton kernel (interpreter, small)."""
+    tokens, hq, hkv, d, rotary = 3, 3, 1, 32, 16
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, torch.bfloat16,
+                                                      True, gen)
+    q_in, k_in = qkv[:, : hq * d].contiguous(), qkv[:, hq * d:(hq + hkv) * d].contiguous()
+    kw_args = dict(head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb, numerics=numerics)
+    q, k = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="interpret", **kw_args)
+    ref = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="reference", **kw_args)
+    cos, sin = cache[pos].chunk(2, dim=-1)
+    for out, want, x, w, b in ((q, ref[0], q_in, qw, qb), (k, ref[1], k_in, kw, kb)):
+        exact = exact_heads(x, w, b, 0.0, 1e-6, cos, sin, d, neox)
+        assert compare(out, exact, head_dim=d, numerics=numerics).passed
+        assert torch.equal(out, want)

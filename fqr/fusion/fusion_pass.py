@@ -13,6 +13,7 @@ graph, how many prologue sites it fused and which unfused norm/RoPE ops are left
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import PatternMatcherPass, stable_topological_sort
 
 from . import custom_ops  # noqa: F401  (torch.ops.fqr.*)
+
+log = logging.getLogger(__name__)
 
 FUSED_OPS = (torch.ops.fqr.split_qkv_rmsnorm_rope.default, torch.ops.fqr.qk_rmsnorm_rope.default)
 
@@ -110,6 +113,8 @@ class FusionPass(CustomGraphPass):
             stable_topological_sort(graph)
             graph.eliminate_dead_code()
         ops = op_counts(graph)
+        log.info("fqr fusion: fused %d attention prologue site(s) in a graph of %d nodes",
+                 sites, len(graph.nodes))
         self.stats.graphs.append(GraphRecord(
             sites=sites, fused_ops=sum(ops[o] for o in FUSED_OPS),
             unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},

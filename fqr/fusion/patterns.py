@@ -147,10 +147,13 @@ def vllm_variants() -> list[VllmVariant]:
     """Every registered vLLM-form variant. Gemma's come before plain RMSNorm's: in fp32 the
     plain pattern also matches a Gemma norm (with ``weight = 1 + w`` computed outside)."""
     out = []
-    for dtype, other in ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)):
-        for cache_dtype, neox, bias, gemma, partial in itertools.product(
-                (dtype, other), (True, False), (False, True), (True, False), (False, True)):
-            out.append(VllmVariant(dtype, cache_dtype, neox, bias, gemma, partial))
+    # (activation, cache): vLLM casts the cache to the activations' dtype; a 16-bit model may
+    # also keep an fp32 cache (as vLLM's FlashInfer RoPE path does).
+    dtypes = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+              (torch.float32, torch.float32))
+    for (dtype, cache_dtype), neox, bias, gemma, partial in itertools.product(
+            dtypes, (True, False), (False, True), (True, False), (False, True)):
+        out.append(VllmVariant(dtype, cache_dtype, neox, bias, gemma, partial))
     return out
 
 

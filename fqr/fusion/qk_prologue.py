@@ -90,7 +90,8 @@ def check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
     if positions.dim() != 1 or positions.shape[0] != tokens:
-        raise ValueError(f"positions must be [T] with T = {tokens}, got shape {list(positions.shape)}")
+        raise ValueError(f"positions must be [T] with T = {tokens}, "
+                         f"got shape {list(positions.shape)}")
     if not isinstance(cos_sin_cache, torch.Tensor):
         raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache).__name__}")
     if cos_sin_cache.dim() != 2 or not cos_sin_cache.dtype.is_floating_point:
