@@ -50,9 +50,11 @@ from . import custom_ops  # noqa: F401  (registers torch.ops.fqr.*)
 from . import unfused
 
 # Example sizes for tracing. The split sizes and eps become pattern arguments through
-# `scalar_workaround`, which works by value: they must differ from every other constant
-# in the traced graph (token count, head count, head_dim, cache rows and widths).
-_T, _HQ, _HKV, _D, _ROWS = 3, 6, 3, 16, 23
+# `scalar_workaround`, which works by value: they must differ from every other constant in the
+# traced graph (token count, head counts, head_dim, cache rows and widths), and should not be
+# sizes a real model has (q_size 1016 = 127 x 8, kv_size 984 = 123 x 8): a model constant equal
+# to one of them would make Inductor's re-check fail, leaving that site unfused (never wrong).
+_T, _HQ, _HKV, _D, _ROWS = 3, 127, 123, 8, 23
 _EPS = 1e-6
 _SCALARS = {"q_size": _HQ * _D, "kv_size": _HKV * _D, "eps": _EPS}
 _HF_SCALARS = {"eps": _EPS}
