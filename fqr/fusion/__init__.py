@@ -7,7 +7,13 @@ into real model code.
   separate q/k projections;
 * :func:`backend` / :class:`FusionPass` (:mod:`fqr.fusion.fusion_pass`): rewrite vLLM- and
   Hugging Face-style unfused prologues (:mod:`fqr.fusion.unfused`) with the patterns of
-  :mod:`fqr.fusion.patterns`.
+  :mod:`fqr.fusion.patterns`;
+* :mod:`fqr.fusion.models`, :mod:`fqr.fusion.evaluate`: small vLLM-style models and the
+  fused-vs-unfused comparison behind ``fqr fuse``.
+
+Mark the token dimension dynamic with ``torch._dynamo.mark_dynamic`` (as vLLM does) rather than
+``torch.compile(dynamic=True)``: the latter also turns float attributes such as a norm's eps into
+graph inputs, and a pattern cannot read a runtime eps.
 
 The pattern and backend modules import Inductor; they load on first use.
 """

@@ -9,6 +9,16 @@ graph, how many prologue sites it fused and which unfused norm/RoPE ops are left
     compiled = torch.compile(model, backend=fusion)
     compiled(positions, hidden)
     fusion.stats.sites                  # fused prologues, summed over compiled graphs
+
+or, with Inductor's own entry point::
+
+    fusion_pass = FusionPass()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=fusion_pass):
+        torch.compile(model)(positions, hidden)
+
+Before matching, the pass points every use of a symbolic size at one node
+(:func:`unify_symbolic_sizes`); after replacing, it re-sorts the graph topologically and drops
+dead nodes.
 """
 
 from __future__ import annotations

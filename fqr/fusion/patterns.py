@@ -29,9 +29,9 @@ a model mixing attention shapes, eps values or RoPE styles fuses every layer cor
 
 One registration per graph shape that the unfused code can take: activation dtype class
 (16-bit, where the norm has casts; fp32, where they vanish), cos/sin cache dtype (the
-activation's, or another one, which adds a cast), NeoX / GPT-J, with / without a norm bias,
-vLLM ``RMSNorm`` / ``GemmaRMSNorm`` (1 + w), full / partial rotary (a full one has no
-pass-through slice). The fused op runs with ``numerics="unfused"``: it rounds where the unfused
+activation's; or fp32 under 16-bit activations, which adds a cast), NeoX / GPT-J, with / without
+a norm bias, vLLM ``RMSNorm`` / ``GemmaRMSNorm`` (1 + w), full / partial rotary (a full one has
+no pass-through slice): 48 vLLM-form patterns and 2 Hugging Face ones. The fused op runs with ``numerics="unfused"``: it rounds where the unfused
 code rounds (after the norm, each RoPE multiply and add), so fused and unfused models agree
 within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 """
