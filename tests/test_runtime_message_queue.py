@@ -80,6 +80,38 @@ def _counting_reader(mq: MessageQueue, index: int, n: int, count, delay: float) 
     r.close()
 
 
+def _writer(mq: MessageQueue, messages) -> None:
+    w = mq.as_writer()
+    for m in messages:
+        w.enqueue_bytes(m, timeout=30)
+    w.close()
+
+
+def test_a_message_started_is_read_whole_by_a_polling_reader():
+    """The executor's collector polls with tiny timeouts; a timeout must never split a
+    fragmented message (it applies to the first fragment only)."""
+    mq = MessageQueue.create(1, n_slots=2, chunk_bytes=512, context=CTX)
+    messages = [os.urandom(40_000), b"x", os.urandom(9_000)]
+    writer = CTX.Process(target=_writer, args=(mq, messages))
+    reader = MessageQueue(mq.name, 1, 2, 512, mq.reader_sems, mq.writer_sem).as_reader(0)
+    writer.start()
+    got = []
+    give_up = time.monotonic() + 60  # a guard against a hang, not a timing assertion
+    try:
+        while len(got) < len(messages) and time.monotonic() < give_up:
+            try:
+                got.append(reader.dequeue_bytes(timeout=0.0005))
+            except QueueTimeout:
+                pass
+        mq.cancel()  # frees a writer stuck on a broken stream
+        writer.join(10)
+    finally:
+        reader.close()
+        mq.close()
+    assert [len(m) for m in got] == [len(m) for m in messages]
+    assert got == messages
+
+
 def test_slow_reader_blocks_the_writer_and_is_warned_about(caplog):
     n_slots, n = 2, 6
     mq = _queue(2, n_slots=n_slots, chunk_bytes=256)

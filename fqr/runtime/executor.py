@@ -61,7 +61,7 @@ def host_store(world_size: int, timeout_s: float, attempts: int = 5):
 
 
 class MultiprocExecutor:
-    def __init__(self, cfg: RunConfig, *, n_slots: int = 8, chunk_bytes: int = 1 << 20):
+    def __init__(self, cfg: RunConfig, *, n_slots: int = 8, chunk_bytes: int = 1 << 18):
         self.cfg = cfg
         self.layout = cfg.layout
         self.world_size = self.layout.world_size

@@ -1,6 +1,7 @@
 """A shared-memory ring buffer broadcast queue: one writer, N readers (vLLM's ``MessageQueue``).
 
-Layout of the shared segment (``/dev/shm/<name>``)::
+Layout of the shared segment (``/dev/shm/<name>``; 2 MiB by default, so many
+ranks fit a container's small ``/dev/shm``)::
 
     [0]                      cancel flag (1 = the queue was cancelled; every wait raises)
     [1]                      writer sleeping flag
@@ -81,7 +82,7 @@ class MessageQueue:
         self.spin_s, self.block_s, self.warn_every_s = 0.002, 0.05, 10.0
 
     @classmethod
-    def create(cls, n_readers: int, *, n_slots: int = 8, chunk_bytes: int = 1 << 20,
+    def create(cls, n_readers: int, *, n_slots: int = 8, chunk_bytes: int = 1 << 18,
                tag: str = "mq", context=None) -> "MessageQueue":
         ctx = context or mp.get_context("spawn")
         return cls(segment_name(tag), n_readers, n_slots, chunk_bytes,
@@ -176,8 +177,9 @@ class MessageQueue:
         for i, off in enumerate(offsets):
             part = view[off:off + room]
             slot = self._slot
-            self._wait(lambda: self._slot_free(slot), 1, self.writer_sem, timeout,
-                       f"no free slot in {self.name}", warn=True)
+            # The timeout covers the first fragment; a started message is finished (or cancelled).
+            self._wait(lambda: self._slot_free(slot), 1, self.writer_sem,
+                       timeout if i == 0 else None, f"no free slot in {self.name}", warn=True)
             base = self._data_off + slot * self.chunk_bytes
             _FRAG.pack_into(self.buf, base, len(part), i == len(offsets) - 1)
             self.buf[base + _FRAG.size: base + _FRAG.size + len(part)] = part
@@ -203,6 +205,8 @@ class MessageQueue:
         while True:
             slot = self._slot
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if parts:
+                left = None  # a started message is read to its end (or cancelled)
             self._wait(lambda: self._slot_ready(slot), 2 + r, self.reader_sems[r], left,
                        f"no message in {self.name}")
             base = self._data_off + slot * self.chunk_bytes
