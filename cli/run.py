@@ -188,8 +188,11 @@ def _run_torchrun(cfg) -> dict | None:
 def _report(summary: dict, json_out: bool) -> None:
     if summary["failure"]:
         err.print(f"[red]run failed:[/red] {summary['failure']}", highlight=False)
-    for line in summary.get("verification_failures", []):
+    failures = summary.get("verification_failures", [])
+    for line in failures[:10]:
         err.print(f"[red]verification failed:[/red] {line}", highlight=False)
+    if len(failures) > 10:
+        err.print(f"... and {len(failures) - 10} more (see --json)")
     if summary.get("verification_failures"):
         err.print(f"{len(summary['verification_failures'])} verification failure(s)")
     if json_out:

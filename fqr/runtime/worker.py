@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import threading
 import time
@@ -121,6 +122,7 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
                 broadcast: MessageQueue, response: MessageQueue, ready_conn, death_conn) -> None:
     """Entry point of a spawned worker process."""
     what = cfg.layout.describe(rank)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle (shutdown)
     threading.Thread(target=_watch_death_pipe, args=(death_conn, what), daemon=True).start()
     try:
         dp_rank, tp_rank = cfg.layout.coords(rank)
