@@ -392,3 +392,32 @@ def test_hf_outputs_within_numerics_contract(hf_compiled):
     scale = eager_out[0].double().abs().max()
     tol = 2.0 ** -5 if dtype == torch.bfloat16 else 2.0 ** -14
     assert (fused_out[0].double() - eager_out[0].double()).abs().max() <= tol * scale
+
+
+# ------------------------------------------------------------------------------ near misses
+
+def rms_norm_over_heads(x, weight, eps, bias=None):
+    """Not an RMSNorm per head: the statistic runs over the heads (dim -2). Sizes and dims are
+    wildcards in the first match, so this reaches Inductor's re-check, which must reject it."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(dim=-2, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return x.to(orig_dtype) * weight
+
+
+def test_near_miss_is_left_unfused():
+    layers = [VLLM_LAYERS[0], Layer(4, 2, 32, 32, neox=True, bias=False, eps=1e-6)]
+    model = VllmModel(layers, torch.float32, seed=SEED).eval()
+    model.layers[1].norm = rms_norm_over_heads
+    fusion = fqr.fusion.backend()
+    positions, hidden = inputs(9, torch.float32, SEED + 4)
+    with torch.no_grad():
+        fused_out = torch.compile(model, backend=fusion)(positions, hidden)
+        eager_out = model(positions, hidden)
+    torch._dynamo.reset()
+    assert fusion.stats.sites == 1
+    assert fusion.stats.graphs[0].ops["aten.rsqrt.default"] == 2  # layer 1's q and k norms
+    for (_, qf, kf, _), (_, qe, ke, _) in zip(fused_out[1], eager_out[1]):
+        assert torch.allclose(qf, qe, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(kf, ke, rtol=1e-5, atol=1e-5)
