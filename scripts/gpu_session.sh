@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
+# Usage (on the device machine, repo root): bash scripts/gpu_session.sh checks|bench
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
+export PYTHONPATH="$PWD:/tmp/fqr_path"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+fqr() { python3 -m fqr "$@"; }
+summary=()
+step() { local name=$1; shift; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$name rc=$rc"); tail -n "${TAILN:-25}" "$OUT/$name.log"; }
+
+case "${1:-checks}" in
+checks)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  step verify_triton fqr verify --backend triton
+  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_fusion_gpu.py tests/test_bench.py -m gpu
+  step run_cuda fqr run --device cuda --dp 1 --tp 1 --backend triton --requests 32 --decode-steps 8
+  step run_cuda_olmo2 fqr run --preset olmo2-7b --device cuda --dp 1 --tp 1 --backend triton
+  step torchrun_cuda python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m fqr run --launcher torchrun --device cuda --backend triton
+  step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
+  step bench_fp32 fqr bench --preset qwen3-8b --dtype fp32 --tokens 16384,65536 --compare eager,compile --save "$OUT/bench_fp32.json"
+  ;;
+bench)
+  TAILN=60 step bench fqr bench --dtype bf16,fp16 --compare eager,compile --save "$OUT/bench.json" --plot "$OUT/bench.png"
+  ;;
+esac
+printf '%s\n' "${summary[@]}"
