@@ -180,3 +180,23 @@ def test_rendezvous_store_takes_a_fresh_port_when_the_address_is_in_use(monkeypa
     assert offered[0] == taken and port == offered[-1] != taken
     store.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_executor_in_process_shutdown_is_idempotent(seed):
+    from fqr.runtime import Engine, MultiprocExecutor, RunConfig
+
+    cfg = RunConfig.build(preset="qwen3-0.6b", dp=1, tp=1, requests=2, prompt_len="4..8",
+                          decode_steps=1, seed=int(seed))
+    ex = MultiprocExecutor(cfg)
+    ex.start()
+    try:
+        names = [q.name for q in [ex.broadcast, *ex.responses]]
+        assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        result = Engine(cfg, ex).run()
+        assert result.ok and result.verified_steps == result.steps > 0
+    finally:
+        ex.shutdown()
+    ex.shutdown()
+    assert all(not p.is_alive() and p.exitcode == 0 for p in ex.procs)  # graceful: exit 0
+    assert ex.totals[0]["tokens"] == result.tokens
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
