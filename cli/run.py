@@ -103,7 +103,8 @@ def run(
     dp: int = typer.Option(None, help="data-parallel replicas (default 1; torchrun: world / tp)"),
     tp: int = typer.Option(1, help="tensor-parallel size"),
     device: str = typer.Option("cpu", help="cpu | cuda | npu"),
-    backend: str = typer.Option("reference", help="reference | interpret | triton | ascend"),
+    backend: str = typer.Option("auto", help="auto (triton on cuda, ascend on npu, else "
+                                "reference) | reference | interpret | triton | ascend"),
     dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),
     numerics: str = typer.Option("fused", help="fused | unfused"),
     launcher: str = typer.Option("mp", help="mp (fqr spawns the workers) | torchrun"),

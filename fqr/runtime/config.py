@@ -16,6 +16,7 @@ from .workload import parse_range
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAUNCHERS = ("mp", "torchrun")
+AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}  # as fqr.backends.auto_backend_name
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class RunConfig:
         for name in ("dp", "tp", "requests", "max_batched_tokens", "max_running"):
             if name in kw and (not isinstance(kw[name], int) or kw[name] < 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {kw[name]!r}")
+        if kw.get("backend", "auto") == "auto":  # triton on cuda, ascend on npu, else reference
+            kw["backend"] = AUTO_BACKENDS.get(kw.get("device", "cpu"), "reference")
         layout = Layout(kw.get("dp", 1), kw.get("tp", 1))
         cfg = cls(prompt_len=tuple(prompt_len), fault=parse_fault(fault, layout.world_size), **kw)
         cfg.check()
