@@ -38,6 +38,7 @@ within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass
 
@@ -249,20 +250,28 @@ def _outputs_keep_dtype(match: pm.Match, dtype: torch.dtype) -> bool:
     return True
 
 
+def _register(search, replace, example_inputs, pass_dict, extra_check, scalars, name) -> bool:
+    # `pattern_name` (a debugging label) exists from torch 2.12 on; older Inductors lack it.
+    named = {"pattern_name": name} if _TAKES_PATTERN_NAME else {}
+    registered = pm.register_replacement(
+        search, replace, example_inputs, trace_like_inductor, pass_dict,
+        extra_check=extra_check, scalar_workaround=dict(scalars), **named)
+    return registered is None or bool(registered)  # older versions return None
+
+
+_TAKES_PATTERN_NAME = "pattern_name" in inspect.signature(pm.register_replacement).parameters
+
+
 def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
     """Register every variant into ``pass_dict``; returns how many were registered."""
     count = 0
     with torch.no_grad():
         for v in vllm_variants():
             search, replace = v.search_and_replace()
-            registered = pm.register_replacement(
-                search, replace, v.example_inputs(), trace_like_inductor, pass_dict,
-                extra_check=_vllm_check, scalar_workaround=dict(_SCALARS), pattern_name=v.name)
-            count += bool(registered)
+            count += _register(search, replace, v.example_inputs(), pass_dict, _vllm_check,
+                               _SCALARS, v.name)
         for v in hf_variants():
             search, replace = v.search_and_replace()
-            registered = pm.register_replacement(
-                search, replace, v.example_inputs(), trace_like_inductor, pass_dict,
-                extra_check=_hf_check, scalar_workaround=dict(_HF_SCALARS), pattern_name=v.name)
-            count += bool(registered)
+            count += _register(search, replace, v.example_inputs(), pass_dict, _hf_check,
+                               _HF_SCALARS, v.name)
     return count
