@@ -22,6 +22,8 @@ checks)
   step bench_fp32 fqr bench --preset qwen3-8b --dtype fp32 --tokens 16384,65536 --compare eager,compile --save "$OUT/bench_fp32.json"
   ;;
 bench)
+  step pytest_fusion_gpu python3 -m pytest -q -p no:cacheprovider tests/test_fusion_gpu.py -m gpu
+  step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
   TAILN=60 step bench fqr bench --dtype bf16,fp16 --compare eager,compile --save "$OUT/bench.json" --plot "$OUT/bench.png"
   ;;
 esac
