@@ -135,10 +135,15 @@ def _run_reference(program: Program, args: list) -> list:
 
 
 def _kernel_runner(target: str):
-    def run(program: Program, args: list) -> list:
-        from .lowering import lower
+    kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
 
-        return lower(program, target=target)(*args)
+    def run(program: Program, args: list) -> list:
+        kernel = kernels.get(id(program))
+        if kernel is None or kernel.program is not program:
+            from .lowering import lower
+
+            kernel = kernels[id(program)] = lower(program, target=target)
+        return kernel.launch(args)
     return run
 
 

@@ -26,5 +26,10 @@ bench)
   step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
   TAILN=60 step bench fqr bench --dtype bf16,fp16 --compare eager,compile --save "$OUT/bench.json" --plot "$OUT/bench.png"
   ;;
+dispatch)
+  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_fusion_gpu.py -m gpu
+  TAILN=20 step bench_dispatch fqr bench --preset qwen3-8b --tokens 1,16,128,1024,4096,65536 --dtype bf16 --compare none --save "$OUT/bench_dispatch.json"
+  step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
+  ;;
 esac
 printf '%s\n' "${summary[@]}"

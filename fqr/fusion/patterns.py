@@ -266,6 +266,9 @@ def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
     """Register every variant into ``pass_dict``; returns how many were registered."""
     count = 0
     with torch.no_grad():
+        # Let Inductor register its own joint-graph patterns now: on older versions (2.11)
+        # their lazy first registration fails inside the config patch of ours.
+        joint_graph_passes(pm.fwd_only(lambda x: x + 1, [torch.empty(2)]))
         for v in vllm_variants():
             search, replace = v.search_and_replace()
             count += _register(search, replace, v.example_inputs(), pass_dict, _vllm_check,
