@@ -17,8 +17,19 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def _torch_too_old() -> bool:
+    from fqr.fusion.fusion_pass import MIN_TORCH
+
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < MIN_TORCH
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fused_model_on_gpu(dtype):
+    if _torch_too_old():
+        with pytest.raises(RuntimeError, match="fqr.fusion needs torch"):
+            from fqr.fusion.fusion_pass import check_torch_version
+            check_torch_version()
+        pytest.skip(f"torch {torch.__version__} is older than the fusion pass supports")
     print(f"FQR_TEST_SEED={SEED}")
     model = VllmModel(VLLM_LAYERS, dtype, seed=SEED).eval().cuda()
     fusion = fqr.fusion.backend()

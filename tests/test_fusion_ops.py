@@ -151,3 +151,11 @@ def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
         exact = exact_heads(x, w, b, 0.0, 1e-6, cos, sin, d, neox)
         assert compare(out, exact, head_dim=d, numerics=numerics).passed
         assert torch.equal(out, want)
+
+
+def test_fusion_refuses_an_untested_torch_clearly(monkeypatch):
+    from fqr.fusion import fusion_pass
+
+    monkeypatch.setattr(fusion_pass.torch, "__version__", "2.11.0+cu130")
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13 .* found 2\.11\.0"):
+        fusion_pass.check_torch_version()

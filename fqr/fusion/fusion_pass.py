@@ -49,11 +49,25 @@ _SOURCES = tuple(os.path.join(os.path.dirname(__file__), f)
                  for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py"))
 
 
+# The replacements read the split sizes and eps of each match by name (``scalar_workaround``
+# arguments); torch 2.11's matcher does not pass them (seen on the GPU machine: KeyError
+# 'q_size'), torch 2.13 does. Refuse clearly below the version this was tested with.
+MIN_TORCH = (2, 13)
+
+
+def check_torch_version() -> None:
+    have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if have < MIN_TORCH:
+        raise RuntimeError(f"fqr.fusion needs torch >= {'.'.join(map(str, MIN_TORCH))} "
+                           f"(its pattern matcher passes the matched sizes by name); found {torch.__version__}")
+
+
 @lru_cache(maxsize=1)
 def fusion_patterns() -> PatternMatcherPass:
     """All replacement patterns, traced once per process (about 10 s of CPU)."""
     from .patterns import register_patterns
 
+    check_torch_version()
     patterns = PatternMatcherPass(pass_name="fqr_qk_norm_rope_fusion")
     register_patterns(patterns)
     return patterns

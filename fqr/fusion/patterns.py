@@ -38,7 +38,6 @@ within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from dataclasses import dataclass
 
@@ -251,24 +250,15 @@ def _outputs_keep_dtype(match: pm.Match, dtype: torch.dtype) -> bool:
 
 
 def _register(search, replace, example_inputs, pass_dict, extra_check, scalars, name) -> bool:
-    # `pattern_name` (a debugging label) exists from torch 2.12 on; older Inductors lack it.
-    named = {"pattern_name": name} if _TAKES_PATTERN_NAME else {}
-    registered = pm.register_replacement(
+    return bool(pm.register_replacement(
         search, replace, example_inputs, trace_like_inductor, pass_dict,
-        extra_check=extra_check, scalar_workaround=dict(scalars), **named)
-    return registered is None or bool(registered)  # older versions return None
-
-
-_TAKES_PATTERN_NAME = "pattern_name" in inspect.signature(pm.register_replacement).parameters
+        extra_check=extra_check, scalar_workaround=dict(scalars), pattern_name=name))
 
 
 def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
     """Register every variant into ``pass_dict``; returns how many were registered."""
     count = 0
     with torch.no_grad():
-        # Let Inductor register its own joint-graph patterns now: on older versions (2.11)
-        # their lazy first registration fails inside the config patch of ours.
-        joint_graph_passes(pm.fwd_only(lambda x: x + 1, [torch.empty(2)]))
         for v in vllm_variants():
             search, replace = v.search_and_replace()
             count += _register(search, replace, v.example_inputs(), pass_dict, _vllm_check,

@@ -83,58 +83,10 @@ class Kernel:
         flat += outs
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
-        if self._direct is not None:
-            self._direct.launch(grid, flat, self._block_t)
-        else:
-            self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
+        self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
         return outs
 
     def __post_init__(self):
         self._roles = [self.plan.input_role(v) for v in self.program.inputs]
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
         self._launch = self.target.launch_options(self.plan, **self.options)
-        self._direct = (DirectLauncher(self.fn, self._launch)
-                        if not self.target.interpret and DirectLauncher.supported() else None)
-
-
-class DirectLauncher:
-    """Launch a compiled Triton kernel without re-binding its arguments on every call.
-
-    ``JITFunction.run`` re-derives every argument's specialisation (16-byte alignment of
-    pointers; integers divisible by 16, equal to 1, or wider than 32 bits) on each launch. Here
-    that key is computed directly, the compiled kernel Triton chose for it the first time is
-    remembered, and later launches call it straight away: the same binary for the same key,
-    at a fraction of the host time (decode is launch-bound). Launch hooks (profilers) are not
-    called on this path; ``FQR_DIRECT_LAUNCH=0`` turns it off.
-    """
-
-    def __init__(self, fn, launch_options: dict):
-        self.fn, self.launch_options = fn, launch_options
-        self.compiled: dict[tuple, object] = {}
-
-    @staticmethod
-    def supported() -> bool:
-        import os
-
-        return os.environ.get("FQR_DIRECT_LAUNCH", "1") != "0"
-
-    @staticmethod
-    def key(flat) -> tuple:
-        parts = []
-        for a in flat:
-            if isinstance(a, torch.Tensor):
-                parts.append(a.data_ptr() % 16 == 0)
-            else:
-                parts.append((a % 16 == 0, a == 1, -(1 << 31) <= a < (1 << 31)))
-        return tuple(parts)
-
-    def launch(self, grid, flat, block_t: int) -> None:
-        key = (self.key(flat[:-1]), -(1 << 31) <= flat[-1] < (1 << 31), flat[0].device.index)
-        compiled = self.compiled.get(key)
-        if compiled is None:  # first launch for this key: Triton binds, compiles or finds it
-            self.compiled[key] = self.fn[grid](*flat, BLOCK_T=block_t, **self.launch_options)
-            return
-        stream = torch.cuda.current_stream(flat[0].device).cuda_stream
-        args = (*flat, block_t)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *args), None, None, *args)
