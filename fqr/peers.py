@@ -39,6 +39,8 @@ from typing import Callable
 
 import torch
 
+from .fusion.unfused import vllm_gemma_rms_norm, vllm_rms_norm, vllm_rotary_embedding
+
 PEER_NAMES = ("eager", "compile", "liger")
 
 
@@ -69,65 +71,14 @@ class PrologueShape:
 
 
 # --------------------------------------------------------------- eager, as vLLM writes it
-
-def vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """vLLM ``RMSNorm.forward_native`` (no residual): round after the norm, scale in x's dtype."""
-    orig_dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(dim=-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    x = x.to(orig_dtype)
-    return x * weight
-
-
-def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   weight_offset: float = 1.0) -> torch.Tensor:
-    """vLLM ``GemmaRMSNorm.forward_static`` (no residual): ``x * (1 + w)`` in fp32, rounded once."""
-    orig_dtype = x.dtype
-    x = x.float()
-    variance = x.pow(2).mean(dim=-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    x = x * (weight_offset + weight.float())
-    return x.to(orig_dtype)
-
-
-def apply_rotary_emb_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           is_neox_style: bool) -> torch.Tensor:
-    """vLLM ``apply_rotary_emb_torch``: rotate ``x [T, H, R]`` by ``cos``/``sin`` ``[T, R/2]``."""
-    cos = cos.unsqueeze(-2).to(x.dtype)
-    sin = sin.unsqueeze(-2).to(x.dtype)
-    if is_neox_style:
-        x1, x2 = torch.chunk(x, 2, dim=-1)
-    else:
-        x1 = x[..., ::2]
-        x2 = x[..., 1::2]
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if is_neox_style:
-        return torch.cat((o1, o2), dim=-1)
-    return torch.stack((o1, o2), dim=-1).flatten(-2)
-
-
-def vllm_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                          cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int,
-                          is_neox_style: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM ``RotaryEmbedding.forward_native`` (cache already in the model dtype)."""
-    positions = positions.flatten()
-    num_tokens = positions.shape[0]
-    cos_sin = cos_sin_cache.index_select(0, positions)
-    cos, sin = cos_sin.chunk(2, dim=-1)
-    out = []
-    for x in (query, key):
-        shape = x.shape
-        x = x.view(num_tokens, -1, head_size)
-        x_rot = apply_rotary_emb_torch(x[..., :rotary_dim], cos, sin, is_neox_style)
-        out.append(torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape))
-    return out[0], out[1]
-
+# (the op-for-op copies of vLLM's code in fqr.fusion.unfused, which the fusion patterns are
+# traced from too)
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, shape: PrologueShape) -> torch.Tensor:
+    if shape.weight_offset == 1.0:
+        return vllm_gemma_rms_norm(x, weight, shape.eps)
     if shape.weight_offset:
-        return gemma_rms_norm(x, weight, shape.eps, shape.weight_offset)
+        raise ValueError(f"weight_offset {shape.weight_offset}: vLLM's norms have offset 0 or 1")
     return vllm_rms_norm(x, weight, shape.eps)
 
 
@@ -143,8 +94,7 @@ def vllm_prologue(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     elif shape.norm == "full":
         q = _norm(q, q_weight, shape)
         k = _norm(k, k_weight, shape)
-    q, k = vllm_rotary_embedding(positions, q, k, cos_sin_cache, shape.head_dim,
-                                 shape.rotary_dim, shape.is_neox)
+    q, k = vllm_rotary_embedding(positions, q, k, shape.head_dim, cos_sin_cache, shape.is_neox)
     return q, k, v
 
 
