@@ -279,9 +279,6 @@ class Trace:
         return tuple(tracers) if prim.multiple_results else tracers[0]
 
 
-_TRACE_STACK: list[Trace] = []
-
-
 def _find_trace(args) -> Trace | None:
     for a in args:
         if isinstance(a, Tracer):
@@ -308,11 +305,7 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
         args.append(t)
         inputs.append(t.var)
         names.append(f"arg{i}")
-    _TRACE_STACK.append(tr)
-    try:
-        out = fn(*args, **static)
-    finally:
-        _TRACE_STACK.pop()
+    out = fn(*args, **static)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     out_vars = []
     for o in outs:
