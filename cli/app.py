@@ -11,12 +11,14 @@ from . import bench, doctor, fuse, golden, verify, lower, run  # noqa: E402,F401
 
 
 def main() -> None:
+    from rich.markup import escape
+
     from fqr.backends import BackendUnavailable
 
     try:
         app()
     except (ValueError, TypeError, BackendUnavailable, FileNotFoundError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True)
         sys.exit(EXIT_USAGE)
 
 
