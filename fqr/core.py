@@ -56,11 +56,11 @@ class Aval:
         return len(self.shape)
 
     @classmethod
-    def of(cls, x: torch.Tensor, token_dim: bool) -> "Aval":
-        shape = tuple(x.shape)
-        if token_dim:
-            shape = (TOKENS,) + shape[1:]
-        return cls(shape, x.dtype)
+    def of(cls, x: torch.Tensor | None, *leading) -> "Aval | None":
+        """The abstract value of ``x`` with its leading dims renamed (``"T"``, ``"P"``), or None."""
+        if x is None:
+            return None
+        return cls(tuple(leading) + tuple(x.shape[len(leading):]), x.dtype)
 
 
 def spec(*shape, dtype=torch.bfloat16) -> Aval:

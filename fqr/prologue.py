@@ -54,12 +54,6 @@ def attention_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias
     return q, k, v
 
 
-def _aval(x: torch.Tensor | None, *leading) -> Aval | None:
-    if x is None:
-        return None
-    return Aval(tuple(leading) + tuple(x.shape[len(leading):]), x.dtype)
-
-
 @lru_cache(maxsize=512)
 def prologue_program(signature: tuple) -> Program:
     """Trace :func:`attention_prologue` for one signature (see :func:`program_signature`)."""
@@ -71,8 +65,8 @@ def program_signature(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias,
                       stats: NormStats | None, **static) -> tuple:
     """Everything the program depends on: avals with symbolic T (and P for the cache rows)."""
     avals = (
-        _aval(qkv, "T"), _aval(positions, "T"), _aval(cos_sin_cache, "P"),
-        _aval(q_weight), _aval(k_weight), _aval(q_bias), _aval(k_bias),
+        Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"),
+        Aval.of(q_weight), Aval.of(k_weight), Aval.of(q_bias), Aval.of(k_bias),
         None if stats is None else Aval(("T",), torch.float32),
         None if stats is None else Aval(("T",), torch.float32),
     )

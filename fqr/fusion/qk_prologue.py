@@ -48,12 +48,6 @@ def qk_program(signature: tuple) -> Program:
     return trace(qk_norm_rope_prologue, *avals, **dict(static))
 
 
-def _aval(x: torch.Tensor | None, *leading) -> Aval | None:
-    if x is None:
-        return None
-    return Aval(tuple(leading) + tuple(x.shape[len(leading):]), x.dtype)
-
-
 def check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, *,
                   head_dim, eps, is_neox, weight_offset, numerics, backend) -> None:
     """ValueError/TypeError naming the bad argument, before anything runs."""
@@ -141,8 +135,9 @@ def qk_rmsnorm_rope(
     static = dict(head_dim=head_dim, eps=float(eps), is_neox=is_neox,
                   weight_offset=float(weight_offset), numerics=numerics)
     tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    avals = (_aval(q, "T"), _aval(k, "T"), _aval(positions, "T"), _aval(cos_sin_cache, "P"),
-             _aval(q_weight), _aval(k_weight), _aval(q_bias), _aval(k_bias))
+    avals = (Aval.of(q, "T"), Aval.of(k, "T"), Aval.of(positions, "T"),
+             Aval.of(cos_sin_cache, "P"), Aval.of(q_weight), Aval.of(k_weight), Aval.of(q_bias),
+             Aval.of(k_bias))
     program = qk_program((avals, tuple(sorted(static.items()))))
     if q.shape[0] == 0:
         return q.new_empty(q.shape), k.new_empty(k.shape)
