@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .common import EXIT_USAGE, app, err
-
 # Command modules register themselves on `app` when imported.
-from . import bench, doctor, fuse, golden, verify, lower, run  # noqa: E402,F401
+from . import bench, doctor, fuse, golden, lower, run, verify  # noqa: E402,F401
+from .common import EXIT_USAGE, app, err
 
 
 def main() -> None:

@@ -10,8 +10,12 @@ import typer
 from rich.console import Console
 
 app = typer.Typer(
-    name="fqr", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    help="Fused QKV-split + RMSNorm + RoPE: verify, lower, benchmark and run across ranks.")
+    name="fqr",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Fused QKV-split + RMSNorm + RoPE: verify, lower, benchmark and run across ranks.",
+)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 

@@ -30,7 +30,8 @@ def _facts() -> dict:
         "torch_npu": _version("torch_npu") or _version("torch-npu"),
         "cuda_available": torch.cuda.is_available(),
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if torch.cuda.is_available() else [],
+        if torch.cuda.is_available()
+        else [],
         "cann": os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH"),
     }
     from fqr.lowering.ascend_check import ascend_facts
@@ -41,7 +42,7 @@ def _facts() -> dict:
 
 @app.command()
 def doctor(json_out: bool = __import__("typer").Option(False, "--json", help="print JSON")):
-    """Report torch / triton / triton-ascend / torch_npu / CANN presence and backend availability."""
+    """Report torch / triton / triton-ascend / torch_npu / CANN presence and backend status."""
     from fqr.backends import BACKENDS
 
     facts = _facts()
@@ -57,5 +58,8 @@ def doctor(json_out: bool = __import__("typer").Option(False, "--json", help="pr
     tb.add_column("backend")
     tb.add_column("status")
     for name, status in backends.items():
-        tb.add_row(name, "[green]available[/green]" if status == "available" else f"[yellow]{status}[/yellow]")
+        tb.add_row(
+            name,
+            "[green]available[/green]" if status == "available" else f"[yellow]{status}[/yellow]",
+        )
     out.print(tb)

@@ -55,9 +55,16 @@ def fuse(
         p = get_preset(preset.lower())
     except ValueError as e:
         raise UsageError(f"--preset: {e}") from None
-    report = evaluate_fusion(p, layers=layers, tokens=tokens, dtype=parse_dtype(dtype),
-                             device=device, seed=seed, runs=runs,
-                             log=lambda msg: err.print(f"[dim]{msg}...[/dim]"))
+    report = evaluate_fusion(
+        p,
+        layers=layers,
+        tokens=tokens,
+        dtype=parse_dtype(dtype),
+        device=device,
+        seed=seed,
+        runs=runs,
+        log=lambda msg: err.print(f"[dim]{msg}...[/dim]"),
+    )
     if json_out:
         out.print_json(json.dumps(report.to_dict()))
     else:
@@ -67,17 +74,21 @@ def fuse(
 
 
 def _print_table(r) -> None:
-    t = Table(title=f"fqr fuse {r.preset} layers={r.layers} tokens={r.tokens} {r.dtype} {r.device}",
-              show_header=False)
+    t = Table(
+        title=f"fqr fuse {r.preset} layers={r.layers} tokens={r.tokens} {r.dtype} {r.device}",
+        show_header=False,
+    )
     t.add_row("fused sites", f"{r.sites} / {r.layers}")
-    t.add_row("unfused ops left", ", ".join(f"{k} x{v}" for k, v in r.unfused_ops_left.items())
-              or "none")
-    t.add_row("max |fused - unfused|",
-              "  ".join(f"{k} {v:.3g}" for k, v in r.max_abs_diff.items()))
+    t.add_row(
+        "unfused ops left", ", ".join(f"{k} x{v}" for k, v in r.unfused_ops_left.items()) or "none"
+    )
+    t.add_row("max |fused - unfused|", "  ".join(f"{k} {v:.3g}" for k, v in r.max_abs_diff.items()))
     c = r.contract
-    t.add_row("q/k vs float64 (unfused contract)",
-              f"{'pass' if c['passed'] else 'FAIL'}: max err {c['max_rel_head']:.3g} x head max "
-              f"({c['tolerance']})")
+    t.add_row(
+        "q/k vs float64 (unfused contract)",
+        f"{'pass' if c['passed'] else 'FAIL'}: max err {c['max_rel_head']:.3g} x head max "
+        f"({c['tolerance']})",
+    )
     t.add_row("pattern setup", f"{r.pattern_setup_s:.1f} s")
     t.add_row("compile unfused / fused", f"{r.unfused.compile_s:.1f} s / {r.fused.compile_s:.1f} s")
     t.add_row("run unfused / fused", f"{r.unfused.run_ms:.3f} ms / {r.fused.run_ms:.3f} ms")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,12 +20,16 @@ from .common import UsageError, app, err, out
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
 app.add_typer(golden_app, name="golden")
 
-DirOption = Annotated[Path, typer.Option("--dir", help="golden directory (manifest.json + *.safetensors)")]
-CaseOption = Annotated[Optional[str], typer.Option("--case", help="only cases whose name matches this glob")]
+DirOption = Annotated[
+    Path, typer.Option("--dir", help="golden directory (manifest.json + *.safetensors)")
+]
+CaseOption = Annotated[
+    str | None, typer.Option("--case", help="only cases whose name matches this glob")
+]
 
 
 def print_table(table: Table) -> None:
-    """Print a table to stdout; when stdout is not a terminal, at its natural width (no squeezing)."""
+    """Print a table to stdout; off a terminal, at its natural width (no squeezing)."""
     if out.is_terminal:
         out.print(table)
     else:
@@ -33,8 +37,11 @@ def print_table(table: Table) -> None:
 
 
 @golden_app.command("list")
-def golden_list(directory: DirOption = GOLDEN_DIR, case: CaseOption = None,
-                json_out: Annotated[bool, typer.Option("--json", help="print JSON to stdout")] = False):
+def golden_list(
+    directory: DirOption = GOLDEN_DIR,
+    case: CaseOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON to stdout")] = False,
+):
     """Show the cases in the manifest: shape, dtype, numerics, variations and tolerance."""
     entries = list_cases(directory, case)
     if case is not None and not entries:
@@ -43,23 +50,51 @@ def golden_list(directory: DirOption = GOLDEN_DIR, case: CaseOption = None,
         out.print_json(json.dumps({"golden_dir": str(directory), "cases": entries}))
         return
     table = Table(title=f"golden cases ({directory})")
-    for col in ("case", "preset", "tp", "dtype", "T", "numerics", "norm", "rotary/D", "style",
-                "bias", "max pos", "tolerance q/k", "bytes"):
-        table.add_column(col, justify="right" if col in ("tp", "T", "max pos", "bytes") else "left",
-                         no_wrap=col == "case")
+    for col in (
+        "case",
+        "preset",
+        "tp",
+        "dtype",
+        "T",
+        "numerics",
+        "norm",
+        "rotary/D",
+        "style",
+        "bias",
+        "max pos",
+        "tolerance q/k",
+        "bytes",
+    ):
+        table.add_column(
+            col,
+            justify="right" if col in ("tp", "T", "max pos", "bytes") else "left",
+            no_wrap=col == "case",
+        )
     for e in entries:
-        table.add_row(e["name"], e["preset"], str(e["tp"]), e["dtype"], str(e["tokens"]),
-                      e["numerics"], e["norm"] + ("+stats" if e["norm_stats"] else ""),
-                      f"{e['rotary_dim']}/{e['head_dim']}", "neox" if e["is_neox"] else "gptj",
-                      "yes" if e["bias"] else "-", str(e["max_position"]), e["tolerance"]["q"],
-                      str(e["bytes"]))
+        table.add_row(
+            e["name"],
+            e["preset"],
+            str(e["tp"]),
+            e["dtype"],
+            str(e["tokens"]),
+            e["numerics"],
+            e["norm"] + ("+stats" if e["norm_stats"] else ""),
+            f"{e['rotary_dim']}/{e['head_dim']}",
+            "neox" if e["is_neox"] else "gptj",
+            "yes" if e["bias"] else "-",
+            str(e["max_position"]),
+            e["tolerance"]["q"],
+            str(e["bytes"]),
+        )
     print_table(table)
     err.print(f"{len(entries)} cases, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB")
 
 
 @golden_app.command("regen")
 def golden_regen(directory: DirOption = GOLDEN_DIR, case: CaseOption = None):
-    """Rebuild the case files (all, or those matching --case) and the manifest, deterministically."""
+    """Rebuild the case files (all, or those matching --case) and the manifest; deterministic."""
     written = regen(directory, case)
     total = sum(e["bytes"] for e in written)
-    err.print(f"wrote {len(written)} cases ({total / 1e6:.1f} MB) and {directory / 'manifest.json'}")
+    err.print(
+        f"wrote {len(written)} cases ({total / 1e6:.1f} MB) and {directory / 'manifest.json'}"
+    )

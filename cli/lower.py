@@ -14,20 +14,32 @@ TARGET_NAMES = ("cuda", "interpret", "ascend", "ascend-interpret")
 
 @app.command()
 def lower(
-    preset: str = typer.Option(None, "--preset", help="model preset, e.g. qwen3-8b (--check: "
-                               "default every preset)"),
-    tp: int = typer.Option(None, "--tp", help="tensor-parallel size (per-rank head counts); "
-                           "default 1 (--check: each of 1, 2, 4, 8 the preset allows)"),
+    preset: str = typer.Option(
+        None, "--preset", help="model preset, e.g. qwen3-8b (--check: default every preset)"
+    ),
+    tp: int = typer.Option(
+        None,
+        "--tp",
+        help="tensor-parallel size (per-rank head counts); "
+        "default 1 (--check: each of 1, 2, 4, 8 the preset allows)",
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help=f"activation dtype: {', '.join(DTYPES)}"),
     target: str = typer.Option("cuda", "--target", help=f"one of {', '.join(TARGET_NAMES)}"),
     numerics: str = typer.Option("fused", "--numerics", help="fused | unfused"),
     bias: bool = typer.Option(False, "--bias", help="norm with a bias term"),
     ir: bool = typer.Option(False, "--ir", help="print the traced program (jaxpr-like)"),
     output: Path = typer.Option(None, "-o", "--output", help="write the kernel source here"),
-    check: bool = typer.Option(False, "--check", help="ascend: compile through Triton-Ascend's "
-                               "stages (TTIR, triton-adapter-opt -> linalg/HIVM; bishengir needs CANN)"),
-    num_vectorcore: int = typer.Option(None, "--num-vectorcore", help="ascend: persistent grid "
-                                       "size (default: the NPU's vector cores, offline 40)"),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="ascend: compile through Triton-Ascend's "
+        "stages (TTIR, triton-adapter-opt -> linalg/HIVM; bishengir needs CANN)",
+    ),
+    num_vectorcore: int = typer.Option(
+        None,
+        "--num-vectorcore",
+        help="ascend: persistent grid size (default: the NPU's vector cores, offline 40)",
+    ),
     chip: str = typer.Option(None, "--chip", help="ascend: A2, A3 or 950 (UB budget, arch)"),
     ub_bytes: int = typer.Option(None, "--ub-bytes", help="ascend: override the chip's UB size"),
     json_out: bool = typer.Option(False, "--json", help="--check: print the reports as JSON"),
@@ -41,21 +53,27 @@ def lower(
         raise UsageError(f"--target must be one of {', '.join(TARGET_NAMES)}, got {target!r}")
     if numerics not in ("fused", "unfused"):
         raise UsageError(f"--numerics must be fused or unfused, got {numerics!r}")
-    ascend = {k: v for k, v in (("chip", chip), ("ub_bytes", ub_bytes),
-                                ("num_vectorcore", num_vectorcore)) if v is not None}
+    ascend = {
+        k: v
+        for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_vectorcore", num_vectorcore))
+        if v is not None
+    }
     if ascend and not target.startswith("ascend"):
         raise UsageError("--chip/--ub-bytes/--num-vectorcore apply to --target ascend only")
     if check:
         if target != "ascend":
-            raise UsageError(f"--check compiles for an NPU: it needs --target ascend, got {target!r}")
+            raise UsageError(
+                f"--check compiles for an NPU: it needs --target ascend, got {target!r}"
+            )
         _ascend_check(preset, tp, parse_dtype(dtype), numerics, bias, ascend, json_out)
         return
     if preset is None:
         raise UsageError("--preset is required (e.g. --preset qwen3-8b)")
     tp = 1 if tp is None else tp
     p = get_preset(preset, tp)
-    program = preset_program(p, parse_dtype(dtype), numerics=numerics, bias=bias,
-                             sharded_full_norm=tp > 1)
+    program = preset_program(
+        p, parse_dtype(dtype), numerics=numerics, bias=bias, sharded_full_norm=tp > 1
+    )
     if ir:
         out.print(str(program), highlight=False, markup=False)
     source = kernel_source(program, target, **ascend)
@@ -73,7 +91,12 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fqr.lowering.ascend_check import NEEDS_CANN, check_preset, preset_tp_pairs, require_triton_ascend
+    from fqr.lowering.ascend_check import (
+        NEEDS_CANN,
+        check_preset,
+        preset_tp_pairs,
+        require_triton_ascend,
+    )
 
     require_triton_ascend()
     results = []
@@ -90,19 +113,25 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
             table.add_column(col, no_wrap=True)
         for r in results:
             st = {s.name: s.status for s in r.report.stages}
-            table.add_row(r.label, str(r.tiling.tiling.block_t),
-                          "/".join(map(str, r.tiling.tiling.head_chunks)),
-                          f"{r.tiling.footprint / 1024:.0f}/{r.tiling.budget / 1024:.0f}",
-                          *(st.get(n, "-") for n in ("ttir", "linalg", "npubin")))
+            table.add_row(
+                r.label,
+                str(r.tiling.tiling.block_t),
+                "/".join(map(str, r.tiling.tiling.head_chunks)),
+                f"{r.tiling.footprint / 1024:.0f}/{r.tiling.budget / 1024:.0f}",
+                *(st.get(n, "-") for n in ("ttir", "linalg", "npubin")),
+            )
         # Wider than a default 80-column pipe, so that no cell is cropped.
         Console(width=max(out.width, 110)).print(table)
     for r in failed:
         bad = next(s for s in r.report.stages if s.status == "failed")
         err.print(f"[red]FAILED[/red] {r.label} at {bad.name}: {bad.detail}", highlight=False)
     if any(s.status == NEEDS_CANN for r in results for s in r.report.stages):
-        err.print("note: the last step (bishengir-compile: HIVM -> NPU binary) needs the CANN "
-                  "toolkit, which is not installed here; TTIR and Ascend linalg/HIVM passed "
-                  "through Triton-Ascend's own stages.", highlight=False)
+        err.print(
+            "note: the last step (bishengir-compile: HIVM -> NPU binary) needs the CANN "
+            "toolkit, which is not installed here; TTIR and Ascend linalg/HIVM passed "
+            "through Triton-Ascend's own stages.",
+            highlight=False,
+        )
     err.print(f"{len(results) - len(failed)} passed, {len(failed)} failed", highlight=False)
     if failed:
         raise typer.Exit(EXIT_FAILED)

@@ -24,8 +24,14 @@ def _live_table(p) -> Table:
     for col in ("step", "tokens", "tokens/s", "verified", "in flight", "queue depth per rank"):
         t.add_column(col, justify="right")
     depths = " ".join(str(d) for d in p.queue_depths) if p.queue_depths else "-"
-    t.add_row(str(p.step), str(p.tokens), f"{p.tokens_per_s:,.0f}", str(p.verified_steps),
-              str(p.in_flight), depths)
+    t.add_row(
+        str(p.step),
+        str(p.tokens),
+        f"{p.tokens_per_s:,.0f}",
+        str(p.verified_steps),
+        str(p.in_flight),
+        depths,
+    )
     return t
 
 
@@ -39,30 +45,48 @@ def summary_dict(cfg, result, ready_info: dict, totals: dict, failure: str | Non
         ver = result_verification(result, rank)
         memory = (totals.get(rank) or info or {}).get("memory", {})
         compute_s = stats.get("compute_s", 0.0)
-        ranks.append({
-            "rank": rank, "dp": dp_rank, "tp": tp_rank, "device": info.get("device"),
-            "pid": info.get("pid"), "host": info.get("host"), "steps": stats.get("steps", 0),
-            "tokens": stats.get("tokens", 0), "compute_s": compute_s,
-            "tokens_per_s": stats.get("tokens", 0) / compute_s if compute_s > 0 else 0.0,
-            "memory_bytes": memory.get("used_bytes"),
-            "memory_at_init_bytes": info.get("memory", {}).get("used_bytes"),
-            "torch_peak_bytes": memory.get("torch_peak_bytes"), "verification": ver,
-        })
+        ranks.append(
+            {
+                "rank": rank,
+                "dp": dp_rank,
+                "tp": tp_rank,
+                "device": info.get("device"),
+                "pid": info.get("pid"),
+                "host": info.get("host"),
+                "steps": stats.get("steps", 0),
+                "tokens": stats.get("tokens", 0),
+                "compute_s": compute_s,
+                "tokens_per_s": stats.get("tokens", 0) / compute_s if compute_s > 0 else 0.0,
+                "memory_bytes": memory.get("used_bytes"),
+                "memory_at_init_bytes": info.get("memory", {}).get("used_bytes"),
+                "torch_peak_bytes": memory.get("torch_peak_bytes"),
+                "verification": ver,
+            }
+        )
     res = {
-        "ok": bool(result and result.ok and failure is None), "failure": failure,
-        "config": cfg.to_dict(), "ranks": ranks,
+        "ok": bool(result and result.ok and failure is None),
+        "failure": failure,
+        "config": cfg.to_dict(),
+        "ranks": ranks,
     }
     if result is not None:
-        res.update({
-            "steps": result.steps, "tokens": result.tokens, "wall_s": result.wall_s,
-            "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
-            "verified_steps": result.verified_steps,
-            "verification_failures": result.verification_failures,
-            "requests_per_dp": result.requests_per_dp,
-            "scheduling": {"async": cfg.async_scheduling, "host_s": result.host_s,
-                           "host_overlapped_s": result.host_overlapped_s,
-                           "wait_s": result.wait_s},
-        })
+        res.update(
+            {
+                "steps": result.steps,
+                "tokens": result.tokens,
+                "wall_s": result.wall_s,
+                "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
+                "verified_steps": result.verified_steps,
+                "verification_failures": result.verification_failures,
+                "requests_per_dp": result.requests_per_dp,
+                "scheduling": {
+                    "async": cfg.async_scheduling,
+                    "host_s": result.host_s,
+                    "host_overlapped_s": result.host_overlapped_s,
+                    "wait_s": result.wait_s,
+                },
+            }
+        )
     return res
 
 
@@ -71,30 +95,59 @@ def result_verification(result, rank: int) -> dict:
 
 
 def _print_tables(summary: dict) -> None:
-    t = Table(title=f"fqr run: {summary['config']['preset']} dp={summary['config']['dp']} "
-                    f"tp={summary['config']['tp']} {summary['config']['device']} "
-                    f"{summary['config']['backend']}")
-    for col in ("rank", "dp", "tp", "dev", "steps", "tok", "time_s", "tok/s", "MiB",
-                "verified", "ulp"):
+    t = Table(
+        title=f"fqr run: {summary['config']['preset']} dp={summary['config']['dp']} "
+        f"tp={summary['config']['tp']} {summary['config']['device']} "
+        f"{summary['config']['backend']}"
+    )
+    for col in (
+        "rank",
+        "dp",
+        "tp",
+        "dev",
+        "steps",
+        "tok",
+        "time_s",
+        "tok/s",
+        "MiB",
+        "verified",
+        "ulp",
+    ):
         t.add_column(col, justify="right")
     for r in summary["ranks"]:
         v = r["verification"]
         verified = f"{v.get('passed', 0)}/{v.get('checks', 0)}" if v else "-"
         ulp = str(v.get("max_ulp", "-")) if v else "-"
         mem = f"{r['memory_bytes'] / _MIB:,.0f}" if r["memory_bytes"] else "-"
-        t.add_row(str(r["rank"]), str(r["dp"]), str(r["tp"]), str(r["device"] or "-"),
-                  str(r["steps"]), str(r["tokens"]), f"{r['compute_s']:.3f}",
-                  f"{r['tokens_per_s']:,.0f}", mem, verified, ulp)
+        t.add_row(
+            str(r["rank"]),
+            str(r["dp"]),
+            str(r["tp"]),
+            str(r["device"] or "-"),
+            str(r["steps"]),
+            str(r["tokens"]),
+            f"{r['compute_s']:.3f}",
+            f"{r['tokens_per_s']:,.0f}",
+            mem,
+            verified,
+            ulp,
+        )
     out.print(t)
     if "steps" in summary:
         s = summary["scheduling"]
-        overlap = (f"; async: {s['host_overlapped_s']:.2f} s of {s['host_s']:.2f} s host work "
-                   f"overlapped with workers" if s["async"] else
-                   f"; sync: host work {s['host_s']:.2f} s, waiting {s['wait_s']:.2f} s")
-        out.print(f"{summary['steps']} steps, {summary['tokens']} tokens in "
-                  f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:,.0f} tokens/s), "
-                  f"{summary['verified_steps']} steps verified, requests per DP rank "
-                  f"{summary['requests_per_dp']}{overlap}", highlight=False)
+        overlap = (
+            f"; async: {s['host_overlapped_s']:.2f} s of {s['host_s']:.2f} s host work "
+            f"overlapped with workers"
+            if s["async"]
+            else f"; sync: host work {s['host_s']:.2f} s, waiting {s['wait_s']:.2f} s"
+        )
+        out.print(
+            f"{summary['steps']} steps, {summary['tokens']} tokens in "
+            f"{summary['wall_s']:.2f} s ({summary['tokens_per_s']:,.0f} tokens/s), "
+            f"{summary['verified_steps']} steps verified, requests per DP rank "
+            f"{summary['requests_per_dp']}{overlap}",
+            highlight=False,
+        )
 
 
 @app.command()
@@ -103,8 +156,11 @@ def run(
     dp: int = typer.Option(None, help="data-parallel replicas (default 1; torchrun: world / tp)"),
     tp: int = typer.Option(1, help="tensor-parallel size"),
     device: str = typer.Option("cpu", help="cpu | cuda | npu"),
-    backend: str = typer.Option("auto", help="auto (triton on cuda, ascend on npu, else "
-                                "reference) | reference | interpret | triton | ascend"),
+    backend: str = typer.Option(
+        "auto",
+        help="auto (triton on cuda, ascend on npu, else "
+        "reference) | reference | interpret | triton | ascend",
+    ),
     dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),
     numerics: str = typer.Option("fused", help="fused | unfused"),
     launcher: str = typer.Option("mp", help="mp (fqr spawns the workers) | torchrun"),
@@ -114,9 +170,12 @@ def run(
     max_batched_tokens: int = typer.Option(64, help="token budget per step and DP replica"),
     seed: int = typer.Option(0, help="workload, weights and activations seed"),
     verify_every: int = typer.Option(1, help="verify every K-th step (0: never)"),
-    async_scheduling: bool = typer.Option(False, "--async-scheduling",
-                                          help="two batches in flight"),
-    inject_fault: str = typer.Option(None, help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"),
+    async_scheduling: bool = typer.Option(
+        False, "--async-scheduling", help="two batches in flight"
+    ),
+    inject_fault: str = typer.Option(
+        None, help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"
+    ),
     init_timeout: float = typer.Option(120.0, help="seconds for every worker to report READY"),
     step_timeout: float = typer.Option(60.0, help="seconds for every rank to answer a step"),
     collective_timeout: float = typer.Option(60.0, help="timeout of every collective (s)"),
@@ -133,12 +192,26 @@ def run(
             raise ValueError(f"--tp {tp} does not divide the torchrun world size {world}")
         dp = world // tp
     cfg = RunConfig.build(
-        preset=preset, dp=1 if dp is None else dp, tp=tp, device=device, backend=backend,
-        dtype=dtype, numerics=numerics, launcher=launcher, requests=requests,
-        prompt_len=prompt_len, decode_steps=decode_steps, max_batched_tokens=max_batched_tokens,
-        seed=seed, verify_every=verify_every, async_scheduling=async_scheduling,
-        fault=inject_fault, init_timeout_s=init_timeout, step_timeout_s=step_timeout,
-        collective_timeout_s=collective_timeout)
+        preset=preset,
+        dp=1 if dp is None else dp,
+        tp=tp,
+        device=device,
+        backend=backend,
+        dtype=dtype,
+        numerics=numerics,
+        launcher=launcher,
+        requests=requests,
+        prompt_len=prompt_len,
+        decode_steps=decode_steps,
+        max_batched_tokens=max_batched_tokens,
+        seed=seed,
+        verify_every=verify_every,
+        async_scheduling=async_scheduling,
+        fault=inject_fault,
+        init_timeout_s=init_timeout,
+        step_timeout_s=step_timeout,
+        collective_timeout_s=collective_timeout,
+    )
     if launcher == "torchrun":
         summary = _run_torchrun(cfg)
         if summary is None:  # ranks > 0: rank 0 reports
@@ -154,13 +227,18 @@ def _run_mp(cfg) -> dict:
 
     executor = MultiprocExecutor(cfg)
     result, failure = None, None
-    err.print(f"fqr run: starting {cfg.layout.world_size} workers "
-              f"(dp={cfg.dp} x tp={cfg.tp}, {cfg.device}, {cfg.backend})", highlight=False)
+    err.print(
+        f"fqr run: starting {cfg.layout.world_size} workers "
+        f"(dp={cfg.dp} x tp={cfg.tp}, {cfg.device}, {cfg.backend})",
+        highlight=False,
+    )
     try:
         executor.start()
         for rank, info in sorted(executor.ready_info.items()):
-            err.print(f"  {cfg.layout.describe(rank)}: pid {info['pid']} on {info['device']}",
-                      highlight=False)
+            err.print(
+                f"  {cfg.layout.describe(rank)}: pid {info['pid']} on {info['device']}",
+                highlight=False,
+            )
         with Live(console=err, refresh_per_second=4, transient=True) as live:
             result = Engine(cfg, executor).run(lambda p: live.update(_live_table(p)))
     except RunFailed as e:

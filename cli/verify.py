@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -36,7 +36,9 @@ def choose_backends(spec: str | None) -> list[str]:
     names = parse_csv(spec, "backend")
     for name in names:
         if name not in BACKENDS:
-            raise UsageError(f"--backend: unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+            raise UsageError(
+                f"--backend: unknown backend {name!r}; choose from {', '.join(BACKENDS)}"
+            )
         reason = BACKENDS[name].unavailable_reason()
         if reason:
             raise UsageError(f"--backend: {name} is unavailable here: {reason}")
@@ -44,14 +46,18 @@ def choose_backends(spec: str | None) -> list[str]:
 
 
 def verify_one(case, backend: str) -> dict:
-    """Run ``backend`` on a loaded case; a result row (status, error measures, per-output details)."""
+    """Run ``backend`` on a loaded case: a result row (status, errors, per-output details)."""
     row = {"case": case.name, "backend": backend}
     try:
         q, k, v = case.to(BACKEND_DEVICE.get(backend, "cpu")).run(backend)
         checks = case.check(q, k, v)
     except Exception as e:  # a backend that raises fails the check; the row says why
-        return row | {"status": "error", "max_ulp": None, "max_abs": None,
-                      "detail": f"{type(e).__name__}: {e}"}
+        return row | {
+            "status": "error",
+            "max_ulp": None,
+            "max_abs": None,
+            "detail": f"{type(e).__name__}: {e}",
+        }
     ulps = [c.max_ulp for c in checks.values() if c.max_ulp is not None]
     passed = all(c.passed for c in checks.values())
     return row | {
@@ -65,23 +71,34 @@ def verify_one(case, backend: str) -> dict:
 def _table(rows: list[dict]) -> Table:
     table = Table(title="fqr verify")
     for col in ("case", "backend", "max ULP", "max abs err", "status"):
-        table.add_column(col, justify="right" if col.startswith("max") else "left",
-                         no_wrap=col == "case")
+        table.add_column(
+            col, justify="right" if col.startswith("max") else "left", no_wrap=col == "case"
+        )
     for r in rows:
         style = STATUS_STYLE[r["status"]]
-        table.add_row(r["case"], r["backend"], "-" if r["max_ulp"] is None else str(r["max_ulp"]),
-                      "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
-                      f"[{style}]{r['status']}[/{style}]")
+        table.add_row(
+            r["case"],
+            r["backend"],
+            "-" if r["max_ulp"] is None else str(r["max_ulp"]),
+            "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
+            f"[{style}]{r['status']}[/{style}]",
+        )
     return table
 
 
 @app.command()
 def verify(
-    backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="comma list of backends (default: every available one)")] = None,
-    case: Annotated[str, typer.Option("--case", help="only cases whose name matches this glob")] = "*",
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="comma list of backends (default: every available one)"),
+    ] = None,
+    case: Annotated[
+        str, typer.Option("--case", help="only cases whose name matches this glob")
+    ] = "*",
     golden_dir: Annotated[Path, typer.Option("--golden-dir", help="golden directory")] = GOLDEN_DIR,
-    json_out: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print one JSON document to stdout")
+    ] = False,
 ):
     """Check backends against the golden files (exit 0 all pass, 1 a mismatch, 2 bad usage)."""
     backends = choose_backends(backend)
@@ -90,15 +107,29 @@ def verify(
         raise UsageError(f"--case: no golden case matches {case!r} in {golden_dir}")
 
     rows: list[dict] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("verifying", total=len(entries) * len(backends))
         for entry in entries:
             try:
                 loaded = load_case(entry, golden_dir)
             except GoldenCorrupt as e:
-                rows += [{"case": entry["name"], "backend": b, "status": "corrupt", "max_ulp": None,
-                          "max_abs": None, "detail": str(e)} for b in backends]
+                rows += [
+                    {
+                        "case": entry["name"],
+                        "backend": b,
+                        "status": "corrupt",
+                        "max_ulp": None,
+                        "max_abs": None,
+                        "detail": str(e),
+                    }
+                    for b in backends
+                ]
                 progress.advance(task, len(backends))
                 continue
             for name in backends:
@@ -109,16 +140,30 @@ def verify(
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUS_STYLE}
     ok = counts["pass"] == len(rows)
     if json_out:
-        out.print_json(json.dumps({"golden_dir": str(golden_dir), "backends": backends,
-                                   "passed": ok, "counts": counts, "results": rows}))
+        out.print_json(
+            json.dumps(
+                {
+                    "golden_dir": str(golden_dir),
+                    "backends": backends,
+                    "passed": ok,
+                    "counts": counts,
+                    "results": rows,
+                }
+            )
+        )
     else:
         print_table(_table(rows))
     for r in rows:
         if "detail" in r:
-            err.print(f"{r['case']} [{r['backend']}]: {r['status']}: {r['detail']}", highlight=False,
-                      markup=False)
+            err.print(
+                f"{r['case']} [{r['backend']}]: {r['status']}: {r['detail']}",
+                highlight=False,
+                markup=False,
+            )
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    err.print(f"{len(entries)} cases x {len(backends)} backends ({', '.join(backends)}): {summary}",
-              highlight=False)
+    err.print(
+        f"{len(entries)} cases x {len(backends)} backends ({', '.join(backends)}): {summary}",
+        highlight=False,
+    )
     if not ok:
         raise typer.Exit(EXIT_FAILED)

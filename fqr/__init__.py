@@ -8,19 +8,37 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` (``fqr/prologue.py``) -> :func:`
 (``fqr/core.py``) -> :func:`lower` (``fqr/lowering``) -> generated source -> launch.
 """
 
-from . import ops, presets
+from . import (
+    fusion,  # noqa: F401  (registers torch.ops.fqr.*: fqr/fusion/custom_ops.py)
+    ops,
+    presets,
+)
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .presets import PRESETS, get_preset
 from .prologue import NormStats, attention_prologue, split_qkv_rmsnorm_rope
 from .rope_cache import rope_cos_sin_cache
-from . import fusion  # noqa: F401  (registers torch.ops.fqr.*: fqr/fusion/custom_ops.py)
 
 __all__ = [
-    "split_qkv_rmsnorm_rope", "attention_prologue", "NormStats", "ops", "presets", "PRESETS",
-    "get_preset", "trace", "spec", "Aval", "Program", "TraceError", "eval_program",
-    "rope_cos_sin_cache", "BACKENDS", "BackendUnavailable", "available_backends",
-    "lower", "jit",
+    "split_qkv_rmsnorm_rope",
+    "attention_prologue",
+    "NormStats",
+    "ops",
+    "presets",
+    "PRESETS",
+    "get_preset",
+    "trace",
+    "spec",
+    "Aval",
+    "Program",
+    "TraceError",
+    "eval_program",
+    "rope_cos_sin_cache",
+    "BACKENDS",
+    "BackendUnavailable",
+    "available_backends",
+    "lower",
+    "jit",
 ]
 
 

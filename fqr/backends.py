@@ -22,8 +22,8 @@ import functools
 import importlib.metadata as md
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -56,8 +56,10 @@ class Backend:
         devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
         wrong = devices - set(self.device_types)
         if wrong:
-            raise ValueError(f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, "
-                             f"got {'/'.join(sorted(wrong))} tensors")
+            raise ValueError(
+                f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, "
+                f"got {'/'.join(sorted(wrong))} tensors"
+            )
         return self._runner(program, args)
 
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
@@ -94,8 +96,9 @@ def _mode_conflict(interpret: bool) -> str | None:
     mode = triton_mode()
     if interpret and mode == "compiled":
         return "triton is already loaded for compiled kernels in this process"
-    if not interpret and (mode == "interpreted" or
-                          (mode == "unloaded" and os.environ.get("TRITON_INTERPRET") == "1")):
+    if not interpret and (
+        mode == "interpreted" or (mode == "unloaded" and os.environ.get("TRITON_INTERPRET") == "1")
+    ):
         return "this process runs triton interpreted (TRITON_INTERPRET=1)"
     return None
 
@@ -144,28 +147,59 @@ def _kernel_runner(target: str):
 
             kernel = kernels[id(program)] = lower(program, target=target)
         return kernel.launch(args)
+
     return run
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in [
-    Backend("reference", "torch impl rules, fp32 compute", ("cpu", "cuda", "npu"),
-            lambda: None, _run_reference),
-    Backend("interpret", "generated kernel, Triton interpreter (CPU)", ("cpu",),
-            _reason_interpret, _kernel_runner("interpret")),
-    Backend("triton", "generated kernel, Triton on CUDA", ("cuda",),
-            _reason_triton, _kernel_runner("cuda")),
-    Backend("ascend", "generated kernel, Triton-Ascend on NPU", ("npu",),
-            _reason_ascend, _kernel_runner("ascend")),
-    Backend("ascend-interpret", "ascend-target kernel, Triton-Ascend interpreter (CPU)", ("cpu",),
-            _reason_ascend_interpret, _kernel_runner("ascend-interpret")),
-]}
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in [
+        Backend(
+            "reference",
+            "torch impl rules, fp32 compute",
+            ("cpu", "cuda", "npu"),
+            lambda: None,
+            _run_reference,
+        ),
+        Backend(
+            "interpret",
+            "generated kernel, Triton interpreter (CPU)",
+            ("cpu",),
+            _reason_interpret,
+            _kernel_runner("interpret"),
+        ),
+        Backend(
+            "triton",
+            "generated kernel, Triton on CUDA",
+            ("cuda",),
+            _reason_triton,
+            _kernel_runner("cuda"),
+        ),
+        Backend(
+            "ascend",
+            "generated kernel, Triton-Ascend on NPU",
+            ("npu",),
+            _reason_ascend,
+            _kernel_runner("ascend"),
+        ),
+        Backend(
+            "ascend-interpret",
+            "ascend-target kernel, Triton-Ascend interpreter (CPU)",
+            ("cpu",),
+            _reason_ascend_interpret,
+            _kernel_runner("ascend-interpret"),
+        ),
+    ]
+}
 
 
 def get_backend(name: str) -> Backend:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}") from None
+        raise ValueError(
+            f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}"
+        ) from None
 
 
 def auto_backend_name(device: torch.device) -> str:
@@ -183,8 +217,10 @@ def resolve_backend(name: str, device: torch.device) -> Backend:
         return _RESOLVED[key]
     backend = get_backend(auto_backend_name(device) if name == "auto" else name)
     if device.type not in backend.device_types:
-        raise ValueError(f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
-                         f"tensors, but qkv is on {device.type}")
+        raise ValueError(
+            f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
+            f"tensors, but qkv is on {device.type}"
+        )
     reason = backend.unavailable_reason()
     if reason:
         raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {reason}")

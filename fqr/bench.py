@@ -35,8 +35,8 @@ import platform
 import statistics
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
@@ -49,11 +49,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 GRAPH_MAX_TOKENS = 256
-CEILING_BYTES = 2 << 30          # size of the copied buffer: 2 GiB read + 2 GiB written
-CACHE_DTYPE = torch.float32      # fqr reads the real table in fp32
-POSITIONS_DTYPE = torch.int64    # vLLM's positions
+CEILING_BYTES = 2 << 30  # size of the copied buffer: 2 GiB read + 2 GiB written
+CACHE_DTYPE = torch.float32  # fqr reads the real table in fp32
+POSITIONS_DTYPE = torch.int64  # vLLM's positions
 MAX_ROTATION_SETS = 32
-DEFAULT_L2_BYTES = 50 << 20      # H200, if the device does not say
+DEFAULT_L2_BYTES = 50 << 20  # H200, if the device does not say
 FQR = "fqr"
 
 
@@ -64,29 +64,37 @@ class NoGPU(RuntimeError):
 def require_gpu() -> None:
     """Raise :class:`NoGPU` (one line) when torch sees no CUDA device."""
     if not torch.cuda.is_available():
-        raise NoGPU("fqr bench needs a CUDA GPU and torch sees none on this machine "
-                    "(run it on the GPU machine; `fqr bench --from-json FILE` renders saved results)")
+        raise NoGPU(
+            "fqr bench needs a CUDA GPU and torch sees none on this machine "
+            "(run it on the GPU machine; `fqr bench --from-json FILE` renders saved results)"
+        )
 
 
 # ------------------------------------------------------------------------- traffic model
 
+
 @dataclass(frozen=True)
 class Traffic:
     """Minimal bytes one call must move (each term read or written exactly once)."""
+
     qkv_read: int
-    qkv_written: int       # q, k and v together: the same width as the qkv row
+    qkv_written: int  # q, k and v together: the same width as the qkv row
     positions: int
-    cos_sin: int           # one table row (R values) per token
-    weights: int           # q and k norm weights, once per call
+    cos_sin: int  # one table row (R values) per token
+    weights: int  # q and k norm weights, once per call
 
     @property
     def total(self) -> int:
         return self.qkv_read + self.qkv_written + self.positions + self.cos_sin + self.weights
 
 
-def traffic_bytes(preset: Preset, dtype: torch.dtype, tokens: int,
-                  cache_dtype: torch.dtype = CACHE_DTYPE,
-                  positions_dtype: torch.dtype = POSITIONS_DTYPE) -> Traffic:
+def traffic_bytes(
+    preset: Preset,
+    dtype: torch.dtype,
+    tokens: int,
+    cache_dtype: torch.dtype = CACHE_DTYPE,
+    positions_dtype: torch.dtype = POSITIONS_DTYPE,
+) -> Traffic:
     """The minimal traffic of one call of the prologue on ``tokens`` tokens of ``preset``.
 
     ``T*W*e`` read + ``T*W*e`` written (``W = (Hq + 2*Hkv)*D``, ``e`` the element size),
@@ -101,10 +109,13 @@ def traffic_bytes(preset: Preset, dtype: torch.dtype, tokens: int,
         weight_values = 2 * preset.head_dim
     else:
         weight_values = preset.q_size + preset.kv_size
-    return Traffic(qkv_read=row, qkv_written=row,
-                   positions=tokens * (torch.iinfo(positions_dtype).bits // 8),
-                   cos_sin=tokens * preset.rotary_dim * (torch.finfo(cache_dtype).bits // 8),
-                   weights=weight_values * elt)
+    return Traffic(
+        qkv_read=row,
+        qkv_written=row,
+        positions=tokens * (torch.iinfo(positions_dtype).bits // 8),
+        cos_sin=tokens * preset.rotary_dim * (torch.finfo(cache_dtype).bits // 8),
+        weights=weight_values * elt,
+    )
 
 
 def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
@@ -116,6 +127,7 @@ def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
 
 # ------------------------------------------------------------------------------ inputs
 
+
 @dataclass
 class PrologueInputs:
     qkv: torch.Tensor
@@ -124,25 +136,38 @@ class PrologueInputs:
     k_weight: torch.Tensor | None
 
 
-def make_inputs(preset: Preset, dtype: torch.dtype, tokens: int, device, generator: torch.Generator,
-                max_position: int | None = None) -> PrologueInputs:
+def make_inputs(
+    preset: Preset,
+    dtype: torch.dtype,
+    tokens: int,
+    device,
+    generator: torch.Generator,
+    max_position: int | None = None,
+) -> PrologueInputs:
     """Fresh random inputs: ``qkv ~ N(0, 1)``, weights ``offset-free value + 0.1*N(0, 1)``."""
     max_position = max_position or preset.max_position
     qkv = torch.randn(tokens, preset.qkv_width, generator=generator, device=device).to(dtype)
-    positions = torch.randint(0, max_position, (tokens,), generator=generator, device=device,
-                              dtype=POSITIONS_DTYPE)
+    positions = torch.randint(
+        0, max_position, (tokens,), generator=generator, device=device, dtype=POSITIONS_DTYPE
+    )
     if preset.norm == "none":
         return PrologueInputs(qkv, positions, None, None)
-    q_len, k_len = ((preset.head_dim, preset.head_dim) if preset.norm == "head"
-                    else (preset.q_size, preset.kv_size))
+    q_len, k_len = (
+        (preset.head_dim, preset.head_dim)
+        if preset.norm == "head"
+        else (preset.q_size, preset.kv_size)
+    )
     centre = 0.0 if preset.weight_offset else 1.0  # Gemma-style weights are stored as w - 1
 
     def weight(n):
         return (centre + 0.1 * torch.randn(n, generator=generator, device=device)).to(dtype)
+
     return PrologueInputs(qkv, positions, weight(q_len), weight(k_len))
 
 
-def check_row_index(tokens: int, check_rows: int, generator: torch.Generator, device) -> torch.Tensor:
+def check_row_index(
+    tokens: int, check_rows: int, generator: torch.Generator, device
+) -> torch.Tensor:
     """Rows to compare: all when ``check_rows`` is 0 or covers T, else the first and last 64
     rows and a random sample, ``check_rows`` in all."""
     if check_rows <= 0 or check_rows >= tokens:
@@ -150,29 +175,51 @@ def check_row_index(tokens: int, check_rows: int, generator: torch.Generator, de
     edge = min(64, check_rows // 4)
     middle = torch.randperm(tokens - 2 * edge, generator=generator, device=device)
     middle = middle[: check_rows - 2 * edge] + edge
-    ends = torch.cat([torch.arange(edge, device=device),
-                      torch.arange(tokens - edge, tokens, device=device)])
+    ends = torch.cat(
+        [torch.arange(edge, device=device), torch.arange(tokens - edge, tokens, device=device)]
+    )
     return torch.cat([ends, middle]).sort().values
 
 
 # ------------------------------------------------------------------------------- checks
 
-def check_outputs(outputs, exact, rows: torch.Tensor, head_dim: int, numerics: str,
-                  expected_shapes, expected_dtype: torch.dtype) -> dict:
+
+def check_outputs(
+    outputs,
+    exact,
+    rows: torch.Tensor,
+    head_dim: int,
+    numerics: str,
+    expected_shapes,
+    expected_dtype: torch.dtype,
+) -> dict:
     """Compare ``(q, k, v)`` with the float64 ``exact`` ``(q, k, v)`` on ``rows``."""
     report = {"passed": True, "rows": int(rows.numel()), "numerics": numerics}
     for name, out, ref, shape in zip("qkv", outputs, exact, expected_shapes):
-        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
-                or out.dtype != expected_dtype):
-            got = (f"{list(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor)
-                   else type(out).__name__)
-            report[name] = {"passed": False,
-                            "error": f"got {got}, expected {list(shape)} {expected_dtype}"}
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != tuple(shape)
+            or out.dtype != expected_dtype
+        ):
+            got = (
+                f"{list(out.shape)} {out.dtype}"
+                if isinstance(out, torch.Tensor)
+                else type(out).__name__
+            )
+            report[name] = {
+                "passed": False,
+                "error": f"got {got}, expected {list(shape)} {expected_dtype}",
+            }
             report["passed"] = False
             continue
         nonfinite_all = int((~torch.isfinite(out)).sum())
-        c = compare(out.index_select(0, rows), ref, head_dim=head_dim, numerics=numerics,
-                    bitwise=(name == "v")).to_dict()
+        c = compare(
+            out.index_select(0, rows),
+            ref,
+            head_dim=head_dim,
+            numerics=numerics,
+            bitwise=(name == "v"),
+        ).to_dict()
         c["nonfinite_all_rows"] = nonfinite_all
         c["passed"] = bool(c["passed"] and nonfinite_all == 0)
         report[name] = c
@@ -182,6 +229,7 @@ def check_outputs(outputs, exact, rows: torch.Tensor, head_dim: int, numerics: s
 
 # ------------------------------------------------------------------------------- timing
 
+
 def _cycle(fn: Callable, input_sets: list) -> Callable[[], object]:
     state = {"i": 0}
 
@@ -189,6 +237,7 @@ def _cycle(fn: Callable, input_sets: list) -> Callable[[], object]:
         i = state["i"]
         state["i"] = (i + 1) % len(input_sets)
         return fn(input_sets[i])
+
     return call
 
 
@@ -202,7 +251,7 @@ class CudaTimers:
         return 1e3 * do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
     def graph_us(self, call: Callable[[], object], rep_ms: float) -> float:
-        """Median µs per call of CUDA-graph replays (``do_bench_cudagraph``: many calls per graph)."""
+        """Median µs per call of CUDA-graph replays (``do_bench_cudagraph``, many calls a graph)."""
         from triton.testing import do_bench_cudagraph
 
         return 1e3 * do_bench_cudagraph(call, rep=rep_ms, return_mode="median")
@@ -220,19 +269,21 @@ class CudaTimers:
             torch.cuda.synchronize()
         return statistics.median(per_call)
 
-    def copy_ceiling(self, nbytes: int = CEILING_BYTES, warmup_ms: float = 25,
-                     rep_ms: float = 200) -> dict:
+    def copy_ceiling(
+        self, nbytes: int = CEILING_BYTES, warmup_ms: float = 25, rep_ms: float = 200
+    ) -> dict:
         """Device-to-device copy of ``nbytes``: bytes read + written over its median time."""
         src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
         dst = torch.empty_like(src)
         us = self.kernel_us(lambda: dst.copy_(src), warmup_ms, rep_ms)
         moved = 2 * src.numel() * src.element_size()
-        del src, dst
+        src = dst = None  # free both before the next measurement
         torch.cuda.empty_cache()
         return {"bytes": moved, "us": us, "gbps": moved / us / 1e3}
 
 
 # ------------------------------------------------------------------------------ the run
+
 
 @dataclass
 class BenchConfig:
@@ -291,13 +342,21 @@ def environment(device: torch.device) -> dict:
         triton_version = md.version("triton")
     except md.PackageNotFoundError:
         triton_version = None
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
-           "python": platform.python_version(), "device": device.type}
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "device": device.type,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, sm_count=props.multi_processor_count,
-                   memory_gib=round(props.total_memory / 2**30, 1),
-                   l2_bytes=getattr(props, "L2_cache_size", None) or DEFAULT_L2_BYTES)
+        env.update(
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            l2_bytes=getattr(props, "L2_cache_size", None) or DEFAULT_L2_BYTES,
+        )
     else:
         env.update(gpu=platform.processor() or device.type, l2_bytes=DEFAULT_L2_BYTES)
     return env
@@ -317,10 +376,22 @@ def _fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: s
 
     def run(x: PrologueInputs):
         return split_qkv_rmsnorm_rope(
-            x.qkv, x.positions, cache, x.q_weight, x.k_weight, num_heads=preset.num_heads,
-            num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
-            is_neox=preset.is_neox, weight_offset=preset.weight_offset, norm=preset.norm,
-            numerics=numerics, backend=backend)
+            x.qkv,
+            x.positions,
+            cache,
+            x.q_weight,
+            x.k_weight,
+            num_heads=preset.num_heads,
+            num_kv_heads=preset.num_kv_heads,
+            head_dim=preset.head_dim,
+            eps=preset.eps,
+            is_neox=preset.is_neox,
+            weight_offset=preset.weight_offset,
+            norm=preset.norm,
+            numerics=numerics,
+            backend=backend,
+        )
+
     return run
 
 
@@ -335,19 +406,38 @@ def _poison_free_memory(nbytes: int, device: torch.device) -> None:
     del block
 
 
-def _measure_impl(fn: Callable, sets: list, exact, rows, preset: Preset, numerics: str,
-                  tokens: int, traffic: int, ceiling_gbps: float, cfg: BenchConfig, timers,
-                  device: torch.device) -> dict:
+def _measure_impl(
+    fn: Callable,
+    sets: list,
+    exact,
+    rows,
+    preset: Preset,
+    numerics: str,
+    tokens: int,
+    traffic: int,
+    ceiling_gbps: float,
+    cfg: BenchConfig,
+    timers,
+    device: torch.device,
+) -> dict:
     """Check one implementation on the first input set, then (only if right) time it."""
     shapes = [(tokens, preset.q_size), (tokens, preset.kv_size), (tokens, preset.kv_size)]
-    result: dict = {"check": None, "us": None, "gbps": None, "pct_ceiling": None,
-                    "graph_us": None, "dispatch_us": None, "error": None}
+    result: dict = {
+        "check": None,
+        "us": None,
+        "gbps": None,
+        "pct_ceiling": None,
+        "graph_us": None,
+        "dispatch_us": None,
+        "error": None,
+    }
     try:
         _poison_free_memory(2 * traffic, device)
         outputs = fn(sets[0])
         _synchronize(device)
-        result["check"] = check_outputs(outputs, exact, rows, preset.head_dim, numerics, shapes,
-                                        sets[0].qkv.dtype)
+        result["check"] = check_outputs(
+            outputs, exact, rows, preset.head_dim, numerics, shapes, sets[0].qkv.dtype
+        )
         del outputs
     except Exception as e:  # a failing implementation is reported, the run goes on
         result["error"] = _error_text(e)
@@ -364,8 +454,10 @@ def _measure_impl(fn: Callable, sets: list, exact, rows, preset: Preset, numeric
     result.update(us=us, gbps=gbps, pct_ceiling=100 * gbps / ceiling_gbps)
     if tokens <= GRAPH_MAX_TOKENS:
         # A graph or dispatch failure is reported beside the numbers; the kernel itself was right.
-        for key, measure in (("graph_us", lambda: timers.graph_us(call, cfg.graph_rep_ms)),
-                             ("dispatch_us", lambda: timers.dispatch_us(call))):
+        for key, measure in (
+            ("graph_us", lambda: timers.graph_us(call, cfg.graph_rep_ms)),
+            ("dispatch_us", lambda: timers.dispatch_us(call)),
+        ):
             try:
                 result[key] = measure()
             except Exception as e:
@@ -384,17 +476,24 @@ def _launcher_callable(preset: Preset, dtype: torch.dtype, cache: torch.Tensor, 
     def run(x: PrologueInputs):
         args = [x.qkv, x.positions, cache] + [w for w in (x.q_weight, x.k_weight) if w is not None]
         return kernel(*args)
+
     return run
 
 
-def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: None,
-              advance: Callable[[], None] = lambda: None, device: str = "cuda",
-              timers=None, on_row: Callable[[dict], None] = lambda doc: None) -> dict:
+def run_bench(
+    cfg: BenchConfig,
+    progress: Callable[[str], None] = lambda text: None,
+    advance: Callable[[], None] = lambda: None,
+    device: str = "cuda",
+    timers=None,
+    on_row: Callable[[dict], None] = lambda doc: None,
+) -> dict:
     """Run every cell of ``cfg``; return the result document (module docstring).
 
     ``progress(text)`` is told what is running; ``advance()`` is called after the copy ceiling
     and after each cell, ``on_row(doc)`` after each cell with the document so far
-    (``doc["complete"]`` turns true at the end), so a run cut short still leaves its rows. The bench proper runs on ``device="cuda"`` with :class:`CudaTimers`;
+    (``doc["complete"]`` turns true at the end), so a run cut short still leaves its rows.
+    The bench proper runs on ``device="cuda"`` with :class:`CudaTimers`;
     another device needs its own ``timers`` (the tests drive the bookkeeping on CPU that way).
     """
     device = torch.device(device)
@@ -411,8 +510,16 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: N
     progress("copy ceiling")
     ceiling = timers.copy_ceiling()
     advance()
-    doc = {"schema": SCHEMA, "environment": env, "settings": cfg.settings(), "ceiling": ceiling,
-           "rows": [], "skipped": {}, "passed": True, "complete": False}
+    doc = {
+        "schema": SCHEMA,
+        "environment": env,
+        "settings": cfg.settings(),
+        "ceiling": ceiling,
+        "rows": [],
+        "skipped": {},
+        "passed": True,
+        "complete": False,
+    }
     generator = torch.Generator(device=device)
     row_generator = torch.Generator()
     for preset in cfg.presets:
@@ -443,37 +550,70 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda text: N
                 row_generator.manual_seed(seed)
                 traffic = traffic_bytes(preset, dtype, tokens)
                 n_sets = rotation_sets(traffic.total, env["l2_bytes"])
-                sets = [make_inputs(preset, dtype, tokens, device, generator) for _ in range(n_sets)]
+                sets = [
+                    make_inputs(preset, dtype, tokens, device, generator) for _ in range(n_sets)
+                ]
                 rows = check_row_index(tokens, cfg.check_rows, row_generator, "cpu").to(device)
                 x0 = sets[0]
                 exact = exact_prologue(
-                    x0.qkv.index_select(0, rows), x0.positions.index_select(0, rows), cache,
-                    x0.q_weight, x0.k_weight, num_heads=preset.num_heads,
-                    num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
-                    is_neox=preset.is_neox, weight_offset=preset.weight_offset, norm=preset.norm)
-                row = {"preset": preset.name, "dtype": DTYPE_NAMES[dtype], "tokens": tokens,
-                       "bytes": traffic.total, "traffic": asdict(traffic), "input_sets": n_sets,
-                       "impls": {}, "speedup": {}}
+                    x0.qkv.index_select(0, rows),
+                    x0.positions.index_select(0, rows),
+                    cache,
+                    x0.q_weight,
+                    x0.k_weight,
+                    num_heads=preset.num_heads,
+                    num_kv_heads=preset.num_kv_heads,
+                    head_dim=preset.head_dim,
+                    eps=preset.eps,
+                    is_neox=preset.is_neox,
+                    weight_offset=preset.weight_offset,
+                    norm=preset.norm,
+                )
+                row = {
+                    "preset": preset.name,
+                    "dtype": DTYPE_NAMES[dtype],
+                    "tokens": tokens,
+                    "bytes": traffic.total,
+                    "traffic": asdict(traffic),
+                    "input_sets": n_sets,
+                    "impls": {},
+                    "speedup": {},
+                }
                 for name, (fn, numerics) in impls.items():
                     progress(f"{label}: {name}")
-                    row["impls"][name] = _measure_impl(fn, sets, exact, rows, preset, numerics,
-                                                       tokens, traffic.total, ceiling["gbps"], cfg,
-                                                       timers, device)
+                    row["impls"][name] = _measure_impl(
+                        fn,
+                        sets,
+                        exact,
+                        rows,
+                        preset,
+                        numerics,
+                        tokens,
+                        traffic.total,
+                        ceiling["gbps"],
+                        cfg,
+                        timers,
+                        device,
+                    )
                 ours = row["impls"][FQR]["us"]
                 if launcher is not None and ours is not None and tokens <= GRAPH_MAX_TOKENS:
                     progress(f"{label}: kernel launcher dispatch")
                     try:
                         row["impls"][FQR]["launcher_dispatch_us"] = timers.dispatch_us(
-                            _cycle(launcher, sets))
+                            _cycle(launcher, sets)
+                        )
                     except Exception as e:
-                        row["impls"][FQR].setdefault("timing_errors", {})["launcher_dispatch_us"] = \
-                            _error_text(e)
+                        row["impls"][FQR].setdefault("timing_errors", {})[
+                            "launcher_dispatch_us"
+                        ] = _error_text(e)
                 for name in impls:
                     theirs = row["impls"][name]["us"]
                     if name != FQR and ours and theirs:
                         row["speedup"][name] = theirs / ours
-                if any(r["error"] or not (r["check"] or {}).get("passed", False)
-                       for r in row["impls"].values()):
+                if any(
+                    r["error"] or not (r["check"] or {}).get("passed", False)
+                    for r in row["impls"].values()
+                ):
                     doc["passed"] = False
                 doc["rows"].append(row)
                 del sets, exact, x0
@@ -519,9 +659,17 @@ def merge_documents(docs: list[dict]) -> dict:
     """One document from several runs (each row keeps the ceiling of its own run)."""
     if len(docs) == 1:
         return docs[0]
-    merged = {"schema": SCHEMA, "environment": docs[0]["environment"], "settings": docs[0]["settings"],
-              "ceiling": docs[0]["ceiling"], "rows": [], "skipped": {}, "passed": True,
-              "complete": True, "runs": []}
+    merged = {
+        "schema": SCHEMA,
+        "environment": docs[0]["environment"],
+        "settings": docs[0]["settings"],
+        "ceiling": docs[0]["ceiling"],
+        "rows": [],
+        "skipped": {},
+        "passed": True,
+        "complete": True,
+        "runs": [],
+    }
     for d in docs:
         merged["runs"].append({"environment": d["environment"], "ceiling": d["ceiling"]})
         for r in d["rows"]:

@@ -63,9 +63,18 @@ class GoldenCorrupt(Exception):
 
 # ----------------------------------------------------------------------- exact formulation
 
-def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, group_size: int,
-                   bias: torch.Tensor | None = None, weight_offset: float = 0.0,
-                   sum_sq: torch.Tensor | None = None, count: int | None = None) -> torch.Tensor:
+
+def exact_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    sum_sq: torch.Tensor | None = None,
+    count: int | None = None,
+) -> torch.Tensor:
     """float64 ``y = x / sqrt(sum(x^2)/n + eps) * (weight_offset + w) + b`` per group of
     ``group_size`` features of ``x [T, width]``; ``sum_sq [T]`` / ``count`` replace the group's own
     sum of squares and width (a TP shard of a full-width norm)."""
@@ -81,18 +90,24 @@ def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, group_s
     return y.reshape(t, width)
 
 
-def exact_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
-               head_dim: int, is_neox: bool = True) -> torch.Tensor:
+def exact_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    head_dim: int,
+    is_neox: bool = True,
+) -> torch.Tensor:
     """float64 RoPE of ``x [T, H*D]``: the first R features of each head as R/2 complex numbers
     (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``) times ``cos + i sin`` of the table row."""
     t, width = x.shape
     heads = x.to(torch.float64).reshape(t, width // head_dim, head_dim)
     rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
     r = rows.shape[1]
-    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2:])[:, None, :]
+    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2 :])[:, None, :]
     part = heads[..., :r]
     if is_neox:
-        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2:].contiguous())
+        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2 :].contiguous())
     else:
         z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
     w = z * rotation
@@ -100,10 +115,24 @@ def exact_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Te
     return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
 
 
-def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_heads: int,
-                   num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
-                   q_bias=None, k_bias=None, weight_offset: float = 0.0, norm: str = "head",
-                   norm_stats: NormStats | None = None):
+def exact_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias=None,
+    k_bias=None,
+    weight_offset: float = 0.0,
+    norm: str = "head",
+    norm_stats: NormStats | None = None,
+):
     """The prologue in float64 by its formulas (module docstring): ``(q, k, v)``.
 
     Same arguments as :func:`fqr.split_qkv_rmsnorm_rope` (any float dtypes, any device);
@@ -111,17 +140,35 @@ def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_hea
     """
     q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_width].to(torch.float64)
-    k = qkv[:, q_width: q_width + kv_width].to(torch.float64)
-    v = qkv[:, q_width + kv_width: q_width + 2 * kv_width].clone(memory_format=torch.contiguous_format)
+    k = qkv[:, q_width : q_width + kv_width].to(torch.float64)
+    v = qkv[:, q_width + kv_width : q_width + 2 * kv_width].clone(
+        memory_format=torch.contiguous_format
+    )
     if norm != "none":
         q_stats = k_stats = (None, None)
         if norm_stats is not None:
             q_stats = (norm_stats.q_sum_sq, norm_stats.q_count)
             k_stats = (norm_stats.k_sum_sq, norm_stats.k_count)
-        q = exact_rms_norm(q, q_weight, eps=eps, group_size=head_dim if norm == "head" else q_width,
-                           bias=q_bias, weight_offset=weight_offset, sum_sq=q_stats[0], count=q_stats[1])
-        k = exact_rms_norm(k, k_weight, eps=eps, group_size=head_dim if norm == "head" else kv_width,
-                           bias=k_bias, weight_offset=weight_offset, sum_sq=k_stats[0], count=k_stats[1])
+        q = exact_rms_norm(
+            q,
+            q_weight,
+            eps=eps,
+            group_size=head_dim if norm == "head" else q_width,
+            bias=q_bias,
+            weight_offset=weight_offset,
+            sum_sq=q_stats[0],
+            count=q_stats[1],
+        )
+        k = exact_rms_norm(
+            k,
+            k_weight,
+            eps=eps,
+            group_size=head_dim if norm == "head" else kv_width,
+            bias=k_bias,
+            weight_offset=weight_offset,
+            sum_sq=k_stats[0],
+            count=k_stats[1],
+        )
     q = exact_rope(q, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
     k = exact_rope(k, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
     return q, k, v
@@ -129,12 +176,14 @@ def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, *, num_hea
 
 # ----------------------------------------------------------------------------- the cases
 
+
 @dataclass(frozen=True)
 class CaseSpec:
     """One golden case: a preset (at TP size ``tp``), an input dtype and a token count, plus
     the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
     ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
     row (row stride > width)."""
+
     preset: str
     dtype: str
     tokens: int
@@ -148,8 +197,12 @@ class CaseSpec:
 
     @property
     def name(self) -> str:
-        parts = [self.preset if self.tp == 1 else f"{self.preset}-tp{self.tp}", self.dtype,
-                 f"t{self.tokens}", self.numerics]
+        parts = [
+            self.preset if self.tp == 1 else f"{self.preset}-tp{self.tp}",
+            self.dtype,
+            f"t{self.tokens}",
+            self.numerics,
+        ]
         if self.bias:
             parts.append("bias")
         if self.is_neox is False:
@@ -220,7 +273,7 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     max_position = spec.max_position or preset.max_position
 
     head_scale = 0.5 + 2.5 * torch.rand(heads, generator=gen, dtype=torch.float64)
-    qkv = (torch.randn(t, heads, d, generator=gen, dtype=torch.float64) * head_scale[:, None])
+    qkv = torch.randn(t, heads, d, generator=gen, dtype=torch.float64) * head_scale[:, None]
     qkv = qkv.reshape(t, heads * d).to(dtype)
     positions = torch.randint(0, max_position, (t,), generator=gen)
     positions[0] = max_position - 1  # the table's last row is always exercised
@@ -234,50 +287,99 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         n_q = d if preset.norm == "head" else preset.q_size
         n_k = d if preset.norm == "head" else preset.kv_size
         centre = 0.0 if preset.weight_offset else 1.0
-        tensors["q_weight"] = (centre + 0.2 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(dtype)
-        tensors["k_weight"] = (centre + 0.2 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(dtype)
+        tensors["q_weight"] = (
+            centre + 0.2 * torch.randn(n_q, generator=gen, dtype=torch.float64)
+        ).to(dtype)
+        tensors["k_weight"] = (
+            centre + 0.2 * torch.randn(n_k, generator=gen, dtype=torch.float64)
+        ).to(dtype)
         if spec.bias:
-            tensors["q_bias"] = (0.05 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(dtype)
-            tensors["k_bias"] = (0.05 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(dtype)
+            tensors["q_bias"] = (0.05 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(
+                dtype
+            )
+            tensors["k_bias"] = (0.05 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(
+                dtype
+            )
         if preset.norm == "full" and preset.tp > 1:
             # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
             sums = []
-            for local, total in ((preset.q_size, preset.total_heads * d),
-                                 (preset.kv_size, preset.total_kv_heads * d)):
+            for local, total in (
+                (preset.q_size, preset.total_heads * d),
+                (preset.kv_size, preset.total_kv_heads * d),
+            ):
                 rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
-                rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(dtype)
+                rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(
+                    dtype
+                )
                 sums.append(rest.to(torch.float64).square().sum(-1))
             q_loc = qkv[:, : preset.q_size].to(torch.float64)
-            k_loc = qkv[:, preset.q_size: preset.q_size + preset.kv_size].to(torch.float64)
+            k_loc = qkv[:, preset.q_size : preset.q_size + preset.kv_size].to(torch.float64)
             tensors["q_sum_sq"] = (sums[0] + q_loc.square().sum(-1)).to(torch.float32)
             tensors["k_sum_sq"] = (sums[1] + k_loc.square().sum(-1)).to(torch.float32)
-            norm_stats = NormStats(tensors["q_sum_sq"], tensors["k_sum_sq"],
-                                   preset.total_heads * d, preset.total_kv_heads * d)
+            norm_stats = NormStats(
+                tensors["q_sum_sq"],
+                tensors["k_sum_sq"],
+                preset.total_heads * d,
+                preset.total_kv_heads * d,
+            )
 
     index = torch.unique(positions.long())
-    rows = rope_cos_sin_cache(preset.rotary_dim, max_position, preset.rope_theta,
-                              scaling=dict(preset.rope_scaling), rows=index)
+    rows = rope_cos_sin_cache(
+        preset.rotary_dim,
+        max_position,
+        preset.rope_theta,
+        scaling=dict(preset.rope_scaling),
+        rows=index,
+    )
     tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
     table = _sparse_table(rows, index, max_position)
     q, k, v = exact_prologue(
-        qkv, positions, table, tensors.get("q_weight"), tensors.get("k_weight"),
-        num_heads=preset.num_heads, num_kv_heads=preset.num_kv_heads, head_dim=d,
-        eps=preset.eps, is_neox=is_neox, q_bias=tensors.get("q_bias"),
-        k_bias=tensors.get("k_bias"), weight_offset=preset.weight_offset, norm=preset.norm,
-        norm_stats=norm_stats)
+        qkv,
+        positions,
+        table,
+        tensors.get("q_weight"),
+        tensors.get("k_weight"),
+        num_heads=preset.num_heads,
+        num_kv_heads=preset.num_kv_heads,
+        head_dim=d,
+        eps=preset.eps,
+        is_neox=is_neox,
+        q_bias=tensors.get("q_bias"),
+        k_bias=tensors.get("k_bias"),
+        weight_offset=preset.weight_offset,
+        norm=preset.norm,
+        norm_stats=norm_stats,
+    )
     tensors.update(expected_q=q, expected_k=k, expected_v=v)
 
     entry = {
-        "name": spec.name, "file": f"{spec.name}.safetensors", "seed": spec.seed,
-        "preset": spec.preset, "tp": spec.tp, "dtype": spec.dtype, "numerics": spec.numerics,
-        "tokens": t, "bias": spec.bias, "is_neox": is_neox, "num_heads": preset.num_heads,
-        "num_kv_heads": preset.num_kv_heads, "head_dim": d, "rotary_dim": preset.rotary_dim,
-        "norm": preset.norm, "norm_stats": norm_stats is not None, "eps": preset.eps,
-        "weight_offset": preset.weight_offset, "rope_theta": preset.rope_theta,
-        "max_position": max_position, "positions_dtype": spec.positions_dtype,
+        "name": spec.name,
+        "file": f"{spec.name}.safetensors",
+        "seed": spec.seed,
+        "preset": spec.preset,
+        "tp": spec.tp,
+        "dtype": spec.dtype,
+        "numerics": spec.numerics,
+        "tokens": t,
+        "bias": spec.bias,
+        "is_neox": is_neox,
+        "num_heads": preset.num_heads,
+        "num_kv_heads": preset.num_kv_heads,
+        "head_dim": d,
+        "rotary_dim": preset.rotary_dim,
+        "norm": preset.norm,
+        "norm_stats": norm_stats is not None,
+        "eps": preset.eps,
+        "weight_offset": preset.weight_offset,
+        "rope_theta": preset.rope_theta,
+        "max_position": max_position,
+        "positions_dtype": spec.positions_dtype,
         "row_stride": heads * d + spec.row_pad,
-        "tolerance": {"q": tolerance_text(spec.numerics, dtype),
-                      "k": tolerance_text(spec.numerics, dtype), "v": "bit-exact"},
+        "tolerance": {
+            "q": tolerance_text(spec.numerics, dtype),
+            "k": tolerance_text(spec.numerics, dtype),
+            "v": "bit-exact",
+        },
     }
     return tensors, entry
 
@@ -309,8 +411,9 @@ def read_manifest(directory: Path | str = GOLDEN_DIR) -> list[dict]:
     return doc["cases"]
 
 
-def regen(directory: Path | str = GOLDEN_DIR, pattern: str | None = None,
-          kernels: bool = True) -> list[dict]:
+def regen(
+    directory: Path | str = GOLDEN_DIR, pattern: str | None = None, kernels: bool = True
+) -> list[dict]:
     """(Re)write the case files matching the glob ``pattern`` (all when None) and the manifest.
 
     Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
@@ -349,28 +452,33 @@ def regen(directory: Path | str = GOLDEN_DIR, pattern: str | None = None,
 
 def list_cases(directory: Path | str = GOLDEN_DIR, pattern: str | None = None) -> list[dict]:
     """Manifest entries whose name matches the glob ``pattern`` (all when None)."""
-    return [e for e in read_manifest(directory)
-            if pattern is None or fnmatch.fnmatchcase(e["name"], pattern)]
+    return [
+        e
+        for e in read_manifest(directory)
+        if pattern is None or fnmatch.fnmatchcase(e["name"], pattern)
+    ]
 
 
 # ------------------------------------------------------------------------- loading, checking
 
+
 @dataclass
 class GoldenCase:
     """One loaded case: the inputs of :func:`fqr.split_qkv_rmsnorm_rope` and the expectations."""
+
     entry: dict
-    qkv_buffer: torch.Tensor          # [T, row_stride]; qkv is its first `width` columns
+    qkv_buffer: torch.Tensor  # [T, row_stride]; qkv is its first `width` columns
     positions: torch.Tensor
-    cos_sin_cache: torch.Tensor       # [max_position, R], NaN in every row the case does not use
+    cos_sin_cache: torch.Tensor  # [max_position, R], NaN in every row the case does not use
     q_weight: torch.Tensor | None
     k_weight: torch.Tensor | None
     q_bias: torch.Tensor | None
     k_bias: torch.Tensor | None
     q_sum_sq: torch.Tensor | None
     k_sum_sq: torch.Tensor | None
-    expected_q: torch.Tensor          # float64
-    expected_k: torch.Tensor          # float64
-    expected_v: torch.Tensor          # input dtype (bit-exact copy)
+    expected_q: torch.Tensor  # float64
+    expected_k: torch.Tensor  # float64
+    expected_v: torch.Tensor  # input dtype (bit-exact copy)
     tolerance: dict = field(default_factory=dict)
 
     @property
@@ -382,22 +490,42 @@ class GoldenCase:
         e = self.entry
         return self.qkv_buffer[:, : (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"]]
 
-    def to(self, device) -> "GoldenCase":
+    def to(self, device) -> GoldenCase:
         """The inputs on ``device`` (expectations stay on the CPU)."""
-        move = {k: (None if getattr(self, k) is None else getattr(self, k).to(device))
-                for k in ("qkv_buffer", "positions", "cos_sin_cache", "q_weight", "k_weight",
-                          "q_bias", "k_bias", "q_sum_sq", "k_sum_sq")}
-        return GoldenCase(self.entry, **move, expected_q=self.expected_q,
-                          expected_k=self.expected_k, expected_v=self.expected_v,
-                          tolerance=self.tolerance)
+        move = {
+            k: (None if getattr(self, k) is None else getattr(self, k).to(device))
+            for k in (
+                "qkv_buffer",
+                "positions",
+                "cos_sin_cache",
+                "q_weight",
+                "k_weight",
+                "q_bias",
+                "k_bias",
+                "q_sum_sq",
+                "k_sum_sq",
+            )
+        }
+        return GoldenCase(
+            self.entry,
+            **move,
+            expected_q=self.expected_q,
+            expected_k=self.expected_k,
+            expected_v=self.expected_v,
+            tolerance=self.tolerance,
+        )
 
     def norm_stats(self) -> NormStats | None:
         if self.q_sum_sq is None:
             return None
         e = self.entry
         total = get_preset(e["preset"], e["tp"])
-        return NormStats(self.q_sum_sq, self.k_sum_sq, total.total_heads * e["head_dim"],
-                         total.total_kv_heads * e["head_dim"])
+        return NormStats(
+            self.q_sum_sq,
+            self.k_sum_sq,
+            total.total_heads * e["head_dim"],
+            total.total_kv_heads * e["head_dim"],
+        )
 
     def args(self) -> tuple:
         return (self.qkv, self.positions, self.cos_sin_cache, self.q_weight, self.k_weight)
@@ -405,10 +533,19 @@ class GoldenCase:
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
         e = self.entry
-        return dict(num_heads=e["num_heads"], num_kv_heads=e["num_kv_heads"],
-                    head_dim=e["head_dim"], eps=e["eps"], is_neox=e["is_neox"],
-                    q_bias=self.q_bias, k_bias=self.k_bias, weight_offset=e["weight_offset"],
-                    norm=e["norm"], norm_stats=self.norm_stats(), numerics=e["numerics"])
+        return dict(
+            num_heads=e["num_heads"],
+            num_kv_heads=e["num_kv_heads"],
+            head_dim=e["head_dim"],
+            eps=e["eps"],
+            is_neox=e["is_neox"],
+            q_bias=self.q_bias,
+            k_bias=self.k_bias,
+            weight_offset=e["weight_offset"],
+            norm=e["norm"],
+            norm_stats=self.norm_stats(),
+            numerics=e["numerics"],
+        )
 
     def run(self, backend: str = "reference"):
         """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""
@@ -420,9 +557,11 @@ class GoldenCase:
         """Compare outputs with the expectations under the case's numerics contract."""
         e = self.entry
         d, numerics = e["head_dim"], e["numerics"]
-        return {"q": compare(q, self.expected_q, head_dim=d, numerics=numerics),
-                "k": compare(k, self.expected_k, head_dim=d, numerics=numerics),
-                "v": compare(v, self.expected_v, head_dim=d, bitwise=True)}
+        return {
+            "q": compare(q, self.expected_q, head_dim=d, numerics=numerics),
+            "k": compare(k, self.expected_k, head_dim=d, numerics=numerics),
+            "v": compare(v, self.expected_v, head_dim=d, bitwise=True),
+        }
 
 
 def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> GoldenCase:
@@ -441,13 +580,28 @@ def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> 
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
-        raise GoldenCorrupt(f"{path}: sha256 {digest[:12]}... does not match the manifest's "
-                            f"{entry['sha256'][:12]}...")
+        raise GoldenCorrupt(
+            f"{path}: sha256 {digest[:12]}... does not match the manifest's "
+            f"{entry['sha256'][:12]}..."
+        )
     t = load_safetensors(data)
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
     buffer[:, : qkv.shape[1]] = qkv
     table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
-    return GoldenCase(entry, buffer, t["positions"], table, t.get("q_weight"), t.get("k_weight"),
-                      t.get("q_bias"), t.get("k_bias"), t.get("q_sum_sq"), t.get("k_sum_sq"),
-                      t["expected_q"], t["expected_k"], t["expected_v"], entry["tolerance"])
+    return GoldenCase(
+        entry,
+        buffer,
+        t["positions"],
+        table,
+        t.get("q_weight"),
+        t.get("k_weight"),
+        t.get("q_bias"),
+        t.get("k_bias"),
+        t.get("q_sum_sq"),
+        t.get("k_sum_sq"),
+        t["expected_q"],
+        t["expected_k"],
+        t["expected_v"],
+        entry["tolerance"],
+    )

@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-COMPUTE_FLOOR = 2.0 ** -20
+COMPUTE_FLOOR = 2.0**-20
 HEAD_RELATIVE_BOUND = {
-    ("fused", torch.float32): 2.0 ** -16,
-    ("unfused", torch.float32): 2.0 ** -16,
-    ("unfused", torch.bfloat16): 2.0 ** -5,
-    ("unfused", torch.float16): 2.0 ** -8,
+    ("fused", torch.float32): 2.0**-16,
+    ("unfused", torch.float32): 2.0**-16,
+    ("unfused", torch.bfloat16): 2.0**-5,
+    ("unfused", torch.float16): 2.0**-8,
 }
 _INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
@@ -85,10 +85,10 @@ def round_nearest(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class Comparison:
-    max_ulp: int | None       # None for fp32 outputs
+    max_ulp: int | None  # None for fp32 outputs
     max_abs: float
-    max_rel_head: float       # max |err| / max|head| over heads
-    bad: int                  # elements outside the tolerance
+    max_rel_head: float  # max |err| / max|head| over heads
+    bad: int  # elements outside the tolerance
     nonfinite: int
     passed: bool
     tolerance: str
@@ -97,11 +97,19 @@ class Comparison:
         return asdict(self)
 
 
-def compare(out: torch.Tensor, exact: torch.Tensor, *, head_dim: int, numerics: str = "fused",
-            bitwise: bool = False) -> Comparison:
+def compare(
+    out: torch.Tensor,
+    exact: torch.Tensor,
+    *,
+    head_dim: int,
+    numerics: str = "fused",
+    bitwise: bool = False,
+) -> Comparison:
     """Compare ``out`` (any dtype, [T, H*D]) with float64 ``exact`` under the contract above."""
     if out.shape != exact.shape:
-        raise ValueError(f"shape mismatch: output {list(out.shape)} vs expected {list(exact.shape)}")
+        raise ValueError(
+            f"shape mismatch: output {list(out.shape)} vs expected {list(exact.shape)}"
+        )
     dtype = out.dtype
     out_c, exact64 = out.detach().cpu(), exact.detach().cpu().to(torch.float64)
     out64 = out_c.to(torch.float64)
@@ -122,7 +130,7 @@ def compare(out: torch.Tensor, exact: torch.Tensor, *, head_dim: int, numerics: 
         max_ulp = int(ulp.max())
     if bitwise:
         tol = "bit-exact"
-        ok = (err == 0)
+        ok = err == 0
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         tol = "<=1 ulp"
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)

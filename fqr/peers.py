@@ -34,8 +34,8 @@ cache in the model dtype, Liger's cos/sin tables) are prepared there, outside an
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -47,6 +47,7 @@ PEER_NAMES = ("eager", "compile", "liger")
 @dataclass(frozen=True)
 class PrologueShape:
     """The static parameters of one prologue (those of :func:`fqr.split_qkv_rmsnorm_rope`)."""
+
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -57,9 +58,17 @@ class PrologueShape:
     norm: str = "head"
 
     @classmethod
-    def of_preset(cls, preset) -> "PrologueShape":
-        return cls(preset.num_heads, preset.num_kv_heads, preset.head_dim, preset.rotary_dim,
-                   preset.eps, preset.is_neox, preset.weight_offset, preset.norm)
+    def of_preset(cls, preset) -> PrologueShape:
+        return cls(
+            preset.num_heads,
+            preset.num_kv_heads,
+            preset.head_dim,
+            preset.rotary_dim,
+            preset.eps,
+            preset.is_neox,
+            preset.weight_offset,
+            preset.norm,
+        )
 
     @property
     def q_size(self) -> int:
@@ -74,6 +83,7 @@ class PrologueShape:
 # (the op-for-op copies of vLLM's code in fqr.fusion.unfused, which the fusion patterns are
 # traced from too)
 
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, shape: PrologueShape) -> torch.Tensor:
     if shape.weight_offset == 1.0:
         return vllm_gemma_rms_norm(x, weight, shape.eps)
@@ -82,9 +92,14 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, shape: PrologueShape) -> torch.
     return vllm_rms_norm(x, weight, shape.eps)
 
 
-def vllm_prologue(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                  shape: PrologueShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def vllm_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    shape: PrologueShape,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The unfused prologue of vLLM's attention modules (module docstring, ``eager``)."""
     q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
     if shape.norm == "head":
@@ -100,12 +115,15 @@ def vllm_prologue(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
 
 # ------------------------------------------------------------------------------- Liger
 
+
 def _liger_unsupported(shape: PrologueShape) -> str | None:
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel is not installed"
     if not shape.is_neox or shape.rotary_dim != shape.head_dim:
-        return "Liger's RoPE rotates whole heads NeoX-style only (this preset has " \
-               f"{'partial rotary' if shape.rotary_dim != shape.head_dim else 'GPT-J pairs'})"
+        return (
+            "Liger's RoPE rotates whole heads NeoX-style only (this preset has "
+            f"{'partial rotary' if shape.rotary_dim != shape.head_dim else 'GPT-J pairs'})"
+        )
     return None
 
 
@@ -123,10 +141,12 @@ def _liger_prologue(shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor):
         q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
         d = shape.head_dim
         if shape.norm == "head":
-            q = liger_rms_norm(q.view(t, shape.num_heads, d), q_weight, shape.eps,
-                               shape.weight_offset, casting)
-            k = liger_rms_norm(k.view(t, shape.num_kv_heads, d), k_weight, shape.eps,
-                               shape.weight_offset, casting)
+            q = liger_rms_norm(
+                q.view(t, shape.num_heads, d), q_weight, shape.eps, shape.weight_offset, casting
+            )
+            k = liger_rms_norm(
+                k.view(t, shape.num_kv_heads, d), k_weight, shape.eps, shape.weight_offset, casting
+            )
         elif shape.norm == "full":
             q = liger_rms_norm(q, q_weight, shape.eps, shape.weight_offset, casting)
             k = liger_rms_norm(k, k_weight, shape.eps, shape.weight_offset, casting)
@@ -137,15 +157,21 @@ def _liger_prologue(shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor):
         q4 = q.reshape(1, t, shape.num_heads, d).transpose(1, 2)
         k4 = k.reshape(1, t, shape.num_kv_heads, d).transpose(1, 2)
         q4, k4 = liger_rope(q4, k4, cos, sin)
-        return (q4.transpose(1, 2).reshape(t, shape.q_size),
-                k4.transpose(1, 2).reshape(t, shape.kv_size), v)
+        return (
+            q4.transpose(1, 2).reshape(t, shape.q_size),
+            k4.transpose(1, 2).reshape(t, shape.kv_size),
+            v,
+        )
+
     return run
 
 
 # ----------------------------------------------------------------------------- registry
 
-PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
-                  tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+PeerFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+]
 
 
 def peer_unavailable_reason(name: str, shape: PrologueShape) -> str | None:
@@ -157,8 +183,9 @@ def peer_unavailable_reason(name: str, shape: PrologueShape) -> str | None:
     return None
 
 
-def build_peer(name: str, shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor,
-               dtype: torch.dtype) -> PeerFn:
+def build_peer(
+    name: str, shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor, dtype: torch.dtype
+) -> PeerFn:
     """Peer ``name`` for ``shape`` in ``dtype``: ``fn(qkv, positions, q_weight, k_weight)``.
 
     ``cos_sin_cache_fp32`` is the model's real table (:meth:`fqr.presets.Preset.cos_sin_cache`);
@@ -183,4 +210,5 @@ def build_peer(name: str, shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor
             torch._dynamo.mark_dynamic(qkv, 0)
             torch._dynamo.mark_dynamic(positions, 0)
         return compiled(qkv, positions, cache, q_weight, k_weight, shape)
+
     return compiled_prologue

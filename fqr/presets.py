@@ -76,7 +76,7 @@ class Preset:
         # Full-width norm: the statistic spans the whole (unsharded) projection.
         return self.total_heads * self.head_dim, self.total_kv_heads * self.head_dim
 
-    def shard(self, tp: int) -> "Preset":
+    def shard(self, tp: int) -> Preset:
         """The per-rank view at tensor-parallel size ``tp`` (see module docstring)."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
@@ -86,15 +86,24 @@ class Preset:
             raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_heads} q heads")
         if self.num_kv_heads >= tp:
             if self.num_kv_heads % tp:
-                raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} kv heads")
+                raise ValueError(
+                    f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} kv heads"
+                )
             kv = self.num_kv_heads // tp
         else:
             if tp % self.num_kv_heads:
                 raise ValueError(
-                    f"tp={tp} is not a multiple of {self.name}'s {self.num_kv_heads} kv heads")
+                    f"tp={tp} is not a multiple of {self.name}'s {self.num_kv_heads} kv heads"
+                )
             kv = 1
-        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=kv, tp=tp,
-                       total_heads=self.num_heads, total_kv_heads=self.num_kv_heads)
+        return replace(
+            self,
+            num_heads=self.num_heads // tp,
+            num_kv_heads=kv,
+            tp=tp,
+            total_heads=self.num_heads,
+            total_kv_heads=self.num_kv_heads,
+        )
 
     def kv_head_owner(self, tp_rank: int) -> int:
         """Index of the first (unsharded) kv head that TP rank ``tp_rank`` holds."""
@@ -108,37 +117,82 @@ class Preset:
 
     def cos_sin_cache(self, max_position: int | None = None, dtype=torch.float32) -> torch.Tensor:
         """The model's real RoPE table in vLLM layout ``[max_position, rotary_dim]``."""
-        return rope_cos_sin_cache(self.rotary_dim, max_position or self.max_position,
-                                  self.rope_theta, scaling=dict(self.rope_scaling), dtype=dtype)
+        return rope_cos_sin_cache(
+            self.rotary_dim,
+            max_position or self.max_position,
+            self.rope_theta,
+            scaling=dict(self.rope_scaling),
+            dtype=dtype,
+        )
 
     @cached_property
     def summary(self) -> str:
-        return (f"{self.label}: hq={self.num_heads} hkv={self.num_kv_heads} d={self.head_dim} "
-                f"rotary={self.rotary_dim} {'neox' if self.is_neox else 'gptj'} norm={self.norm}"
-                f" eps={self.eps:g} offset={self.weight_offset:g} theta={self.rope_theta:g}")
+        return (
+            f"{self.label}: hq={self.num_heads} hkv={self.num_kv_heads} d={self.head_dim} "
+            f"rotary={self.rotary_dim} {'neox' if self.is_neox else 'gptj'} norm={self.norm}"
+            f" eps={self.eps:g} offset={self.weight_offset:g} theta={self.rope_theta:g}"
+        )
 
 
-_LLAMA3_SCALING = (("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
-                   ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))
+_LLAMA3_SCALING = (
+    ("rope_type", "llama3"),
+    ("factor", 8.0),
+    ("low_freq_factor", 1.0),
+    ("high_freq_factor", 4.0),
+    ("original_max_position_embeddings", 8192),
+)
 
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960),
-    Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960),
-    Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960),
-    Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960),
-    Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960),
-    # Gemma 3 global-attention layers (theta 1e6); Gemma norms scale by (1 + w).
-    Preset("gemma3-1b", "google/gemma-3-1b-it", 4, 1, 256, 1e6, 32768, weight_offset=1.0),
-    Preset("gemma3-27b", "google/gemma-3-27b-it", 32, 16, 128, 1e6, 131072, weight_offset=1.0),
-    # Qwen3.5 full-attention layers: head_dim 256, a quarter of it rotated, (1 + w) norms.
-    Preset("qwen3.5-27b", "Qwen/Qwen3.5-27B", 24, 4, 256, 1e7, 262144, weight_offset=1.0,
-           partial_rotary_factor=0.25),
-    Preset("olmo2-7b", "allenai/OLMo-2-1124-7B", 32, 32, 128, 5e5, 4096, norm="full"),
-    Preset("llama3-8b", "meta-llama/Llama-3.1-8B", 32, 8, 128, 5e5, 131072, norm="none",
-           eps=1e-5, rope_scaling=_LLAMA3_SCALING),
-    Preset("glm4-9b", "THUDM/glm-4-9b-chat", 32, 2, 128, 1e4, 131072, norm="none",
-           eps=1.5625e-7, partial_rotary_factor=0.5, is_neox=False),
-]}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960),
+        Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960),
+        Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960),
+        Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960),
+        Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960),
+        # Gemma 3 global-attention layers (theta 1e6); Gemma norms scale by (1 + w).
+        Preset("gemma3-1b", "google/gemma-3-1b-it", 4, 1, 256, 1e6, 32768, weight_offset=1.0),
+        Preset("gemma3-27b", "google/gemma-3-27b-it", 32, 16, 128, 1e6, 131072, weight_offset=1.0),
+        # Qwen3.5 full-attention layers: head_dim 256, a quarter of it rotated, (1 + w) norms.
+        Preset(
+            "qwen3.5-27b",
+            "Qwen/Qwen3.5-27B",
+            24,
+            4,
+            256,
+            1e7,
+            262144,
+            weight_offset=1.0,
+            partial_rotary_factor=0.25,
+        ),
+        Preset("olmo2-7b", "allenai/OLMo-2-1124-7B", 32, 32, 128, 5e5, 4096, norm="full"),
+        Preset(
+            "llama3-8b",
+            "meta-llama/Llama-3.1-8B",
+            32,
+            8,
+            128,
+            5e5,
+            131072,
+            norm="none",
+            eps=1e-5,
+            rope_scaling=_LLAMA3_SCALING,
+        ),
+        Preset(
+            "glm4-9b",
+            "THUDM/glm-4-9b-chat",
+            32,
+            2,
+            128,
+            1e4,
+            131072,
+            norm="none",
+            eps=1.5625e-7,
+            partial_rotary_factor=0.5,
+            is_neox=False,
+        ),
+    ]
+}
 
 
 def get_preset(name: str, tp: int = 1) -> Preset:

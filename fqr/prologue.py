@@ -27,24 +27,60 @@ class NormStats:
     ``q_sum_sq``/``k_sum_sq``: float32 ``[T]`` sums of squares over the whole (unsharded) q/k
     projection; ``q_count``/``k_count``: the unsharded widths (``total_heads * head_dim``).
     """
+
     q_sum_sq: torch.Tensor
     k_sum_sq: torch.Tensor
     q_count: int
     k_count: int
 
 
-def attention_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                       q_sum_sq, k_sum_sq, *, num_heads, num_kv_heads, head_dim, eps, is_neox,
-                       weight_offset, norm, numerics, q_count=None, k_count=None):
+def attention_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    q_sum_sq,
+    k_sum_sq,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    norm,
+    numerics,
+    q_count=None,
+    k_count=None,
+):
     """The prologue as a composition of the pure ops (traced into one program)."""
     q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
     if norm != "none":
         q_group = head_dim if norm == "head" else num_heads * head_dim
         k_group = head_dim if norm == "head" else num_kv_heads * head_dim
-        q = ops.rms_norm(q, q_weight, eps=eps, group_size=q_group, bias=q_bias,
-                         weight_offset=weight_offset, sum_sq=q_sum_sq, count=q_count)
-        k = ops.rms_norm(k, k_weight, eps=eps, group_size=k_group, bias=k_bias,
-                         weight_offset=weight_offset, sum_sq=k_sum_sq, count=k_count)
+        q = ops.rms_norm(
+            q,
+            q_weight,
+            eps=eps,
+            group_size=q_group,
+            bias=q_bias,
+            weight_offset=weight_offset,
+            sum_sq=q_sum_sq,
+            count=q_count,
+        )
+        k = ops.rms_norm(
+            k,
+            k_weight,
+            eps=eps,
+            group_size=k_group,
+            bias=k_bias,
+            weight_offset=weight_offset,
+            sum_sq=k_sum_sq,
+            count=k_count,
+        )
         if numerics == "unfused":
             q = ops.reduce_precision(q, qkv.dtype)
             k = ops.reduce_precision(k, qkv.dtype)
@@ -61,12 +97,26 @@ def prologue_program(signature: tuple) -> Program:
     return trace(attention_prologue, *avals, **dict(static))
 
 
-def program_signature(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                      stats: NormStats | None, **static) -> tuple:
+def program_signature(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    stats: NormStats | None,
+    **static,
+) -> tuple:
     """Everything the program depends on: avals with symbolic T (and P for the cache rows)."""
     avals = (
-        Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"),
-        Aval.of(q_weight), Aval.of(k_weight), Aval.of(q_bias), Aval.of(k_bias),
+        Aval.of(qkv, "T"),
+        Aval.of(positions, "T"),
+        Aval.of(cos_sin_cache, "P"),
+        Aval.of(q_weight),
+        Aval.of(k_weight),
+        Aval.of(q_bias),
+        Aval.of(k_bias),
         None if stats is None else Aval(("T",), torch.float32),
         None if stats is None else Aval(("T",), torch.float32),
     )
@@ -79,12 +129,24 @@ _PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) pe
 
 
 def split_qkv_rmsnorm_rope(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, *,
-    num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
-    q_bias: torch.Tensor | None = None, k_bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0, norm: str = "head", norm_stats: NormStats | None = None,
-    numerics: str = "fused", backend: str = "auto",
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    norm: str = "head",
+    norm_stats: NormStats | None = None,
+    numerics: str = "fused",
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the packed QKV row, RMS-normalise q and k, rotate them; return new q, k, v.
 
@@ -100,19 +162,38 @@ def split_qkv_rmsnorm_rope(
     vLLM's and Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic
     of a full-width norm sharded over TP ranks (see :class:`NormStats`).
     """
-    static = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                  eps=eps, is_neox=is_neox, weight_offset=weight_offset, norm=norm,
-                  numerics=numerics)
-    check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                        norm_stats, backend=backend, **static)
+    static = dict(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        norm=norm,
+        numerics=numerics,
+    )
+    check_prologue_args(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        q_bias,
+        k_bias,
+        norm_stats,
+        backend=backend,
+        **static,
+    )
     from .backends import resolve_backend  # late: backends import lowering
 
     static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    fast_key = (positions.dtype,
-                tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
-                None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
-                tuple(static.values()))
+    fast_key = (
+        positions.dtype,
+        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
+        None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
+        tuple(static.values()),
+    )
     program = _PROGRAMS.get(fast_key)
     if program is None:
         program = prologue_program(program_signature(*tensors, norm_stats, **static))
@@ -120,15 +201,24 @@ def split_qkv_rmsnorm_rope(
     stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
     args = [t for t in tensors if t is not None] + list(stats)
     if qkv.shape[0] == 0:
-        return tuple(torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
-                     for v in program.outputs)
+        return tuple(
+            torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
+            for v in program.outputs
+        )
     return tuple(resolve_backend(backend, qkv.device).launch(program, args))
 
 
-def preset_program(preset, dtype: torch.dtype = torch.bfloat16, *, numerics: str = "fused",
-                   bias: bool = False, positions_dtype: torch.dtype = torch.int64,
-                   cache_dtype: torch.dtype = torch.float32, weight_dtype: torch.dtype | None = None,
-                   sharded_full_norm: bool = False) -> Program:
+def preset_program(
+    preset,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    numerics: str = "fused",
+    bias: bool = False,
+    positions_dtype: torch.dtype = torch.int64,
+    cache_dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype | None = None,
+    sharded_full_norm: bool = False,
+) -> Program:
     """The traced prologue for a :class:`fqr.presets.Preset` (its TP view included).
 
     ``sharded_full_norm`` (full-width norm at tp > 1): the program takes the all-reduced
@@ -141,15 +231,27 @@ def preset_program(preset, dtype: torch.dtype = torch.bfloat16, *, numerics: str
     has_norm = preset.norm != "none"
     vec = lambda n, on: Aval((n,), wdt) if on else None  # noqa: E731
     stats = sharded_full_norm and preset.norm == "full"
-    avals = (Aval(("T", preset.qkv_width), dtype), Aval(("T",), positions_dtype),
-             Aval(("P", preset.rotary_dim), cache_dtype),
-             vec(q_len, has_norm), vec(k_len, has_norm), vec(q_len, has_norm and bias),
-             vec(k_len, has_norm and bias),
-             Aval(("T",), torch.float32) if stats else None,
-             Aval(("T",), torch.float32) if stats else None)
-    static = dict(num_heads=preset.num_heads, num_kv_heads=preset.num_kv_heads, head_dim=d,
-                  eps=float(preset.eps), is_neox=preset.is_neox,
-                  weight_offset=float(preset.weight_offset), norm=preset.norm, numerics=numerics)
+    avals = (
+        Aval(("T", preset.qkv_width), dtype),
+        Aval(("T",), positions_dtype),
+        Aval(("P", preset.rotary_dim), cache_dtype),
+        vec(q_len, has_norm),
+        vec(k_len, has_norm),
+        vec(q_len, has_norm and bias),
+        vec(k_len, has_norm and bias),
+        Aval(("T",), torch.float32) if stats else None,
+        Aval(("T",), torch.float32) if stats else None,
+    )
+    static = dict(
+        num_heads=preset.num_heads,
+        num_kv_heads=preset.num_kv_heads,
+        head_dim=d,
+        eps=float(preset.eps),
+        is_neox=preset.is_neox,
+        weight_offset=float(preset.weight_offset),
+        norm=preset.norm,
+        numerics=numerics,
+    )
     if stats:
         static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
     return prologue_program((avals, tuple(sorted(static.items()))))

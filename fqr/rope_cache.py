@@ -32,16 +32,22 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = No
     return inv_freq
 
 
-def rope_angles(positions: torch.Tensor, rotary_dim: int, theta: float,
-                scaling: dict | None = None) -> torch.Tensor:
+def rope_angles(
+    positions: torch.Tensor, rotary_dim: int, theta: float, scaling: dict | None = None
+) -> torch.Tensor:
     """float64 angles ``[len(positions), rotary_dim/2]``."""
     inv_freq = inverse_frequencies(rotary_dim, theta, scaling)
     return positions.to(torch.float64)[:, None] * inv_freq[None, :]
 
 
-def rope_cos_sin_cache(rotary_dim: int, max_position: int, theta: float,
-                       scaling: dict | None = None, dtype=torch.float32,
-                       rows: torch.Tensor | None = None) -> torch.Tensor:
+def rope_cos_sin_cache(
+    rotary_dim: int,
+    max_position: int,
+    theta: float,
+    scaling: dict | None = None,
+    dtype=torch.float32,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given)."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")

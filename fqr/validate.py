@@ -26,14 +26,33 @@ def _tensor(name: str, x) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
-def check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                        norm_stats, *, num_heads, num_kv_heads, head_dim, eps, is_neox,
-                        weight_offset, norm, numerics, backend) -> None:
+def check_prologue_args(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    norm_stats,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    norm,
+    numerics,
+    backend,
+) -> None:
     _positive_int("num_heads", num_heads)
     _positive_int("num_kv_heads", num_kv_heads)
     _positive_int("head_dim", head_dim)
     if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
     if not isinstance(weight_offset, (int, float)) or isinstance(weight_offset, bool):
@@ -54,8 +73,10 @@ def check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bia
         raise TypeError(f"qkv must be bf16, fp16 or fp32, got {qkv.dtype}")
     width = (num_heads + 2 * num_kv_heads) * head_dim
     if qkv.shape[1] != width:
-        raise ValueError(f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim = "
-                         f"({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}")
+        raise ValueError(
+            f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim = "
+            f"({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+        )
     if qkv.shape[0] > 0 and qkv.stride(1) != 1:
         raise ValueError(f"qkv must be contiguous in its last dim (stride {qkv.stride(1)})")
     if qkv.shape[0] > 1 and qkv.stride(0) < width:
@@ -66,20 +87,27 @@ def check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bia
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
     if positions.dim() != 1 or positions.shape[0] != tokens:
-        raise ValueError(f"positions must be [T] with T = {tokens} (qkv rows), "
-                         f"got shape {list(positions.shape)}")
+        raise ValueError(
+            f"positions must be [T] with T = {tokens} (qkv rows), got shape {list(positions.shape)}"
+        )
 
     _tensor("cos_sin_cache", cos_sin_cache)
     if cos_sin_cache.dim() != 2:
-        raise ValueError(f"cos_sin_cache must be 2-D [max_position, rotary_dim], "
-                         f"got shape {list(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be 2-D [max_position, rotary_dim], "
+            f"got shape {list(cos_sin_cache.shape)}"
+        )
     if not cos_sin_cache.dtype.is_floating_point:
         raise TypeError(f"cos_sin_cache must be floating, got {cos_sin_cache.dtype}")
     rotary_dim = cos_sin_cache.shape[1]
     if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(f"cos_sin_cache width (rotary_dim) must be even and >= 2, got {rotary_dim}")
+        raise ValueError(
+            f"cos_sin_cache width (rotary_dim) must be even and >= 2, got {rotary_dim}"
+        )
     if rotary_dim > head_dim:
-        raise ValueError(f"cos_sin_cache width (rotary_dim) {rotary_dim} exceeds head_dim {head_dim}")
+        raise ValueError(
+            f"cos_sin_cache width (rotary_dim) {rotary_dim} exceeds head_dim {head_dim}"
+        )
     if cos_sin_cache.stride(1) != 1:
         raise ValueError("cos_sin_cache must be contiguous in its last dim")
     if cos_sin_cache.shape[0] < 1:
@@ -87,8 +115,12 @@ def check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bia
 
     q_len = head_dim if norm == "head" else num_heads * head_dim
     k_len = head_dim if norm == "head" else num_kv_heads * head_dim
-    for name, t, n in (("q_weight", q_weight, q_len), ("k_weight", k_weight, k_len),
-                       ("q_bias", q_bias, q_len), ("k_bias", k_bias, k_len)):
+    for name, t, n in (
+        ("q_weight", q_weight, q_len),
+        ("k_weight", k_weight, k_len),
+        ("q_bias", q_bias, q_len),
+        ("k_bias", k_bias, k_len),
+    ):
         if norm == "none":
             if t is not None:
                 raise ValueError(f"{name} must be None when norm='none'")
@@ -114,15 +146,20 @@ def check_prologue_args(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bia
         if norm != "full":
             raise ValueError("norm_stats is only meaningful with norm='full'")
         for name, t, local, count in (
-                ("norm_stats.q_sum_sq", norm_stats.q_sum_sq, q_len, norm_stats.q_count),
-                ("norm_stats.k_sum_sq", norm_stats.k_sum_sq, k_len, norm_stats.k_count)):
+            ("norm_stats.q_sum_sq", norm_stats.q_sum_sq, q_len, norm_stats.q_count),
+            ("norm_stats.k_sum_sq", norm_stats.k_sum_sq, k_len, norm_stats.k_count),
+        ):
             _tensor(name, t)
             if t.dtype != torch.float32 or t.shape != (tokens,):
-                raise ValueError(f"{name} must be float32 [T={tokens}], got {t.dtype} {list(t.shape)}")
+                raise ValueError(
+                    f"{name} must be float32 [T={tokens}], got {t.dtype} {list(t.shape)}"
+                )
             if t.device != device:
                 raise ValueError(f"{name} is on {t.device} but qkv is on {device}")
             if count < local:
-                raise ValueError(f"{name[:-7]}count {count} is smaller than the local width {local}")
+                raise ValueError(
+                    f"{name[:-7]}count {count} is smaller than the local width {local}"
+                )
 
     for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache)):
         if t.device != device:
@@ -137,8 +174,9 @@ def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= max_position:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"positions out of range: {bad} not in [0, {max_position}) "
-                             f"(cos_sin_cache rows)")
+            raise ValueError(
+                f"positions out of range: {bad} not in [0, {max_position}) (cos_sin_cache rows)"
+            )
     # On an accelerator a host check would sync and an async assert costs several launches per
     # call; instead the generated kernel bounds-checks every position against the table rows and
     # rotates an out-of-range token by NaN (never reading outside the table), so it cannot pass

@@ -14,7 +14,7 @@ case "${1:-checks}" in
 checks)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   step verify_triton fqr verify --backend triton
-  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_fusion_gpu.py tests/test_bench.py -m gpu
+  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/gpu tests/bench -m gpu
   step run_cuda fqr run --device cuda --dp 1 --tp 1 --backend triton --requests 32 --decode-steps 8
   step run_cuda_olmo2 fqr run --preset olmo2-7b --device cuda --dp 1 --tp 1 --backend triton
   step torchrun_cuda python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m fqr run --launcher torchrun --device cuda --backend triton
@@ -22,12 +22,12 @@ checks)
   step bench_fp32 fqr bench --preset qwen3-8b --dtype fp32 --tokens 16384,65536 --compare eager,compile --save "$OUT/bench_fp32.json"
   ;;
 bench)
-  step pytest_fusion_gpu python3 -m pytest -q -p no:cacheprovider tests/test_fusion_gpu.py -m gpu
+  step pytest_fusion_gpu python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fusion_gpu.py -m gpu
   step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
   TAILN=60 step bench fqr bench --dtype bf16,fp16 --compare eager,compile --save "$OUT/bench.json" --plot "$OUT/bench.png"
   ;;
 dispatch)
-  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_fusion_gpu.py -m gpu
+  step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/gpu -m gpu
   TAILN=20 step bench_dispatch fqr bench --preset qwen3-8b --tokens 1,16,128,1024,4096,65536 --dtype bf16 --compare none --save "$OUT/bench_dispatch.json"
   step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
   ;;

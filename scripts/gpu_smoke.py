@@ -4,11 +4,10 @@ Checks the triton backend against the float64 formulation on a spread of presets
 times the fused kernel at large T for several launch configurations against a same-run
 device-to-device copy of the same byte count. Prints a short table last.
 """
-import itertools
+
 import json
 import os
 import sys
-import time
 
 import torch
 import triton
@@ -29,24 +28,45 @@ def inputs(p, T, dtype, bias=False, gen=None):
     if p.norm != "none":
         ql = p.head_dim if p.norm == "head" else p.q_size
         kl = p.head_dim if p.norm == "head" else p.kv_size
-        args += [(1 + 0.1 * torch.randn(ql, device=dev)).to(dtype), (1 + 0.1 * torch.randn(kl, device=dev)).to(dtype)]
+        args += [
+            (1 + 0.1 * torch.randn(ql, device=dev)).to(dtype),
+            (1 + 0.1 * torch.randn(kl, device=dev)).to(dtype),
+        ]
         if bias:
-            args += [(0.1 * torch.randn(ql, device=dev)).to(dtype), (0.1 * torch.randn(kl, device=dev)).to(dtype)]
+            args += [
+                (0.1 * torch.randn(ql, device=dev)).to(dtype),
+                (0.1 * torch.randn(kl, device=dev)).to(dtype),
+            ]
     return args
 
 
 def check(name, tp, dtype, T, numerics="fused", bias=False):
-    p = fqr.get_preset(name, tp) if tp > 1 and fqr.get_preset(name).norm != "full" else fqr.get_preset(name)
+    p = (
+        fqr.get_preset(name, tp)
+        if tp > 1 and fqr.get_preset(name).norm != "full"
+        else fqr.get_preset(name)
+    )
     prog = preset_program(p, dtype, numerics=numerics, bias=bias)
     args = inputs(p, T, dtype, bias)
     k = lower(prog, "cuda")
-    outs = [torch.full((T, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda") for v in prog.outputs]
+    outs = [
+        torch.full((T, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
+        for v in prog.outputs
+    ]
     k(*args, out=outs)
-    exact = eval_program(prog, [a.double().cpu() if a.is_floating_point() else a.cpu() for a in args], torch.float64)
-    res = [compare(o, e, head_dim=p.head_dim, numerics=numerics, bitwise=(i == 2)) for i, (o, e) in enumerate(zip(outs, exact))]
+    exact = eval_program(
+        prog, [a.double().cpu() if a.is_floating_point() else a.cpu() for a in args], torch.float64
+    )
+    res = [
+        compare(o, e, head_dim=p.head_dim, numerics=numerics, bitwise=(i == 2))
+        for i, (o, e) in enumerate(zip(outs, exact))
+    ]
     ok = all(r.passed for r in res)
-    print(f"check {p.label:22s} {str(dtype)[6:]:9s} T={T:5d} {numerics:7s} bias={bias!s:5s} "
-          f"ulp={[r.max_ulp for r in res]} rel={max(r.max_rel_head for r in res):.2e} {'PASS' if ok else 'FAIL'}")
+    print(
+        f"check {p.label:22s} {str(dtype)[6:]:9s} T={T:5d} {numerics:7s} bias={bias!s:5s} "
+        f"ulp={[r.max_ulp for r in res]} rel={max(r.max_rel_head for r in res):.2e} "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
     return ok
 
 
@@ -56,7 +76,9 @@ def bench(name, dtype, T, **opts):
     args = inputs(p, T, dtype)
     k = lower(prog, "cuda", **opts)
     outs = [torch.empty((T, v.aval.shape[1]), dtype=dtype, device="cuda") for v in prog.outputs]
-    ms = triton.testing.do_bench(lambda: k(*args, out=outs), warmup=50, rep=300, return_mode="median")
+    ms = triton.testing.do_bench(
+        lambda: k(*args, out=outs), warmup=50, rep=300, return_mode="median"
+    )
     el = torch.finfo(dtype).bits // 8
     nbytes = T * p.qkv_width * el * 2 + T * (8 + p.rotary_dim * 4)
     return ms, nbytes
@@ -79,23 +101,42 @@ if __name__ == "__main__":
         ok &= check("qwen3-8b", 1, torch.bfloat16, 513, bias=True)
     ceiling = copy_ceiling(2 * 65536 * 6144 * 2)
     rows = []
-    shapes = [("qwen3-8b", torch.bfloat16, 65536), ("qwen3-8b", torch.bfloat16, 4096),
-              ("qwen3-8b", torch.bfloat16, 1024), ("qwen3-32b", torch.bfloat16, 65536),
-              ("qwen3-235b-a22b", torch.bfloat16, 65536), ("gemma3-27b", torch.bfloat16, 65536),
-              ("qwen3.5-27b", torch.bfloat16, 65536), ("qwen3-0.6b", torch.bfloat16, 65536),
-              ("qwen3-8b", torch.float32, 65536)]
+    shapes = [
+        ("qwen3-8b", torch.bfloat16, 65536),
+        ("qwen3-8b", torch.bfloat16, 4096),
+        ("qwen3-8b", torch.bfloat16, 1024),
+        ("qwen3-32b", torch.bfloat16, 65536),
+        ("qwen3-235b-a22b", torch.bfloat16, 65536),
+        ("gemma3-27b", torch.bfloat16, 65536),
+        ("qwen3.5-27b", torch.bfloat16, 65536),
+        ("qwen3-0.6b", torch.bfloat16, 65536),
+        ("qwen3-8b", torch.float32, 65536),
+    ]
     if os.environ.get("SHAPES"):
-        shapes = [(n, getattr(torch, d), int(t)) for n, d, t in
-                  (x.split(":") for x in os.environ["SHAPES"].split(","))]
+        shapes = [
+            (n, getattr(torch, d), int(t))
+            for n, d, t in (x.split(":") for x in os.environ["SHAPES"].split(","))
+        ]
     variants = [json.loads(v) for v in os.environ.get("VARIANTS", "").split(";") if v] or [
-        dict(), dict(tile_elems=2048), dict(tile_elems=8192), dict(num_warps=8),
-        dict(tile_elems=2048, num_warps=2), dict(block_t=2), dict(tile_elems=2048, block_t=2)]
+        dict(),
+        dict(tile_elems=2048),
+        dict(tile_elems=8192),
+        dict(num_warps=8),
+        dict(tile_elems=2048, num_warps=2),
+        dict(block_t=2),
+        dict(tile_elems=2048, block_t=2),
+    ]
     for name, dtype, T in shapes:
         for opts in variants:
             ms, nbytes = bench(name, dtype, T, **opts)
             gbs = nbytes / ms / 1e6
-            rows.append((name, str(dtype)[6:], T, json.dumps(opts), ms * 1e3, gbs, 100 * gbs / ceiling))
+            rows.append(
+                (name, str(dtype)[6:], T, json.dumps(opts), ms * 1e3, gbs, 100 * gbs / ceiling)
+            )
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for r in rows:
-        print(f"{r[0]:15s} {r[1]:8s} T={r[2]:6d} {r[3]:40s} {r[4]:8.1f} us {r[5]:6.0f} GB/s {r[6]:5.1f}%")
+        print(
+            f"{r[0]:15s} {r[1]:8s} T={r[2]:6d} {r[3]:40s} {r[4]:8.1f} us {r[5]:6.0f} GB/s "
+            f"{r[6]:5.1f}%"
+        )
     print("ALL CHECKS", "PASS" if ok else "FAIL")

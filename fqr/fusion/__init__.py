@@ -21,8 +21,16 @@ The pattern and backend modules import Inductor; they load on first use.
 from . import custom_ops
 from .qk_prologue import qk_norm_rope_prologue, qk_rmsnorm_rope
 
-__all__ = ["custom_ops", "qk_rmsnorm_rope", "qk_norm_rope_prologue", "backend", "FusionPass",
-           "FusionBackend", "FusionStats", "fusion_patterns"]
+__all__ = [
+    "custom_ops",
+    "qk_rmsnorm_rope",
+    "qk_norm_rope_prologue",
+    "backend",
+    "FusionPass",
+    "FusionBackend",
+    "FusionStats",
+    "fusion_patterns",
+]
 
 
 def __getattr__(name):

@@ -22,15 +22,38 @@ from .fusion_pass import FusionBackend, fusion_patterns
 from .models import VllmStyleModel, preset_model
 
 
-def exact_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, *,
-                   num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset):
+def exact_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+):
     """float64 q, k of the prologue, computed from the (already rounded) inputs."""
-    f64 = [None if t is None else t.detach().to(torch.float64) for t in
-           (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)]
+    f64 = [
+        None if t is None else t.detach().to(torch.float64)
+        for t in (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+    ]
     f64[1] = positions
-    static = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                  eps=float(eps), is_neox=is_neox, weight_offset=float(weight_offset),
-                  norm="head", numerics="fused")
+    static = dict(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=float(eps),
+        is_neox=is_neox,
+        weight_offset=float(weight_offset),
+        norm="head",
+        numerics="fused",
+    )
     program = prologue_program(program_signature(*f64, None, **static))
     q, k, _ = eval_program(program, [t for t in f64 if t is not None], torch.float64)
     return q, k
@@ -51,8 +74,8 @@ class FuseReport:
     device: str
     sites: int
     unfused_ops_left: dict
-    max_abs_diff: dict            # fused vs unfused compiled: hidden, q, k, v (max over layers)
-    contract: dict                # worst layer: max_rel_head, v_exact, passed, tolerance
+    max_abs_diff: dict  # fused vs unfused compiled: hidden, q, k, v (max over layers)
+    contract: dict  # worst layer: max_rel_head, v_exact, passed, tolerance
     pattern_setup_s: float
     unfused: Timing
     fused: Timing
@@ -60,8 +83,7 @@ class FuseReport:
 
     @property
     def passed(self) -> bool:
-        return (self.sites == self.layers and not self.unfused_ops_left
-                and self.contract["passed"])
+        return self.sites == self.layers and not self.unfused_ops_left and self.contract["passed"]
 
     def to_dict(self) -> dict:
         return dict(asdict(self), passed=self.passed)
@@ -99,9 +121,17 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-def evaluate_fusion(preset: Preset, *, layers: int = 2, tokens: int = 16,
-                    dtype: torch.dtype = torch.bfloat16, device: str = "cpu", seed: int = 0,
-                    runs: int = 5, log=lambda msg: None) -> FuseReport:
+def evaluate_fusion(
+    preset: Preset,
+    *,
+    layers: int = 2,
+    tokens: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    seed: int = 0,
+    runs: int = 5,
+    log=lambda msg: None,
+) -> FuseReport:
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
     if runs < 1:
@@ -143,22 +173,48 @@ def evaluate_fusion(preset: Preset, *, layers: int = 2, tokens: int = 16,
     for layer, (qkv, q, k, v) in zip(model.layers, out[1]):
         s = layer.shape
         exact_q, exact_k = exact_prologue(
-            qkv, positions, layer.cos_sin_cache, layer.q_weight, layer.k_weight, layer.q_bias,
-            layer.k_bias, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-            head_dim=s.head_dim, eps=s.eps, is_neox=s.is_neox,
-            weight_offset=1.0 if s.gemma else 0.0)
+            qkv,
+            positions,
+            layer.cos_sin_cache,
+            layer.q_weight,
+            layer.k_weight,
+            layer.q_bias,
+            layer.k_bias,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            eps=s.eps,
+            is_neox=s.is_neox,
+            weight_offset=1.0 if s.gemma else 0.0,
+        )
         cq = compare(q, exact_q, head_dim=s.head_dim, numerics="unfused")
         ck = compare(k, exact_k, head_dim=s.head_dim, numerics="unfused")
-        v_exact = bool(torch.equal(v, qkv[:, s.q_size + s.kv_size:]))  # v is a copy
-        checks.append({"max_rel_head": max(cq.max_rel_head, ck.max_rel_head), "v_exact": v_exact,
-                       "passed": cq.passed and ck.passed and v_exact, "tolerance": cq.tolerance})
+        v_exact = bool(torch.equal(v, qkv[:, s.q_size + s.kv_size :]))  # v is a copy
+        checks.append(
+            {
+                "max_rel_head": max(cq.max_rel_head, ck.max_rel_head),
+                "v_exact": v_exact,
+                "passed": cq.passed and ck.passed and v_exact,
+                "tolerance": cq.tolerance,
+            }
+        )
     worst = max(checks, key=lambda c: (not c["passed"], c["max_rel_head"]))
     unfused_left: dict = {}
     for g in fusion.stats.graphs:
         for op, n in g.unfused_ops.items():
             unfused_left[op] = unfused_left.get(op, 0) + n
     return FuseReport(
-        preset=preset.label, layers=layers, tokens=tokens, dtype=str(dtype).replace("torch.", ""),
-        device=str(dev), sites=fusion.stats.sites, unfused_ops_left=unfused_left,
-        max_abs_diff=diff, contract=dict(worst), pattern_setup_s=setup_s, unfused=t_plain,
-        fused=t_fused, layer_checks=checks)
+        preset=preset.label,
+        layers=layers,
+        tokens=tokens,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(dev),
+        sites=fusion.stats.sites,
+        unfused_ops_left=unfused_left,
+        max_abs_diff=diff,
+        contract=dict(worst),
+        pattern_setup_s=setup_s,
+        unfused=t_plain,
+        fused=t_fused,
+        layer_checks=checks,
+    )

@@ -41,12 +41,18 @@ FUSED_OPS = (torch.ops.fqr.split_qkv_rmsnorm_rope.default, torch.ops.fqr.qk_rmsn
 
 # What the unfused prologue leaves in an aten graph: RMSNorm's statistic and RoPE's gather.
 # None of these should survive in a graph whose prologues were all fused.
-UNFUSED_OPS = (torch.ops.aten.rsqrt.default, torch.ops.aten.mean.dim,
-               torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.index.Tensor,
-               torch.ops.aten.index_select.default)
+UNFUSED_OPS = (
+    torch.ops.aten.rsqrt.default,
+    torch.ops.aten.mean.dim,
+    torch.ops.aten.pow.Tensor_Scalar,
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_select.default,
+)
 
-_SOURCES = tuple(os.path.join(os.path.dirname(__file__), f)
-                 for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py"))
+_SOURCES = tuple(
+    os.path.join(os.path.dirname(__file__), f)
+    for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py")
+)
 
 
 # The replacements read the split sizes and eps of each match by name (``scalar_workaround``
@@ -58,8 +64,10 @@ MIN_TORCH = (2, 13)
 def check_torch_version() -> None:
     have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if have < MIN_TORCH:
-        raise RuntimeError(f"fqr.fusion needs torch >= {'.'.join(map(str, MIN_TORCH))} "
-                           f"(its pattern matcher passes the matched sizes by name); found {torch.__version__}")
+        raise RuntimeError(
+            f"fqr.fusion needs torch >= {'.'.join(map(str, MIN_TORCH))} "
+            f"(its pattern matcher passes the matched sizes by name); found {torch.__version__}"
+        )
 
 
 @lru_cache(maxsize=1)
@@ -76,9 +84,9 @@ def fusion_patterns() -> PatternMatcherPass:
 @dataclass
 class GraphRecord:
     sites: int
-    fused_ops: int               # fqr ops in the graph after the pass
-    unfused_ops: dict            # aten op name -> count of UNFUSED_OPS left after the pass
-    ops: dict                    # every call_function target name -> count, after the pass
+    fused_ops: int  # fqr ops in the graph after the pass
+    unfused_ops: dict  # aten op name -> count of UNFUSED_OPS left after the pass
+    ops: dict  # every call_function target name -> count, after the pass
 
 
 @dataclass
@@ -137,12 +145,19 @@ class FusionPass(CustomGraphPass):
             stable_topological_sort(graph)
             graph.eliminate_dead_code()
         ops = op_counts(graph)
-        log.info("fqr fusion: fused %d attention prologue site(s) in a graph of %d nodes",
-                 sites, len(graph.nodes))
-        self.stats.graphs.append(GraphRecord(
-            sites=sites, fused_ops=sum(ops[o] for o in FUSED_OPS),
-            unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},
-            ops={str(o): n for o, n in ops.items()}))
+        log.info(
+            "fqr fusion: fused %d attention prologue site(s) in a graph of %d nodes",
+            sites,
+            len(graph.nodes),
+        )
+        self.stats.graphs.append(
+            GraphRecord(
+                sites=sites,
+                fused_ops=sum(ops[o] for o in FUSED_OPS),
+                unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},
+                ops={str(o): n for o, n in ops.items()},
+            )
+        )
 
     def uuid(self):
         return get_hash_for_files(_SOURCES)
@@ -156,8 +171,13 @@ class FusionBackend:
     ``cache=True`` repeated compiles are faster and ``stats`` covers only graphs compiled here.
     """
 
-    def __init__(self, fusion_pass: FusionPass | None = None, *, cache: bool = False,
-                 config_patches: dict | None = None):
+    def __init__(
+        self,
+        fusion_pass: FusionPass | None = None,
+        *,
+        cache: bool = False,
+        config_patches: dict | None = None,
+    ):
         self.fusion_pass = fusion_pass or FusionPass()
         self.cache = cache
         self.config_patches = dict(config_patches or {})
@@ -169,8 +189,11 @@ class FusionBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
-        patches = {"post_grad_custom_post_pass": self.fusion_pass,
-                   "fx_graph_cache": self.cache, **self.config_patches}
+        patches = {
+            "post_grad_custom_post_pass": self.fusion_pass,
+            "fx_graph_cache": self.cache,
+            **self.config_patches,
+        }
         with torch._functorch.config.patch(enable_autograd_cache=self.cache):
             return compile_fx(gm, example_inputs, config_patches=patches)
 

@@ -29,22 +29,32 @@ class AttentionShape:
     rotary_dim: int
     eps: float = 1e-6
     is_neox: bool = True
-    gemma: bool = False      # GemmaRMSNorm: scale by (1 + w)
-    bias: bool = False       # qkv_proj bias and a norm bias
+    gemma: bool = False  # GemmaRMSNorm: scale by (1 + w)
+    bias: bool = False  # qkv_proj bias and a norm bias
     rope_theta: float = 1e6
     max_position: int = 4096
 
     @classmethod
-    def from_preset(cls, preset: Preset, *, bias: bool = False,
-                    max_position: int = 4096) -> "AttentionShape":
+    def from_preset(
+        cls, preset: Preset, *, bias: bool = False, max_position: int = 4096
+    ) -> AttentionShape:
         if preset.norm != "head":
             raise ValueError(
                 f"preset {preset.name} has norm={preset.norm!r}; the fusion patterns cover the "
-                f"per-head QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)")
-        return cls(preset.num_heads, preset.num_kv_heads, preset.head_dim, preset.rotary_dim,
-                   eps=preset.eps, is_neox=preset.is_neox, gemma=preset.weight_offset == 1.0,
-                   bias=bias, rope_theta=preset.rope_theta,
-                   max_position=min(max_position, preset.max_position))
+                f"per-head QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)"
+            )
+        return cls(
+            preset.num_heads,
+            preset.num_kv_heads,
+            preset.head_dim,
+            preset.rotary_dim,
+            eps=preset.eps,
+            is_neox=preset.is_neox,
+            gemma=preset.weight_offset == 1.0,
+            bias=bias,
+            rope_theta=preset.rope_theta,
+            max_position=min(max_position, preset.max_position),
+        )
 
     @property
     def q_size(self) -> int:
@@ -69,22 +79,37 @@ class VllmStyleAttention(nn.Module):
         self.q_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
         self.k_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
         # vLLM keeps the cache in the model dtype (RotaryEmbedding._match_cos_sin_cache_dtype).
-        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(
-            s.rotary_dim, s.max_position, s.rope_theta, dtype=dtype), persistent=False)
+        self.register_buffer(
+            "cos_sin_cache",
+            rope_cos_sin_cache(s.rotary_dim, s.max_position, s.rope_theta, dtype=dtype),
+            persistent=False,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor):
         s = self.shape
         qkv = self.qkv_proj(hidden)
         q, k, v = vllm_qk_norm_rope(
-            qkv, positions, self.cos_sin_cache, self.q_weight, self.k_weight, q_size=s.q_size,
-            kv_size=s.kv_size, eps=s.eps, is_neox=s.is_neox, gemma=s.gemma, q_bias=self.q_bias,
-            k_bias=self.k_bias)
+            qkv,
+            positions,
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            q_size=s.q_size,
+            kv_size=s.kv_size,
+            eps=s.eps,
+            is_neox=s.is_neox,
+            gemma=s.gemma,
+            q_bias=self.q_bias,
+            k_bias=self.k_bias,
+        )
         t = hidden.shape[0]
         attn = F.scaled_dot_product_attention(
             q.view(t, s.num_heads, s.head_dim).transpose(0, 1),
             k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
             v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
-            is_causal=True, enable_gqa=True)
+            is_causal=True,
+            enable_gqa=True,
+        )
         out = self.o_proj(attn.transpose(0, 1).reshape(t, s.q_size))
         return hidden + out, (qkv, q, k, v)
 
@@ -105,8 +130,15 @@ class VllmStyleModel(nn.Module):
         return hidden, prologues
 
 
-def preset_model(preset: Preset, layers: int, dtype: torch.dtype, *, seed: int = 0,
-                 bias: bool = False, device: str | torch.device = "cpu") -> VllmStyleModel:
+def preset_model(
+    preset: Preset,
+    layers: int,
+    dtype: torch.dtype,
+    *,
+    seed: int = 0,
+    bias: bool = False,
+    device: str | torch.device = "cpu",
+) -> VllmStyleModel:
     """``layers`` layers of ``preset``'s attention shapes, random weights from ``seed``."""
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")

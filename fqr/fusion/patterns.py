@@ -31,7 +31,8 @@ One registration per graph shape that the unfused code can take: activation dtyp
 (16-bit, where the norm has casts; fp32, where they vanish), cos/sin cache dtype (the
 activation's; or fp32 under 16-bit activations, which adds a cast), NeoX / GPT-J, with / without
 a norm bias, vLLM ``RMSNorm`` / ``GemmaRMSNorm`` (1 + w), full / partial rotary (a full one has
-no pass-through slice): 48 vLLM-form patterns and 2 Hugging Face ones. The fused op runs with ``numerics="unfused"``: it rounds where the unfused
+no pass-through slice): 48 vLLM-form patterns and 2 Hugging Face ones. The fused op runs
+with ``numerics="unfused"``: it rounds where the unfused
 code rounds (after the norm, each RoPE multiply and add), so fused and unfused models agree
 within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 """
@@ -46,8 +47,10 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-from . import custom_ops  # noqa: F401  (registers torch.ops.fqr.*)
-from . import unfused
+from . import (
+    custom_ops,  # noqa: F401  (registers torch.ops.fqr.*)
+    unfused,
+)
 
 # Example sizes for tracing. The split sizes and eps become pattern arguments through
 # `scalar_workaround`, which works by value: they must differ from every other constant in the
@@ -80,7 +83,8 @@ def trace_like_inductor(fn, args, *, get_decomp_fn=None, **_):
 @dataclass(frozen=True)
 class VllmVariant:
     """One graph shape of the vLLM-form prologue (see the module docstring)."""
-    dtype: torch.dtype          # activation dtype used for tracing (bf16 stands for bf16/fp16)
+
+    dtype: torch.dtype  # activation dtype used for tracing (bf16 stands for bf16/fp16)
     cache_dtype: torch.dtype
     is_neox: bool
     bias: bool
@@ -89,11 +93,16 @@ class VllmVariant:
 
     @property
     def name(self) -> str:
-        return "vllm-" + "-".join([
-            "16bit" if self.dtype != torch.float32 else "fp32",
-            "cache-same" if self.cache_dtype == self.dtype else "cache-other",
-            "neox" if self.is_neox else "gptj", "bias" if self.bias else "nobias",
-            "gemma" if self.gemma else "rmsnorm", "partial" if self.partial_rotary else "full"])
+        return "vllm-" + "-".join(
+            [
+                "16bit" if self.dtype != torch.float32 else "fp32",
+                "cache-same" if self.cache_dtype == self.dtype else "cache-other",
+                "neox" if self.is_neox else "gptj",
+                "bias" if self.bias else "nobias",
+                "gemma" if self.gemma else "rmsnorm",
+                "partial" if self.partial_rotary else "full",
+            ]
+        )
 
     @property
     def weight_offset(self) -> float:
@@ -105,7 +114,8 @@ class VllmVariant:
             torch.zeros(_T, (_HQ + 2 * _HKV) * _D, dtype=self.dtype),
             torch.zeros(_T, dtype=torch.int64),
             torch.zeros(_ROWS, rotary, dtype=self.cache_dtype),
-            torch.zeros(_D, dtype=self.dtype), torch.zeros(_D, dtype=self.dtype),
+            torch.zeros(_D, dtype=self.dtype),
+            torch.zeros(_D, dtype=self.dtype),
         ]
         if self.bias:
             tensors += [torch.zeros(_D, dtype=self.dtype), torch.zeros(_D, dtype=self.dtype)]
@@ -114,34 +124,111 @@ class VllmVariant:
     def search_and_replace(self):
         neox, gemma, offset = self.is_neox, self.gemma, self.weight_offset
 
-        def fused(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, q_size,
-                  kv_size, eps):
+        def fused(
+            qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, q_size, kv_size, eps
+        ):
             d = q_weight.shape[0]
             return torch.ops.fqr.split_qkv_rmsnorm_rope(
-                qkv, positions.flatten(), cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                q_size // d, kv_size // d, d, eps, neox, offset, "head", "unfused")
+                qkv,
+                positions.flatten(),
+                cos_sin_cache,
+                q_weight,
+                k_weight,
+                q_bias,
+                k_bias,
+                q_size // d,
+                kv_size // d,
+                d,
+                eps,
+                neox,
+                offset,
+                "head",
+                "unfused",
+            )
 
         if self.bias:
-            def search(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                       q_size, kv_size, eps):
-                return unfused.vllm_qk_norm_rope(
-                    qkv, positions, cos_sin_cache, q_weight, k_weight, q_size=q_size,
-                    kv_size=kv_size, eps=eps, is_neox=neox, gemma=gemma, q_bias=q_bias,
-                    k_bias=k_bias)
 
-            def replace(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                        q_size, kv_size, eps):
-                return fused(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                             q_size, kv_size, eps)
+            def search(
+                qkv,
+                positions,
+                cos_sin_cache,
+                q_weight,
+                k_weight,
+                q_bias,
+                k_bias,
+                q_size,
+                kv_size,
+                eps,
+            ):
+                return unfused.vllm_qk_norm_rope(
+                    qkv,
+                    positions,
+                    cos_sin_cache,
+                    q_weight,
+                    k_weight,
+                    q_size=q_size,
+                    kv_size=kv_size,
+                    eps=eps,
+                    is_neox=neox,
+                    gemma=gemma,
+                    q_bias=q_bias,
+                    k_bias=k_bias,
+                )
+
+            def replace(
+                qkv,
+                positions,
+                cos_sin_cache,
+                q_weight,
+                k_weight,
+                q_bias,
+                k_bias,
+                q_size,
+                kv_size,
+                eps,
+            ):
+                return fused(
+                    qkv,
+                    positions,
+                    cos_sin_cache,
+                    q_weight,
+                    k_weight,
+                    q_bias,
+                    k_bias,
+                    q_size,
+                    kv_size,
+                    eps,
+                )
         else:
+
             def search(qkv, positions, cos_sin_cache, q_weight, k_weight, q_size, kv_size, eps):
                 return unfused.vllm_qk_norm_rope(
-                    qkv, positions, cos_sin_cache, q_weight, k_weight, q_size=q_size,
-                    kv_size=kv_size, eps=eps, is_neox=neox, gemma=gemma)
+                    qkv,
+                    positions,
+                    cos_sin_cache,
+                    q_weight,
+                    k_weight,
+                    q_size=q_size,
+                    kv_size=kv_size,
+                    eps=eps,
+                    is_neox=neox,
+                    gemma=gemma,
+                )
 
             def replace(qkv, positions, cos_sin_cache, q_weight, k_weight, q_size, kv_size, eps):
-                return fused(qkv, positions, cos_sin_cache, q_weight, k_weight, None, None,
-                             q_size, kv_size, eps)
+                return fused(
+                    qkv,
+                    positions,
+                    cos_sin_cache,
+                    q_weight,
+                    k_weight,
+                    None,
+                    None,
+                    q_size,
+                    kv_size,
+                    eps,
+                )
+
         return search, replace
 
 
@@ -151,10 +238,14 @@ def vllm_variants() -> list[VllmVariant]:
     out = []
     # (activation, cache): vLLM casts the cache to the activations' dtype; a 16-bit model may
     # also keep an fp32 cache (as vLLM's FlashInfer RoPE path does).
-    dtypes = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
-              (torch.float32, torch.float32))
+    dtypes = (
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+    )
     for (dtype, cache_dtype), neox, bias, gemma, partial in itertools.product(
-            dtypes, (True, False), (False, True), (True, False), (False, True)):
+        dtypes, (True, False), (False, True), (True, False), (False, True)
+    ):
         out.append(VllmVariant(dtype, cache_dtype, neox, bias, gemma, partial))
     return out
 
@@ -162,6 +253,7 @@ def vllm_variants() -> list[VllmVariant]:
 @dataclass(frozen=True)
 class HfVariant:
     """Hugging Face Qwen3 form (NeoX ``rotate_half``, cos/sin in the activation dtype)."""
+
     dtype: torch.dtype
 
     @property
@@ -173,8 +265,10 @@ class HfVariant:
         return [
             torch.zeros(b, s, _HQ, _D, dtype=self.dtype),
             torch.zeros(b, s, _HKV, _D, dtype=self.dtype),
-            torch.zeros(b, s, _D, dtype=self.dtype), torch.zeros(b, s, _D, dtype=self.dtype),
-            torch.zeros(_D, dtype=self.dtype), torch.zeros(_D, dtype=self.dtype),
+            torch.zeros(b, s, _D, dtype=self.dtype),
+            torch.zeros(b, s, _D, dtype=self.dtype),
+            torch.zeros(_D, dtype=self.dtype),
+            torch.zeros(_D, dtype=self.dtype),
         ]
 
     def search_and_replace(self):
@@ -194,10 +288,14 @@ class HfVariant:
             sin = sin.expand(*lead, sin.shape[-1])[..., :half]
             cache = torch.cat([cos, sin], dim=-1).reshape(-1, 2 * half)
             positions = torch.arange(q.shape[0], device=q.device)
-            qo, ko = torch.ops.fqr.qk_rmsnorm_rope(q, k, positions, cache, q_weight, k_weight,
-                                                   None, None, d, eps, True, 0.0, "unfused")
-            return (qo.view(q_by_head.shape).transpose(1, 2),
-                    ko.view(k_by_head.shape).transpose(1, 2))
+            qo, ko = torch.ops.fqr.qk_rmsnorm_rope(
+                q, k, positions, cache, q_weight, k_weight, None, None, d, eps, True, 0.0, "unfused"
+            )
+            return (
+                qo.view(q_by_head.shape).transpose(1, 2),
+                ko.view(k_by_head.shape).transpose(1, 2),
+            )
+
         return search, replace
 
 
@@ -206,6 +304,7 @@ def hf_variants() -> list[HfVariant]:
 
 
 # ------------------------------------------------------------------------------- checks
+
 
 def _val(x):
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
@@ -250,9 +349,18 @@ def _outputs_keep_dtype(match: pm.Match, dtype: torch.dtype) -> bool:
 
 
 def _register(search, replace, example_inputs, pass_dict, extra_check, scalars, name) -> bool:
-    return bool(pm.register_replacement(
-        search, replace, example_inputs, trace_like_inductor, pass_dict,
-        extra_check=extra_check, scalar_workaround=dict(scalars), pattern_name=name))
+    return bool(
+        pm.register_replacement(
+            search,
+            replace,
+            example_inputs,
+            trace_like_inductor,
+            pass_dict,
+            extra_check=extra_check,
+            scalar_workaround=dict(scalars),
+            pattern_name=name,
+        )
+    )
 
 
 def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
@@ -261,10 +369,12 @@ def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
     with torch.no_grad():
         for v in vllm_variants():
             search, replace = v.search_and_replace()
-            count += _register(search, replace, v.example_inputs(), pass_dict, _vllm_check,
-                               _SCALARS, v.name)
+            count += _register(
+                search, replace, v.example_inputs(), pass_dict, _vllm_check, _SCALARS, v.name
+            )
         for v in hf_variants():
             search, replace = v.search_and_replace()
-            count += _register(search, replace, v.example_inputs(), pass_dict, _hf_check,
-                               _HF_SCALARS, v.name)
+            count += _register(
+                search, replace, v.example_inputs(), pass_dict, _hf_check, _HF_SCALARS, v.name
+            )
     return count

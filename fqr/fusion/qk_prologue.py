@@ -25,13 +25,29 @@ from ..validate import ACTIVATION_DTYPES, check_positions_in_range
 NUMERICS = ("fused", "unfused")
 
 
-def qk_norm_rope_prologue(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, *,
-                          head_dim, eps, is_neox, weight_offset, numerics):
+def qk_norm_rope_prologue(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
     """Per-head RMSNorm then RoPE on q and on k (traced into one program)."""
-    q = ops.rms_norm(q, q_weight, eps=eps, group_size=head_dim, bias=q_bias,
-                     weight_offset=weight_offset)
-    k = ops.rms_norm(k, k_weight, eps=eps, group_size=head_dim, bias=k_bias,
-                     weight_offset=weight_offset)
+    q = ops.rms_norm(
+        q, q_weight, eps=eps, group_size=head_dim, bias=q_bias, weight_offset=weight_offset
+    )
+    k = ops.rms_norm(
+        k, k_weight, eps=eps, group_size=head_dim, bias=k_bias, weight_offset=weight_offset
+    )
     round_to = None
     if numerics == "unfused":
         round_to = q.dtype
@@ -48,8 +64,23 @@ def qk_program(signature: tuple) -> Program:
     return trace(qk_norm_rope_prologue, *avals, **dict(static))
 
 
-def check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, *,
-                  head_dim, eps, is_neox, weight_offset, numerics, backend) -> None:
+def check_qk_args(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+    backend,
+) -> None:
     """ValueError/TypeError naming the bad argument, before anything runs."""
     if not isinstance(head_dim, int) or isinstance(head_dim, bool):
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
@@ -84,19 +115,28 @@ def check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
     if positions.dim() != 1 or positions.shape[0] != tokens:
-        raise ValueError(f"positions must be [T] with T = {tokens}, "
-                         f"got shape {list(positions.shape)}")
+        raise ValueError(
+            f"positions must be [T] with T = {tokens}, got shape {list(positions.shape)}"
+        )
     if not isinstance(cos_sin_cache, torch.Tensor):
         raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache).__name__}")
     if cos_sin_cache.dim() != 2 or not cos_sin_cache.dtype.is_floating_point:
-        raise ValueError(f"cos_sin_cache must be a 2-D float [max_position, rotary_dim] tensor, "
-                         f"got {cos_sin_cache.dtype} {list(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be a 2-D float [max_position, rotary_dim] tensor, "
+            f"got {cos_sin_cache.dtype} {list(cos_sin_cache.shape)}"
+        )
     rotary_dim = cos_sin_cache.shape[1]
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"cos_sin_cache width (rotary_dim) must be even, >= 2 and <= head_dim "
-                         f"{head_dim}, got {rotary_dim}")
-    for name, t, required in (("q_weight", q_weight, True), ("k_weight", k_weight, True),
-                              ("q_bias", q_bias, False), ("k_bias", k_bias, False)):
+        raise ValueError(
+            f"cos_sin_cache width (rotary_dim) must be even, >= 2 and <= head_dim "
+            f"{head_dim}, got {rotary_dim}"
+        )
+    for name, t, required in (
+        ("q_weight", q_weight, True),
+        ("k_weight", k_weight, True),
+        ("q_bias", q_bias, False),
+        ("k_bias", k_bias, False),
+    ):
         if t is None:
             if required:
                 raise ValueError(f"{name} is required")
@@ -104,40 +144,84 @@ def check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.shape != (head_dim,) or not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a float [{head_dim}] (head_dim) tensor, "
-                             f"got {t.dtype} {list(t.shape)}")
+            raise ValueError(
+                f"{name} must be a float [{head_dim}] (head_dim) tensor, "
+                f"got {t.dtype} {list(t.shape)}"
+            )
     if (q_bias is None) != (k_bias is None):
         raise ValueError("q_bias and k_bias must be given together")
-    for name, t in (("k", k), ("positions", positions), ("cos_sin_cache", cos_sin_cache),
-                    ("q_weight", q_weight), ("k_weight", k_weight), ("q_bias", q_bias),
-                    ("k_bias", k_bias)):
+    for name, t in (
+        ("k", k),
+        ("positions", positions),
+        ("cos_sin_cache", cos_sin_cache),
+        ("q_weight", q_weight),
+        ("k_weight", k_weight),
+        ("q_bias", q_bias),
+        ("k_bias", k_bias),
+    ):
         if t is not None and t.device != device:
             raise ValueError(f"{name} is on {t.device} but q is on {device}")
     check_positions_in_range(positions, cos_sin_cache.shape[0])
 
 
 def qk_rmsnorm_rope(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor, k_weight: torch.Tensor, *, head_dim: int, eps: float = 1e-6,
-    is_neox: bool = True, q_bias: torch.Tensor | None = None, k_bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0, numerics: str = "fused", backend: str = "auto",
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    numerics: str = "fused",
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMS-normalise each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]``, then rotate them.
 
     Same math, arguments and numerics modes as :func:`fqr.split_qkv_rmsnorm_rope` with
     ``norm="head"``, minus the split. Returns new contiguous ``q`` and ``k`` in q's dtype.
     """
-    check_qk_args(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias,
-                  head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset,
-                  numerics=numerics, backend=backend)
+    check_qk_args(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        q_bias,
+        k_bias,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+        backend=backend,
+    )
     from ..backends import resolve_backend
 
-    static = dict(head_dim=head_dim, eps=float(eps), is_neox=is_neox,
-                  weight_offset=float(weight_offset), numerics=numerics)
+    static = dict(
+        head_dim=head_dim,
+        eps=float(eps),
+        is_neox=is_neox,
+        weight_offset=float(weight_offset),
+        numerics=numerics,
+    )
     tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    avals = (Aval.of(q, "T"), Aval.of(k, "T"), Aval.of(positions, "T"),
-             Aval.of(cos_sin_cache, "P"), Aval.of(q_weight), Aval.of(k_weight), Aval.of(q_bias),
-             Aval.of(k_bias))
+    avals = (
+        Aval.of(q, "T"),
+        Aval.of(k, "T"),
+        Aval.of(positions, "T"),
+        Aval.of(cos_sin_cache, "P"),
+        Aval.of(q_weight),
+        Aval.of(k_weight),
+        Aval.of(q_bias),
+        Aval.of(k_bias),
+    )
     program = qk_program((avals, tuple(sorted(static.items()))))
     if q.shape[0] == 0:
         return q.new_empty(q.shape), k.new_empty(k.shape)

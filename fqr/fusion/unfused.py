@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import torch
 
-
 # ----------------------------------------------------------------------------------- vLLM
 
-def vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+
+def vllm_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """vLLM ``RMSNorm.forward_static``: fp32 statistic, round to x's dtype, then ``* weight``
     (``+ bias`` for a norm that has one) in that dtype."""
     orig_dtype = x.dtype
@@ -41,8 +42,9 @@ def vllm_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return x
 
 
-def vllm_gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
+def vllm_gemma_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """vLLM ``GemmaRMSNorm.forward_static``: ``(x * rsqrt(mean(x^2) + eps)) * (1 + w)`` in fp32,
     rounded once at the end (``+ bias`` after it, in x's dtype, for a norm that has one)."""
     orig_dtype = x.dtype
@@ -56,8 +58,9 @@ def vllm_gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return x
 
 
-def vllm_apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          is_neox_style: bool) -> torch.Tensor:
+def vllm_apply_rotary_emb(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool
+) -> torch.Tensor:
     """vLLM ``apply_rotary_emb_torch``: x ``[T, H, R]``, cos/sin ``[T, R/2]``."""
     cos = cos.unsqueeze(-2).to(x.dtype)
     sin = sin.unsqueeze(-2).to(x.dtype)
@@ -73,9 +76,14 @@ def vllm_apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
-def vllm_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                          head_size: int, cos_sin_cache: torch.Tensor,
-                          is_neox_style: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def vllm_rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM ``RotaryEmbedding.forward_static`` (rotary_dim = the cache width)."""
     rotary_dim = cos_sin_cache.shape[-1]
     positions = positions.flatten()
@@ -99,10 +107,21 @@ def vllm_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: tor
     return query, key
 
 
-def vllm_qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                      q_weight: torch.Tensor, k_weight: torch.Tensor, *, q_size: int,
-                      kv_size: int, eps: float, is_neox: bool, gemma: bool = False,
-                      q_bias: torch.Tensor | None = None, k_bias: torch.Tensor | None = None):
+def vllm_qk_norm_rope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    q_size: int,
+    kv_size: int,
+    eps: float,
+    is_neox: bool,
+    gemma: bool = False,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+):
     """The prologue of vLLM's ``Qwen3Attention.forward`` (Gemma 3's with ``gemma=True``)."""
     norm = vllm_gemma_rms_norm if gemma else vllm_rms_norm
     head_dim = q_weight.shape[0]
@@ -117,6 +136,7 @@ def vllm_qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache:
 
 # ---------------------------------------------------------------------------- Hugging Face
 
+
 def hf_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face ``Qwen3RMSNorm.forward``."""
     input_dtype = hidden_states.dtype
@@ -128,7 +148,7 @@ def hf_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -
 
 def hf_rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -141,9 +161,16 @@ def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
     return q_embed, k_embed
 
 
-def hf_qk_norm_rope(q_proj_out: torch.Tensor, k_proj_out: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, *,
-                    eps: float):
+def hf_qk_norm_rope(
+    q_proj_out: torch.Tensor,
+    k_proj_out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    eps: float,
+):
     """The q/k part of Hugging Face ``Qwen3Attention.forward``: projections ``[B, S, H*D]`` in,
     rotated ``[B, H, S, D]`` out."""
     head_dim = q_weight.shape[0]

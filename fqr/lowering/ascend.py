@@ -61,16 +61,16 @@ MAX_BLOCK_T = 16
 # that does not fit twice is split into head chunks instead.
 MIN_BLOCK_T = 2
 UB_RESERVE_BYTES = 16 * KIB  # compiler scratch: reduction workspaces, masks, index vectors
-UB_ALIGN = 32                # UB buffers are allocated in 32-byte blocks
+UB_ALIGN = 32  # UB buffers are allocated in 32-byte blocks
 FP32 = 4
 
 
 @dataclass(frozen=True)
 class AscendChip:
     name: str
-    arch: str              # the GPUTarget arch Triton-Ascend compiles for
-    ub_bytes: int          # Unified Buffer per vector core
-    multibuffer: bool      # Triton-Ascend's default auto multi-buffering of loads/stores
+    arch: str  # the GPUTarget arch Triton-Ascend compiles for
+    ub_bytes: int  # Unified Buffer per vector core
+    multibuffer: bool  # Triton-Ascend's default auto multi-buffering of loads/stores
     compile_on_910_95: bool
 
     @property
@@ -78,11 +78,14 @@ class AscendChip:
         return f"{self.name} ({self.arch}, UB {self.ub_bytes // KIB} KiB per vector core)"
 
 
-CHIPS: dict[str, AscendChip] = {c.name: c for c in [
-    AscendChip("A2", "Ascend910B3", 192 * KIB, multibuffer=True, compile_on_910_95=False),
-    AscendChip("A3", "Ascend910_9391", 192 * KIB, multibuffer=True, compile_on_910_95=False),
-    AscendChip("950", "Ascend910_9599", 248 * KIB, multibuffer=False, compile_on_910_95=True),
-]}
+CHIPS: dict[str, AscendChip] = {
+    c.name: c
+    for c in [
+        AscendChip("A2", "Ascend910B3", 192 * KIB, multibuffer=True, compile_on_910_95=False),
+        AscendChip("A3", "Ascend910_9391", 192 * KIB, multibuffer=True, compile_on_910_95=False),
+        AscendChip("950", "Ascend910_9599", 248 * KIB, multibuffer=False, compile_on_910_95=True),
+    ]
+}
 DEFAULT_CHIP = "A2"
 
 
@@ -133,11 +136,14 @@ def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
         ub_bytes = int(text)
     ub = chip.ub_bytes if ub_bytes is None else ub_bytes
     if not isinstance(ub, int) or isinstance(ub, bool) or ub <= UB_RESERVE_BYTES:
-        raise ValueError(f"ub_bytes must be an int > {UB_RESERVE_BYTES} (the compiler reserve), got {ub!r}")
+        raise ValueError(
+            f"ub_bytes must be an int > {UB_RESERVE_BYTES} (the compiler reserve), got {ub!r}"
+        )
     return ub - UB_RESERVE_BYTES
 
 
 # ----------------------------------------------------------------------- the footprint model
+
 
 def _buf(nbytes: int) -> int:
     return -(-nbytes // UB_ALIGN) * UB_ALIGN
@@ -150,25 +156,36 @@ def _itemsize(dtype: torch.dtype) -> int:
 @dataclass(frozen=True)
 class ChainShape:
     """What the footprint of one chain depends on (taken from a :class:`Chain` of the plan)."""
+
     name: str
     heads: int
     head_dim: int
-    padded_features: int   # sum of the padded widths of the layout's slots
+    padded_features: int  # sum of the padded widths of the layout's slots
     in_bytes: int
     out_bytes: int
-    compute_free: bool     # a pure copy (v): no fp32 working set
-    full_norm: bool        # norm over the whole width (needs a prepass when chunked)
+    compute_free: bool  # a pure copy (v): no fp32 working set
+    full_norm: bool  # norm over the whole width (needs a prepass when chunked)
 
     @classmethod
-    def of(cls, chain: Chain, plan: KernelPlan) -> "ChainShape":
+    def of(cls, chain: Chain, plan: KernelPlan) -> ChainShape:
         src = chain.view_of if chain.view_of is not None else chain.source
         outs = [o for o in plan.program.outputs if plan.chain_of.get(id(o)) is chain]
         out_dtype = outs[-1].aval.dtype if outs else src.aval.dtype
         padded = sum(s.padded * (2 if s.kind == "pairs" else 1) for s in chain.layout.slots)
-        full = any(e.prim.name == "rms_norm" and e.params["group"] == chain.width and chain.heads > 1
-                   for e in chain.eqns)
-        return cls(f"chain{chain.index}", chain.heads, chain.head_dim, padded,
-                   _itemsize(src.aval.dtype), _itemsize(out_dtype), chain.compute_free, full)
+        full = any(
+            e.prim.name == "rms_norm" and e.params["group"] == chain.width and chain.heads > 1
+            for e in chain.eqns
+        )
+        return cls(
+            f"chain{chain.index}",
+            chain.heads,
+            chain.head_dim,
+            padded,
+            _itemsize(src.aval.dtype),
+            _itemsize(out_dtype),
+            chain.compute_free,
+            full,
+        )
 
 
 # fp32 copies of a head live at once in a compute chain: the loaded value, the normalised value
@@ -191,19 +208,20 @@ def heads_held(heads: int, head_chunk: int, chunk_mode: str) -> int:
     raise ValueError(f"chunk_mode must be one of {CHUNK_MODES}, got {chunk_mode!r}")
 
 
-def chain_footprint(c: ChainShape, block_t: int, head_chunk: int, multibuffer: bool,
-                    chunk_mode: str = "unroll") -> int:
+def chain_footprint(
+    c: ChainShape, block_t: int, head_chunk: int, multibuffer: bool, chunk_mode: str = "unroll"
+) -> int:
     """UB bytes of one chain's tiles for ``block_t`` tokens x ``head_chunk`` heads."""
     held = heads_held(c.heads, head_chunk, chunk_mode)
     elems = block_t * held * c.padded_features
     mb = 2 if multibuffer else 1
     if c.compute_free:
         return mb * (_buf(elems * c.in_bytes) + _buf(elems * c.out_bytes))
-    total = mb * _buf(elems * c.in_bytes)                 # load staging
-    total += FP32_LIVE_COPIES * _buf(elems * FP32)        # fp32 working set
-    total += mb * _buf(elems * c.out_bytes)               # store staging
-    total += 2 * _buf(block_t * held * FP32)              # per-head sum of squares, rstd
-    if c.full_norm:                                       # [1, HC, D] full-width weight+bias
+    total = mb * _buf(elems * c.in_bytes)  # load staging
+    total += FP32_LIVE_COPIES * _buf(elems * FP32)  # fp32 working set
+    total += mb * _buf(elems * c.out_bytes)  # store staging
+    total += 2 * _buf(block_t * held * FP32)  # per-head sum of squares, rstd
+    if c.full_norm:  # [1, HC, D] full-width weight+bias
         total += 2 * _buf(held * c.padded_features * FP32)
     return total
 
@@ -211,15 +229,16 @@ def chain_footprint(c: ChainShape, block_t: int, head_chunk: int, multibuffer: b
 def tile_scope_footprint(plan: KernelPlan, block_t: int, multibuffer: bool) -> int:
     """Bytes live for the whole token tile: indices, masks, positions, cos/sin, token stats."""
     mb = 2 if multibuffer else 1
-    total = _buf(block_t * 4) + _buf(block_t * 8) + _buf(block_t)   # tok, tok64, tmask
+    total = _buf(block_t * 4) + _buf(block_t * 8) + _buf(block_t)  # tok, tok64, tmask
     for v in plan.program.inputs:
         role = plan.input_role(v)
         if role == "tokens":
             total += mb * _buf(block_t * _itemsize(v.aval.dtype))
         elif role == "table":
             half = next_pow2(v.aval.shape[1] // 2)
-            total += 2 * (mb * _buf(block_t * half * _itemsize(v.aval.dtype))
-                          + _buf(block_t * half * FP32))
+            total += 2 * (
+                mb * _buf(block_t * half * _itemsize(v.aval.dtype)) + _buf(block_t * half * FP32)
+            )
     return total
 
 
@@ -237,23 +256,32 @@ def hoisted_footprint(plan: KernelPlan) -> int:
 @dataclass(frozen=True)
 class AscendTiling:
     """The profile's decision, with the numbers behind it."""
+
     tiling: Tiling
     chip: AscendChip
-    budget: int                       # bytes available to tiles
-    footprint: int                    # bytes the chosen tiling occupies (<= budget)
-    chain_bytes: tuple[int, ...]      # per chain, at the chosen tiling
-    chunked: tuple[str, ...] = field(default=())   # "chain0: 64 heads in chunks of 16"
+    budget: int  # bytes available to tiles
+    footprint: int  # bytes the chosen tiling occupies (<= budget)
+    chain_bytes: tuple[int, ...]  # per chain, at the chosen tiling
+    chunked: tuple[str, ...] = field(default=())  # "chain0: 64 heads in chunks of 16"
 
     def describe(self) -> str:
         chunks = "; ".join(self.chunked)
-        return (f"{self.chip.summary}: BLOCK_T={self.tiling.block_t}, head chunks "
-                f"{list(self.tiling.head_chunks)}, footprint {self.footprint / KIB:.1f} KiB of "
-                f"{self.budget / KIB:.1f} KiB budget" + (f" ({chunks})" if self.chunked else ""))
+        return (
+            f"{self.chip.summary}: BLOCK_T={self.tiling.block_t}, head chunks "
+            f"{list(self.tiling.head_chunks)}, footprint {self.footprint / KIB:.1f} KiB of "
+            f"{self.budget / KIB:.1f} KiB budget" + (f" ({chunks})" if self.chunked else "")
+        )
 
 
-def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: int | None = None,
-                  block_t: int | None = None, max_block_t: int = MAX_BLOCK_T,
-                  bf16_rounding: str = "native", chunk_mode: str = "unroll") -> AscendTiling:
+def ascend_tiling(
+    plan: KernelPlan,
+    chip: AscendChip | None = None,
+    ub_bytes: int | None = None,
+    block_t: int | None = None,
+    max_block_t: int = MAX_BLOCK_T,
+    bf16_rounding: str = "native",
+    chunk_mode: str = "unroll",
+) -> AscendTiling:
     """Choose ``BLOCK_T`` and per-chain head chunks so that the kernel's tiles fit the UB.
 
     Chains (q, k, v) run one after the other inside a token tile, so the footprint is the
@@ -279,8 +307,12 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
         while bt > MIN_BLOCK_T and not fits(bt, whole)[0]:
             bt //= 2
     else:
-        if (not isinstance(block_t, int) or isinstance(block_t, bool) or block_t < MIN_BLOCK_T
-                or block_t & (block_t - 1)):
+        if (
+            not isinstance(block_t, int)
+            or isinstance(block_t, bool)
+            or block_t < MIN_BLOCK_T
+            or block_t & (block_t - 1)
+        ):
             raise ValueError(f"block_t must be a power of two >= {MIN_BLOCK_T}, got {block_t!r}")
         bt = block_t
     chunks = list(whole)
@@ -290,25 +322,38 @@ def ascend_tiling(plan: KernelPlan, chip: AscendChip | None = None, ub_bytes: in
         base = fixed + tile_scope_footprint(plan, bt, mb)
         for i, s in enumerate(shapes):
             hc = next_pow2(s.heads)
-            while hc >= 1 and base + chain_footprint(s, bt, min(hc, s.heads), mb, chunk_mode) > budget:
+            while (
+                hc >= 1 and base + chain_footprint(s, bt, min(hc, s.heads), mb, chunk_mode) > budget
+            ):
                 hc //= 2
             if hc < 1:
                 raise TileDoesNotFit(
                     f"{s.name} ({s.heads} heads x {s.head_dim}): one head of {bt} token(s) needs "
-                    f"{(base + chain_footprint(s, bt, 1, mb, chunk_mode)) / KIB:.1f} KiB of UB, the budget is "
-                    f"{budget / KIB:.1f} KiB ({chip.summary}, {UB_RESERVE_BYTES // KIB} KiB reserved)"
-                    + ("; a larger ub_bytes is needed" if bt == MIN_BLOCK_T else "; use a smaller block_t"))
+                    f"{(base + chain_footprint(s, bt, 1, mb, chunk_mode)) / KIB:.1f} KiB of UB, "
+                    f"the budget is {budget / KIB:.1f} KiB ({chip.summary}, "
+                    f"{UB_RESERVE_BYTES // KIB} KiB reserved)"
+                    + (
+                        "; a larger ub_bytes is needed"
+                        if bt == MIN_BLOCK_T
+                        else "; use a smaller block_t"
+                    )
+                )
             chunks[i] = min(hc, s.heads)
         ok, total, per = fits(bt, chunks)
         assert ok, "head chunking must produce a fitting tiling"
-    chunked = tuple(f"{s.name}: {s.heads} heads in chunks of {hc}"
-                    for s, hc in zip(shapes, chunks) if hc < s.heads)
-    tiling = Tiling(block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding,
-                    chunk_mode=chunk_mode)
+    chunked = tuple(
+        f"{s.name}: {s.heads} heads in chunks of {hc}"
+        for s, hc in zip(shapes, chunks)
+        if hc < s.heads
+    )
+    tiling = Tiling(
+        block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding, chunk_mode=chunk_mode
+    )
     return AscendTiling(tiling, chip, budget, total, tuple(per), chunked)
 
 
 # ----------------------------------------------------------------------- vector cores
+
 
 def npu_vector_core_count(device: torch.device | int | None = None) -> int:
     """``num_vectorcore`` of an NPU, as Triton-Ascend's driver reports it."""
@@ -321,11 +366,18 @@ def npu_vector_core_count(device: torch.device | int | None = None) -> int:
     return int(props["num_vectorcore"])
 
 
-def vector_core_count(device: torch.device | None = None, num_vectorcore: int | None = None,
-                      default: int = DEFAULT_NUM_VECTORCORE) -> int:
+def vector_core_count(
+    device: torch.device | None = None,
+    num_vectorcore: int | None = None,
+    default: int = DEFAULT_NUM_VECTORCORE,
+) -> int:
     """The persistent grid size: the option, else the NPU's count, else ``default``."""
     if num_vectorcore is not None:
-        if not isinstance(num_vectorcore, int) or isinstance(num_vectorcore, bool) or num_vectorcore < 1:
+        if (
+            not isinstance(num_vectorcore, int)
+            or isinstance(num_vectorcore, bool)
+            or num_vectorcore < 1
+        ):
             raise ValueError(f"num_vectorcore must be a positive int, got {num_vectorcore!r}")
         return num_vectorcore
     if device is not None and torch.device(device).type == "npu":
@@ -335,12 +387,14 @@ def vector_core_count(device: torch.device | None = None, num_vectorcore: int | 
 
 # ----------------------------------------------------------------------- the targets
 
+
 @dataclass(frozen=True)
 class AscendTarget(Target):
     """Triton-Ascend on NPUs: one program per vector core, UB-sized tiles (module docstring)."""
+
     default_vector_cores: int = DEFAULT_NUM_VECTORCORE
-    bf16_rounding: str = "native"   # the NPU's fp32 -> bf16 conversion rounds to nearest even
-    chunk_mode: str = "unroll"      # static power-of-two head parts: no padded heads in the UB
+    bf16_rounding: str = "native"  # the NPU's fp32 -> bf16 conversion rounds to nearest even
+    chunk_mode: str = "unroll"  # static power-of-two head parts: no padded heads in the UB
 
     def ascend_tiling(self, plan: KernelPlan, **options) -> AscendTiling:
         """Options: ``chip`` (A2, A3, 950; default: the NPU's, else ``$FQR_ASCEND_CHIP`` or A2),
@@ -350,12 +404,15 @@ class AscendTarget(Target):
             chip = get_chip(chip)
         if options.get("num_vectorcore") is not None:
             vector_core_count(num_vectorcore=options["num_vectorcore"])  # validate before emitting
-        return ascend_tiling(plan, chip=chip or detected_chip(),
-                             ub_bytes=options.get("ub_bytes", options.get("buffer_bytes")),
-                             block_t=options.get("block_t"),
-                             max_block_t=options.get("max_block_t", MAX_BLOCK_T),
-                             bf16_rounding=self.bf16_rounding,
-                             chunk_mode=options.get("chunk_mode", self.chunk_mode))
+        return ascend_tiling(
+            plan,
+            chip=chip or detected_chip(),
+            ub_bytes=options.get("ub_bytes", options.get("buffer_bytes")),
+            block_t=options.get("block_t"),
+            max_block_t=options.get("max_block_t", MAX_BLOCK_T),
+            bf16_rounding=self.bf16_rounding,
+            chunk_mode=options.get("chunk_mode", self.chunk_mode),
+        )
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
         return self.ascend_tiling(plan, **options).tiling
@@ -372,5 +429,9 @@ TARGETS["ascend"] = AscendTarget("ascend", flavour="ascend")
 # takes at large batch sizes), and bf16 rounding done on the bits (the interpreter's own
 # fp32 -> bf16 cast truncates).
 TARGETS["ascend-interpret"] = AscendTarget(
-    "ascend-interpret", interpret=True, flavour="ascend",
-    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES, bf16_rounding="bits")
+    "ascend-interpret",
+    interpret=True,
+    flavour="ascend",
+    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES,
+    bf16_rounding="bits",
+)

@@ -47,7 +47,7 @@ class AscendToolchainMissing(BackendUnavailable):
 @dataclass
 class StageResult:
     name: str
-    status: str              # "ok" | "failed" | NEEDS_CANN
+    status: str  # "ok" | "failed" | NEEDS_CANN
     seconds: float = 0.0
     detail: str = ""
 
@@ -73,9 +73,14 @@ class CheckReport:
         return ", ".join(f"{s.name} {s.status}" for s in self.stages)
 
     def to_dict(self) -> dict:
-        return {"kernel": self.kernel_name, "arch": self.arch, "passed": self.passed,
-                "signature": self.signature, "constants": self.constants,
-                "stages": [s.to_dict() for s in self.stages]}
+        return {
+            "kernel": self.kernel_name,
+            "arch": self.arch,
+            "passed": self.passed,
+            "signature": self.signature,
+            "constants": self.constants,
+            "stages": [s.to_dict() for s in self.stages],
+        }
 
 
 def require_triton_ascend() -> None:
@@ -84,10 +89,12 @@ def require_triton_ascend() -> None:
     except ImportError as e:
         raise AscendToolchainMissing(
             f"the ascend compile check needs triton-ascend ({e}); run it in the Ascend "
-            f"environment: make ascend-env, then .venv-ascend/bin/fqr lower --target ascend --check")
+            f"environment: make ascend-env, then .venv-ascend/bin/fqr lower --target ascend --check"
+        ) from e
 
 
 # ----------------------------------------------------------------------- launcher arguments
+
 
 class _Recorder:
     """Stands in for the Triton function: ``fn[grid](*args, **kwargs)`` records the call."""
@@ -100,6 +107,7 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.grid, self.args, self.kwargs = grid, args, kwargs
+
         return launch
 
 
@@ -130,21 +138,26 @@ def kernel_signature(jit_fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
     params = jit_fn.params
     runtime = [p for p in params if not p.is_constexpr]
     if len(args) != len(runtime):
-        raise ValueError(f"{jit_fn.__name__}: the launcher passes {len(args)} runtime arguments, "
-                         f"the kernel takes {len(runtime)}")
+        raise ValueError(
+            f"{jit_fn.__name__}: the launcher passes {len(args)} runtime arguments, "
+            f"the kernel takes {len(runtime)}"
+        )
     signature, constants = {}, {}
     for p, a in zip(runtime, args):
         signature[p.name] = mangle_type(a)
     for p in params:
         if p.is_constexpr:
             if p.name not in kwargs:
-                raise ValueError(f"{jit_fn.__name__}: constexpr {p.name} is not set by the launcher")
+                raise ValueError(
+                    f"{jit_fn.__name__}: constexpr {p.name} is not set by the launcher"
+                )
             signature[p.name] = "constexpr"
             constants[p.name] = kwargs[p.name]
     return signature, constants
 
 
 # ----------------------------------------------------------------------- the stages
+
 
 def bishengir_compile_path() -> str | None:
     """CANN's ``bishengir-compile`` (or ``$TRITON_NPU_COMPILER_PATH/npuc``), if present."""
@@ -161,7 +174,11 @@ def bishengir_compile_path() -> str | None:
 
 def _tool_error(e: BaseException) -> str:
     if isinstance(e, subprocess.CalledProcessError):
-        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        err = (
+            (e.stderr or b"").decode(errors="replace")
+            if isinstance(e.stderr, bytes)
+            else (e.stderr or "")
+        )
         tool = e.cmd[0] if isinstance(e.cmd, (list, tuple)) and e.cmd else e.cmd
         # The tool's own message comes before LLVM's stack dump.
         message = err.split("Stack dump:")[0].strip() or err.strip()
@@ -169,8 +186,9 @@ def _tool_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
-                   run_npubin: bool | None = None) -> tuple[list[StageResult], str | None]:
+def compile_stages(
+    jit_fn, signature: dict, constants: dict, chip: AscendChip, run_npubin: bool | None = None
+) -> tuple[list[StageResult], str | None]:
     """Run the Ascend stages on ``jit_fn``; returns the stage results and the linalg text."""
     require_triton_ascend()
     from triton._C.libtriton import ir
@@ -179,15 +197,19 @@ def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
     from triton.compiler.compiler import ASTSource
 
     backend = AscendBackend(GPUTarget("npu", chip.arch, 0))
-    options = backend.parse_options({"compile_on_910_95": chip.compile_on_910_95,
-                                     "multibuffer": chip.multibuffer})
+    options = backend.parse_options(
+        {"compile_on_910_95": chip.compile_on_910_95, "multibuffer": chip.multibuffer}
+    )
     stages: dict = {}
     backend.add_stages(stages, options)
-    metadata = {"enable_nd2nz_on_vector": options.enable_nd2nz_on_vector,
-                "enable_select_analysis": options.enable_select_analysis,
-                "compile_on_910_95": options.compile_on_910_95,
-                "force_simt_template": options.force_simt_template,
-                "target": backend.target, **{k: getattr(options, k) for k in options.__dataclass_fields__}}
+    metadata = {
+        "enable_nd2nz_on_vector": options.enable_nd2nz_on_vector,
+        "enable_select_analysis": options.enable_select_analysis,
+        "compile_on_910_95": options.compile_on_910_95,
+        "force_simt_template": options.force_simt_template,
+        "target": backend.target,
+        **{k: getattr(options, k) for k in options.__dataclass_fields__},
+    }
     results: list[StageResult] = []
 
     t0 = time.perf_counter()
@@ -196,12 +218,19 @@ def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
         ir.load_dialects(context)
         backend.load_dialects(context)
         src = ASTSource(jit_fn, signature, constants=constants)
-        module = src.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(),
-                             context)
+        module = src.make_ir(
+            options, backend.get_codegen_implementation(), backend.get_module_map(), context
+        )
         ttir = stages["ttir"](module, metadata)
         ttir_text = str(ttir)
-        results.append(StageResult("ttir", "ok", time.perf_counter() - t0,
-                                   f"{ttir_text.count(chr(10))} lines of Triton IR"))
+        results.append(
+            StageResult(
+                "ttir",
+                "ok",
+                time.perf_counter() - t0,
+                f"{ttir_text.count(chr(10))} lines of Triton IR",
+            )
+        )
     except Exception as e:  # noqa: BLE001 -- any compiler error is the check's finding
         results.append(StageResult("ttir", "failed", time.perf_counter() - t0, _tool_error(e)))
         return results, None
@@ -213,20 +242,32 @@ def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
         if leftover:
             raise RuntimeError(f"triton ops left after lowering: {sorted(set(leftover))[:5]}")
         modes = dict(re.findall(r'(mix_mode|parallel_mode)\s*=\s*"([^"]+)"', linalg))
-        results.append(StageResult(
-            "linalg", "ok", time.perf_counter() - t0,
-            f"triton-adapter-opt -> Ascend linalg/HIVM, {linalg.count(chr(10))} lines, "
-            f"mix_mode={modes.get('mix_mode', '?')} parallel_mode={modes.get('parallel_mode', '?')}"))
+        results.append(
+            StageResult(
+                "linalg",
+                "ok",
+                time.perf_counter() - t0,
+                f"triton-adapter-opt -> Ascend linalg/HIVM, {linalg.count(chr(10))} lines, "
+                f"mix_mode={modes.get('mix_mode', '?')} "
+                f"parallel_mode={modes.get('parallel_mode', '?')}",
+            )
+        )
     except Exception as e:  # noqa: BLE001
         results.append(StageResult("linalg", "failed", time.perf_counter() - t0, _tool_error(e)))
         return results, None
 
     compiler = bishengir_compile_path()
     if run_npubin is False or (run_npubin is None and compiler is None):
-        results.append(StageResult(
-            "npubin", NEEDS_CANN, 0.0,
-            "bishengir-compile (CANN toolkit) is not installed: the HIVM -> NPU binary step runs "
-            "only where CANN is; everything before it passed"))
+        results.append(
+            StageResult(
+                "npubin",
+                NEEDS_CANN,
+                0.0,
+                "bishengir-compile (CANN toolkit) is not installed: the HIVM -> NPU binary step "
+                "runs "
+                "only where CANN is; everything before it passed",
+            )
+        )
         return results, linalg
     t0 = time.perf_counter()
     try:
@@ -243,20 +284,29 @@ def compile_stages(jit_fn, signature: dict, constants: dict, chip: AscendChip,
             else:
                 os.environ["ENABLE_PRINT_UB_BITS"] = previous
         ub = metadata.get("required_ub_bits")
-        results.append(StageResult(
-            "npubin", "ok", time.perf_counter() - t0,
-            f"{compiler}: {len(binary)} bytes" + (f", UB {ub / 8 / 1024:.1f} KiB" if ub else "")))
+        results.append(
+            StageResult(
+                "npubin",
+                "ok",
+                time.perf_counter() - t0,
+                f"{compiler}: {len(binary)} bytes"
+                + (f", UB {ub / 8 / 1024:.1f} KiB" if ub else ""),
+            )
+        )
     except Exception as e:  # noqa: BLE001
         results.append(StageResult("npubin", "failed", time.perf_counter() - t0, _tool_error(e)))
     return results, linalg
 
 
-def check_kernel(kernel, chip: AscendChip | str | None = None, tokens: int = 1024,
-                 run_npubin: bool | None = None) -> CheckReport:
+def check_kernel(
+    kernel, chip: AscendChip | str | None = None, tokens: int = 1024, run_npubin: bool | None = None
+) -> CheckReport:
     """Compile an ``ascend``-target :class:`~fqr.lowering.kernel.Kernel` for an NPU target."""
     if kernel.target.flavour != "ascend" or kernel.target.interpret:
-        raise ValueError(f"the ascend compile check needs a kernel lowered for target 'ascend', "
-                         f"got {kernel.target.name!r}")
+        raise ValueError(
+            f"the ascend compile check needs a kernel lowered for target 'ascend', "
+            f"got {kernel.target.name!r}"
+        )
     chip = chip if isinstance(chip, AscendChip) else get_chip(chip or kernel.options.get("chip"))
     args, kwargs, _grid = launch_arguments(kernel, tokens)
     signature, constants = kernel_signature(kernel.fn, args, kwargs)
@@ -272,19 +322,27 @@ CHECK_TP_SIZES = (1, 2, 4, 8)
 @dataclass
 class PresetCheck:
     """The compile check of one preset's kernel at one TP size."""
+
     label: str
     preset: str
     tp: int
     dtype: str
-    tiling: object            # fqr.lowering.ascend.AscendTiling
+    tiling: object  # fqr.lowering.ascend.AscendTiling
     report: CheckReport
 
     def to_dict(self) -> dict:
         t = self.tiling
-        return {"preset": self.preset, "tp": self.tp, "dtype": self.dtype,
-                "block_t": t.tiling.block_t, "head_chunks": list(t.tiling.head_chunks),
-                "footprint_bytes": t.footprint, "budget_bytes": t.budget, "chip": t.chip.name,
-                **self.report.to_dict()}
+        return {
+            "preset": self.preset,
+            "tp": self.tp,
+            "dtype": self.dtype,
+            "block_t": t.tiling.block_t,
+            "head_chunks": list(t.tiling.head_chunks),
+            "footprint_bytes": t.footprint,
+            "budget_bytes": t.budget,
+            "chip": t.chip.name,
+            **self.report.to_dict(),
+        }
 
 
 def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tuple[str, int]]:
@@ -296,7 +354,7 @@ def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tu
     names = [preset] if preset is not None else list(PRESETS)
     pairs = []
     for name in names:
-        for size in ([tp] if tp is not None else CHECK_TP_SIZES):
+        for size in [tp] if tp is not None else CHECK_TP_SIZES:
             try:
                 get_preset(name, size)
             except ValueError:
@@ -307,10 +365,18 @@ def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tu
     return pairs
 
 
-def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, *,
-                 numerics: str = "fused", bias: bool = False, chip: str | None = None,
-                 ub_bytes: int | None = None, num_vectorcore: int | None = None,
-                 chunk_mode: str | None = None) -> PresetCheck:
+def check_preset(
+    preset: str,
+    tp: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    numerics: str = "fused",
+    bias: bool = False,
+    chip: str | None = None,
+    ub_bytes: int | None = None,
+    num_vectorcore: int | None = None,
+    chunk_mode: str | None = None,
+) -> PresetCheck:
     """Lower the preset's prologue (its TP view) for ``ascend`` and compile-check it."""
     from ..core import DTYPE_NAMES
     from ..presets import get_preset
@@ -320,9 +386,16 @@ def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, 
 
     p = get_preset(preset, tp)
     program = preset_program(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
-    options = {k: v for k, v in (("chip", chip), ("ub_bytes", ub_bytes),
-                                 ("num_vectorcore", num_vectorcore), ("chunk_mode", chunk_mode))
-               if v is not None}
+    options = {
+        k: v
+        for k, v in (
+            ("chip", chip),
+            ("ub_bytes", ub_bytes),
+            ("num_vectorcore", num_vectorcore),
+            ("chunk_mode", chunk_mode),
+        )
+        if v is not None
+    }
     kernel = lower(program, "ascend", **options)
     tiling = TARGETS["ascend"].ascend_tiling(kernel.plan, **options)
     assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"
@@ -331,6 +404,7 @@ def check_preset(preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, 
 
 
 # ----------------------------------------------------------------------- environment facts
+
 
 def ascend_facts() -> dict:
     """What ``fqr doctor`` reports for Ascend: CANN's compiler and the visible NPUs."""

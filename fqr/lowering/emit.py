@@ -19,18 +19,23 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import Eqn, Program, ProgramPrinter, Var
+from ..core import Eqn, ProgramPrinter, Var
 from .plan import Chain, KernelPlan, Layout, PlanError, Slot, next_pow2
 
-TL_DTYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32",
-             torch.float64: "tl.float64"}
+TL_DTYPES = {
+    torch.bfloat16: "tl.bfloat16",
+    torch.float16: "tl.float16",
+    torch.float32: "tl.float32",
+    torch.float64: "tl.float64",
+}
 EMITTER_VERSION = "1"
 
 
 @dataclass(frozen=True)
 class Tiling:
     """How the emitted kernel tiles the work (chosen by the target profile)."""
-    block_t: int                 # tokens per tile
+
+    block_t: int  # tokens per tile
     head_chunks: tuple[int, ...]  # heads per chunk, one entry per chain (== heads: no chunking)
     bf16_rounding: str = "native"  # how fp32 -> bf16 is rounded: native | bits (see ROUND_TO_BF16)
     # How a chain wider than its chunk is covered: "loop" (a runtime loop over equal chunks, the
@@ -51,8 +56,13 @@ def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def has_full_norm(chain: Chain) -> bool:
-    return any(e.prim.name == "rms_norm" and e.params["group"] == chain.width
-               and e.params["group"] != chain.head_dim and e.inputs[3] is None for e in chain.eqns)
+    return any(
+        e.prim.name == "rms_norm"
+        and e.params["group"] == chain.width
+        and e.params["group"] != chain.head_dim
+        and e.inputs[3] is None
+        for e in chain.eqns
+    )
 
 
 def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[tuple[Chain, list[tuple[int, int]]]]:
@@ -82,7 +92,8 @@ ROUND_TO_BF16 = {
     "bits": (
         "@triton.jit",
         "def round_to_bf16(x):",
-        '    """fp32 -> bf16, round to nearest even on the bits (the interpreter\'s cast truncates)."""',
+        '    """fp32 -> bf16, round to nearest even on the bits '
+        '(the interpreter\'s cast truncates)."""',
         "    bits = x.to(tl.uint32, bitcast=True)",
         "    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000",
         "    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(tl.bfloat16)",
@@ -97,8 +108,8 @@ class KernelBuilder:
         self.plan, self.tiling, self.kernel_name, self.header = plan, tiling, kernel_name, header
         self.printer = ProgramPrinter(plan.program)
         self.printer.render()  # name every variable in program order, as the comment shows it
-        self.pre: list[str] = []       # before the token loop (hoisted)
-        self.body: list[str] = []      # inside the token loop
+        self.pre: list[str] = []  # before the token loop (hoisted)
+        self.body: list[str] = []  # inside the token loop
         self.indent = 2
         self._counter = 0
         self._hoisted: dict[tuple, object] = {}
@@ -126,7 +137,7 @@ class KernelBuilder:
         return self.printer.name(v)
 
     def _bind_params(self) -> None:
-        for i, v in enumerate(self.plan.program.inputs):
+        for v in self.plan.program.inputs:
             role = self.plan.input_role(v)
             base = f"{self.var_name(v)}_ptr"
             self.arg_names[id(v)] = base
@@ -135,7 +146,7 @@ class KernelBuilder:
                 self.param_list.append(f"{self.var_name(v)}_stride")
             if role == "table":
                 self.param_list.append(f"{self.var_name(v)}_rows")
-        for i, v in enumerate(self.plan.program.outputs):
+        for i in range(len(self.plan.program.outputs)):
             self.param_list.append(f"out{i}_ptr")
         self.param_list += ["T", "BLOCK_T: tl.constexpr"]
 
@@ -178,8 +189,16 @@ class KernelBuilder:
         return off, mask, True
 
     # -------------------------------------------------------------- loads and stores
-    def _load_slots(self, base: str, mask: str | None, layout: Layout, cast: bool,
-                    prefix: str, emit, scalar_base: bool = False) -> dict[str, str]:
+    def _load_slots(
+        self,
+        base: str,
+        mask: str | None,
+        layout: Layout,
+        cast: bool,
+        prefix: str,
+        emit,
+        scalar_base: bool = False,
+    ) -> dict[str, str]:
         pieces = {}
         for slot in layout.slots:
             off, smask, pair = self.slot_offsets(slot)
@@ -187,7 +206,9 @@ class KernelBuilder:
             if pair and m is not None:
                 m = f"{m}[:, :, :, None]"
             m = " & ".join(x for x in (m, smask) if x) or None
-            ptr = f"{base}[:, :, :, None] + {off}" if pair and not scalar_base else f"{base} + {off}"
+            ptr = (
+                f"{base}[:, :, :, None] + {off}" if pair and not scalar_base else f"{base} + {off}"
+            )
             load = f"tl.load({ptr}" + (f", mask={m}, other=0.0)" if m else ")")
             if cast:
                 load += ".to(tl.float32)"
@@ -201,8 +222,14 @@ class KernelBuilder:
                 pieces[slot.names[0]] = name
         return pieces
 
-    def _store_slots(self, base: str, mask: str, layout: Layout, pieces: dict[str, str],
-                     dtype: torch.dtype | None) -> None:
+    def _store_slots(
+        self,
+        base: str,
+        mask: str,
+        layout: Layout,
+        pieces: dict[str, str],
+        dtype: torch.dtype | None,
+    ) -> None:
         cast = (lambda e: e) if dtype is None else (lambda e: self.cast(e, dtype))  # noqa: E731
         for slot in layout.slots:
             off, smask, pair = self.slot_offsets(slot)
@@ -229,8 +256,10 @@ class KernelBuilder:
         key = ("tokf", id(var))
         if key not in self._tile:
             name = self.fresh("tokval")
-            self.emit(f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=1.0)"
-                      f".to(tl.float32)")
+            self.emit(
+                f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=1.0)"
+                f".to(tl.float32)"
+            )
             self._tile[key] = name
         return self._tile[key]
 
@@ -239,7 +268,11 @@ class KernelBuilder:
             if e.prim.name == "rope":
                 self.cos_sin(e.inputs[1], e.inputs[2])
             for v in e.inputs[1:]:
-                if v is not None and self.plan.input_role(v) == "tokens" and v.aval.dtype.is_floating_point:
+                if (
+                    v is not None
+                    and self.plan.input_role(v) == "tokens"
+                    and v.aval.dtype.is_floating_point
+                ):
                     self.token_values(v)
 
     def cos_sin(self, positions: Var, cache: Var) -> tuple[str, str]:
@@ -258,7 +291,10 @@ class KernelBuilder:
             self.emit(f"{row} = {name}_ptr + {pos}.to(tl.int64)[:, None, None] * {name}_stride")
             m = ok + ("" if next_pow2(half) == half else f" & ({c} < {half})")
             self.emit(f"{cos} = tl.load({row} + {c}, mask={m}, other=float('nan')).to(tl.float32)")
-            self.emit(f"{sin} = tl.load({row} + {half} + {c}, mask={m}, other=float('nan')).to(tl.float32)")
+            self.emit(
+                f"{sin} = tl.load({row} + {half} + {c}, mask={m}, other=float('nan'))"
+                ".to(tl.float32)"
+            )
             self._tile[key] = (cos, sin)
         return self._tile[key]
 
@@ -269,8 +305,13 @@ class KernelBuilder:
             if var is not chain.source:
                 raise PlanError(f"value {self.var_name(var)} used before it was computed")
             self.values[id(var)] = self._load_slots(
-                self.src_base, "hmask", chain.layout, cast=not chain.compute_free,
-                prefix=self.var_name(var), emit=self.emit)
+                self.src_base,
+                "hmask",
+                chain.layout,
+                cast=not chain.compute_free,
+                prefix=self.var_name(var),
+                emit=self.emit,
+            )
         return self.values[id(var)]
 
     def set(self, var: Var, pieces: dict[str, str]) -> None:
@@ -283,13 +324,25 @@ class KernelBuilder:
             key = ("w", id(var), chain.layout)
             if key not in self._hoisted:
                 self._hoisted[key] = self._load_slots(
-                    self.arg_names[id(var)], None, chain.layout, cast=True,
-                    prefix=self.var_name(var) + "w", emit=self.emit_pre, scalar_base=True)
+                    self.arg_names[id(var)],
+                    None,
+                    chain.layout,
+                    cast=True,
+                    prefix=self.var_name(var) + "w",
+                    emit=self.emit_pre,
+                    scalar_base=True,
+                )
             return self._hoisted[key]
         base = self.fresh("wbase")
         self.emit(f"{base} = {self.arg_names[id(var)]} + hh * {chain.head_dim}")
-        return self._load_slots(base, self.head_valid, chain.layout, cast=True,
-                                prefix=self.var_name(var) + "w", emit=self.emit)
+        return self._load_slots(
+            base,
+            self.head_valid,
+            chain.layout,
+            cast=True,
+            prefix=self.var_name(var) + "w",
+            emit=self.emit,
+        )
 
     def full_width_sumsq(self, eqn: Eqn) -> str | None:
         """The prepass statistic of a chunked full-width norm (None: compute it in place)."""
@@ -311,10 +364,15 @@ class KernelBuilder:
     def _emit_chain_header(self, chain: Chain, parts=None) -> None:
         name = self.var_name(chain.source)
         src = self.var_name(chain.view_of) if chain.view_of is not None else name
-        where = "" if not parts or parts == [(0, chain.heads)] else \
-            f", heads {' + '.join(f'[{h0}, {h0 + n})' for h0, n in parts)}"
-        self.emit(f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}, "
-                  f"{chain.layout.tag}{where})")
+        where = (
+            ""
+            if not parts or parts == [(0, chain.heads)]
+            else f", heads {' + '.join(f'[{h0}, {h0 + n})' for h0, n in parts)}"
+        )
+        self.emit(
+            f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}, "
+            f"{chain.layout.tag}{where})"
+        )
         self.emit(f"row{chain.index} = {src}_ptr + tok64[:, None, None] * {src}_stride")
 
     def _emit_chain_body(self, chain: Chain) -> None:
@@ -350,11 +408,20 @@ class KernelBuilder:
         if chunked:
             self.indent -= 1
 
-    def _emit_full_norm_prepass(self, chain: Chain, head_chunk: int | None, padded: int | None,
-                                parts: list[tuple[int, int]] | None = None) -> None:
+    def _emit_full_norm_prepass(
+        self,
+        chain: Chain,
+        head_chunk: int | None,
+        padded: int | None,
+        parts: list[tuple[int, int]] | None = None,
+    ) -> None:
         """Sum of squares of a whole full-width-norm row, chunk by chunk, before the main pass."""
         for e in chain.eqns:
-            if e.prim.name != "rms_norm" or e.params["group"] != chain.width or e.inputs[3] is not None:
+            if (
+                e.prim.name != "rms_norm"
+                or e.params["group"] != chain.width
+                or e.inputs[3] is not None
+            ):
                 continue
             if e.inputs[0] is not chain.source:
                 raise PlanError("a chunked full-width norm must read the loaded value directly")
@@ -362,11 +429,17 @@ class KernelBuilder:
             self.emit(f"{acc} = tl.zeros([BLOCK_T], dtype=tl.float32)")
             if parts is None:
                 self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
-                heads = [(f"h0 + tl.arange(0, {padded})[None, :, None]",
-                          f"tmask[:, None, None] & (hh < {chain.heads})")]
+                heads = [
+                    (
+                        f"h0 + tl.arange(0, {padded})[None, :, None]",
+                        f"tmask[:, None, None] & (hh < {chain.heads})",
+                    )
+                ]
             else:
-                heads = [(f"{h0} + tl.arange(0, {n})[None, :, None]", "tmask[:, None, None]")
-                         for h0, n in parts]
+                heads = [
+                    (f"{h0} + tl.arange(0, {n})[None, :, None]", "tmask[:, None, None]")
+                    for h0, n in parts
+                ]
             self.indent += parts is None
             for hh, mask in heads:
                 self.emit(f"hh = {hh}")
@@ -384,10 +457,15 @@ class KernelBuilder:
             if o is var:
                 chain = self.chain
                 base = self.fresh("obase")
-                self.emit(f"{base} = out{i}_ptr + tok64[:, None, None] * {chain.width} + hh * {chain.head_dim}")
+                self.emit(
+                    f"{base} = out{i}_ptr + tok64[:, None, None] * {chain.width}"
+                    f" + hh * {chain.head_dim}"
+                )
                 pieces = self.pieces(var)
                 native = chain.compute_free and var is chain.source
-                self._store_slots(base, "hmask", chain.layout, pieces, None if native else o.aval.dtype)
+                self._store_slots(
+                    base, "hmask", chain.layout, pieces, None if native else o.aval.dtype
+                )
 
     # -------------------------------------------------------------- whole kernel
     def build(self) -> str:

@@ -26,7 +26,9 @@ GOLDEN_KERNELS = [
 
 def render(preset: str, tp: int, dtype: torch.dtype, numerics: str, target: str) -> str:
     p = get_preset(preset, tp)
-    return kernel_source(preset_program(p, dtype, numerics=numerics, sharded_full_norm=tp > 1), target)
+    return kernel_source(
+        preset_program(p, dtype, numerics=numerics, sharded_full_norm=tp > 1), target
+    )
 
 
 def regen(golden_dir: Path | str) -> list[Path]:

@@ -16,6 +16,7 @@ from .targets import Target
 @dataclass
 class Kernel:
     """One fused kernel for one program on one target. Call it with the program's inputs."""
+
     program: Program
     plan: KernelPlan
     target: Target
@@ -37,7 +38,9 @@ class Kernel:
             self._grid_blocks = len(chunk_blocks(self.plan, self.tiling))
         return self._grid_blocks
 
-    def __call__(self, *args: torch.Tensor, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def __call__(
+        self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Check ``args`` (and ``out``) against the program, then :meth:`launch`."""
         prog = self.program
         if len(args) != len(prog.inputs):
@@ -49,7 +52,9 @@ class Kernel:
             if a.dtype != var.aval.dtype:
                 raise TypeError(f"argument {i} must be {var.aval.dtype}, got {a.dtype}")
             shape = var.aval.shape
-            if a.dim() != len(shape) or any(s != d for s, d in zip(shape, a.shape) if isinstance(s, int)):
+            if a.dim() != len(shape) or any(
+                s != d for s, d in zip(shape, a.shape) if isinstance(s, int)
+            ):
                 raise ValueError(f"argument {i} must have shape {var.aval}, got {list(a.shape)}")
             if shape and shape[0] == TOKENS:
                 if tokens is None:
@@ -60,7 +65,11 @@ class Kernel:
                 raise ValueError(f"argument {i} must be contiguous in its last dim")
         if out is not None:
             for i, (o, v) in enumerate(zip(out, prog.outputs)):
-                if o.shape != (tokens, v.aval.shape[1]) or o.dtype != v.aval.dtype or not o.is_contiguous():
+                if (
+                    o.shape != (tokens, v.aval.shape[1])
+                    or o.dtype != v.aval.dtype
+                    or not o.is_contiguous()
+                ):
                     raise ValueError(f"out[{i}] must be a contiguous {v.aval} with T={tokens}")
         return self.launch(args, out)
 
@@ -68,9 +77,14 @@ class Kernel:
         """Allocate the outputs (unless given) and launch; no argument checks (the hot path)."""
         tokens = args[0].shape[0]
         device = args[0].device
-        outs = out if out is not None else [
-            torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)
-            for v in self.program.outputs]
+        outs = (
+            out
+            if out is not None
+            else [
+                torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)
+                for v in self.program.outputs
+            ]
+        )
         if tokens == 0:
             return outs
         flat: list = []

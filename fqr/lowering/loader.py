@@ -72,7 +72,8 @@ def require_triton_mode(interpret: bool) -> None:
         raise RuntimeError(
             f"triton is already loaded {mode} in this process; the "
             f"{'interpreter' if interpret else 'compiled'} backends need a process of their own "
-            f"(set TRITON_INTERPRET={'1' if interpret else '0'} before triton is imported)")
+            f"(set TRITON_INTERPRET={'1' if interpret else '0'} before triton is imported)"
+        )
     if mode == "unloaded":
         os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
 

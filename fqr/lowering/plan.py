@@ -43,10 +43,11 @@ def pow2_parts(start: int, count: int, min_part: int = 16) -> list[tuple[int, in
 @dataclass(frozen=True)
 class Slot:
     """One load/store unit of a head: ``contig`` (names=(piece,)) or ``pairs`` (names=(a, b))."""
+
     kind: str
     names: tuple[str, ...]
-    start: int   # first feature of the slot within the head
-    count: int   # features (contig) or pairs (pairs)
+    start: int  # first feature of the slot within the head
+    count: int  # features (contig) or pairs (pairs)
 
     @property
     def padded(self) -> int:
@@ -56,15 +57,17 @@ class Slot:
 @dataclass(frozen=True)
 class Layout:
     head_dim: int
-    rotary_dim: int   # 0 when the chain has no RoPE
-    style: str        # "neox", "gptj" or "plain"
+    rotary_dim: int  # 0 when the chain has no RoPE
+    style: str  # "neox", "gptj" or "plain"
 
     @property
     def slots(self) -> tuple[Slot, ...]:
         d, r = self.head_dim, self.rotary_dim
         if self.style == "plain":
-            return tuple(Slot("contig", (f"p{i}",), start, n)
-                         for i, (start, n) in enumerate(pow2_parts(0, d)))
+            return tuple(
+                Slot("contig", (f"p{i}",), start, n)
+                for i, (start, n) in enumerate(pow2_parts(0, d))
+            )
         half = r // 2
         if self.style == "neox":
             rot = (Slot("contig", ("a",), 0, half), Slot("contig", ("b",), half, half))
@@ -76,7 +79,9 @@ class Layout:
             parts = [(start, half) for start in range(r, d, half)]
         else:
             parts = pow2_parts(r, d - r)
-        return rot + tuple(Slot("contig", (f"p{i}",), start, n) for i, (start, n) in enumerate(parts))
+        return rot + tuple(
+            Slot("contig", (f"p{i}",), start, n) for i, (start, n) in enumerate(parts)
+        )
 
     @property
     def tag(self) -> str:
@@ -86,10 +91,11 @@ class Layout:
 @dataclass
 class Chain:
     """A per-head value and the equations that transform it (see module docstring)."""
+
     index: int
-    source: Var                     # split output or program input
-    view_of: Var | None             # the packed input a split output is a view of
-    col_offset: int                 # first column of this value in that input
+    source: Var  # split output or program input
+    view_of: Var | None  # the packed input a split output is a view of
+    col_offset: int  # first column of this value in that input
     heads: int
     head_dim: int
     eqns: list[Eqn] = field(default_factory=list)
@@ -112,7 +118,7 @@ class Chain:
 class KernelPlan:
     program: Program
     chains: list[Chain]
-    chain_of: dict[int, Chain]      # id(var) -> chain holding it
+    chain_of: dict[int, Chain]  # id(var) -> chain holding it
 
     def input_role(self, var: Var) -> str:
         """activation | tokens (positions, per-token stats) | table (cos_sin_cache) | vector."""
@@ -158,22 +164,28 @@ def plan_program(program: Program) -> KernelPlan:
             new_chain(x, x, 0, width // d, d)
         chain = chain_of[id(x)]
         if name == "rope" and e.params["d"] != chain.head_dim:
-            raise PlanError(f"rope head_dim {e.params['d']} != the value's head_dim {chain.head_dim}")
+            raise PlanError(
+                f"rope head_dim {e.params['d']} != the value's head_dim {chain.head_dim}"
+            )
         if name == "rms_norm":
             g = e.params["group"]
             if g not in (chain.head_dim, chain.width):
-                raise PlanError(f"rms_norm group_size {g} must be head_dim ({chain.head_dim}) or the "
-                                f"whole width ({chain.width})")
+                raise PlanError(
+                    f"rms_norm group_size {g} must be head_dim ({chain.head_dim}) or the "
+                    f"whole width ({chain.width})"
+                )
         chain.eqns.append(e)
         for out in e.outputs:
             chain_of[id(out)] = chain
 
     for c in chains:
-        ropes = {(e.inputs[2].aval.shape[1], e.params["neox"]) for e in c.eqns if e.prim.name == "rope"}
+        ropes = {
+            (e.inputs[2].aval.shape[1], e.params["neox"]) for e in c.eqns if e.prim.name == "rope"
+        }
         if len(ropes) > 1:
             raise PlanError(f"one value is rotated with two different rope settings: {ropes}")
         if ropes:
-            (r, neox), = ropes
+            ((r, neox),) = ropes
             c.layout = Layout(c.head_dim, r, "neox" if neox else "gptj")
         else:
             c.layout = Layout(c.head_dim, 0, "plain")

@@ -38,8 +38,8 @@ def checked_block_t(value) -> int:
 class Target:
     name: str
     interpret: bool = False
-    flavour: str = "upstream"      # which triton package compiles it: upstream | ascend
-    source_target: str = ""        # whose source it runs ("" = its own name)
+    flavour: str = "upstream"  # which triton package compiles it: upstream | ascend
+    source_target: str = ""  # whose source it runs ("" = its own name)
 
     @property
     def source_name(self) -> str:
@@ -67,12 +67,14 @@ def padded_head_elems(chain) -> int:
 class CudaTarget(Target):
     """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
     2048: 16 heads of 128), covered by static power-of-two chunks (``chunk_mode="unroll"``:
-    Qwen3.5's 24 heads of 256 -> 8 + 8 + 8, nothing masked), so registers never spill. Measured on an H200 (scripts/gpu_smoke.py, docs/PERFORMANCE.md):
+    Qwen3.5's 24 heads of 256 -> 8 + 8 + 8, nothing masked), so registers never spill.
+    Measured on an H200 (scripts/gpu_smoke.py, docs/PERFORMANCE.md):
     unroll beat one-program-per-chunk (``grid``) and a runtime chunk loop (``loop``), and 2
     warps beat 4 and 8 (bf16 Qwen3-8B at 65,536 tokens: 92% / 79% / 70% of the copy ceiling),
     2048-element chunks beat 4096 for Qwen3.5-27B (91% vs 74%), and GPT-J pairs loaded as one
     contiguous pair tile split in registers beat two stride-2 loads (66% vs 25%, GLM-4-9B; the
     stride-2 variant was removed)."""
+
     bf16_rounding: str = "native"
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
@@ -85,8 +87,9 @@ class CudaTarget(Target):
             fit = max(1, budget // padded_head_elems(c))
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
-        return Tiling(block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding,
-                      chunk_mode=mode)
+        return Tiling(
+            block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding, chunk_mode=mode
+        )
 
     def launch_options(self, plan: KernelPlan, **options) -> dict:
         return {"num_warps": int(options.get("num_warps", 2))}
@@ -105,6 +108,7 @@ class InterpretTarget(CudaTarget):
     """The cuda kernel under the interpreter: same tiling and body, bf16 rounding done on the
     bits (the interpreter's own fp32 -> bf16 cast truncates), tiles of 8 tokens, at most 3
     programs so that the persistent loop iterates."""
+
     bf16_rounding: str = "bits"
 
     def block_t(self, plan, tiling, **options) -> int:
@@ -126,5 +130,8 @@ def get_target(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise ValueError(f"target must be one of {', '.join(sorted(set(TARGETS) | {'ascend', 'ascend-interpret'}))};"
-                         f" got {name!r}") from None
+        raise ValueError(
+            f"target must be one of "
+            f"{', '.join(sorted(set(TARGETS) | {'ascend', 'ascend-interpret'}))};"
+            f" got {name!r}"
+        ) from None

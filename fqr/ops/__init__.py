@@ -9,5 +9,13 @@ from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
 from .split import split_qkv, split_qkv_p
 
-__all__ = ["split_qkv", "rms_norm", "rope", "reduce_precision",
-           "split_qkv_p", "rms_norm_p", "rope_p", "reduce_precision_p"]
+__all__ = [
+    "split_qkv",
+    "rms_norm",
+    "rope",
+    "reduce_precision",
+    "split_qkv_p",
+    "rms_norm_p",
+    "rope_p",
+    "reduce_precision_p",
+]

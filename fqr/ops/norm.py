@@ -24,16 +24,34 @@ from ..core import Aval, primitive
 rms_norm_p = primitive("rms_norm")
 
 
-def rms_norm(x, weight, *, eps: float, group_size: int, bias=None, weight_offset: float = 0.0,
-             sum_sq=None, count: int | None = None):
+def rms_norm(
+    x,
+    weight,
+    *,
+    eps: float,
+    group_size: int,
+    bias=None,
+    weight_offset: float = 0.0,
+    sum_sq=None,
+    count: int | None = None,
+):
     """See the module docstring."""
-    return rms_norm_p.bind(x, weight, bias, sum_sq, eps=float(eps), group=int(group_size),
-                           offset=float(weight_offset), count=int(count or group_size))
+    return rms_norm_p.bind(
+        x,
+        weight,
+        bias,
+        sum_sq,
+        eps=float(eps),
+        group=int(group_size),
+        offset=float(weight_offset),
+        count=int(count or group_size),
+    )
 
 
 @rms_norm_p.def_abstract
-def _norm_abstract(x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, *, eps, group, offset,
-                   count):
+def _norm_abstract(
+    x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, *, eps, group, offset, count
+):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
     if not x.dtype.is_floating_point:
@@ -90,7 +108,9 @@ def _norm_lowering(b, eqn):
         stat = b.full_width_sumsq(eqn)
         if stat is None:
             stat = b.fresh("sumsq")
-            b.emit(f"{stat} = " + " + ".join(f"tl.sum(tl.sum({v} * {v}, 2), 1)" for v in x.values()))
+            b.emit(
+                f"{stat} = " + " + ".join(f"tl.sum(tl.sum({v} * {v}, 2), 1)" for v in x.values())
+            )
         b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r})[:, None, None]")
     else:
         ss = b.fresh("sumsq")

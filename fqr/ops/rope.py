@@ -25,11 +25,19 @@ from ..core import Aval, primitive
 rope_p = primitive("rope")
 
 
-def rope(x, positions, cos_sin_cache, *, head_dim: int, is_neox: bool = True,
-         round_to: torch.dtype | None = None):
+def rope(
+    x,
+    positions,
+    cos_sin_cache,
+    *,
+    head_dim: int,
+    is_neox: bool = True,
+    round_to: torch.dtype | None = None,
+):
     """See the module docstring."""
-    return rope_p.bind(x, positions, cos_sin_cache, d=int(head_dim), neox=bool(is_neox),
-                       round_to=round_to)
+    return rope_p.bind(
+        x, positions, cos_sin_cache, d=int(head_dim), neox=bool(is_neox), round_to=round_to
+    )
 
 
 @rope_p.def_abstract
@@ -39,11 +47,15 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
     if d < 1 or x.shape[1] % d:
         raise ValueError(f"head_dim {d} does not divide the width {x.shape[1]}")
     if positions.ndim != 1 or positions.shape[0] != x.shape[0]:
-        raise ValueError(f"positions must be [T] with T = {x.shape[0]}, got {list(positions.shape)}")
+        raise ValueError(
+            f"positions must be [T] with T = {x.shape[0]}, got {list(positions.shape)}"
+        )
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
     if cache.ndim != 2:
-        raise ValueError(f"cos_sin_cache must be 2-D [max_position, rotary_dim], got {list(cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be 2-D [max_position, rotary_dim], got {list(cache.shape)}"
+        )
     if not cache.dtype.is_floating_point:
         raise TypeError(f"cos_sin_cache must be a floating tensor, got {cache.dtype}")
     r = cache.shape[1]
@@ -63,9 +75,9 @@ def _rope_impl(x, positions, cache, *, d, neox, round_to):
     rot, passthrough = heads[..., :r], heads[..., r:]
     cs = cache.index_select(0, positions.long()).to(x.dtype)
     cos = rnd(cs[:, None, : r // 2])
-    sin = rnd(cs[:, None, r // 2:])
+    sin = rnd(cs[:, None, r // 2 :])
     if neox:
-        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
     else:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
     o1 = rnd(rnd(x1 * cos) - rnd(x2 * sin))

@@ -29,10 +29,16 @@ def _split_abstract(qkv: Aval, *, hq: int, hkv: int, d: int):
         raise TypeError(f"qkv must be a floating tensor, got {qkv.dtype}")
     width = (hq + 2 * hkv) * d
     if qkv.shape[1] != width:
-        raise ValueError(f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim "
-                         f"= ({hq} + 2*{hkv}) * {d} = {width}")
+        raise ValueError(
+            f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim "
+            f"= ({hq} + 2*{hkv}) * {d} = {width}"
+        )
     t = qkv.shape[0]
-    return [Aval((t, hq * d), qkv.dtype), Aval((t, hkv * d), qkv.dtype), Aval((t, hkv * d), qkv.dtype)]
+    return [
+        Aval((t, hq * d), qkv.dtype),
+        Aval((t, hkv * d), qkv.dtype),
+        Aval((t, hkv * d), qkv.dtype),
+    ]
 
 
 @split_qkv_p.def_impl

@@ -13,5 +13,13 @@ from .engine import Engine, RunResult
 from .executor import MultiprocExecutor, RunFailed
 from .message_queue import MessageQueue, QueueCancelled, QueueTimeout
 
-__all__ = ["RunConfig", "Engine", "RunResult", "MultiprocExecutor", "RunFailed", "MessageQueue",
-           "QueueCancelled", "QueueTimeout"]
+__all__ = [
+    "RunConfig",
+    "Engine",
+    "RunResult",
+    "MultiprocExecutor",
+    "RunFailed",
+    "MessageQueue",
+    "QueueCancelled",
+    "QueueTimeout",
+]

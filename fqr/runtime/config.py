@@ -57,8 +57,9 @@ class RunConfig:
         return d
 
     @classmethod
-    def build(cls, *, prompt_len: str | tuple = "16..64", fault: str | None = None,
-              **kw) -> "RunConfig":
+    def build(
+        cls, *, prompt_len: str | tuple = "16..64", fault: str | None = None, **kw
+    ) -> RunConfig:
         """From CLI-shaped values; raises ValueError/TypeError naming the bad option."""
         if isinstance(prompt_len, str):
             prompt_len = parse_range(prompt_len)
@@ -75,24 +76,32 @@ class RunConfig:
     def check(self) -> None:
         preset = get_preset(self.preset, self.tp)  # unknown preset / tp not dividing heads
         if self.device not in DEVICE_TYPES:
-            raise ValueError(f"--device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}")
+            raise ValueError(
+                f"--device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.numerics not in ("fused", "unfused"):
             raise ValueError(f"--numerics must be fused or unfused, got {self.numerics!r}")
         if self.launcher not in LAUNCHERS:
-            raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+            raise ValueError(
+                f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
         backend = get_backend(self.backend)
         if self.device not in backend.device_types:
-            raise ValueError(f"--backend {self.backend} runs on {'/'.join(backend.device_types)}, "
-                             f"not on --device {self.device}")
+            raise ValueError(
+                f"--backend {self.backend} runs on {'/'.join(backend.device_types)}, "
+                f"not on --device {self.device}"
+            )
         reason = backend.unavailable_reason()
         if reason:
             raise BackendUnavailable(f"--backend {self.backend} is unavailable: {reason}")
         if self.prompt_len[1] + self.decode_steps > preset.max_position:
-            raise ValueError(f"--prompt-len/--decode-steps reach position "
-                             f"{self.prompt_len[1] + self.decode_steps - 1}, beyond "
-                             f"{self.preset}'s {preset.max_position} RoPE positions")
+            raise ValueError(
+                f"--prompt-len/--decode-steps reach position "
+                f"{self.prompt_len[1] + self.decode_steps - 1}, beyond "
+                f"{self.preset}'s {preset.max_position} RoPE positions"
+            )
         if self.verify_every < 0:
             raise ValueError(f"--verify-every must be >= 0, got {self.verify_every}")
         for name in ("init_timeout_s", "step_timeout_s", "collective_timeout_s"):
@@ -100,8 +109,12 @@ class RunConfig:
                 raise ValueError(f"--{name[:-2].replace('_', '-')} must be > 0 seconds")
         if self.launcher == "torchrun":
             if self.async_scheduling:
-                raise ValueError("--async-scheduling needs --launcher mp (under torchrun rank 0 "
-                                 "schedules and computes in one process)")
+                raise ValueError(
+                    "--async-scheduling needs --launcher mp (under torchrun rank 0 "
+                    "schedules and computes in one process)"
+                )
             if self.fault is not None and self.fault.kind == "kill-parent":
-                raise ValueError("--inject-fault kind=kill-parent needs --launcher mp (under "
-                                 "torchrun the parent is torchrun's agent)")
+                raise ValueError(
+                    "--inject-fault kind=kill-parent needs --launcher mp (under "
+                    "torchrun the parent is torchrun's agent)"
+                )

@@ -40,8 +40,10 @@ def bind_device(device_type: str, local_rank: int, what: str) -> torch.device:
         raise RuntimeError(f"{what}: no {device_type} device is visible")
     count = acc.device_count()
     if local_rank >= count:
-        raise RuntimeError(f"{what}: needs {device_type}:{local_rank} but only {count} "
-                           f"{device_type} device(s) are visible (dp x tp exceeds the devices)")
+        raise RuntimeError(
+            f"{what}: needs {device_type}:{local_rank} but only {count} "
+            f"{device_type} device(s) are visible (dp x tp exceeds the devices)"
+        )
     acc.set_device(local_rank)
     return torch.device(device_type, local_rank)
 
@@ -50,6 +52,7 @@ def bind_device(device_type: str, local_rank: int, what: str) -> torch.device:
 class MemorySnapshot:
     """``used_bytes``: device memory in use (GPU/NPU: total - free) or RSS (CPU);
     ``torch_peak_bytes``: the caching allocator's peak (0 on CPU)."""
+
     device: str
     used_bytes: int
     total_bytes: int

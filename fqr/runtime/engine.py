@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .config import RunConfig
 from .scheduler import WorkloadScheduler
@@ -58,17 +58,25 @@ class Engine:
     def __init__(self, cfg: RunConfig, executor):
         self.cfg, self.executor = cfg, executor
         requests = synthetic_requests(cfg.requests, cfg.prompt_len, cfg.decode_steps, cfg.seed)
-        self.scheduler = WorkloadScheduler(requests, cfg.dp,
-                                           max_batched_tokens=cfg.max_batched_tokens,
-                                           max_running=cfg.max_running,
-                                           verify_every=cfg.verify_every)
-        self.verifier = Verifier(cfg.preset, cfg.layout, dtype=cfg.torch_dtype,
-                                 numerics=cfg.numerics, seed=cfg.seed)
+        self.scheduler = WorkloadScheduler(
+            requests,
+            cfg.dp,
+            max_batched_tokens=cfg.max_batched_tokens,
+            max_running=cfg.max_running,
+            verify_every=cfg.verify_every,
+        )
+        self.verifier = Verifier(
+            cfg.preset, cfg.layout, dtype=cfg.torch_dtype, numerics=cfg.numerics, seed=cfg.seed
+        )
 
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run the workload to the end; raises ``RunFailed`` when a worker fails."""
-        res = RunResult(per_rank={r: {"steps": 0, "tokens": 0, "compute_s": 0.0}
-                                  for r in range(self.cfg.layout.world_size)})
+        res = RunResult(
+            per_rank={
+                r: {"steps": 0, "tokens": 0, "compute_s": 0.0}
+                for r in range(self.cfg.layout.world_size)
+            }
+        )
         depth = 2 if self.cfg.async_scheduling else 1
         in_flight: deque = deque()
         start = time.perf_counter()
@@ -107,9 +115,16 @@ class Engine:
                 host(self.verifier.check_step, plan, replies)
                 res.verified_steps += 1
             if on_progress is not None:
-                on_progress(Progress(plan.step, res.tokens, time.perf_counter() - start,
-                                     self.executor.queue_depths(), res.verified_steps,
-                                     len(in_flight)))
+                on_progress(
+                    Progress(
+                        plan.step,
+                        res.tokens,
+                        time.perf_counter() - start,
+                        self.executor.queue_depths(),
+                        res.verified_steps,
+                        len(in_flight),
+                    )
+                )
         res.wall_s = time.perf_counter() - start
         res.verification_failures = list(self.verifier.failures)
         res.verification = {r: v.to_dict() for r, v in self.verifier.ranks.items()}

@@ -49,9 +49,14 @@ def host_store(world_size: int, timeout_s: float, attempts: int = 5):
     for attempt in range(attempts):
         port = _free_port()
         try:
-            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=True,
-                                  timeout=datetime.timedelta(seconds=timeout_s),
-                                  wait_for_workers=False)
+            store = dist.TCPStore(
+                "127.0.0.1",
+                port,
+                world_size,
+                is_master=True,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
             return store, port
         except (RuntimeError, OSError) as e:
             in_use = getattr(e, "errno", None) == errno.EADDRINUSE or "in use" in str(e).lower()
@@ -83,21 +88,42 @@ class MultiprocExecutor:
     def start(self) -> None:
         cfg = self.cfg
         self.store, port = host_store(self.world_size, cfg.init_timeout_s)
-        self.broadcast = MessageQueue.create(self.world_size, n_slots=self._n_slots,
-                                             chunk_bytes=self._chunk_bytes, tag="calls",
-                                             context=self._ctx).as_writer()
-        self.responses = [MessageQueue.create(1, n_slots=self._n_slots,
-                                              chunk_bytes=self._chunk_bytes, tag=f"replies{r}",
-                                              context=self._ctx).as_reader(0)
-                          for r in range(self.world_size)]
+        self.broadcast = MessageQueue.create(
+            self.world_size,
+            n_slots=self._n_slots,
+            chunk_bytes=self._chunk_bytes,
+            tag="calls",
+            context=self._ctx,
+        ).as_writer()
+        self.responses = [
+            MessageQueue.create(
+                1,
+                n_slots=self._n_slots,
+                chunk_bytes=self._chunk_bytes,
+                tag=f"replies{r}",
+                context=self._ctx,
+            ).as_reader(0)
+            for r in range(self.world_size)
+        ]
         death_read, self._death_write = self._ctx.Pipe(duplex=False)
         ready = []
         for rank in range(self.world_size):
             ready_read, ready_write = self._ctx.Pipe(duplex=False)
             p = self._ctx.Process(
-                target=worker_main, name=f"fqr-worker-{rank}", daemon=True,
-                args=(cfg, rank, "127.0.0.1", port, self.broadcast, self.responses[rank],
-                      ready_write, death_read))
+                target=worker_main,
+                name=f"fqr-worker-{rank}",
+                daemon=True,
+                args=(
+                    cfg,
+                    rank,
+                    "127.0.0.1",
+                    port,
+                    self.broadcast,
+                    self.responses[rank],
+                    ready_write,
+                    death_read,
+                ),
+            )
             p.start()
             ready_write.close()
             self.procs.append(p)
@@ -122,8 +148,9 @@ class MultiprocExecutor:
             left = deadline - time.monotonic()
             if left <= 0:
                 names = ", ".join(self.layout.describe(r) for r in sorted(waiting))
-                raise RunFailed(f"{names}: no READY within {self.cfg.init_timeout_s:g} s "
-                                f"(--init-timeout)")
+                raise RunFailed(
+                    f"{names}: no READY within {self.cfg.init_timeout_s:g} s (--init-timeout)"
+                )
             for conn in wait_objects(list(waiting.values()), timeout=left):
                 rank = next(r for r, c in waiting.items() if c is conn)
                 what = self.layout.describe(rank)
@@ -132,7 +159,9 @@ class MultiprocExecutor:
                 except EOFError:
                     p = self.procs[rank]
                     p.join(timeout=1)
-                    raise RunFailed(f"{what} died during startup (exit code {p.exitcode})") from None
+                    raise RunFailed(
+                        f"{what} died during startup (exit code {p.exitcode})"
+                    ) from None
                 if status != READY:
                     raise RunFailed(f"{what} failed during startup: {info}")
                 self.ready_info[rank] = info
@@ -158,8 +187,9 @@ class MultiprocExecutor:
                     return
                 p = self.procs[rank]
                 p.join(timeout=1)
-                self._fail(f"{self.layout.describe(rank)} died unexpectedly "
-                           f"(exit code {p.exitcode})")
+                self._fail(
+                    f"{self.layout.describe(rank)} died unexpectedly (exit code {p.exitcode})"
+                )
                 with self._pending_cv:
                     self._pending_cv.notify_all()
                 return
@@ -200,8 +230,10 @@ class MultiprocExecutor:
                 missing.remove(rank)
             if missing and time.monotonic() > deadline:
                 names = ", ".join(self.layout.describe(r) for r in missing)
-                self._fail(f"{names}: no reply to {step} within {self.cfg.step_timeout_s:g} s "
-                           f"(--step-timeout; hung?)")
+                self._fail(
+                    f"{names}: no reply to {step} within {self.cfg.step_timeout_s:g} s "
+                    f"(--step-timeout; hung?)"
+                )
                 raise RunFailed(self.failure)
         return replies
 

@@ -25,7 +25,7 @@ class InjectedFault(RuntimeError):
 @dataclass(frozen=True)
 class FaultSpec:
     rank: int
-    at: str          # "init" or "step"
+    at: str  # "init" or "step"
     step: int | None
     kind: str
 
@@ -83,6 +83,7 @@ def parse_fault(text: str | None, world_size: int) -> FaultSpec | None:
     elif at != "init":
         raise ValueError(f"--inject-fault: at must be init or step:N, got {at!r}")
     if fields["kind"] not in FAULT_KINDS:
-        raise ValueError(f"--inject-fault: kind must be one of {', '.join(FAULT_KINDS)}, "
-                         f"got {fields['kind']!r}")
+        raise ValueError(
+            f"--inject-fault: kind must be one of {', '.join(FAULT_KINDS)}, got {fields['kind']!r}"
+        )
     return FaultSpec(rank, at, step, fields["kind"])

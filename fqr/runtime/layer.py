@@ -14,8 +14,8 @@ MiniMax-M2 QK-norm does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 import torch
 
@@ -33,14 +33,25 @@ def _rope_table(preset_name: str) -> torch.Tensor:
 def shard_heads(shard, tp_rank: int) -> tuple[range, range]:
     """(q heads, kv heads) of the unsharded model that TP rank ``tp_rank`` holds."""
     first_kv = shard.kv_head_owner(tp_rank)
-    return (range(tp_rank * shard.num_heads, (tp_rank + 1) * shard.num_heads),
-            range(first_kv, first_kv + shard.num_kv_heads))
+    return (
+        range(tp_rank * shard.num_heads, (tp_rank + 1) * shard.num_heads),
+        range(first_kv, first_kv + shard.num_kv_heads),
+    )
 
 
 class PrologueLayer:
-    def __init__(self, preset_name: str, tp: int, tp_rank: int, *, dtype: torch.dtype,
-                 device: torch.device, seed: int, numerics: str = "fused",
-                 backend: str = "reference"):
+    def __init__(
+        self,
+        preset_name: str,
+        tp: int,
+        tp_rank: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        seed: int,
+        numerics: str = "fused",
+        backend: str = "reference",
+    ):
         if not 0 <= tp_rank < tp:
             raise ValueError(f"tp_rank must be in [0, {tp}), got {tp_rank}")
         self.full = get_preset(preset_name)
@@ -56,8 +67,8 @@ class PrologueLayer:
         self.cos_sin_cache = _rope_table(preset_name).to(device)
         q_w, k_w = model_norm_weights(self.full, seed, dtype)
         if self.full.norm == "full":
-            q_w = q_w[self.q_heads.start * d: self.q_heads.stop * d]
-            k_w = k_w[self.kv_heads.start * d: self.kv_heads.stop * d]
+            q_w = q_w[self.q_heads.start * d : self.q_heads.stop * d]
+            k_w = k_w[self.kv_heads.start * d : self.kv_heads.stop * d]
         self.q_weight = None if q_w is None else q_w.contiguous().to(device)
         self.k_weight = None if k_w is None else k_w.contiguous().to(device)
 
@@ -80,14 +91,18 @@ class PrologueLayer:
         """float32 ``[2, T]``: this rank's share of the per-token sums of squares of q and k."""
         s = self.shard
         x = qkv.to(torch.float32)
-        q_ss = x[:, :s.q_size].square().sum(dim=1)
-        k_ss = x[:, s.q_size:s.q_size + s.kv_size].square().sum(dim=1)
+        q_ss = x[:, : s.q_size].square().sum(dim=1)
+        k_ss = x[:, s.q_size : s.q_size + s.kv_size].square().sum(dim=1)
         if not self.counts_k:
             k_ss = torch.zeros_like(k_ss)
         return torch.stack([q_ss, k_ss])
 
-    def forward(self, qkv: torch.Tensor, positions: torch.Tensor,
-                all_reduce: Callable[[torch.Tensor], None] | None = None):
+    def forward(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
+    ):
         """``(q, k, v)`` of this shard. ``all_reduce`` sums a tensor in place over the TP group
         (needed only for full-width norm with tp > 1)."""
         s = self.shard
@@ -97,10 +112,23 @@ class PrologueLayer:
                 raise ValueError("all_reduce is required for a full-width norm with tp > 1")
             sums = self.partial_sum_sq(qkv)
             all_reduce(sums)
-            stats = NormStats(sums[0].contiguous(), sums[1].contiguous(),
-                              self.full.q_size, self.full.kv_size)
+            stats = NormStats(
+                sums[0].contiguous(), sums[1].contiguous(), self.full.q_size, self.full.kv_size
+            )
         return split_qkv_rmsnorm_rope(
-            qkv, positions.to(self.device), self.cos_sin_cache, self.q_weight, self.k_weight,
-            num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, eps=s.eps,
-            is_neox=s.is_neox, weight_offset=s.weight_offset, norm=s.norm, norm_stats=stats,
-            numerics=self.numerics, backend=self.backend)
+            qkv,
+            positions.to(self.device),
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            eps=s.eps,
+            is_neox=s.is_neox,
+            weight_offset=s.weight_offset,
+            norm=s.norm,
+            norm_stats=stats,
+            numerics=self.numerics,
+            backend=self.backend,
+        )

@@ -59,13 +59,27 @@ class MessageQueue:
     spawned processes as a ``Process`` argument (it pickles to a handle); there call
     :meth:`as_writer` or :meth:`as_reader` once."""
 
-    def __init__(self, name: str, n_readers: int, n_slots: int, chunk_bytes: int,
-                 reader_sems: list, writer_sem, *, create: bool = False):
+    def __init__(
+        self,
+        name: str,
+        n_readers: int,
+        n_slots: int,
+        chunk_bytes: int,
+        reader_sems: list,
+        writer_sem,
+        *,
+        create: bool = False,
+    ):
         if n_readers < 1 or n_slots < 1:
             raise ValueError(f"n_readers and n_slots must be >= 1, got {n_readers}, {n_slots}")
         if chunk_bytes <= _FRAG.size:
             raise ValueError(f"chunk_bytes must exceed {_FRAG.size}, got {chunk_bytes}")
-        self.name, self.n_readers, self.n_slots, self.chunk_bytes = name, n_readers, n_slots, chunk_bytes
+        self.name, self.n_readers, self.n_slots, self.chunk_bytes = (
+            name,
+            n_readers,
+            n_slots,
+            chunk_bytes,
+        )
         self.reader_sems, self.writer_sem = reader_sems, writer_sem
         self._meta_off = 2 + n_readers
         self._data_off = self._meta_off + n_slots * (1 + n_readers)
@@ -73,7 +87,7 @@ class MessageQueue:
         self._owner = create
         if create:
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-            self._shm.buf[:self._data_off] = bytes(self._data_off)
+            self._shm.buf[: self._data_off] = bytes(self._data_off)
         else:
             self._shm = shared_memory.SharedMemory(name=name)
         self.buf = self._shm.buf
@@ -82,22 +96,45 @@ class MessageQueue:
         self.spin_s, self.block_s, self.warn_every_s = 0.002, 0.05, 10.0
 
     @classmethod
-    def create(cls, n_readers: int, *, n_slots: int = 8, chunk_bytes: int = 1 << 18,
-               tag: str = "mq", context=None) -> "MessageQueue":
+    def create(
+        cls,
+        n_readers: int,
+        *,
+        n_slots: int = 8,
+        chunk_bytes: int = 1 << 18,
+        tag: str = "mq",
+        context=None,
+    ) -> MessageQueue:
         ctx = context or mp.get_context("spawn")
-        return cls(segment_name(tag), n_readers, n_slots, chunk_bytes,
-                   [ctx.Semaphore(0) for _ in range(n_readers)], ctx.Semaphore(0), create=True)
+        return cls(
+            segment_name(tag),
+            n_readers,
+            n_slots,
+            chunk_bytes,
+            [ctx.Semaphore(0) for _ in range(n_readers)],
+            ctx.Semaphore(0),
+            create=True,
+        )
 
     def __reduce__(self):
-        return (MessageQueue, (self.name, self.n_readers, self.n_slots, self.chunk_bytes,
-                               self.reader_sems, self.writer_sem))
+        return (
+            MessageQueue,
+            (
+                self.name,
+                self.n_readers,
+                self.n_slots,
+                self.chunk_bytes,
+                self.reader_sems,
+                self.writer_sem,
+            ),
+        )
 
     # -- roles -----------------------------------------------------------------------------
-    def as_writer(self) -> "MessageQueue":
+    def as_writer(self) -> MessageQueue:
         self._reader = None
         return self
 
-    def as_reader(self, index: int) -> "MessageQueue":
+    def as_reader(self, index: int) -> MessageQueue:
         if not 0 <= index < self.n_readers:
             raise ValueError(f"reader index must be in [0, {self.n_readers}), got {index}")
         self._reader = index
@@ -122,8 +159,11 @@ class MessageQueue:
 
     def depth(self, reader: int) -> int:
         """Messages (fragments) written and not yet read by ``reader``."""
-        return sum(1 for s in range(self.n_slots)
-                   if self.buf[self._written_at(s)] == 1 and self.buf[self._read_at(s, reader)] == 0)
+        return sum(
+            1
+            for s in range(self.n_slots)
+            if self.buf[self._written_at(s)] == 1 and self.buf[self._read_at(s, reader)] == 0
+        )
 
     def _slot_free(self, slot: int) -> bool:
         if self.buf[self._written_at(slot)] == 0:
@@ -131,11 +171,14 @@ class MessageQueue:
         return all(self.buf[self._read_at(slot, r)] == 1 for r in range(self.n_readers))
 
     def _slot_ready(self, slot: int) -> bool:
-        return (self.buf[self._written_at(slot)] == 1
-                and self.buf[self._read_at(slot, self._reader)] == 0)
+        return (
+            self.buf[self._written_at(slot)] == 1
+            and self.buf[self._read_at(slot, self._reader)] == 0
+        )
 
-    def _wait(self, ready, sleeping_at: int, sem, timeout: float | None, what: str,
-              warn: bool = False) -> None:
+    def _wait(
+        self, ready, sleeping_at: int, sem, timeout: float | None, what: str, warn: bool = False
+    ) -> None:
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         next_warning = start + self.warn_every_s
@@ -148,8 +191,9 @@ class MessageQueue:
             if deadline is not None and now >= deadline:
                 raise QueueTimeout(f"{what} for {timeout:g} s")
             if warn and now >= next_warning:
-                log.warning("%s: no free slot for %.0f s (a reader is slow or gone)",
-                            self.name, now - start)
+                log.warning(
+                    "%s: no free slot for %.0f s (a reader is slow or gone)", self.name, now - start
+                )
                 next_warning = now + self.warn_every_s
             if now - start < self.spin_s:
                 os.sched_yield()
@@ -157,7 +201,11 @@ class MessageQueue:
             self.buf[sleeping_at] = 1
             try:
                 if not ready() and not self.cancelled:
-                    wait = self.block_s if deadline is None else max(0.0, min(self.block_s, deadline - now))
+                    wait = (
+                        self.block_s
+                        if deadline is None
+                        else max(0.0, min(self.block_s, deadline - now))
+                    )
                     sem.acquire(timeout=wait)
             finally:
                 self.buf[sleeping_at] = 0
@@ -175,14 +223,20 @@ class MessageQueue:
         view = memoryview(data)
         offsets = range(0, max(len(data), 1), room)
         for i, off in enumerate(offsets):
-            part = view[off:off + room]
+            part = view[off : off + room]
             slot = self._slot
             # The timeout covers the first fragment; a started message is finished (or cancelled).
-            self._wait(lambda: self._slot_free(slot), 1, self.writer_sem,
-                       timeout if i == 0 else None, f"no free slot in {self.name}", warn=True)
+            self._wait(
+                lambda slot=slot: self._slot_free(slot),
+                1,
+                self.writer_sem,
+                timeout if i == 0 else None,
+                f"no free slot in {self.name}",
+                warn=True,
+            )
             base = self._data_off + slot * self.chunk_bytes
             _FRAG.pack_into(self.buf, base, len(part), i == len(offsets) - 1)
-            self.buf[base + _FRAG.size: base + _FRAG.size + len(part)] = part
+            self.buf[base + _FRAG.size : base + _FRAG.size + len(part)] = part
             for r in range(self.n_readers):
                 self.buf[self._read_at(slot, r)] = 0
             self.buf[self._written_at(slot)] = 1
@@ -207,11 +261,16 @@ class MessageQueue:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if parts:
                 left = None  # a started message is read to its end (or cancelled)
-            self._wait(lambda: self._slot_ready(slot), 2 + r, self.reader_sems[r], left,
-                       f"no message in {self.name}")
+            self._wait(
+                lambda slot=slot: self._slot_ready(slot),
+                2 + r,
+                self.reader_sems[r],
+                left,
+                f"no message in {self.name}",
+            )
             base = self._data_off + slot * self.chunk_bytes
             length, last = _FRAG.unpack_from(self.buf, base)
-            parts.append(bytes(self.buf[base + _FRAG.size: base + _FRAG.size + length]))
+            parts.append(bytes(self.buf[base + _FRAG.size : base + _FRAG.size + length]))
             self.buf[self._read_at(slot, r)] = 1
             if self.buf[1]:
                 self.writer_sem.release()

@@ -22,6 +22,7 @@ DEVICE_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 @dataclass(frozen=True)
 class Layout:
     """Where world rank ``rank`` sits in a ``dp x tp`` world."""
+
     dp: int
     tp: int
 
@@ -52,7 +53,7 @@ class Layout:
         return f"rank {rank} (dp {d}, tp {t})"
 
     @classmethod
-    def from_world(cls, world_size: int, tp: int, dp: int | None = None) -> "Layout":
+    def from_world(cls, world_size: int, tp: int, dp: int | None = None) -> Layout:
         """The layout of a launcher-given world (torchrun): ``dp`` defaults to world / tp."""
         if tp < 1 or world_size % tp:
             raise ValueError(f"--tp {tp} does not divide the world size {world_size}")
@@ -66,6 +67,7 @@ class Layout:
 @dataclass
 class GroupPair:
     """One parallel group: its ranks, the device group and the gloo CPU group beside it."""
+
     ranks: list[int]
     device_group: object
     cpu_group: object
@@ -84,8 +86,15 @@ class ParallelGroups:
     dp: GroupPair
 
 
-def init_distributed(layout: Layout, rank: int, device: torch.device, *, timeout_s: float,
-                     store=None, init_method: str | None = None) -> ParallelGroups:
+def init_distributed(
+    layout: Layout,
+    rank: int,
+    device: torch.device,
+    *,
+    timeout_s: float,
+    store=None,
+    init_method: str | None = None,
+) -> ParallelGroups:
     """``init_process_group`` for the world, then the TP and DP groups (device + gloo CPU).
 
     Exactly one of ``store`` (a ``TCPStore`` hosted by the engine) or ``init_method``

@@ -107,6 +107,7 @@ class DPBalancer:
 class StepPlan:
     """What every worker gets for one step: one batch per DP replica, and whether the step is
     verified (outputs returned) and runs the probe batch (same input on every DP replica)."""
+
     step: int
     batches: tuple  # tuple[tuple[Segment, ...], ...], indexed by DP rank
     verify: bool
@@ -119,8 +120,15 @@ class StepPlan:
 class WorkloadScheduler:
     """Arrivals, DP balancing and the per-replica schedulers: yields :class:`StepPlan` s."""
 
-    def __init__(self, requests: list[RequestSpec], dp: int, *, max_batched_tokens: int = 128,
-                 max_running: int = 32, verify_every: int = 1):
+    def __init__(
+        self,
+        requests: list[RequestSpec],
+        dp: int,
+        *,
+        max_batched_tokens: int = 128,
+        max_running: int = 32,
+        verify_every: int = 1,
+    ):
         if verify_every < 0:
             raise ValueError(f"--verify-every must be >= 0 (0: never), got {verify_every}")
         self.pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.req_id)))

@@ -34,16 +34,24 @@ from .executor import RunFailed
 from .parallel_state import ParallelGroups, destroy_distributed, init_distributed
 from .worker import FAILURE, SUCCESS, StepRunner, error_text
 
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT")
+TORCHRUN_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def torchrun_env() -> dict[str, str]:
     """The variables torchrun sets; ValueError when not under torchrun."""
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
-        raise ValueError(f"--launcher torchrun: {', '.join(missing)} not set "
-                         f"(start fqr with torchrun ... -m fqr run --launcher torchrun)")
+        raise ValueError(
+            f"--launcher torchrun: {', '.join(missing)} not set "
+            f"(start fqr with torchrun ... -m fqr run --launcher torchrun)"
+        )
     return {k: os.environ[k] for k in TORCHRUN_ENV}
 
 
@@ -65,8 +73,9 @@ class _RankZeroExecutor:
         except RunFailed as e:
             future.set_exception(e)
         except RuntimeError as e:  # a collective failed: a peer died or the group broke
-            future.set_exception(RunFailed(f"step {plan.step}: collective failed: "
-                                           f"{_first_line(e)}"))
+            future.set_exception(
+                RunFailed(f"step {plan.step}: collective failed: {_first_line(e)}")
+            )
         return future
 
     def _step(self, plan) -> dict:
@@ -77,8 +86,10 @@ class _RankZeroExecutor:
         try:
             dist.monitored_barrier(group=cpu, timeout=self.timeout, wait_all_ranks=True)
         except RuntimeError as e:
-            raise RunFailed(f"{what}: {_first_line(e)} (dead or hung; "
-                            f"--collective-timeout {self.cfg.collective_timeout_s:g} s)") from None
+            raise RunFailed(
+                f"{what}: {_first_line(e)} (dead or hung; "
+                f"--collective-timeout {self.cfg.collective_timeout_s:g} s)"
+            ) from None
         gathered = [None] * self.cfg.layout.world_size
         dist.gather_object(reply, gathered, dst=0, group=cpu)
         replies = {}
@@ -115,10 +126,15 @@ def run_torchrun(cfg: RunConfig, on_progress=None):
     what = layout.describe(rank)
     try:
         device = bind_device(cfg.device, local_rank, what)
-        groups = init_distributed(layout, rank, device, timeout_s=cfg.collective_timeout_s,
-                                  init_method="env://")
-        info = {"pid": os.getpid(), "device": str(device), "host": os.uname().nodename,
-                "memory": memory_snapshot(device).to_dict()}
+        groups = init_distributed(
+            layout, rank, device, timeout_s=cfg.collective_timeout_s, init_method="env://"
+        )
+        info = {
+            "pid": os.getpid(),
+            "device": str(device),
+            "host": os.uname().nodename,
+            "memory": memory_snapshot(device).to_dict(),
+        }
         runner = StepRunner(cfg, rank, device, groups)
         runner.warm_up()
         if cfg.fault is not None and cfg.fault.fires(rank, "init"):
@@ -161,6 +177,7 @@ def _follow(runner: StepRunner, groups: ParallelGroups, what: str) -> None:
             dist.monitored_barrier(group=cpu, timeout=timeout, wait_all_ranks=True)
             dist.gather_object(reply, None, dst=0, group=cpu)
     except RuntimeError as e:
-        raise RunFailed(f"{what}: lost contact with the engine (rank 0) or a peer: "
-                        f"{_first_line(e)}") from None
+        raise RunFailed(
+            f"{what}: lost contact with the engine (rank 0) or a peer: {_first_line(e)}"
+        ) from None
     destroy_distributed()

@@ -24,8 +24,7 @@ from ..presets import get_preset
 from .layer import shard_heads
 from .parallel_state import Layout
 from .scheduler import StepPlan
-from .workload import (PROBE_STREAM, model_norm_weights, probe_positions, segment_positions,
-                       step_qkv)
+from .workload import PROBE_STREAM, model_norm_weights, probe_positions, segment_positions, step_qkv
 
 
 @dataclass
@@ -41,8 +40,9 @@ class RankVerification:
 
 
 class Verifier:
-    def __init__(self, preset_name: str, layout: Layout, *, dtype: torch.dtype, numerics: str,
-                 seed: int):
+    def __init__(
+        self, preset_name: str, layout: Layout, *, dtype: torch.dtype, numerics: str, seed: int
+    ):
         self.full = get_preset(preset_name)
         self.shard = get_preset(preset_name, layout.tp)
         self.layout, self.dtype, self.numerics, self.seed = layout, dtype, numerics, seed
@@ -53,17 +53,30 @@ class Verifier:
 
     def expected(self, qkv: torch.Tensor, positions: torch.Tensor):
         f = self.full
-        return exact_prologue(qkv, positions, self.cos_sin_cache, self.q_weight, self.k_weight,
-                              num_heads=f.num_heads, num_kv_heads=f.num_kv_heads,
-                              head_dim=f.head_dim, eps=f.eps, is_neox=f.is_neox,
-                              weight_offset=f.weight_offset, norm=f.norm)
+        return exact_prologue(
+            qkv,
+            positions,
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            num_heads=f.num_heads,
+            num_kv_heads=f.num_kv_heads,
+            head_dim=f.head_dim,
+            eps=f.eps,
+            is_neox=f.is_neox,
+            weight_offset=f.weight_offset,
+            norm=f.norm,
+        )
 
     def _slices(self, tp_rank: int, exact):
         d = self.full.head_dim
         qh, kvh = shard_heads(self.shard, tp_rank)
         q, k, v = exact
-        return (q[:, qh.start * d: qh.stop * d], k[:, kvh.start * d: kvh.stop * d],
-                v[:, kvh.start * d: kvh.stop * d])
+        return (
+            q[:, qh.start * d : qh.stop * d],
+            k[:, kvh.start * d : kvh.stop * d],
+            v[:, kvh.start * d : kvh.stop * d],
+        )
 
     def _check_rank(self, what: str, rank: int, outputs, exact) -> bool:
         d = self.full.head_dim
@@ -77,9 +90,11 @@ class Verifier:
             stats.max_ulp = max(stats.max_ulp, c.max_ulp or 0)
             stats.max_rel = max(stats.max_rel, c.max_rel_head)
             if not c.passed:
-                problems.append(f"{name}: {c.bad} elements outside {c.tolerance}, max ulp "
-                                f"{c.max_ulp}, max err {c.max_rel_head:.3g} x head max"
-                                + (f", {c.nonfinite} non-finite" if c.nonfinite else ""))
+                problems.append(
+                    f"{name}: {c.bad} elements outside {c.tolerance}, max ulp "
+                    f"{c.max_ulp}, max err {c.max_rel_head:.3g} x head max"
+                    + (f", {c.nonfinite} non-finite" if c.nonfinite else "")
+                )
         if not torch.equal(outputs[2].cpu(), v_exp):
             problems.append("v is not a bit-exact copy")
         if problems:
@@ -115,15 +130,18 @@ class Verifier:
             first = self.layout.rank(0, tp_rank)
             for dp_rank in range(1, self.layout.dp):
                 rank = self.layout.rank(dp_rank, tp_rank)
-                same = all(_bits_equal(a, b) for a, b in
-                           zip(replies[first]["probe"], replies[rank]["probe"]))
+                same = all(
+                    _bits_equal(a, b)
+                    for a, b in zip(replies[first]["probe"], replies[rank]["probe"])
+                )
                 if same:
                     self.ranks[rank].probe_identical += 1
                 else:
                     ok = False
                     self.failures.append(
                         f"step {step} probe: {self.layout.describe(rank)} differs bitwise from "
-                        f"{self.layout.describe(first)} on the same input")
+                        f"{self.layout.describe(first)} on the same input"
+                    )
         return ok
 
 

@@ -51,9 +51,16 @@ class StepRunner:
         self.cfg, self.rank, self.device, self.groups = cfg, rank, device, groups
         self.dp_rank, self.tp_rank = cfg.layout.coords(rank)
         self.what = cfg.layout.describe(rank)
-        self.layer = PrologueLayer(cfg.preset, cfg.tp, self.tp_rank, dtype=cfg.torch_dtype,
-                                   device=device, seed=cfg.seed, numerics=cfg.numerics,
-                                   backend=cfg.backend)
+        self.layer = PrologueLayer(
+            cfg.preset,
+            cfg.tp,
+            self.tp_rank,
+            dtype=cfg.torch_dtype,
+            device=device,
+            seed=cfg.seed,
+            numerics=cfg.numerics,
+            backend=cfg.backend,
+        )
         self.steps = self.tokens = 0
         self.compute_s = 0.0
 
@@ -66,8 +73,9 @@ class StepRunner:
 
     def _forward(self, step: int, stream: int, positions: torch.Tensor):
         """Draw the batch's rows (not timed), then run the layer: (outputs, seconds)."""
-        qkv_full = step_qkv(self.cfg.seed, step, stream, len(positions), self.layer.full,
-                            self.cfg.torch_dtype)
+        qkv_full = step_qkv(
+            self.cfg.seed, step, stream, len(positions), self.layer.full, self.cfg.torch_dtype
+        )
         rows = self.layer.local_rows(qkv_full)
         positions = positions.to(self.device)
         self._sync()
@@ -96,16 +104,25 @@ class StepRunner:
         self.steps += 1
         self.tokens += len(positions)
         self.compute_s += elapsed
-        payload = {"rank": self.rank, "step": plan.step, "tokens": len(positions),
-                   "compute_s": elapsed}
+        payload = {
+            "rank": self.rank,
+            "step": plan.step,
+            "tokens": len(positions),
+            "compute_s": elapsed,
+        }
         if plan.verify:
             payload["outputs"] = tuple(t.cpu() for t in outputs)
             payload["probe"] = tuple(t.cpu() for t in probe)
         return payload
 
     def totals(self) -> dict:
-        return {"rank": self.rank, "steps": self.steps, "tokens": self.tokens,
-                "compute_s": self.compute_s, "memory": memory_snapshot(self.device).to_dict()}
+        return {
+            "rank": self.rank,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "compute_s": self.compute_s,
+            "memory": memory_snapshot(self.device).to_dict(),
+        }
 
 
 def _watch_death_pipe(conn, what: str) -> None:
@@ -118,8 +135,16 @@ def _watch_death_pipe(conn, what: str) -> None:
     os._exit(1)
 
 
-def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
-                broadcast: MessageQueue, response: MessageQueue, ready_conn, death_conn) -> None:
+def worker_main(
+    cfg: RunConfig,
+    rank: int,
+    store_host: str,
+    store_port: int,
+    broadcast: MessageQueue,
+    response: MessageQueue,
+    ready_conn,
+    death_conn,
+) -> None:
     """Entry point of a spawned worker process."""
     what = cfg.layout.describe(rank)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle (shutdown)
@@ -127,10 +152,16 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
     try:
         dp_rank, tp_rank = cfg.layout.coords(rank)
         device = bind_device(cfg.device, local_device_index(tp_rank, dp_rank, cfg.tp), what)
-        store = dist.TCPStore(store_host, store_port, cfg.layout.world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=cfg.init_timeout_s))
-        groups = init_distributed(cfg.layout, rank, device, timeout_s=cfg.collective_timeout_s,
-                                  store=store)
+        store = dist.TCPStore(
+            store_host,
+            store_port,
+            cfg.layout.world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=cfg.init_timeout_s),
+        )
+        groups = init_distributed(
+            cfg.layout, rank, device, timeout_s=cfg.collective_timeout_s, store=store
+        )
         at_init = memory_snapshot(device)
         runner = StepRunner(cfg, rank, device, groups)
         runner.warm_up()
@@ -138,8 +169,9 @@ def worker_main(cfg: RunConfig, rank: int, store_host: str, store_port: int,
             cfg.fault.trigger(what)
         calls = broadcast.as_reader(rank)
         replies = response.as_writer()
-        ready_conn.send((READY, {"pid": os.getpid(), "device": str(device),
-                                 "memory": at_init.to_dict()}))
+        ready_conn.send(
+            (READY, {"pid": os.getpid(), "device": str(device), "memory": at_init.to_dict()})
+        )
     except BaseException as e:  # noqa: BLE001 - reported to the engine, then exit
         ready_conn.send((FAILURE, error_text(e)))
         ready_conn.close()

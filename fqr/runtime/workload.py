@@ -37,6 +37,7 @@ class RequestSpec:
 @dataclass(frozen=True)
 class Segment:
     """``length`` tokens of request ``req_id`` at positions ``start .. start+length-1``."""
+
     req_id: int
     start: int
     length: int
@@ -54,8 +55,13 @@ def parse_range(text: str, name: str = "prompt-len") -> tuple[int, int]:
     return lo, hi
 
 
-def synthetic_requests(n: int, prompt_len: tuple[int, int], decode_steps: int, seed: int,
-                       arrivals_per_step: float = 2.0) -> list[RequestSpec]:
+def synthetic_requests(
+    n: int,
+    prompt_len: tuple[int, int],
+    decode_steps: int,
+    seed: int,
+    arrivals_per_step: float = 2.0,
+) -> list[RequestSpec]:
     if n < 1:
         raise ValueError(f"--requests must be >= 1, got {n}")
     if decode_steps < 0:
@@ -83,8 +89,9 @@ def probe_positions(seed: int, step: int, max_position: int) -> torch.Tensor:
     return torch.randint(0, max_position, (PROBE_TOKENS,), generator=g)
 
 
-def step_qkv(seed: int, step: int, stream: int, tokens: int, preset: Preset,
-             dtype: torch.dtype) -> torch.Tensor:
+def step_qkv(
+    seed: int, step: int, stream: int, tokens: int, preset: Preset, dtype: torch.dtype
+) -> torch.Tensor:
     """The packed, unsharded QKV rows ``[tokens, (Hq + 2*Hkv) * D]`` of one batch (CPU)."""
     if preset.tp != 1:
         raise ValueError("step_qkv draws the unsharded rows: pass the tp=1 preset")
@@ -105,6 +112,9 @@ def model_norm_weights(preset: Preset, seed: int, dtype: torch.dtype):
         raise ValueError("model_norm_weights draws the unsharded weights: pass the tp=1 preset")
     g = torch.Generator().manual_seed(seed ^ 0x5EED)
     base = 1.0 - preset.weight_offset
-    lens = ((preset.head_dim, preset.head_dim) if preset.norm == "head"
-            else (preset.q_size, preset.kv_size))
+    lens = (
+        (preset.head_dim, preset.head_dim)
+        if preset.norm == "head"
+        else (preset.q_size, preset.kv_size)
+    )
     return tuple((base + 0.25 * torch.randn(n, generator=g)).to(dtype) for n in lens)
