@@ -41,6 +41,7 @@ def gen() -> torch.Generator:
 @dataclass
 class Problem:
     """One random prologue problem: arguments of ``fqr.split_qkv_rmsnorm_rope``."""
+
     qkv: torch.Tensor
     positions: torch.Tensor
     cos_sin_cache: torch.Tensor
@@ -57,9 +58,22 @@ class Problem:
         return dict(self.static, q_bias=self.q_bias, k_bias=self.k_bias, **extra)
 
 
-def make_problem(gen: torch.Generator, *, tokens=5, num_heads=4, num_kv_heads=2, head_dim=128,
-                 rotary_dim=None, dtype=torch.bfloat16, is_neox=True, bias=False,
-                 weight_offset=0.0, norm="head", theta=1e6, max_position=4099) -> Problem:
+def make_problem(
+    gen: torch.Generator,
+    *,
+    tokens=5,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=128,
+    rotary_dim=None,
+    dtype=torch.bfloat16,
+    is_neox=True,
+    bias=False,
+    weight_offset=0.0,
+    norm="head",
+    theta=1e6,
+    max_position=4099,
+) -> Problem:
     """Random qkv (per-head scales 0.5..3), weights around 1 (around 0 with an offset), small
     biases, positions anywhere in a real RoPE table of ``max_position`` rows."""
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -74,12 +88,22 @@ def make_problem(gen: torch.Generator, *, tokens=5, num_heads=4, num_kv_heads=2,
         n_q = head_dim if norm == "head" else num_heads * head_dim
         n_k = head_dim if norm == "head" else num_kv_heads * head_dim
         centre = 0.0 if weight_offset else 1.0
-        draw = lambda n, s, c: (c + s * torch.randn(n, generator=gen, dtype=torch.float64)).to(dtype)  # noqa: E731
+
+        def draw(n, s, c):
+            return (c + s * torch.randn(n, generator=gen, dtype=torch.float64)).to(dtype)
+
         weights[:2] = draw(n_q, 0.2, centre), draw(n_k, 0.2, centre)
         if bias:
             weights[2:] = draw(n_q, 0.05, 0.0), draw(n_k, 0.05, 0.0)
-    static = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, eps=1e-6,
-                  is_neox=is_neox, weight_offset=weight_offset, norm=norm)
+    static = dict(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=1e-6,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        norm=norm,
+    )
     return Problem(qkv, positions, cache, *weights, static)
 
 

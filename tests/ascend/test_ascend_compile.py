@@ -29,24 +29,35 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 HAVE_TRITON_ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
 pytestmark = [
-    pytest.mark.skipif(not HAVE_TRITON_ASCEND,
-                       reason="needs triton-ascend: the Ascend environment (make ascend-env)"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "0" or triton_mode() == "interpreted",
-                       reason="the compile check needs a process with TRITON_INTERPRET=0"),
+    pytest.mark.skipif(
+        not HAVE_TRITON_ASCEND,
+        reason="needs triton-ascend: the Ascend environment (make ascend-env)",
+    ),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "0" or triton_mode() == "interpreted",
+        reason="the compile check needs a process with TRITON_INTERPRET=0",
+    ),
 ]
 
 
-@pytest.mark.parametrize("preset, tp, dtype, options", [
-    ("qwen3-32b", 1, torch.bfloat16, {}),                      # q row split into head chunks
-    ("olmo2-7b", 1, torch.float16, {}),                        # chunked full-width norm prepass
-    ("olmo2-7b", 4, torch.bfloat16, {}),                       # sharded full norm: stats inputs
-    ("glm4-9b", 8, torch.float32, {}),                         # GPT-J, partial rotary, no norm
-    ("qwen3.5-27b", 2, torch.bfloat16, {"bias": True, "numerics": "unfused"}),  # D=256, 1+w
-    ("gemma3-27b", 1, torch.bfloat16, {"chip": "950"}),
-    ("qwen3-235b-a22b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024}),  # vllm-ascend's budget
-    ("qwen3.5-27b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024, "chunk_mode": "loop"}),
-], ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, dict) else
-    "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+@pytest.mark.parametrize(
+    "preset, tp, dtype, options",
+    [
+        ("qwen3-32b", 1, torch.bfloat16, {}),  # q row split into head chunks
+        ("olmo2-7b", 1, torch.float16, {}),  # chunked full-width norm prepass
+        ("olmo2-7b", 4, torch.bfloat16, {}),  # sharded full norm: stats inputs
+        ("glm4-9b", 8, torch.float32, {}),  # GPT-J, partial rotary, no norm
+        ("qwen3.5-27b", 2, torch.bfloat16, {"bias": True, "numerics": "unfused"}),  # D=256, 1+w
+        ("gemma3-27b", 1, torch.bfloat16, {"chip": "950"}),
+        ("qwen3-235b-a22b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024}),  # vllm-ascend's budget
+        ("qwen3.5-27b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024, "chunk_mode": "loop"}),
+    ],
+    ids=lambda v: (
+        str(v).replace("torch.", "")
+        if not isinstance(v, dict)
+        else "-".join(f"{k}={x}" for k, x in v.items()) or "default"
+    ),
+)
 def test_preset_kernels_lower_to_ascend_linalg(preset, tp, dtype, options):
     r = check_preset(preset, tp, dtype, **options)
     stages = {s.name: s for s in r.report.stages}
@@ -73,20 +84,32 @@ def shared_row_gather(pos_ptr, cache_ptr, out_ptr, T, BLOCK_T: tl.constexpr):
     tl.store(out_ptr + tok[:, None] * 32 + c, a * b, mask=m[:, None])
 
 
-SHARED_ROW_SIGNATURE = {"pos_ptr": "*i64", "cache_ptr": "*fp32", "out_ptr": "*fp32", "T": "i32",
-                        "BLOCK_T": "constexpr"}
+SHARED_ROW_SIGNATURE = {
+    "pos_ptr": "*i64",
+    "cache_ptr": "*fp32",
+    "out_ptr": "*fp32",
+    "T": "i32",
+    "BLOCK_T": "constexpr",
+}
 
 
 def test_a_failing_stage_is_reported_with_the_tools_message():
     """triton-adapter-opt 3.2.0 aborts on single-token tiles: the reason for MIN_BLOCK_T = 2."""
-    results, linalg = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 1},
-                                     get_chip("A2"))
+    results, linalg = compile_stages(
+        shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 1}, get_chip("A2")
+    )
     assert [(r.name, r.status) for r in results] == [("ttir", "ok"), ("linalg", "failed")]
-    assert "triton-adapter-opt exited" in results[1].detail and "multiple users" in results[1].detail
+    assert (
+        "triton-adapter-opt exited" in results[1].detail and "multiple users" in results[1].detail
+    )
     assert linalg is None
-    results, linalg = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2},
-                                     get_chip("A2"))
-    assert [r.status for r in results][:2] == ["ok", "ok"] and "func.func @shared_row_gather" in linalg
+    results, linalg = compile_stages(
+        shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2}, get_chip("A2")
+    )
+    assert [r.status for r in results][:2] == [
+        "ok",
+        "ok",
+    ] and "func.func @shared_row_gather" in linalg
 
 
 def test_npubin_runs_where_a_bishengir_compile_is_found(tmp_path, monkeypatch):
@@ -95,23 +118,38 @@ def test_npubin_runs_where_a_bishengir_compile_is_found(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'fake bishengir: no NPU toolchain here' >&2\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    results, _ = compile_stages(shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2},
-                                get_chip("A2"))
+    results, _ = compile_stages(
+        shared_row_gather, SHARED_ROW_SIGNATURE, {"BLOCK_T": 2}, get_chip("A2")
+    )
     assert [r.status for r in results] == ["ok", "ok", "failed"]
 
 
 def _fqr(*args):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    return subprocess.run([sys.executable, "-m", "fqr", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fqr", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_cli_check_json_and_usage_errors():
-    r = _fqr("lower", "--target", "ascend", "--check", "--preset", "qwen3-8b", "--tp", "8",
-             "--num-vectorcore", "20", "--json")
+    r = _fqr(
+        "lower",
+        "--target",
+        "ascend",
+        "--check",
+        "--preset",
+        "qwen3-8b",
+        "--tp",
+        "8",
+        "--num-vectorcore",
+        "20",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["passed"] and [c["tp"] for c in report["checks"]] == [8]
-    assert "needs the CANN toolkit" in r.stderr or report["checks"][0]["stages"][2]["status"] == "ok"
+    assert (
+        "needs the CANN toolkit" in r.stderr or report["checks"][0]["stages"][2]["status"] == "ok"
+    )
     bad = _fqr("lower", "--target", "ascend", "--check", "--preset", "qwen3-8b", "--tp", "3")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "tp=3" in bad.stderr

@@ -32,8 +32,10 @@ from fqr.prologue import program_signature, prologue_program
 _reason = BACKENDS["ascend-interpret"].unavailable_reason()
 pytestmark = [
     pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
-                       reason="the interpreter needs a process with TRITON_INTERPRET=1"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
+        reason="the interpreter needs a process with TRITON_INTERPRET=1",
+    ),
     # triton-ascend 3.2's interpreter turns 1-element arrays into ints (numpy warns; pinned <2.4)
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
 ]
@@ -42,24 +44,49 @@ CORES = 3
 
 def run_ascend_interpret(pr, numerics="fused", **options):
     """Lower the problem's program for ascend-interpret and run it on NaN-poisoned outputs."""
-    static = dict(pr.static, eps=float(pr.static["eps"]),
-                  weight_offset=float(pr.static["weight_offset"]), numerics=numerics)
-    tensors = (pr.qkv, pr.positions, pr.cos_sin_cache, pr.q_weight, pr.k_weight, pr.q_bias, pr.k_bias)
+    static = dict(
+        pr.static,
+        eps=float(pr.static["eps"]),
+        weight_offset=float(pr.static["weight_offset"]),
+        numerics=numerics,
+    )
+    tensors = (
+        pr.qkv,
+        pr.positions,
+        pr.cos_sin_cache,
+        pr.q_weight,
+        pr.k_weight,
+        pr.q_bias,
+        pr.k_bias,
+    )
     program = prologue_program(program_signature(*tensors, None, **static))
     kernel = lower(program, "ascend-interpret", num_vectorcore=CORES, **options)
-    outs = [torch.full((pr.qkv.shape[0], v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
-            for v in program.outputs]
+    outs = [
+        torch.full((pr.qkv.shape[0], v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
+        for v in program.outputs
+    ]
     kernel(*[t for t in tensors if t is not None], out=outs)
     return kernel, outs
 
 
 def check_against_float64(pr, outs, numerics="fused"):
     s = pr.static
-    eq, ek, ev = exact_prologue(pr.qkv, pr.positions, pr.cos_sin_cache, pr.q_weight, pr.k_weight,
-                                num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"],
-                                head_dim=s["head_dim"], eps=s["eps"], is_neox=s["is_neox"],
-                                q_bias=pr.q_bias, k_bias=pr.k_bias,
-                                weight_offset=s["weight_offset"], norm=s["norm"])
+    eq, ek, ev = exact_prologue(
+        pr.qkv,
+        pr.positions,
+        pr.cos_sin_cache,
+        pr.q_weight,
+        pr.k_weight,
+        num_heads=s["num_heads"],
+        num_kv_heads=s["num_kv_heads"],
+        head_dim=s["head_dim"],
+        eps=s["eps"],
+        is_neox=s["is_neox"],
+        q_bias=pr.q_bias,
+        k_bias=pr.k_bias,
+        weight_offset=s["weight_offset"],
+        norm=s["norm"],
+    )
     q, k, v = outs
     for name, out, exp in (("q", q, eq), ("k", k, ek)):
         c = compare(out, exp, head_dim=s["head_dim"], numerics=numerics)
@@ -67,11 +94,15 @@ def check_against_float64(pr, outs, numerics="fused"):
     assert torch.equal(v, ev), "v must be a bit-exact copy"
 
 
-@pytest.mark.parametrize("heads, kv_heads, tokens", [(12, 1, 1031), (64, 4, 263)],
-                         ids=["12-1heads-1031tok", "64-4heads-263tok"])
+@pytest.mark.parametrize(
+    "heads, kv_heads, tokens",
+    [(12, 1, 1031), (64, 4, 263)],
+    ids=["12-1heads-1031tok", "64-4heads-263tok"],
+)
 def test_many_tiles_per_program_where_vllm_ascend_breaks(gen, heads, kv_heads, tokens):
-    pr = make_problem(gen, tokens=tokens, num_heads=heads, num_kv_heads=kv_heads, head_dim=128,
-                      max_position=32768)
+    pr = make_problem(
+        gen, tokens=tokens, num_heads=heads, num_kv_heads=kv_heads, head_dim=128, max_position=32768
+    )
     kernel, outs = run_ascend_interpret(pr)
     bt = kernel.tiling.block_t
     grid = kernel.target.grid(tokens, bt, pr.qkv.device, **kernel.options)
@@ -80,14 +111,28 @@ def test_many_tiles_per_program_where_vllm_ascend_breaks(gen, heads, kv_heads, t
     check_against_float64(pr, outs)
 
 
-@pytest.mark.parametrize("case", [
-    dict(num_heads=8, num_kv_heads=4, norm="full", dtype=torch.float16, bias=True),
-    dict(num_heads=12, num_kv_heads=2, rotary_dim=64, is_neox=False, weight_offset=1.0),
-    dict(num_heads=6, num_kv_heads=1, head_dim=256, rotary_dim=64, dtype=torch.float32,
-         numerics="unfused"),
-    dict(num_heads=12, num_kv_heads=4, norm="full", chunk_mode="loop"),
-], ids=["full-norm-fp16-bias", "gptj-partial-1+w-bf16", "d256-partial-fp32-unfused",
-        "full-norm-bf16-loop-chunks"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(num_heads=8, num_kv_heads=4, norm="full", dtype=torch.float16, bias=True),
+        dict(num_heads=12, num_kv_heads=2, rotary_dim=64, is_neox=False, weight_offset=1.0),
+        dict(
+            num_heads=6,
+            num_kv_heads=1,
+            head_dim=256,
+            rotary_dim=64,
+            dtype=torch.float32,
+            numerics="unfused",
+        ),
+        dict(num_heads=12, num_kv_heads=4, norm="full", chunk_mode="loop"),
+    ],
+    ids=[
+        "full-norm-fp16-bias",
+        "gptj-partial-1+w-bf16",
+        "d256-partial-fp32-unfused",
+        "full-norm-bf16-loop-chunks",
+    ],
+)
 def test_head_chunks_when_a_row_does_not_fit(gen, case):
     case = dict(case)
     numerics = case.pop("numerics", "fused")

@@ -35,8 +35,11 @@ def plan_of(preset, dtype=torch.bfloat16, bias=False):
 def whole_row_bytes(plan, chip, block_t):
     """Footprint of whole rows (no chunking) at ``block_t``, from the model's parts."""
     shapes = [A.ChainShape.of(c, plan) for c in plan.chains]
-    return (A.hoisted_footprint(plan) + A.tile_scope_footprint(plan, block_t, chip.multibuffer)
-            + max(A.chain_footprint(s, block_t, s.heads, chip.multibuffer) for s in shapes))
+    return (
+        A.hoisted_footprint(plan)
+        + A.tile_scope_footprint(plan, block_t, chip.multibuffer)
+        + max(A.chain_footprint(s, block_t, s.heads, chip.multibuffer) for s in shapes)
+    )
 
 
 @pytest.mark.parametrize("chip", ["A2", "950"])
@@ -64,7 +67,7 @@ def test_qwen3_32b_at_vllm_ascend_budget_is_chunked_not_clamped():
     q_chunk = t.tiling.head_chunks[0]
     assert q_chunk < p.num_heads and q_chunk & (q_chunk - 1) == 0
     assert whole_row_bytes(plan, t.chip, A.MIN_BLOCK_T) > t.budget  # a whole row does not fit
-    assert t.footprint <= t.budget                                  # the chunks do
+    assert t.footprint <= t.budget  # the chunks do
     assert "chain0: 64 heads in chunks of" in t.describe()
     # Every q head is covered by the chunks.
     assert cdiv(p.num_heads, q_chunk) * q_chunk >= p.num_heads
@@ -77,7 +80,9 @@ def test_full_width_norm_is_chunked_when_needed():
 
 
 def test_a_head_that_cannot_fit_is_an_error_naming_the_numbers():
-    with pytest.raises(A.TileDoesNotFit, match=r"chain0 \(64 heads x 128\).*KiB of UB, the budget is"):
+    with pytest.raises(
+        A.TileDoesNotFit, match=r"chain0 \(64 heads x 128\).*KiB of UB, the budget is"
+    ):
         A.ascend_tiling(plan_of(get_preset("qwen3-32b")), ub_bytes=20 * 1024)
 
 
@@ -93,9 +98,16 @@ def test_ub_override_from_environment(monkeypatch):
     assert A.ascend_tiling(plan).budget == VLLM_ASCEND_UB - A.UB_RESERVE_BYTES
 
 
-@pytest.mark.parametrize("arch, chip", [("Ascend910B3", "A2"), ("Ascend910B4", "A2"),
-                                        ("Ascend910_9391", "A3"), ("Ascend910_9599", "950"),
-                                        ("Ascend950PR", "950")])
+@pytest.mark.parametrize(
+    "arch, chip",
+    [
+        ("Ascend910B3", "A2"),
+        ("Ascend910B4", "A2"),
+        ("Ascend910_9391", "A3"),
+        ("Ascend910_9599", "950"),
+        ("Ascend950PR", "950"),
+    ],
+)
 def test_chip_of_arch(arch, chip):
     assert A.chip_of_arch(arch).name == chip
 
@@ -108,8 +120,8 @@ def test_unknown_chip_names():
 
 
 def test_heads_held_at_once():
-    assert A.heads_held(24, 24, "unroll") == 16   # 16 + 8, no padded heads
-    assert A.heads_held(24, 24, "loop") == 32     # one chunk padded to a power of two
+    assert A.heads_held(24, 24, "unroll") == 16  # 16 + 8, no padded heads
+    assert A.heads_held(24, 24, "loop") == 32  # one chunk padded to a power of two
     assert A.heads_held(24, 8, "unroll") == A.heads_held(24, 8, "loop") == 8
     assert A.heads_held(12, 12, "unroll") == 8 and A.heads_held(3, 3, "unroll") == 2
     with pytest.raises(ValueError, match="chunk_mode"):
@@ -133,6 +145,7 @@ def test_block_t_override_is_validated():
 
 
 # ----------------------------------------------------------------------- grid and cores
+
 
 def test_vector_core_count_sources(monkeypatch):
     assert A.vector_core_count() == A.DEFAULT_NUM_VECTORCORE
@@ -197,6 +210,7 @@ def test_token_count_is_a_runtime_argument_only():
 
 # ----------------------------------------------------------------------- the device boundary
 
+
 def test_ascend_backend_without_an_npu_is_a_clear_error(problem):
     import importlib.util
 
@@ -244,10 +258,16 @@ from fqr.presets import Preset  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
-@given(kv=st.integers(1, 16), group=st.integers(1, 8), d=st.sampled_from([64, 80, 96, 128, 192, 256]),
-       rot=st.sampled_from([0.25, 0.5, 1.0]), norm=st.sampled_from(["head", "full", "none"]),
-       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
-       ub_kib=st.integers(24, 256), mode=st.sampled_from(["unroll", "loop"]))
+@given(
+    kv=st.integers(1, 16),
+    group=st.integers(1, 8),
+    d=st.sampled_from([64, 80, 96, 128, 192, 256]),
+    rot=st.sampled_from([0.25, 0.5, 1.0]),
+    norm=st.sampled_from(["head", "full", "none"]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+    ub_kib=st.integers(24, 256),
+    mode=st.sampled_from(["unroll", "loop"]),
+)
 def test_any_shape_fits_or_is_refused(kv, group, d, rot, norm, dtype, ub_kib, mode):
     p = Preset("any", "-", kv * group, kv, d, 1e4, 4096, norm=norm, partial_rotary_factor=rot)
     plan = plan_of(p, dtype)
@@ -255,8 +275,11 @@ def test_any_shape_fits_or_is_refused(kv, group, d, rot, norm, dtype, ub_kib, mo
         t = A.ascend_tiling(plan, ub_bytes=ub_kib * 1024, chunk_mode=mode)
     except A.TileDoesNotFit:
         shapes = [A.ChainShape.of(c, plan) for c in plan.chains]
-        smallest = (A.hoisted_footprint(plan) + A.tile_scope_footprint(plan, A.MIN_BLOCK_T, True)
-                    + max(A.chain_footprint(s, A.MIN_BLOCK_T, 1, True, mode) for s in shapes))
+        smallest = (
+            A.hoisted_footprint(plan)
+            + A.tile_scope_footprint(plan, A.MIN_BLOCK_T, True)
+            + max(A.chain_footprint(s, A.MIN_BLOCK_T, 1, True, mode) for s in shapes)
+        )
         assert smallest > ub_kib * 1024 - A.UB_RESERVE_BYTES
         return
     assert t.footprint <= t.budget

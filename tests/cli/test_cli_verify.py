@@ -1,4 +1,4 @@
-"""``fqr verify`` and ``fqr golden`` as a user runs them (subprocess: real exit codes, real streams)."""
+"""`fqr verify` and `fqr golden` as a user runs them (subprocess: real exit codes, streams)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 from fqr.backends import available_backends
 from fqr.golden import GOLDEN_DIR, list_cases
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fqr(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_verify_reference_passes_every_case():
@@ -48,19 +49,31 @@ def test_tampered_golden_file_is_reported_corrupt(tmp_path):
     data = bytearray((tmp_path / case["file"]).read_bytes())
     data[len(data) // 2] ^= 0x10
     (tmp_path / case["file"]).write_bytes(bytes(data))
-    r = fqr("verify", "--backend", "reference", "--golden-dir", str(tmp_path), "--case", case["name"], "--json")
+    r = fqr(
+        "verify",
+        "--backend",
+        "reference",
+        "--golden-dir",
+        str(tmp_path),
+        "--case",
+        case["name"],
+        "--json",
+    )
     assert r.returncode == 1, r.stderr
-    row, = json.loads(r.stdout)["results"]
+    (row,) = json.loads(r.stdout)["results"]
     assert row["status"] == "corrupt" and "sha256" in row["detail"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["verify", "--backend", "no-such-backend"], "--backend"),
-    (["verify", "--backend", "reference", "--case", "no-such-case*"], "--case"),
-    (["verify", "--backend", "ascend"], "ascend"),  # known but unavailable on this machine
-    (["verify", "--golden-dir", "/nonexistent-golden"], "manifest"),
-    (["golden", "list", "--case", "no-such-case*"], "--case"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["verify", "--backend", "no-such-backend"], "--backend"),
+        (["verify", "--backend", "reference", "--case", "no-such-case*"], "--case"),
+        (["verify", "--backend", "ascend"], "ascend"),  # known but unavailable on this machine
+        (["verify", "--golden-dir", "/nonexistent-golden"], "manifest"),
+        (["golden", "list", "--case", "no-such-case*"], "--case"),
+    ],
+)
 def test_bad_usage_exits_2_with_one_line(args, needle):
     r = fqr(*args)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -75,17 +88,21 @@ def test_golden_list_json_and_regen_subset(tmp_path):
     assert [c["name"] for c in json.loads(r.stdout)["cases"]] == [e["name"] for e in list_cases()]
     r = fqr("golden", "regen", "--dir", str(tmp_path), "--case", "llama3-8b-fp32-*")
     assert r.returncode == 0, r.stderr
-    regenerated, = list_cases(tmp_path)
-    shipped, = list_cases(pattern="llama3-8b-fp32-*")
+    (regenerated,) = list_cases(tmp_path)
+    (shipped,) = list_cases(pattern="llama3-8b-fp32-*")
     assert regenerated["seed"] == shipped["seed"] and regenerated["name"] == shipped["name"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("interpret" not in available_backends(), reason="upstream triton not installed")
 def test_verify_interpret_passes_every_case():
-    """The generated kernel under the Triton interpreter, on every golden case (CI's kernel check)."""
+    """The generated kernel under the Triton interpreter, on every golden case (CI's check)."""
     r = fqr("verify", "--backend", "interpret", "--json")
     doc = json.loads(r.stdout)
-    failed = [(row["case"], row["status"], row.get("detail")) for row in doc["results"]
-              if row["status"] != "pass"]
+    failed = [
+        (row["case"], row["status"], row.get("detail"))
+        for row in doc["results"]
+        if row["status"] != "pass"
+    ]
     assert r.returncode == 0 and not failed, failed
     assert len(doc["results"]) == len(list_cases())

@@ -3,6 +3,7 @@ float64 formulation, poisoned outputs, and no recompilation for a new token coun
 
 import pytest
 import torch
+from conftest import make_problem
 
 import fqr
 from fqr.backends import BACKENDS
@@ -11,21 +12,33 @@ from fqr.lowering import lower
 from fqr.numerics import compare
 from fqr.prologue import preset_program
 
-from conftest import make_problem
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or "")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
+    ),
+]
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def preset_problem(gen, name, tokens, dtype, bias=False):
     p = fqr.get_preset(name)
-    return p, make_problem(gen, tokens=tokens, num_heads=p.num_heads, num_kv_heads=p.num_kv_heads,
-                           head_dim=p.head_dim, rotary_dim=p.rotary_dim, dtype=dtype,
-                           is_neox=p.is_neox, bias=bias and p.norm != "none",
-                           weight_offset=p.weight_offset, norm=p.norm, theta=p.rope_theta,
-                           max_position=min(p.max_position, 1 << 17))
+    return p, make_problem(
+        gen,
+        tokens=tokens,
+        num_heads=p.num_heads,
+        num_kv_heads=p.num_kv_heads,
+        head_dim=p.head_dim,
+        rotary_dim=p.rotary_dim,
+        dtype=dtype,
+        is_neox=p.is_neox,
+        bias=bias and p.norm != "none",
+        weight_offset=p.weight_offset,
+        norm=p.norm,
+        theta=p.rope_theta,
+        max_position=min(p.max_position, 1 << 17),
+    )
 
 
 def to_cuda(pb):
@@ -44,10 +57,23 @@ def test_presets_against_float64(gen, name, dtype):
     pb = to_cuda(pb)
     program = preset_program(p, dtype, bias=pb.q_bias is not None)
     kernel = lower(program, "cuda")
-    outs = [torch.full((301, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
-            for v in program.outputs]
-    args = [t for t in (pb.qkv, pb.positions, pb.cos_sin_cache, pb.q_weight, pb.k_weight,
-                        pb.q_bias, pb.k_bias) if t is not None]
+    outs = [
+        torch.full((301, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
+        for v in program.outputs
+    ]
+    args = [
+        t
+        for t in (
+            pb.qkv,
+            pb.positions,
+            pb.cos_sin_cache,
+            pb.q_weight,
+            pb.k_weight,
+            pb.q_bias,
+            pb.k_bias,
+        )
+        if t is not None
+    ]
     kernel(*args, out=outs)
     for n, o, e in zip("qkv", outs, exact):
         c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")

@@ -9,20 +9,26 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # fqr fuse compiles models in subprocesses
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fqr(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=400)
+    return subprocess.run(
+        [sys.executable, "-m", "fqr", *args], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--preset", "llama3-8b"), "norm='none'"),
-    (("--preset", "nope"), "unknown preset"),
-    (("--layers", "0"), "--layers"),
-    (("--dtype", "int8"), "--dtype"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--preset", "llama3-8b"), "norm='none'"),
+        (("--preset", "nope"), "unknown preset"),
+        (("--layers", "0"), "--layers"),
+        (("--dtype", "int8"), "--dtype"),
+    ],
+)
 def test_fuse_bad_usage_is_one_line_exit_2(args, message):
     r = fqr("fuse", *args)
     assert r.returncode == 2, r.stderr
@@ -31,8 +37,20 @@ def test_fuse_bad_usage_is_one_line_exit_2(args, message):
 
 
 def test_fuse_json_reports_every_layer_fused():
-    r = fqr("fuse", "--preset", "qwen3-0.6b", "--layers", "2", "--tokens", "4", "--dtype", "fp32",
-            "--runs", "1", "--json")
+    r = fqr(
+        "fuse",
+        "--preset",
+        "qwen3-0.6b",
+        "--layers",
+        "2",
+        "--tokens",
+        "4",
+        "--dtype",
+        "fp32",
+        "--runs",
+        "1",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert doc["passed"] is True and doc["sites"] == 2 and doc["layers"] == 2

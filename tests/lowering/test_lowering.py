@@ -11,7 +11,9 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import make_problem
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fqr
 from fqr.backends import BACKENDS
@@ -20,27 +22,49 @@ from fqr.lowering import kernel_source, lower, tiling_of
 from fqr.numerics import compare
 from fqr.prologue import program_signature, prologue_program
 
-from conftest import make_problem
-
-pytestmark = pytest.mark.skipif(not BACKENDS["interpret"].available,
-                                reason=BACKENDS["interpret"].unavailable_reason() or "")
+pytestmark = pytest.mark.skipif(
+    not BACKENDS["interpret"].available, reason=BACKENDS["interpret"].unavailable_reason() or ""
+)
 
 
 def program_of(pb, numerics="fused"):
-    return prologue_program(program_signature(
-        pb.qkv, pb.positions, pb.cos_sin_cache, pb.q_weight, pb.k_weight, pb.q_bias, pb.k_bias,
-        None, numerics=numerics, **{k: (float(v) if k in ("eps", "weight_offset") else v)
-                                    for k, v in pb.static.items()}))
+    return prologue_program(
+        program_signature(
+            pb.qkv,
+            pb.positions,
+            pb.cos_sin_cache,
+            pb.q_weight,
+            pb.k_weight,
+            pb.q_bias,
+            pb.k_bias,
+            None,
+            numerics=numerics,
+            **{k: (float(v) if k in ("eps", "weight_offset") else v) for k, v in pb.static.items()},
+        )
+    )
 
 
 def run_kernel(pb, numerics="fused", **options):
     program = program_of(pb, numerics)
     kernel = lower(program, "interpret", **options)
     tokens = pb.qkv.shape[0]
-    outs = [torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
-            for v in program.outputs]
-    args = [t for t in (pb.qkv, pb.positions, pb.cos_sin_cache, pb.q_weight, pb.k_weight,
-                        pb.q_bias, pb.k_bias) if t is not None]
+    outs = [
+        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
+        for v in program.outputs
+    ]
+    args = [
+        t
+        for t in (
+            pb.qkv,
+            pb.positions,
+            pb.cos_sin_cache,
+            pb.q_weight,
+            pb.k_weight,
+            pb.q_bias,
+            pb.k_bias,
+        )
+        if t is not None
+    ]
     kernel(*args, out=outs)
     return outs, kernel
 
@@ -60,20 +84,23 @@ def test_head_dims(gen, head_dim):
     check_against_float64(pb, outs)
 
 
-@pytest.mark.parametrize("variant", [
-    dict(rotary_dim=32, head_dim=128),                        # partial rotary 0.25
-    dict(rotary_dim=64, head_dim=256, weight_offset=1.0),     # Qwen3.5-like
-    dict(is_neox=False),                                      # GPT-J
-    dict(is_neox=False, rotary_dim=64),                       # GLM-4-like
-    dict(bias=True),
-    dict(bias=True, is_neox=False, dtype=torch.float16),
-    dict(weight_offset=1.0),                                  # Gemma (1 + w)
-    dict(norm="full"),                                        # OLMo2
-    dict(norm="none"),                                        # split + rope only (Llama 3)
-    dict(norm="none", is_neox=False, rotary_dim=64),          # GLM-4
-    dict(dtype=torch.float32),
-    dict(dtype=torch.float16, norm="full", bias=True),
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(rotary_dim=32, head_dim=128),  # partial rotary 0.25
+        dict(rotary_dim=64, head_dim=256, weight_offset=1.0),  # Qwen3.5-like
+        dict(is_neox=False),  # GPT-J
+        dict(is_neox=False, rotary_dim=64),  # GLM-4-like
+        dict(bias=True),
+        dict(bias=True, is_neox=False, dtype=torch.float16),
+        dict(weight_offset=1.0),  # Gemma (1 + w)
+        dict(norm="full"),  # OLMo2
+        dict(norm="none"),  # split + rope only (Llama 3)
+        dict(norm="none", is_neox=False, rotary_dim=64),  # GLM-4
+        dict(dtype=torch.float32),
+        dict(dtype=torch.float16, norm="full", bias=True),
+    ],
+)
 def test_compositions(gen, variant):
     pb = make_problem(gen, tokens=11, **variant)
     outs, _ = run_kernel(pb)
@@ -87,7 +114,9 @@ def test_unfused_mode_matches_the_unfused_reference(gen, dtype):
     pb = make_problem(gen, tokens=13, dtype=dtype, is_neox=dtype == torch.bfloat16)
     outs, _ = run_kernel(pb, "unfused")
     check_against_float64(pb, outs, "unfused")
-    ref = fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(numerics="unfused", backend="reference"))
+    ref = fqr.split_qkv_rmsnorm_rope(
+        *pb.args(), **pb.kwargs(numerics="unfused", backend="reference")
+    )
     for o, r in zip(outs, ref):
         same = (o.view(torch.int16) == r.view(torch.int16)).double().mean().item()
         assert same > 0.995, same
@@ -95,9 +124,14 @@ def test_unfused_mode_matches_the_unfused_reference(gen, dtype):
     assert not torch.equal(outs[0], fused[0])  # the modes really differ
 
 
-@pytest.mark.parametrize("mode, marker", [("loop", "for h0 in range(0, 6, 4):"),
-                                          ("unroll", "hh = 4 + tl.arange(0, 2)"),
-                                          ("grid", "elif block == 1:")])
+@pytest.mark.parametrize(
+    "mode, marker",
+    [
+        ("loop", "for h0 in range(0, 6, 4):"),
+        ("unroll", "hh = 4 + tl.arange(0, 2)"),
+        ("grid", "elif block == 1:"),
+    ],
+)
 @pytest.mark.parametrize("norm", ["head", "full"])
 def test_head_chunks_and_multi_tile_persistent_loop(gen, norm, mode, marker):
     # 6 q heads in chunks of at most 4 (loop: 4 + 4 masked; unroll/grid: 4 + 2; a full-width
@@ -131,23 +165,32 @@ def test_row_stride_larger_than_width(gen):
 settings.register_profile("fqr", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_random_configs_against_float64(gen, data):
     head_dim = data.draw(st.sampled_from([32, 48, 64, 80, 96, 128]), label="head_dim")
-    rotary_dim = data.draw(st.sampled_from([r for r in (16, 32, 48, 64, 80, 96, 128)
-                                            if r <= head_dim]), label="rotary_dim")
+    rotary_dim = data.draw(
+        st.sampled_from([r for r in (16, 32, 48, 64, 80, 96, 128) if r <= head_dim]),
+        label="rotary_dim",
+    )
     kv = data.draw(st.integers(1, 3), label="num_kv_heads")
     pb = make_problem(
-        gen, tokens=data.draw(st.integers(1, 12), label="tokens"),
-        num_heads=kv * data.draw(st.integers(1, 3), label="group"), num_kv_heads=kv,
-        head_dim=head_dim, rotary_dim=rotary_dim,
+        gen,
+        tokens=data.draw(st.integers(1, 12), label="tokens"),
+        num_heads=kv * data.draw(st.integers(1, 3), label="group"),
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
         dtype=data.draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32])),
         is_neox=data.draw(st.booleans(), label="is_neox"),
         bias=data.draw(st.booleans(), label="bias"),
         weight_offset=data.draw(st.sampled_from([0.0, 1.0]), label="weight_offset"),
-        norm=data.draw(st.sampled_from(["head", "full", "none"]), label="norm"))
+        norm=data.draw(st.sampled_from(["head", "full", "none"]), label="norm"),
+    )
     if pb.static["norm"] == "none":
         pb.q_bias = pb.k_bias = None
     outs, _ = run_kernel(pb, block_t=data.draw(st.sampled_from([1, 2, 4, 8])))
@@ -162,10 +205,25 @@ def test_public_op_interpret_backend_matches_float64(problem):
 def test_new_token_count_reuses_program_and_kernel(gen):
     @fqr.jit(target="interpret")
     def prologue(qkv, positions, cache, qw, kw):
-        return fqr.attention_prologue(qkv, positions, cache, qw, kw, None, None, None, None,
-                                      num_heads=4, num_kv_heads=2, head_dim=128, eps=1e-6,
-                                      is_neox=True, weight_offset=0.0, norm="head",
-                                      numerics="fused")
+        return fqr.attention_prologue(
+            qkv,
+            positions,
+            cache,
+            qw,
+            kw,
+            None,
+            None,
+            None,
+            None,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=128,
+            eps=1e-6,
+            is_neox=True,
+            weight_offset=0.0,
+            norm="head",
+            numerics="fused",
+        )
 
     kernels = set()
     for tokens in (1, 7, 16, 33):
@@ -197,8 +255,12 @@ def test_cache_is_reused_across_processes(tmp_path):
         print(k.cache_hit, k.path)
     """)
     env = dict(os.environ, FQR_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
-    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                           text=True, check=True).stdout.split() for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+        for _ in range(2)
+    ]
     assert runs[0][0] == "False" and runs[1][0] == "True"
     assert runs[0][1] == runs[1][1] and len(list(tmp_path.glob("fqr_*.py"))) == 1
 
@@ -213,4 +275,4 @@ def test_out_of_range_position_rotates_by_nan_and_never_reads_outside(gen):
     bad = torch.tensor([False, False, True, False, True])
     assert torch.isnan(q[bad]).all() and torch.isnan(k[bad]).all()
     assert torch.isfinite(q[~bad]).all() and torch.isfinite(k[~bad]).all()
-    assert torch.equal(v, pb.qkv[:, -v.shape[1]:])
+    assert torch.equal(v, pb.qkv[:, -v.shape[1] :])

@@ -24,8 +24,25 @@ def entries():
 
 def test_manifest_lists_every_case_with_its_metadata(entries):
     assert [e["name"] for e in entries] == [c.name for c in golden.CASES]
-    keys = {"name", "file", "sha256", "seed", "preset", "tp", "dtype", "numerics", "tokens", "bias",
-            "is_neox", "rotary_dim", "norm", "eps", "weight_offset", "max_position", "tolerance"}
+    keys = {
+        "name",
+        "file",
+        "sha256",
+        "seed",
+        "preset",
+        "tp",
+        "dtype",
+        "numerics",
+        "tokens",
+        "bias",
+        "is_neox",
+        "rotary_dim",
+        "norm",
+        "eps",
+        "weight_offset",
+        "max_position",
+        "tolerance",
+    }
     for e in entries:
         assert keys <= e.keys(), keys - e.keys()
         assert hashlib.sha256((GOLDEN_DIR / e["file"]).read_bytes()).hexdigest() == e["sha256"]
@@ -34,16 +51,29 @@ def test_manifest_lists_every_case_with_its_metadata(entries):
 def test_cases_cover_the_required_variations(entries):
     def have(**kw):
         return [e for e in entries if all(e[k] == v for k, v in kw.items())]
+
     assert {e["preset"] for e in entries} == set(fqr.PRESETS)
     assert {e["dtype"] for e in entries} == {"bf16", "fp16", "fp32"}
     assert {e["tokens"] for e in entries} == {1, 7, 257}
-    for kw in (dict(bias=True), dict(bias=False), dict(is_neox=False), dict(is_neox=True),
-               dict(norm="full"), dict(norm="none"), dict(norm="head"), dict(weight_offset=1.0),
-               dict(numerics="fused"), dict(numerics="unfused"), dict(norm_stats=True),
-               dict(positions_dtype="int32")):
+    for kw in (
+        dict(bias=True),
+        dict(bias=False),
+        dict(is_neox=False),
+        dict(is_neox=True),
+        dict(norm="full"),
+        dict(norm="none"),
+        dict(norm="head"),
+        dict(weight_offset=1.0),
+        dict(numerics="fused"),
+        dict(numerics="unfused"),
+        dict(norm_stats=True),
+        dict(positions_dtype="int32"),
+    ):
         assert have(**kw), kw
     assert any(e["rotary_dim"] < e["head_dim"] for e in entries)
-    assert any(e["row_stride"] > (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"] for e in entries)
+    assert any(
+        e["row_stride"] > (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"] for e in entries
+    )
     assert max(e["max_position"] for e in entries) == 1 << 18
 
 
@@ -60,12 +90,26 @@ def test_expectations_agree_with_the_ops_in_float64(name):
     to64 = lambda t: None if t is None else t.double()  # noqa: E731
     stats = case.norm_stats()
     q, k, v = fqr.attention_prologue(
-        to64(case.qkv), case.positions, case.cos_sin_cache, to64(case.q_weight), to64(case.k_weight),
-        to64(case.q_bias), to64(case.k_bias), None if stats is None else stats.q_sum_sq,
-        None if stats is None else stats.k_sum_sq, num_heads=e["num_heads"],
-        num_kv_heads=e["num_kv_heads"], head_dim=e["head_dim"], eps=e["eps"], is_neox=e["is_neox"],
-        weight_offset=e["weight_offset"], norm=e["norm"], numerics="fused",
-        q_count=None if stats is None else stats.q_count, k_count=None if stats is None else stats.k_count)
+        to64(case.qkv),
+        case.positions,
+        case.cos_sin_cache,
+        to64(case.q_weight),
+        to64(case.k_weight),
+        to64(case.q_bias),
+        to64(case.k_bias),
+        None if stats is None else stats.q_sum_sq,
+        None if stats is None else stats.k_sum_sq,
+        num_heads=e["num_heads"],
+        num_kv_heads=e["num_kv_heads"],
+        head_dim=e["head_dim"],
+        eps=e["eps"],
+        is_neox=e["is_neox"],
+        weight_offset=e["weight_offset"],
+        norm=e["norm"],
+        numerics="fused",
+        q_count=None if stats is None else stats.q_count,
+        k_count=None if stats is None else stats.k_count,
+    )
     torch.testing.assert_close(q, case.expected_q, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(k, case.expected_k, atol=1e-12, rtol=1e-12)
     assert torch.equal(v.to(case.expected_v.dtype), case.expected_v)
@@ -86,8 +130,15 @@ def test_a_kernel_reading_the_wrong_table_row_fails_loudly():
     case = load_case("qwen3-8b-fp16-t7-unfused")
     kwargs = case.kwargs()
     wrong = (case.positions + 1) % case.entry["max_position"]
-    q, k, v = fqr.split_qkv_rmsnorm_rope(case.qkv, wrong, case.cos_sin_cache, case.q_weight,
-                                         case.k_weight, **kwargs, backend="reference")
+    q, k, v = fqr.split_qkv_rmsnorm_rope(
+        case.qkv,
+        wrong,
+        case.cos_sin_cache,
+        case.q_weight,
+        case.k_weight,
+        **kwargs,
+        backend="reference",
+    )
     checks = case.check(q, k, v)
     assert not checks["q"].passed and checks["q"].nonfinite > 0
 
@@ -139,7 +190,9 @@ def test_regen_is_deterministic_and_matches_the_bundled_files(tmp_path):
     for e in list_cases(a):
         fresh, shipped = load_case(e["name"], a), load_case(e["name"], GOLDEN_DIR)
         assert e["seed"] == bundled[e["name"]]["seed"]
-        assert torch.equal(fresh.qkv, shipped.qkv) and torch.equal(fresh.positions, shipped.positions)
+        assert torch.equal(fresh.qkv, shipped.qkv) and torch.equal(
+            fresh.positions, shipped.positions
+        )
         # float64 reductions may differ in the last bit across CPUs; the math may not
         torch.testing.assert_close(fresh.expected_q, shipped.expected_q, atol=1e-13, rtol=1e-13)
 

@@ -43,8 +43,10 @@ class ThreadRunner(StepRunner):
 def run_step(cfg: RunConfig, plan: StepPlan, reduce=True) -> dict:
     replies = {}
     shared = {d: (threading.Barrier(cfg.tp), [None] * cfg.tp) for d in range(cfg.dp)}
-    runners = [ThreadRunner(cfg, r, shared[cfg.layout.coords(r)[0]], reduce)
-               for r in range(cfg.layout.world_size)]
+    runners = [
+        ThreadRunner(cfg, r, shared[cfg.layout.coords(r)[0]], reduce)
+        for r in range(cfg.layout.world_size)
+    ]
     errors = []
 
     def go(runner):
@@ -72,13 +74,16 @@ def _plan(step=0):
     return StepPlan(step, batches, verify=True)
 
 
-@pytest.mark.parametrize("preset, tp, dtype", [
-    ("qwen3-8b", 2, "bf16"),       # per-head norm, kv heads split
-    ("gemma3-1b", 2, "fp16"),      # one kv head replicated on both ranks, (1 + w) weights
-    ("glm4-9b", 4, "bf16"),        # no QK norm, GPT-J rotary on half the head, kv replicated
-    ("olmo2-7b", 2, "bf16"),       # full-width norm: TP all-reduce of the sums of squares
-    ("olmo2-7b", 4, "fp32"),
-])
+@pytest.mark.parametrize(
+    "preset, tp, dtype",
+    [
+        ("qwen3-8b", 2, "bf16"),  # per-head norm, kv heads split
+        ("gemma3-1b", 2, "fp16"),  # one kv head replicated on both ranks, (1 + w) weights
+        ("glm4-9b", 4, "bf16"),  # no QK norm, GPT-J rotary on half the head, kv replicated
+        ("olmo2-7b", 2, "bf16"),  # full-width norm: TP all-reduce of the sums of squares
+        ("olmo2-7b", 4, "fp32"),
+    ],
+)
 def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype, gen):
     seed = _seed(gen)
     cfg = RunConfig.build(preset=preset, dp=2, tp=tp, dtype=dtype, seed=seed)
@@ -86,7 +91,7 @@ def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype, ge
     replies = run_step(cfg, plan)
     v = Verifier(preset, cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=seed)
     assert v.check_step(plan, replies), v.failures
-    for rank, stats in v.ranks.items():
+    for stats in v.ranks.values():
         assert stats.checks == 2 and stats.passed == 2  # its batch and the probe
     assert all(v.ranks[r].probe_identical == 1 for r in range(tp, 2 * tp))
     # Every q head of the model is covered exactly once by the shards.
@@ -100,8 +105,9 @@ def test_full_width_norm_without_the_all_reduce_fails_verification(gen):
     replies = run_step(cfg, plan, reduce=False)
     v = Verifier("olmo2-7b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=cfg.seed)
     assert not v.check_step(plan, replies)
-    assert any(f.startswith("step 0: rank 0 (dp 0, tp 0): q:") and "max ulp" in f
-               for f in v.failures), v.failures
+    assert any(
+        f.startswith("step 0: rank 0 (dp 0, tp 0): q:") and "max ulp" in f for f in v.failures
+    ), v.failures
 
 
 def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs(gen):
@@ -118,8 +124,7 @@ def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs(gen):
     pq = pq.clone()
     pq.view(torch.int16)[0, 0] += 1  # one ULP: still correct, but not bit-identical
     replies[2]["probe"] = (pq, pk, pv)
-    ver = Verifier("qwen3-0.6b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused",
-                   seed=cfg.seed)
+    ver = Verifier("qwen3-0.6b", cfg.layout, dtype=cfg.torch_dtype, numerics="fused", seed=cfg.seed)
     assert not ver.check_step(plan, replies)
     text = "\n".join(ver.failures)
     assert "step 0: rank 3 (dp 1, tp 1): k: 1 elements outside <=1 ulp" in text
@@ -131,6 +136,10 @@ def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs(gen):
 def test_shard_columns_cover_q_k_v_of_the_unsharded_row():
     full = get_preset("gemma3-27b")
     tp = 4
-    cols = [PrologueLayer("gemma3-27b", tp, r, dtype=torch.bfloat16, device=torch.device("cpu"),
-                          seed=0).columns for r in range(tp)]
+    cols = [
+        PrologueLayer(
+            "gemma3-27b", tp, r, dtype=torch.bfloat16, device=torch.device("cpu"), seed=0
+        ).columns
+        for r in range(tp)
+    ]
     assert torch.equal(torch.sort(torch.cat(cols)).values, torch.arange(full.qkv_width))

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 import torch
+from support.processes import REPO, TINY, assert_clean, check_verified, run_command
 
-from test_runtime_run import REPO, TINY, assert_clean, check_verified, run_command
+pytestmark = pytest.mark.slow  # multi-process torchrun
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -25,8 +26,20 @@ def seed(gen) -> str:
 
 
 def standalone(nproc: int, *args: str, timeout: float = 150.0):
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "-m", "fqr", "run",
-           "--launcher", "torchrun", "--device", "cpu", *args]
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "fqr",
+        "run",
+        "--launcher",
+        "torchrun",
+        "--device",
+        "cpu",
+        *args,
+    ]
     p, out, err, elapsed = run_command(cmd, timeout)
     assert_clean(p.pid, [])
     return p.returncode, out, err, elapsed
@@ -42,8 +55,9 @@ def test_single_node_dp2_tp2_verifies(seed):
 
 
 def test_olmo2_tp4_verifies(seed):
-    rc, out, err, _ = standalone(4, "--preset", "olmo2-7b", "--tp", "4", *TINY, "--seed", seed,
-                                 "--json")
+    rc, out, err, _ = standalone(
+        4, "--preset", "olmo2-7b", "--tp", "4", *TINY, "--seed", seed, "--json"
+    )
     assert rc == 0, err
     s = json.loads(out)
     check_verified(s, 4)
@@ -62,13 +76,42 @@ def test_two_nodes_on_one_box_olmo2_tp2(seed):
     port = str(_free_port())
     procs = []
     for node in ("0", "1"):
-        cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", node, "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "fqr", "run",
-               "--launcher", "torchrun", "--preset", "olmo2-7b", "--tp", "2", *TINY,
-               "--seed", seed, "--json"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))
+        cmd = [
+            *TORCHRUN,
+            "--nnodes",
+            "2",
+            "--node-rank",
+            node,
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "-m",
+            "fqr",
+            "run",
+            "--launcher",
+            "torchrun",
+            "--preset",
+            "olmo2-7b",
+            "--tp",
+            "2",
+            *TINY,
+            "--seed",
+            seed,
+            "--json",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     outputs = []
     try:
         for p in procs:
@@ -77,7 +120,7 @@ def test_two_nodes_on_one_box_olmo2_tp2(seed):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_out, err) in zip(procs, outputs):
         assert p.returncode == 0, err
         assert_clean(p.pid, [])
     s = json.loads(outputs[0][0])  # rank 0 (the engine) lives on node 0
@@ -88,8 +131,22 @@ def test_two_nodes_on_one_box_olmo2_tp2(seed):
 
 def test_killed_rank_ends_the_run(seed):
     rc, out, err, elapsed = standalone(
-        4, "--dp", "2", "--tp", "2", "--preset", "qwen3-0.6b", *TINY, "--seed", seed,
-        "--inject-fault", "rank=3,at=step:1,kind=exit", "--collective-timeout", "10", timeout=90)
+        4,
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--preset",
+        "qwen3-0.6b",
+        *TINY,
+        "--seed",
+        seed,
+        "--inject-fault",
+        "rank=3,at=step:1,kind=exit",
+        "--collective-timeout",
+        "10",
+        timeout=90,
+    )
     assert rc != 0
     assert "rank 3 (dp 1, tp 1): injecting fault exit on rank 3 at step 1" in err
     assert "exitcode  : 17" in err and "rank      : 3" in err  # torchrun's failure report
@@ -97,7 +154,19 @@ def test_killed_rank_ends_the_run(seed):
 
 def test_hung_rank_is_named_after_the_collective_timeout(seed):
     rc, out, err, elapsed = standalone(
-        2, "--tp", "2", "--preset", "qwen3-0.6b", *TINY, "--seed", seed,
-        "--inject-fault", "rank=1,at=step:1,kind=hang", "--collective-timeout", "5", timeout=90)
+        2,
+        "--tp",
+        "2",
+        "--preset",
+        "qwen3-0.6b",
+        *TINY,
+        "--seed",
+        seed,
+        "--inject-fault",
+        "rank=1,at=step:1,kind=hang",
+        "--collective-timeout",
+        "5",
+        timeout=90,
+    )
     assert rc != 0
     assert "run failed: step 1:" in err and "Ranks 1 failed to pass monitoredBarrier" in err

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_problem
 
 import fqr
 from fqr.backends import BackendUnavailable
-
-from conftest import make_problem
 
 
 def _call(p, **override):
@@ -46,19 +45,39 @@ BAD_INPUTS = [
     ("positions-2d", "positions", lambda p: dict(positions=p.positions[None])),
     ("positions-length", "positions", lambda p: dict(positions=p.positions[:-1])),
     ("positions-float", "positions", lambda p: dict(positions=p.positions.float())),
-    ("positions-negative", "positions", lambda p: dict(positions=torch.cat([p.positions[:-1], torch.tensor([-1])]))),
-    ("positions-past-table", "positions", lambda p: dict(positions=torch.full_like(p.positions, p.cos_sin_cache.shape[0]))),
+    (
+        "positions-negative",
+        "positions",
+        lambda p: dict(positions=torch.cat([p.positions[:-1], torch.tensor([-1])])),
+    ),
+    (
+        "positions-past-table",
+        "positions",
+        lambda p: dict(positions=torch.full_like(p.positions, p.cos_sin_cache.shape[0])),
+    ),
     ("cache-1d", "cos_sin_cache", lambda p: dict(cos_sin_cache=p.cos_sin_cache[:, 0])),
     ("cache-int", "cos_sin_cache", lambda p: dict(cos_sin_cache=p.cos_sin_cache.to(torch.int32))),
-    ("rotary-dim-odd", "rotary_dim", lambda p: dict(cos_sin_cache=p.cos_sin_cache[:, :63].contiguous())),
-    ("rotary-dim-too-large", "rotary_dim", lambda p: dict(cos_sin_cache=torch.cat([p.cos_sin_cache] * 2, 1))),
+    (
+        "rotary-dim-odd",
+        "rotary_dim",
+        lambda p: dict(cos_sin_cache=p.cos_sin_cache[:, :63].contiguous()),
+    ),
+    (
+        "rotary-dim-too-large",
+        "rotary_dim",
+        lambda p: dict(cos_sin_cache=torch.cat([p.cos_sin_cache] * 2, 1)),
+    ),
     ("q-weight-length", "q_weight", lambda p: dict(q_weight=p.q_weight[:-2])),
     ("k-weight-2d", "k_weight", lambda p: dict(k_weight=p.k_weight[None])),
     ("q-weight-int", "q_weight", lambda p: dict(q_weight=p.q_weight.to(torch.int64))),
     ("k-weight-missing", "k_weight", lambda p: dict(k_weight=None)),
     ("weight-with-norm-none", "q_weight", lambda p: dict(norm="none")),
     ("q-bias-alone", "q_bias", lambda p: dict(q_bias=p.q_weight.clone())),
-    ("k-bias-length", "k_bias", lambda p: dict(q_bias=p.q_weight.clone(), k_bias=p.k_weight[:5].clone())),
+    (
+        "k-bias-length",
+        "k_bias",
+        lambda p: dict(q_bias=p.q_weight.clone(), k_bias=p.k_weight[:5].clone()),
+    ),
     ("q-weight-other-device", "q_weight", lambda p: dict(q_weight=_meta(p.q_weight))),
     ("positions-other-device", "positions", lambda p: dict(positions=_meta(p.positions))),
     ("cache-other-device", "cos_sin_cache", lambda p: dict(cos_sin_cache=_meta(p.cos_sin_cache))),
@@ -73,7 +92,9 @@ def test_bad_input_names_the_argument(problem, name, argument, override):
     assert argument in str(info.value), f"{name}: message does not name {argument!r}: {info.value}"
 
 
-@pytest.mark.parametrize("name,argument,override", BAD_INPUTS[:6], ids=[b[0] for b in BAD_INPUTS[:6]])
+@pytest.mark.parametrize(
+    "name,argument,override", BAD_INPUTS[:6], ids=[b[0] for b in BAD_INPUTS[:6]]
+)
 def test_bad_input_is_reported_before_the_backend_is_touched(problem, name, argument, override):
     """An unavailable backend would raise BackendUnavailable: the argument check comes first."""
     kwargs = override(problem)

@@ -13,15 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fqr_cli.bench as cli_bench  # noqa: F401  (registers the command)
 import pytest
 import torch
-
-import fqr.bench as fb
-import fqr_cli.bench as cli_bench  # noqa: F401  (registers the command)
-from fqr.presets import get_preset
 from fqr_cli.app import main
 
-REPO = Path(__file__).resolve().parent.parent
+import fqr.bench as fb
+from fqr.presets import get_preset
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(monkeypatch, capsys, *args):
@@ -37,22 +37,26 @@ def run_cli(monkeypatch, capsys, *args):
 
 # ------------------------------------------------------------------------ argument handling
 
-@pytest.mark.parametrize("args, names", [
-    (["--preset", "qwen3-9000b"], ["--preset", "qwen3-9000b"]),
-    (["--preset", "qwen3-8b,nope"], ["--preset", "nope"]),
-    (["--dtype", "bf8"], ["--dtype", "bf8"]),
-    (["--dtype", "bf16,int8"], ["--dtype", "int8"]),
-    (["--tokens", "1,x,3"], ["--tokens"]),
-    (["--tokens", "0,16"], ["--tokens", "0"]),
-    (["--tokens", "-4"], ["--tokens"]),
-    (["--tokens", ","], ["--tokens"]),
-    (["--compare", "eager,tensorrt"], ["--compare", "tensorrt"]),
-    (["--numerics", "approx"], ["--numerics"]),
-    (["--backend", "nope"], ["backend"]),
-    (["--backend", "interpret"], ["--backend", "interpret"]),
-    (["--from-json", "/nonexistent/b.json"], ["--from-json"]),
-    (["--save", "/nonexistent/dir/b.json"], ["--save"]),
-])
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--preset", "qwen3-9000b"], ["--preset", "qwen3-9000b"]),
+        (["--preset", "qwen3-8b,nope"], ["--preset", "nope"]),
+        (["--dtype", "bf8"], ["--dtype", "bf8"]),
+        (["--dtype", "bf16,int8"], ["--dtype", "int8"]),
+        (["--tokens", "1,x,3"], ["--tokens"]),
+        (["--tokens", "0,16"], ["--tokens", "0"]),
+        (["--tokens", "-4"], ["--tokens"]),
+        (["--tokens", ","], ["--tokens"]),
+        (["--compare", "eager,tensorrt"], ["--compare", "tensorrt"]),
+        (["--numerics", "approx"], ["--numerics"]),
+        (["--backend", "nope"], ["backend"]),
+        (["--backend", "interpret"], ["--backend", "interpret"]),
+        (["--from-json", "/nonexistent/b.json"], ["--from-json"]),
+        (["--save", "/nonexistent/dir/b.json"], ["--save"]),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, args, names):
     monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
     code, out, err = run_cli(monkeypatch, capsys, *args)
@@ -81,8 +85,13 @@ def test_no_gpu_is_one_line_and_exit_2_before_any_work(monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_no_gpu_from_the_console_entry_point():
     """The real process: ``python -m fqr bench`` on a machine without a GPU."""
-    proc = subprocess.run([sys.executable, "-m", "fqr", "bench", "--preset", "qwen3-8b"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fqr", "bench", "--preset", "qwen3-8b"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "GPU" in proc.stderr
@@ -104,23 +113,27 @@ def test_from_json_does_not_take_measuring_options(monkeypatch, capsys, tmp_path
 
 # ------------------------------------------------------------------------------ the model
 
+
 def test_traffic_model_per_head_norm():
     p = get_preset("qwen3-8b")  # 32 q heads, 8 kv heads, D = R = 128
     t = fb.traffic_bytes(p, torch.bfloat16, 1024)
     width = (32 + 2 * 8) * 128
     assert t.qkv_read == t.qkv_written == 1024 * width * 2
     assert t.positions == 1024 * 8
-    assert t.cos_sin == 1024 * 128 * 4            # one fp32 table row per token
-    assert t.weights == 2 * 128 * 2               # q_norm and k_norm weights, once per call
+    assert t.cos_sin == 1024 * 128 * 4  # one fp32 table row per token
+    assert t.weights == 2 * 128 * 2  # q_norm and k_norm weights, once per call
     assert t.total == 2 * 1024 * width * 2 + 1024 * 8 + 1024 * 128 * 4 + 512
 
 
-@pytest.mark.parametrize("name, dtype, weight_values, rotary", [
-    ("olmo2-7b", torch.float16, (32 + 32) * 128, 128),   # full-width norm weights
-    ("llama3-8b", torch.float32, 0, 128),                # no QK norm
-    ("qwen3.5-27b", torch.bfloat16, 2 * 256, 64),       # partial rotary: a quarter of D
-    ("glm4-9b", torch.bfloat16, 0, 64),
-])
+@pytest.mark.parametrize(
+    "name, dtype, weight_values, rotary",
+    [
+        ("olmo2-7b", torch.float16, (32 + 32) * 128, 128),  # full-width norm weights
+        ("llama3-8b", torch.float32, 0, 128),  # no QK norm
+        ("qwen3.5-27b", torch.bfloat16, 2 * 256, 64),  # partial rotary: a quarter of D
+        ("glm4-9b", torch.bfloat16, 0, 64),
+    ],
+)
 def test_traffic_model_other_shapes(name, dtype, weight_values, rotary):
     p = get_preset(name)
     elt = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[dtype]
@@ -153,11 +166,17 @@ def test_check_rows_cover_both_ends():
     assert torch.equal(fb.check_row_index(100, 0, g, "cpu"), torch.arange(100))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(tokens=[]), "tokens"), (dict(tokens=[0]), "tokens"), (dict(dtypes=[torch.int8]), "dtype"),
-    (dict(compare=["vllm-cuda"]), "compare"), (dict(check_rows=-1), "check_rows"),
-    (dict(rep_ms=0), "rep_ms"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tokens=[]), "tokens"),
+        (dict(tokens=[0]), "tokens"),
+        (dict(dtypes=[torch.int8]), "dtype"),
+        (dict(compare=["vllm-cuda"]), "compare"),
+        (dict(check_rows=-1), "check_rows"),
+        (dict(rep_ms=0), "rep_ms"),
+    ],
+)
 def test_config_validation(kwargs, match):
     base = dict(presets=[get_preset("qwen3-8b")], tokens=[1], dtypes=[torch.bfloat16])
     with pytest.raises(ValueError, match=match):
@@ -165,6 +184,7 @@ def test_config_validation(kwargs, match):
 
 
 # ------------------------------------------------------- bookkeeping, driven on CPU
+
 
 class FixedClock:
     """Returns preset times in call order; records what it was asked to time."""
@@ -191,8 +211,14 @@ class FixedClock:
 
 
 def _config(**kw):
-    base = dict(presets=[get_preset("qwen3-0.6b")], tokens=[1, 300], dtypes=[torch.bfloat16],
-                compare=["eager"], backend="reference", check_rows=40)
+    base = dict(
+        presets=[get_preset("qwen3-0.6b")],
+        tokens=[1, 300],
+        dtypes=[torch.bfloat16],
+        compare=["eager"],
+        backend="reference",
+        check_rows=40,
+    )
     return fb.BenchConfig(**{**base, **kw})
 
 
@@ -206,7 +232,7 @@ def test_bookkeeping_of_a_cpu_run():
         assert row["bytes"] == fb.traffic_bytes(p, torch.bfloat16, row["tokens"]).total
         fqr, eager = row["impls"]["fqr"], row["impls"]["eager"]
         assert fqr["check"]["passed"] and eager["check"]["passed"]
-        assert fqr["check"]["q"]["tolerance"] == "<=1 ulp"        # fused contract for fqr
+        assert fqr["check"]["q"]["tolerance"] == "<=1 ulp"  # fused contract for fqr
         assert eager["check"]["numerics"] == "unfused"
         assert fqr["us"] == 10.0 and eager["us"] == 30.0
         assert fqr["gbps"] == pytest.approx(row["bytes"] / 10.0 / 1e3)
@@ -228,7 +254,9 @@ def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
         def wrong(x):
             q, k, v = run(x)
             return q * 1.01, k, v
+
         return wrong
+
     monkeypatch.setattr(fb, "_fqr_callable", broken)
     clock = FixedClock([20.0])
     doc = fb.run_bench(_config(tokens=[5]), device="cpu", timers=clock)
@@ -247,7 +275,9 @@ def test_a_raising_implementation_is_reported(monkeypatch):
     def raising(preset, cache, backend, numerics):
         def run(x):
             raise RuntimeError("kernel launch failed\nsecond line")
+
         return run
+
     monkeypatch.setattr(fb, "_fqr_callable", raising)
     doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([1.0]))
     fqr = doc["rows"][0]["impls"]["fqr"]
@@ -256,6 +286,7 @@ def test_a_raising_implementation_is_reported(monkeypatch):
 
 
 # ------------------------------------------------------------------ JSON -> table / plot
+
 
 def _document(tmp_path, **kw):
     return fb.run_bench(_config(**kw), device="cpu", timers=FixedClock([10.0, 30.0]))
@@ -271,7 +302,7 @@ def test_json_round_trip_table_and_plot(monkeypatch, capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "plot written" in err
     lines = [ln for ln in out.splitlines() if "qwen3-0.6b" in ln]
-    assert len(lines) == 2                                  # one table row per cell
+    assert len(lines) == 2  # one table row per cell
     gbps = doc["rows"][1]["impls"]["fqr"]["gbps"]
     assert f"{gbps:.0f}" in lines[1] and "3.00" in lines[1]  # GB/s and x eager
 
@@ -281,8 +312,9 @@ def test_json_round_trip_table_and_plot(monkeypatch, capsys, tmp_path):
 
 def test_failed_document_exits_1(monkeypatch, capsys, tmp_path):
     doc = _document(tmp_path, tokens=[2])
-    doc["rows"][0]["impls"]["fqr"].update(us=None, check=dict(doc["rows"][0]["impls"]["fqr"]["check"],
-                                                              passed=False))
+    doc["rows"][0]["impls"]["fqr"].update(
+        us=None, check=dict(doc["rows"][0]["impls"]["fqr"]["check"], passed=False)
+    )
     doc["passed"] = False
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
@@ -301,18 +333,21 @@ def test_merged_runs_keep_their_ceilings(monkeypatch, capsys, tmp_path):
     assert [r["tokens"] for r in merged["rows"]] == [4, 8]
     assert [r["ceiling_gbps"] for r in merged["rows"]] == [a["ceiling"]["gbps"], 4000.0]
     png = tmp_path / "m.png"
-    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(pa), "--from-json", str(pb),
-                           "--plot", str(png))
+    code, _, err = run_cli(
+        monkeypatch, capsys, "--from-json", str(pa), "--from-json", str(pb), "--plot", str(png)
+    )
     assert code == 0 and png.exists(), err
 
 
 def test_plot_without_matplotlib_is_a_clear_message(monkeypatch, capsys, tmp_path):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(_document(tmp_path, tokens=[2])))
-    monkeypatch.setattr(cli_bench, "_matplotlib_missing",
-                        lambda: "matplotlib is not installed here, so no plot")
-    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--plot",
-                           str(tmp_path / "x.png"))
+    monkeypatch.setattr(
+        cli_bench, "_matplotlib_missing", lambda: "matplotlib is not installed here, so no plot"
+    )
+    code, _, err = run_cli(
+        monkeypatch, capsys, "--from-json", str(path), "--plot", str(tmp_path / "x.png")
+    )
     assert code == 2
     assert err.strip().splitlines()[-1] == "error: matplotlib is not installed here, so no plot"
     assert not (tmp_path / "x.png").exists()
@@ -333,17 +368,27 @@ def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     from fqr.golden import exact_prologue
     from fqr.prologue import split_qkv_rmsnorm_rope
 
-    kw = dict(num_heads=p.num_heads, num_kv_heads=p.num_kv_heads, head_dim=p.head_dim, eps=p.eps,
-              is_neox=p.is_neox, weight_offset=p.weight_offset, norm=p.norm)
-    q, k, v = split_qkv_rmsnorm_rope(x.qkv, x.positions, cache, x.q_weight, x.k_weight,
-                                     backend="reference", **kw)
+    kw = dict(
+        num_heads=p.num_heads,
+        num_kv_heads=p.num_kv_heads,
+        head_dim=p.head_dim,
+        eps=p.eps,
+        is_neox=p.is_neox,
+        weight_offset=p.weight_offset,
+        norm=p.norm,
+    )
+    q, k, v = split_qkv_rmsnorm_rope(
+        x.qkv, x.positions, cache, x.q_weight, x.k_weight, backend="reference", **kw
+    )
     rows = fb.check_row_index(300, 50, g, "cpu")
     exact = exact_prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
     shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
     good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
     assert good["passed"] and good["rows"] == 50
 
-    wide = fb.check_outputs((q.float(), k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    wide = fb.check_outputs(
+        (q.float(), k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16
+    )
     assert not wide["passed"] and "expected" in wide["q"]["error"]
 
     missed = int(next(r for r in range(300) if r not in set(rows.tolist())))
@@ -361,22 +406,37 @@ def test_rows_are_saved_as_they_come(tmp_path):
         fb.save_document(doc, path)
         saved = fb.load_document(path)
         seen.append((len(saved["rows"]), saved["complete"]))
-    doc = fb.run_bench(_config(tokens=[2, 3]), device="cpu", timers=FixedClock([1.0]),
-                       on_row=checkpoint)
+
+    doc = fb.run_bench(
+        _config(tokens=[2, 3]), device="cpu", timers=FixedClock([1.0]), on_row=checkpoint
+    )
     assert seen == [(1, False), (2, False)] and doc["complete"] is True
     assert not list(tmp_path.glob("*.tmp"))
 
 
 # ------------------------------------------------------------------------------ on a GPU
 
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
     """The real thing, small: two presets, decode and prefill sizes, the eager peer."""
     saved = tmp_path / "gpu.json"
-    code, out, err = run_cli(monkeypatch, capsys, "--preset", "qwen3-0.6b,glm4-9b", "--tokens",
-                             "1,4096", "--compare", "eager", "--rep-ms", "20", "--json",
-                             "--save", str(saved))
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "--preset",
+        "qwen3-0.6b,glm4-9b",
+        "--tokens",
+        "1,4096",
+        "--compare",
+        "eager",
+        "--rep-ms",
+        "20",
+        "--json",
+        "--save",
+        str(saved),
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc == fb.load_document(saved) and doc["complete"] and doc["passed"]
@@ -386,4 +446,6 @@ def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
         assert fqr["check"]["passed"] and fqr["us"] > 0 and 0 < fqr["pct_ceiling"] < 150
         assert row["speedup"]["eager"] > 0
         if row["tokens"] == 1:
-            assert fqr["graph_us"] > 0 and fqr["dispatch_us"] > 0 and fqr["launcher_dispatch_us"] > 0
+            assert (
+                fqr["graph_us"] > 0 and fqr["dispatch_us"] > 0 and fqr["launcher_dispatch_us"] > 0
+            )

@@ -8,13 +8,18 @@ from collections import defaultdict
 import pytest
 import torch
 
+from fqr.presets import get_preset
 from fqr.runtime.config import RunConfig
 from fqr.runtime.faults import FaultSpec, parse_fault
 from fqr.runtime.parallel_state import Layout
 from fqr.runtime.scheduler import DPBalancer, Scheduler, WorkloadScheduler
-from fqr.runtime.workload import (RequestSpec, parse_range, segment_positions, step_qkv,
-                                  synthetic_requests)
-from fqr.presets import get_preset
+from fqr.runtime.workload import (
+    RequestSpec,
+    parse_range,
+    segment_positions,
+    step_qkv,
+    synthetic_requests,
+)
 
 
 def _drain(ws: WorkloadScheduler):
@@ -58,9 +63,9 @@ def test_decode_tokens_are_single_after_prefill_chunks():
 def test_dp_balancer_uses_waiting_times_four_plus_running():
     scheds = [Scheduler(), Scheduler(), Scheduler()]
     bal = DPBalancer(scheds)
-    scheds[0].running = [object()] * 3          # score 3
-    scheds[1].waiting.extend([object()])        # score 4
-    scheds[2].running = [object()] * 2          # score 2
+    scheds[0].running = [object()] * 3  # score 3
+    scheds[1].waiting.extend([object()])  # score 4
+    scheds[2].running = [object()] * 2  # score 2
     assert bal.add(RequestSpec(0, 4, 1, 0)) == 2  # 2 is least; it becomes 1*4 + 2 = 6
     assert bal.score(2) == 6
     assert bal.add(RequestSpec(1, 4, 1, 0)) == 0  # 3 < 4 < 6; rank 0 becomes 7
@@ -111,9 +116,14 @@ def test_layout_is_vllms():
         Layout.from_world(8, tp=3)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("8..4", "prompt-len"), ("x", "prompt-len"), ("0..3", "prompt-len"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("8..4", "prompt-len"),
+        ("x", "prompt-len"),
+        ("0..3", "prompt-len"),
+    ],
+)
 def test_parse_range_rejects(text, message):
     with pytest.raises(ValueError, match=message):
         parse_range(text)
@@ -125,32 +135,41 @@ def test_parse_range_accepts():
 
 def test_parse_fault():
     assert parse_fault("rank=1,at=step:3,kind=hang", 2) == FaultSpec(1, "step", 3, "hang")
-    assert parse_fault("rank=0,at=init,kind=kill-parent", 1) == FaultSpec(0, "init", None,
-                                                                            "kill-parent")
-    for bad, msg in [("rank=2,at=init,kind=raise", "not in"), ("rank=0,at=boot,kind=raise", "at "),
-                     ("rank=0,at=init,kind=segv", "kind"), ("rank=0,at=init", "exactly"),
-                     ("rank=x,at=init,kind=exit", "int"), ("rank=0,at=step:x,kind=exit", "int N")]:
+    assert parse_fault("rank=0,at=init,kind=kill-parent", 1) == FaultSpec(
+        0, "init", None, "kill-parent"
+    )
+    for bad, msg in [
+        ("rank=2,at=init,kind=raise", "not in"),
+        ("rank=0,at=boot,kind=raise", "at "),
+        ("rank=0,at=init,kind=segv", "kind"),
+        ("rank=0,at=init", "exactly"),
+        ("rank=x,at=init,kind=exit", "int"),
+        ("rank=0,at=step:x,kind=exit", "int N"),
+    ]:
         with pytest.raises(ValueError, match="--inject-fault"):
             parse_fault(bad, 2)
         with pytest.raises(ValueError, match=msg):
             parse_fault(bad, 2)
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(preset="nope"), "unknown preset"),
-    (dict(tp=3), "does not divide"),
-    (dict(dp=0), "--dp"),
-    (dict(device="tpu"), "--device"),
-    (dict(backend="triton", device="cpu"), "--backend triton runs on cuda"),
-    (dict(backend="magic"), "backend must be one of"),
-    (dict(dtype="fp8"), "--dtype"),
-    (dict(launcher="slurm"), "--launcher"),
-    (dict(prompt_len="40000..40960"), "RoPE positions"),
-    (dict(verify_every=-1), "--verify-every"),
-    (dict(step_timeout_s=0), "--step-timeout"),
-    (dict(launcher="torchrun", async_scheduling=True), "--async-scheduling"),
-    (dict(launcher="torchrun", fault="rank=0,at=init,kind=kill-parent"), "kill-parent"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(preset="nope"), "unknown preset"),
+        (dict(tp=3), "does not divide"),
+        (dict(dp=0), "--dp"),
+        (dict(device="tpu"), "--device"),
+        (dict(backend="triton", device="cpu"), "--backend triton runs on cuda"),
+        (dict(backend="magic"), "backend must be one of"),
+        (dict(dtype="fp8"), "--dtype"),
+        (dict(launcher="slurm"), "--launcher"),
+        (dict(prompt_len="40000..40960"), "RoPE positions"),
+        (dict(verify_every=-1), "--verify-every"),
+        (dict(step_timeout_s=0), "--step-timeout"),
+        (dict(launcher="torchrun", async_scheduling=True), "--async-scheduling"),
+        (dict(launcher="torchrun", fault="rank=0,at=init,kind=kill-parent"), "kill-parent"),
+    ],
+)
 def test_run_config_rejects_bad_options(kw, message):
     with pytest.raises(ValueError, match=message):
         RunConfig.build(**kw)

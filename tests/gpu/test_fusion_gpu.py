@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.vllm_model import SEED, VLLM_LAYERS, VllmModel, inputs, vllm_exact
 
 import fqr.fusion
 from fqr.numerics import compare
 
-from test_fusion_graph import SEED, VLLM_LAYERS, VllmModel, inputs, vllm_exact
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 def _torch_too_old() -> bool:
@@ -28,6 +29,7 @@ def test_fused_model_on_gpu(dtype):
     if _torch_too_old():
         with pytest.raises(RuntimeError, match="fqr.fusion needs torch"):
             from fqr.fusion.fusion_pass import check_torch_version
+
             check_torch_version()
         pytest.skip(f"torch {torch.__version__} is older than the fusion pass supports")
     print(f"FQR_TEST_SEED={SEED}")
@@ -45,6 +47,6 @@ def test_fused_model_on_gpu(dtype):
                 for out, exact in ((q, exact_q), (k, exact_k)):
                     c = compare(out, exact, head_dim=layer.spec.d, numerics="unfused")
                     assert c.passed, (layer.spec, c)
-                assert torch.equal(v, qkv[:, layer.q_size + layer.kv_size:])
+                assert torch.equal(v, qkv[:, layer.q_size + layer.kv_size :])
     torch._dynamo.reset()
     assert fusion.stats.sites == len(VLLM_LAYERS) and len(fusion.stats.graphs) == 1

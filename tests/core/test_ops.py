@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,8 +16,6 @@ from fqr.golden import exact_prologue, exact_rms_norm, exact_rope
 from fqr.numerics import compare
 from fqr.prologue import NormStats
 from fqr.rope_cache import rope_cos_sin_cache
-
-from conftest import make_problem
 
 F64 = dict(atol=1e-12, rtol=1e-12)
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)
@@ -33,10 +32,13 @@ def test_split_qkv_returns_new_contiguous_head_slices(gen):
     q, k, v = ops.split_qkv(qkv, hq, hkv, d)
     heads = qkv.reshape(t, hq + 2 * hkv, d)
     assert torch.equal(q, heads[:, :hq].reshape(t, -1))
-    assert torch.equal(k, heads[:, hq:hq + hkv].reshape(t, -1))
-    assert torch.equal(v, heads[:, hq + hkv:].reshape(t, -1))
+    assert torch.equal(k, heads[:, hq : hq + hkv].reshape(t, -1))
+    assert torch.equal(v, heads[:, hq + hkv :].reshape(t, -1))
     for out in (q, k, v):
-        assert out.is_contiguous() and out.untyped_storage().data_ptr() != qkv.untyped_storage().data_ptr()
+        assert (
+            out.is_contiguous()
+            and out.untyped_storage().data_ptr() != qkv.untyped_storage().data_ptr()
+        )
     assert torch.equal(qkv, before)
 
 
@@ -55,16 +57,20 @@ def test_rms_norm_per_head_float64(gen, head_dim, weight_offset, bias):
 def test_rms_norm_full_width_and_sharded_statistic_float64(gen):
     x = _randn(gen, 9, 3 * 96)
     w = 1.0 + _randn(gen, 3 * 96, scale=0.2)
-    torch.testing.assert_close(ops.rms_norm(x, w, eps=1e-5, group_size=3 * 96),
-                               exact_rms_norm(x, w, eps=1e-5, group_size=3 * 96), **F64)
+    torch.testing.assert_close(
+        ops.rms_norm(x, w, eps=1e-5, group_size=3 * 96),
+        exact_rms_norm(x, w, eps=1e-5, group_size=3 * 96),
+        **F64,
+    )
     # A TP shard: the statistic covers this shard plus features held by other ranks.
     others = _randn(gen, 9, 5 * 96)
     sum_sq = (x.square().sum(-1) + others.square().sum(-1)).float()
     got = ops.rms_norm(x, w, eps=1e-5, group_size=3 * 96, sum_sq=sum_sq, count=8 * 96)
     want = exact_rms_norm(x, w, eps=1e-5, group_size=3 * 96, sum_sq=sum_sq, count=8 * 96)
     torch.testing.assert_close(got, want, **F64)
-    unsharded = exact_rms_norm(torch.cat([x, others], -1), torch.cat([w, w, w[: 2 * 96]]), eps=1e-5,
-                               group_size=8 * 96)[:, : 3 * 96]
+    unsharded = exact_rms_norm(
+        torch.cat([x, others], -1), torch.cat([w, w, w[: 2 * 96]]), eps=1e-5, group_size=8 * 96
+    )[:, : 3 * 96]
     torch.testing.assert_close(got, unsharded, atol=1e-6, rtol=1e-6)  # sum_sq went through fp32
 
 
@@ -107,28 +113,58 @@ def test_rope_preserves_pair_lengths(gen):
     x = _randn(gen, 6, d)
     y = ops.rope(x, pos, cache, head_dim=d)
     row = cache[pos].double()
-    gain = (row[:, : d // 2] ** 2 + row[:, d // 2:] ** 2).sqrt()
-    length = lambda v: (v[:, : d // 2] ** 2 + v[:, d // 2:] ** 2).sqrt()  # noqa: E731
+    gain = (row[:, : d // 2] ** 2 + row[:, d // 2 :] ** 2).sqrt()
+    length = lambda v: (v[:, : d // 2] ** 2 + v[:, d // 2 :] ** 2).sqrt()  # noqa: E731
     torch.testing.assert_close(length(y), length(x) * gain, **F64)
 
 
 @pytest.mark.parametrize("norm", ["head", "full", "none"])
 def test_ops_composition_float64_matches_exact_prologue(gen, norm):
-    p = make_problem(gen, tokens=7, num_heads=6, num_kv_heads=2, head_dim=80, rotary_dim=40,
-                     dtype=torch.float32, bias=norm != "none", norm=norm, is_neox=False)
+    p = make_problem(
+        gen,
+        tokens=7,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=80,
+        rotary_dim=40,
+        dtype=torch.float32,
+        bias=norm != "none",
+        norm=norm,
+        is_neox=False,
+    )
     to64 = lambda t: None if t is None else t.double()  # noqa: E731
     x, w_q, w_k = to64(p.qkv), to64(p.q_weight), to64(p.k_weight)
-    got = fqr.attention_prologue(x, p.positions, p.cos_sin_cache, w_q, w_k, to64(p.q_bias),
-                                 to64(p.k_bias), None, None, numerics="fused", **p.static)
-    want = exact_prologue(x, p.positions, p.cos_sin_cache, w_q, w_k, q_bias=to64(p.q_bias),
-                          k_bias=to64(p.k_bias), **p.static)
+    got = fqr.attention_prologue(
+        x,
+        p.positions,
+        p.cos_sin_cache,
+        w_q,
+        w_k,
+        to64(p.q_bias),
+        to64(p.k_bias),
+        None,
+        None,
+        numerics="fused",
+        **p.static,
+    )
+    want = exact_prologue(
+        x,
+        p.positions,
+        p.cos_sin_cache,
+        w_q,
+        w_k,
+        q_bias=to64(p.q_bias),
+        k_bias=to64(p.k_bias),
+        **p.static,
+    )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w.double(), **F64)
 
 
 def _check_reference(p, numerics="fused", norm_stats=None):
-    q, k, v = fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(numerics=numerics, norm_stats=norm_stats),
-                                         backend="reference")
+    q, k, v = fqr.split_qkv_rmsnorm_rope(
+        *p.args(), **p.kwargs(numerics=numerics, norm_stats=norm_stats), backend="reference"
+    )
     eq, ek, ev = exact_prologue(*p.args(), **p.kwargs(norm_stats=norm_stats))
     d = p.static["head_dim"]
     for out, exact in ((q, eq), (k, ek)):
@@ -142,9 +178,17 @@ def _check_reference(p, numerics="fused", norm_stats=None):
 CONFIGS = {  # odd, non-power-of-two shapes; the variations of the presets
     "qwen3-like": dict(num_heads=5, num_kv_heads=1, head_dim=128),
     "gemma-1+w-d256": dict(num_heads=4, num_kv_heads=1, head_dim=256, weight_offset=1.0),
-    "partial-quarter-pos2^18": dict(num_heads=3, num_kv_heads=3, head_dim=256, rotary_dim=64, weight_offset=1.0,
-                                    max_position=1 << 18),
-    "gptj-half-no-norm": dict(num_heads=6, num_kv_heads=2, head_dim=128, rotary_dim=64, is_neox=False, norm="none"),
+    "partial-quarter-pos2^18": dict(
+        num_heads=3,
+        num_kv_heads=3,
+        head_dim=256,
+        rotary_dim=64,
+        weight_offset=1.0,
+        max_position=1 << 18,
+    ),
+    "gptj-half-no-norm": dict(
+        num_heads=6, num_kv_heads=2, head_dim=128, rotary_dim=64, is_neox=False, norm="none"
+    ),
     "full-width-norm-bias": dict(num_heads=3, num_kv_heads=3, head_dim=96, norm="full", bias=True),
     "d80-bias": dict(num_heads=6, num_kv_heads=2, head_dim=80, bias=True),
     "d192-gptj": dict(num_heads=2, num_kv_heads=1, head_dim=192, is_neox=False),
@@ -155,7 +199,9 @@ CONFIGS = {  # odd, non-power-of-two shapes; the variations of the presets
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_reference_backend_meets_fused_contract(gen, config, dtype):
-    _check_reference(make_problem(gen, tokens=9, dtype=dtype, **{"max_position": 40961, **CONFIGS[config]}))
+    _check_reference(
+        make_problem(gen, tokens=9, dtype=dtype, **{"max_position": 40961, **CONFIGS[config]})
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -163,7 +209,9 @@ def test_reference_backend_unfused_within_bound_and_rounded(gen, dtype):
     p = make_problem(gen, tokens=33, dtype=dtype, bias=True)
     fused = _check_reference(p, "fused")
     unfused = _check_reference(p, "unfused")
-    assert any(not torch.equal(a, b) for a, b in zip(fused, unfused)), "unfused mode changed nothing"
+    assert any(not torch.equal(a, b) for a, b in zip(fused, unfused)), (
+        "unfused mode changed nothing"
+    )
 
 
 def test_reference_backend_sharded_full_norm(gen):
@@ -190,24 +238,40 @@ def test_row_stride_larger_than_width(gen):
     _check_reference(p)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     data=st.data(),
     head_dim=st.sampled_from(HEAD_DIMS),
-    group=st.integers(1, 4), num_kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    num_kv_heads=st.integers(1, 3),
     dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
     numerics=st.sampled_from(["fused", "unfused"]),
     norm=st.sampled_from(["head", "full", "none"]),
-    is_neox=st.booleans(), weight_offset=st.sampled_from([0.0, 1.0]),
+    is_neox=st.booleans(),
+    weight_offset=st.sampled_from([0.0, 1.0]),
     tokens=st.integers(1, 9),
 )
-def test_reference_backend_random_configs(gen, data, head_dim, group, num_kv_heads, dtype, numerics,
-                                          norm, is_neox, weight_offset, tokens):
+def test_reference_backend_random_configs(
+    gen, data, head_dim, group, num_kv_heads, dtype, numerics, norm, is_neox, weight_offset, tokens
+):
     rotary_dim = data.draw(st.integers(1, head_dim // 2)) * 2
     bias = norm != "none" and data.draw(st.booleans())
     theta = data.draw(st.sampled_from([1e4, 5e5, 1e6, 1e7]))
-    p = make_problem(gen, tokens=tokens, num_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
-                     head_dim=head_dim, rotary_dim=rotary_dim, dtype=dtype, is_neox=is_neox,
-                     bias=bias, weight_offset=weight_offset, norm=norm, theta=theta,
-                     max_position=data.draw(st.sampled_from([1, 7, 4099, 40961])))
+    p = make_problem(
+        gen,
+        tokens=tokens,
+        num_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        dtype=dtype,
+        is_neox=is_neox,
+        bias=bias,
+        weight_offset=weight_offset,
+        norm=norm,
+        theta=theta,
+        max_position=data.draw(st.sampled_from([1, 7, 4099, 40961])),
+    )
     _check_reference(p, numerics)

@@ -8,58 +8,16 @@ scarce); the workload seed comes from the suite's fresh generator.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import socket
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
+from support.processes import TINY, assert_clean, check_verified, run_command
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["--requests", "3", "--prompt-len", "4..20", "--decode-steps", "2",
-        "--max-batched-tokens", "24"]
-
-
-def session_processes(sid: int) -> list[int]:
-    """PIDs of live (non-zombie) processes in session ``sid``."""
-    pids = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = Path(stat).read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.split("/")[2]))
-    return pids
-
-
-def assert_clean(sid: int, shm_pids: list[int], within_s: float = 15.0) -> None:
-    """No process of the run's session and no ``fqr_<pid>_*`` segment is left."""
-    deadline = time.monotonic() + within_s
-    while session_processes(sid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert session_processes(sid) == [], "leftover processes"
-    for pid in shm_pids:
-        assert glob.glob(f"/dev/shm/fqr_{pid}_*") == [], "leftover shared memory"
-
-
-def run_command(cmd: list[str], timeout: float) -> tuple[subprocess.Popen, str, str, float]:
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s")
-    return p, out, err, time.monotonic() - t0
+pytestmark = pytest.mark.slow  # multi-process fqr run
 
 
 def fqr_run(*args: str, timeout: float = 150.0):
@@ -74,19 +32,10 @@ def seed(gen) -> str:
     return str(int(torch.randint(0, 2**31, (1,), generator=gen)))
 
 
-def check_verified(summary: dict, world: int) -> None:
-    assert summary["ok"] is True and summary["failure"] is None
-    assert summary["verification_failures"] == []
-    assert len(summary["ranks"]) == world
-    for r in summary["ranks"]:
-        v = r["verification"]
-        assert r["steps"] == summary["steps"] > 0
-        assert v["checks"] > 0 and v["passed"] == v["checks"]
-
-
 def test_dp2_tp2_runs_and_verifies(seed):
-    rc, out, err = fqr_run("--dp", "2", "--tp", "2", "--device", "cpu", *TINY, "--seed", seed,
-                           "--json")
+    rc, out, err = fqr_run(
+        "--dp", "2", "--tp", "2", "--device", "cpu", *TINY, "--seed", seed, "--json"
+    )
     assert rc == 0, err
     s = json.loads(out)
     check_verified(s, 4)
@@ -100,9 +49,26 @@ def test_dp2_tp2_runs_and_verifies(seed):
 
 
 def test_async_scheduling_keeps_two_batches_in_flight(seed):
-    rc, out, err = fqr_run("--dp", "2", "--tp", "1", "--async-scheduling", "--verify-every", "2",
-                           "--requests", "4", "--prompt-len", "4..16", "--decode-steps", "3",
-                           "--max-batched-tokens", "8", "--seed", seed, "--json")
+    rc, out, err = fqr_run(
+        "--dp",
+        "2",
+        "--tp",
+        "1",
+        "--async-scheduling",
+        "--verify-every",
+        "2",
+        "--requests",
+        "4",
+        "--prompt-len",
+        "4..16",
+        "--decode-steps",
+        "3",
+        "--max-batched-tokens",
+        "8",
+        "--seed",
+        seed,
+        "--json",
+    )
     assert rc == 0, err
     s = json.loads(out)
     check_verified(s, 2)
@@ -114,8 +80,7 @@ def test_async_scheduling_keeps_two_batches_in_flight(seed):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_olmo2_full_width_norm_over_tp_verifies(tp, seed):
-    rc, out, err = fqr_run("--preset", "olmo2-7b", "--tp", str(tp), *TINY, "--seed", seed,
-                           "--json")
+    rc, out, err = fqr_run("--preset", "olmo2-7b", "--tp", str(tp), *TINY, "--seed", seed, "--json")
     assert rc == 0, err
     check_verified(json.loads(out), tp)
 
@@ -128,21 +93,46 @@ def test_table_output_and_usage_errors():
     assert rc == 2 and "--inject-fault: rank 4 not in [0, 2)" in err
 
 
-@pytest.mark.parametrize("fault, extra, message", [
-    ("rank=1,at=init,kind=raise", [],
-     "rank 1 (dp 0, tp 1) failed during startup: InjectedFault"),
-    ("rank=1,at=init,kind=hang", ["--init-timeout", "6"],
-     "rank 1 (dp 0, tp 1): no READY within 6 s"),
-    ("rank=1,at=step:1,kind=raise", [],
-     "rank 1 (dp 0, tp 1) failed at step 1: InjectedFault: injected fault (raise on rank 1"),
-    ("rank=0,at=step:1,kind=exit", [],
-     "rank 0 (dp 0, tp 0) died unexpectedly (exit code 17)"),
-    ("rank=1,at=step:1,kind=hang", ["--step-timeout", "4"],
-     "rank 1 (dp 0, tp 1): no reply to step 1 within 4 s"),
-])
+@pytest.mark.parametrize(
+    "fault, extra, message",
+    [
+        (
+            "rank=1,at=init,kind=raise",
+            [],
+            "rank 1 (dp 0, tp 1) failed during startup: InjectedFault",
+        ),
+        (
+            "rank=1,at=init,kind=hang",
+            ["--init-timeout", "6"],
+            "rank 1 (dp 0, tp 1): no READY within 6 s",
+        ),
+        (
+            "rank=1,at=step:1,kind=raise",
+            [],
+            "rank 1 (dp 0, tp 1) failed at step 1: InjectedFault: injected fault (raise on rank 1",
+        ),
+        ("rank=0,at=step:1,kind=exit", [], "rank 0 (dp 0, tp 0) died unexpectedly (exit code 17)"),
+        (
+            "rank=1,at=step:1,kind=hang",
+            ["--step-timeout", "4"],
+            "rank 1 (dp 0, tp 1): no reply to step 1 within 4 s",
+        ),
+    ],
+)
 def test_fault_ends_the_run_naming_the_rank(fault, extra, message, seed):
-    rc, out, err = fqr_run("--preset", "qwen3-0.6b", "--tp", "2", *TINY, "--seed", seed,
-                           "--inject-fault", fault, *extra, timeout=90)
+    rc, out, err = fqr_run(
+        "--preset",
+        "qwen3-0.6b",
+        "--tp",
+        "2",
+        *TINY,
+        "--seed",
+        seed,
+        "--inject-fault",
+        fault,
+        *extra,
+        timeout=90,
+    )
     assert rc == 1, err
     assert message in " ".join(err.split()), err
 
@@ -150,8 +140,18 @@ def test_fault_ends_the_run_naming_the_rank(fault, extra, message, seed):
 def test_killed_engine_takes_its_workers_down(seed):
     """kill-parent: the engine dies by SIGKILL; the death pipe ends every worker and the
     resource tracker unlinks the shared memory."""
-    rc, out, err = fqr_run("--preset", "qwen3-0.6b", "--dp", "2", *TINY, "--seed", seed,
-                           "--inject-fault", "rank=1,at=step:1,kind=kill-parent", timeout=90)
+    rc, out, err = fqr_run(
+        "--preset",
+        "qwen3-0.6b",
+        "--dp",
+        "2",
+        *TINY,
+        "--seed",
+        seed,
+        "--inject-fault",
+        "rank=1,at=step:1,kind=kill-parent",
+        timeout=90,
+    )
     assert rc == -9
     assert "rank 1 (dp 1, tp 0): injecting fault kill-parent" in err
     assert "engine process died; worker exiting" in err
@@ -185,8 +185,15 @@ def test_rendezvous_store_takes_a_fresh_port_when_the_address_is_in_use(monkeypa
 def test_executor_in_process_shutdown_is_idempotent(seed):
     from fqr.runtime import Engine, MultiprocExecutor, RunConfig
 
-    cfg = RunConfig.build(preset="qwen3-0.6b", dp=1, tp=1, requests=2, prompt_len="4..8",
-                          decode_steps=1, seed=int(seed))
+    cfg = RunConfig.build(
+        preset="qwen3-0.6b",
+        dp=1,
+        tp=1,
+        requests=2,
+        prompt_len="4..8",
+        decode_steps=1,
+        seed=int(seed),
+    )
     ex = MultiprocExecutor(cfg)
     ex.start()
     try:

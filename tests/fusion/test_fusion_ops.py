@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.vllm_model import exact_heads
 
 import fqr
 from fqr.fusion import qk_rmsnorm_rope
 from fqr.numerics import compare
 from fqr.rope_cache import rope_cos_sin_cache
-
-
-def exact_heads(x, weight, bias, offset, eps, cos, sin, head_dim, neox):
-    """float64 per-head RMSNorm then RoPE of x [T, H*D]; cos/sin [T, R/2]."""
-    t = x.shape[0]
-    h = x.double().reshape(t, -1, head_dim)
-    y = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * (offset + weight.double())
-    if bias is not None:
-        y = y + bias.double()
-    r = 2 * cos.shape[-1]
-    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
-    rot = y[..., :r]
-    a, b = (rot[..., : r // 2], rot[..., r // 2:]) if neox else (rot[..., 0::2], rot[..., 1::2])
-    ra, rb = a * c - b * s, b * c + a * s
-    rot = torch.cat([ra, rb], -1) if neox else torch.stack([ra, rb], -1).flatten(-2)
-    return torch.cat([rot, y[..., r:]], -1).reshape(t, -1)
 
 
 def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, g, gemma=False):
@@ -50,17 +35,19 @@ CASES = [  # tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
 
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
 def test_opcheck_split_op(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
-                                                      gemma=offset == 1.0)
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(
+        tokens, hq, hkv, d, rotary, dtype, bias, gen, gemma=offset == 1.0
+    )
     args = (qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, 1e-6, neox, offset, "head", "unfused")
     torch.library.opcheck(torch.ops.fqr.split_qkv_rmsnorm_rope.default, args)
 
 
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
 def test_opcheck_qk_op(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
-                                                      gemma=offset == 1.0)
-    q, k = qkv[:, : hq * d].contiguous(), qkv[:, hq * d:(hq + hkv) * d].contiguous()
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(
+        tokens, hq, hkv, d, rotary, dtype, bias, gen, gemma=offset == 1.0
+    )
+    q, k = qkv[:, : hq * d].contiguous(), qkv[:, hq * d : (hq + hkv) * d].contiguous()
     args = (q, k, pos, cache, qw, kw, qb, kb, d, 1e-5, neox, offset, "fused")
     torch.library.opcheck(torch.ops.fqr.qk_rmsnorm_rope.default, args)
 
@@ -68,23 +55,38 @@ def test_opcheck_qk_op(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offse
 @pytest.mark.parametrize("numerics", ["fused", "unfused"])
 @pytest.mark.parametrize("tokens,hq,hkv,d,rotary,dtype,neox,bias,offset", CASES)
 def test_ops_match_float64(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, offset, numerics):
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, gen,
-                                                      gemma=offset == 1.0)
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(
+        tokens, hq, hkv, d, rotary, dtype, bias, gen, gemma=offset == 1.0
+    )
     eps = 1e-6
     cos, sin = cache[pos].chunk(2, dim=-1)
-    q_in, k_in = qkv[:, : hq * d], qkv[:, hq * d:(hq + hkv) * d]
+    q_in, k_in = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
     exact_q = exact_heads(q_in, qw, qb, offset, eps, cos, sin, d, neox)
     exact_k = exact_heads(k_in, kw, kb, offset, eps, cos, sin, d, neox)
 
-    q, k, v = torch.ops.fqr.split_qkv_rmsnorm_rope(qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d,
-                                                   eps, neox, offset, "head", numerics)
-    q2, k2 = torch.ops.fqr.qk_rmsnorm_rope(q_in.contiguous(), k_in.contiguous(), pos, cache, qw,
-                                           kw, qb, kb, d, eps, neox, offset, numerics)
+    q, k, v = torch.ops.fqr.split_qkv_rmsnorm_rope(
+        qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, eps, neox, offset, "head", numerics
+    )
+    q2, k2 = torch.ops.fqr.qk_rmsnorm_rope(
+        q_in.contiguous(),
+        k_in.contiguous(),
+        pos,
+        cache,
+        qw,
+        kw,
+        qb,
+        kb,
+        d,
+        eps,
+        neox,
+        offset,
+        numerics,
+    )
     for out, exact in ((q, exact_q), (k, exact_k), (q2, exact_q), (k2, exact_k)):
         assert out.dtype == dtype and out.is_contiguous()
         c = compare(out, exact, head_dim=d, numerics=numerics)
         assert c.passed, c
-    assert torch.equal(v, qkv[:, (hq + hkv) * d:])
+    assert torch.equal(v, qkv[:, (hq + hkv) * d :])
     # the split op and the no-split op share one functional core: same bits
     assert torch.equal(q, q2) and torch.equal(k, k2)
 
@@ -120,29 +122,54 @@ def test_ops_trace_with_dynamic_token_count(gen):
 
     @torch.compile(backend=count_backend, dynamic=True, fullgraph=True)
     def prologue(qkv, positions):
-        return torch.ops.fqr.split_qkv_rmsnorm_rope(qkv, positions, cache, qw, kw, None, None,
-                                                    p.num_heads, p.num_kv_heads, d, p.eps, True,
-                                                    0.0, "head", "fused")
+        return torch.ops.fqr.split_qkv_rmsnorm_rope(
+            qkv,
+            positions,
+            cache,
+            qw,
+            kw,
+            None,
+            None,
+            p.num_heads,
+            p.num_kv_heads,
+            d,
+            p.eps,
+            True,
+            0.0,
+            "head",
+            "fused",
+        )
 
     for tokens in (3, 9, 17):
         qkv = torch.randn(tokens, p.qkv_width, generator=g).bfloat16()
         pos = torch.randint(0, 512, (tokens,), generator=g)
         q, k, v = prologue(qkv, pos)
-        want = fqr.split_qkv_rmsnorm_rope(qkv, pos, cache, qw, kw, num_heads=p.num_heads,
-                                          num_kv_heads=p.num_kv_heads, head_dim=d, eps=p.eps)
+        want = fqr.split_qkv_rmsnorm_rope(
+            qkv,
+            pos,
+            cache,
+            qw,
+            kw,
+            num_heads=p.num_heads,
+            num_kv_heads=p.num_kv_heads,
+            head_dim=d,
+            eps=p.eps,
+        )
         assert all(torch.equal(a, b) for a, b in zip((q, k, v), want))
     assert len(frames) == 1
 
 
-@pytest.mark.skipif("interpret" not in fqr.available_backends(),
-                    reason="upstream triton is not installed")
+@pytest.mark.skipif(
+    "interpret" not in fqr.available_backends(), reason="upstream triton is not installed"
+)
 @pytest.mark.parametrize("neox,numerics", [(True, "fused"), (False, "unfused")])
 def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
     """The no-split composition through the generated Triton kernel (interpreter, small)."""
     tokens, hq, hkv, d, rotary = 3, 3, 1, 32, 16
-    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(tokens, hq, hkv, d, rotary, torch.bfloat16,
-                                                      True, gen)
-    q_in, k_in = qkv[:, : hq * d].contiguous(), qkv[:, hq * d:(hq + hkv) * d].contiguous()
+    qkv, pos, cache, (qw, kw), (qb, kb) = make_inputs(
+        tokens, hq, hkv, d, rotary, torch.bfloat16, True, gen
+    )
+    q_in, k_in = qkv[:, : hq * d].contiguous(), qkv[:, hq * d : (hq + hkv) * d].contiguous()
     kw_args = dict(head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb, numerics=numerics)
     q, k = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="interpret", **kw_args)
     ref = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="reference", **kw_args)

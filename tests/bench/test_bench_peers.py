@@ -36,14 +36,28 @@ def _check(preset, shape, peer_fn, dtype, tokens, seed):
     cache = preset.cos_sin_cache(max_position=MAX_POSITION)
     qkv, positions, qw, kw = _inputs(preset, dtype, tokens, seed)
     q, k, v = peer_fn(qkv, positions, qw, kw)
-    eq, ek, ev = exact_prologue(qkv, positions, cache, qw, kw, num_heads=preset.num_heads,
-                                num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim,
-                                eps=preset.eps, is_neox=preset.is_neox,
-                                weight_offset=preset.weight_offset, norm=preset.norm)
+    eq, ek, ev = exact_prologue(
+        qkv,
+        positions,
+        cache,
+        qw,
+        kw,
+        num_heads=preset.num_heads,
+        num_kv_heads=preset.num_kv_heads,
+        head_dim=preset.head_dim,
+        eps=preset.eps,
+        is_neox=preset.is_neox,
+        weight_offset=preset.weight_offset,
+        norm=preset.norm,
+    )
     d = preset.head_dim
-    return (compare(q, eq, head_dim=d, numerics="unfused"),
-            compare(k, ek, head_dim=d, numerics="unfused"),
-            compare(v, ev, head_dim=d, bitwise=True), (q, k, v), qkv)
+    return (
+        compare(q, eq, head_dim=d, numerics="unfused"),
+        compare(k, ek, head_dim=d, numerics="unfused"),
+        compare(v, ev, head_dim=d, bitwise=True),
+        (q, k, v),
+        qkv,
+    )
 
 
 # Per-head norm (Qwen3), Gemma (1 + w), partial rotary (Qwen3.5), full-width norm (OLMo2),
@@ -57,7 +71,9 @@ def test_eager_peer_matches_float64(name, dtype):
     preset = get_preset(name)
     shape = PrologueShape.of_preset(preset)
     fn = build_peer("eager", shape, preset.cos_sin_cache(max_position=MAX_POSITION), dtype)
-    cq, ck, cv, (q, k, v), qkv = _check(preset, shape, fn, dtype, tokens=23, seed=11 + PRESETS.index(name))
+    cq, ck, cv, (q, k, v), qkv = _check(
+        preset, shape, fn, dtype, tokens=23, seed=11 + PRESETS.index(name)
+    )
     assert cq.passed, cq
     assert ck.passed, ck
     assert cv.passed, cv
@@ -80,7 +96,9 @@ def test_compile_peer_matches_float64():
     """``torch.compile`` of the eager peer (Inductor on CPU here), token dim dynamic: ~20 s."""
     preset = get_preset("qwen3-0.6b")
     shape = PrologueShape.of_preset(preset)
-    fn = build_peer("compile", shape, preset.cos_sin_cache(max_position=MAX_POSITION), torch.bfloat16)
+    fn = build_peer(
+        "compile", shape, preset.cos_sin_cache(max_position=MAX_POSITION), torch.bfloat16
+    )
     for tokens, seed in ((17, 1), (40, 2)):  # the second size reuses the dynamic-T graph
         cq, ck, cv, _, _ = _check(preset, shape, fn, torch.bfloat16, tokens, seed)
         assert cq.passed and ck.passed and cv.passed, (cq, ck, cv)
@@ -94,8 +112,9 @@ def test_peer_names_are_checked():
     assert peer_unavailable_reason("eager", shape) is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None,
-                    reason="liger_kernel is installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("liger_kernel") is not None, reason="liger_kernel is installed here"
+)
 def test_liger_without_liger_kernel_says_so():
     shape = PrologueShape.of_preset(get_preset("qwen3-8b"))
     assert "not installed" in peer_unavailable_reason("liger", shape)
@@ -110,8 +129,10 @@ def test_liger_refuses_partial_rotary():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available(),
-                    reason="needs liger_kernel and a CUDA GPU")
+@pytest.mark.skipif(
+    importlib.util.find_spec("liger_kernel") is None or not torch.cuda.is_available(),
+    reason="needs liger_kernel and a CUDA GPU",
+)
 @pytest.mark.parametrize("name", ["qwen3-8b", "gemma3-27b", "olmo2-7b", "llama3-8b"])
 def test_liger_peer_matches_float64(name):
     preset = get_preset(name)
@@ -120,8 +141,13 @@ def test_liger_peer_matches_float64(name):
     fn = build_peer("liger", shape, cache.cuda(), torch.bfloat16)
 
     def on_gpu(qkv, positions, qw, kw):
-        out = fn(qkv.cuda(), positions.cuda(), None if qw is None else qw.cuda(),
-                 None if kw is None else kw.cuda())
+        out = fn(
+            qkv.cuda(),
+            positions.cuda(),
+            None if qw is None else qw.cuda(),
+            None if kw is None else kw.cuda(),
+        )
         return tuple(o.cpu() for o in out)
+
     cq, ck, cv, _, _ = _check(preset, shape, on_gpu, torch.bfloat16, tokens=33, seed=3)
     assert cq.passed and ck.passed and cv.passed, (cq, ck, cv)

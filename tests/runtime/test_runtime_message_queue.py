@@ -33,8 +33,10 @@ def _queue(n_readers, **kw) -> MessageQueue:
 
 def _run_readers(mq, n_readers, messages, delay=0.0):
     out = CTX.Queue()
-    procs = [CTX.Process(target=_reader, args=(mq, i, len(messages), out, delay))
-             for i in range(n_readers)]
+    procs = [
+        CTX.Process(target=_reader, args=(mq, i, len(messages), out, delay))
+        for i in range(n_readers)
+    ]
     for p in procs:
         p.start()
     for m in messages:
@@ -117,8 +119,10 @@ def test_slow_reader_blocks_the_writer_and_is_warned_about(caplog):
     mq = _queue(2, n_slots=n_slots, chunk_bytes=256)
     mq.warn_every_s = 0.1
     counts = [CTX.Value("i", 0), CTX.Value("i", 0)]
-    procs = [CTX.Process(target=_counting_reader, args=(mq, i, n, counts[i], delay))
-             for i, delay in enumerate((0.0, 0.3))]
+    procs = [
+        CTX.Process(target=_counting_reader, args=(mq, i, n, counts[i], delay))
+        for i, delay in enumerate((0.0, 0.3))
+    ]
     with caplog.at_level(logging.WARNING, logger="fqr.runtime"):
         try:
             for p in procs:
