@@ -24,18 +24,43 @@ in it, so a new batch size never retraces or recompiles.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 TOKENS = "T"
 
-DTYPE_NAMES = {
-    torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",
-    torch.int32: "i32", torch.int64: "i64",
+# The one dtype vocabulary of fqr: programs print with it, and the goldens, the CLI, the bench
+# and the runtime name dtypes by it (``dtype_of("bf16")``, ``dtype_name(torch.float16)``).
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+    "fp8e4m3": torch.float8_e4m3fn,
+    "int32": torch.int32,
+    "int64": torch.int64,
 }
-DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+ACTIVATION_DTYPE_NAMES = ("bf16", "fp16", "fp32")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """fqr's name of ``dtype`` (``torch.bfloat16`` -> ``"bf16"``)."""
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no fqr name; fqr knows {', '.join(DTYPES)}") from None
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype fqr calls ``name`` (``"bf16"`` -> ``torch.bfloat16``)."""
+    try:
+        return DTYPES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}") from None
 
 
 class TraceError(TypeError):
@@ -45,6 +70,7 @@ class TraceError(TypeError):
 @dataclass(frozen=True)
 class Aval:
     """Abstract value: a shape (ints, or ``"T"`` for the token dim) and a dtype."""
+
     shape: tuple
     dtype: torch.dtype
 
@@ -56,11 +82,11 @@ class Aval:
         return len(self.shape)
 
     @classmethod
-    def of(cls, x: torch.Tensor | None, *leading) -> "Aval | None":
+    def of(cls, x: torch.Tensor | None, *leading) -> Aval | None:
         """The abstract value of ``x`` with its leading dims renamed (``"T"``, ``"P"``), or None."""
         if x is None:
             return None
-        return cls(tuple(leading) + tuple(x.shape[len(leading):]), x.dtype)
+        return cls(tuple(leading) + tuple(x.shape[len(leading) :]), x.dtype)
 
 
 def spec(*shape, dtype=torch.bfloat16) -> Aval:
@@ -78,7 +104,7 @@ class Var:
 
 @dataclass
 class Eqn:
-    prim: "Primitive"
+    prim: Primitive
     inputs: list  # Var or None (an optional operand that is absent)
     outputs: list[Var]
     params: dict
@@ -198,6 +224,7 @@ def primitive(name: str, multiple_results: bool = False) -> Primitive:
 
 # ----------------------------------------------------------------------------- tracing
 
+
 class Tracer:
     """An abstract value flowing through a traced function.
 
@@ -205,7 +232,7 @@ class Tracer:
     :class:`TraceError` naming that operation.
     """
 
-    def __init__(self, trace: "Trace", var: Var):
+    def __init__(self, trace: Trace, var: Var):
         self._trace = trace
         self.var = var
 
@@ -229,24 +256,45 @@ class Tracer:
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
         raise TraceError(
             f"unsupported torch op torch.{name} on a traced value: fqr can trace only its own "
-            f"primitives ({', '.join(sorted(PRIMITIVES))})")
+            f"primitives ({', '.join(sorted(PRIMITIVES))})"
+        )
 
     def __getattr__(self, attr):
         raise TraceError(
             f"unsupported torch op Tensor.{attr} on a traced value: fqr can trace only its own "
-            f"primitives ({', '.join(sorted(PRIMITIVES))})")
+            f"primitives ({', '.join(sorted(PRIMITIVES))})"
+        )
 
 
 def _unsupported_operator(opname):
     def method(self, *args):
         raise TraceError(
             f"unsupported torch op {opname} on a traced value: fqr can trace only its own "
-            f"primitives ({', '.join(sorted(PRIMITIVES))})")
+            f"primitives ({', '.join(sorted(PRIMITIVES))})"
+        )
+
     return method
 
 
-for _op in ("add", "sub", "mul", "truediv", "pow", "matmul", "neg", "getitem", "radd", "rsub",
-            "rmul", "rtruediv", "iter", "len", "bool", "float", "int"):
+for _op in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "pow",
+    "matmul",
+    "neg",
+    "getitem",
+    "radd",
+    "rsub",
+    "rmul",
+    "rtruediv",
+    "iter",
+    "len",
+    "bool",
+    "float",
+    "int",
+):
     setattr(Tracer, f"__{_op}__", _unsupported_operator(f"Tensor.__{_op}__"))
 
 
@@ -269,7 +317,8 @@ class Trace:
             else:
                 raise TraceError(
                     f"{prim.name}: operand {i} is a concrete {type(a).__name__}; inside fqr.trace "
-                    f"every tensor must be an argument of the traced function")
+                    f"every tensor must be an argument of the traced function"
+                )
         out_avals = prim.abstract(*[None if v is None else v.aval for v in in_vars], **params)
         if not prim.multiple_results:
             out_avals = [out_avals]
@@ -310,16 +359,22 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
     out_vars = []
     for o in outs:
         if not isinstance(o, Tracer) or o._trace is not tr:
-            raise TraceError(f"traced function returned {type(o).__name__}; it must return values "
-                             f"computed by fqr primitives")
+            raise TraceError(
+                f"traced function returned {type(o).__name__}; it must return values "
+                f"computed by fqr primitives"
+            )
         out_vars.append(o.var)
     return Program(inputs, tr.eqns, out_vars, names)
 
 
 # ------------------------------------------------------------------------- interpretation
 
-def eval_program(program: Program, args: Sequence[torch.Tensor | None],
-                 compute_dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+
+def eval_program(
+    program: Program,
+    args: Sequence[torch.Tensor | None],
+    compute_dtype: torch.dtype = torch.float32,
+) -> list[torch.Tensor]:
     """Evaluate ``program`` with the primitives' reference ``impl`` rules.
 
     Floating inputs are upcast to ``compute_dtype`` (never downcast: float64 inputs stay float64)
