@@ -13,7 +13,7 @@ For every (preset, dtype, tokens) cell, :func:`run_bench`:
    when one set of inputs would fit in L2 twice over, several sets rotate so that repeated
    calls do not run from cache (:func:`rotation_sets`);
 2. runs fqr and each peer (:mod:`fqr.peers`) once and checks its outputs against the float64
-   formulation (:func:`fqr.golden.exact_prologue`) with :func:`fqr.numerics.compare`: fqr under
+   formulation (:func:`fqr.reference.prologue`) with :func:`fqr.numerics.compare`: fqr under
    the requested contract (``fused`` by default), the peers under ``unfused``; ``v`` bit for bit.
    A wrong or failing implementation is reported and not timed. The check covers
    ``check_rows`` rows (the first and last ones and a random sample; 0 = all rows), every
@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from . import reference
 from .numerics import compare
 from .peers import PEER_NAMES, PrologueShape, build_peer, peer_unavailable_reason
 from .presets import Preset
@@ -503,7 +504,6 @@ def run_bench(
     elif timers is None:
         raise ValueError(f"device {device.type!r}: pass timers (CudaTimers needs a CUDA device)")
     from .backends import resolve_backend
-    from .golden import exact_prologue
 
     resolve_backend(cfg.backend, device)  # unavailable -> one clear error before any work
     env = environment(device)
@@ -555,7 +555,7 @@ def run_bench(
                 ]
                 rows = check_row_index(tokens, cfg.check_rows, row_generator, "cpu").to(device)
                 x0 = sets[0]
-                exact = exact_prologue(
+                exact = reference.prologue(
                     x0.qkv.index_select(0, rows),
                     x0.positions.index_select(0, rows),
                     cache,

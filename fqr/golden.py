@@ -1,23 +1,9 @@
-"""Golden files: an independent float64 formulation of the prologue, the bundled cases, their
-storage (``golden/manifest.json`` + one safetensors file per case) and the check of a backend's
-outputs against them.
+"""Golden files: the bundled cases, their storage (``golden/manifest.json`` + one safetensors
+file per case) and the check of a backend's outputs against them.
 
-**The exact formulation** (:func:`exact_prologue`) shares no code with ``fqr.ops``. On the
-already-rounded inputs, in float64, per token ``t`` and head ``h`` (``x`` = the head's D features):
-
-* norm, per head (``norm="head"``) or over the whole q / k projection (``norm="full"``)::
-
-      y = x / sqrt(sum(x^2) / n + eps) * (weight_offset + w) + b       (n = features in the group)
-
-  where a tensor-parallel shard of a full-width norm takes ``sum(x^2)`` and ``n`` from the
-  all-reduced statistic (:class:`fqr.NormStats`) instead;
-* RoPE as complex multiplication: the first R features form R/2 complex numbers
-  ``z_i = x1_i + i x2_i`` (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``), each multiplied by
-  ``cos_i + i sin_i`` from row ``positions[t]`` of the (fp32) table, in complex128;
-* v is a bit-exact copy of its slice.
-
-The expectation is the same float64 value for ``numerics="fused"`` and ``"unfused"``; only the
-tolerance differs (:func:`fqr.numerics.compare`).
+Each case's expectations are the independent float64 formulation (:func:`fqr.reference.prologue`)
+of its inputs; they are the same for ``numerics="fused"`` and ``"unfused"``, only the tolerance
+differs (:func:`fqr.numerics.compare`).
 
 **Storage.** Each case file holds its inputs in their own dtypes (``qkv``, ``positions``,
 ``q_weight``/``k_weight``, ``q_bias``/``k_bias``, ``q_sum_sq``/``k_sum_sq`` for a sharded
@@ -45,6 +31,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from . import reference
 from .numerics import Comparison, compare, tolerance_text
 from .presets import get_preset
 from .prologue import NormStats
@@ -59,119 +46,6 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 class GoldenCorrupt(Exception):
     """A golden file is missing or its sha256 does not match the manifest."""
-
-
-# ----------------------------------------------------------------------- exact formulation
-
-
-def exact_rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    eps: float,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0,
-    sum_sq: torch.Tensor | None = None,
-    count: int | None = None,
-) -> torch.Tensor:
-    """float64 ``y = x / sqrt(sum(x^2)/n + eps) * (weight_offset + w) + b`` per group of
-    ``group_size`` features of ``x [T, width]``; ``sum_sq [T]`` / ``count`` replace the group's own
-    sum of squares and width (a TP shard of a full-width norm)."""
-    t, width = x.shape
-    g = x.to(torch.float64).reshape(t, width // group_size, group_size)
-    if sum_sq is None:
-        mean_sq = (g * g).sum(dim=-1, keepdim=True) / group_size
-    else:
-        mean_sq = sum_sq.to(torch.float64).reshape(t, 1, 1) / count
-    y = g / torch.sqrt(mean_sq + eps) * (weight_offset + weight.to(torch.float64))
-    if bias is not None:
-        y = y + bias.to(torch.float64)
-    return y.reshape(t, width)
-
-
-def exact_rope(
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    head_dim: int,
-    is_neox: bool = True,
-) -> torch.Tensor:
-    """float64 RoPE of ``x [T, H*D]``: the first R features of each head as R/2 complex numbers
-    (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``) times ``cos + i sin`` of the table row."""
-    t, width = x.shape
-    heads = x.to(torch.float64).reshape(t, width // head_dim, head_dim)
-    rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
-    r = rows.shape[1]
-    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2 :])[:, None, :]
-    part = heads[..., :r]
-    if is_neox:
-        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2 :].contiguous())
-    else:
-        z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
-    w = z * rotation
-    rotated = torch.cat([w.real, w.imag], dim=-1) if is_neox else torch.view_as_real(w).flatten(-2)
-    return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
-
-
-def exact_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    q_bias=None,
-    k_bias=None,
-    weight_offset: float = 0.0,
-    norm: str = "head",
-    norm_stats: NormStats | None = None,
-):
-    """The prologue in float64 by its formulas (module docstring): ``(q, k, v)``.
-
-    Same arguments as :func:`fqr.split_qkv_rmsnorm_rope` (any float dtypes, any device);
-    returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
-    """
-    q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
-    q = qkv[:, :q_width].to(torch.float64)
-    k = qkv[:, q_width : q_width + kv_width].to(torch.float64)
-    v = qkv[:, q_width + kv_width : q_width + 2 * kv_width].clone(
-        memory_format=torch.contiguous_format
-    )
-    if norm != "none":
-        q_stats = k_stats = (None, None)
-        if norm_stats is not None:
-            q_stats = (norm_stats.q_sum_sq, norm_stats.q_count)
-            k_stats = (norm_stats.k_sum_sq, norm_stats.k_count)
-        q = exact_rms_norm(
-            q,
-            q_weight,
-            eps=eps,
-            group_size=head_dim if norm == "head" else q_width,
-            bias=q_bias,
-            weight_offset=weight_offset,
-            sum_sq=q_stats[0],
-            count=q_stats[1],
-        )
-        k = exact_rms_norm(
-            k,
-            k_weight,
-            eps=eps,
-            group_size=head_dim if norm == "head" else kv_width,
-            bias=k_bias,
-            weight_offset=weight_offset,
-            sum_sq=k_stats[0],
-            count=k_stats[1],
-        )
-    q = exact_rope(q, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
-    k = exact_rope(k, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
-    return q, k, v
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -333,7 +207,7 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     )
     tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
     table = _sparse_table(rows, index, max_position)
-    q, k, v = exact_prologue(
+    q, k, v = reference.prologue(
         qkv,
         positions,
         table,

@@ -1,7 +1,7 @@
 """Verification of a run's outputs against the unsharded float64 expectation.
 
 For a verified step, every DP replica's batch is redrawn from its seed (``workload.step_qkv``)
-and evaluated by :func:`fqr.golden.exact_prologue` (the prologue's formulas in float64, an
+and evaluated by :func:`fqr.reference.prologue` (the prologue's formulas in float64, an
 implementation independent of the ops' reference rules) on the **unsharded** model. Each TP
 rank's outputs are its heads of that expectation, so comparing every shard with its slice
 under the numerics contract (:func:`fqr.numerics.compare`) is comparing the TP-gathered output,
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..golden import exact_prologue
+from .. import reference
 from ..numerics import compare
 from ..presets import get_preset
 from .layer import shard_heads
@@ -53,7 +53,7 @@ class Verifier:
 
     def expected(self, qkv: torch.Tensor, positions: torch.Tensor):
         f = self.full
-        return exact_prologue(
+        return reference.prologue(
             qkv,
             positions,
             self.cos_sin_cache,

@@ -5,7 +5,7 @@ core processes more than one tile of tokens (issue 16674: from 1024 tokens with 
 257 tokens with 64/4 heads). Here a small persistent grid (3 "vector cores") makes every program
 run many tiles, with token counts that neither the core count nor the tile divides; and a small
 UB budget forces head chunks (including the full-width-norm prepass). Every output is compared
-with the independent float64 formulation (``fqr.golden.exact_prologue``) under the numerics
+with the independent float64 formulation (``fqr.reference.prologue``) under the numerics
 contract, on fresh random inputs and real RoPE tables, with NaN-poisoned output buffers.
 
 Needs the Ascend environment (``make ascend-env``) and an interpreted process (the default of
@@ -20,8 +20,8 @@ import pytest
 import torch
 from conftest import make_problem
 
+from fqr import reference
 from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
 from fqr.lowering import ascend as A
 from fqr.lowering import lower
 from fqr.lowering.loader import triton_mode
@@ -71,7 +71,7 @@ def run_ascend_interpret(pr, numerics="fused", **options):
 
 def check_against_float64(pr, outs, numerics="fused"):
     s = pr.static
-    eq, ek, ev = exact_prologue(
+    eq, ek, ev = reference.prologue(
         pr.qkv,
         pr.positions,
         pr.cos_sin_cache,

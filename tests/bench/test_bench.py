@@ -365,7 +365,7 @@ def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     g = torch.Generator().manual_seed(7)
     x = fb.make_inputs(p, torch.bfloat16, 300, "cpu", g)
     cache = p.cos_sin_cache()
-    from fqr.golden import exact_prologue
+    from fqr import reference
     from fqr.prologue import split_qkv_rmsnorm_rope
 
     kw = dict(
@@ -381,7 +381,7 @@ def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
         x.qkv, x.positions, cache, x.q_weight, x.k_weight, backend="reference", **kw
     )
     rows = fb.check_row_index(300, 50, g, "cpu")
-    exact = exact_prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
+    exact = reference.prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
     shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
     good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
     assert good["passed"] and good["rows"] == 50

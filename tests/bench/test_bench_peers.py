@@ -1,5 +1,5 @@
 """The unfused peers of ``fqr bench`` compute the prologue: checked on CPU against the float64
-formulation (``fqr.golden.exact_prologue``) under the ``unfused`` contract, on fresh random
+formulation (``fqr.reference.prologue``) under the ``unfused`` contract, on fresh random
 inputs and the models' real RoPE tables."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from fqr.golden import exact_prologue
+from fqr import reference
 from fqr.numerics import compare
 from fqr.peers import PEER_NAMES, PrologueShape, build_peer, peer_unavailable_reason
 from fqr.presets import get_preset
@@ -36,7 +36,7 @@ def _check(preset, shape, peer_fn, dtype, tokens, seed):
     cache = preset.cos_sin_cache(max_position=MAX_POSITION)
     qkv, positions, qw, kw = _inputs(preset, dtype, tokens, seed)
     q, k, v = peer_fn(qkv, positions, qw, kw)
-    eq, ek, ev = exact_prologue(
+    eq, ek, ev = reference.prologue(
         qkv,
         positions,
         cache,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.vllm_model import exact_heads
 
 import fqr
+from fqr import reference
 from fqr.fusion import qk_rmsnorm_rope
 from fqr.numerics import compare
 from fqr.rope_cache import rope_cos_sin_cache
@@ -59,10 +59,21 @@ def test_ops_match_float64(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, o
         tokens, hq, hkv, d, rotary, dtype, bias, gen, gemma=offset == 1.0
     )
     eps = 1e-6
-    cos, sin = cache[pos].chunk(2, dim=-1)
     q_in, k_in = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
-    exact_q = exact_heads(q_in, qw, qb, offset, eps, cos, sin, d, neox)
-    exact_k = exact_heads(k_in, kw, kb, offset, eps, cos, sin, d, neox)
+    exact_q, exact_k = reference.qk_prologue(
+        q_in,
+        k_in,
+        pos,
+        cache,
+        qw,
+        kw,
+        head_dim=d,
+        eps=eps,
+        is_neox=neox,
+        q_bias=qb,
+        k_bias=kb,
+        weight_offset=offset,
+    )
 
     q, k, v = torch.ops.fqr.split_qkv_rmsnorm_rope(
         qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, eps, neox, offset, "head", numerics
@@ -173,9 +184,10 @@ def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
     kw_args = dict(head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb, numerics=numerics)
     q, k = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="interpret", **kw_args)
     ref = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="reference", **kw_args)
-    cos, sin = cache[pos].chunk(2, dim=-1)
-    for out, want, x, w, b in ((q, ref[0], q_in, qw, qb), (k, ref[1], k_in, kw, kb)):
-        exact = exact_heads(x, w, b, 0.0, 1e-6, cos, sin, d, neox)
+    exacts = reference.qk_prologue(
+        q_in, k_in, pos, cache, qw, kw, head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb
+    )
+    for out, want, exact in zip((q, k), ref, exacts):
         assert compare(out, exact, head_dim=d, numerics=numerics).passed
         assert torch.equal(out, want)
 

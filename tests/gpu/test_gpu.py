@@ -6,8 +6,8 @@ import torch
 from conftest import make_problem
 
 import fqr
+from fqr import reference
 from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
 from fqr.lowering import lower
 from fqr.numerics import compare
 from fqr.prologue import preset_program
@@ -53,7 +53,7 @@ def to_cuda(pb):
 @pytest.mark.parametrize("name", list(fqr.PRESETS))
 def test_presets_against_float64(gen, name, dtype):
     p, pb = preset_problem(gen, name, 301, dtype, bias=name == "qwen3-8b")
-    exact = exact_prologue(*pb.args(), **pb.kwargs())
+    exact = reference.prologue(*pb.args(), **pb.kwargs())
     pb = to_cuda(pb)
     program = preset_program(p, dtype, bias=pb.q_bias is not None)
     kernel = lower(program, "cuda")
@@ -92,7 +92,7 @@ def test_new_token_counts_do_not_recompile(gen):
     counts = []
     for tokens in (1, 2, 16, 17, 1000, 4096):
         _, pb = preset_problem(gen, "qwen3-0.6b", tokens, torch.bfloat16)
-        exact = exact_prologue(*pb.args(), **pb.kwargs())
+        exact = reference.prologue(*pb.args(), **pb.kwargs())
         pb = to_cuda(pb)
         q, k, v = fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(backend="triton"))
         assert compare(q, exact[0], head_dim=p.head_dim).passed

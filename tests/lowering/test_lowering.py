@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fqr
+from fqr import reference
 from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
 from fqr.lowering import kernel_source, lower, tiling_of
 from fqr.numerics import compare
 from fqr.prologue import program_signature, prologue_program
@@ -70,7 +70,7 @@ def run_kernel(pb, numerics="fused", **options):
 
 
 def check_against_float64(pb, outs, numerics="fused"):
-    exact = exact_prologue(*pb.args(), **pb.kwargs())
+    exact = reference.prologue(*pb.args(), **pb.kwargs())
     d = pb.static["head_dim"]
     for name, o, e in zip("qkv", outs, exact):
         c = compare(o, e, head_dim=d, numerics=numerics, bitwise=(name == "v"))

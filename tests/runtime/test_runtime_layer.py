@@ -2,7 +2,7 @@
 
 Each TP rank's :class:`StepRunner` runs in a thread; the TP all-reduce is a barrier-based sum
 across the threads (the semantics of ``dist.all_reduce``). The gathered outputs must equal the
-unsharded float64 expectation (``fqr.golden.exact_prologue``) within the numerics contract, and
+unsharded float64 expectation (``fqr.reference.prologue``) within the numerics contract, and
 the verifier must catch a missing all-reduce, a corrupted shard and DP replicas that differ.
 """
 
