@@ -28,7 +28,6 @@ from rich.table import Table
 
 from fqr.bench import (
     DEFAULT_TOKENS,
-    DTYPES,
     FQR,
     GRAPH_MAX_TOKENS,
     BenchConfig,
@@ -43,6 +42,7 @@ from fqr.peers import PEER_NAMES
 from fqr.presets import get_preset
 
 from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, out, parse_csv
+from .options import ACTIVATION_DTYPES_HELP, parse_dtypes
 
 # The issue-5 target set: Qwen3 0.6B/8B/32B/235B-A22B, Gemma 3 27B, Qwen3.5 27B (all TP1).
 DEFAULT_PRESETS = (
@@ -53,17 +53,6 @@ DEFAULT_PRESETS = (
     "gemma3-27b",
     "qwen3.5-27b",
 )
-DTYPE_ALIASES = {
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "f16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "fp32": "fp32",
-    "f32": "fp32",
-    "float32": "fp32",
-}
 PLOT_MARKERS = {FQR: "o", "eager": "s", "compile": "^", "liger": "D"}
 
 
@@ -89,14 +78,6 @@ def _parse_tokens(value: str | None) -> list[int]:
     if bad:
         raise UsageError(f"--tokens: token counts must be >= 1, got {bad[0]}")
     return list(dict.fromkeys(tokens))
-
-
-def _parse_dtypes(value: str | None) -> list:
-    names = parse_csv(value or "bf16", "dtype")
-    unknown = [n for n in names if n.lower() not in DTYPE_ALIASES]
-    if unknown:
-        raise UsageError(f"--dtype: unknown dtype {unknown[0]!r}; choose from {', '.join(DTYPES)}")
-    return [DTYPES[DTYPE_ALIASES[n.lower()]] for n in dict.fromkeys(names)]
 
 
 def _parse_compare(value: str | None) -> list[str]:
@@ -319,7 +300,9 @@ def bench(
         "-t",
         help=f"token counts, comma list (default: {','.join(map(str, DEFAULT_TOKENS))})",
     ),
-    dtype: str = typer.Option(None, "--dtype", help="bf16,fp16,fp32, comma list (default: bf16)"),
+    dtype: str = typer.Option(
+        None, "--dtype", help=f"{ACTIVATION_DTYPES_HELP}, comma list (default: bf16)"
+    ),
     compare: str = typer.Option(
         None,
         "--compare",
@@ -371,7 +354,7 @@ def bench(
         cfg = BenchConfig(
             presets=_parse_presets(preset),
             tokens=_parse_tokens(tokens),
-            dtypes=_parse_dtypes(dtype),
+            dtypes=parse_dtypes(dtype or "bf16"),
             compare=_parse_compare(compare),
             backend=backend,
             numerics=numerics,

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .common import EXIT_FAILED, UsageError, app, err, out
-from .options import DTYPES, parse_dtype
+from .options import ACTIVATION_DTYPES_HELP, parse_dtype
 
 TARGET_NAMES = ("cuda", "interpret", "ascend", "ascend-interpret")
 
@@ -23,7 +23,9 @@ def lower(
         help="tensor-parallel size (per-rank head counts); "
         "default 1 (--check: each of 1, 2, 4, 8 the preset allows)",
     ),
-    dtype: str = typer.Option("bf16", "--dtype", help=f"activation dtype: {', '.join(DTYPES)}"),
+    dtype: str = typer.Option(
+        "bf16", "--dtype", help=f"activation dtype: {ACTIVATION_DTYPES_HELP}"
+    ),
     target: str = typer.Option("cuda", "--target", help=f"one of {', '.join(TARGET_NAMES)}"),
     numerics: str = typer.Option("fused", "--numerics", help="fused | unfused"),
     bias: bool = typer.Option(False, "--bias", help="norm with a bias term"),

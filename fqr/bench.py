@@ -41,13 +41,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import reference
+from .core import ACTIVATION_DTYPE_NAMES, dtype_name, dtype_of
 from .numerics import compare
 from .peers import PEER_NAMES, PrologueShape, build_peer, peer_unavailable_reason
 from .presets import Preset
 
 SCHEMA = "fqr-bench/1"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 GRAPH_MAX_TOKENS = 256
 CEILING_BYTES = 2 << 30  # size of the copied buffer: 2 GiB read + 2 GiB written
@@ -309,8 +308,10 @@ class BenchConfig:
         if not self.tokens:
             raise ValueError("tokens: give at least one token count")
         for d in self.dtypes:
-            if d not in DTYPE_NAMES:
-                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {d}")
+            if d not in [dtype_of(n) for n in ACTIVATION_DTYPE_NAMES]:
+                raise ValueError(
+                    f"dtype must be one of {', '.join(ACTIVATION_DTYPE_NAMES)}, got {d}"
+                )
         if not self.dtypes:
             raise ValueError("dtype: give at least one dtype")
         for c in self.compare:
@@ -331,7 +332,7 @@ class BenchConfig:
     def settings(self) -> dict:
         d = asdict(self)
         d["presets"] = [p.name for p in self.presets]
-        d["dtypes"] = [DTYPE_NAMES[t] for t in self.dtypes]
+        d["dtypes"] = [dtype_name(t) for t in self.dtypes]
         return d
 
 
@@ -540,11 +541,11 @@ def run_bench(
                 try:
                     launcher = _launcher_callable(preset, dtype, cache, cfg.numerics)
                 except Exception as e:  # the public op's own check reports a broken lowering
-                    doc["skipped"][f"launcher/{preset.name}/{DTYPE_NAMES[dtype]}"] = _error_text(e)
+                    doc["skipped"][f"launcher/{preset.name}/{dtype_name(dtype)}"] = _error_text(e)
             for peer in peers_here:
                 impls[peer] = (_peer_callable(build_peer(peer, shape, cache, dtype)), "unfused")
             for tokens in cfg.tokens:
-                label = f"{preset.name} {DTYPE_NAMES[dtype]} T={tokens}"
+                label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
                 seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
                 generator.manual_seed(seed)
                 row_generator.manual_seed(seed)
@@ -571,7 +572,7 @@ def run_bench(
                 )
                 row = {
                     "preset": preset.name,
-                    "dtype": DTYPE_NAMES[dtype],
+                    "dtype": dtype_name(dtype),
                     "tokens": tokens,
                     "bytes": traffic.total,
                     "traffic": asdict(traffic),

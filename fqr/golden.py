@@ -32,6 +32,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from . import reference
+from .core import dtype_of
 from .numerics import Comparison, compare, tolerance_text
 from .presets import get_preset
 from .prologue import NormStats
@@ -40,8 +41,6 @@ from .rope_cache import rope_cos_sin_cache
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST = "manifest.json"
 FORMAT = "fqr-golden/1"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class GoldenCorrupt(Exception):
@@ -139,7 +138,7 @@ def select_cases(pattern: str | None = None) -> list[CaseSpec]:
 def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """Draw one case's inputs from its seed and compute its expectations."""
     preset = get_preset(spec.preset, spec.tp)
-    dtype = DTYPES[spec.dtype]
+    dtype = dtype_of(spec.dtype)
     gen = torch.Generator().manual_seed(spec.seed)
     t, d = spec.tokens, preset.head_dim
     heads = preset.num_heads + 2 * preset.num_kv_heads
@@ -153,7 +152,7 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     positions[0] = max_position - 1  # the table's last row is always exercised
     if t > 2:
         positions[1] = 0
-    positions = positions.to(getattr(torch, spec.positions_dtype))
+    positions = positions.to(dtype_of(spec.positions_dtype))
 
     tensors: dict[str, torch.Tensor] = {"qkv": qkv, "positions": positions}
     norm_stats = None

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from .core import ACTIVATION_DTYPE_NAMES, dtype_of
+
+ACTIVATION_DTYPES = tuple(dtype_of(name) for name in ACTIVATION_DTYPE_NAMES)
 NORM_KINDS = ("head", "full", "none")
 
 

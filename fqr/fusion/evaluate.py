@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import reference
+from ..core import dtype_name
 from ..numerics import compare
 from ..presets import Preset
 from .fusion_pass import FusionBackend, fusion_patterns
@@ -170,7 +171,7 @@ def evaluate_fusion(
         preset=preset.label,
         layers=layers,
         tokens=tokens,
-        dtype=str(dtype).replace("torch.", ""),
+        dtype=dtype_name(dtype),
         device=str(dev),
         sites=fusion.stats.sites,
         unfused_ops_left=unfused_left,

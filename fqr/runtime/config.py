@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..backends import BackendUnavailable, get_backend
+from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
 from .device import DEVICE_TYPES
 from .faults import FaultSpec, parse_fault
 from .parallel_state import Layout
 from .workload import parse_range
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAUNCHERS = ("mp", "torchrun")
 AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}  # as fqr.backends.auto_backend_name
 
@@ -48,7 +48,7 @@ class RunConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return dtype_of(self.dtype)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -79,8 +79,10 @@ class RunConfig:
             raise ValueError(
                 f"--device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in ACTIVATION_DTYPE_NAMES:
+            raise ValueError(
+                f"--dtype must be one of {', '.join(ACTIVATION_DTYPE_NAMES)}, got {self.dtype!r}"
+            )
         if self.numerics not in ("fused", "unfused"):
             raise ValueError(f"--numerics must be fused or unfused, got {self.numerics!r}")
         if self.launcher not in LAUNCHERS:
