@@ -25,7 +25,6 @@ from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
 from .golden import print_table
 
-BACKEND_DEVICE = {"triton": "cuda", "ascend": "npu"}  # everything else runs on CPU tensors
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
 
 
@@ -49,7 +48,7 @@ def verify_one(case, backend: str) -> dict:
     """Run ``backend`` on a loaded case: a result row (status, errors, per-output details)."""
     row = {"case": case.name, "backend": backend}
     try:
-        q, k, v = case.to(BACKEND_DEVICE.get(backend, "cpu")).run(backend)
+        q, k, v = case.to(BACKENDS[backend].home_device).run(backend)
         checks = case.check(q, k, v)
     except Exception as e:  # a backend that raises fails the check; the row says why
         return row | {

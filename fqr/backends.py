@@ -2,18 +2,23 @@
 
 A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
-=================  ===========================================================================
-``reference``      the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`);
-                   any device
-``interpret``      the generated Triton kernel (target ``cuda`` source) under ``TRITON_INTERPRET=1``
-                   on CPU tensors: slow, for CI and debugging
-``triton``         the generated kernel compiled by upstream Triton on a CUDA GPU
-``ascend``         the generated kernel (target ``ascend``) compiled by Triton-Ascend on an NPU
-``ascend-interpret`` the ``ascend``-target kernel under Triton-Ascend's interpreter on CPU
-=================  ===========================================================================
+==================== ========================================================================
+``reference``        the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`);
+                     any device
+``interpret``        the kernel generated for lowering target ``interpret`` (the ``cuda``
+                     profile's code, 8-token tiles, bf16 rounded on the bits) run by upstream
+                     Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors: slow, for CI
+                     and debugging
+``triton``           the kernel generated for target ``cuda``, compiled by upstream Triton on a
+                     CUDA GPU
+``ascend``           the kernel generated for target ``ascend``, compiled by Triton-Ascend on
+                     an NPU
+``ascend-interpret`` the kernel generated for target ``ascend-interpret`` (the ``ascend``
+                     profile) under Triton-Ascend's interpreter on CPU tensors
+==================== ========================================================================
 
-``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors, ``reference`` otherwise
-(never the interpreter: it is slow).
+``auto`` (:data:`AUTO_BACKENDS`) picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors,
+``reference`` otherwise (never an interpreter: it is slow).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import importlib.metadata as md
 import importlib.util
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,11 +41,24 @@ class BackendUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Backend:
+    """``device_types``: where its tensors may live, the first where they live by default;
+    ``target``: the lowering target of its generated kernel (None: the reference rules)."""
+
     name: str
     description: str
     device_types: tuple[str, ...]
+    target: str | None
     _availability: Callable[[], str | None]  # None when available, else the reason
-    _runner: Callable[[Program, list], list]
+    _runner: Callable[[Program, list], list] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        runner = _run_reference if self.target is None else _kernel_runner(self.target)
+        object.__setattr__(self, "_runner", runner)
+
+    @property
+    def home_device(self) -> str:
+        """The device type its inputs go to when the caller does not say."""
+        return self.device_types[0]
 
     def unavailable_reason(self) -> str | None:
         return self._availability()
@@ -158,39 +176,38 @@ BACKENDS: dict[str, Backend] = {
             "reference",
             "torch impl rules, fp32 compute",
             ("cpu", "cuda", "npu"),
+            None,
             lambda: None,
-            _run_reference,
         ),
         Backend(
             "interpret",
             "generated kernel, Triton interpreter (CPU)",
             ("cpu",),
+            "interpret",
             _reason_interpret,
-            _kernel_runner("interpret"),
         ),
-        Backend(
-            "triton",
-            "generated kernel, Triton on CUDA",
-            ("cuda",),
-            _reason_triton,
-            _kernel_runner("cuda"),
-        ),
+        Backend("triton", "generated kernel, Triton on CUDA", ("cuda",), "cuda", _reason_triton),
         Backend(
             "ascend",
             "generated kernel, Triton-Ascend on NPU",
             ("npu",),
+            "ascend",
             _reason_ascend,
-            _kernel_runner("ascend"),
         ),
         Backend(
             "ascend-interpret",
             "ascend-target kernel, Triton-Ascend interpreter (CPU)",
             ("cpu",),
+            "ascend-interpret",
             _reason_ascend_interpret,
-            _kernel_runner("ascend-interpret"),
         ),
     ]
 }
+
+# ``backend="auto"``: the compiled kernel on each accelerator -- the backend whose target is
+# fqr.lowering.default_target of that device (tests/backends pins the agreement); anything else
+# runs the reference rules.
+AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}
 
 
 def get_backend(name: str) -> Backend:
@@ -202,8 +219,10 @@ def get_backend(name: str) -> Backend:
         ) from None
 
 
-def auto_backend_name(device: torch.device) -> str:
-    return {"cuda": "triton", "npu": "ascend"}.get(device.type, "reference")
+def auto_backend_name(device: torch.device | str) -> str:
+    """The backend ``auto`` picks for tensors on ``device`` (a device or a device type)."""
+    device_type = device if isinstance(device, str) else device.type
+    return AUTO_BACKENDS.get(device_type, "reference")
 
 
 _RESOLVED: dict[tuple[str, str], Backend] = {}

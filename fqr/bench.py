@@ -42,9 +42,10 @@ import torch
 
 from . import reference
 from .core import ACTIVATION_DTYPE_NAMES, dtype_name, dtype_of
+from .inputs import PrologueInputs, random_inputs
 from .numerics import compare
-from .peers import PEER_NAMES, PrologueShape, build_peer, peer_unavailable_reason
-from .presets import Preset
+from .peers import PEER_NAMES, build_peer, peer_unavailable_reason
+from .presets import Preset, PrologueSpec
 
 SCHEMA = "fqr-bench/1"
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
@@ -89,31 +90,26 @@ class Traffic:
 
 
 def traffic_bytes(
-    preset: Preset,
+    spec: PrologueSpec,
     dtype: torch.dtype,
     tokens: int,
     cache_dtype: torch.dtype = CACHE_DTYPE,
     positions_dtype: torch.dtype = POSITIONS_DTYPE,
 ) -> Traffic:
-    """The minimal traffic of one call of the prologue on ``tokens`` tokens of ``preset``.
+    """The minimal traffic of one call of the prologue on ``tokens`` tokens of ``spec``.
 
     ``T*W*e`` read + ``T*W*e`` written (``W = (Hq + 2*Hkv)*D``, ``e`` the element size),
     ``T`` positions, ``T*R`` table values (``R`` = rotary_dim), and the weights (``2*D`` values for
     a per-head norm, ``(Hq + Hkv)*D`` for a full-width norm, none without a norm).
     """
     elt = torch.finfo(dtype).bits // 8
-    row = tokens * preset.qkv_width * elt
-    if preset.norm == "none":
-        weight_values = 0
-    elif preset.norm == "head":
-        weight_values = 2 * preset.head_dim
-    else:
-        weight_values = preset.q_size + preset.kv_size
+    row = tokens * spec.qkv_width * elt
+    weight_values = sum(spec.norm_widths or ())
     return Traffic(
         qkv_read=row,
         qkv_written=row,
         positions=tokens * (torch.iinfo(positions_dtype).bits // 8),
-        cos_sin=tokens * preset.rotary_dim * (torch.finfo(cache_dtype).bits // 8),
+        cos_sin=tokens * spec.rotary_dim * (torch.finfo(cache_dtype).bits // 8),
         weights=weight_values * elt,
     )
 
@@ -126,43 +122,6 @@ def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
 
 
 # ------------------------------------------------------------------------------ inputs
-
-
-@dataclass
-class PrologueInputs:
-    qkv: torch.Tensor
-    positions: torch.Tensor
-    q_weight: torch.Tensor | None
-    k_weight: torch.Tensor | None
-
-
-def make_inputs(
-    preset: Preset,
-    dtype: torch.dtype,
-    tokens: int,
-    device,
-    generator: torch.Generator,
-    max_position: int | None = None,
-) -> PrologueInputs:
-    """Fresh random inputs: ``qkv ~ N(0, 1)``, weights ``offset-free value + 0.1*N(0, 1)``."""
-    max_position = max_position or preset.max_position
-    qkv = torch.randn(tokens, preset.qkv_width, generator=generator, device=device).to(dtype)
-    positions = torch.randint(
-        0, max_position, (tokens,), generator=generator, device=device, dtype=POSITIONS_DTYPE
-    )
-    if preset.norm == "none":
-        return PrologueInputs(qkv, positions, None, None)
-    q_len, k_len = (
-        (preset.head_dim, preset.head_dim)
-        if preset.norm == "head"
-        else (preset.q_size, preset.kv_size)
-    )
-    centre = 0.0 if preset.weight_offset else 1.0  # Gemma-style weights are stored as w - 1
-
-    def weight(n):
-        return (centre + 0.1 * torch.randn(n, generator=generator, device=device)).to(dtype)
-
-    return PrologueInputs(qkv, positions, weight(q_len), weight(k_len))
 
 
 def check_row_index(
@@ -377,22 +336,7 @@ def _fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: s
     from .prologue import split_qkv_rmsnorm_rope
 
     def run(x: PrologueInputs):
-        return split_qkv_rmsnorm_rope(
-            x.qkv,
-            x.positions,
-            cache,
-            x.q_weight,
-            x.k_weight,
-            num_heads=preset.num_heads,
-            num_kv_heads=preset.num_kv_heads,
-            head_dim=preset.head_dim,
-            eps=preset.eps,
-            is_neox=preset.is_neox,
-            weight_offset=preset.weight_offset,
-            norm=preset.norm,
-            numerics=numerics,
-            backend=backend,
-        )
+        return split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(numerics=numerics, backend=backend))
 
     return run
 
@@ -423,7 +367,8 @@ def _measure_impl(
     device: torch.device,
 ) -> dict:
     """Check one implementation on the first input set, then (only if right) time it."""
-    shapes = [(tokens, preset.q_size), (tokens, preset.kv_size), (tokens, preset.kv_size)]
+    spec = preset.spec
+    shapes = [(tokens, spec.q_size), (tokens, spec.kv_size), (tokens, spec.kv_size)]
     result: dict = {
         "check": None,
         "us": None,
@@ -476,8 +421,7 @@ def _launcher_callable(preset: Preset, dtype: torch.dtype, cache: torch.Tensor, 
     kernel = lower(preset_program(preset, dtype, numerics=numerics), target="cuda")
 
     def run(x: PrologueInputs):
-        args = [x.qkv, x.positions, cache] + [w for w in (x.q_weight, x.k_weight) if w is not None]
-        return kernel(*args)
+        return kernel(*[t for t in x.args() if t is not None])
 
     return run
 
@@ -524,11 +468,10 @@ def run_bench(
     generator = torch.Generator(device=device)
     row_generator = torch.Generator()
     for preset in cfg.presets:
-        shape = PrologueShape.of_preset(preset)
         cache = preset.cos_sin_cache().to(device)
         peers_here = []
         for peer in cfg.compare:
-            reason = peer_unavailable_reason(peer, shape)
+            reason = peer_unavailable_reason(peer, preset.spec)
             if reason:
                 doc["skipped"][f"{peer}/{preset.name}"] = reason
             else:
@@ -543,32 +486,28 @@ def run_bench(
                 except Exception as e:  # the public op's own check reports a broken lowering
                     doc["skipped"][f"launcher/{preset.name}/{dtype_name(dtype)}"] = _error_text(e)
             for peer in peers_here:
-                impls[peer] = (_peer_callable(build_peer(peer, shape, cache, dtype)), "unfused")
+                impls[peer] = (
+                    _peer_callable(build_peer(peer, preset.spec, cache, dtype)),
+                    "unfused",
+                )
             for tokens in cfg.tokens:
                 label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
                 seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
                 generator.manual_seed(seed)
                 row_generator.manual_seed(seed)
-                traffic = traffic_bytes(preset, dtype, tokens)
+                traffic = traffic_bytes(preset.spec, dtype, tokens)
                 n_sets = rotation_sets(traffic.total, env["l2_bytes"])
                 sets = [
-                    make_inputs(preset, dtype, tokens, device, generator) for _ in range(n_sets)
+                    random_inputs(preset.spec, tokens, dtype, generator, cache)
+                    for _ in range(n_sets)
                 ]
                 rows = check_row_index(tokens, cfg.check_rows, row_generator, "cpu").to(device)
                 x0 = sets[0]
                 exact = reference.prologue(
                     x0.qkv.index_select(0, rows),
                     x0.positions.index_select(0, rows),
-                    cache,
-                    x0.q_weight,
-                    x0.k_weight,
-                    num_heads=preset.num_heads,
-                    num_kv_heads=preset.num_kv_heads,
-                    head_dim=preset.head_dim,
-                    eps=preset.eps,
-                    is_neox=preset.is_neox,
-                    weight_offset=preset.weight_offset,
-                    norm=preset.norm,
+                    *x0.args()[2:],
+                    **x0.kwargs(),
                 )
                 row = {
                     "preset": preset.name,

@@ -24,7 +24,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -33,8 +33,9 @@ from safetensors.torch import save as save_safetensors
 
 from . import reference
 from .core import dtype_of
+from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, tolerance_text
-from .presets import get_preset
+from .presets import PrologueSpec, get_preset
 from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
 
@@ -135,66 +136,52 @@ def select_cases(pattern: str | None = None) -> list[CaseSpec]:
     return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
 
 
-def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
-    """Draw one case's inputs from its seed and compute its expectations."""
-    preset = get_preset(spec.preset, spec.tp)
-    dtype = dtype_of(spec.dtype)
-    gen = torch.Generator().manual_seed(spec.seed)
-    t, d = spec.tokens, preset.head_dim
-    heads = preset.num_heads + 2 * preset.num_kv_heads
-    is_neox = preset.is_neox if spec.is_neox is None else spec.is_neox
-    max_position = spec.max_position or preset.max_position
+def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
+    preset = get_preset(case.preset, case.tp)
+    is_neox = preset.is_neox if case.is_neox is None else case.is_neox
+    spec = replace(preset.spec, is_neox=is_neox)
+    dtype = dtype_of(case.dtype)
+    gen = torch.Generator().manual_seed(case.seed)
+    t, d = case.tokens, spec.head_dim
+    max_position = case.max_position or preset.max_position
 
-    head_scale = 0.5 + 2.5 * torch.rand(heads, generator=gen, dtype=torch.float64)
-    qkv = torch.randn(t, heads, d, generator=gen, dtype=torch.float64) * head_scale[:, None]
-    qkv = qkv.reshape(t, heads * d).to(dtype)
-    positions = torch.randint(0, max_position, (t,), generator=gen)
-    positions[0] = max_position - 1  # the table's last row is always exercised
-    if t > 2:
-        positions[1] = 0
-    positions = positions.to(dtype_of(spec.positions_dtype))
-
+    qkv = random_qkv(spec, t, dtype, gen)
+    positions = random_positions(
+        t, max_position, gen, dtype=dtype_of(case.positions_dtype), cover_ends=True
+    )
+    norm = dict(
+        zip(
+            ("q_weight", "k_weight", "q_bias", "k_bias"),
+            random_norm_params(spec, dtype, gen, bias=case.bias),
+        )
+    )
     tensors: dict[str, torch.Tensor] = {"qkv": qkv, "positions": positions}
+    tensors.update((name, x) for name, x in norm.items() if x is not None)
     norm_stats = None
-    if preset.norm != "none":
-        n_q = d if preset.norm == "head" else preset.q_size
-        n_k = d if preset.norm == "head" else preset.kv_size
-        centre = 0.0 if preset.weight_offset else 1.0
-        tensors["q_weight"] = (
-            centre + 0.2 * torch.randn(n_q, generator=gen, dtype=torch.float64)
-        ).to(dtype)
-        tensors["k_weight"] = (
-            centre + 0.2 * torch.randn(n_k, generator=gen, dtype=torch.float64)
-        ).to(dtype)
-        if spec.bias:
-            tensors["q_bias"] = (0.05 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(
+    if spec.norm == "full" and preset.tp > 1:
+        # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
+        sums = []
+        for local, total in (
+            (spec.q_size, preset.total_heads * d),
+            (spec.kv_size, preset.total_kv_heads * d),
+        ):
+            rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
+            rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(
                 dtype
             )
-            tensors["k_bias"] = (0.05 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(
-                dtype
-            )
-        if preset.norm == "full" and preset.tp > 1:
-            # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
-            sums = []
-            for local, total in (
-                (preset.q_size, preset.total_heads * d),
-                (preset.kv_size, preset.total_kv_heads * d),
-            ):
-                rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
-                rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(
-                    dtype
-                )
-                sums.append(rest.to(torch.float64).square().sum(-1))
-            q_loc = qkv[:, : preset.q_size].to(torch.float64)
-            k_loc = qkv[:, preset.q_size : preset.q_size + preset.kv_size].to(torch.float64)
-            tensors["q_sum_sq"] = (sums[0] + q_loc.square().sum(-1)).to(torch.float32)
-            tensors["k_sum_sq"] = (sums[1] + k_loc.square().sum(-1)).to(torch.float32)
-            norm_stats = NormStats(
-                tensors["q_sum_sq"],
-                tensors["k_sum_sq"],
-                preset.total_heads * d,
-                preset.total_kv_heads * d,
-            )
+            sums.append(rest.to(torch.float64).square().sum(-1))
+        parts = reference.split_row(
+            qkv, reference.qkv_sections(spec.num_heads, spec.num_kv_heads, d)
+        )
+        tensors["q_sum_sq"] = (sums[0] + parts["q"].double().square().sum(-1)).to(torch.float32)
+        tensors["k_sum_sq"] = (sums[1] + parts["k"].double().square().sum(-1)).to(torch.float32)
+        norm_stats = NormStats(
+            tensors["q_sum_sq"],
+            tensors["k_sum_sq"],
+            preset.total_heads * d,
+            preset.total_kv_heads * d,
+        )
 
     index = torch.unique(positions.long())
     rows = rope_cos_sin_cache(
@@ -210,47 +197,38 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         qkv,
         positions,
         table,
-        tensors.get("q_weight"),
-        tensors.get("k_weight"),
-        num_heads=preset.num_heads,
-        num_kv_heads=preset.num_kv_heads,
-        head_dim=d,
-        eps=preset.eps,
-        is_neox=is_neox,
-        q_bias=tensors.get("q_bias"),
-        k_bias=tensors.get("k_bias"),
-        weight_offset=preset.weight_offset,
-        norm=preset.norm,
-        norm_stats=norm_stats,
+        norm["q_weight"],
+        norm["k_weight"],
+        **spec.kwargs(q_bias=norm["q_bias"], k_bias=norm["k_bias"], norm_stats=norm_stats),
     )
     tensors.update(expected_q=q, expected_k=k, expected_v=v)
 
     entry = {
-        "name": spec.name,
-        "file": f"{spec.name}.safetensors",
-        "seed": spec.seed,
-        "preset": spec.preset,
-        "tp": spec.tp,
-        "dtype": spec.dtype,
-        "numerics": spec.numerics,
+        "name": case.name,
+        "file": f"{case.name}.safetensors",
+        "seed": case.seed,
+        "preset": case.preset,
+        "tp": case.tp,
+        "dtype": case.dtype,
+        "numerics": case.numerics,
         "tokens": t,
-        "bias": spec.bias,
+        "bias": case.bias,
         "is_neox": is_neox,
-        "num_heads": preset.num_heads,
-        "num_kv_heads": preset.num_kv_heads,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
         "head_dim": d,
-        "rotary_dim": preset.rotary_dim,
-        "norm": preset.norm,
+        "rotary_dim": spec.rotary_dim,
+        "norm": spec.norm,
         "norm_stats": norm_stats is not None,
-        "eps": preset.eps,
-        "weight_offset": preset.weight_offset,
+        "eps": spec.eps,
+        "weight_offset": spec.weight_offset,
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
-        "positions_dtype": spec.positions_dtype,
-        "row_stride": heads * d + spec.row_pad,
+        "positions_dtype": case.positions_dtype,
+        "row_stride": spec.qkv_width + case.row_pad,
         "tolerance": {
-            "q": tolerance_text(spec.numerics, dtype),
-            "k": tolerance_text(spec.numerics, dtype),
+            "q": tolerance_text(case.numerics, dtype),
+            "k": tolerance_text(case.numerics, dtype),
             "v": "bit-exact",
         },
     }
@@ -400,25 +378,39 @@ class GoldenCase:
             total.total_kv_heads * e["head_dim"],
         )
 
+    @property
+    def spec(self) -> PrologueSpec:
+        """The case's static parameters (from its manifest entry)."""
+        e = self.entry
+        return PrologueSpec(
+            e["num_heads"],
+            e["num_kv_heads"],
+            e["head_dim"],
+            e["rotary_dim"],
+            eps=e["eps"],
+            is_neox=e["is_neox"],
+            weight_offset=e["weight_offset"],
+            norm=e["norm"],
+        )
+
+    def inputs(self) -> PrologueInputs:
+        return PrologueInputs(
+            self.spec,
+            self.qkv,
+            self.positions,
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            self.q_bias,
+            self.k_bias,
+        )
+
     def args(self) -> tuple:
-        return (self.qkv, self.positions, self.cos_sin_cache, self.q_weight, self.k_weight)
+        return self.inputs().args()
 
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
-        e = self.entry
-        return dict(
-            num_heads=e["num_heads"],
-            num_kv_heads=e["num_kv_heads"],
-            head_dim=e["head_dim"],
-            eps=e["eps"],
-            is_neox=e["is_neox"],
-            q_bias=self.q_bias,
-            k_bias=self.k_bias,
-            weight_offset=e["weight_offset"],
-            norm=e["norm"],
-            norm_stats=self.norm_stats(),
-            numerics=e["numerics"],
-        )
+        return self.inputs().kwargs(norm_stats=self.norm_stats(), numerics=self.entry["numerics"])
 
     def run(self, backend: str = "reference"):
         """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""

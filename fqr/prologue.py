@@ -224,17 +224,18 @@ def preset_program(
     ``sharded_full_norm`` (full-width norm at tp > 1): the program takes the all-reduced
     per-token sums of squares as inputs (see :class:`NormStats`).
     """
-    wdt = weight_dtype or dtype
-    d = preset.head_dim
-    q_len = d if preset.norm == "head" else preset.q_size
-    k_len = d if preset.norm == "head" else preset.kv_size
-    has_norm = preset.norm != "none"
-    vec = lambda n, on: Aval((n,), wdt) if on else None  # noqa: E731
-    stats = sharded_full_norm and preset.norm == "full"
+    spec, wdt = preset.spec, weight_dtype or dtype
+    q_len, k_len = spec.norm_widths or (0, 0)
+    has_norm = spec.norm != "none"
+    stats = sharded_full_norm and spec.norm == "full"
+
+    def vec(n: int, present: bool) -> Aval | None:
+        return Aval((n,), wdt) if present else None
+
     avals = (
-        Aval(("T", preset.qkv_width), dtype),
+        Aval(("T", spec.qkv_width), dtype),
         Aval(("T",), positions_dtype),
-        Aval(("P", preset.rotary_dim), cache_dtype),
+        Aval(("P", spec.rotary_dim), cache_dtype),
         vec(q_len, has_norm),
         vec(k_len, has_norm),
         vec(q_len, has_norm and bias),
@@ -242,16 +243,10 @@ def preset_program(
         Aval(("T",), torch.float32) if stats else None,
         Aval(("T",), torch.float32) if stats else None,
     )
-    static = dict(
-        num_heads=preset.num_heads,
-        num_kv_heads=preset.num_kv_heads,
-        head_dim=d,
-        eps=float(preset.eps),
-        is_neox=preset.is_neox,
-        weight_offset=float(preset.weight_offset),
-        norm=preset.norm,
-        numerics=numerics,
+    static = spec.kwargs(
+        eps=float(spec.eps), weight_offset=float(spec.weight_offset), numerics=numerics
     )
     if stats:
+        d = spec.head_dim
         static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
     return prologue_program((avals, tuple(sorted(static.items()))))

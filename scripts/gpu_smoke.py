@@ -13,31 +13,18 @@ import torch
 import triton
 
 import fqr
+from fqr.bench import traffic_bytes
 from fqr.core import eval_program
+from fqr.inputs import random_inputs
 from fqr.lowering import lower
 from fqr.numerics import compare
 from fqr.prologue import preset_program
 
 
-def inputs(p, T, dtype, bias=False, gen=None):
-    dev = "cuda"
-    qkv = (torch.randn(T, p.qkv_width, dtype=torch.float32, device=dev) * 2).to(dtype)
-    pos = torch.randint(0, p.max_position, (T,), device=dev)
-    cache = p.cos_sin_cache().to(dev)
-    args = [qkv, pos, cache]
-    if p.norm != "none":
-        ql = p.head_dim if p.norm == "head" else p.q_size
-        kl = p.head_dim if p.norm == "head" else p.kv_size
-        args += [
-            (1 + 0.1 * torch.randn(ql, device=dev)).to(dtype),
-            (1 + 0.1 * torch.randn(kl, device=dev)).to(dtype),
-        ]
-        if bias:
-            args += [
-                (0.1 * torch.randn(ql, device=dev)).to(dtype),
-                (0.1 * torch.randn(kl, device=dev)).to(dtype),
-            ]
-    return args
+def inputs(p, T, dtype, bias=False):
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    x = random_inputs(p.spec, T, dtype, gen, p.cos_sin_cache().cuda(), bias=bias)
+    return x.operands()
 
 
 def check(name, tp, dtype, T, numerics="fused", bias=False):
@@ -79,9 +66,7 @@ def bench(name, dtype, T, **opts):
     ms = triton.testing.do_bench(
         lambda: k(*args, out=outs), warmup=50, rep=300, return_mode="median"
     )
-    el = torch.finfo(dtype).bits // 8
-    nbytes = T * p.qkv_width * el * 2 + T * (8 + p.rotary_dim * 4)
-    return ms, nbytes
+    return ms, traffic_bytes(p.spec, dtype, T).total
 
 
 def copy_ceiling(nbytes):

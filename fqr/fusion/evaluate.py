@@ -135,21 +135,14 @@ def evaluate_fusion(
 
     checks = []
     for layer, (qkv, q, k, v) in zip(model.layers, out[1]):
-        s = layer.shape
+        s = layer.shape.spec
         exact_q, exact_k, _ = reference.prologue(
             qkv,
             positions,
             layer.cos_sin_cache,
             layer.q_weight,
             layer.k_weight,
-            q_bias=layer.q_bias,
-            k_bias=layer.k_bias,
-            num_heads=s.num_heads,
-            num_kv_heads=s.num_kv_heads,
-            head_dim=s.head_dim,
-            eps=s.eps,
-            is_neox=s.is_neox,
-            weight_offset=1.0 if s.gemma else 0.0,
+            **s.kwargs(q_bias=layer.q_bias, k_bias=layer.k_bias),
         )
         cq = compare(q, exact_q, head_dim=s.head_dim, numerics="unfused")
         ck = compare(k, exact_k, head_dim=s.head_dim, numerics="unfused")

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..backends import BackendUnavailable, get_backend
+from ..backends import BackendUnavailable, auto_backend_name, get_backend
 from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
 from .device import DEVICE_TYPES
@@ -16,7 +16,6 @@ from .parallel_state import Layout
 from .workload import parse_range
 
 LAUNCHERS = ("mp", "torchrun")
-AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}  # as fqr.backends.auto_backend_name
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,8 @@ class RunConfig:
         for name in ("dp", "tp", "requests", "max_batched_tokens", "max_running"):
             if name in kw and (not isinstance(kw[name], int) or kw[name] < 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {kw[name]!r}")
-        if kw.get("backend", "auto") == "auto":  # triton on cuda, ascend on npu, else reference
-            kw["backend"] = AUTO_BACKENDS.get(kw.get("device", "cpu"), "reference")
+        if kw.get("backend", "auto") == "auto":
+            kw["backend"] = auto_backend_name(kw.get("device", "cpu"))
         layout = Layout(kw.get("dp", 1), kw.get("tp", 1))
         cfg = cls(prompt_len=tuple(prompt_len), fault=parse_fault(fault, layout.world_size), **kw)
         cfg.check()

@@ -52,20 +52,13 @@ class Verifier:
         self.failures: list[str] = []
 
     def expected(self, qkv: torch.Tensor, positions: torch.Tensor):
-        f = self.full
         return reference.prologue(
             qkv,
             positions,
             self.cos_sin_cache,
             self.q_weight,
             self.k_weight,
-            num_heads=f.num_heads,
-            num_kv_heads=f.num_kv_heads,
-            head_dim=f.head_dim,
-            eps=f.eps,
-            is_neox=f.is_neox,
-            weight_offset=f.weight_offset,
-            norm=f.norm,
+            **self.full.spec.kwargs(),
         )
 
     def _slices(self, tp_rank: int, exact):

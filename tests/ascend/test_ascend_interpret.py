@@ -44,12 +44,7 @@ CORES = 3
 
 def run_ascend_interpret(pr, numerics="fused", **options):
     """Lower the problem's program for ascend-interpret and run it on NaN-poisoned outputs."""
-    static = dict(
-        pr.static,
-        eps=float(pr.static["eps"]),
-        weight_offset=float(pr.static["weight_offset"]),
-        numerics=numerics,
-    )
+    static = pr.spec.kwargs(numerics=numerics)
     tensors = (
         pr.qkv,
         pr.positions,
@@ -70,26 +65,10 @@ def run_ascend_interpret(pr, numerics="fused", **options):
 
 
 def check_against_float64(pr, outs, numerics="fused"):
-    s = pr.static
-    eq, ek, ev = reference.prologue(
-        pr.qkv,
-        pr.positions,
-        pr.cos_sin_cache,
-        pr.q_weight,
-        pr.k_weight,
-        num_heads=s["num_heads"],
-        num_kv_heads=s["num_kv_heads"],
-        head_dim=s["head_dim"],
-        eps=s["eps"],
-        is_neox=s["is_neox"],
-        q_bias=pr.q_bias,
-        k_bias=pr.k_bias,
-        weight_offset=s["weight_offset"],
-        norm=s["norm"],
-    )
+    eq, ek, ev = reference.prologue(*pr.args(), **pr.kwargs())
     q, k, v = outs
     for name, out, exp in (("q", q, eq), ("k", k, ek)):
-        c = compare(out, exp, head_dim=s["head_dim"], numerics=numerics)
+        c = compare(out, exp, head_dim=pr.spec.head_dim, numerics=numerics)
         assert c.passed, f"{name}: {c}"
     assert torch.equal(v, ev), "v must be a bit-exact copy"
 
@@ -141,5 +120,5 @@ def test_head_chunks_when_a_row_does_not_fit(gen, case):
     ub = A.UB_RESERVE_BYTES + 24 * 1024  # small enough that the q row is split
     kernel, outs = run_ascend_interpret(pr, numerics=numerics, ub_bytes=ub, chunk_mode=chunk_mode)
     assert kernel.tiling.chunk_mode == chunk_mode
-    assert kernel.tiling.head_chunks[0] < pr.static["num_heads"], kernel.tiling
+    assert kernel.tiling.head_chunks[0] < pr.spec.num_heads, kernel.tiling
     check_against_float64(pr, outs, numerics)

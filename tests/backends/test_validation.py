@@ -108,13 +108,13 @@ def test_bad_input_is_reported_before_the_backend_is_touched(problem, name, argu
 def test_full_norm_weight_must_span_the_projection(gen):
     p = make_problem(gen, norm="full")
     with pytest.raises(ValueError, match="q_weight"):
-        _call(p, q_weight=p.q_weight[: p.static["head_dim"]])
+        _call(p, q_weight=p.q_weight[: p.spec.head_dim])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_empty_tokens_return_empty_outputs(gen, dtype):
     p = make_problem(gen, tokens=0, dtype=dtype)
     q, k, v = _call(p)
-    hq, hkv, d = p.static["num_heads"], p.static["num_kv_heads"], p.static["head_dim"]
+    hq, hkv, d = p.spec.num_heads, p.spec.num_kv_heads, p.spec.head_dim
     assert (q.shape, k.shape, v.shape) == ((0, hq * d), (0, hkv * d), (0, hkv * d))
     assert q.dtype == k.dtype == v.dtype == dtype

@@ -18,7 +18,10 @@ import pytest
 import torch
 from fqr_cli.app import main
 
+import fqr
 import fqr.bench as fb
+from fqr import reference
+from fqr.inputs import random_inputs
 from fqr.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +119,7 @@ def test_from_json_does_not_take_measuring_options(monkeypatch, capsys, tmp_path
 
 def test_traffic_model_per_head_norm():
     p = get_preset("qwen3-8b")  # 32 q heads, 8 kv heads, D = R = 128
-    t = fb.traffic_bytes(p, torch.bfloat16, 1024)
+    t = fb.traffic_bytes(p.spec, torch.bfloat16, 1024)
     width = (32 + 2 * 8) * 128
     assert t.qkv_read == t.qkv_written == 1024 * width * 2
     assert t.positions == 1024 * 8
@@ -137,7 +140,7 @@ def test_traffic_model_per_head_norm():
 def test_traffic_model_other_shapes(name, dtype, weight_values, rotary):
     p = get_preset(name)
     elt = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[dtype]
-    one, many = fb.traffic_bytes(p, dtype, 1), fb.traffic_bytes(p, dtype, 4096)
+    one, many = fb.traffic_bytes(p.spec, dtype, 1), fb.traffic_bytes(p.spec, dtype, 4096)
     assert one.weights == many.weights == weight_values * elt
     assert one.cos_sin == rotary * 4
     assert one.qkv_read == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim * elt
@@ -229,7 +232,7 @@ def test_bookkeeping_of_a_cpu_run():
     assert [r["tokens"] for r in doc["rows"]] == [1, 300]
     for row in doc["rows"]:
         p = get_preset(row["preset"])
-        assert row["bytes"] == fb.traffic_bytes(p, torch.bfloat16, row["tokens"]).total
+        assert row["bytes"] == fb.traffic_bytes(p.spec, torch.bfloat16, row["tokens"]).total
         fqr, eager = row["impls"]["fqr"], row["impls"]["eager"]
         assert fqr["check"]["passed"] and eager["check"]["passed"]
         assert fqr["check"]["q"]["tolerance"] == "<=1 ulp"  # fused contract for fqr
@@ -363,26 +366,11 @@ def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
 def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     p = get_preset("qwen3-0.6b")
     g = torch.Generator().manual_seed(7)
-    x = fb.make_inputs(p, torch.bfloat16, 300, "cpu", g)
-    cache = p.cos_sin_cache()
-    from fqr import reference
-    from fqr.prologue import split_qkv_rmsnorm_rope
-
-    kw = dict(
-        num_heads=p.num_heads,
-        num_kv_heads=p.num_kv_heads,
-        head_dim=p.head_dim,
-        eps=p.eps,
-        is_neox=p.is_neox,
-        weight_offset=p.weight_offset,
-        norm=p.norm,
-    )
-    q, k, v = split_qkv_rmsnorm_rope(
-        x.qkv, x.positions, cache, x.q_weight, x.k_weight, backend="reference", **kw
-    )
+    x = random_inputs(p.spec, 300, torch.bfloat16, g, p.cos_sin_cache())
+    q, k, v = fqr.split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(backend="reference"))
     rows = fb.check_row_index(300, 50, g, "cpu")
-    exact = reference.prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
-    shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
+    exact = reference.prologue(x.qkv[rows], x.positions[rows], *x.args()[2:], **x.kwargs())
+    shapes = [(300, p.spec.q_size), (300, p.spec.kv_size), (300, p.spec.kv_size)]
     good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
     assert good["passed"] and good["rows"] == 50
 

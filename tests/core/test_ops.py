@@ -146,7 +146,7 @@ def test_ops_composition_float64_matches_reference_prologue(gen, norm):
         None,
         None,
         numerics="fused",
-        **p.static,
+        **p.spec.kwargs(),
     )
     want = reference.prologue(
         x,
@@ -156,7 +156,7 @@ def test_ops_composition_float64_matches_reference_prologue(gen, norm):
         w_k,
         q_bias=to64(p.q_bias),
         k_bias=to64(p.k_bias),
-        **p.static,
+        **p.spec.kwargs(),
     )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w.double(), **F64)
@@ -167,7 +167,7 @@ def _check_reference(p, numerics="fused", norm_stats=None):
         *p.args(), **p.kwargs(numerics=numerics, norm_stats=norm_stats), backend="reference"
     )
     eq, ek, ev = reference.prologue(*p.args(), **p.kwargs(norm_stats=norm_stats))
-    d = p.static["head_dim"]
+    d = p.spec.head_dim
     for out, exact in ((q, eq), (k, ek)):
         assert out.dtype == p.qkv.dtype and out.is_contiguous()
         c = compare(out, exact, head_dim=d, numerics=numerics)

@@ -9,20 +9,19 @@ import torch
 import fqr
 from fqr import reference
 from fqr.fusion import qk_rmsnorm_rope
+from fqr.inputs import random_inputs
 from fqr.numerics import compare
+from fqr.presets import PrologueSpec
 from fqr.rope_cache import rope_cos_sin_cache
 
 
 def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, g, gemma=False):
-    """Fresh random qkv, weights (around 1, or 0 for (1 + w)), biases; the real RoPE table
-    in the activation dtype, as vLLM keeps it."""
+    """Fresh random inputs (:mod:`fqr.inputs`) on the real RoPE table in the activation dtype,
+    as vLLM keeps it."""
+    spec = PrologueSpec(hq, hkv, d, rotary, weight_offset=1.0 if gemma else 0.0)
     cache = rope_cos_sin_cache(rotary, 4096, 1e6, dtype=dtype)
-    positions = torch.randint(0, 4096, (tokens,), generator=g)
-    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
-    base = 0.0 if gemma else 1.0
-    w = [(base + 0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)]
-    b = [(0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)] if bias else [None, None]
-    return qkv, positions, cache, w, b
+    x = random_inputs(spec, tokens, dtype, g, cache, bias=bias)
+    return x.qkv, x.positions, cache, (x.q_weight, x.k_weight), (x.q_bias, x.k_bias)
 
 
 CASES = [  # tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
@@ -152,7 +151,7 @@ def test_ops_trace_with_dynamic_token_count(gen):
         )
 
     for tokens in (3, 9, 17):
-        qkv = torch.randn(tokens, p.qkv_width, generator=g).bfloat16()
+        qkv = torch.randn(tokens, p.spec.qkv_width, generator=g).bfloat16()
         pos = torch.randint(0, 512, (tokens,), generator=g)
         q, k, v = prologue(qkv, pos)
         want = fqr.split_qkv_rmsnorm_rope(
