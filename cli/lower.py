@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from fqr.validate import NUMERICS, check_choice
+
 from .common import EXIT_FAILED, UsageError, app, err, out
 from .options import ACTIVATION_DTYPES_HELP, parse_dtype
 
@@ -53,8 +55,7 @@ def lower(
 
     if target not in TARGET_NAMES:
         raise UsageError(f"--target must be one of {', '.join(TARGET_NAMES)}, got {target!r}")
-    if numerics not in ("fused", "unfused"):
-        raise UsageError(f"--numerics must be fused or unfused, got {numerics!r}")
+    check_choice("--numerics", numerics, NUMERICS)
     ascend = {
         k: v
         for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_vectorcore", num_vectorcore))

@@ -46,6 +46,7 @@ from .inputs import PrologueInputs, random_inputs
 from .numerics import compare
 from .peers import PEER_NAMES, build_peer, peer_unavailable_reason
 from .presets import Preset, PrologueSpec
+from .validate import NUMERICS, check_choice
 
 SCHEMA = "fqr-bench/1"
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
@@ -276,8 +277,7 @@ class BenchConfig:
         for c in self.compare:
             if c not in PEER_NAMES:
                 raise ValueError(f"compare must be a subset of {','.join(PEER_NAMES)}, got {c!r}")
-        if self.numerics not in ("fused", "unfused"):
-            raise ValueError(f"--numerics must be fused or unfused, got {self.numerics!r}")
+        check_choice("--numerics", self.numerics, NUMERICS)
         if self.check_rows < 0:
             raise ValueError(f"check_rows must be >= 0, got {self.check_rows}")
         for name in ("warmup_ms", "rep_ms", "graph_rep_ms"):

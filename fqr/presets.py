@@ -13,14 +13,13 @@ rank) otherwise, which needs ``tp % num_kv_heads == 0``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 import torch
 
 from .rope_cache import rope_cos_sin_cache
-
-NORM_KINDS = ("head", "full", "none")
+from .validate import check_spec_params
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,9 @@ class PrologueSpec:
     norm: str = "head"
 
     def __post_init__(self):
-        if self.norm not in NORM_KINDS:
-            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+        check_spec_params(**{f.name: getattr(self, f.name) for f in fields(self)})
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "weight_offset", float(self.weight_offset))
 
     @property
     def q_size(self) -> int:

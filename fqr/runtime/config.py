@@ -10,6 +10,7 @@ import torch
 from ..backends import BackendUnavailable, auto_backend_name, get_backend
 from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
+from ..validate import NUMERICS, check_choice
 from .device import DEVICE_TYPES
 from .faults import FaultSpec, parse_fault
 from .parallel_state import Layout
@@ -74,20 +75,10 @@ class RunConfig:
 
     def check(self) -> None:
         preset = get_preset(self.preset, self.tp)  # unknown preset / tp not dividing heads
-        if self.device not in DEVICE_TYPES:
-            raise ValueError(
-                f"--device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}"
-            )
-        if self.dtype not in ACTIVATION_DTYPE_NAMES:
-            raise ValueError(
-                f"--dtype must be one of {', '.join(ACTIVATION_DTYPE_NAMES)}, got {self.dtype!r}"
-            )
-        if self.numerics not in ("fused", "unfused"):
-            raise ValueError(f"--numerics must be fused or unfused, got {self.numerics!r}")
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(
-                f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
-            )
+        check_choice("--device", self.device, DEVICE_TYPES)
+        check_choice("--dtype", self.dtype, ACTIVATION_DTYPE_NAMES)
+        check_choice("--numerics", self.numerics, NUMERICS)
+        check_choice("--launcher", self.launcher, LAUNCHERS)
         backend = get_backend(self.backend)
         if self.device not in backend.device_types:
             raise ValueError(
