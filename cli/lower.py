@@ -91,7 +91,7 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fqr.lowering.ascend_check import (
+    from fqr.tools.ascend_check import (
         NEEDS_CANN,
         check_preset,
         preset_tp_pairs,

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from fqr.lowering.ascend import get_chip
-from fqr.lowering.ascend_check import NEEDS_CANN, check_preset, compile_stages
+from fqr.lowering.ascend_compile import NEEDS_CANN, compile_stages
 from fqr.lowering.loader import triton_mode
+from fqr.tools.ascend_check import check_preset
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

@@ -190,7 +190,7 @@ def test_token_count_is_a_runtime_argument_only():
     (The ascend-interpret kernel: this process runs triton interpreted; its launcher is the
     ascend one with the same tiling.)"""
     from fqr.lowering import lower
-    from fqr.lowering.ascend_check import launch_arguments
+    from fqr.lowering.ascend_compile import launch_arguments
 
     program = preset_program(get_preset("qwen3-8b", 2))
     kernel = lower(program, "ascend-interpret", num_vectorcore=20)
@@ -225,7 +225,7 @@ def test_ascend_backend_without_an_npu_is_a_clear_error(problem):
 
 
 def test_doctor_facts_name_the_cann_compiler():
-    from fqr.lowering.ascend_check import ascend_facts
+    from fqr.lowering.ascend_compile import ascend_facts
 
     facts = ascend_facts()
     assert set(facts) == {"bishengir-compile", "npu_devices"}
