@@ -20,10 +20,14 @@ The lowering never tests a primitive's name: it asks the primitive's ``facts`` a
 Calling an op on tensors runs ``impl``; calling it on :class:`Tracer` s (inside :func:`trace`)
 records an :class:`Eqn` instead. A :class:`Program` prints like a jaxpr::
 
-    { lambda a:bf16[T,6144] b:i64[T] c:f32[40960,128] d:bf16[128] e:bf16[128]. let
-        f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] = split_heads[sections=(32x128@0,8x128@4096,8x128@5120)] a
+    { lambda a:bf16[T,6144] b:int64[T] c:fp32[P,128] d:bf16[128] e:bf16[128]. let
+        f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] =
+            split_heads[sections=(32x128@0,8x128@4096,8x128@5120)] a
+        i:bf16[T,4096] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0] f d _ _
         ...
       in (k, l, h) }
+
+(the printer writes each equation on one line).
 
 The token dimension is the symbol ``"T"``: programs (and their kernels) are shape-polymorphic
 in it, so a new batch size never retraces or recompiles.
@@ -591,7 +595,7 @@ def trace(fn: Callable[..., Any], *arg_specs: Aval | torch.Tensor | None, **stat
 
 def eval_program(
     program: Program,
-    args: Sequence[torch.Tensor | None],
+    args: Sequence[torch.Tensor],
     compute_dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
     """Evaluate ``program`` with the primitives' reference ``impl`` rules.

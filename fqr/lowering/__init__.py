@@ -130,7 +130,7 @@ def jit(
         outs = lower(program, tgt, **options)(*tensors)
         return tuple(outs) if len(outs) > 1 else outs[0]
 
-    wrapped.programs = programs
-    wrapped.__wrapped__ = fn
+    wrapped.programs = programs  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
     wrapped.__doc__ = fn.__doc__
     return wrapped

@@ -123,9 +123,9 @@ def detected_chip() -> AscendChip | None:
         return None
     import torch_npu  # noqa: F401  (registers torch.npu)
 
-    if not torch.npu.is_available():
+    if not torch.npu.is_available():  # type: ignore[attr-defined]
         return None
-    return chip_of_arch(torch.npu.get_device_name(0))
+    return chip_of_arch(torch.npu.get_device_name(0))  # type: ignore[attr-defined]
 
 
 def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
@@ -361,7 +361,8 @@ def npu_vector_core_count(device: torch.device | int | None = None) -> int:
 
     index = device.index if isinstance(device, torch.device) else device
     if index is None:
-        index = torch.npu.current_device()  # torch_npu registers torch.npu
+        # torch_npu registers torch.npu
+        index = torch.npu.current_device()  # type: ignore[attr-defined]
     props = triton.runtime.driver.active.utils.get_device_properties(index)
     return int(props["num_vectorcore"])
 

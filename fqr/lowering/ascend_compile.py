@@ -31,11 +31,13 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..core import TOKENS
+from ..core import TOKENS, Program
 from .ascend import AscendChip, chip_of_arch, get_chip, npu_vector_core_count
+from .kernel import Kernel
 
 STAGES = ("ttir", "linalg", "npubin")
 NEEDS_CANN = "needs CANN"
@@ -96,19 +98,19 @@ def triton_ascend_missing() -> str | None:
 class _Recorder:
     """Stands in for the Triton function: ``fn[grid](*args, **kwargs)`` records the call."""
 
-    def __init__(self):
-        self.grid = None
+    def __init__(self) -> None:
+        self.grid: Any = None
         self.args: tuple = ()
         self.kwargs: dict = {}
 
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
             self.grid, self.args, self.kwargs = grid, args, kwargs
 
         return launch
 
 
-def _meta_inputs(program, tokens: int) -> list[torch.Tensor]:
+def _meta_inputs(program: Program, tokens: int) -> list[torch.Tensor]:
     out = []
     for v in program.inputs:
         shape = [tokens if s == TOKENS else (64 if isinstance(s, str) else s) for s in v.aval.shape]
@@ -116,7 +118,7 @@ def _meta_inputs(program, tokens: int) -> list[torch.Tensor]:
     return out
 
 
-def launch_arguments(kernel, tokens: int = 1024) -> tuple[tuple, dict, tuple]:
+def launch_arguments(kernel: Kernel, tokens: int = 1024) -> tuple[tuple, dict, Any]:
     """(positional args, keyword args, grid) the kernel's launcher passes for ``tokens`` tokens."""
     rec = _Recorder()
     probe = dataclasses.replace(kernel, fn=rec)
@@ -318,19 +320,21 @@ def ascend_facts() -> dict:
     """What ``fqr doctor`` reports for Ascend: CANN's compiler and the visible NPUs."""
     import importlib.util
 
-    facts = {"bishengir-compile": bishengir_compile_path(), "npu_devices": []}
+    devices: list[str] = []
+    facts: dict[str, Any] = {"bishengir-compile": bishengir_compile_path(), "npu_devices": devices}
     if importlib.util.find_spec("torch_npu") is None:
         return facts
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
 
-        for i in range(torch.npu.device_count() if torch.npu.is_available() else 0):
-            name = torch.npu.get_device_name(i)
+        npu = torch.npu  # type: ignore[attr-defined]
+        for i in range(npu.device_count() if npu.is_available() else 0):
+            name = npu.get_device_name(i)
             try:
-                chip, cores = chip_of_arch(name).name, npu_vector_core_count(i)
+                chip, cores = chip_of_arch(name).name, str(npu_vector_core_count(i))
             except Exception as e:  # noqa: BLE001 -- report, do not fail the doctor
                 chip, cores = "?", f"unknown ({type(e).__name__}: {e})"
-            facts["npu_devices"].append(f"{i}: {name} ({chip}, {cores} vector cores)")
+            devices.append(f"{i}: {name} ({chip}, {cores} vector cores)")
     except Exception as e:  # noqa: BLE001
         facts["npu_devices"] = [f"torch_npu failed: {type(e).__name__}: {e}"]
     return facts

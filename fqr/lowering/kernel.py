@@ -30,6 +30,7 @@ class Kernel:
 
     def __post_init__(self) -> None:
         self._roles = [self.plan.input_role(v) for v in self.program.inputs]
+        self._out_widths = [int(v.aval.shape[1]) for v in self.program.outputs]
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
         self._launch = self.target.launch_options(self.plan, **self.options)
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
@@ -91,8 +92,8 @@ class Kernel:
             out
             if out is not None
             else [
-                torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)
-                for v in self.program.outputs
+                torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
+                for v, width in zip(self.program.outputs, self._out_widths)
             ]
         )
         if tokens == 0:

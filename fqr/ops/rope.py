@@ -59,7 +59,7 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
     if not cache.dtype.is_floating_point:
         raise TypeError(f"cos_sin_cache must be a floating tensor, got {cache.dtype}")
     r = cache.shape[1]
-    if r % 2 or r < 2:
+    if not isinstance(r, int) or r % 2 or r < 2:
         raise ValueError(f"rotary_dim (cos_sin_cache width) must be even and >= 2, got {r}")
     if r > d:
         raise ValueError(f"rotary_dim (cos_sin_cache width) {r} exceeds head_dim {d}")
@@ -103,7 +103,9 @@ def _rope_lowering(b: EmitContext, eqn: Eqn) -> None:
     x_var, pos_var, cache_var = eqn.inputs
     assert x_var is not None and pos_var is not None and cache_var is not None
     x = b.pieces(x_var)
-    half = cache_var.aval.shape[1] // 2
+    rotary_dim = cache_var.aval.shape[1]
+    assert isinstance(rotary_dim, int)
+    half = rotary_dim // 2
     cos = b.gather(cache_var, pos_var, 0, half, name="cos")
     sin = b.gather(cache_var, pos_var, half, half, name="sin")
     rt = eqn.params["round_to"]
