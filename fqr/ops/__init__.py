@@ -5,12 +5,14 @@ shape/dtype rule (``abstract``), lowering facts (``facts``: what the kernel plan
 emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add an op".
 """
 
+from ..core import Section
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
 from .split import split_heads, split_heads_p, split_qkv
 
 __all__ = [
+    "Section",
     "split_heads",
     "split_qkv",
     "rms_norm",
