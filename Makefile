@@ -49,7 +49,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
 
 # ---------------------------------------------------------------------------------------------
 # Ascend (Triton-Ascend) section: the Ascend engineer defines `test-ascend` (and `ascend-env`)
