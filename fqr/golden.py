@@ -171,11 +171,11 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
                 dtype
             )
             sums.append(rest.to(torch.float64).square().sum(-1))
-        parts = reference.split_row(
+        q, k, _ = reference.split_row(
             qkv, reference.qkv_sections(spec.num_heads, spec.num_kv_heads, d)
         )
-        tensors["q_sum_sq"] = (sums[0] + parts["q"].double().square().sum(-1)).to(torch.float32)
-        tensors["k_sum_sq"] = (sums[1] + parts["k"].double().square().sum(-1)).to(torch.float32)
+        tensors["q_sum_sq"] = (sums[0] + q.double().square().sum(-1)).to(torch.float32)
+        tensors["k_sum_sq"] = (sums[1] + k.double().square().sum(-1)).to(torch.float32)
         norm_stats = NormStats(
             tensors["q_sum_sq"],
             tensors["k_sum_sq"],
@@ -270,7 +270,7 @@ def regen(
     Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
     entries of the cases not rebuilt; without one, stale case files are removed and (with
     ``kernels``) the generated-kernel goldens are rebuilt by
-    ``fqr.lowering.golden_kernels.regen(directory)`` when that module exists.
+    ``fqr.tools.golden_kernels.regen(directory)`` when that module exists.
     Returns the entries written.
     """
     directory = Path(directory)
@@ -296,8 +296,8 @@ def regen(
         for stale in directory.glob("*.safetensors"):
             if stale.name not in keep:
                 stale.unlink()
-        if kernels and importlib.util.find_spec("fqr.lowering.golden_kernels") is not None:
-            importlib.import_module("fqr.lowering.golden_kernels").regen(directory)
+        if kernels and importlib.util.find_spec("fqr.tools.golden_kernels") is not None:
+            importlib.import_module("fqr.tools.golden_kernels").regen(directory)
     return list(written.values())
 
 

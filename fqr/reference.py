@@ -17,8 +17,8 @@ float64, on any device:
   each multiplied by ``cos_i + i sin_i`` from the token's angle row (vLLM layout: cos in columns
   ``[0, R/2)``, sin in ``[R/2, R)``), in complex128; :func:`rope` takes that row from
   ``cos_sin_cache[positions[t]]``;
-* :func:`split_row` -- a packed row cut into :class:`Section` s (q, k, v, ... each with its own
-  head count and head_dim);
+* :func:`split_row` -- a packed row cut into :class:`fqr.core.Section` s (q, k, v, ... each
+  with its own head count, head_dim, offset and head stride), by index arithmetic;
 * :func:`prologue` -- the op of :func:`fqr.split_qkv_rmsnorm_rope`: split, norm q and k, rotate
   them, copy v bit for bit; :func:`qk_prologue` -- the no-split op of
   :func:`fqr.qk_rmsnorm_rope`.
@@ -32,9 +32,10 @@ tolerance they are held to (:func:`fqr.numerics.compare`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from .core import Section
 
 F64 = torch.float64
 
@@ -43,36 +44,28 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.detach().to(F64)
 
 
-@dataclass(frozen=True)
-class Section:
-    """``heads`` heads of ``head_dim`` features, one run of a packed row."""
-
-    name: str
-    heads: int
-    head_dim: int
-
-    @property
-    def width(self) -> int:
-        return self.heads * self.head_dim
-
-
 def qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
-    """The ``[q | k | v]`` row of vLLM's packed QKV projection."""
+    """The ``[q | k | v]`` row of vLLM's packed QKV projection, heads back to back."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     return (
-        Section("q", num_heads, head_dim),
-        Section("k", num_kv_heads, head_dim),
-        Section("v", num_kv_heads, head_dim),
+        Section(num_heads, head_dim, 0),
+        Section(num_kv_heads, head_dim, q_size),
+        Section(num_kv_heads, head_dim, q_size + kv_size),
     )
 
 
-def split_row(row: torch.Tensor, sections: Sequence[Section]) -> dict[str, torch.Tensor]:
-    """The columns of ``row [T, >= sum of widths]`` that each section holds, in order (views)."""
-    parts, start = {}, 0
+def split_row(row: torch.Tensor, sections: Sequence[Section]) -> list[torch.Tensor]:
+    """Each section's heads gathered from the packed ``row [T, W]`` by index arithmetic (head
+    ``h`` of a section: columns ``[offset + h*head_stride, ... + head_dim)``), as new
+    ``[T, heads*head_dim]`` tensors in the row's dtype, in order."""
+    parts = []
     for s in sections:
-        parts[s.name] = row[:, start : start + s.width]
-        start += s.width
-    if row.shape[-1] < start:
-        raise ValueError(f"row width {row.shape[-1]} is narrower than its sections ({start})")
+        last = s.offset + (s.heads - 1) * s.head_stride + s.head_dim
+        if last > row.shape[-1]:
+            raise ValueError(f"section {s} reaches column {last} of a {row.shape[-1]}-wide row")
+        starts = s.offset + s.head_stride * torch.arange(s.heads, device=row.device)
+        columns = (starts[:, None] + torch.arange(s.head_dim, device=row.device)).flatten()
+        parts.append(row.index_select(1, columns))
     return parts
 
 
@@ -167,8 +160,8 @@ def prologue(
     ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`); returns float64
     ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
     """
-    parts = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
-    q, k = _f64(parts["q"]), _f64(parts["k"])
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    q, k = _f64(q), _f64(k)
     if norm != "none":
         stats = {"q": (None, None), "k": (None, None)}
         if norm_stats is not None:
@@ -196,7 +189,7 @@ def prologue(
     rows = cos_sin_rows(cos_sin_cache, positions)
     q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
     k = rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
-    return q, k, parts["v"].clone(memory_format=torch.contiguous_format)
+    return q, k, v
 
 
 def qk_prologue(

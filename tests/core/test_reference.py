@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fqr import reference
+from fqr.core import Section
 from fqr.rope_cache import rope_cos_sin_cache
 
 F64 = dict(atol=1e-12, rtol=1e-12)
@@ -88,20 +89,30 @@ def test_sharded_statistic_needs_its_count(gen):
         reference.rms_norm(x, eps=1e-6, group_size=64, sum_sq=x.square().sum(-1))
 
 
-def test_split_row_sections_of_their_own_widths(gen):
-    """A packed row of sections with their own head counts and head_dims (MiniMax-style
-    indexer heads after q, k, v), in order; a row narrower than its sections is refused."""
-    sections = reference.qkv_sections(4, 2, 32) + (
-        reference.Section("index_q", 2, 16),
-        reference.Section("index_k", 1, 16),
+def test_split_row_gathers_each_section_by_its_layout(gen):
+    """Sections with their own head counts, head_dims, offsets and head strides: Qwen3.5's q
+    heads interleaved with gate heads, k and v after them, MiniMax-style indexer heads of
+    another head_dim, padding between; a section past the row's end is refused."""
+    d, di = 32, 16
+    sections = (
+        Section(3, d, 0, 2 * d),  # q0 g0 q1 g1 q2 g2: q is every other head
+        Section(3, d, d, 2 * d),  # the gates
+        Section(1, d, 6 * d),  # k
+        Section(1, d, 7 * d),  # v
+        Section(2, di, 8 * d + 4, di + 4),  # indexer q heads, each followed by 4 pad columns
     )
-    row = _randn(gen, 3, sum(s.width for s in sections) + 8)  # a row stride past the width
-    parts = reference.split_row(row, sections)
-    assert list(parts) == ["q", "k", "v", "index_q", "index_k"]
-    assert [p.shape[1] for p in parts.values()] == [128, 64, 64, 32, 16]
-    assert torch.equal(torch.cat(list(parts.values()), -1), row[:, :-8])
-    with pytest.raises(ValueError, match="narrower"):
-        reference.split_row(row[:, :300], sections)
+    width = 8 * d + 4 + 2 * (di + 4)
+    row = _randn(gen, 3, width).to(torch.bfloat16)
+    q, gate, k, v, index_q = reference.split_row(row, sections)
+    heads = row[:, : 6 * d].reshape(3, 3, 2, d)
+    assert torch.equal(q, heads[:, :, 0].reshape(3, -1))
+    assert torch.equal(gate, heads[:, :, 1].reshape(3, -1))
+    assert torch.equal(k, row[:, 6 * d : 7 * d]) and torch.equal(v, row[:, 7 * d : 8 * d])
+    padded = row[:, 8 * d + 4 :].reshape(3, 2, di + 4)[..., :di]
+    assert torch.equal(index_q, padded.reshape(3, -1))
+    assert q.dtype == torch.bfloat16 and q.is_contiguous()
+    with pytest.raises(ValueError, match="reaches column"):
+        reference.split_row(row[:, : width - 5], sections)  # the last 4 columns are padding
 
 
 def test_prologue_copies_v_and_leaves_inputs(gen):
