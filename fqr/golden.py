@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import importlib
-import importlib.util
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -269,8 +267,8 @@ def regen(
 
     Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
     entries of the cases not rebuilt; without one, stale case files are removed and (with
-    ``kernels``) the generated-kernel goldens are rebuilt by
-    ``fqr.tools.golden_kernels.regen(directory)`` when that module exists.
+    ``kernels``) the generated-kernel goldens are rebuilt too
+    (:func:`fqr.tools.golden_kernels.regen`).
     Returns the entries written.
     """
     directory = Path(directory)
@@ -296,8 +294,10 @@ def regen(
         for stale in directory.glob("*.safetensors"):
             if stale.name not in keep:
                 stale.unlink()
-        if kernels and importlib.util.find_spec("fqr.tools.golden_kernels") is not None:
-            importlib.import_module("fqr.tools.golden_kernels").regen(directory)
+        if kernels:
+            from .tools.golden_kernels import regen as regen_kernels  # imports the lowering
+
+            regen_kernels(directory)
     return list(written.values())
 
 
