@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 
 from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
-from .golden import print_table
+from .render import print_table, progress_bar
 
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
 
@@ -106,13 +105,7 @@ def verify(
         raise UsageError(f"--case: no golden case matches {case!r} in {golden_dir}")
 
     rows: list[dict] = []
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("verifying", total=len(entries) * len(backends))
         for entry in entries:
             try:
