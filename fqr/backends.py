@@ -67,21 +67,22 @@ class Backend:
     def available(self) -> bool:
         return self.unavailable_reason() is None
 
-    def run(self, program: Program, args: list) -> list[torch.Tensor]:
+    def require(self, device_type: str, *, named: str = "", where: str = "") -> None:
+        """Raise unless this backend runs on ``device_type`` tensors and is available here:
+        ``ValueError`` / :class:`BackendUnavailable` saying ``named`` (default ``backend
+        'name'``) and ``where`` the tensors are (default ``<device_type> tensors``)."""
+        named = named or f"backend {self.name!r}"
+        if device_type not in self.device_types:
+            where = where or f"{device_type} tensors"
+            raise ValueError(
+                f"{named} runs on {'/'.join(self.device_types)} tensors, not on {where}"
+            )
         reason = self.unavailable_reason()
         if reason:
-            raise BackendUnavailable(f"backend {self.name!r} is unavailable: {reason}")
-        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
-        wrong = devices - set(self.device_types)
-        if wrong:
-            raise ValueError(
-                f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, "
-                f"got {'/'.join(sorted(wrong))} tensors"
-            )
-        return self._runner(program, args)
+            raise BackendUnavailable(f"{named} is unavailable: {reason}")
 
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
-        """:meth:`run` without the checks, for callers that resolved the backend already
+        """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path)."""
         return self._runner(program, args)
 
@@ -235,14 +236,7 @@ def resolve_backend(name: str, device: torch.device) -> Backend:
     if key in _RESOLVED:
         return _RESOLVED[key]
     backend = get_backend(auto_backend_name(device) if name == "auto" else name)
-    if device.type not in backend.device_types:
-        raise ValueError(
-            f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
-            f"tensors, but qkv is on {device.type}"
-        )
-    reason = backend.unavailable_reason()
-    if reason:
-        raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {reason}")
+    backend.require(device.type)
     _RESOLVED[key] = backend
     return backend
 

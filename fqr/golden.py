@@ -381,17 +381,7 @@ class GoldenCase:
     @property
     def spec(self) -> PrologueSpec:
         """The case's static parameters (from its manifest entry)."""
-        e = self.entry
-        return PrologueSpec(
-            e["num_heads"],
-            e["num_kv_heads"],
-            e["head_dim"],
-            e["rotary_dim"],
-            eps=e["eps"],
-            is_neox=e["is_neox"],
-            weight_offset=e["weight_offset"],
-            norm=e["norm"],
-        )
+        return PrologueSpec.of(self.entry)
 
     def inputs(self) -> PrologueInputs:
         return PrologueInputs(

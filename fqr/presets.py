@@ -46,6 +46,15 @@ class PrologueSpec:
         object.__setattr__(self, "eps", float(self.eps))
         object.__setattr__(self, "weight_offset", float(self.weight_offset))
 
+    @classmethod
+    def of(cls, source) -> PrologueSpec:
+        """The spec of anything that carries its fields, as attributes (a :class:`Preset`) or
+        keys (a golden manifest entry)."""
+        names = [f.name for f in fields(cls)]
+        if isinstance(source, dict):
+            return cls(**{name: source[name] for name in names})
+        return cls(**{name: getattr(source, name) for name in names})
+
     @property
     def q_size(self) -> int:
         """Width of q: ``num_heads * head_dim``."""
@@ -121,16 +130,7 @@ class Preset:
     @cached_property
     def spec(self) -> PrologueSpec:
         """The static parameters of this model's prologue (of one rank, for a TP view)."""
-        return PrologueSpec(
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.rotary_dim,
-            eps=self.eps,
-            is_neox=self.is_neox,
-            weight_offset=self.weight_offset,
-            norm=self.norm,
-        )
+        return PrologueSpec.of(self)
 
     def shard(self, tp: int) -> Preset:
         """The per-rank view at tensor-parallel size ``tp`` (see module docstring)."""

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..backends import BackendUnavailable, auto_backend_name, get_backend
+from ..backends import auto_backend_name, get_backend
 from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
 from ..validate import NUMERICS, check_choice
@@ -79,15 +79,9 @@ class RunConfig:
         check_choice("--dtype", self.dtype, ACTIVATION_DTYPE_NAMES)
         check_choice("--numerics", self.numerics, NUMERICS)
         check_choice("--launcher", self.launcher, LAUNCHERS)
-        backend = get_backend(self.backend)
-        if self.device not in backend.device_types:
-            raise ValueError(
-                f"--backend {self.backend} runs on {'/'.join(backend.device_types)}, "
-                f"not on --device {self.device}"
-            )
-        reason = backend.unavailable_reason()
-        if reason:
-            raise BackendUnavailable(f"--backend {self.backend} is unavailable: {reason}")
+        get_backend(self.backend).require(
+            self.device, named=f"--backend {self.backend}", where=f"--device {self.device}"
+        )
         if self.prompt_len[1] + self.decode_steps > preset.max_position:
             raise ValueError(
                 f"--prompt-len/--decode-steps reach position "
