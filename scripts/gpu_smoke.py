@@ -63,6 +63,8 @@ def bench(timers, name, dtype, tokens, **opts):
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("gpu_smoke.py needs a CUDA GPU (checks and timings run the compiled kernel)")
     ok = True
     if "--checks" in sys.argv:
         for name in ["qwen3-8b", "qwen3.5-27b", "glm4-9b"]:

@@ -3,7 +3,7 @@
 Each builder returns a :class:`Case`: the traced program, its arguments (random activations,
 weights around their model values, positions anywhere in a real RoPE table), the float64
 expected outputs computed independently (index arithmetic on the packed row, then
-``fqr.golden.exact_*``), the head_dim of each output and which outputs are plain copies.
+``fqr.reference``), the head_dim of each output and which outputs are plain copies.
 """
 
 from __future__ import annotations
