@@ -14,32 +14,19 @@ Needs the Ascend environment (``make ascend-env``) and an interpreted process (t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from conftest import make_problem
+from support.ascend import ASCEND_INTERPRET_MARKS, CORES
 
 from fqr import reference
-from fqr.backends import BACKENDS
 from fqr.lowering import ascend as A
 from fqr.lowering import lower
-from fqr.lowering.loader import triton_mode
 from fqr.lowering.targets import cdiv
 from fqr.numerics import compare
 from fqr.prologue import program_signature, prologue_program
 
-_reason = BACKENDS["ascend-interpret"].unavailable_reason()
-pytestmark = [
-    pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
-        reason="the interpreter needs a process with TRITON_INTERPRET=1",
-    ),
-    # triton-ascend 3.2's interpreter turns 1-element arrays into ints (numpy warns; pinned <2.4)
-    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
-]
-CORES = 3
+pytestmark = ASCEND_INTERPRET_MARKS
 
 
 def run_ascend_interpret(pr, numerics="fused", **options):
