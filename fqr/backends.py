@@ -10,6 +10,9 @@ A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 ``triton``         the generated kernel compiled by upstream Triton on a CUDA GPU
 ``ascend``         the generated kernel (target ``ascend``) compiled by Triton-Ascend on an NPU
 ``ascend-interpret`` the ``ascend``-target kernel under Triton-Ascend's interpreter on CPU
+``ascend-on-cuda`` the ``ascend``-target kernel compiled by upstream Triton on a CUDA GPU, with
+                   an Ascend-sized persistent grid (:mod:`fqr.ascend_on_cuda`): a test
+                   backend that runs the NPU kernel's programs truly in parallel
 =================  ===========================================================================
 
 ``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors, ``reference`` otherwise
@@ -137,7 +140,7 @@ def _run_reference(program: Program, args: list) -> list:
     return eval_program(program, args, torch.float32)
 
 
-def _kernel_runner(target: str):
+def _kernel_runner(target: str, register: Callable[[], object] | None = None):
     kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
 
     def run(program: Program, args: list) -> list:
@@ -145,10 +148,18 @@ def _kernel_runner(target: str):
         if kernel is None or kernel.program is not program:
             from .lowering import lower
 
+            if register is not None:
+                register()
             kernel = kernels[id(program)] = lower(program, target=target)
         return kernel.launch(args)
 
     return run
+
+
+def _register_ascend_on_cuda():
+    from .ascend_on_cuda import register_target
+
+    return register_target()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -188,6 +199,13 @@ BACKENDS: dict[str, Backend] = {
             ("cpu",),
             _reason_ascend_interpret,
             _kernel_runner("ascend-interpret"),
+        ),
+        Backend(
+            "ascend-on-cuda",
+            "ascend-target kernel, Triton on CUDA, Ascend-sized persistent grid",
+            ("cuda",),
+            _reason_triton,
+            _kernel_runner("ascend-on-cuda", _register_ascend_on_cuda),
         ),
     ]
 }
