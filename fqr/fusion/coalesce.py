@@ -214,7 +214,9 @@ def coalesce_pieces(graph: torch.fx.Graph) -> int:
             continue
         sizes = [hi - lo for lo, hi in chain]
         with graph.inserting_after(root):
-            split = graph.call_function(aten.split_with_sizes.default, (root, sizes, dim))
+            split = graph.call_function(
+                aten.split_with_sizes.default, (root, sizes, dim - _val(root).dim())
+            )
         split.meta["val"] = aten.split_with_sizes.default(_val(root), sizes, dim)
         for index, interval in enumerate(chain):
             item = _getitem(graph, split, index)
@@ -224,10 +226,24 @@ def coalesce_pieces(graph: torch.fx.Graph) -> int:
     return redirected
 
 
+def negative_split_dims(graph: torch.fx.Graph) -> None:
+    """Write every split's dim counted from the end (``-1``: the last), as model code writes
+    ``qkv.split([...], dim=-1)``, so that splits written either way look the same."""
+    for node in graph.nodes:
+        if node.target not in (aten.split_with_sizes.default, aten.split.Tensor):
+            continue
+        if len(node.args) > 2 and type(node.args[2]) is int and node.args[2] >= 0:
+            val = _val(node.args[0])
+            if isinstance(val, torch.Tensor):
+                node.args = (*node.args[:2], node.args[2] - val.dim(), *node.args[3:])
+
+
 def coalesce_splits(graph: torch.fx.Graph) -> int:
-    """Both steps; returns how many nodes now use a coalesced split (0: graph unchanged)."""
+    """Both steps; returns how many nodes now use a coalesced split (0: graph unchanged).
+    Every split's dim is then written counted from the end (:func:`negative_split_dims`)."""
     redirected = coalesce_pieces(graph)
     redirected += merge_duplicate_splits(graph)
+    negative_split_dims(graph)
     if redirected:
         graph.eliminate_dead_code()
     return redirected

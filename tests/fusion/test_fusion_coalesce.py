@@ -72,7 +72,7 @@ def test_three_slices_become_one_split(gen):
     assert redirected == 3
     assert count(gm, aten.slice.Tensor) == 0
     (split,) = [n for n in gm.graph.nodes if n.target is aten.split_with_sizes.default]
-    assert list(split.args[1]) == [Q, KV, KV] and split.args[2] == 1
+    assert list(split.args[1]) == [Q, KV, KV] and split.args[2] == -1
     assert sorted(u.args[1] for u in split.users) == [0, 1, 2]
     check_same_values(gm, three_slices, qkv)
 
@@ -164,8 +164,10 @@ class SeparateSplitAttention(VllmAttention):
         # An unrelated reader of the same qkv: a split into other sizes, never merged.
         qk, _ = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         gate = torch.sigmoid(qk.float().mean(-1, keepdim=True)).to(qkv.dtype)
-        q_by_head = self.norm(q.view(-1, s.hq, d), self.q_weight, s.eps, self.q_bias)
-        k_by_head = self.norm(k.view(-1, s.hkv, d), self.k_weight, s.eps, self.k_bias)
+        q_by_head = q.view(*q.shape[:-1], s.hq, d)
+        q_by_head = self.norm(q_by_head, self.q_weight, s.eps, self.q_bias)
+        k_by_head = k.view(*k.shape[:-1], s.hkv, d)
+        k_by_head = self.norm(k_by_head, self.k_weight, s.eps, self.k_bias)
         q, k = self.rotary_emb(positions, q_by_head.view(q.shape), k_by_head.view(k.shape))
         t = hidden_states.shape[0]
         attn = F.scaled_dot_product_attention(
