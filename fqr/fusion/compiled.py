@@ -142,7 +142,7 @@ class Comparison:
 class _Workload:
     """A model, the inputs for T tokens, and which outputs to compare."""
 
-    def __init__(self, kind: str, layers: int, dtype, device, seed: int, tiny: bool):
+    def __init__(self, kind, layers, dtype, device, seed: int, tiny: bool, preset: str):
         self.kind, self.device, self.dtype = kind, torch.device(device), dtype
         self.gen = torch.Generator().manual_seed(seed + 1)
         if kind == "hf-qwen3":
@@ -163,7 +163,7 @@ class _Workload:
                     model = VllmStyleModel(64, [shape] * layers, dtype)
                 self.module = model.to(self.device).eval()
             else:
-                p = get_preset("qwen3-8b")
+                p = get_preset(preset)
                 self.module = preset_model(p, layers, dtype, seed=seed, device=self.device)
             self.token_dims = (0, 0)
         else:
@@ -338,13 +338,17 @@ def compare_compiled(
     check_tokens: int = 512,
     cudagraphs: bool | None = None,
     tiny: bool = False,
+    preset: str = "qwen3-8b",
     seed: int = 0,
     log=lambda msg: None,
 ) -> Comparison:
     """Compile ``model`` with and without the pass and compare them (module docstring).
-    ``tiny``: test-size shapes (CPU tests); ``cudagraphs`` defaults to on for CUDA."""
+    ``tiny``: test-size shapes (CPU tests); ``cudagraphs`` defaults to on for CUDA;
+    ``preset``: the attention shapes of the ``vllm`` model (``hf-qwen3`` is Qwen3-8B's)."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    if model == "hf-qwen3" and preset != "qwen3-8b":
+        raise ValueError(f"hf-qwen3 is built at Qwen3-8B's layer shapes, not {preset!r}")
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")
     if check_tokens < 2 or any(t < 1 for t in (*prefill, *decode, *profile_tokens)):
@@ -355,7 +359,7 @@ def compare_compiled(
         raise ValueError("cudagraphs need a CUDA device")
     log("tracing the fusion patterns")
     fusion_patterns()
-    work = _Workload(model, layers, dtype, dev, seed, tiny)
+    work = _Workload(model, layers, dtype, dev, seed, tiny, preset)
     patches = {"triton.cudagraphs": True} if cudagraphs else {}
     fusion = FusionBackend(config_patches=patches)
     backends = {"unfused": InductorBackend(patches), "fused": fusion}
@@ -430,3 +434,67 @@ def compare_compiled(
         latency=rows,
         profile=splits,
     )
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(title, header, rows)`` for the summary, latency and profile tables of ``c`` (the
+    CLI renders them with Rich, scripts/gpu_fusion.py as text)."""
+    name = f"{c.model} ({c.layers} layers, {c.dtype}, {c.device}"
+    name += ", CUDA graphs)" if c.cudagraphs else ")"
+    summary = [
+        ["prologues fused", f"{c.sites} / {c.layers} per graph ({c.graphs} graph(s))"],
+        ["compile + first run", "  ".join(f"{k} {v:.1f} s" for k, v in c.compile_s.items())],
+    ]
+    for check, n in c.numerics.items():
+        if "fused_err" in n:
+            detail = (
+                f"max err {n['fused_err']:.3g} (plain compile {n['plain_err']:.3g}, limit "
+                f"{n['limit']:.3g}, max |x| {n['scale']:.3g})"
+            )
+        else:
+            detail = f"max err {n['max_rel_head']:.3g} x head max ({n['tolerance']})"
+            detail += "" if n["v_exact"] else ", v NOT bit-exact"
+        summary.append([check, ("pass: " if n["passed"] else "FAIL: ") + detail])
+    summary.append(["result", "ok" if c.passed else "FAILED"])
+    latency = [
+        [
+            r.phase,
+            str(r.tokens),
+            f"{r.unfused_ms:.3f}",
+            f"{r.fused_ms:.3f}",
+            f"{r.speedup:.3f}x",
+            "yes" if r.fused_ms <= r.unfused_ms else "NO",
+        ]
+        for r in c.latency
+    ]
+    profile = [
+        [
+            str(p.tokens),
+            f"{p.unfused_prologue_us:.1f} / {p.unfused_total_us:.1f}",
+            f"{100 * p.unfused_share:.2f}%",
+            f"{p.fused_prologue_us:.1f} / {p.fused_total_us:.1f}",
+            f"{100 * p.fused_share:.2f}%",
+            "yes" if p.fused_share <= p.unfused_share / 2 else "NO",
+        ]
+        for p in c.profile
+    ]
+    tables = [
+        (name, ["check", "value"], summary),
+        (
+            f"{c.model}: forward latency, ms (without / with the pass)",
+            ["phase", "T", "without", "with", "speedup", "with <= without"],
+            latency,
+        ),
+    ]
+    if profile:
+        tables.append(
+            (
+                f"{c.model}: kernel time per forward, prologue / all, us",
+                ["T", "without", "share", "with", "share", "share halved"],
+                profile,
+            )
+        )
+    return tables
