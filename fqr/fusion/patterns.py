@@ -477,8 +477,10 @@ def halves_repeated(node) -> bool:
             return dim in (-1, val.dim() - 1) and len(parts) == 2 and parts[0] is parts[1]
         if node.target in (aten.reshape.default, aten.view.default):
             return _pair_of_copies(node.args[0], val.shape[-1])
-        if node.target is aten.clone.default:
-            node = node.args[0]
+        if node.target is aten.clone.default or (
+            node.target is aten._to_copy.default and node.kwargs.keys() <= {"dtype"}
+        ):
+            node = node.args[0]  # a copy or a cast: the same values
             continue
         tensor_args = [a for a in node.args if isinstance(a, torch.fx.Node)]
         tags = getattr(node.target, "tags", ())
