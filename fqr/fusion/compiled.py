@@ -283,8 +283,7 @@ def kernel_times(fn, args, cudagraphs: bool, calls: int = 3) -> tuple[Counter, C
     counts: Counter = Counter()
     for evt in prof.events():
         if str(getattr(evt, "device_type", "")).endswith("CUDA"):
-            us = getattr(evt, "device_time", None)
-            us = evt.cuda_time if us is None else us
+            us = evt.device_time_total or evt.time_range.elapsed_us()
             per_name[evt.name] += us / calls
             counts[evt.name] += 1
     return per_name, Counter({k: v / calls for k, v in counts.items()})
