@@ -1,6 +1,6 @@
 """The ``ascend-on-cuda`` test backend on a CPU machine: it runs exactly the ``ascend`` source,
 its grid is sized like an Ascend chip, and that source compiles with upstream Triton for a
-CUDA GPU (the GPU run itself is tests/gpu/test_ascend_on_cuda.py)."""
+CUDA GPU (the GPU run itself is tests/gpu/test_ascend_on_cuda_gpu.py)."""
 
 from __future__ import annotations
 
