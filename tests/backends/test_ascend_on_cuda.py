@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fqr
-from fqr.ascend_on_cuda import DEFAULT_PROGRAMS, NAME, register_target
+from fqr.ascend_on_cuda import DEFAULT_PROGRAMS, NAME, generated_body, register_target
 from fqr.backends import BACKENDS
 from fqr.lowering import kernel_source, tiling_of
 from fqr.prologue import preset_program
@@ -29,7 +29,9 @@ COMPILE_PRESETS = ["qwen3-8b", "qwen3.5-27b", "gemma3-27b", "glm4-9b", "olmo2-7b
 def test_runs_the_ascend_source_itself(name):
     program = preset_program(fqr.get_preset(name), torch.bfloat16)
     register_target()
-    assert kernel_source(program, NAME) == kernel_source(program, "ascend")
+    ours, ascend = kernel_source(program, NAME), kernel_source(program, "ascend")
+    assert "fqr_ascend_on_cuda_" in ours and "fqr_ascend_on_cuda_" not in ascend
+    assert generated_body(ours) == generated_body(ascend)
     assert tiling_of(program, NAME) == tiling_of(program, "ascend")
 
 
