@@ -2,8 +2,9 @@
 
 For every case (``--case`` glob) and backend (``--backend``, default every available one), the
 case's inputs go to the backend's device (CPU for reference / interpret / ascend-interpret, CUDA
-for triton, NPU for ascend), :func:`fqr.split_qkv_rmsnorm_rope` runs, and q, k are compared with
-the float64 expectations (:func:`fqr.numerics.compare`, per the case's numerics), v bit for bit.
+for triton / ascend-on-cuda, NPU for ascend), :func:`fqr.split_qkv_rmsnorm_rope` runs, and q, k
+are compared with the float64 expectations (:func:`fqr.numerics.compare`, per the case's
+numerics), v bit for bit.
 Status per row: ``pass``, ``FAIL`` (outside tolerance, or NaN/Inf), ``error`` (the backend
 raised), ``corrupt`` (the golden file's sha256 does not match the manifest). Exit 0 when every
 row passes, 1 otherwise, 2 on bad usage.

@@ -2,21 +2,7 @@
 
 A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
-==================== ========================================================================
-``reference``        the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`);
-                     any device
-``interpret``        the kernel generated for lowering target ``interpret`` (the ``cuda``
-                     profile's code, 8-token tiles, bf16 rounded on the bits) run by upstream
-                     Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors: slow, for CI
-                     and debugging
-``triton``           the kernel generated for target ``cuda``, compiled by upstream Triton on a
-                     CUDA GPU
-``ascend``           the kernel generated for target ``ascend``, compiled by Triton-Ascend on
-                     an NPU
-``ascend-interpret`` the kernel generated for target ``ascend-interpret`` (the ``ascend``
-                     profile) under Triton-Ascend's interpreter on CPU tensors
-==================== ========================================================================
-
+==================== =================================================================
 ``auto`` (:data:`AUTO_BACKENDS`) picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors,
 ``reference`` otherwise (never an interpreter: it is slow).
 """
@@ -49,10 +35,14 @@ class Backend:
     device_types: tuple[str, ...]
     target: str | None
     _availability: Callable[[], str | None]  # None when available, else the reason
+    # Called once before the first lowering (a target registered outside fqr.lowering).
+    prepare: Callable[[], object] | None = None
     _runner: Callable[[Program, list], list] = field(init=False, repr=False)
 
     def __post_init__(self):
-        runner = _run_reference if self.target is None else _kernel_runner(self.target)
+        runner = (
+            _run_reference if self.target is None else _kernel_runner(self.target, self.prepare)
+        )
         object.__setattr__(self, "_runner", runner)
 
     @property
@@ -156,7 +146,7 @@ def _run_reference(program: Program, args: list) -> list:
     return eval_program(program, args, torch.float32)
 
 
-def _kernel_runner(target: str):
+def _kernel_runner(target: str, register: Callable[[], object] | None = None):
     kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
 
     def run(program: Program, args: list) -> list:
@@ -164,10 +154,18 @@ def _kernel_runner(target: str):
         if kernel is None or kernel.program is not program:
             from .lowering import lower
 
+            if register is not None:
+                register()
             kernel = kernels[id(program)] = lower(program, target=target)
         return kernel.launch(args)
 
     return run
+
+
+def _register_ascend_on_cuda():
+    from .ascend_on_cuda import register_target
+
+    return register_target()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -201,6 +199,14 @@ BACKENDS: dict[str, Backend] = {
             ("cpu",),
             "ascend-interpret",
             _reason_ascend_interpret,
+        ),
+        Backend(
+            "ascend-on-cuda",
+            "ascend-target kernel, Triton on CUDA, Ascend-sized persistent grid",
+            ("cuda",),
+            "ascend-on-cuda",
+            _reason_triton,
+            prepare=_register_ascend_on_cuda,
         ),
     ]
 }

@@ -8,8 +8,14 @@ into real model code.
 * :func:`backend` / :class:`FusionPass` (:mod:`fqr.fusion.fusion_pass`): rewrite vLLM- and
   Hugging Face-style unfused prologues (:mod:`fqr.fusion.unfused`) with the patterns of
   :mod:`fqr.fusion.patterns`;
+* :mod:`fqr.fusion.coalesce`: the split coalescing the pass runs before matching;
 * :mod:`fqr.fusion.models`, :mod:`fqr.fusion.evaluate`: small vLLM-style models and the
-  fused-vs-unfused comparison behind ``fqr fuse``.
+  fused-vs-unfused comparison behind ``fqr fuse``;
+* :mod:`fqr.fusion.hf_models`, :mod:`fqr.fusion.compiled`: Hugging Face Qwen3 and the
+  vLLM-shaped stack compiled with and without the pass on a GPU (``fqr fuse --device cuda``,
+  scripts/gpu_fusion.py).
+
+Supported: torch 2.11 and newer.
 
 Mark the token dimension dynamic with ``torch._dynamo.mark_dynamic`` (as vLLM does) rather than
 ``torch.compile(dynamic=True)``: the latter also turns float attributes such as a norm's eps into

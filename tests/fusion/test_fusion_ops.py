@@ -194,6 +194,9 @@ def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
 def test_fusion_refuses_an_untested_torch_clearly(monkeypatch):
     from fqr.fusion import fusion_pass
 
-    monkeypatch.setattr(fusion_pass.torch, "__version__", "2.11.0+cu130")
-    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13 .* found 2\.11\.0"):
+    monkeypatch.setattr(fusion_pass.torch, "__version__", "2.10.1+cu128")
+    with pytest.raises(RuntimeError, match=r"supports torch >= 2\.11 .* found 2\.10\.1"):
+        fusion_pass.check_torch_version()
+    for supported in ("2.11.0+cu130", "2.13.0+cpu", "2.14.0.dev20260101"):
+        monkeypatch.setattr(fusion_pass.torch, "__version__", supported)
         fusion_pass.check_torch_version()
