@@ -21,6 +21,7 @@ LAYERS = {
     "fqr.rope_cache": 4,
     "fqr.presets": 4,
     "fqr.inputs": 4,
+    "fqr.ascend_on_cuda": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
     "fqr.golden": 6,
