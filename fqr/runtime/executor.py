@@ -1,9 +1,11 @@
 """The multiprocess executor: starts the workers, broadcasts calls, collects replies
 (vLLM's ``MultiprocExecutor``).
 
-* **Start**: a ``TCPStore`` for the rendezvous is hosted here (a fresh port is tried when the
-  address is in use), then all ``dp x tp`` workers are spawned before waiting on any; each
-  answers on its ready pipe. A startup failure or timeout names the rank and the cause.
+* **Start**: stale shared memory of killed runs is swept
+  (:func:`.message_queue.sweep_stale_segments`); a ``TCPStore`` for the rendezvous is hosted
+  here (a fresh port is tried when the address is in use), then all ``dp x tp`` workers are
+  spawned before waiting on any; each answers on its ready pipe. A startup failure or timeout
+  names the rank and the cause.
 * **Calls**: :meth:`submit` writes the plan to the broadcast ring and returns a ``Future``; a
   collector thread reads every worker's response queue in FIFO order and resolves it. Two calls
   may be in flight (async scheduling).
@@ -29,7 +31,7 @@ from multiprocessing.connection import wait as wait_objects
 import torch.distributed as dist
 
 from .config import RunConfig
-from .message_queue import MessageQueue, QueueCancelled, QueueTimeout
+from .message_queue import MessageQueue, QueueCancelled, QueueTimeout, sweep_stale_segments
 from .scheduler import StepPlan
 from .worker import FAILURE, READY, SHUTDOWN, worker_main
 
@@ -87,13 +89,13 @@ class MultiprocExecutor:
     # -- startup ---------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
+        sweep_stale_segments()  # segments of runs killed by SIGKILL (no cleanup could run)
         self.store, port = host_store(self.world_size, cfg.init_timeout_s)
         self.broadcast = MessageQueue.create(
             self.world_size,
             n_slots=self._n_slots,
             chunk_bytes=self._chunk_bytes,
             tag="calls",
-            context=self._ctx,
         ).as_writer()
         self.responses = [
             MessageQueue.create(
@@ -101,37 +103,36 @@ class MultiprocExecutor:
                 n_slots=self._n_slots,
                 chunk_bytes=self._chunk_bytes,
                 tag=f"replies{r}",
-                context=self._ctx,
             ).as_reader(0)
             for r in range(self.world_size)
         ]
         death_read, self._death_write = self._ctx.Pipe(duplex=False)
         ready = []
-        for rank in range(self.world_size):
-            ready_read, ready_write = self._ctx.Pipe(duplex=False)
-            p = self._ctx.Process(
-                target=worker_main,
-                name=f"fqr-worker-{rank}",
-                daemon=True,
-                args=(
-                    cfg,
-                    rank,
-                    "127.0.0.1",
-                    port,
-                    self.broadcast,
-                    self.responses[rank],
-                    ready_write,
-                    death_read,
-                ),
-            )
-            p.start()
-            ready_write.close()
-            self.procs.append(p)
-            ready.append(ready_read)
-        death_read.close()
         try:
+            for rank in range(self.world_size):
+                ready_read, ready_write = self._ctx.Pipe(duplex=False)
+                p = self._ctx.Process(
+                    target=worker_main,
+                    name=f"fqr-worker-{rank}",
+                    daemon=True,
+                    args=(
+                        cfg,
+                        rank,
+                        "127.0.0.1",
+                        port,
+                        self.broadcast,
+                        self.responses[rank],
+                        ready_write,
+                        death_read,
+                    ),
+                )
+                ready.append(ready_read)
+                p.start()
+                ready_write.close()
+                self.procs.append(p)
+            death_read.close()
             self._wait_ready(ready)
-        except BaseException as e:
+        except BaseException as e:  # Ctrl-C included: the workers started so far are ended
             self._fail(str(e) or type(e).__name__)
             self.shutdown()
             raise
