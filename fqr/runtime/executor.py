@@ -5,7 +5,8 @@
   (:func:`.message_queue.sweep_stale_segments`); a ``TCPStore`` for the rendezvous is hosted
   here (a fresh port is tried when the address is in use), then all ``dp x tp`` workers are
   spawned before waiting on any; each answers on its ready pipe. A startup failure or timeout
-  names the rank and the cause.
+  names the rank and the cause. Workers are spawned with SIGINT blocked, so Ctrl-C reaches only
+  this process until they ignore it (vLLM's workers leave Ctrl-C to the engine too).
 * **Calls**: :meth:`submit` writes the plan to the broadcast ring and returns a ``Future``; a
   collector thread reads every worker's response queue in FIFO order and resolves it. Two calls
   may be in flight (async scheduling).
@@ -18,9 +19,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import multiprocessing as mp
+import signal
 import socket
 import threading
 import time
@@ -38,6 +41,19 @@ from .worker import FAILURE, READY, SHUTDOWN, worker_main
 
 class RunFailed(RuntimeError):
     """The run could not complete (a worker failed, died, hung or timed out)."""
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """Block SIGINT in this thread for the duration (a Ctrl-C stays pending, not lost). A
+    process spawned meanwhile inherits the blocked mask, so Ctrl-C cannot raise
+    KeyboardInterrupt in it while it starts and imports; :func:`.worker.worker_main` then
+    ignores SIGINT and unblocks it (Ctrl-C is the engine's to handle)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _free_port() -> int:
@@ -127,7 +143,8 @@ class MultiprocExecutor:
                     ),
                 )
                 ready.append(ready_read)
-                p.start()
+                with sigint_blocked():  # inherited: the worker cannot be interrupted before
+                    p.start()  # worker_main's first line ignores SIGINT (imports included)
                 ready_write.close()
                 self.procs.append(p)
             death_read.close()

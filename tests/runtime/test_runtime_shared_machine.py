@@ -9,10 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from support.processes import REPO, session_processes
+import pytest
+from support.processes import REPO, TINY, assert_clean, session_processes
 
 from fqr.runtime import message_queue
 from fqr.runtime.message_queue import MessageQueue
@@ -112,3 +114,86 @@ def test_queue_works_after_a_sweep_by_another_process():
         reader.close()
     finally:
         mq.close()
+
+
+def _spawned_workers(parent: int) -> list[int]:
+    """PIDs of multiprocessing ``spawn`` children of ``parent`` (the workers, not the resource
+    tracker)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and "spawn_main" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_workers_ignore_sigint_while_they_import():
+    """Ctrl-C reaches every process of the foreground group; workers importing torch must not
+    print KeyboardInterrupt tracebacks: the engine alone handles it and shuts the run down."""
+    cmd = [sys.executable, "-m", "fqr", "run", "--preset", "qwen3-0.6b", "--dp", "2", *TINY]
+    p = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_spawned_workers(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(_spawned_workers(p.pid)) == 2, "workers never started"
+        time.sleep(0.3)  # inside their imports
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert_clean(p.pid, [p.pid])
+    assert p.returncode != 0
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+@pytest.mark.slow
+def test_workers_sigint_during_startup_is_ignored_and_the_run_completes(capfd):
+    """SIGINT sent to the workers alone (not the engine) from the moment they exist: every
+    worker still reports READY and the run verifies."""
+    from fqr.runtime import Engine, MultiprocExecutor, RunConfig
+
+    cfg = RunConfig.build(preset="qwen3-0.6b", requests=2, prompt_len="4..8", decode_steps=1)
+    ex = MultiprocExecutor(cfg)
+    stop = threading.Event()
+    hit: set[int] = set()
+
+    def interrupt_workers():
+        while not stop.is_set():
+            for w in _spawned_workers(os.getpid()):
+                try:
+                    os.kill(w, signal.SIGINT)
+                    hit.add(w)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+    t = threading.Thread(target=interrupt_workers, daemon=True)
+    t.start()
+    try:
+        ex.start()
+        stop.set()
+        t.join()
+        result = Engine(cfg, ex).run()
+    finally:
+        stop.set()
+        ex.shutdown()
+    assert hit, "no worker was interrupted"
+    assert result.ok and result.verified_steps == result.steps > 0
+    err = capfd.readouterr().err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
