@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Program, eval_program
+from .core import TOKENS, Program, eval_program
 
 
 class BackendUnavailable(RuntimeError):
@@ -133,8 +133,55 @@ def _reason_ascend_interpret() -> str | None:
     return _mode_conflict(interpret=True)
 
 
+REFERENCE_CHUNK_ELEMENTS = 1 << 18  # token-indexed input elements evaluated at once
+
+
+def _token_indexed(program: Program) -> list[bool]:
+    return [bool(v.aval.shape) and v.aval.shape[0] == TOKENS for v in program.inputs]
+
+
+def token_slices(
+    program: Program, args: list, max_elements: int | None = None
+) -> list[slice] | None:
+    """Slices of the token dim holding at most ``max_elements`` (default
+    :data:`REFERENCE_CHUNK_ELEMENTS`) token-indexed input elements each; None when one piece
+    does (or when an output is not token-indexed: its rows would not be independent)."""
+    max_elements = max_elements or REFERENCE_CHUNK_ELEMENTS
+    indexed = _token_indexed(program)
+    if not any(indexed) or not all(
+        bool(v.aval.shape) and v.aval.shape[0] == TOKENS for v in program.outputs
+    ):
+        return None
+    tokens = next(a.shape[0] for a, i in zip(args, indexed) if i)
+    row = sum(a[0].numel() for a, i in zip(args, indexed) if i and a.shape[0])
+    step = max(1, max_elements // max(row, 1))
+    if tokens <= step:
+        return None
+    return [slice(s, min(s + step, tokens)) for s in range(0, tokens, step)]
+
+
+def chunk_args(program: Program, args: list, rows: slice) -> list:
+    """``args`` with every token-indexed input cut to ``rows``."""
+    return [a[rows] if i else a for a, i in zip(args, _token_indexed(program))]
+
+
 def _run_reference(program: Program, args: list) -> list:
-    return eval_program(program, args, torch.float32)
+    """The primitives' impl rules in fp32, chunk by chunk over the tokens: only one chunk's
+    fp32 intermediates live at a time, so the peak is the outputs plus a bounded working set
+    (one whole-batch evaluation peaks near 8.5x the qkv bytes)."""
+    slices = token_slices(program, args)
+    if slices is None:
+        return eval_program(program, args, torch.float32)
+    tokens, outs = slices[-1].stop, None
+    for rows in slices:
+        part = eval_program(program, chunk_args(program, args, rows), torch.float32)
+        if outs is None:
+            outs = [
+                torch.empty((tokens, *p.shape[1:]), dtype=p.dtype, device=p.device) for p in part
+            ]
+        for o, p in zip(outs, part):
+            o[rows] = p
+    return outs
 
 
 def _kernel_runner(target: str):
