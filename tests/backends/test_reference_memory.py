@@ -5,31 +5,14 @@ chunk by chunk over the tokens, so its peak is the outputs plus a bounded workin
 
 from __future__ import annotations
 
-import gc
-from pathlib import Path
-
 import pytest
 import torch
 from support.contract import assert_contract
+from support.memory import peak_bytes
 
 import fqr
 from fqr import backends
 from fqr.presets import get_preset
-
-
-def _status_bytes(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    except OSError:
-        return False
-    return True
 
 
 def _inputs(gen, tokens: int):
@@ -59,12 +42,8 @@ def test_reference_peak_is_a_small_multiple_of_the_qkv_bytes(gen):
     fqr.split_qkv_rmsnorm_rope(
         *(a[:8] if a.dim() and a.shape[0] == 4096 else a for a in args), **kwargs
     )  # warm: tracing, allocator
-    gc.collect()
-    if not _reset_peak():
-        pytest.skip("no /proc/self/clear_refs (the peak resident set cannot be reset here)")
-    before = _status_bytes("VmRSS")
-    outs = fqr.split_qkv_rmsnorm_rope(*args, **kwargs)
-    peak = _status_bytes("VmHWM") - before
+    outs = []
+    peak = peak_bytes(lambda: outs.extend(fqr.split_qkv_rmsnorm_rope(*args, **kwargs)))
     qkv_bytes = args[0].numel() * args[0].element_size()
     assert peak <= 2 * qkv_bytes, f"peak {peak / qkv_bytes:.2f}x the qkv bytes"
     assert [o.shape[0] for o in outs] == [4096] * 3
