@@ -18,7 +18,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.fqr-setup.stamp
 HAVE_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup run test test-main clean
+.PHONY: setup run test test-main lint clean
 
 setup: $(STAMP)
 
@@ -41,8 +41,15 @@ test-main: setup
 test: test-main
 	@if $(MAKE) -n test-ascend >/dev/null 2>&1; then $(MAKE) test-ascend; fi
 
+# Lint: ruff (rules and layout, pyproject.toml [tool.ruff]) on the whole tree, and mypy on the
+# functional core, the ops and the lowering (pyproject.toml [tool.mypy]).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
 
 # ---------------------------------------------------------------------------------------------
 # Ascend (Triton-Ascend) section: the Ascend engineer defines `test-ascend` (and `ascend-env`)

@@ -34,7 +34,7 @@ def _facts() -> dict:
         else [],
         "cann": os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH"),
     }
-    from fqr.lowering.ascend_check import ascend_facts
+    from fqr.lowering.ascend_compile import ascend_facts
 
     facts.update(ascend_facts())
     return facts

@@ -91,12 +91,8 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fqr.lowering.ascend_check import (
-        NEEDS_CANN,
-        check_preset,
-        preset_tp_pairs,
-        require_triton_ascend,
-    )
+    from fqr.lowering.ascend_compile import NEEDS_CANN
+    from fqr.tools.ascend_check import check_preset, preset_tp_pairs, require_triton_ascend
 
     require_triton_ascend()
     results = []

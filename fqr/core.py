@@ -7,15 +7,27 @@ interpretation, registered by the op module that defines it (``fqr/ops/*.py``), 
                   it computes in the dtype it is given, so float64 in gives float64 math);
 * ``abstract`` -- the shape/dtype rule: input :class:`Aval` s and params to output avals,
                   raising ``ValueError``/``TypeError`` that names the bad argument;
-* ``lower``    -- the Triton lowering rule (``fqr/lowering``).
+* ``facts``    -- the lowering facts: what the kernel planner (``fqr/lowering/plan.py``) must
+                  know to fuse the op, as data (:class:`Views` for an op whose outputs are
+                  head-structured views of a packed row, :class:`HeadOp` for an op that
+                  transforms one head-structured value head by head);
+* ``lower``    -- the emit rule: writes the op's lines of Triton source through the
+                  :class:`EmitContext` the lowering hands it.
+
+The lowering never tests a primitive's name: it asks the primitive's ``facts`` and calls its
+``lower`` rule, so a new op is one file in ``fqr/ops/`` (see ARCHITECTURE.md, "How to add an op").
 
 Calling an op on tensors runs ``impl``; calling it on :class:`Tracer` s (inside :func:`trace`)
 records an :class:`Eqn` instead. A :class:`Program` prints like a jaxpr::
 
-    { lambda a:bf16[T,6144] b:i64[T] c:f32[40960,128] d:bf16[128] e:bf16[128]. let
-        f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] = split_qkv[d=128 hkv=8 hq=32] a
+    { lambda a:bf16[T,6144] b:int64[T] c:fp32[P,128] d:bf16[128] e:bf16[128]. let
+        f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] =
+            split_heads[sections=(32x128@0,8x128@4096,8x128@5120)] a
+        i:bf16[T,4096] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0] f d _ _
         ...
       in (k, l, h) }
+
+(the printer writes each equation on one line).
 
 The token dimension is the symbol ``"T"``: programs (and their kernels) are shape-polymorphic
 in it, so a new batch size never retraces or recompiles.
@@ -23,10 +35,11 @@ in it, so a new batch size never retraces or recompiles.
 
 from __future__ import annotations
 
+import enum
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -71,10 +84,10 @@ class TraceError(TypeError):
 class Aval:
     """Abstract value: a shape (ints, or ``"T"`` for the token dim) and a dtype."""
 
-    shape: tuple
+    shape: tuple[int | str, ...]
     dtype: torch.dtype
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{DTYPE_NAMES.get(self.dtype, str(self.dtype))}[{','.join(map(str, self.shape))}]"
 
     @property
@@ -82,14 +95,14 @@ class Aval:
         return len(self.shape)
 
     @classmethod
-    def of(cls, x: torch.Tensor | None, *leading) -> Aval | None:
+    def of(cls, x: torch.Tensor | None, *leading: str) -> Aval | None:
         """The abstract value of ``x`` with its leading dims renamed (``"T"``, ``"P"``), or None."""
         if x is None:
             return None
         return cls(tuple(leading) + tuple(x.shape[len(leading) :]), x.dtype)
 
 
-def spec(*shape, dtype=torch.bfloat16) -> Aval:
+def spec(*shape: int | str, dtype: torch.dtype = torch.bfloat16) -> Aval:
     """Argument spec for :func:`trace`, e.g. ``spec("T", 6144, dtype=torch.bfloat16)``."""
     return Aval(tuple(shape), dtype)
 
@@ -98,16 +111,23 @@ def spec(*shape, dtype=torch.bfloat16) -> Aval:
 class Var:
     aval: Aval
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Var({self.aval})"
 
 
 @dataclass
 class Eqn:
     prim: Primitive
-    inputs: list  # Var or None (an optional operand that is absent)
+    inputs: list[Var | None]  # None: an optional operand that is absent
     outputs: list[Var]
-    params: dict
+    params: dict[str, Any]
+
+    def facts(self) -> Views | HeadOp | None:
+        """The primitive's lowering facts for this equation (None: the primitive has none)."""
+        if self.prim.facts is None:
+            return None
+        avals = [None if v is None else v.aval for v in self.inputs]
+        return self.prim.facts(*avals, **self.params)
 
 
 @dataclass
@@ -115,10 +135,13 @@ class Program:
     inputs: list[Var]
     eqns: list[Eqn]
     outputs: list[Var]
-    input_names: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return ProgramPrinter(self).render()
+
+    def eqn_facts(self) -> list[tuple[Eqn, Views | HeadOp | None]]:
+        """Each equation with its primitive's lowering facts."""
+        return [(e, e.facts()) for e in self.eqns]
 
     def fingerprint(self) -> str:
         """A stable text that identifies the program (for kernel-cache keys)."""
@@ -127,7 +150,9 @@ class Program:
         return self.__dict__["_fingerprint"]
 
 
-def _fmt_param(v) -> str:
+def _fmt_param(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "(" + ",".join(map(_fmt_param, v)) + ")"
     if isinstance(v, bool):
         return "True" if v else "False"
     if isinstance(v, float):
@@ -138,7 +163,7 @@ def _fmt_param(v) -> str:
 
 
 class ProgramPrinter:
-    def __init__(self, program: Program):
+    def __init__(self, program: Program) -> None:
         self.program = program
         self.names: dict[int, str] = {}
         self._letters = _name_stream()
@@ -166,42 +191,239 @@ class ProgramPrinter:
         return "\n".join(lines)
 
 
-def _name_stream():
+def _name_stream() -> Iterator[str]:
     letters = "abcdefghijklmnopqrstuvwxyz"
     for n in itertools.count(1):
         for combo in itertools.product(letters, repeat=n):
             yield "".join(combo)
 
 
+# ------------------------------------------------------------------------- lowering facts
+#
+# What the kernel planner asks of a primitive, as plain data. The fused kernel holds every
+# head-structured value ``[T, H*D]`` as register tiles ``[tokens, heads, features]``; a primitive
+# either makes such values out of a packed row (:class:`Views`) or transforms one of them head by
+# head (:class:`HeadOp`), reading its other operands in one of the :class:`Role` s below.
+
+
+@dataclass(frozen=True)
+class Section:
+    """One head-structured view of a packed ``[T, W]`` row: ``heads`` heads of ``head_dim``
+    features, head ``h`` at columns ``[offset + h*head_stride, offset + h*head_stride + head_dim)``.
+
+    ``head_stride`` defaults to ``head_dim`` (heads back to back); a larger stride skips columns
+    between heads: padded heads ``[T, H, D + pad]``, or heads interleaved with another view's
+    (Qwen3.5's gate: q head ``h`` then gate head ``h``, both views of stride ``2*D``). It prints
+    as ``HxD@offset`` (``/stride`` added when heads are not back to back).
+    """
+
+    heads: int
+    head_dim: int
+    offset: int = 0
+    head_stride: int = 0  # 0: head_dim
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "head_dim", "offset", "head_stride"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"section {name} must be an int, got {v!r}")
+        if self.heads < 1 or self.head_dim < 1 or self.offset < 0:
+            raise ValueError(
+                f"a section needs heads >= 1, head_dim >= 1 and offset >= 0, got {self!s}"
+            )
+        if self.head_stride == 0:
+            object.__setattr__(self, "head_stride", self.head_dim)
+        if self.head_stride < self.head_dim:
+            raise ValueError(
+                f"section {self!s}: head_stride {self.head_stride} < head_dim {self.head_dim} "
+                f"(heads would overlap)"
+            )
+
+    @property
+    def width(self) -> int:
+        """Features of the view: ``heads * head_dim``."""
+        return self.heads * self.head_dim
+
+    @property
+    def end(self) -> int:
+        """One past the last column of the packed row the view reads."""
+        return self.offset + (self.heads - 1) * self.head_stride + self.head_dim
+
+    def head_columns(self) -> Iterator[tuple[int, int]]:
+        """``(first column, one past the last)`` of each head in the packed row."""
+        for h in range(self.heads):
+            start = self.offset + h * self.head_stride
+            yield start, start + self.head_dim
+
+    def __str__(self) -> str:
+        stride = "" if self.head_stride == self.head_dim else f"/{self.head_stride}"
+        return f"{self.heads}x{self.head_dim}@{self.offset}{stride}"
+
+
+class Role(enum.Enum):
+    """How a per-head op reads one operand (:attr:`HeadOp.operands`)."""
+
+    VALUE = "value"  # the [T, H*D] value it transforms, held as per-head register tiles
+    HEAD_VECTOR = "head vector"  # [D]: the same vector for every head (QK-norm weight)
+    ROW_VECTOR = "row vector"  # [H*D]: one entry per feature of the whole row (OLMo2's weight)
+    TOKEN_VALUE = "token value"  # [T] float: one number per token (an all-reduced statistic)
+    INDEX = "index"  # [T] int: one row number per token (positions)
+    TABLE = "table"  # [rows, width]: rows gathered by an INDEX operand (cos_sin_cache)
+
+
+class Reduction(enum.Enum):
+    """The group over which a per-head op sums the squares of its value (a norm's statistic)."""
+
+    HEAD = "head"  # each head on its own: [T, H] sums
+    ROW = "row"  # the whole row of the value (all heads): [T] sums
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How an op needs a head held in registers: its first ``rotary_dim`` features as two
+    pieces ``a`` and ``b`` of ``rotary_dim / 2`` features each, pairing feature ``i`` with
+    ``i + R/2`` (``"neox"``) or ``2i`` with ``2i + 1`` (``"gptj"``); the other features of the
+    head are pass-through pieces. Without a request a head is held as plain pieces."""
+
+    rotary_dim: int
+    style: str  # "neox" | "gptj"
+
+    def __post_init__(self) -> None:
+        if self.style not in ("neox", "gptj"):
+            raise ValueError(f"layout style must be 'neox' or 'gptj', got {self.style!r}")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even and >= 2, got {self.rotary_dim}")
+
+
+@dataclass(frozen=True)
+class Views:
+    """Facts of a primitive whose outputs are head-structured views of operand 0, a packed
+    ``[T, W]`` activation: one :class:`Section` per output. It emits no code: each output is
+    loaded from the packed row where it is first used."""
+
+    sections: tuple[Section, ...]
+
+
+@dataclass(frozen=True)
+class HeadOp:
+    """Facts of a primitive that transforms one head-structured value head by head.
+
+    ``operands``: the :class:`Role` of each operand (None where an optional one is absent);
+    exactly one is :attr:`Role.VALUE`, and the op's outputs are head-structured like it.
+    ``head_dim``: the head width the op assumes (None: any, e.g. an elementwise op).
+    ``layout``: the register layout the op needs (RoPE's pairs), or None.
+    ``reduction``: the group over which the op sums the squares of its value (a norm), or None.
+    """
+
+    operands: tuple[Role | None, ...]
+    head_dim: int | None = None
+    layout: HeadLayout | None = None
+    reduction: Reduction | None = None
+
+    @property
+    def value_operand(self) -> int:
+        (index,) = [i for i, r in enumerate(self.operands) if r is Role.VALUE]
+        return index
+
+
+class EmitContext(Protocol):
+    """What an emit rule (``prim.lower(b, eqn)``) may ask of the kernel being written.
+
+    Values are held as *pieces*: a dict from piece name to the name of a ``[BLOCK_T, heads,
+    features]`` fp32 tile (``a``/``b`` for the pair halves of a :class:`HeadLayout`, ``p0``,
+    ``p1`` ... for the other features). A rule reads its value's pieces, emits lines that
+    compute new pieces (``fresh`` names), and binds them to its outputs with ``set``.
+    """
+
+    def pieces(self, var: Var) -> dict[str, str]:
+        """The pieces of a head-structured value (loaded from the packed row on first use)."""
+        ...
+
+    def set(self, var: Var, pieces: dict[str, str]) -> None:
+        """Bind an output of the equation to its pieces."""
+        ...
+
+    def vector(self, var: Var, role: Role) -> dict[str, str]:
+        """A HEAD_VECTOR ``[D]`` or ROW_VECTOR ``[H*D]`` operand as fp32 pieces that broadcast
+        against the value's pieces (a head vector is loaded once, before the token loop)."""
+        ...
+
+    def token_values(self, var: Var) -> str:
+        """A TOKEN_VALUE ``[T]`` operand as an fp32 ``[BLOCK_T]`` tile (loaded once per tile)."""
+        ...
+
+    def gather(self, table: Var, index: Var, start: int, count: int, name: str = "g") -> str:
+        """Columns ``[start, start + count)`` of ``table[index[t]]`` as an fp32 ``[BLOCK_T, 1,
+        count]`` tile (padded to a power of two; ``name`` prefixes its variable), loaded once per
+        token tile and shared by every value; an index outside the table reads NaN, never out of
+        bounds."""
+        ...
+
+    def sum_squares(self, var: Var, over: Reduction) -> str:
+        """The sum of squares of a value over each head (``[BLOCK_T, heads]``) or over its whole
+        row (``[BLOCK_T]``, accumulated over head chunks when the row is processed in chunks)."""
+        ...
+
+    def keepdims(self, over: Reduction) -> str:
+        """The index suffix that broadcasts a :meth:`sum_squares` result against the pieces."""
+        ...
+
+    def fresh(self, prefix: str) -> str:
+        """A new variable name."""
+        ...
+
+    def var_name(self, var: Var) -> str:
+        """The name of a program variable, as the program text prints it."""
+        ...
+
+    def emit(self, line: str) -> None:
+        """Append one line of source at the current point of the kernel body."""
+        ...
+
+    def cast(self, expr: str, dtype: torch.dtype) -> str:
+        """``expr`` (fp32) rounded to ``dtype`` (round to nearest even on every target)."""
+        ...
+
+
+FactsRule = Callable[..., "Views | HeadOp"]
+EmitRule = Callable[[EmitContext, Eqn], None]
+
+
 class Primitive:
     """A named operation; its interpretation rules are attached by the module defining it."""
 
-    def __init__(self, name: str, multiple_results: bool = False):
+    def __init__(self, name: str, multiple_results: bool = False) -> None:
         self.name = name
         self.multiple_results = multiple_results
-        self.impl: Callable | None = None
-        self.abstract: Callable | None = None
-        self.lower: Callable | None = None
+        self.impl: Callable[..., Any] | None = None
+        self.abstract: Callable[..., Any] | None = None
+        self.facts: FactsRule | None = None
+        self.lower: EmitRule | None = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Primitive({self.name})"
 
-    def def_impl(self, fn):
+    def def_impl(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         self.impl = fn
         return fn
 
-    def def_abstract(self, fn):
+    def def_abstract(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         self.abstract = fn
         return fn
 
-    def def_lowering(self, fn):
+    def def_facts(self, fn: FactsRule) -> FactsRule:
+        self.facts = fn
+        return fn
+
+    def def_lowering(self, fn: EmitRule) -> EmitRule:
         self.lower = fn
         return fn
 
-    def bind(self, *args, **params):
+    def bind(self, *args: Any, **params: Any) -> Any:
         trace = _find_trace(args)
         if trace is not None:
             return trace.record(self, args, params)
+        assert self.abstract is not None and self.impl is not None, f"{self.name}: no rules"
         # Eager call: validate with the same shape rule as tracing, compute in at least fp32,
         # round once to the output dtype (the fused contract, one op at a time).
         avals = [None if a is None else Aval(tuple(a.shape), a.dtype) for a in args]
@@ -232,42 +454,42 @@ class Tracer:
     :class:`TraceError` naming that operation.
     """
 
-    def __init__(self, trace: Trace, var: Var):
+    def __init__(self, trace: Trace, var: Var) -> None:
         self._trace = trace
         self.var = var
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int | str, ...]:
         return self.var.aval.shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         return self.var.aval.dtype
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return self.var.aval.ndim
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Tracer({self.var.aval})"
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
         raise TraceError(
             f"unsupported torch op torch.{name} on a traced value: fqr can trace only its own "
             f"primitives ({', '.join(sorted(PRIMITIVES))})"
         )
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         raise TraceError(
             f"unsupported torch op Tensor.{attr} on a traced value: fqr can trace only its own "
             f"primitives ({', '.join(sorted(PRIMITIVES))})"
         )
 
 
-def _unsupported_operator(opname):
-    def method(self, *args):
+def _unsupported_operator(opname: str) -> Callable[..., Any]:
+    def method(self: Tracer, *args: Any) -> Any:
         raise TraceError(
             f"unsupported torch op {opname} on a traced value: fqr can trace only its own "
             f"primitives ({', '.join(sorted(PRIMITIVES))})"
@@ -299,14 +521,15 @@ for _op in (
 
 
 class Trace:
-    def __init__(self):
+    def __init__(self) -> None:
         self.eqns: list[Eqn] = []
 
     def new_input(self, aval: Aval) -> Tracer:
         return Tracer(self, Var(aval))
 
-    def record(self, prim: Primitive, args, params) -> Any:
-        in_vars = []
+    def record(self, prim: Primitive, args: Sequence[Any], params: dict[str, Any]) -> Any:
+        assert prim.abstract is not None, f"{prim.name} has no shape rule"
+        in_vars: list[Var | None] = []
         for i, a in enumerate(args):
             if a is None:
                 in_vars.append(None)
@@ -328,14 +551,14 @@ class Trace:
         return tuple(tracers) if prim.multiple_results else tracers[0]
 
 
-def _find_trace(args) -> Trace | None:
+def _find_trace(args: Sequence[Any]) -> Trace | None:
     for a in args:
         if isinstance(a, Tracer):
             return a._trace
     return None
 
 
-def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Program:
+def trace(fn: Callable[..., Any], *arg_specs: Aval | torch.Tensor | None, **static: Any) -> Program:
     """Run ``fn(*args, **static)`` on abstract values and return the :class:`Program` it builds.
 
     ``arg_specs`` are :class:`Aval` s (see :func:`spec`), tensors (their leading dim becomes the
@@ -344,8 +567,9 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
     unchanged (head counts, eps, flags).
     """
     tr = Trace()
-    args, inputs, names = [], [], []
-    for i, s in enumerate(arg_specs):
+    args: list[Tracer | None] = []
+    inputs: list[Var] = []
+    for s in arg_specs:
         if s is None:
             args.append(None)
             continue
@@ -353,7 +577,6 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
         t = tr.new_input(aval)
         args.append(t)
         inputs.append(t.var)
-        names.append(f"arg{i}")
     out = fn(*args, **static)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     out_vars = []
@@ -364,7 +587,7 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
                 f"computed by fqr primitives"
             )
         out_vars.append(o.var)
-    return Program(inputs, tr.eqns, out_vars, names)
+    return Program(inputs, tr.eqns, out_vars)
 
 
 # ------------------------------------------------------------------------- interpretation
@@ -372,7 +595,7 @@ def trace(fn: Callable, *arg_specs: Aval | torch.Tensor | None, **static) -> Pro
 
 def eval_program(
     program: Program,
-    args: Sequence[torch.Tensor | None],
+    args: Sequence[torch.Tensor],
     compute_dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
     """Evaluate ``program`` with the primitives' reference ``impl`` rules.
@@ -388,6 +611,7 @@ def eval_program(
     for var, a in zip(program.inputs, args):
         env[id(var)] = _upcast(a, compute_dtype)
     for e in program.eqns:
+        assert e.prim.impl is not None, f"{e.prim.name} has no impl rule"
         ins = [None if v is None else env[id(v)] for v in e.inputs]
         out = e.prim.impl(*ins, **e.params)
         outs = out if e.prim.multiple_results else (out,)

@@ -419,7 +419,7 @@ def regen(
     Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
     entries of the cases not rebuilt; without one, stale case files are removed and (with
     ``kernels``) the generated-kernel goldens are rebuilt by
-    ``fqr.lowering.golden_kernels.regen(directory)`` when that module exists.
+    ``fqr.tools.golden_kernels.regen(directory)`` when that module exists.
     Returns the entries written.
     """
     directory = Path(directory)
@@ -445,8 +445,8 @@ def regen(
         for stale in directory.glob("*.safetensors"):
             if stale.name not in keep:
                 stale.unlink()
-        if kernels and importlib.util.find_spec("fqr.lowering.golden_kernels") is not None:
-            importlib.import_module("fqr.lowering.golden_kernels").regen(directory)
+        if kernels and importlib.util.find_spec("fqr.tools.golden_kernels") is not None:
+            importlib.import_module("fqr.tools.golden_kernels").regen(directory)
     return list(written.values())
 
 

@@ -47,9 +47,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core import Role
 from .emit import Tiling, static_parts
 from .plan import Chain, KernelPlan, next_pow2
-from .targets import TARGETS, Target, cdiv
+from .targets import Target, cdiv, register_target
 
 KIB = 1024
 DEFAULT_NUM_VECTORCORE = 40
@@ -122,9 +123,9 @@ def detected_chip() -> AscendChip | None:
         return None
     import torch_npu  # noqa: F401  (registers torch.npu)
 
-    if not torch.npu.is_available():
+    if not torch.npu.is_available():  # type: ignore[attr-defined]
         return None
-    return chip_of_arch(torch.npu.get_device_name(0))
+    return chip_of_arch(torch.npu.get_device_name(0))  # type: ignore[attr-defined]
 
 
 def ub_budget(chip: AscendChip, ub_bytes: int | None = None) -> int:
@@ -164,27 +165,23 @@ class ChainShape:
     in_bytes: int
     out_bytes: int
     compute_free: bool  # a pure copy (v): no fp32 working set
-    full_norm: bool  # norm over the whole width (needs a prepass when chunked)
+    row_vectors: int  # [H*D] vectors (a full-width norm's weight, bias) loaded per head chunk
 
     @classmethod
     def of(cls, chain: Chain, plan: KernelPlan) -> ChainShape:
-        src = chain.view_of if chain.view_of is not None else chain.source
         outs = [o for o in plan.program.outputs if plan.chain_of.get(id(o)) is chain]
-        out_dtype = outs[-1].aval.dtype if outs else src.aval.dtype
-        padded = sum(s.padded * (2 if s.kind == "pairs" else 1) for s in chain.layout.slots)
-        full = any(
-            e.prim.name == "rms_norm" and e.params["group"] == chain.width and chain.heads > 1
-            for e in chain.eqns
-        )
+        out_dtype = outs[-1].aval.dtype if outs else chain.packed.aval.dtype
+        # The row of a one-head value is that head: its vectors are hoisted (hoisted_footprint).
+        row_vectors = len(chain.operands(Role.ROW_VECTOR)) if chain.heads > 1 else 0
         return cls(
             f"chain{chain.index}",
             chain.heads,
             chain.head_dim,
-            padded,
-            _itemsize(src.aval.dtype),
+            chain.head_layout.padded_elems,
+            _itemsize(chain.packed.aval.dtype),
             _itemsize(out_dtype),
             chain.compute_free,
-            full,
+            row_vectors,
         )
 
 
@@ -221,35 +218,38 @@ def chain_footprint(
     total += FP32_LIVE_COPIES * _buf(elems * FP32)  # fp32 working set
     total += mb * _buf(elems * c.out_bytes)  # store staging
     total += 2 * _buf(block_t * held * FP32)  # per-head sum of squares, rstd
-    if c.full_norm:  # [1, HC, D] full-width weight+bias
-        total += 2 * _buf(held * c.padded_features * FP32)
+    total += c.row_vectors * _buf(held * c.padded_features * FP32)  # [1, HC, D] row vectors
     return total
 
 
 def tile_scope_footprint(plan: KernelPlan, block_t: int, multibuffer: bool) -> int:
-    """Bytes live for the whole token tile: indices, masks, positions, cos/sin, token stats."""
+    """Bytes live for the whole token tile: indices, masks, per-token inputs, gathered table rows
+    (a table's row is gathered once per token, in pieces that together pad to ``next_pow2`` of
+    its width: the worst case, whatever columns the rules take)."""
     mb = 2 if multibuffer else 1
     total = _buf(block_t * 4) + _buf(block_t * 8) + _buf(block_t)  # tok, tok64, tmask
     for v in plan.program.inputs:
         role = plan.input_role(v)
-        if role == "tokens":
+        if role is Role.INDEX or role is Role.TOKEN_VALUE:
             total += mb * _buf(block_t * _itemsize(v.aval.dtype))
-        elif role == "table":
-            half = next_pow2(v.aval.shape[1] // 2)
-            total += 2 * (
-                mb * _buf(block_t * half * _itemsize(v.aval.dtype)) + _buf(block_t * half * FP32)
-            )
+        elif role is Role.TABLE:
+            width = v.aval.shape[1]
+            assert isinstance(width, int)
+            padded = next_pow2(width)
+            total += mb * _buf(block_t * padded * _itemsize(v.aval.dtype))
+            total += _buf(block_t * padded * FP32)
     return total
 
 
 def hoisted_footprint(plan: KernelPlan) -> int:
-    """Per-head weight/bias vectors, loaded once before the token loop (fp32)."""
+    """Head vectors (a per-head norm's weight and bias), loaded once before the token loop (fp32);
+    the row vectors of one-head values are hoisted too."""
     total = 0
     for c in plan.chains:
-        for e in c.eqns:
-            if e.prim.name == "rms_norm" and e.params["group"] == c.head_dim:
-                padded = ChainShape.of(c, plan).padded_features
-                total += sum(_buf(padded * FP32) for v in e.inputs[1:3] if v is not None)
+        vectors = c.operands(Role.HEAD_VECTOR)
+        if c.heads == 1:
+            vectors += c.operands(Role.ROW_VECTOR)
+        total += len(vectors) * _buf(c.head_layout.padded_elems * FP32)
     return total
 
 
@@ -361,7 +361,8 @@ def npu_vector_core_count(device: torch.device | int | None = None) -> int:
 
     index = device.index if isinstance(device, torch.device) else device
     if index is None:
-        index = torch.npu.current_device()  # torch_npu registers torch.npu
+        # torch_npu registers torch.npu
+        index = torch.npu.current_device()  # type: ignore[attr-defined]
     props = triton.runtime.driver.active.utils.get_device_properties(index)
     return int(props["num_vectorcore"])
 
@@ -423,15 +424,17 @@ class AscendTarget(Target):
         return max(1, min(cores, cdiv(tokens, tile)))
 
 
-TARGETS["ascend"] = AscendTarget("ascend", flavour="ascend")
+register_target(AscendTarget("ascend", flavour="ascend"))
 # The ascend kernel under Triton-Ascend's interpreter: the same tiling and body, with a small
 # persistent grid so that every program runs several token tiles (the multi-tile path an NPU
 # takes at large batch sizes), and bf16 rounding done on the bits (the interpreter's own
 # fp32 -> bf16 cast truncates).
-TARGETS["ascend-interpret"] = AscendTarget(
-    "ascend-interpret",
-    interpret=True,
-    flavour="ascend",
-    default_vector_cores=DEFAULT_INTERPRET_VECTORCORES,
-    bf16_rounding="bits",
+register_target(
+    AscendTarget(
+        "ascend-interpret",
+        interpret=True,
+        flavour="ascend",
+        default_vector_cores=DEFAULT_INTERPRET_VECTORCORES,
+        bf16_rounding="bits",
+    )
 )

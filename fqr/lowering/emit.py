@@ -4,22 +4,28 @@ The emitted kernel is persistent: program ``pid`` handles token tiles ``pid, pid
 of ``BLOCK_T`` tokens, so the token count ``T`` is a runtime argument (``do_not_specialize``:
 a new batch size never recompiles) and the launcher picks the grid. Inside a tile, each chain
 (q, k, v) is processed head-chunk by head-chunk (one chunk of all heads unless the target's
-on-chip budget needs more), as 3-D register tiles ``[BLOCK_T, heads, features]``.
+tiling splits it), as 3-D register tiles ``[BLOCK_T, heads, features]``.
 
-The text for each primitive comes from its lowering rule (``fqr/ops/*.py``), which calls the
-:class:`KernelBuilder` helpers below: ``pieces`` (a value's register tiles, loading a split view
-on first use), ``weight_pieces`` (a ``[D]`` or full-width vector, hoisted out of the token loop
-when it does not depend on the head chunk), ``cos_sin`` (the token tile's RoPE rows, loaded once
-and shared by every head and chain), ``set`` (bind an equation's result).
+The text for each primitive comes from its emit rule (``fqr/ops/*.py``), which calls the
+:class:`KernelBuilder` through the :class:`fqr.core.EmitContext` interface: ``pieces`` (a
+value's register tiles, loading a view of the packed row on first use), ``vector`` (a head or
+row vector), ``token_values`` and ``gather`` (per-token values and table rows, loaded once per
+token tile and shared by every chain), ``sum_squares`` (per head, or over the whole row: summed
+in a first pass over the chunks when the row is chunked), ``set`` (bind an equation's result).
+
+Source has three scopes: before the token loop (``emit_pre``: index vectors, head vectors),
+the top of each token tile (``emit_tile``: positions, table rows, per-token values; requested
+lazily, written at the tile's start), and the chain bodies (``emit``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..core import Eqn, ProgramPrinter, Var
+from ..core import ProgramPrinter, Reduction, Role, Var
 from .plan import Chain, KernelPlan, Layout, PlanError, Slot, next_pow2
 
 TL_DTYPES = {
@@ -28,7 +34,7 @@ TL_DTYPES = {
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
 }
-EMITTER_VERSION = "1"
+EMITTER_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ class Tiling:
     bf16_rounding: str = "native"  # how fp32 -> bf16 is rounded: native | bits (see ROUND_TO_BF16)
     # How a chain wider than its chunk is covered: "loop" (a runtime loop over equal chunks, the
     # last one masked), "unroll" (static power-of-two chunks, no masking) or "grid" (each static
-    # chunk is its own program along grid axis 1; a full-width-norm chain stays in one program).
+    # chunk is its own program along grid axis 1; a chain with a reduction over its whole row
+    # stays in one program).
     chunk_mode: str = "loop"
 
 
@@ -55,23 +62,13 @@ def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
     return parts
 
 
-def has_full_norm(chain: Chain) -> bool:
-    return any(
-        e.prim.name == "rms_norm"
-        and e.params["group"] == chain.width
-        and e.params["group"] != chain.head_dim
-        and e.inputs[3] is None
-        for e in chain.eqns
-    )
-
-
 def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[tuple[Chain, list[tuple[int, int]]]]:
     """The program blocks of a kernel: (chain, its static head parts). In ``grid`` mode each
     block is one program index along grid axis 1; otherwise there is one block per chain."""
     blocks = []
     for chain, hc in zip(plan.chains, tiling.head_chunks):
         parts = static_parts(chain.heads, hc) if tiling.chunk_mode != "loop" else []
-        if tiling.chunk_mode == "grid" and not has_full_norm(chain):
+        if tiling.chunk_mode == "grid" and not chain.row_reductions:
             blocks += [(chain, [part]) for part in parts]
         else:
             blocks.append((chain, parts))
@@ -104,23 +101,34 @@ ROUND_TO_BF16 = {
 
 
 class KernelBuilder:
-    def __init__(self, plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str):
+    """Writes one kernel; emit rules see it as a :class:`fqr.core.EmitContext`."""
+
+    def __init__(self, plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str) -> None:
         self.plan, self.tiling, self.kernel_name, self.header = plan, tiling, kernel_name, header
         self.printer = ProgramPrinter(plan.program)
         self.printer.render()  # name every variable in program order, as the comment shows it
         self.pre: list[str] = []  # before the token loop (hoisted)
         self.body: list[str] = []  # inside the token loop
         self.indent = 2
+        self._tile_at = 0  # where tile-scope lines go in body
+        self._tile_indent = 2
         self._counter = 0
         self._hoisted: dict[tuple, object] = {}
         self._tile: dict[tuple, object] = {}
         self.values: dict[int, dict[str, str]] = {}
         self.arg_names: dict[int, str] = {}
-        self.chain: Chain | None = None
-        self.full_sumsq: dict[int, str] = {}
+        self._chain: Chain | None = None
+        self.head_valid: str | None = None
+        self.src_base = ""
+        self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
         self.param_list: list[str] = []
         self._bind_params()
+
+    @property
+    def chain(self) -> Chain:
+        assert self._chain is not None, "no chain is being emitted"
+        return self._chain
 
     # -------------------------------------------------------------- names and text
     def fresh(self, prefix: str) -> str:
@@ -133,8 +141,17 @@ class KernelBuilder:
     def emit_pre(self, line: str) -> None:
         self.pre.append("    " + line)
 
-    def var_name(self, v: Var) -> str:
-        return self.printer.name(v)
+    def emit_tile(self, line: str) -> None:
+        """A line at the top of the current token tile (before any chain)."""
+        self.body.insert(self._tile_at, "    " * self._tile_indent + line)
+        self._tile_at += 1
+
+    def _open_tile_scope(self) -> None:
+        self._tile_at, self._tile_indent = len(self.body), self.indent
+        self._tile = {}
+
+    def var_name(self, var: Var) -> str:
+        return self.printer.name(var)
 
     def _bind_params(self) -> None:
         for v in self.plan.program.inputs:
@@ -142,12 +159,12 @@ class KernelBuilder:
             base = f"{self.var_name(v)}_ptr"
             self.arg_names[id(v)] = base
             self.param_list.append(base)
-            if role in ("activation", "table"):
+            if role in (Role.VALUE, Role.TABLE):
                 self.param_list.append(f"{self.var_name(v)}_stride")
-            if role == "table":
+            if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
         for i in range(len(self.plan.program.outputs)):
-            self.param_list.append(f"out{i}_ptr")
+            self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
         self.param_list += ["T", "BLOCK_T: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
@@ -164,7 +181,7 @@ class KernelBuilder:
             name = f"cols{padded}"
             self.emit_pre(f"{name} = tl.arange(0, {padded})[None, None, :]")
             self._hoisted[key] = name
-        return self._hoisted[key]
+        return str(self._hoisted[key])
 
     def pair_cols(self, padded: int) -> tuple[str, str]:
         """([1,1,NPP,2] feature offsets 2i+k, [1,1,NPP,1] pair index) for a GPT-J pair tile."""
@@ -174,7 +191,8 @@ class KernelBuilder:
             self.emit_pre(f"{idx} = tl.arange(0, {padded})[None, None, :, None]")
             self.emit_pre(f"{offs} = 2 * {idx} + tl.arange(0, 2)[None, None, None, :]")
             self._hoisted[key] = (offs, idx)
-        return self._hoisted[key]
+        offs, idx = self._hoisted[key]  # type: ignore[misc]
+        return offs, idx
 
     def slot_offsets(self, slot: Slot) -> tuple[str, str | None, bool]:
         """(offset expression, extra mask or None, is_pair) for one slot, relative to a head."""
@@ -196,7 +214,7 @@ class KernelBuilder:
         layout: Layout,
         cast: bool,
         prefix: str,
-        emit,
+        emit: Callable[[str], None],
         scalar_base: bool = False,
     ) -> dict[str, str]:
         pieces = {}
@@ -242,61 +260,50 @@ class KernelBuilder:
             else:
                 self.emit(f"tl.store({base} + {off}, {cast(pieces[slot.names[0]])}, mask={m})")
 
-    # -------------------------------------------------------------- per-tile values
-    def positions(self, var: Var) -> str:
-        key = ("tok", id(var))
+    # -------------------------------------------------------------- tile-scope values
+    def _index(self, var: Var) -> str:
+        """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token)."""
+        key = ("index", id(var))
         if key not in self._tile:
             name = self.fresh("pos")
-            self.emit(f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=0)")
+            self.emit_tile(
+                f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=0)"
+            )
             self._tile[key] = name
-        return self._tile[key]
+        return str(self._tile[key])
 
     def token_values(self, var: Var) -> str:
-        """A per-token fp32 input ``[T]`` (e.g. an all-reduced statistic) as ``[BLOCK_T]``."""
-        key = ("tokf", id(var))
+        key = ("tokval", id(var))
         if key not in self._tile:
             name = self.fresh("tokval")
-            self.emit(
+            self.emit_tile(
                 f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=1.0)"
                 f".to(tl.float32)"
             )
             self._tile[key] = name
-        return self._tile[key]
+        return str(self._tile[key])
 
-    def _emit_tile_values(self, eqns) -> None:
-        for e in eqns:
-            if e.prim.name == "rope":
-                self.cos_sin(e.inputs[1], e.inputs[2])
-            for v in e.inputs[1:]:
-                if (
-                    v is not None
-                    and self.plan.input_role(v) == "tokens"
-                    and v.aval.dtype.is_floating_point
-                ):
-                    self.token_values(v)
-
-    def cos_sin(self, positions: Var, cache: Var) -> tuple[str, str]:
-        """``[BLOCK_T, 1, R/2]`` cos and sin rows of this tile's positions (loaded once)."""
-        key = ("cs", id(positions), id(cache))
+    def gather(self, table: Var, index: Var, start: int, count: int, name: str = "g") -> str:
+        row_key = ("row", id(table), id(index))
+        if row_key not in self._tile:
+            pos = self._index(index)
+            t = self.var_name(table)
+            ok, row = self.fresh("posok"), self.fresh(f"{t}row")
+            # An index outside the table reads nothing and yields NaN: loud, never OOB.
+            self.emit_tile(f"{ok} = ((tmask & ({pos} >= 0) & ({pos} < {t}_rows)))[:, None, None]")
+            self.emit_tile(f"{row} = {t}_ptr + {pos}.to(tl.int64)[:, None, None] * {t}_stride")
+            self._tile[row_key] = (ok, row)
+        ok, row = self._tile[row_key]  # type: ignore[misc]
+        key = ("gather", id(table), id(index), start, count)
         if key not in self._tile:
-            r = cache.aval.shape[1]
-            half = r // 2
-            pos = self.positions(positions)
-            c = self.cols(next_pow2(half))
-            cos, sin, row = self.fresh("cos"), self.fresh("sin"), self.fresh("csrow")
-            name = self.var_name(cache)
-            ok = self.fresh("posok")
-            # A position outside the table reads nothing and rotates by NaN: loud, never OOB.
-            self.emit(f"{ok} = ((tmask & ({pos} >= 0) & ({pos} < {name}_rows)))[:, None, None]")
-            self.emit(f"{row} = {name}_ptr + {pos}.to(tl.int64)[:, None, None] * {name}_stride")
-            m = ok + ("" if next_pow2(half) == half else f" & ({c} < {half})")
-            self.emit(f"{cos} = tl.load({row} + {c}, mask={m}, other=float('nan')).to(tl.float32)")
-            self.emit(
-                f"{sin} = tl.load({row} + {half} + {c}, mask={m}, other=float('nan'))"
-                ".to(tl.float32)"
-            )
-            self._tile[key] = (cos, sin)
-        return self._tile[key]
+            padded = next_pow2(count)
+            c = self.cols(padded)
+            out = self.fresh(name)
+            m = ok + ("" if padded == count else f" & ({c} < {count})")
+            at = f"{row} + {c}" if start == 0 else f"{row} + {start} + {c}"
+            self.emit_tile(f"{out} = tl.load({at}, mask={m}, other=float('nan')).to(tl.float32)")
+            self._tile[key] = out
+        return str(self._tile[key])
 
     # -------------------------------------------------------------- chain values
     def pieces(self, var: Var) -> dict[str, str]:
@@ -307,7 +314,7 @@ class KernelBuilder:
             self.values[id(var)] = self._load_slots(
                 self.src_base,
                 "hmask",
-                chain.layout,
+                chain.head_layout,
                 cast=not chain.compute_free,
                 prefix=self.var_name(var),
                 emit=self.emit,
@@ -317,81 +324,111 @@ class KernelBuilder:
     def set(self, var: Var, pieces: dict[str, str]) -> None:
         self.values[id(var)] = pieces
 
-    def weight_pieces(self, var: Var, per_head: bool) -> dict[str, str]:
-        """A weight/bias vector in the chain's layout: ``[1,1,NP]`` per head, or ``[1,HC,NP]``."""
+    def _role_of_row(self, role: Role) -> Role:
+        # The row of a one-head value is that head: its vector is a head vector (hoisted).
+        return Role.HEAD_VECTOR if role is Role.ROW_VECTOR and self.chain.heads == 1 else role
+
+    def vector(self, var: Var, role: Role) -> dict[str, str]:
+        """``[1, 1, NP]`` pieces of a head vector (hoisted), ``[1, HC, NP]`` of a row vector."""
         chain = self.chain
-        if per_head:
+        role = self._role_of_row(role)
+        if role is Role.HEAD_VECTOR:
             key = ("w", id(var), chain.layout)
             if key not in self._hoisted:
                 self._hoisted[key] = self._load_slots(
                     self.arg_names[id(var)],
                     None,
-                    chain.layout,
+                    chain.head_layout,
                     cast=True,
                     prefix=self.var_name(var) + "w",
                     emit=self.emit_pre,
                     scalar_base=True,
                 )
-            return self._hoisted[key]
+            return dict(self._hoisted[key])  # type: ignore[call-overload]
+        if role is not Role.ROW_VECTOR:
+            raise PlanError(f"a vector operand must be a head or row vector, not a {role.value}")
         base = self.fresh("wbase")
         self.emit(f"{base} = {self.arg_names[id(var)]} + hh * {chain.head_dim}")
         return self._load_slots(
             base,
             self.head_valid,
-            chain.layout,
+            chain.head_layout,
             cast=True,
             prefix=self.var_name(var) + "w",
             emit=self.emit,
         )
 
-    def full_width_sumsq(self, eqn: Eqn) -> str | None:
-        """The prepass statistic of a chunked full-width norm (None: compute it in place)."""
-        return self.full_sumsq.get(id(eqn))
+    def _group(self, over: Reduction) -> Reduction:
+        return Reduction.HEAD if self.chain.heads == 1 else over
+
+    def sum_squares(self, var: Var, over: Reduction) -> str:
+        pieces = self.pieces(var)
+        if self._group(over) is Reduction.HEAD:
+            ss = self.fresh("sumsq")
+            self.emit(f"{ss} = " + " + ".join(f"tl.sum({v} * {v}, 2)" for v in pieces.values()))
+            return ss
+        if id(var) in self.row_sumsq:  # the row is chunked: its first pass summed it
+            return self.row_sumsq[id(var)]
+        ss = self.fresh("sumsq")
+        self.emit(
+            f"{ss} = " + " + ".join(f"tl.sum(tl.sum({v} * {v}, 2), 1)" for v in pieces.values())
+        )
+        return ss
+
+    def keepdims(self, over: Reduction) -> str:
+        return "[:, :, None]" if self._group(over) is Reduction.HEAD else "[:, None, None]"
 
     # -------------------------------------------------------------- chain emission
+    def _head_base(self, chain: Chain) -> str:
+        s = chain.section
+        return f"(row{chain.index} + {s.offset} + hh * {s.head_stride})"
+
     def emit_static_block(self, chain: Chain, parts: list[tuple[int, int]]) -> None:
         """A chain (or part of it) as static power-of-two head chunks, unmasked."""
-        self.chain = chain
+        self._chain = chain
         self._emit_chain_header(chain, parts)
-        if len(parts) > 1 and has_full_norm(chain):
-            self._emit_full_norm_prepass(chain, None, None, parts)
+        if len(parts) > 1:
+            self._emit_row_prepass(chain, None, None, parts)
         for h0, n in parts:
             self.emit(f"hh = {f'{h0} + ' if h0 else ''}tl.arange(0, {n})[None, :, None]")
             self.head_valid = None
             self.emit("hmask = tmask[:, None, None]")
             self._emit_chain_body(chain)
 
-    def _emit_chain_header(self, chain: Chain, parts=None) -> None:
+    def _emit_chain_header(self, chain: Chain, parts: list[tuple[int, int]] | None = None) -> None:
         name = self.var_name(chain.source)
-        src = self.var_name(chain.view_of) if chain.view_of is not None else name
+        src = self.var_name(chain.packed)
         where = (
             ""
             if not parts or parts == [(0, chain.heads)]
             else f", heads {' + '.join(f'[{h0}, {h0 + n})' for h0, n in parts)}"
         )
+        s = chain.section
+        stride = "" if s.head_stride == s.head_dim else f", head stride {s.head_stride}"
         self.emit(
-            f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}, "
-            f"{chain.layout.tag}{where})"
+            f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}{stride}, "
+            f"{chain.head_layout.tag}{where})"
         )
         self.emit(f"row{chain.index} = {src}_ptr + tok64[:, None, None] * {src}_stride")
 
     def _emit_chain_body(self, chain: Chain) -> None:
-        self.src_base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
+        self.src_base = self._head_base(chain)
         self.values = {}
         self._store_if_output(chain.source)
         for e in chain.eqns:
+            assert e.prim.lower is not None, f"{e.prim.name} has no emit rule"
             e.prim.lower(self, e)
             for out in e.outputs:
                 self._store_if_output(out)
 
     def emit_chain(self, chain: Chain, head_chunk: int) -> None:
         """A chain in ``loop`` mode: a runtime loop over equal chunks, the last one masked."""
-        self.chain = chain
+        self._chain = chain
         self._emit_chain_header(chain)
         chunked = head_chunk < chain.heads
         padded = next_pow2(head_chunk)
         if chunked:
-            self._emit_full_norm_prepass(chain, head_chunk, padded)
+            self._emit_row_prepass(chain, head_chunk, padded)
             self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
             self.indent += 1
             self.emit(f"hh = h0 + tl.arange(0, {padded})[None, :, None]")
@@ -408,23 +445,24 @@ class KernelBuilder:
         if chunked:
             self.indent -= 1
 
-    def _emit_full_norm_prepass(
+    def _emit_row_prepass(
         self,
         chain: Chain,
         head_chunk: int | None,
         padded: int | None,
         parts: list[tuple[int, int]] | None = None,
     ) -> None:
-        """Sum of squares of a whole full-width-norm row, chunk by chunk, before the main pass."""
-        for e in chain.eqns:
-            if (
-                e.prim.name != "rms_norm"
-                or e.params["group"] != chain.width
-                or e.inputs[3] is not None
-            ):
+        """A chunked row's sums of squares over all its heads, chunk by chunk, before the main
+        pass (for each reduction over the whole row, see ``Chain.row_reductions``)."""
+        self.row_sumsq = {}
+        for e in chain.row_reductions:
+            if chain.source not in e.inputs:
+                raise PlanError(
+                    f"{e.prim.name}: a reduction over a row processed in head chunks must read "
+                    f"the loaded value directly"
+                )
+            if id(chain.source) in self.row_sumsq:
                 continue
-            if e.inputs[0] is not chain.source:
-                raise PlanError("a chunked full-width norm must read the loaded value directly")
             acc = self.fresh("sumsq")
             self.emit(f"{acc} = tl.zeros([BLOCK_T], dtype=tl.float32)")
             if parts is None:
@@ -444,12 +482,13 @@ class KernelBuilder:
             for hh, mask in heads:
                 self.emit(f"hh = {hh}")
                 self.emit(f"hmask = {mask}")
-                base = f"(row{chain.index} + {chain.col_offset} + hh * {chain.head_dim})"
-                pieces = self._load_slots(base, "hmask", chain.layout, True, "pre", self.emit)
+                pieces = self._load_slots(
+                    self._head_base(chain), "hmask", chain.head_layout, True, "pre", self.emit
+                )
                 terms = " + ".join(f"tl.sum(tl.sum({p} * {p}, 2), 1)" for p in pieces.values())
                 self.emit(f"{acc} += {terms}")
             self.indent -= parts is None
-            self.full_sumsq[id(e)] = acc
+            self.row_sumsq[id(chain.source)] = acc
 
     def _store_if_output(self, var: Var) -> None:
         outs = self.plan.program.outputs
@@ -458,13 +497,13 @@ class KernelBuilder:
                 chain = self.chain
                 base = self.fresh("obase")
                 self.emit(
-                    f"{base} = out{i}_ptr + tok64[:, None, None] * {chain.width}"
+                    f"{base} = out{i}_ptr + tok64[:, None, None] * out{i}_stride"
                     f" + hh * {chain.head_dim}"
                 )
                 pieces = self.pieces(var)
                 native = chain.compute_free and var is chain.source
                 self._store_slots(
-                    base, "hmask", chain.layout, pieces, None if native else o.aval.dtype
+                    base, "hmask", chain.head_layout, pieces, None if native else o.aval.dtype
                 )
 
     # -------------------------------------------------------------- whole kernel
@@ -479,13 +518,11 @@ class KernelBuilder:
             for i, (chain, parts) in enumerate(chunk_blocks(self.plan, self.tiling)):
                 self.emit(f"{'if' if i == 0 else 'elif'} block == {i}:")
                 self.indent += 1
-                self._tile = {}
-                self._emit_tile_values(chain.eqns)
+                self._open_tile_scope()
                 self.emit_static_block(chain, parts)
                 self.indent -= 1
         else:
-            # Tile-scope values first, so that chunk loops below only read them.
-            self._emit_tile_values(self.plan.program.eqns)
+            self._open_tile_scope()
             for chain, parts in chunk_blocks(self.plan, self.tiling):
                 if mode == "loop":
                     self.emit_chain(chain, self.tiling.head_chunks[chain.index])

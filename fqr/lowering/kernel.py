@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..core import TOKENS, Program
-from .emit import Tiling
+from ..core import TOKENS, Program, Role
+from .emit import Tiling, chunk_blocks
 from .plan import KernelPlan
 from .targets import Target
 
@@ -24,24 +25,24 @@ class Kernel:
     source: str
     path: Path
     cache_hit: bool
-    fn: object = field(repr=False)
-    options: dict = field(default_factory=dict)
+    fn: Any = field(repr=False)
+    options: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def grid_blocks(self) -> int:
-        """Programs along grid axis 1 (one per chunk block in ``grid`` chunk mode)."""
-        from .emit import chunk_blocks
-
-        if self.tiling.chunk_mode != "grid":
-            return 1
-        if not hasattr(self, "_grid_blocks"):
-            self._grid_blocks = len(chunk_blocks(self.plan, self.tiling))
-        return self._grid_blocks
+    def __post_init__(self) -> None:
+        self._roles = [self.plan.input_role(v) for v in self.program.inputs]
+        self._out_widths = [int(v.aval.shape[1]) for v in self.program.outputs]
+        self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
+        self._launch = self.target.launch_options(self.plan, **self.options)
+        # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
+        self.grid_blocks = (
+            len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1
+        )
 
     def __call__(
         self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
-        """Check ``args`` (and ``out``) against the program, then :meth:`launch`."""
+        """Check ``args`` (and ``out``: ``[T, width]`` tensors whose rows may be strided, e.g.
+        views into a wider buffer) against the program, then :meth:`launch`."""
         prog = self.program
         if len(args) != len(prog.inputs):
             raise TypeError(f"kernel takes {len(prog.inputs)} tensors, got {len(args)}")
@@ -64,16 +65,26 @@ class Kernel:
             if a.dim() and a.stride(-1) != 1:
                 raise ValueError(f"argument {i} must be contiguous in its last dim")
         if out is not None:
+            if len(out) != len(prog.outputs):
+                raise TypeError(f"out must hold {len(prog.outputs)} tensors, got {len(out)}")
             for i, (o, v) in enumerate(zip(out, prog.outputs)):
                 if (
-                    o.shape != (tokens, v.aval.shape[1])
+                    not isinstance(o, torch.Tensor)
+                    or o.shape != (tokens, v.aval.shape[1])
                     or o.dtype != v.aval.dtype
-                    or not o.is_contiguous()
+                    or (o.numel() and o.stride(-1) != 1)
                 ):
-                    raise ValueError(f"out[{i}] must be a contiguous {v.aval} with T={tokens}")
+                    raise ValueError(
+                        f"out[{i}] must be a {v.aval} tensor with T={tokens}, contiguous in its "
+                        f"last dim"
+                    )
         return self.launch(args, out)
 
-    def launch(self, args, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def launch(
+        self,
+        args: list[torch.Tensor] | tuple[torch.Tensor, ...],
+        out: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         """Allocate the outputs (unless given) and launch; no argument checks (the hot path)."""
         tokens = args[0].shape[0]
         device = args[0].device
@@ -81,26 +92,22 @@ class Kernel:
             out
             if out is not None
             else [
-                torch.empty((tokens, v.aval.shape[1]), dtype=v.aval.dtype, device=device)
-                for v in self.program.outputs
+                torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
+                for v, width in zip(self.program.outputs, self._out_widths)
             ]
         )
         if tokens == 0:
             return outs
-        flat: list = []
+        flat: list[Any] = []
         for role, a in zip(self._roles, args):
             flat.append(a)
-            if role == "activation" or role == "table":
+            if role is Role.VALUE or role is Role.TABLE:
                 flat.append(a.stride(0))
-            if role == "table":
+            if role is Role.TABLE:
                 flat.append(a.shape[0])
-        flat += outs
+        for o in outs:
+            flat += [o, o.stride(0)]
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
         self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
         return outs
-
-    def __post_init__(self):
-        self._roles = [self.plan.input_role(v) for v in self.program.inputs]
-        self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
-        self._launch = self.target.launch_options(self.plan, **self.options)

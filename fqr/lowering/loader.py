@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir() -> Path:
@@ -78,13 +79,15 @@ def require_triton_mode(interpret: bool) -> None:
         os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
 
 
-def import_kernel(path: Path, kernel_name: str, interpret: bool):
+def import_kernel(path: Path, kernel_name: str, interpret: bool) -> Any:
     """Import ``path`` and return its kernel; ``interpret`` decorates it for the interpreter."""
     mod_name = f"fqr_kernels.{path.stem}{'_interpret' if interpret else ''}"
     if mod_name in sys.modules:
         return getattr(sys.modules[mod_name], kernel_name)
     require_triton_mode(interpret)
     spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the generated kernel {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[mod_name] = module

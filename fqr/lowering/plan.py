@@ -1,26 +1,43 @@
-"""Program -> kernel plan: which values are per-head tiles, how each tile is split into pieces.
+"""Program -> kernel plan: which values are per-head tiles, how each head is held in registers.
 
 The fused kernel keeps every head-structured value ``[T, H*D]`` of the program in registers as
 3-D tiles ``[BLOCK_T, heads, features]``. A *chain* is the tree of equations that starts at one
-such value (a ``split_qkv`` output, or an activation input) and transforms it head by head
-(``rms_norm``, ``reduce_precision``, ``rope``); q, k and v are three chains.
+such value (a view of a packed input, or an activation input) and transforms it head by head;
+q, k and v of the attention prologue are three chains.
 
-RoPE decides how a chain's head is held (its :class:`Layout`):
+The plan knows no primitive: it reads each equation's lowering facts (``fqr.core``):
+
+* :class:`~fqr.core.Views` -- the outputs are sections of a packed program input: each starts a
+  chain at that section's columns (offset, head stride);
+* :class:`~fqr.core.HeadOp` -- the equation joins the chain of its VALUE operand; its other
+  operands take their :class:`~fqr.core.Role` (vectors, per-token values, index, table), its
+  ``head_dim`` must be the chain's, its ``layout`` request decides how the chain's heads are
+  held, its ``reduction`` over the whole row is recorded on the chain (when the row is
+  processed in head chunks, the emitter sums it in a first pass).
+
+How a head is held (its :class:`Layout`), from the chain's layout request:
 
 * NeoX: piece ``a`` = features ``[0, R/2)``, ``b`` = ``[R/2, R)`` (two contiguous loads);
 * GPT-J: ``a``/``b`` = even/odd features of ``[0, R)``, loaded as one contiguous pair tile and
   split in registers (``tl.split``), so loads stay vectorised;
-* pass-through pieces ``p0, p1, ..`` = ``[R, D)`` (partial rotary) in power-of-two runs, or
-  the whole head without RoPE.
+* pass-through pieces ``p0, p1, ..`` = ``[R, D)`` (partial rotary), or the whole head without a
+  request: runs as wide as the halves when that takes few pieces (pieces of one shape combine
+  without layout conversions), else power-of-two runs (a bounded number: a narrow table on a
+  wide head is masked, never cut feature by feature).
 
-Elementwise rules work piece by piece; reductions (the norm) sum over all pieces.
+Elementwise rules work piece by piece; reductions sum over all pieces.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
-from ..core import TOKENS, Eqn, Program, Var
+from ..core import TOKENS, Eqn, HeadLayout, HeadOp, Program, Reduction, Role, Section, Var, Views
+
+# Pass-through in runs as wide as the rotated halves only while that takes at most this many
+# pieces (Qwen3.5: D=256, R=64 -> 6 runs of 32); beyond it, power-of-two runs.
+MAX_EQUAL_RUNS = 8
 
 
 def next_pow2(n: int) -> int:
@@ -29,7 +46,8 @@ def next_pow2(n: int) -> int:
 
 def pow2_parts(start: int, count: int, min_part: int = 16) -> list[tuple[int, int]]:
     """Split ``count`` features into power-of-two runs (the last one padded when small), so
-    that a 192-wide pass-through is 128 + 64 registers rather than 256 with a quarter masked."""
+    that a 192-wide pass-through is 128 + 64 registers rather than 256 with a quarter masked.
+    At most ``log2(count) + 1`` runs."""
     parts = []
     while count > 0:
         n = 1 << (count.bit_length() - 1)
@@ -53,14 +71,19 @@ class Slot:
     def padded(self) -> int:
         return next_pow2(self.count)
 
+    @property
+    def padded_elems(self) -> int:
+        """fp32 registers the slot takes per head (a pair tile holds two per pair)."""
+        return self.padded * (2 if self.kind == "pairs" else 1)
+
 
 @dataclass(frozen=True)
 class Layout:
     head_dim: int
-    rotary_dim: int  # 0 when the chain has no RoPE
+    rotary_dim: int  # 0 when the chain has no layout request
     style: str  # "neox", "gptj" or "plain"
 
-    @property
+    @functools.cached_property
     def slots(self) -> tuple[Slot, ...]:
         d, r = self.head_dim, self.rotary_dim
         if self.style == "plain":
@@ -69,11 +92,18 @@ class Layout:
                 for i, (start, n) in enumerate(pow2_parts(0, d))
             )
         half = r // 2
+        rot: tuple[Slot, ...]
         if self.style == "neox":
             rot = (Slot("contig", ("a",), 0, half), Slot("contig", ("b",), half, half))
         else:
             rot = (Slot("pairs", ("a", "b"), 0, half),)
-        if rot[0].kind != "pairs" and (d - r) % half == 0 and half == next_pow2(half):
+        equal_runs = (d - r) // half
+        if (
+            self.style == "neox"
+            and (d - r) % half == 0
+            and half == next_pow2(half)
+            and equal_runs <= MAX_EQUAL_RUNS
+        ):
             # Pass-through in runs as wide as the rotated halves: every piece then has the same
             # shape, so the norm's per-head sums combine without layout conversions.
             parts = [(start, half) for start in range(r, d, half)]
@@ -82,6 +112,11 @@ class Layout:
         return rot + tuple(
             Slot("contig", (f"p{i}",), start, n) for i, (start, n) in enumerate(parts)
         )
+
+    @property
+    def padded_elems(self) -> int:
+        """fp32 registers one head takes in this layout (its slots, padded)."""
+        return sum(slot.padded_elems for slot in self.slots)
 
     @property
     def tag(self) -> str:
@@ -93,13 +128,20 @@ class Chain:
     """A per-head value and the equations that transform it (see module docstring)."""
 
     index: int
-    source: Var  # split output or program input
-    view_of: Var | None  # the packed input a split output is a view of
-    col_offset: int  # first column of this value in that input
-    heads: int
-    head_dim: int
+    source: Var  # a view's output or a program input
+    packed: Var  # the program input the chain's heads are loaded from
+    section: Section  # where the heads are in a row of ``packed``
     eqns: list[Eqn] = field(default_factory=list)
     layout: Layout | None = None
+    row_reductions: list[Eqn] = field(default_factory=list)  # sums over the whole row
+
+    @property
+    def heads(self) -> int:
+        return self.section.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.section.head_dim
 
     @property
     def compute_free(self) -> bool:
@@ -107,11 +149,25 @@ class Chain:
 
     @property
     def width(self) -> int:
-        return self.heads * self.head_dim
+        return self.section.width
 
     @property
     def padded_heads(self) -> int:
         return next_pow2(self.heads)
+
+    @property
+    def head_layout(self) -> Layout:
+        assert self.layout is not None, "the plan sets every chain's layout"
+        return self.layout
+
+    def operands(self, role: Role) -> list[Var]:
+        """The operands the chain's equations read in ``role`` (in program order)."""
+        found = []
+        for e in self.eqns:
+            facts = e.facts()
+            assert isinstance(facts, HeadOp)
+            found += [v for v, r in zip(e.inputs, facts.operands) if r is role and v is not None]
+        return found
 
 
 @dataclass
@@ -119,15 +175,11 @@ class KernelPlan:
     program: Program
     chains: list[Chain]
     chain_of: dict[int, Chain]  # id(var) -> chain holding it
+    roles: dict[int, Role]  # id(program input) -> how the kernel reads it
 
-    def input_role(self, var: Var) -> str:
-        """activation | tokens (positions, per-token stats) | table (cos_sin_cache) | vector."""
-        shape = var.aval.shape
-        if shape and shape[0] == TOKENS:
-            return "activation" if len(shape) == 2 else "tokens"
-        if len(shape) == 2:
-            return "table"
-        return "vector"
+    def input_role(self, var: Var) -> Role | None:
+        """How the kernel reads a program input (None: an input nothing reads)."""
+        return self.roles.get(id(var))
 
 
 class PlanError(ValueError):
@@ -137,74 +189,99 @@ class PlanError(ValueError):
 def plan_program(program: Program) -> KernelPlan:
     chains: list[Chain] = []
     chain_of: dict[int, Chain] = {}
+    roles: dict[int, Role] = {}
     input_ids = {id(v) for v in program.inputs}
+    printer_names = {id(v): f"input {i}" for i, v in enumerate(program.inputs)}
 
-    def new_chain(var: Var, view_of, offset, heads, d) -> Chain:
-        c = Chain(len(chains), var, view_of, offset, heads, d)
+    def assign(var: Var, role: Role, prim: str) -> None:
+        if id(var) not in input_ids:
+            raise PlanError(
+                f"{prim}: its {role.value} operand must be a program input, not a computed value"
+            )
+        if roles.setdefault(id(var), role) is not role:
+            raise PlanError(
+                f"{printer_names[id(var)]} is read as a {roles[id(var)].value} and as a "
+                f"{role.value}"
+            )
+
+    def new_chain(var: Var, packed: Var, section: Section) -> Chain:
+        c = Chain(len(chains), var, packed, section)
         chains.append(c)
         chain_of[id(var)] = c
         return c
 
-    for e in program.eqns:
+    for e, facts in program.eqn_facts():
         name = e.prim.name
-        if name == "split_qkv":
+        if facts is None:
+            raise PlanError(f"{name} has no lowering facts: it cannot be part of a fused kernel")
+        if isinstance(facts, Views):
             src = e.inputs[0]
-            if id(src) not in input_ids:
-                raise PlanError("split_qkv must read a program input (the packed QKV activation)")
-            hq, hkv, d = e.params["hq"], e.params["hkv"], e.params["d"]
-            for out, heads, off in zip(e.outputs, (hq, hkv, hkv), (0, hq * d, (hq + hkv) * d)):
-                new_chain(out, src, off, heads, d)
+            if src is None or id(src) not in input_ids or src.aval.shape[0] != TOKENS:
+                raise PlanError(f"{name} must read a [T, width] program input (a packed row)")
+            assign(src, Role.VALUE, name)
+            for out, section in zip(e.outputs, facts.sections):
+                new_chain(out, src, section)
             continue
-        x = e.inputs[0]
+        x = e.inputs[facts.value_operand]
+        assert x is not None
         if id(x) not in chain_of:
-            if id(x) not in input_ids or x.aval.shape[0] != TOKENS:
+            if id(x) not in input_ids or x.aval.ndim != 2 or x.aval.shape[0] != TOKENS:
                 raise PlanError(f"{name}: its operand must be a [T, width] activation")
+            assign(x, Role.VALUE, name)
             width = x.aval.shape[1]
+            assert isinstance(width, int)
             d = _infer_head_dim(program, x, width)
-            new_chain(x, x, 0, width // d, d)
+            new_chain(x, x, Section(width // d, d))
         chain = chain_of[id(x)]
-        if name == "rope" and e.params["d"] != chain.head_dim:
+        if facts.head_dim is not None and facts.head_dim != chain.head_dim:
             raise PlanError(
-                f"rope head_dim {e.params['d']} != the value's head_dim {chain.head_dim}"
+                f"{name} works on heads of {facts.head_dim} features, but its operand holds "
+                f"heads of {chain.head_dim} (it must be head_dim, or the whole width "
+                f"{chain.width} for a reduction over the row)"
             )
-        if name == "rms_norm":
-            g = e.params["group"]
-            if g not in (chain.head_dim, chain.width):
-                raise PlanError(
-                    f"rms_norm group_size {g} must be head_dim ({chain.head_dim}) or the "
-                    f"whole width ({chain.width})"
-                )
+        for v, role in zip(e.inputs, facts.operands):
+            if v is not None and role is not None and role is not Role.VALUE:
+                assign(v, role, name)
+        if facts.reduction is Reduction.ROW and chain.heads > 1:
+            chain.row_reductions.append(e)
         chain.eqns.append(e)
         for out in e.outputs:
             chain_of[id(out)] = chain
 
     for c in chains:
-        ropes = {
-            (e.inputs[2].aval.shape[1], e.params["neox"]) for e in c.eqns if e.prim.name == "rope"
-        }
-        if len(ropes) > 1:
-            raise PlanError(f"one value is rotated with two different rope settings: {ropes}")
-        if ropes:
-            ((r, neox),) = ropes
-            c.layout = Layout(c.head_dim, r, "neox" if neox else "gptj")
+        requests: set[HeadLayout] = set()
+        for e in c.eqns:
+            facts = e.facts()
+            assert isinstance(facts, HeadOp)
+            if facts.layout is not None:
+                requests.add(facts.layout)
+        if len(requests) > 1:
+            raise PlanError(
+                f"one value is asked for two register layouts: "
+                f"{sorted((r.style, r.rotary_dim) for r in requests)}"
+            )
+        if requests:
+            (req,) = requests
+            c.layout = Layout(c.head_dim, req.rotary_dim, req.style)
         else:
             c.layout = Layout(c.head_dim, 0, "plain")
     for v in program.outputs:
         if id(v) not in chain_of:
             raise PlanError("every program output must be a per-head value computed in the kernel")
-    return KernelPlan(program, chains, chain_of)
+    return KernelPlan(program, chains, chain_of, roles)
 
 
 def _infer_head_dim(program: Program, start: Var, width: int) -> int:
-    """head_dim of an activation input: from a rope or per-head norm downstream, else the width."""
+    """head_dim of an activation input: from the facts of the ops downstream, else the width."""
     members, found = {id(start)}, []
-    for e in program.eqns:
-        if e.inputs and e.inputs[0] is not None and id(e.inputs[0]) in members:
+    for e, facts in program.eqn_facts():
+        if not isinstance(facts, HeadOp):
+            continue
+        x = e.inputs[facts.value_operand]
+        if x is not None and id(x) in members:
             members.update(id(o) for o in e.outputs)
-            if e.prim.name == "rope":
-                found.append(e.params["d"])
-            elif e.prim.name == "rms_norm" and e.params["group"] != width:
-                found.append(e.params["group"])
+            if facts.head_dim is not None:
+                found.append(facts.head_dim)
     if len(set(found)) > 1:
         raise PlanError(f"inconsistent head_dim for one value: {sorted(set(found))}")
     return found[0] if found else width

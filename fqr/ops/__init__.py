@@ -1,20 +1,24 @@
 """The pure ops of the attention prologue, one module per op family.
 
 Each module defines a :class:`fqr.core.Primitive` with its rules beside it: reference ``impl``,
-shape/dtype rule (``abstract``) and Triton lowering rule (``lower``).
+shape/dtype rule (``abstract``), lowering facts (``facts``: what the kernel planner needs) and
+emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add an op".
 """
 
+from ..core import Section
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
-from .split import split_qkv, split_qkv_p
+from .split import split_heads, split_heads_p, split_qkv
 
 __all__ = [
+    "Section",
+    "split_heads",
     "split_qkv",
     "rms_norm",
     "rope",
     "reduce_precision",
-    "split_qkv_p",
+    "split_heads_p",
     "rms_norm_p",
     "rope_p",
     "reduce_precision_p",

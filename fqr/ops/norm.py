@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Aval, primitive
+from ..core import Aval, EmitContext, Eqn, HeadOp, Reduction, Role, primitive
 
 rms_norm_p = primitive("rms_norm")
 
@@ -93,31 +93,47 @@ def _norm_impl(x, w, b, sum_sq, *, eps, group, offset, count):
     return y.reshape(t, n)
 
 
+@rms_norm_p.def_facts
+def _norm_facts(x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, **params) -> HeadOp:
+    group = params["group"]
+    if group != x.shape[1]:  # per head (QK-norm): the group is one head
+        return HeadOp(
+            (Role.VALUE, Role.HEAD_VECTOR, Role.HEAD_VECTOR if b is not None else None, None),
+            head_dim=group,
+            reduction=Reduction.HEAD,
+        )
+    # The whole row (OLMo2): the statistic is summed in the kernel, or given per token.
+    return HeadOp(
+        (
+            Role.VALUE,
+            Role.ROW_VECTOR,
+            Role.ROW_VECTOR if b is not None else None,
+            Role.TOKEN_VALUE if sum_sq is not None else None,
+        ),
+        reduction=None if sum_sq is not None else Reduction.ROW,
+    )
+
+
 @rms_norm_p.def_lowering
-def _norm_lowering(b, eqn):
+def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
     x_var, w_var, bias_var, sumsq_var = eqn.inputs
+    assert x_var is not None and w_var is not None
+    facts = eqn.facts()
+    assert isinstance(facts, HeadOp)
     p = eqn.params
     x = b.pieces(x_var)
-    chain = b.chain
-    full = p["group"] == chain.width and p["group"] != chain.head_dim
     r = b.fresh("rstd")
     if sumsq_var is not None:
         stat = b.token_values(sumsq_var)
         b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r})[:, None, None]")
-    elif full:
-        stat = b.full_width_sumsq(eqn)
-        if stat is None:
-            stat = b.fresh("sumsq")
-            b.emit(
-                f"{stat} = " + " + ".join(f"tl.sum(tl.sum({v} * {v}, 2), 1)" for v in x.values())
-            )
-        b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r})[:, None, None]")
     else:
-        ss = b.fresh("sumsq")
-        b.emit(f"{ss} = " + " + ".join(f"tl.sum({v} * {v}, 2)" for v in x.values()))
-        b.emit(f"{r} = tl.rsqrt({ss} / {p['group']} + {p['eps']!r})[:, :, None]")
-    w = b.weight_pieces(w_var, per_head=not full)
-    bias = b.weight_pieces(bias_var, per_head=not full) if bias_var is not None else None
+        assert facts.reduction is not None
+        stat = b.sum_squares(x_var, facts.reduction)
+        b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r}){b.keepdims(facts.reduction)}")
+    weight_role = facts.operands[1]
+    assert weight_role is not None
+    w = b.vector(w_var, weight_role)
+    bias = b.vector(bias_var, weight_role) if bias_var is not None else None
     out = {}
     for name, v in x.items():
         scale = w[name] if p["offset"] == 0.0 else f"({p['offset']!r} + {w[name]})"

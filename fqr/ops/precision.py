@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Aval, primitive
+from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
 
 reduce_precision_p = primitive("reduce_precision")
 
@@ -30,10 +30,17 @@ def _rp_impl(x, *, dtype):
     return x.to(dtype).to(x.dtype)
 
 
+@reduce_precision_p.def_facts
+def _rp_facts(x: Aval, *, dtype) -> HeadOp:
+    return HeadOp((Role.VALUE,))  # elementwise: any head width, any layout
+
+
 @reduce_precision_p.def_lowering
-def _rp_lowering(b, eqn):
+def _rp_lowering(b: EmitContext, eqn: Eqn) -> None:
+    x_var = eqn.inputs[0]
+    assert x_var is not None
     out = {}
-    for name, v in b.pieces(eqn.inputs[0]).items():
+    for name, v in b.pieces(x_var).items():
         y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
         b.emit(f"{y} = {b.cast(v, eqn.params['dtype'])}.to(tl.float32)")
         out[name] = y

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Aval, primitive
+from ..core import Aval, EmitContext, Eqn, HeadLayout, HeadOp, Role, primitive
 
 rope_p = primitive("rope")
 
@@ -59,7 +59,7 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
     if not cache.dtype.is_floating_point:
         raise TypeError(f"cos_sin_cache must be a floating tensor, got {cache.dtype}")
     r = cache.shape[1]
-    if r % 2 or r < 2:
+    if not isinstance(r, int) or r % 2 or r < 2:
         raise ValueError(f"rotary_dim (cos_sin_cache width) must be even and >= 2, got {r}")
     if r > d:
         raise ValueError(f"rotary_dim (cos_sin_cache width) {r} exceeds head_dim {d}")
@@ -86,20 +86,43 @@ def _rope_impl(x, positions, cache, *, d, neox, round_to):
     return torch.cat([rotated, passthrough], -1).reshape(t, n)
 
 
+@rope_p.def_facts
+def _rope_facts(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to) -> HeadOp:
+    rotary_dim = cache.shape[1]
+    assert isinstance(rotary_dim, int)
+    return HeadOp(
+        (Role.VALUE, Role.INDEX, Role.TABLE),
+        head_dim=d,
+        layout=HeadLayout(rotary_dim, "neox" if neox else "gptj"),
+    )
+
+
 @rope_p.def_lowering
-def _rope_lowering(b, eqn):
+def _rope_lowering(b: EmitContext, eqn: Eqn) -> None:
+    # The layout (facts) holds the pairs as pieces a (x1) and b (x2); the rest passes through.
     x_var, pos_var, cache_var = eqn.inputs
+    assert x_var is not None and pos_var is not None and cache_var is not None
     x = b.pieces(x_var)
-    cos, sin = b.cos_sin(pos_var, cache_var)
+    rotary_dim = cache_var.aval.shape[1]
+    assert isinstance(rotary_dim, int)
+    half = rotary_dim // 2
+    cos = b.gather(cache_var, pos_var, 0, half, name="cos")
+    sin = b.gather(cache_var, pos_var, half, half, name="sin")
     rt = eqn.params["round_to"]
     if rt is not None:
-        rnd = lambda e: f"{b.cast(e, rt)}.to(tl.float32)"  # noqa: E731
+
+        def rnd(e: str) -> str:
+            return f"{b.cast(e, rt)}.to(tl.float32)"
+
         c, s = b.fresh("cosr"), b.fresh("sinr")
         b.emit(f"{c} = {rnd(cos)}")
         b.emit(f"{s} = {rnd(sin)}")
         cos, sin = c, s
     else:
-        rnd = lambda e: e  # noqa: E731
+
+        def rnd(e: str) -> str:
+            return e
+
     a, bb = x["a"], x["b"]
     name = b.var_name(eqn.outputs[0])
     a2, b2 = b.fresh(f"{name}_a_"), b.fresh(f"{name}_b_")
@@ -107,5 +130,4 @@ def _rope_lowering(b, eqn):
     b_cos, a_sin = rnd(f"{bb} * {cos}"), rnd(f"{a} * {sin}")
     b.emit(f"{a2} = " + rnd(f"{a_cos} - {b_sin}"))
     b.emit(f"{b2} = " + rnd(f"{b_cos} + {a_sin}"))
-    out = dict(x, a=a2, b=b2)
-    b.set(eqn.outputs[0], out)
+    b.set(eqn.outputs[0], dict(x, a=a2, b=b2))

@@ -1,54 +1,107 @@
-"""split_qkv: split the packed QKV projection row into q, k and v.
+"""split_heads: cut a packed activation row into head-structured values; split_qkv on top of it.
 
-``qkv[t] = [q_0 .. q_{Hq-1} | k_0 .. k_{Hkv-1} | v_0 .. v_{Hkv-1}]``, each head ``D`` wide (vLLM's
-``qkv.split([q_size, kv_size, kv_size], dim=-1)``). The outputs are new contiguous tensors.
+``split_heads(packed, sections)`` returns one new contiguous ``[T, heads * head_dim]`` tensor
+per :class:`~fqr.core.Section` ``(heads, head_dim, offset, head_stride)``: head ``h`` of a
+section is ``packed[:, offset + h*head_stride : offset + h*head_stride + head_dim]``. So one
+primitive covers every packed layout the models use:
+
+* vLLM's ``qkv.split([q_size, kv_size, kv_size], dim=-1)``: three back-to-back sections
+  (:func:`split_qkv`); k and v may have different head counts or head dims;
+* Qwen3.5's gated attention ``[q0 g0 q1 g1 ... | k | v]``: q and the gate are two sections of
+  stride ``2*D`` (offsets 0 and D);
+* MiniMax-M3's indexer heads: more sections, with their own head_dim;
+* padded heads ``[T, H, D + pad]``: a stride ``D + pad``.
+
+Sections may not overlap, and each must lie inside the row; columns no section names (padding)
+are not read. Lowering: the outputs are views (:class:`~fqr.core.Views`), each loaded from the
+packed row where the fused kernel first uses it; nothing is emitted for the split itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from ..core import Aval, primitive
+from ..core import Aval, Section, Views, primitive
 
-split_qkv_p = primitive("split_qkv", multiple_results=True)
+split_heads_p = primitive("split_heads", multiple_results=True)
+
+
+def split_heads(packed, sections: Sequence[Section]):
+    """One new contiguous ``[T, heads*head_dim]`` tensor per section (module docstring)."""
+    sections = tuple(sections)
+    for i, s in enumerate(sections):
+        if not isinstance(s, Section):
+            raise TypeError(f"sections[{i}] must be a fqr.core.Section, got {type(s).__name__}")
+    return split_heads_p.bind(packed, sections=sections)
 
 
 def split_qkv(qkv, num_heads: int, num_kv_heads: int, head_dim: int):
-    """``(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D])`` from ``qkv [T, (Hq + 2*Hkv)*D]``."""
-    return split_qkv_p.bind(qkv, hq=num_heads, hkv=num_kv_heads, d=head_dim)
-
-
-@split_qkv_p.def_abstract
-def _split_abstract(qkv: Aval, *, hq: int, hkv: int, d: int):
-    for name, v in (("num_heads", hq), ("num_kv_heads", hkv), ("head_dim", d)):
+    """``(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D])`` from ``qkv [T, (Hq + 2*Hkv)*D]``: vLLM's
+    ``qkv.split([q_size, kv_size, kv_size], dim=-1)``, as three back-to-back sections."""
+    for name, v in (
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if qkv.ndim != 2:
-        raise ValueError(f"qkv must be 2-D [T, width], got shape {list(qkv.shape)}")
-    if not qkv.dtype.is_floating_point:
-        raise TypeError(f"qkv must be a floating tensor, got {qkv.dtype}")
-    width = (hq + 2 * hkv) * d
-    if qkv.shape[1] != width:
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    if len(qkv.shape) == 2 and qkv.shape[1] != width:
         raise ValueError(
             f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim "
-            f"= ({hq} + 2*{hkv}) * {d} = {width}"
+            f"= ({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
         )
-    t = qkv.shape[0]
-    return [
-        Aval((t, hq * d), qkv.dtype),
-        Aval((t, hkv * d), qkv.dtype),
-        Aval((t, hkv * d), qkv.dtype),
-    ]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    return split_heads(
+        qkv,
+        (
+            Section(num_heads, head_dim, 0),
+            Section(num_kv_heads, head_dim, q_size),
+            Section(num_kv_heads, head_dim, q_size + kv_size),
+        ),
+    )
 
 
-@split_qkv_p.def_impl
-def _split_impl(qkv: torch.Tensor, *, hq: int, hkv: int, d: int):
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    return q.contiguous().clone(), k.contiguous().clone(), v.contiguous().clone()
+@split_heads_p.def_abstract
+def _split_abstract(packed: Aval, *, sections: tuple[Section, ...]) -> list[Aval]:
+    if packed.ndim != 2:
+        raise ValueError(f"the packed row must be 2-D [T, width], got shape {list(packed.shape)}")
+    if not packed.dtype.is_floating_point:
+        raise TypeError(f"the packed row must be a floating tensor, got {packed.dtype}")
+    if not sections:
+        raise ValueError("sections must name at least one section")
+    width = packed.shape[1]
+    assert isinstance(width, int), "the packed row's width is static"
+    heads = []
+    for i, s in enumerate(sections):
+        if s.end > width:
+            raise ValueError(
+                f"sections[{i}] ({s}) reads columns up to {s.end}, past the packed width {width}"
+            )
+        heads += [(start, end, i) for start, end in s.head_columns()]
+    heads.sort()
+    for (_, end, i), (start, _, j) in zip(heads, heads[1:]):
+        if start < end:
+            raise ValueError(
+                f"sections[{i}] ({sections[i]}) and sections[{j}] ({sections[j]}) overlap at "
+                f"column {start}"
+            )
+    t = packed.shape[0]
+    return [Aval((t, s.width), packed.dtype) for s in sections]
 
 
-@split_qkv_p.def_lowering
-def _split_lowering(b, eqn):
-    # q, k and v are views of the packed row: the kernel plan gave each its own chain, whose
-    # first use loads it (fqr/lowering/plan.py). Nothing to emit here.
-    return None
+@split_heads_p.def_impl
+def _split_impl(packed: torch.Tensor, *, sections: tuple[Section, ...]) -> list[torch.Tensor]:
+    outs = []
+    for s in sections:
+        heads = torch.arange(s.heads, device=packed.device)[:, None] * s.head_stride
+        cols = (s.offset + heads + torch.arange(s.head_dim, device=packed.device)).flatten()
+        outs.append(packed.index_select(1, cols))  # a new contiguous tensor
+    return outs
+
+
+@split_heads_p.def_facts
+def _split_facts(packed: Aval, *, sections: tuple[Section, ...]) -> Views:
+    return Views(sections)

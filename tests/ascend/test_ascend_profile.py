@@ -12,7 +12,7 @@ import torch
 
 from fqr.lowering import ascend as A
 from fqr.lowering.plan import plan_program
-from fqr.lowering.targets import cdiv
+from fqr.lowering.targets import cdiv, get_target
 from fqr.presets import PRESETS, get_preset
 from fqr.prologue import preset_program
 
@@ -175,13 +175,13 @@ def test_npu_vector_cores_come_from_the_triton_ascend_driver(monkeypatch):
 
 
 def test_grid_is_one_program_per_core_and_never_more_than_tiles():
-    target = A.TARGETS["ascend"]
+    target = get_target("ascend")
     cpu = torch.device("cpu")
     assert target.grid(10_000, 4, cpu) == A.DEFAULT_NUM_VECTORCORE
     assert target.grid(10_000, 4, cpu, num_vectorcore=20) == 20
     assert target.grid(7, 4, cpu) == 2
     assert target.grid(1, 16, cpu) == 1
-    assert A.TARGETS["ascend-interpret"].grid(10_000, 4, cpu) == A.DEFAULT_INTERPRET_VECTORCORES
+    assert get_target("ascend-interpret").grid(10_000, 4, cpu) == A.DEFAULT_INTERPRET_VECTORCORES
 
 
 def test_token_count_is_a_runtime_argument_only():
@@ -190,11 +190,11 @@ def test_token_count_is_a_runtime_argument_only():
     (The ascend-interpret kernel: this process runs triton interpreted; its launcher is the
     ascend one with the same tiling.)"""
     from fqr.lowering import lower
-    from fqr.lowering.ascend_check import launch_arguments
+    from fqr.lowering.ascend_compile import launch_arguments
 
     program = preset_program(get_preset("qwen3-8b", 2))
     kernel = lower(program, "ascend-interpret", num_vectorcore=20)
-    assert kernel.tiling.block_t == A.TARGETS["ascend"].tiling(kernel.plan).block_t
+    assert kernel.tiling.block_t == get_target("ascend").tiling(kernel.plan).block_t
     bt = kernel.tiling.block_t
     seen = set()
     for tokens in (1, 7, 40, 81, 1000, 100_003):
@@ -225,7 +225,7 @@ def test_ascend_backend_without_an_npu_is_a_clear_error(problem):
 
 
 def test_doctor_facts_name_the_cann_compiler():
-    from fqr.lowering.ascend_check import ascend_facts
+    from fqr.lowering.ascend_compile import ascend_facts
 
     facts = ascend_facts()
     assert set(facts) == {"bishengir-compile", "npu_devices"}

@@ -35,7 +35,8 @@ def test_program_prints_like_a_jaxpr():
         "let"
     )
     assert lines[1].strip() == (
-        "f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] = split_qkv[d=128 hkv=8 hq=32] a"
+        "f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] = "
+        "split_heads[sections=(32x128@0,8x128@4096,8x128@5120)] a"
     )
     assert (
         lines[2].strip()
@@ -44,7 +45,7 @@ def test_program_prints_like_a_jaxpr():
     assert lines[4].strip() == "k:bf16[T,4096] = rope[d=128 neox=True round_to=None] i b c"
     assert lines[-1] == "  in (k, l, h) }"
     assert [e.prim.name for e in program.eqns] == [
-        "split_qkv",
+        "split_heads",
         "rms_norm",
         "rms_norm",
         "rope",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fqr.lowering.golden_kernels import GOLDEN_KERNELS, render
+from fqr.tools.golden_kernels import GOLDEN_KERNELS, render
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "kernels"
 

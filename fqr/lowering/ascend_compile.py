@@ -18,7 +18,9 @@ from the recorded arguments. The target is ``GPUTarget("npu", chip.arch, 0)``
 (``Ascend910B3`` for A2 by default, see :mod:`fqr.lowering.ascend`).
 
 This module needs the Ascend environment (``make ascend-env``): upstream Triton cannot compile
-for an NPU target, and the two cannot share an environment.
+for an NPU target, and the two cannot share an environment. The sweep of every preset at each
+TP size through this check is :mod:`fqr.tools.ascend_check` (``fqr lower --target ascend
+--check``).
 """
 
 from __future__ import annotations
@@ -29,19 +31,17 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..backends import BackendUnavailable
-from .ascend import AscendChip, get_chip
+from ..core import TOKENS, Program
+from .ascend import AscendChip, chip_of_arch, get_chip, npu_vector_core_count
+from .kernel import Kernel
 
 STAGES = ("ttir", "linalg", "npubin")
 NEEDS_CANN = "needs CANN"
 _TT_OP = re.compile(r"(?:=\s*|^\s*)\"?tt\.[a-z_]+", re.M)
-
-
-class AscendToolchainMissing(BackendUnavailable):
-    """triton-ascend is not importable here (use the Ascend environment)."""
 
 
 @dataclass
@@ -83,14 +83,13 @@ class CheckReport:
         }
 
 
-def require_triton_ascend() -> None:
+def triton_ascend_missing() -> str | None:
+    """Why Triton-Ascend's compiler cannot be imported here (None: it can)."""
     try:
         import triton.backends.ascend.compiler  # noqa: F401
     except ImportError as e:
-        raise AscendToolchainMissing(
-            f"the ascend compile check needs triton-ascend ({e}); run it in the Ascend "
-            f"environment: make ascend-env, then .venv-ascend/bin/fqr lower --target ascend --check"
-        ) from e
+        return str(e)
+    return None
 
 
 # ----------------------------------------------------------------------- launcher arguments
@@ -99,27 +98,27 @@ def require_triton_ascend() -> None:
 class _Recorder:
     """Stands in for the Triton function: ``fn[grid](*args, **kwargs)`` records the call."""
 
-    def __init__(self):
-        self.grid = None
+    def __init__(self) -> None:
+        self.grid: Any = None
         self.args: tuple = ()
         self.kwargs: dict = {}
 
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
             self.grid, self.args, self.kwargs = grid, args, kwargs
 
         return launch
 
 
-def _meta_inputs(program, tokens: int) -> list[torch.Tensor]:
+def _meta_inputs(program: Program, tokens: int) -> list[torch.Tensor]:
     out = []
     for v in program.inputs:
-        shape = [tokens if s == "T" else (64 if isinstance(s, str) else s) for s in v.aval.shape]
+        shape = [tokens if s == TOKENS else (64 if isinstance(s, str) else s) for s in v.aval.shape]
         out.append(torch.empty(shape, dtype=v.aval.dtype, device="meta"))
     return out
 
 
-def launch_arguments(kernel, tokens: int = 1024) -> tuple[tuple, dict, tuple]:
+def launch_arguments(kernel: Kernel, tokens: int = 1024) -> tuple[tuple, dict, Any]:
     """(positional args, keyword args, grid) the kernel's launcher passes for ``tokens`` tokens."""
     rec = _Recorder()
     probe = dataclasses.replace(kernel, fn=rec)
@@ -189,8 +188,8 @@ def _tool_error(e: BaseException) -> str:
 def compile_stages(
     jit_fn, signature: dict, constants: dict, chip: AscendChip, run_npubin: bool | None = None
 ) -> tuple[list[StageResult], str | None]:
-    """Run the Ascend stages on ``jit_fn``; returns the stage results and the linalg text."""
-    require_triton_ascend()
+    """Run the Ascend stages on ``jit_fn``; returns the stage results and the linalg text.
+    Needs Triton-Ascend (the Ascend environment): ImportError otherwise."""
     from triton._C.libtriton import ir
     from triton.backends.ascend.compiler import AscendBackend
     from triton.backends.compiler import GPUTarget
@@ -314,95 +313,6 @@ def check_kernel(
     return CheckReport(kernel.fn.__name__, chip.arch, signature, constants, stages, linalg)
 
 
-# ----------------------------------------------------------------------- presets x TP
-
-CHECK_TP_SIZES = (1, 2, 4, 8)
-
-
-@dataclass
-class PresetCheck:
-    """The compile check of one preset's kernel at one TP size."""
-
-    label: str
-    preset: str
-    tp: int
-    dtype: str
-    tiling: object  # fqr.lowering.ascend.AscendTiling
-    report: CheckReport
-
-    def to_dict(self) -> dict:
-        t = self.tiling
-        return {
-            "preset": self.preset,
-            "tp": self.tp,
-            "dtype": self.dtype,
-            "block_t": t.tiling.block_t,
-            "head_chunks": list(t.tiling.head_chunks),
-            "footprint_bytes": t.footprint,
-            "budget_bytes": t.budget,
-            "chip": t.chip.name,
-            **self.report.to_dict(),
-        }
-
-
-def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tuple[str, int]]:
-    """Every (preset, TP) to check: all presets (or ``preset``) at ``tp`` or each TP in
-    :data:`CHECK_TP_SIZES` that the preset's head counts allow. An explicitly requested
-    pair that is impossible raises the preset's ``ValueError``."""
-    from ..presets import PRESETS, get_preset
-
-    names = [preset] if preset is not None else list(PRESETS)
-    pairs = []
-    for name in names:
-        for size in [tp] if tp is not None else CHECK_TP_SIZES:
-            try:
-                get_preset(name, size)
-            except ValueError:
-                if preset is not None and tp is not None:
-                    raise
-                continue
-            pairs.append((name, size))
-    return pairs
-
-
-def check_preset(
-    preset: str,
-    tp: int = 1,
-    dtype: torch.dtype = torch.bfloat16,
-    *,
-    numerics: str = "fused",
-    bias: bool = False,
-    chip: str | None = None,
-    ub_bytes: int | None = None,
-    num_vectorcore: int | None = None,
-    chunk_mode: str | None = None,
-) -> PresetCheck:
-    """Lower the preset's prologue (its TP view) for ``ascend`` and compile-check it."""
-    from ..core import DTYPE_NAMES
-    from ..presets import get_preset
-    from ..prologue import preset_program
-    from . import lower
-    from .ascend import TARGETS
-
-    p = get_preset(preset, tp)
-    program = preset_program(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
-    options = {
-        k: v
-        for k, v in (
-            ("chip", chip),
-            ("ub_bytes", ub_bytes),
-            ("num_vectorcore", num_vectorcore),
-            ("chunk_mode", chunk_mode),
-        )
-        if v is not None
-    }
-    kernel = lower(program, "ascend", **options)
-    tiling = TARGETS["ascend"].ascend_tiling(kernel.plan, **options)
-    assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"
-    report = check_kernel(kernel, chip=tiling.chip)
-    return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
-
-
 # ----------------------------------------------------------------------- environment facts
 
 
@@ -410,21 +320,21 @@ def ascend_facts() -> dict:
     """What ``fqr doctor`` reports for Ascend: CANN's compiler and the visible NPUs."""
     import importlib.util
 
-    from .ascend import chip_of_arch, npu_vector_core_count
-
-    facts = {"bishengir-compile": bishengir_compile_path(), "npu_devices": []}
+    devices: list[str] = []
+    facts: dict[str, Any] = {"bishengir-compile": bishengir_compile_path(), "npu_devices": devices}
     if importlib.util.find_spec("torch_npu") is None:
         return facts
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
 
-        for i in range(torch.npu.device_count() if torch.npu.is_available() else 0):
-            name = torch.npu.get_device_name(i)
+        npu = torch.npu  # type: ignore[attr-defined]
+        for i in range(npu.device_count() if npu.is_available() else 0):
+            name = npu.get_device_name(i)
             try:
-                chip, cores = chip_of_arch(name).name, npu_vector_core_count(i)
+                chip, cores = chip_of_arch(name).name, str(npu_vector_core_count(i))
             except Exception as e:  # noqa: BLE001 -- report, do not fail the doctor
                 chip, cores = "?", f"unknown ({type(e).__name__}: {e})"
-            facts["npu_devices"].append(f"{i}: {name} ({chip}, {cores} vector cores)")
+            devices.append(f"{i}: {name} ({chip}, {cores} vector cores)")
     except Exception as e:  # noqa: BLE001
         facts["npu_devices"] = [f"torch_npu failed: {type(e).__name__}: {e}"]
     return facts

@@ -1,7 +1,7 @@
 """Generated kernel sources kept as golden files (``golden/kernels/``).
 
 A change to the emitter shows up as a readable diff of these files in review; ``fqr golden
-regen`` rewrites them and ``tests/test_golden_kernels.py`` checks they are current.
+regen`` rewrites them and ``tests/lowering/test_golden_kernels.py`` checks they are current.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ..lowering import kernel_source
 from ..presets import get_preset
 from ..prologue import preset_program
-from . import kernel_source
 
 # (file stem, preset, tp, dtype, numerics, target)
 GOLDEN_KERNELS = [

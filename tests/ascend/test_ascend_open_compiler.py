@@ -1,0 +1,50 @@
+"""Generalised splits and narrow rotary tables as ascend-target kernels under Triton-Ascend's
+interpreter: a small persistent grid (3 vector cores, several ragged token tiles each) and, with
+a small UB budget, head chunks; every output against float64 with NaN-poisoned buffers.
+
+Needs the Ascend environment (``make ascend-env``) and an interpreted process; skips otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from support.compositions import gated_case, indexer_case, narrow_case, padded_case
+from support.programs import check_outputs, run_kernel
+
+from fqr.backends import BACKENDS
+from fqr.lowering.loader import triton_mode
+
+_reason = BACKENDS["ascend-interpret"].unavailable_reason()
+pytestmark = [
+    pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
+        reason="the interpreter needs a process with TRITON_INTERPRET=1",
+    ),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+CORES = 3
+
+
+@pytest.mark.parametrize(
+    "build, options, chunked",
+    [
+        (lambda gen: gated_case(gen, 19), {}, False),
+        # 24 KiB of UB: the q and gate rows no longer fit whole and are cut into head chunks
+        (lambda gen: gated_case(gen, 19, hq=6), {"ub_bytes": 24 * 1024}, True),
+        (lambda gen: indexer_case(gen, 17), {}, False),
+        (lambda gen: padded_case(gen, 13), {}, False),
+        (lambda gen: narrow_case(gen, 7, head_dim=512, rotary_dim=2), {}, False),
+    ],
+    ids=["gated", "gated-chunked", "indexer-heads", "padded-kv-heads", "rotary2-d512"],
+)
+def test_generalised_splits_under_the_ascend_interpreter(gen, build, options, chunked):
+    case = build(gen)
+    outs, kernel = run_kernel(
+        case.program, case.args, "ascend-interpret", num_vectorcore=CORES, **options
+    )
+    heads = tuple(c.heads for c in kernel.plan.chains)
+    assert (kernel.tiling.head_chunks != heads) == chunked, kernel.tiling
+    check_outputs(outs, case.expected, case.head_dims, case.copies)

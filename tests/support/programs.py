@@ -1,0 +1,46 @@
+"""Run a traced program on the reference interpreter and as its generated kernel, and compare
+every output with an independent float64 expectation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fqr.core import Program, eval_program
+from fqr.numerics import compare
+
+
+def poisoned_outputs(program: Program, tokens: int) -> list[torch.Tensor]:
+    """NaN-filled outputs of the program's shapes and dtypes (unwritten elements show)."""
+    return [
+        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
+        for v in program.outputs
+    ]
+
+
+def run_kernel(program: Program, args: Sequence[torch.Tensor], target="interpret", **options):
+    """The program's fused kernel on ``args``, into poisoned outputs; (outputs, kernel)."""
+    from fqr.lowering import lower
+
+    kernel = lower(program, target, **options)
+    outs = poisoned_outputs(program, args[0].shape[0])
+    kernel(*args, out=outs)
+    return outs, kernel
+
+
+def check_outputs(outs, expected, head_dims, copies=()) -> None:
+    """Each output against its float64 expectation under the fused contract (per-head ULPs);
+    outputs listed in ``copies`` (indices) must equal theirs bit for bit."""
+    assert len(outs) == len(expected) == len(head_dims)
+    for i, (o, e, d) in enumerate(zip(outs, expected, head_dims)):
+        c = compare(o, e, head_dim=d, bitwise=i in copies)
+        assert c.passed, f"output {i}: {c}"
+
+
+def check_reference_and_kernel(program, args, expected, head_dims, copies=(), **options):
+    """The reference interpreter and the interpreted kernel both meet the contract."""
+    check_outputs(eval_program(program, list(args)), expected, head_dims, copies)
+    outs, kernel = run_kernel(program, args, **options)
+    check_outputs(outs, expected, head_dims, copies)
+    return kernel
