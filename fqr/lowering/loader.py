@@ -18,6 +18,9 @@ Code fqr writes and later runs must never be code someone else could plant:
   matches the ``.py``, is never used), and :mod:`linecache` holds that same text for
   ``path``, so Triton's :func:`inspect.getsource` reads what was compiled, not the file.
 
+Interpreted kernels come back wrapped so that their launches hold :data:`INTERPRETER_LOCK`:
+Triton's interpreter patches ``triton.language`` and the kernel's globals during a launch, so
+two threads interpreting at once break each other.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+INTERPRETER_LOCK = threading.Lock()
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, bool], LoadedKernel] = {}
 
@@ -47,7 +51,7 @@ class KernelCacheError(OSError):
 
 @dataclass(frozen=True)
 class LoadedKernel:
-    fn: Any  # the @triton.jit function
+    fn: Any  # the @triton.jit function (serialised launches when interpreted)
     path: Path
     cache_hit: bool  # the entry on disk already held exactly this source
 
@@ -158,7 +162,7 @@ def _write_entry(dfd: int, name: str, path: Path, data: bytes) -> None:
 def load_kernel(key: str, source: str, kernel_name: str, *, interpret: bool) -> LoadedKernel:
     """The kernel ``kernel_name`` defined by ``source``, cached as ``fqr_<key>.py``.
 
-    ``interpret`` decorates it for Triton's interpreter. Raises
+    ``interpret`` decorates it for Triton's interpreter (launches serialised). Raises
     :class:`KernelCacheError` naming the path when the cache cannot be used safely.
     """
     with _LOAD_LOCK:
@@ -177,7 +181,9 @@ def load_kernel(key: str, source: str, kernel_name: str, *, interpret: bool) -> 
             os.close(dfd)
         require_triton_mode(interpret)
         fn = _exec_source(source, path, kernel_name, interpret)
-        loaded = _LOADED[(key, interpret)] = LoadedKernel(fn, path, hit)
+        loaded = _LOADED[(key, interpret)] = LoadedKernel(
+            SerialisedLaunches(fn) if interpret else fn, path, hit
+        )
         return loaded
 
 
@@ -192,6 +198,26 @@ def _exec_source(source: str, path: Path, kernel_name: str, interpret: bool) -> 
     sys.modules[mod_name] = module  # as an import would: inspect.getmodule finds it
     exec(code, module.__dict__)
     return getattr(module, kernel_name)
+
+
+class SerialisedLaunches:
+    """An interpreted kernel whose launches (``fn[grid](...)``) hold :data:`INTERPRETER_LOCK`;
+    every other attribute is the kernel's own."""
+
+    def __init__(self, fn: Any):
+        self._fn = fn
+
+    def __getitem__(self, grid):
+        launch = self._fn[grid]
+
+        def locked(*args, **kwargs):
+            with INTERPRETER_LOCK:
+                return launch(*args, **kwargs)
+
+        return locked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
 
 
 def triton_version() -> str:
