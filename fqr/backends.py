@@ -14,6 +14,10 @@ A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
 ``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors, ``reference`` otherwise
 (never the interpreter: it is slow).
+
+Every backend follows one autograd policy: under grad mode, when an input requires grad, the
+outputs carry a ``grad_fn`` whose backward is the op's math differentiated through the reference
+rules (:class:`DifferentiableRun`); otherwise nothing is recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .core import TOKENS, Program, eval_program
 
@@ -64,7 +69,12 @@ class Backend:
 
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
         """:meth:`run` without the checks, for callers that resolved the backend already
-        (:func:`resolve_backend`) and validated their arguments (the per-call hot path)."""
+        (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
+
+        Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
+        (:class:`DifferentiableRun`): the same policy on every backend."""
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            return list(DifferentiableRun.apply(self._runner, program, *args))
         return self._runner(program, args)
 
 
@@ -182,6 +192,73 @@ def _run_reference(program: Program, args: list) -> list:
         for o, p in zip(outs, part):
             o[rows] = p
     return outs
+
+
+def reference_vjp(program: Program, args: list, cotangents, needed) -> list:
+    """The vector-Jacobian product of ``program`` at ``args``: autograd through the primitives'
+    reference rules in fp32 (what the reference backend computes), chunk by chunk over the
+    tokens like :func:`_run_reference`. ``needed[i]``: whether input ``i`` wants a gradient;
+    returns one gradient (or None) per input, in the input's dtype."""
+    slices = token_slices(program, args) or [slice(0, None)]
+    indexed = _token_indexed(program)
+    grads: list = [None] * len(args)
+    for rows in slices:
+        part = [
+            (a[rows] if i else a).detach().requires_grad_(bool(need))
+            for a, i, need in zip(args, indexed, needed)
+        ]
+        with torch.enable_grad():
+            outs = eval_program(program, part, torch.float32)
+        pairs = [(o, c[rows]) for o, c in zip(outs, cotangents) if o.requires_grad]
+        wrt = [p for p, need in zip(part, needed) if need]
+        if not pairs or not wrt:
+            continue
+        got = iter(
+            torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True
+            )
+        )
+        for k, (a, i, need) in enumerate(zip(args, indexed, needed)):
+            if not need:
+                continue
+            g = next(got)
+            if g is None:
+                continue
+            if i:
+                if grads[k] is None:
+                    grads[k] = torch.zeros_like(a, memory_format=torch.contiguous_format)
+                grads[k][rows] = g
+            else:
+                grads[k] = g if grads[k] is None else grads[k] + g
+    return grads
+
+
+class DifferentiableRun(torch.autograd.Function):
+    """A backend's run of ``program`` as one autograd node, for every backend alike.
+
+    Forward: the backend's own run (reference, or a generated kernel). Backward:
+    :func:`reference_vjp`, the gradient of the op's math through the reference rules in fp32,
+    recomputed from the saved inputs (nothing else is kept). Kernels and the reference agree
+    within the numerics contract, so this is the gradient of what the forward computed; the
+    ``unfused`` roundings pass gradients straight through, as ``Tensor.to`` does. Policy (issue
+    14): a real backward on every backend rather than an error, because training and
+    fine-tuning through a model whose prologue fqr fuses need it and the forward alone gives
+    it no cost under ``no_grad``/``inference_mode`` (vLLM's case). Second derivatives are
+    refused (``once_differentiable``).
+    """
+
+    @staticmethod
+    def forward(ctx, runner, program: Program, *args):
+        ctx.program = program
+        ctx.save_for_backward(*args)
+        return tuple(runner(program, list(args)))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *cotangents):
+        args = ctx.saved_tensors
+        grads = reference_vjp(ctx.program, list(args), cotangents, ctx.needs_input_grad[2:])
+        return (None, None, *grads)
 
 
 def _kernel_runner(target: str):
