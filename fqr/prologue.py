@@ -200,12 +200,13 @@ def split_qkv_rmsnorm_rope(
         _PROGRAMS[fast_key] = program
     stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
     args = [t for t in tensors if t is not None] + list(stats)
+    runner = resolve_backend(backend, qkv.device)  # a bad backend is refused at any T
     if qkv.shape[0] == 0:
         return tuple(
             torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
             for v in program.outputs
         )
-    return tuple(resolve_backend(backend, qkv.device).launch(program, args))
+    return tuple(runner.launch(program, args))
 
 
 def preset_program(

@@ -20,7 +20,12 @@ import torch
 
 from .. import ops
 from ..core import Aval, Program, trace
-from ..validate import ACTIVATION_DTYPES, check_positions_in_range
+from ..validate import (
+    ACTIVATION_DTYPES,
+    check_finite_scalar,
+    check_positions_in_range,
+    check_unit_stride,
+)
 
 NUMERICS = ("fused", "unfused")
 
@@ -86,12 +91,10 @@ def check_qk_args(
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    check_finite_scalar("eps", eps, positive=True)
     if not isinstance(is_neox, bool):
         raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
-    if not isinstance(weight_offset, (int, float)) or isinstance(weight_offset, bool):
-        raise TypeError(f"weight_offset must be a number, got {weight_offset!r}")
+    check_finite_scalar("weight_offset", weight_offset)
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be 'fused' or 'unfused', got {numerics!r}")
     if not isinstance(backend, str):
@@ -118,6 +121,7 @@ def check_qk_args(
         raise ValueError(
             f"positions must be [T] with T = {tokens}, got shape {list(positions.shape)}"
         )
+    check_unit_stride("positions", positions)
     if not isinstance(cos_sin_cache, torch.Tensor):
         raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache).__name__}")
     if cos_sin_cache.dim() != 2 or not cos_sin_cache.dtype.is_floating_point:
@@ -223,8 +227,9 @@ def qk_rmsnorm_rope(
         Aval.of(k_bias),
     )
     program = qk_program((avals, tuple(sorted(static.items()))))
+    runner = resolve_backend(backend, q.device)  # a bad backend is refused at any T
     if q.shape[0] == 0:
         return q.new_empty(q.shape), k.new_empty(k.shape)
     args = [t for t in tensors if t is not None]
-    q_out, k_out = resolve_backend(backend, q.device).run(program, args)
+    q_out, k_out = runner.run(program, args)
     return q_out, k_out
