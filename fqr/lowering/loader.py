@@ -9,7 +9,8 @@ directory is ``$FQR_CACHE_DIR`` or ``~/.cache/fqr/kernels``.
 Code fqr writes and later runs must never be code someone else could plant:
 
 * the directory must be owned by this user and writable by nobody else (else
-  :class:`KernelCacheError`); a missing one is created private (0700);
+  :class:`KernelCacheError`); a missing one is created private (0700), and the default one,
+  fqr's own, is made private again if an older fqr left it group-writable;
 * an entry is used only when its bytes equal the generated source; a missing, corrupt,
   stale or symlinked entry is rewritten atomically (a directory there is an error: fqr does
   not delete what it did not write);
@@ -29,6 +30,7 @@ import errno
 import hashlib
 import importlib.metadata as md
 import linecache
+import logging
 import os
 import secrets
 import stat
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("fqr")
 INTERPRETER_LOCK = threading.Lock()
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, bool], LoadedKernel] = {}
@@ -56,13 +59,13 @@ class LoadedKernel:
     cache_hit: bool  # the entry on disk already held exactly this source
 
 
-def _cache_location() -> tuple[Path, str]:
-    """The cache directory and how to name it in messages."""
+def _cache_location() -> tuple[Path, str, bool]:
+    """The cache directory, how to name it in messages, and whether the user chose it."""
     env = os.environ.get("FQR_CACHE_DIR")
     if env:
-        return Path(env), f"FQR_CACHE_DIR={env}"
+        return Path(env), f"FQR_CACHE_DIR={env}", True
     d = Path.home() / ".cache" / "fqr" / "kernels"
-    return d, f"the kernel cache {d}"
+    return d, f"the kernel cache {d}", False
 
 
 def cache_dir() -> Path:
@@ -73,7 +76,7 @@ def cache_dir() -> Path:
 def _open_cache_dir() -> tuple[int, Path]:
     """An fd of the checked cache directory (every entry is opened relative to it, so the
     directory checked is the directory used) and its path."""
-    d, named = _cache_location()
+    d, named, chosen = _cache_location()
     try:
         os.makedirs(d, mode=0o700, exist_ok=True)
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -89,6 +92,11 @@ def _open_cache_dir() -> tuple[int, Path]:
     problem = None
     if st.st_uid != os.geteuid():
         problem = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    elif st.st_mode & 0o022 and not chosen:
+        # fqr's own default directory, made group-writable by an older fqr under umask 002:
+        # fqr tightens it (entries are checked byte for byte before use anyway).
+        os.fchmod(dfd, 0o700)
+        log.warning("made the kernel cache %s private (it was mode %04o)", d, st.st_mode & 0o777)
     elif st.st_mode & 0o022:
         problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     if problem:

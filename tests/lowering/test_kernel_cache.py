@@ -175,3 +175,19 @@ def test_an_unwritable_cache_dir_is_a_clear_error(gen, tmp_path, monkeypatch):
     with pytest.raises(loader.KernelCacheError, match="cannot write") as e:
         lower(program, "interpret")
     assert str(d) in str(e.value)
+
+
+def test_the_default_cache_made_group_writable_by_an_older_fqr_is_made_private(
+    gen, tmp_path, monkeypatch, caplog
+):
+    """Under umask 002 an older fqr created ``~/.cache/fqr/kernels`` 0775: fqr's own default
+    directory is tightened (with a warning); a directory the user chose is refused instead."""
+    monkeypatch.delenv("FQR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = tmp_path / ".cache" / "fqr" / "kernels"
+    d.mkdir(parents=True)
+    d.chmod(0o775)
+    pb, program = _problem(gen)
+    kernel = _run(pb, program)
+    assert kernel.path.parent == d and stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert "made the kernel cache" in caplog.text
