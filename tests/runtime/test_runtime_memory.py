@@ -63,10 +63,10 @@ def test_worker_step_fits_the_model(dtype):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_engine_verification_fits_the_model(tp, monkeypatch):
-    """At 1024 tokens with chunks of 64 tokens (the ULP comparison is slow: a smaller problem,
+    """At 512 tokens with chunks of 8 tokens (the ULP comparison is slow: a smaller problem,
     and a chunk scaled down with it so that the per-element terms dominate)."""
-    monkeypatch.setattr(verify, "VERIFY_CHUNK_ELEMENTS", 1 << 16)
-    dtype, tokens = torch.bfloat16, 1024
+    monkeypatch.setattr(verify, "VERIFY_CHUNK_ELEMENTS", 1 << 15)
+    dtype, tokens = torch.bfloat16, 512
     batch = (Segment(0, 0, tokens),)
     positions = segment_positions(list(batch))
     replies = {r: _reply(_layer(tp, r, dtype), 1, positions, dtype) for r in range(tp)}
@@ -90,12 +90,12 @@ def test_engine_verification_fits_the_model(tp, monkeypatch):
 def test_verification_still_catches_a_wrong_element():
     """Chunked verification names the rank and the output when one element is off."""
     dtype = torch.bfloat16
-    batch = (Segment(0, 0, 300),)
+    batch = (Segment(0, 0, 130),)
     positions = segment_positions(list(batch))
     layer = _layer(1, 0, dtype)
     reply = pickle.loads(_reply(layer, 2, positions, dtype))[1]
     q = reply["outputs"][0].clone()
-    q[257, 5] = q[257, 5] * 2 + 1  # in the second chunk of rows
+    q[100, 5] = q[100, 5] * 2 + 1  # in the second chunk of rows (64 tokens each)
     reply["outputs"] = (q, *reply["outputs"][1:])
     verifier = Verifier(PRESET, Layout(1, 1), dtype=dtype, numerics="fused", seed=3)
     assert not verifier.check_step(StepPlan(step=2, batches=(batch,), verify=True), {0: reply})
