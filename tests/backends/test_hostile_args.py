@@ -453,7 +453,7 @@ BAD_NORM_STATS = [
 def test_norm_stats_of_the_wrong_type_is_refused_naming_it(gen, kind, make, error):
     """Finding 11: AttributeError, or a TypeError that named nothing."""
     pb = make_problem(gen, tokens=3, norm="full", head_dim=64)
-    hq, kv, d = (pb.static[k] for k in ("num_heads", "num_kv_heads", "head_dim"))
+    hq, kv, d = (pb.kwargs()[k] for k in ("num_heads", "num_kv_heads", "head_dim"))
     stats = make(pb.qkv.shape[0], hq * d, kv * d)
     with pytest.raises(error, match="^norm_stats"):
         fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(norm_stats=stats, backend="reference"))

@@ -15,6 +15,7 @@ import os
 import random
 import stat
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,20 +41,23 @@ def cache(tmp_path, monkeypatch):
 
 
 def _problem(gen):
+    """``(call, program)``: a call's positional ``args`` and ``kwargs`` with an ``eps`` of its
+    own (so a program and a cache key of its own), and its traced program."""
     pb = make_problem(gen, tokens=3, num_heads=2, num_kv_heads=1, head_dim=16)
-    pb.static["eps"] = 1e-6 * (1 + random.random())  # a program (and cache key) of its own
-    signature = program_signature(*pb.args(), None, None, None, numerics="fused", **pb.static)
-    program = prologue_program(signature)
-    return pb, program
+    kwargs = pb.kwargs(eps=1e-6 * (1 + random.random()))
+    call = SimpleNamespace(args=pb.args(), kwargs=kwargs)
+    q_bias, k_bias = kwargs.pop("q_bias"), kwargs.pop("k_bias")
+    signature = program_signature(*call.args, q_bias, k_bias, None, numerics="fused", **kwargs)
+    return call, prologue_program(signature)
 
 
-def _run(pb, program):
+def _run(call, program):
     kernel = lower(program, "interpret")
     outs = [
         torch.full((3, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype) for v in program.outputs
     ]
-    kernel(*pb.args(), out=outs)
-    assert_contract(outs, pb.args(), pb.static)
+    kernel(*call.args, out=outs)
+    assert_contract(outs, call.args, call.kwargs)
     return kernel
 
 

@@ -31,6 +31,11 @@ from fqr.runtime.workload import (
 PRESET, TOKENS = "qwen3-0.6b", 4096  # 32 MiB of bf16 rows per step
 
 
+def _width(preset) -> int:
+    """Elements of one unsharded qkv row."""
+    return (preset.num_heads + 2 * preset.num_kv_heads) * preset.head_dim
+
+
 def _layer(tp, tp_rank, dtype):
     return PrologueLayer(PRESET, tp, tp_rank, dtype=dtype, device=torch.device("cpu"), seed=3)
 
@@ -55,7 +60,7 @@ def test_worker_step_fits_the_model(dtype):
     positions = segment_positions([Segment(0, 0, TOKENS)])
     _reply(layer, 1, positions[:8], dtype)  # warm: tracing, tables
     peak = peak_bytes(lambda: _reply(layer, 1, positions, dtype))
-    elements = TOKENS * layer.full.qkv_width
+    elements = TOKENS * _width(layer.full)
     bound = elements * config.worker_bytes_per_element(dtype.itemsize)
     print(f"worker {dtype}: {peak / elements:.2f} B/element")
     assert peak <= bound, f"{peak / elements:.2f} bytes per element"
@@ -80,7 +85,7 @@ def test_engine_verification_fits_the_model(tp, monkeypatch):
 
     peak = peak_bytes(check)
     assert results == [True], verifier.failures
-    elements = tokens * get_preset(PRESET).qkv_width
+    elements = tokens * _width(get_preset(PRESET))
     working = config.verifier_working_bytes()
     bound = elements * config.engine_bytes_per_element(2, 1, 1) + working
     print(f"engine tp={tp}: {peak / elements:.2f} B/element")
