@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import platform
+from typing import Annotated
 
 import torch
+import typer
 from rich.table import Table
 
 from .common import app, out
@@ -41,7 +43,7 @@ def _facts() -> dict:
 
 
 @app.command()
-def doctor(json_out: bool = __import__("typer").Option(False, "--json", help="print JSON")):
+def doctor(json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False):
     """Report torch / triton / triton-ascend / torch_npu / CANN presence and backend status."""
     from fqr.backends import BACKENDS
 

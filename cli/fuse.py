@@ -1,65 +1,101 @@
-"""``fqr fuse``: compile a small model of a preset's attention with and without the fusion pass.
+"""``fqr fuse``: compile a model with and without the fusion pass and compare the two.
 
 ::
 
-    fqr fuse --preset qwen3-8b --layers 2 --tokens 16 --dtype bf16 [--device cpu] [--json]
+    fqr fuse --preset qwen3-8b --layers 2 --tokens 16 --dtype bf16 [--json]       # CPU
+    fqr fuse --device cuda [--model vllm|hf-qwen3] [--prefill 512,2048,4096,16384]
+             [--decode 1,2,4,8,16] [--profile/--no-profile] [--tokens 512] [--json]
 
-Builds a randomly initialised vLLM-style model (``fqr.fusion.models``) with the preset's
-attention shapes, compiles it with plain Inductor and with ``fqr.fusion.backend()``, and prints
-the fused-site count, the max differences of the outputs, the numerics-contract check of each
-layer's fused q/k against float64, and compile / run times of both. Exit 0 when every layer
-was fused and the check passed, 1 when not, 2 on bad usage.
+On the CPU it builds a randomly initialised vLLM-style model (``fqr.fusion.models``) with the
+preset's attention shapes, compiles it with plain Inductor and with ``fqr.fusion.backend()``,
+and prints the fused-site count, the max differences of the outputs, the numerics-contract
+check of each layer's fused q/k against float64, and compile / run times of both.
+
+With ``--device cuda`` it runs :func:`fqr.fusion.compiled.compare_compiled`: the vLLM-shaped
+stack (``--model vllm``, the preset's shapes) or Hugging Face transformers' Qwen3 at Qwen3-8B's
+layer shapes (``--model hf-qwen3``), both compiled under CUDA graphs; it prints the sites fused,
+the numerics against the uncompiled model (``--tokens`` tokens), the forward latency with and
+without the pass per T, and the profile split (prologue kernels vs the rest) at the prefill
+sizes >= 4096. Exit 0 when every layer was fused and the checks passed, 1 when not, 2 on bad
+usage (a machine without CUDA included).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from fqr.presets import get_preset
 
-from .common import EXIT_FAILED, UsageError, app, err, out
+from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
 from .options import parse_dtype
+
+PROFILE_MIN_TOKENS = 4096
 
 
 @app.command()
 def fuse(
-    preset: str = typer.Option("qwen3-8b", "--preset", help="model preset (per-head QK-norm)"),
-    layers: int = typer.Option(2, "--layers", help="attention layers in the model"),
-    tokens: int = typer.Option(16, "--tokens", help="tokens in the batch"),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    seed: int = typer.Option(0, "--seed", help="seed of weights and inputs"),
-    runs: int = typer.Option(5, "--runs", help="timed runs after the compiling one"),
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    preset: Annotated[
+        str, typer.Option("--preset", help="model preset (per-head QK-norm)")
+    ] = "qwen3-8b",
+    layers: Annotated[int, typer.Option("--layers", help="layers in the model")] = 2,
+    tokens: Annotated[
+        int | None,
+        typer.Option("--tokens", help="tokens of the numerics check (default: 16 cpu, 512 cuda)"),
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32")] = "bf16",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    model: Annotated[
+        str, typer.Option("--model", help="cuda: vllm (the preset's shapes) or hf-qwen3")
+    ] = "vllm",
+    prefill: Annotated[
+        str, typer.Option("--prefill", help="cuda: prefill token counts")
+    ] = "512,2048,4096,16384",
+    decode: Annotated[
+        str, typer.Option("--decode", help="cuda: decode-sized token counts")
+    ] = "1,2,4,8,16",
+    profile: Annotated[
+        bool,
+        typer.Option("--profile/--no-profile", help="cuda: profile split at prefill T >= 4096"),
+    ] = True,
+    seed: Annotated[int, typer.Option("--seed", help="seed of weights and inputs")] = 0,
+    runs: Annotated[int, typer.Option("--runs", help="cpu: timed runs after the first")] = 5,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ):
-    """Fuse a small model's attention prologues; compare with the unfused compiled model."""
-    from fqr.fusion.evaluate import evaluate_fusion
-
+    """Fuse a model's attention prologues; compare with the model compiled without the pass."""
     if layers < 1:
         raise UsageError(f"--layers must be >= 1, got {layers}")
-    if tokens < 1:
-        raise UsageError(f"--tokens must be >= 1, got {tokens}")
+    if tokens is not None and tokens < (2 if device == "cuda" else 1):
+        raise UsageError(f"--tokens must be >= {2 if device == 'cuda' else 1}, got {tokens}")
     if runs < 1:
         raise UsageError(f"--runs must be >= 1, got {runs}")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {device!r}")
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA GPU is visible to torch")
+    torch_dtype = parse_dtype(dtype)
     try:
         p = get_preset(preset.lower())
     except ValueError as e:
         raise UsageError(f"--preset: {e}") from None
+    if p.norm != "head":
+        raise UsageError(
+            f"--preset: {p.name} has norm={p.norm!r}; the fusion patterns cover the per-head "
+            f"QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)"
+        )
+    if device == "cuda":
+        _fuse_cuda(
+            p, layers, tokens or 512, torch_dtype, model, prefill, decode, profile, seed, json_out
+        )
+        return
+    from fqr.fusion.evaluate import evaluate_fusion
+
     report = evaluate_fusion(
         p,
         layers=layers,
-        tokens=tokens,
-        dtype=parse_dtype(dtype),
+        tokens=tokens or 16,
+        dtype=torch_dtype,
         device=device,
         seed=seed,
         runs=runs,
@@ -70,6 +106,54 @@ def fuse(
     else:
         _print_table(report)
     if not report.passed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _fuse_cuda(p, layers, tokens, dtype, model, prefill, decode, profile, seed, json_out):
+    import torch
+
+    from fqr.fusion.compiled import MODELS, compare_compiled, comparison_tables
+
+    if model not in MODELS:
+        raise UsageError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
+    if model == "hf-qwen3":
+        from fqr.fusion.hf_models import transformers_missing
+
+        if p.name != "qwen3-8b":
+            raise UsageError(f"--model hf-qwen3 is built at Qwen3-8B's shapes; got {p.name}")
+        if transformers_missing():
+            raise UsageError(f"--model hf-qwen3: {transformers_missing()}")
+    prefill_t = parse_csv(prefill, "prefill", int)
+    decode_t = parse_csv(decode, "decode", int)
+    for name, values in (("prefill", prefill_t), ("decode", decode_t)):
+        if any(t < 1 for t in values):
+            raise UsageError(f"--{name}: token counts must be >= 1, got {values}")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible to torch")
+    result = compare_compiled(
+        model,
+        layers=layers,
+        dtype=dtype,
+        device="cuda",
+        prefill=tuple(prefill_t),
+        decode=tuple(decode_t),
+        profile_tokens=tuple(t for t in prefill_t if t >= PROFILE_MIN_TOKENS) if profile else (),
+        check_tokens=tokens,
+        preset=p.name,
+        seed=seed,
+        log=lambda msg: err.print(f"[dim]{msg}...[/dim]"),
+    )
+    if json_out:
+        out.print_json(json.dumps(result.to_dict()))
+    else:
+        for title, header, rows in comparison_tables(result):
+            table = Table(title=title)
+            for h in header:
+                table.add_column(h)
+            for row in rows:
+                table.add_row(*row)
+            out.print(table)
+    if not result.passed:
         raise typer.Exit(EXIT_FAILED)
 
 

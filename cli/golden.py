@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from fqr.golden import GOLDEN_DIR, list_cases, regen
 
 from .common import EXIT_FAILED, UsageError, app, err, out
+from .render import print_table
 
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
 app.add_typer(golden_app, name="golden")
@@ -26,14 +26,6 @@ DirOption = Annotated[
 CaseOption = Annotated[
     str | None, typer.Option("--case", help="only cases whose name matches this glob")
 ]
-
-
-def print_table(table: Table) -> None:
-    """Print a table to stdout; off a terminal, at its natural width (no squeezing)."""
-    if out.is_terminal:
-        out.print(table)
-    else:
-        Console(width=300, soft_wrap=True).print(table)
 
 
 @golden_app.command("list")

@@ -3,56 +3,81 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from .common import EXIT_FAILED, UsageError, app, err, out
-from .options import DTYPES, parse_dtype
+from fqr.backends import BACKENDS
+from fqr.validate import NUMERICS, check_choice
 
-TARGET_NAMES = ("cuda", "interpret", "ascend", "ascend-interpret")
+from .common import EXIT_FAILED, UsageError, app, err, out
+from .options import ACTIVATION_DTYPES_HELP, parse_dtype
+from .render import print_table
+
+# The lowering targets a backend runs (fqr.backends), in the registry's order.
+TARGET_NAMES = tuple(b.target for b in BACKENDS.values() if b.target is not None)
 
 
 @app.command()
 def lower(
-    preset: str = typer.Option(
-        None, "--preset", help="model preset, e.g. qwen3-8b (--check: default every preset)"
-    ),
-    tp: int = typer.Option(
-        None,
-        "--tp",
-        help="tensor-parallel size (per-rank head counts); "
-        "default 1 (--check: each of 1, 2, 4, 8 the preset allows)",
-    ),
-    dtype: str = typer.Option("bf16", "--dtype", help=f"activation dtype: {', '.join(DTYPES)}"),
-    target: str = typer.Option("cuda", "--target", help=f"one of {', '.join(TARGET_NAMES)}"),
-    numerics: str = typer.Option("fused", "--numerics", help="fused | unfused"),
-    bias: bool = typer.Option(False, "--bias", help="norm with a bias term"),
-    ir: bool = typer.Option(False, "--ir", help="print the traced program (jaxpr-like)"),
-    output: Path = typer.Option(None, "-o", "--output", help="write the kernel source here"),
-    check: bool = typer.Option(
-        False,
-        "--check",
-        help="ascend: compile through Triton-Ascend's "
-        "stages (TTIR, triton-adapter-opt -> linalg/HIVM; bishengir needs CANN)",
-    ),
-    num_vectorcore: int = typer.Option(
-        None,
-        "--num-vectorcore",
-        help="ascend: persistent grid size (default: the NPU's vector cores, offline 40)",
-    ),
-    chip: str = typer.Option(None, "--chip", help="ascend: A2, A3 or 950 (UB budget, arch)"),
-    ub_bytes: int = typer.Option(None, "--ub-bytes", help="ascend: override the chip's UB size"),
-    json_out: bool = typer.Option(False, "--json", help="--check: print the reports as JSON"),
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset", help="model preset, e.g. qwen3-8b (--check: default every preset)"
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(
+            "--tp",
+            help="tensor-parallel size (per-rank head counts); default 1 (--check: each of 1, 2, "
+            "4, 8 the preset allows)",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help=f"activation dtype: {ACTIVATION_DTYPES_HELP}")
+    ] = "bf16",
+    target: Annotated[
+        str, typer.Option("--target", help=f"one of {', '.join(TARGET_NAMES)}")
+    ] = "cuda",
+    numerics: Annotated[str, typer.Option("--numerics", help="fused | unfused")] = "fused",
+    bias: Annotated[bool, typer.Option("--bias", help="norm with a bias term")] = False,
+    ir: Annotated[bool, typer.Option("--ir", help="print the traced program (jaxpr-like)")] = False,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="write the kernel source here")
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="ascend: compile through Triton-Ascend's stages (TTIR, triton-adapter-opt -> "
+            "linalg/HIVM; bishengir needs CANN)",
+        ),
+    ] = False,
+    num_vectorcore: Annotated[
+        int | None,
+        typer.Option(
+            "--num-vectorcore",
+            help="ascend: persistent grid size (default: the NPU's vector cores, offline 40)",
+        ),
+    ] = None,
+    chip: Annotated[
+        str | None, typer.Option("--chip", help="ascend: A2, A3 or 950 (UB budget, arch)")
+    ] = None,
+    ub_bytes: Annotated[
+        int | None, typer.Option("--ub-bytes", help="ascend: override the chip's UB size")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="--check: print the reports as JSON")
+    ] = False,
 ):
     """Trace the prologue of PRESET and emit its fused Triton kernel for TARGET."""
     from fqr import get_preset
     from fqr.lowering import kernel_source
     from fqr.prologue import preset_program
 
-    if target not in TARGET_NAMES:
-        raise UsageError(f"--target must be one of {', '.join(TARGET_NAMES)}, got {target!r}")
-    if numerics not in ("fused", "unfused"):
-        raise UsageError(f"--numerics must be fused or unfused, got {numerics!r}")
+    check_choice("--target", target, TARGET_NAMES)
+    check_choice("--numerics", numerics, NUMERICS)
     ascend = {
         k: v
         for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_vectorcore", num_vectorcore))
@@ -91,7 +116,6 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     """``--target ascend --check``: one row per (preset, TP); exit 1 when a stage fails."""
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     from fqr.lowering.ascend_compile import NEEDS_CANN
@@ -119,8 +143,7 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
                 f"{r.tiling.footprint / 1024:.0f}/{r.tiling.budget / 1024:.0f}",
                 *(st.get(n, "-") for n in ("ttir", "linalg", "npubin")),
             )
-        # Wider than a default 80-column pipe, so that no cell is cropped.
-        Console(width=max(out.width, 110)).print(table)
+        print_table(table)
     for r in failed:
         bad = next(s for s in r.report.stages if s.status == "failed")
         err.print(f"[red]FAILED[/red] {r.label} at {bad.name}: {bad.detail}", highlight=False)

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Annotated
 
 import typer
 from rich.live import Live
 from rich.table import Table
+
+from fqr.backends import AUTO_BACKENDS, BACKENDS
+from fqr.core import ACTIVATION_DTYPE_NAMES
+from fqr.runtime.device import DEVICE_TYPES
+from fqr.validate import NUMERICS
 
 from .common import EXIT_FAILED, app, err, out
 
@@ -150,36 +156,66 @@ def _print_tables(summary: dict) -> None:
         )
 
 
+AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
+
+
 @app.command()
 def run(
-    preset: str = typer.Option("qwen3-8b", help="model preset (see fqr.presets)"),
-    dp: int = typer.Option(None, help="data-parallel replicas (default 1; torchrun: world / tp)"),
-    tp: int = typer.Option(1, help="tensor-parallel size"),
-    device: str = typer.Option("cpu", help="cpu | cuda | npu"),
-    backend: str = typer.Option(
-        "auto",
-        help="auto (triton on cuda, ascend on npu, else "
-        "reference) | reference | interpret | triton | ascend",
-    ),
-    dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),
-    numerics: str = typer.Option("fused", help="fused | unfused"),
-    launcher: str = typer.Option("mp", help="mp (fqr spawns the workers) | torchrun"),
-    requests: int = typer.Option(8, help="synthetic requests"),
-    prompt_len: str = typer.Option("16..64", help="prompt length range A..B"),
-    decode_steps: int = typer.Option(4, help="decode tokens per request"),
-    max_batched_tokens: int = typer.Option(64, help="token budget per step and DP replica"),
-    seed: int = typer.Option(0, help="workload, weights and activations seed"),
-    verify_every: int = typer.Option(1, help="verify every K-th step (0: never)"),
-    async_scheduling: bool = typer.Option(
-        False, "--async-scheduling", help="two batches in flight"
-    ),
-    inject_fault: str = typer.Option(
-        None, help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"
-    ),
-    init_timeout: float = typer.Option(120.0, help="seconds for every worker to report READY"),
-    step_timeout: float = typer.Option(60.0, help="seconds for every rank to answer a step"),
-    collective_timeout: float = typer.Option(60.0, help="timeout of every collective (s)"),
-    json_out: bool = typer.Option(False, "--json", help="print a JSON summary"),
+    preset: Annotated[
+        str, typer.Option("--preset", help="model preset (see fqr.presets)")
+    ] = "qwen3-8b",
+    dp: Annotated[
+        int | None,
+        typer.Option("--dp", help="data-parallel replicas (default 1; torchrun: world / tp)"),
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size")] = 1,
+    device: Annotated[str, typer.Option("--device", help=" | ".join(DEVICE_TYPES))] = "cpu",
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend", help=f"auto ({AUTO_HELP}, else reference) | {' | '.join(BACKENDS)}"
+        ),
+    ] = "auto",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help=" | ".join(ACTIVATION_DTYPE_NAMES))
+    ] = "bf16",
+    numerics: Annotated[str, typer.Option("--numerics", help=" | ".join(NUMERICS))] = "fused",
+    launcher: Annotated[
+        str, typer.Option("--launcher", help="mp (fqr spawns the workers) | torchrun")
+    ] = "mp",
+    requests: Annotated[int, typer.Option("--requests", help="synthetic requests")] = 8,
+    prompt_len: Annotated[
+        str, typer.Option("--prompt-len", help="prompt length range A..B")
+    ] = "16..64",
+    decode_steps: Annotated[
+        int, typer.Option("--decode-steps", help="decode tokens per request")
+    ] = 4,
+    max_batched_tokens: Annotated[
+        int, typer.Option("--max-batched-tokens", help="token budget per step and DP replica")
+    ] = 64,
+    seed: Annotated[int, typer.Option("--seed", help="workload, weights and activations seed")] = 0,
+    verify_every: Annotated[
+        int, typer.Option("--verify-every", help="verify every K-th step (0: never)")
+    ] = 1,
+    async_scheduling: Annotated[
+        bool, typer.Option("--async-scheduling", help="two batches in flight")
+    ] = False,
+    inject_fault: Annotated[
+        str | None,
+        typer.Option(
+            "--inject-fault", help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"
+        ),
+    ] = None,
+    init_timeout: Annotated[
+        float, typer.Option("--init-timeout", help="seconds for every worker to report READY")
+    ] = 120.0,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", help="seconds for every rank to answer a step")
+    ] = 60.0,
+    collective_timeout: Annotated[
+        float, typer.Option("--collective-timeout", help="timeout of every collective (s)")
+    ] = 60.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
 ) -> None:
     """Run the fused op across DP x TP ranks as vLLM's workers do, verifying every step."""
     from fqr.runtime.config import RunConfig

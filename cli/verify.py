@@ -2,8 +2,9 @@
 
 For every case (``--case`` glob) and backend (``--backend``, default every available one), the
 case's inputs go to the backend's device (CPU for reference / interpret / ascend-interpret, CUDA
-for triton, NPU for ascend), :func:`fqr.split_qkv_rmsnorm_rope` runs, and q, k are compared with
-the float64 expectations (:func:`fqr.numerics.compare`, per the case's numerics), v bit for bit.
+for triton / ascend-on-cuda, NPU for ascend), :func:`fqr.split_qkv_rmsnorm_rope` runs, and q, k
+are compared with the float64 expectations (:func:`fqr.numerics.compare`, per the case's
+numerics), v bit for bit.
 Status per row: ``pass``, ``FAIL`` (outside tolerance, or NaN/Inf), ``error`` (the backend
 raised), ``corrupt`` (the golden file's sha256 does not match the manifest). Exit 0 when every
 row passes, 1 otherwise, 2 on bad usage.
@@ -16,16 +17,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 
 from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
-from .golden import print_table
+from .render import print_table, progress_bar
 
-BACKEND_DEVICE = {"triton": "cuda", "ascend": "npu"}  # everything else runs on CPU tensors
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
 
 
@@ -49,7 +48,7 @@ def verify_one(case, backend: str) -> dict:
     """Run ``backend`` on a loaded case: a result row (status, errors, per-output details)."""
     row = {"case": case.name, "backend": backend}
     try:
-        q, k, v = case.to(BACKEND_DEVICE.get(backend, "cpu")).run(backend)
+        q, k, v = case.to(BACKENDS[backend].home_device).run(backend)
         checks = case.check(q, k, v)
     except Exception as e:  # a backend that raises fails the check; the row says why
         return row | {
@@ -107,13 +106,7 @@ def verify(
         raise UsageError(f"--case: no golden case matches {case!r} in {golden_dir}")
 
     rows: list[dict] = []
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("verifying", total=len(entries) * len(backends))
         for entry in entries:
             try:

@@ -2,18 +2,23 @@
 
 A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
-=================  ===========================================================================
-``reference``      the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`);
-                   any device
-``interpret``      the generated Triton kernel (target ``cuda`` source) under ``TRITON_INTERPRET=1``
-                   on CPU tensors: slow, for CI and debugging
-``triton``         the generated kernel compiled by upstream Triton on a CUDA GPU
-``ascend``         the generated kernel (target ``ascend``) compiled by Triton-Ascend on an NPU
+==================== ========================================================================
+``reference``        the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`),
+                     chunk by chunk over the tokens; any device
+``interpret``        the kernel generated for lowering target ``interpret`` (the ``cuda``
+                     profile's code) run by upstream Triton's interpreter on CPU tensors: slow,
+                     for CI and debugging
+``triton``           the kernel generated for target ``cuda``, compiled by upstream Triton on a
+                     CUDA GPU
+``ascend``           the kernel generated for target ``ascend``, compiled by Triton-Ascend on
+                     an NPU
 ``ascend-interpret`` the ``ascend``-target kernel under Triton-Ascend's interpreter on CPU
-=================  ===========================================================================
+``ascend-on-cuda``   the ``ascend``-target kernel compiled by upstream Triton on CUDA with an
+                     Ascend-sized persistent grid (a test backend)
+==================== ========================================================================
 
-``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors, ``reference`` otherwise
-(never the interpreter: it is slow).
+``auto`` (:data:`AUTO_BACKENDS`) picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors,
+``reference`` otherwise (never an interpreter: it is slow).
 
 Every backend follows one autograd policy: under grad mode, when an input requires grad, the
 outputs carry a ``grad_fn`` whose backward is the op's math differentiated through the reference
@@ -27,7 +32,7 @@ import importlib.metadata as md
 import importlib.util
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -41,11 +46,28 @@ class BackendUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Backend:
+    """``device_types``: where its tensors may live, the first where they live by default;
+    ``target``: the lowering target of its generated kernel (None: the reference rules)."""
+
     name: str
     description: str
     device_types: tuple[str, ...]
+    target: str | None
     _availability: Callable[[], str | None]  # None when available, else the reason
-    _runner: Callable[[Program, list], list]
+    # Called once before the first lowering (a target registered outside fqr.lowering).
+    prepare: Callable[[], object] | None = None
+    _runner: Callable[[Program, list], list] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        runner = (
+            _run_reference if self.target is None else _kernel_runner(self.target, self.prepare)
+        )
+        object.__setattr__(self, "_runner", runner)
+
+    @property
+    def home_device(self) -> str:
+        """The device type its inputs go to when the caller does not say."""
+        return self.device_types[0]
 
     def unavailable_reason(self) -> str | None:
         return self._availability()
@@ -54,21 +76,22 @@ class Backend:
     def available(self) -> bool:
         return self.unavailable_reason() is None
 
-    def run(self, program: Program, args: list) -> list[torch.Tensor]:
+    def require(self, device_type: str, *, named: str = "", where: str = "") -> None:
+        """Raise unless this backend runs on ``device_type`` tensors and is available here:
+        ``ValueError`` / :class:`BackendUnavailable` saying ``named`` (default ``backend
+        'name'``) and ``where`` the tensors are (default ``<device_type> tensors``)."""
+        named = named or f"backend {self.name!r}"
+        if device_type not in self.device_types:
+            where = where or f"{device_type} tensors"
+            raise ValueError(
+                f"{named} runs on {'/'.join(self.device_types)} tensors, not on {where}"
+            )
         reason = self.unavailable_reason()
         if reason:
-            raise BackendUnavailable(f"backend {self.name!r} is unavailable: {reason}")
-        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
-        wrong = devices - set(self.device_types)
-        if wrong:
-            raise ValueError(
-                f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, "
-                f"got {'/'.join(sorted(wrong))} tensors"
-            )
-        return self._runner(program, args)
+            raise BackendUnavailable(f"{named} is unavailable: {reason}")
 
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
-        """:meth:`run` without the checks, for callers that resolved the backend already
+        """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
 
         Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
@@ -261,7 +284,7 @@ class DifferentiableRun(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def _kernel_runner(target: str):
+def _kernel_runner(target: str, register: Callable[[], object] | None = None):
     kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
 
     def run(program: Program, args: list) -> list:
@@ -269,10 +292,18 @@ def _kernel_runner(target: str):
         if kernel is None or kernel.program is not program:
             from .lowering import lower
 
+            if register is not None:
+                register()
             kernel = kernels[id(program)] = lower(program, target=target)
         return kernel.launch(args)
 
     return run
+
+
+def _register_ascend_on_cuda():
+    from .ascend_on_cuda import register_target
+
+    return register_target()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -282,39 +313,46 @@ BACKENDS: dict[str, Backend] = {
             "reference",
             "torch impl rules, fp32 compute",
             ("cpu", "cuda", "npu"),
+            None,
             lambda: None,
-            _run_reference,
         ),
         Backend(
             "interpret",
             "generated kernel, Triton interpreter (CPU)",
             ("cpu",),
+            "interpret",
             _reason_interpret,
-            _kernel_runner("interpret"),
         ),
-        Backend(
-            "triton",
-            "generated kernel, Triton on CUDA",
-            ("cuda",),
-            _reason_triton,
-            _kernel_runner("cuda"),
-        ),
+        Backend("triton", "generated kernel, Triton on CUDA", ("cuda",), "cuda", _reason_triton),
         Backend(
             "ascend",
             "generated kernel, Triton-Ascend on NPU",
             ("npu",),
+            "ascend",
             _reason_ascend,
-            _kernel_runner("ascend"),
         ),
         Backend(
             "ascend-interpret",
             "ascend-target kernel, Triton-Ascend interpreter (CPU)",
             ("cpu",),
+            "ascend-interpret",
             _reason_ascend_interpret,
-            _kernel_runner("ascend-interpret"),
+        ),
+        Backend(
+            "ascend-on-cuda",
+            "ascend-target kernel, Triton on CUDA, Ascend-sized persistent grid",
+            ("cuda",),
+            "ascend-on-cuda",
+            _reason_triton,
+            prepare=_register_ascend_on_cuda,
         ),
     ]
 }
+
+# ``backend="auto"``: the compiled kernel on each accelerator -- the backend whose target is
+# fqr.lowering.default_target of that device (tests/backends pins the agreement); anything else
+# runs the reference rules.
+AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}
 
 
 def get_backend(name: str) -> Backend:
@@ -326,8 +364,10 @@ def get_backend(name: str) -> Backend:
         ) from None
 
 
-def auto_backend_name(device: torch.device) -> str:
-    return {"cuda": "triton", "npu": "ascend"}.get(device.type, "reference")
+def auto_backend_name(device: torch.device | str) -> str:
+    """The backend ``auto`` picks for tensors on ``device`` (a device or a device type)."""
+    device_type = device if isinstance(device, str) else device.type
+    return AUTO_BACKENDS.get(device_type, "reference")
 
 
 _RESOLVED: dict[tuple[str, str], Backend] = {}
@@ -340,14 +380,7 @@ def resolve_backend(name: str, device: torch.device) -> Backend:
     if key in _RESOLVED:
         return _RESOLVED[key]
     backend = get_backend(auto_backend_name(device) if name == "auto" else name)
-    if device.type not in backend.device_types:
-        raise ValueError(
-            f"backend {backend.name!r} runs on {'/'.join(backend.device_types)} "
-            f"tensors, but qkv is on {device.type}"
-        )
-    reason = backend.unavailable_reason()
-    if reason:
-        raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {reason}")
+    backend.require(device.type)
     _RESOLVED[key] = backend
     return backend
 

@@ -1,23 +1,9 @@
-"""Golden files: an independent float64 formulation of the prologue, the bundled cases, their
-storage (``golden/manifest.json`` + one safetensors file per case) and the check of a backend's
-outputs against them.
+"""Golden files: the bundled cases, their storage (``golden/manifest.json`` + one safetensors
+file per case) and the check of a backend's outputs against them.
 
-**The exact formulation** (:func:`exact_prologue`) shares no code with ``fqr.ops``. On the
-already-rounded inputs, in float64, per token ``t`` and head ``h`` (``x`` = the head's D features):
-
-* norm, per head (``norm="head"``) or over the whole q / k projection (``norm="full"``)::
-
-      y = x / sqrt(sum(x^2) / n + eps) * (weight_offset + w) + b       (n = features in the group)
-
-  where a tensor-parallel shard of a full-width norm takes ``sum(x^2)`` and ``n`` from the
-  all-reduced statistic (:class:`fqr.NormStats`) instead;
-* RoPE as complex multiplication: the first R features form R/2 complex numbers
-  ``z_i = x1_i + i x2_i`` (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``), each multiplied by
-  ``cos_i + i sin_i`` from row ``positions[t]`` of the (fp32) table, in complex128;
-* v is a bit-exact copy of its slice.
-
-The expectation is the same float64 value for ``numerics="fused"`` and ``"unfused"``; only the
-tolerance differs (:func:`fqr.numerics.compare`).
+Each case's expectations are the independent float64 formulation (:func:`fqr.reference.prologue`)
+of its inputs; they are the same for ``numerics="fused"`` and ``"unfused"``, only the tolerance
+differs (:func:`fqr.numerics.compare`).
 
 **Storage.** Each case file holds its inputs in their own dtypes (``qkv``, ``positions``,
 ``q_weight``/``k_weight``, ``q_bias``/``k_bias``, ``q_sum_sq``/``k_sum_sq`` for a sharded
@@ -36,13 +22,11 @@ from __future__ import annotations
 import errno
 import fnmatch
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,9 +34,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from .core import dtype_of
+from . import reference
+from .core import ACTIVATION_DTYPE_NAMES, dtype_of
+from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, tolerance_text
-from .presets import get_preset
+from .presets import PrologueSpec, get_preset
 from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
@@ -60,8 +46,6 @@ from .validate import NORM_KINDS, check_finite_scalar
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST = "manifest.json"
 FORMAT = "fqr-golden/1"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class GoldenCorrupt(Exception):
@@ -72,119 +56,6 @@ class GoldenCorrupt(Exception):
 
 class GoldenManifestError(ValueError):
     """The manifest as a whole cannot be read (missing, a symlink, not JSON, not this format)."""
-
-
-# ----------------------------------------------------------------------- exact formulation
-
-
-def exact_rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    eps: float,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0,
-    sum_sq: torch.Tensor | None = None,
-    count: int | None = None,
-) -> torch.Tensor:
-    """float64 ``y = x / sqrt(sum(x^2)/n + eps) * (weight_offset + w) + b`` per group of
-    ``group_size`` features of ``x [T, width]``; ``sum_sq [T]`` / ``count`` replace the group's own
-    sum of squares and width (a TP shard of a full-width norm)."""
-    t, width = x.shape
-    g = x.to(torch.float64).reshape(t, width // group_size, group_size)
-    if sum_sq is None:
-        mean_sq = (g * g).sum(dim=-1, keepdim=True) / group_size
-    else:
-        mean_sq = sum_sq.to(torch.float64).reshape(t, 1, 1) / count
-    y = g / torch.sqrt(mean_sq + eps) * (weight_offset + weight.to(torch.float64))
-    if bias is not None:
-        y = y + bias.to(torch.float64)
-    return y.reshape(t, width)
-
-
-def exact_rope(
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    head_dim: int,
-    is_neox: bool = True,
-) -> torch.Tensor:
-    """float64 RoPE of ``x [T, H*D]``: the first R features of each head as R/2 complex numbers
-    (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``) times ``cos + i sin`` of the table row."""
-    t, width = x.shape
-    heads = x.to(torch.float64).reshape(t, width // head_dim, head_dim)
-    rows = cos_sin_cache.index_select(0, positions.long()).to(torch.float64)
-    r = rows.shape[1]
-    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2 :])[:, None, :]
-    part = heads[..., :r]
-    if is_neox:
-        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2 :].contiguous())
-    else:
-        z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
-    w = z * rotation
-    rotated = torch.cat([w.real, w.imag], dim=-1) if is_neox else torch.view_as_real(w).flatten(-2)
-    return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
-
-
-def exact_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    q_bias=None,
-    k_bias=None,
-    weight_offset: float = 0.0,
-    norm: str = "head",
-    norm_stats: NormStats | None = None,
-):
-    """The prologue in float64 by its formulas (module docstring): ``(q, k, v)``.
-
-    Same arguments as :func:`fqr.split_qkv_rmsnorm_rope` (any float dtypes, any device);
-    returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
-    """
-    q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
-    q = qkv[:, :q_width].to(torch.float64)
-    k = qkv[:, q_width : q_width + kv_width].to(torch.float64)
-    v = qkv[:, q_width + kv_width : q_width + 2 * kv_width].clone(
-        memory_format=torch.contiguous_format
-    )
-    if norm != "none":
-        q_stats = k_stats = (None, None)
-        if norm_stats is not None:
-            q_stats = (norm_stats.q_sum_sq, norm_stats.q_count)
-            k_stats = (norm_stats.k_sum_sq, norm_stats.k_count)
-        q = exact_rms_norm(
-            q,
-            q_weight,
-            eps=eps,
-            group_size=head_dim if norm == "head" else q_width,
-            bias=q_bias,
-            weight_offset=weight_offset,
-            sum_sq=q_stats[0],
-            count=q_stats[1],
-        )
-        k = exact_rms_norm(
-            k,
-            k_weight,
-            eps=eps,
-            group_size=head_dim if norm == "head" else kv_width,
-            bias=k_bias,
-            weight_offset=weight_offset,
-            sum_sq=k_stats[0],
-            count=k_stats[1],
-        )
-    q = exact_rope(q, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
-    k = exact_rope(k, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox)
-    return q, k, v
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -275,66 +146,52 @@ def select_cases(pattern: str | None = None) -> list[CaseSpec]:
     return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
 
 
-def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
-    """Draw one case's inputs from its seed and compute its expectations."""
-    preset = get_preset(spec.preset, spec.tp)
-    dtype = DTYPES[spec.dtype]
-    gen = torch.Generator().manual_seed(spec.seed)
-    t, d = spec.tokens, preset.head_dim
-    heads = preset.num_heads + 2 * preset.num_kv_heads
-    is_neox = preset.is_neox if spec.is_neox is None else spec.is_neox
-    max_position = spec.max_position or preset.max_position
+def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
+    preset = get_preset(case.preset, case.tp)
+    is_neox = preset.is_neox if case.is_neox is None else case.is_neox
+    spec = replace(preset.spec, is_neox=is_neox)
+    dtype = dtype_of(case.dtype)
+    gen = torch.Generator().manual_seed(case.seed)
+    t, d = case.tokens, spec.head_dim
+    max_position = case.max_position or preset.max_position
 
-    head_scale = 0.5 + 2.5 * torch.rand(heads, generator=gen, dtype=torch.float64)
-    qkv = torch.randn(t, heads, d, generator=gen, dtype=torch.float64) * head_scale[:, None]
-    qkv = qkv.reshape(t, heads * d).to(dtype)
-    positions = torch.randint(0, max_position, (t,), generator=gen)
-    positions[0] = max_position - 1  # the table's last row is always exercised
-    if t > 2:
-        positions[1] = 0
-    positions = positions.to(getattr(torch, spec.positions_dtype))
-
+    qkv = random_qkv(spec, t, dtype, gen)
+    positions = random_positions(
+        t, max_position, gen, dtype=dtype_of(case.positions_dtype), cover_ends=True
+    )
+    norm = dict(
+        zip(
+            ("q_weight", "k_weight", "q_bias", "k_bias"),
+            random_norm_params(spec, dtype, gen, bias=case.bias),
+        )
+    )
     tensors: dict[str, torch.Tensor] = {"qkv": qkv, "positions": positions}
+    tensors.update((name, x) for name, x in norm.items() if x is not None)
     norm_stats = None
-    if preset.norm != "none":
-        n_q = d if preset.norm == "head" else preset.q_size
-        n_k = d if preset.norm == "head" else preset.kv_size
-        centre = 0.0 if preset.weight_offset else 1.0
-        tensors["q_weight"] = (
-            centre + 0.2 * torch.randn(n_q, generator=gen, dtype=torch.float64)
-        ).to(dtype)
-        tensors["k_weight"] = (
-            centre + 0.2 * torch.randn(n_k, generator=gen, dtype=torch.float64)
-        ).to(dtype)
-        if spec.bias:
-            tensors["q_bias"] = (0.05 * torch.randn(n_q, generator=gen, dtype=torch.float64)).to(
+    if spec.norm == "full" and preset.tp > 1:
+        # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
+        sums = []
+        for local, total in (
+            (spec.q_size, preset.total_heads * d),
+            (spec.kv_size, preset.total_kv_heads * d),
+        ):
+            rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
+            rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(
                 dtype
             )
-            tensors["k_bias"] = (0.05 * torch.randn(n_k, generator=gen, dtype=torch.float64)).to(
-                dtype
-            )
-        if preset.norm == "full" and preset.tp > 1:
-            # The other ranks' q/k features, drawn only for the all-reduced sums of squares.
-            sums = []
-            for local, total in (
-                (preset.q_size, preset.total_heads * d),
-                (preset.kv_size, preset.total_kv_heads * d),
-            ):
-                rest = torch.randn(t, total - local, generator=gen, dtype=torch.float64)
-                rest = (rest * (0.5 + 2.5 * torch.rand(1, generator=gen, dtype=torch.float64))).to(
-                    dtype
-                )
-                sums.append(rest.to(torch.float64).square().sum(-1))
-            q_loc = qkv[:, : preset.q_size].to(torch.float64)
-            k_loc = qkv[:, preset.q_size : preset.q_size + preset.kv_size].to(torch.float64)
-            tensors["q_sum_sq"] = (sums[0] + q_loc.square().sum(-1)).to(torch.float32)
-            tensors["k_sum_sq"] = (sums[1] + k_loc.square().sum(-1)).to(torch.float32)
-            norm_stats = NormStats(
-                tensors["q_sum_sq"],
-                tensors["k_sum_sq"],
-                preset.total_heads * d,
-                preset.total_kv_heads * d,
-            )
+            sums.append(rest.to(torch.float64).square().sum(-1))
+        q, k, _ = reference.split_row(
+            qkv, reference.qkv_sections(spec.num_heads, spec.num_kv_heads, d)
+        )
+        tensors["q_sum_sq"] = (sums[0] + q.double().square().sum(-1)).to(torch.float32)
+        tensors["k_sum_sq"] = (sums[1] + k.double().square().sum(-1)).to(torch.float32)
+        norm_stats = NormStats(
+            tensors["q_sum_sq"],
+            tensors["k_sum_sq"],
+            preset.total_heads * d,
+            preset.total_kv_heads * d,
+        )
 
     index = torch.unique(positions.long())
     rows = rope_cos_sin_cache(
@@ -346,51 +203,42 @@ def _case_tensors(spec: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     )
     tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
     table = _sparse_table(rows, index, max_position)
-    q, k, v = exact_prologue(
+    q, k, v = reference.prologue(
         qkv,
         positions,
         table,
-        tensors.get("q_weight"),
-        tensors.get("k_weight"),
-        num_heads=preset.num_heads,
-        num_kv_heads=preset.num_kv_heads,
-        head_dim=d,
-        eps=preset.eps,
-        is_neox=is_neox,
-        q_bias=tensors.get("q_bias"),
-        k_bias=tensors.get("k_bias"),
-        weight_offset=preset.weight_offset,
-        norm=preset.norm,
-        norm_stats=norm_stats,
+        norm["q_weight"],
+        norm["k_weight"],
+        **spec.kwargs(q_bias=norm["q_bias"], k_bias=norm["k_bias"], norm_stats=norm_stats),
     )
     tensors.update(expected_q=q, expected_k=k, expected_v=v)
 
     entry = {
-        "name": spec.name,
-        "file": f"{spec.name}.safetensors",
-        "seed": spec.seed,
-        "preset": spec.preset,
-        "tp": spec.tp,
-        "dtype": spec.dtype,
-        "numerics": spec.numerics,
+        "name": case.name,
+        "file": f"{case.name}.safetensors",
+        "seed": case.seed,
+        "preset": case.preset,
+        "tp": case.tp,
+        "dtype": case.dtype,
+        "numerics": case.numerics,
         "tokens": t,
-        "bias": spec.bias,
+        "bias": case.bias,
         "is_neox": is_neox,
-        "num_heads": preset.num_heads,
-        "num_kv_heads": preset.num_kv_heads,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
         "head_dim": d,
-        "rotary_dim": preset.rotary_dim,
-        "norm": preset.norm,
+        "rotary_dim": spec.rotary_dim,
+        "norm": spec.norm,
         "norm_stats": norm_stats is not None,
-        "eps": preset.eps,
-        "weight_offset": preset.weight_offset,
+        "eps": spec.eps,
+        "weight_offset": spec.weight_offset,
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
-        "positions_dtype": spec.positions_dtype,
-        "row_stride": heads * d + spec.row_pad,
+        "positions_dtype": case.positions_dtype,
+        "row_stride": spec.qkv_width + case.row_pad,
         "tolerance": {
-            "q": tolerance_text(spec.numerics, dtype),
-            "k": tolerance_text(spec.numerics, dtype),
+            "q": tolerance_text(case.numerics, dtype),
+            "k": tolerance_text(case.numerics, dtype),
             "v": "bit-exact",
         },
     }
@@ -489,7 +337,7 @@ def entry_problem(entry) -> str | None:
     if not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
         return f"'sha256' must be 64 lowercase hex digits, got {entry['sha256']!r:.72}"
     for key, choices in (
-        ("dtype", tuple(DTYPES)),
+        ("dtype", ACTIVATION_DTYPE_NAMES),
         ("numerics", ("fused", "unfused")),
         ("norm", NORM_KINDS),
         ("positions_dtype", ("int32", "int64")),
@@ -530,8 +378,8 @@ def regen(
 
     Deterministic: the same bytes every time. With a pattern, the manifest keeps the existing
     entries of the cases not rebuilt; without one, stale case files are removed and (with
-    ``kernels``) the generated-kernel goldens are rebuilt by
-    ``fqr.tools.golden_kernels.regen(directory)`` when that module exists.
+    ``kernels``) the generated-kernel goldens are rebuilt too
+    (:func:`fqr.tools.golden_kernels.regen`).
     Returns the entries written.
     """
     directory = Path(directory)
@@ -559,8 +407,10 @@ def regen(
         for stale in directory.glob("*.safetensors"):
             if stale.name not in keep:
                 stale.unlink()
-        if kernels and importlib.util.find_spec("fqr.tools.golden_kernels") is not None:
-            importlib.import_module("fqr.tools.golden_kernels").regen(directory)
+        if kernels:
+            from .tools.golden_kernels import regen as regen_kernels  # imports the lowering
+
+            regen_kernels(directory)
     return list(written.values())
 
 
@@ -646,25 +496,29 @@ class GoldenCase:
             total.total_kv_heads * e["head_dim"],
         )
 
+    @property
+    def spec(self) -> PrologueSpec:
+        """The case's static parameters (from its manifest entry)."""
+        return PrologueSpec.of(self.entry)
+
+    def inputs(self) -> PrologueInputs:
+        return PrologueInputs(
+            self.spec,
+            self.qkv,
+            self.positions,
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            self.q_bias,
+            self.k_bias,
+        )
+
     def args(self) -> tuple:
-        return (self.qkv, self.positions, self.cos_sin_cache, self.q_weight, self.k_weight)
+        return self.inputs().args()
 
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
-        e = self.entry
-        return dict(
-            num_heads=e["num_heads"],
-            num_kv_heads=e["num_kv_heads"],
-            head_dim=e["head_dim"],
-            eps=e["eps"],
-            is_neox=e["is_neox"],
-            q_bias=self.q_bias,
-            k_bias=self.k_bias,
-            weight_offset=e["weight_offset"],
-            norm=e["norm"],
-            norm_stats=self.norm_stats(),
-            numerics=e["numerics"],
-        )
+        return self.inputs().kwargs(norm_stats=self.norm_stats(), numerics=self.entry["numerics"])
 
     def run(self, backend: str = "reference"):
         """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""
@@ -689,7 +543,7 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     e = entry
     tokens, d = e["tokens"], e["head_dim"]
     hq, hkv = e["num_heads"] * d, e["num_kv_heads"] * d
-    dtype = DTYPES[e["dtype"]]
+    dtype = dtype_of(e["dtype"])
     floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     w_len = (d, d) if e["norm"] == "head" else (hq, hkv)
     want: dict[str, tuple[tuple, tuple]] = {

@@ -27,7 +27,7 @@ serving stack does it today without fusion:
     so presets with partial rotary or GPT-J pairs have no Liger peer.
 
 Their numerics are the ``unfused`` contract of :mod:`fqr.numerics` (roundings between the ops).
-A peer is built once per (shape, dtype, device) by :func:`build_peer`; tables it holds (the
+A peer is built once per (prologue spec, dtype, device) by :func:`build_peer`; tables it holds (the
 cache in the model dtype, Liger's cos/sin tables) are prepared there, outside any timing.
 """
 
@@ -35,48 +35,13 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from .fusion.unfused import vllm_gemma_rms_norm, vllm_rms_norm, vllm_rotary_embedding
+from .presets import PrologueSpec
 
 PEER_NAMES = ("eager", "compile", "liger")
-
-
-@dataclass(frozen=True)
-class PrologueShape:
-    """The static parameters of one prologue (those of :func:`fqr.split_qkv_rmsnorm_rope`)."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    eps: float = 1e-6
-    is_neox: bool = True
-    weight_offset: float = 0.0
-    norm: str = "head"
-
-    @classmethod
-    def of_preset(cls, preset) -> PrologueShape:
-        return cls(
-            preset.num_heads,
-            preset.num_kv_heads,
-            preset.head_dim,
-            preset.rotary_dim,
-            preset.eps,
-            preset.is_neox,
-            preset.weight_offset,
-            preset.norm,
-        )
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
 
 # --------------------------------------------------------------- eager, as vLLM writes it
@@ -84,12 +49,12 @@ class PrologueShape:
 # traced from too)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, shape: PrologueShape) -> torch.Tensor:
-    if shape.weight_offset == 1.0:
-        return vllm_gemma_rms_norm(x, weight, shape.eps)
-    if shape.weight_offset:
-        raise ValueError(f"weight_offset {shape.weight_offset}: vLLM's norms have offset 0 or 1")
-    return vllm_rms_norm(x, weight, shape.eps)
+def _norm(x: torch.Tensor, weight: torch.Tensor, spec: PrologueSpec) -> torch.Tensor:
+    if spec.weight_offset == 1.0:
+        return vllm_gemma_rms_norm(x, weight, spec.eps)
+    if spec.weight_offset:
+        raise ValueError(f"weight_offset {spec.weight_offset}: vLLM's norms have offset 0 or 1")
+    return vllm_rms_norm(x, weight, spec.eps)
 
 
 def vllm_prologue(
@@ -98,68 +63,68 @@ def vllm_prologue(
     cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
-    shape: PrologueShape,
+    spec: PrologueSpec,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The unfused prologue of vLLM's attention modules (module docstring, ``eager``)."""
-    q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
-    if shape.norm == "head":
-        d = shape.head_dim
-        q = _norm(q.view(*q.shape[:-1], q.shape[-1] // d, d), q_weight, shape).view(q.shape)
-        k = _norm(k.view(*k.shape[:-1], k.shape[-1] // d, d), k_weight, shape).view(k.shape)
-    elif shape.norm == "full":
-        q = _norm(q, q_weight, shape)
-        k = _norm(k, k_weight, shape)
-    q, k = vllm_rotary_embedding(positions, q, k, shape.head_dim, cos_sin_cache, shape.is_neox)
+    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    if spec.norm == "head":
+        d = spec.head_dim
+        q = _norm(q.view(*q.shape[:-1], q.shape[-1] // d, d), q_weight, spec).view(q.shape)
+        k = _norm(k.view(*k.shape[:-1], k.shape[-1] // d, d), k_weight, spec).view(k.shape)
+    elif spec.norm == "full":
+        q = _norm(q, q_weight, spec)
+        k = _norm(k, k_weight, spec)
+    q, k = vllm_rotary_embedding(positions, q, k, spec.head_dim, cos_sin_cache, spec.is_neox)
     return q, k, v
 
 
 # ------------------------------------------------------------------------------- Liger
 
 
-def _liger_unsupported(shape: PrologueShape) -> str | None:
+def _liger_unsupported(spec: PrologueSpec) -> str | None:
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel is not installed"
-    if not shape.is_neox or shape.rotary_dim != shape.head_dim:
+    if not spec.is_neox or spec.rotary_dim != spec.head_dim:
         return (
             "Liger's RoPE rotates whole heads NeoX-style only (this preset has "
-            f"{'partial rotary' if shape.rotary_dim != shape.head_dim else 'GPT-J pairs'})"
+            f"{'partial rotary' if spec.rotary_dim != spec.head_dim else 'GPT-J pairs'})"
         )
     return None
 
 
-def _liger_prologue(shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor):
+def _liger_prologue(spec: PrologueSpec, cos_sin_cache_fp32: torch.Tensor):
     from liger_kernel.transformers.functional import liger_rms_norm, liger_rope
 
-    half = shape.rotary_dim // 2
+    half = spec.rotary_dim // 2
     cos_half, sin_half = cos_sin_cache_fp32[:, :half], cos_sin_cache_fp32[:, half:]
     cos_table = torch.cat([cos_half, cos_half], dim=-1).contiguous()  # HF layout [P, D]
     sin_table = torch.cat([sin_half, sin_half], dim=-1).contiguous()
-    casting = "gemma" if shape.weight_offset else "llama"
+    casting = "gemma" if spec.weight_offset else "llama"
 
     def run(qkv, positions, q_weight, k_weight):
         t = qkv.shape[0]
-        q, k, v = qkv.split([shape.q_size, shape.kv_size, shape.kv_size], dim=-1)
-        d = shape.head_dim
-        if shape.norm == "head":
+        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+        d = spec.head_dim
+        if spec.norm == "head":
             q = liger_rms_norm(
-                q.view(t, shape.num_heads, d), q_weight, shape.eps, shape.weight_offset, casting
+                q.view(t, spec.num_heads, d), q_weight, spec.eps, spec.weight_offset, casting
             )
             k = liger_rms_norm(
-                k.view(t, shape.num_kv_heads, d), k_weight, shape.eps, shape.weight_offset, casting
+                k.view(t, spec.num_kv_heads, d), k_weight, spec.eps, spec.weight_offset, casting
             )
-        elif shape.norm == "full":
-            q = liger_rms_norm(q, q_weight, shape.eps, shape.weight_offset, casting)
-            k = liger_rms_norm(k, k_weight, shape.eps, shape.weight_offset, casting)
+        elif spec.norm == "full":
+            q = liger_rms_norm(q, q_weight, spec.eps, spec.weight_offset, casting)
+            k = liger_rms_norm(k, k_weight, spec.eps, spec.weight_offset, casting)
         else:
             q, k = q.contiguous(), k.contiguous()  # Liger's RoPE works in place
         cos = cos_table.index_select(0, positions).unsqueeze(0)
         sin = sin_table.index_select(0, positions).unsqueeze(0)
-        q4 = q.reshape(1, t, shape.num_heads, d).transpose(1, 2)
-        k4 = k.reshape(1, t, shape.num_kv_heads, d).transpose(1, 2)
+        q4 = q.reshape(1, t, spec.num_heads, d).transpose(1, 2)
+        k4 = k.reshape(1, t, spec.num_kv_heads, d).transpose(1, 2)
         q4, k4 = liger_rope(q4, k4, cos, sin)
         return (
-            q4.transpose(1, 2).reshape(t, shape.q_size),
-            k4.transpose(1, 2).reshape(t, shape.kv_size),
+            q4.transpose(1, 2).reshape(t, spec.q_size),
+            k4.transpose(1, 2).reshape(t, spec.kv_size),
             v,
         )
 
@@ -174,32 +139,32 @@ PeerFn = Callable[
 ]
 
 
-def peer_unavailable_reason(name: str, shape: PrologueShape) -> str | None:
-    """None when peer ``name`` can run ``shape`` here, else why not."""
+def peer_unavailable_reason(name: str, spec: PrologueSpec) -> str | None:
+    """None when peer ``name`` can run ``spec`` here, else why not."""
     if name not in PEER_NAMES:
         raise ValueError(f"peer must be one of {', '.join(PEER_NAMES)}; got {name!r}")
     if name == "liger":
-        return _liger_unsupported(shape)
+        return _liger_unsupported(spec)
     return None
 
 
 def build_peer(
-    name: str, shape: PrologueShape, cos_sin_cache_fp32: torch.Tensor, dtype: torch.dtype
+    name: str, spec: PrologueSpec, cos_sin_cache_fp32: torch.Tensor, dtype: torch.dtype
 ) -> PeerFn:
-    """Peer ``name`` for ``shape`` in ``dtype``: ``fn(qkv, positions, q_weight, k_weight)``.
+    """Peer ``name`` for ``spec`` in ``dtype``: ``fn(qkv, positions, q_weight, k_weight)``.
 
     ``cos_sin_cache_fp32`` is the model's real table (:meth:`fqr.presets.Preset.cos_sin_cache`);
     vLLM's peers hold it in the model dtype as vLLM does, Liger gets Hugging Face cos/sin tables.
     """
-    reason = peer_unavailable_reason(name, shape)
+    reason = peer_unavailable_reason(name, spec)
     if reason:
         raise ValueError(f"peer {name!r} cannot run here: {reason}")
     if name == "liger":
-        return _liger_prologue(shape, cos_sin_cache_fp32)
+        return _liger_prologue(spec, cos_sin_cache_fp32)
     cache = cos_sin_cache_fp32.to(dtype)
 
     def eager(qkv, positions, q_weight, k_weight):
-        return vllm_prologue(qkv, positions, cache, q_weight, k_weight, shape)
+        return vllm_prologue(qkv, positions, cache, q_weight, k_weight, spec)
 
     if name == "eager":
         return eager
@@ -209,6 +174,6 @@ def build_peer(
         if qkv.shape[0] >= 2:  # sizes 0 and 1 are always specialised
             torch._dynamo.mark_dynamic(qkv, 0)
             torch._dynamo.mark_dynamic(positions, 0)
-        return compiled(qkv, positions, cache, q_weight, k_weight, shape)
+        return compiled(qkv, positions, cache, q_weight, k_weight, spec)
 
     return compiled_prologue

@@ -13,14 +13,88 @@ rank) otherwise, which needs ``tp % num_kv_heads == 0``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 import torch
 
 from .rope_cache import rope_cos_sin_cache
+from .validate import check_spec_params
 
-NORM_KINDS = ("head", "full", "none")
+
+@dataclass(frozen=True)
+class PrologueSpec:
+    """The static parameters of one call of the prologue, and the sizes they imply.
+
+    What :func:`fqr.split_qkv_rmsnorm_rope` takes besides tensors (:meth:`kwargs`), plus
+    ``rotary_dim`` (the width of the ``cos_sin_cache`` the call reads). Every consumer (the
+    bench and its peers, the runtime, the goldens, the fusion models, the CLI) takes this record
+    instead of deriving sizes again; a :class:`Preset` gives its own (:attr:`Preset.spec`).
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    eps: float = 1e-6
+    is_neox: bool = True
+    weight_offset: float = 0.0
+    norm: str = "head"
+
+    def __post_init__(self):
+        check_spec_params(**{f.name: getattr(self, f.name) for f in fields(self)})
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "weight_offset", float(self.weight_offset))
+
+    @classmethod
+    def of(cls, source) -> PrologueSpec:
+        """The spec of anything that carries its fields, as attributes (a :class:`Preset`) or
+        keys (a golden manifest entry)."""
+        names = [f.name for f in fields(cls)]
+        if isinstance(source, dict):
+            return cls(**{name: source[name] for name in names})
+        return cls(**{name: getattr(source, name) for name in names})
+
+    @property
+    def q_size(self) -> int:
+        """Width of q: ``num_heads * head_dim``."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of k (and of v): ``num_kv_heads * head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        """Width of the packed ``[q | k | v]`` row."""
+        return self.q_size + 2 * self.kv_size
+
+    @property
+    def norm_widths(self) -> tuple[int, int] | None:
+        """Lengths of the q and k norm weights (and biases): ``head_dim`` each for a per-head
+        norm, the q and k widths for a full-width norm; None without a norm."""
+        if self.norm == "none":
+            return None
+        if self.norm == "head":
+            return self.head_dim, self.head_dim
+        return self.q_size, self.kv_size
+
+    def kwargs(self, **extra) -> dict:
+        """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (and of
+        :func:`fqr.reference.prologue`), with ``extra`` (``numerics=``, ``backend=``, ...)."""
+        return (
+            dict(
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                eps=self.eps,
+                is_neox=self.is_neox,
+                weight_offset=self.weight_offset,
+                norm=self.norm,
+            )
+            | extra
+        )
 
 
 @dataclass(frozen=True)
@@ -43,8 +117,7 @@ class Preset:
     total_kv_heads: int = 0
 
     def __post_init__(self):
-        if self.norm not in NORM_KINDS:
-            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+        self.spec  # noqa: B018  (builds the spec, which checks the prologue's parameters)
         if not self.total_heads:
             object.__setattr__(self, "total_heads", self.num_heads)
         if not self.total_kv_heads:
@@ -54,27 +127,10 @@ class Preset:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def qkv_width(self) -> int:
-        return self.q_size + 2 * self.kv_size
-
-    @property
-    def norm_group(self) -> tuple[int, int] | None:
-        """(q group_size, k group_size) of the RMSNorm, or None when the model has no QK norm."""
-        if self.norm == "none":
-            return None
-        if self.norm == "head":
-            return self.head_dim, self.head_dim
-        # Full-width norm: the statistic spans the whole (unsharded) projection.
-        return self.total_heads * self.head_dim, self.total_kv_heads * self.head_dim
+    @cached_property
+    def spec(self) -> PrologueSpec:
+        """The static parameters of this model's prologue (of one rank, for a TP view)."""
+        return PrologueSpec.of(self)
 
     def shard(self, tp: int) -> Preset:
         """The per-rank view at tensor-parallel size ``tp`` (see module docstring)."""

@@ -1,9 +1,21 @@
-"""The attention prologue: ``split_qkv -> rms_norm(q), rms_norm(k) -> rope(q), rope(k)``.
+"""The public fused ops, side by side: the compositions of the pure ops that get traced, and the
+entry points that validate, trace once per signature and run the program on a backend.
 
-:func:`attention_prologue` is the composition of the pure ops, the function that gets traced.
-:func:`split_qkv_rmsnorm_rope` is the public fused op: it validates its arguments (before any
-kernel runs), traces the composition once per signature, and hands the program to a backend
-(``fqr.backends``: reference, interpret, triton, ascend, ...).
+=================================  ==========================================================
+:func:`split_qkv_rmsnorm_rope`     packed ``qkv [T, (Hq + 2*Hkv)*D]`` -> new ``q, k, v``: split,
+                                   RMS-normalise q and k, rotate them (vLLM's packed form;
+                                   traced: :func:`attention_prologue`)
+:func:`qk_rmsnorm_rope`            separate ``q [T, Hq*D]``, ``k [T, Hkv*D]`` -> new ``q, k``:
+                                   the same without the split (Hugging Face's separate
+                                   projections; traced: :func:`qk_norm_rope_prologue`)
+=================================  ==========================================================
+
+Both check their arguments first (:mod:`fqr.validate`, one set of checks: a bad argument is
+named before any kernel runs), then hand the traced program to a backend (:mod:`fqr.backends`:
+``auto`` runs the generated kernel on CUDA / NPU tensors, the reference rules on CPU).
+Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` traced by
+:func:`fqr.core.trace` -> :class:`fqr.core.Program` -> ``Backend.launch`` ->
+:func:`fqr.lowering.lower` -> generated source -> launch (``ARCHITECTURE.md``, "The pipeline").
 """
 
 from __future__ import annotations
@@ -14,10 +26,9 @@ from functools import lru_cache
 import torch
 
 from . import ops
+from .backends import resolve_backend
 from .core import Aval, Program, trace
-from .validate import check_prologue_args
-
-NUMERICS = ("fused", "unfused")
+from .validate import check_prologue_args, check_qk_args
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,52 @@ class NormStats:
     k_sum_sq: torch.Tensor
     q_count: int
     k_count: int
+
+
+# --------------------------------------------------------------- the traced compositions
+
+
+def _norm_then_rope(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    weights,
+    biases,
+    *,
+    groups,
+    sums=(None, None),
+    counts=(None, None),
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
+    None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype after the norm and in
+    every RoPE step."""
+    round_to = q.dtype if numerics == "unfused" else None
+    if groups is not None:
+        q, k = (
+            ops.rms_norm(
+                x,
+                w,
+                eps=eps,
+                group_size=g,
+                bias=b,
+                weight_offset=weight_offset,
+                sum_sq=ss,
+                count=n,
+            )
+            for x, w, b, g, ss, n in zip((q, k), weights, biases, groups, sums, counts)
+        )
+        if round_to is not None:
+            q, k = ops.reduce_precision(q, round_to), ops.reduce_precision(k, round_to)
+    rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
+    q = ops.rope(q, positions, cos_sin_cache, **rope)
+    k = ops.rope(k, positions, cos_sin_cache, **rope)
+    return q, k
 
 
 def attention_prologue(
@@ -56,45 +113,82 @@ def attention_prologue(
     q_count=None,
     k_count=None,
 ):
-    """The prologue as a composition of the pure ops (traced into one program)."""
+    """Split the packed row, then norm + RoPE q and k (traced into one program)."""
     q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    if norm != "none":
-        q_group = head_dim if norm == "head" else num_heads * head_dim
-        k_group = head_dim if norm == "head" else num_kv_heads * head_dim
-        q = ops.rms_norm(
-            q,
-            q_weight,
-            eps=eps,
-            group_size=q_group,
-            bias=q_bias,
-            weight_offset=weight_offset,
-            sum_sq=q_sum_sq,
-            count=q_count,
-        )
-        k = ops.rms_norm(
-            k,
-            k_weight,
-            eps=eps,
-            group_size=k_group,
-            bias=k_bias,
-            weight_offset=weight_offset,
-            sum_sq=k_sum_sq,
-            count=k_count,
-        )
-        if numerics == "unfused":
-            q = ops.reduce_precision(q, qkv.dtype)
-            k = ops.reduce_precision(k, qkv.dtype)
-    round_to = qkv.dtype if numerics == "unfused" else None
-    q = ops.rope(q, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox, round_to=round_to)
-    k = ops.rope(k, positions, cos_sin_cache, head_dim=head_dim, is_neox=is_neox, round_to=round_to)
+    groups = {
+        "none": None,
+        "head": (head_dim, head_dim),
+        "full": (num_heads * head_dim, num_kv_heads * head_dim),
+    }[norm]
+    q, k = _norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (q_bias, k_bias),
+        groups=groups,
+        sums=(q_sum_sq, k_sum_sq),
+        counts=(q_count, k_count),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
     return q, k, v
 
 
+def qk_norm_rope_prologue(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Per-head norm + RoPE of separate q and k (traced into one program)."""
+    return _norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (q_bias, k_bias),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+
+
+# ------------------------------------------------------------------------------ programs
+
+
 @lru_cache(maxsize=512)
-def prologue_program(signature: tuple) -> Program:
-    """Trace :func:`attention_prologue` for one signature (see :func:`program_signature`)."""
+def _traced(fn, signature: tuple) -> Program:
     avals, static = signature
-    return trace(attention_prologue, *avals, **dict(static))
+    return trace(fn, *avals, **dict(static))
+
+
+def prologue_program(signature: tuple) -> Program:
+    """:func:`attention_prologue` traced for one signature (:func:`program_signature`)."""
+    return _traced(attention_prologue, signature)
+
+
+def qk_program(signature: tuple) -> Program:
+    """:func:`qk_norm_rope_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(qk_norm_rope_prologue, signature)
 
 
 def program_signature(
@@ -128,6 +222,9 @@ def program_signature(
 _PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) per tensor + statics
 
 
+# ------------------------------------------------------------------------------ the ops
+
+
 def split_qkv_rmsnorm_rope(
     qkv: torch.Tensor,
     positions: torch.Tensor,
@@ -157,10 +254,11 @@ def split_qkv_rmsnorm_rope(
     Returns contiguous ``q [T, Hq*D]``, ``k [T, Hkv*D]``, ``v [T, Hkv*D]`` in qkv's dtype.
 
     Math per head (see ``fqr.ops``): ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``
-    then RoPE on the first R features. ``numerics="fused"`` computes in fp32 and rounds once at
-    the store; ``"unfused"`` rounds after the norm and rounds every RoPE multiply/add, as
-    vLLM's and Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic
-    of a full-width norm sharded over TP ranks (see :class:`NormStats`).
+    then RoPE on the first R features; the reference it matches is
+    :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32 and rounds once at the
+    store; ``"unfused"`` rounds after the norm and rounds every RoPE multiply/add, as vLLM's and
+    Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic of a
+    full-width norm sharded over TP ranks (see :class:`NormStats`).
     """
     static = dict(
         num_heads=num_heads,
@@ -184,8 +282,6 @@ def split_qkv_rmsnorm_rope(
         backend=backend,
         **static,
     )
-    from .backends import resolve_backend  # late: backends import lowering
-
     static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
     fast_key = (
@@ -200,10 +296,69 @@ def split_qkv_rmsnorm_rope(
         _PROGRAMS[fast_key] = program
     stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
     args = [t for t in tensors if t is not None] + list(stats)
-    runner = resolve_backend(backend, qkv.device)  # a bad backend is refused at any T
-    if qkv.shape[0] == 0:
+    return _launch(program, args, backend, qkv)
+
+
+def qk_rmsnorm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMS-normalise each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]``, then rotate them.
+
+    Same math, arguments and numerics modes as :func:`split_qkv_rmsnorm_rope` with
+    ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
+    new contiguous ``q`` and ``k`` in q's dtype.
+    """
+    check_qk_args(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        q_bias,
+        k_bias,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+        backend=backend,
+    )
+    static = dict(
+        head_dim=head_dim,
+        eps=float(eps),
+        is_neox=is_neox,
+        weight_offset=float(weight_offset),
+        numerics=numerics,
+    )
+    tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+    avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
+    avals += tuple(Aval.of(t) for t in tensors[4:])
+    program = qk_program((avals, tuple(sorted(static.items()))))
+    return _launch(program, [t for t in tensors if t is not None], backend, q)
+
+
+def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
+    """Run ``program`` on ``backend`` for the device of ``rows`` (its first input); no tokens:
+    empty outputs, nothing launched (a bad ``backend`` is refused at any T)."""
+    runner = resolve_backend(backend, rows.device)
+    if rows.shape[0] == 0:
         return tuple(
-            torch.empty(0, v.aval.shape[1], dtype=qkv.dtype, device=qkv.device)
+            torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
             for v in program.outputs
         )
     return tuple(runner.launch(program, args))
@@ -225,17 +380,18 @@ def preset_program(
     ``sharded_full_norm`` (full-width norm at tp > 1): the program takes the all-reduced
     per-token sums of squares as inputs (see :class:`NormStats`).
     """
-    wdt = weight_dtype or dtype
-    d = preset.head_dim
-    q_len = d if preset.norm == "head" else preset.q_size
-    k_len = d if preset.norm == "head" else preset.kv_size
-    has_norm = preset.norm != "none"
-    vec = lambda n, on: Aval((n,), wdt) if on else None  # noqa: E731
-    stats = sharded_full_norm and preset.norm == "full"
+    spec, wdt = preset.spec, weight_dtype or dtype
+    q_len, k_len = spec.norm_widths or (0, 0)
+    has_norm = spec.norm != "none"
+    stats = sharded_full_norm and spec.norm == "full"
+
+    def vec(n: int, present: bool) -> Aval | None:
+        return Aval((n,), wdt) if present else None
+
     avals = (
-        Aval(("T", preset.qkv_width), dtype),
+        Aval(("T", spec.qkv_width), dtype),
         Aval(("T",), positions_dtype),
-        Aval(("P", preset.rotary_dim), cache_dtype),
+        Aval(("P", spec.rotary_dim), cache_dtype),
         vec(q_len, has_norm),
         vec(k_len, has_norm),
         vec(q_len, has_norm and bias),
@@ -243,16 +399,10 @@ def preset_program(
         Aval(("T",), torch.float32) if stats else None,
         Aval(("T",), torch.float32) if stats else None,
     )
-    static = dict(
-        num_heads=preset.num_heads,
-        num_kv_heads=preset.num_kv_heads,
-        head_dim=d,
-        eps=float(preset.eps),
-        is_neox=preset.is_neox,
-        weight_offset=float(preset.weight_offset),
-        norm=preset.norm,
-        numerics=numerics,
+    static = spec.kwargs(
+        eps=float(spec.eps), weight_offset=float(spec.weight_offset), numerics=numerics
     )
     if stats:
+        d = spec.head_dim
         static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
     return prologue_program((avals, tuple(sorted(static.items()))))

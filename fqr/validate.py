@@ -1,24 +1,34 @@
-"""Argument checks for the public fused op, run before any kernel is launched.
+"""Argument checks for the public fused ops and the prologue description, run before any kernel.
 
-Every failure is a ``ValueError`` or ``TypeError`` whose message starts with the argument's
-name, so the CLI can print it as one line. Positions are range-checked on the host for CPU
-tensors; on an accelerator (no host sync on the hot path) the kernel checks them instead and
-rotates an out-of-range token by NaN.
+:func:`check_prologue_args` guards :func:`fqr.split_qkv_rmsnorm_rope`, :func:`check_qk_args`
+:func:`fqr.qk_rmsnorm_rope`, :func:`check_spec_params` :class:`fqr.presets.PrologueSpec`; all
+three are made of the checks below, so one argument is checked (and named) the same way
+everywhere. Every failure is a ``ValueError`` or ``TypeError`` whose message starts with the
+argument's name, so the CLI can print it as one line. Positions are range-checked on the host
+for CPU tensors; on an accelerator (no host sync on the hot path) the kernel checks them instead
+and rotates an out-of-range token by NaN.
 """
 
 from __future__ import annotations
 
 import torch
 
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, dtype_of
+
+ACTIVATION_DTYPES = tuple(dtype_of(name) for name in ACTIVATION_DTYPE_NAMES)
+POSITION_DTYPES = (torch.int32, torch.int64)
 NORM_KINDS = ("head", "full", "none")
+NUMERICS = ("fused", "unfused")
 
 
-def _positive_int(name: str, v) -> None:
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
+# ------------------------------------------------------------------------------- scalars
+
+
+def check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the compute dtype's range: a scalar outside it is inf
@@ -41,6 +51,58 @@ def check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be finite within float32's range, got {value!r}")
 
 
+def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_head_counts(num_heads, num_kv_heads) -> None:
+    """Positive head counts, q heads a multiple of kv heads (grouped-query attention)."""
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+
+
+def check_head_params(*, head_dim, eps, is_neox, weight_offset) -> None:
+    """The per-head parameters both ops and the spec share."""
+    check_positive_int("head_dim", head_dim)
+    check_finite_scalar("eps", eps, positive=True)
+    check_finite_scalar("weight_offset", weight_offset)
+    if not isinstance(is_neox, bool):
+        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
+
+
+def check_rotary_dim(rotary_dim: int, head_dim: int, what: str = "rotary_dim") -> None:
+    """Even, at least 2, at most ``head_dim``."""
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"{what} must be even and >= 2, got {rotary_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"{what} {rotary_dim} exceeds head_dim {head_dim}")
+
+
+def check_spec_params(
+    *, num_heads, num_kv_heads, head_dim, rotary_dim, eps, is_neox, weight_offset, norm
+) -> None:
+    """The fields of a :class:`fqr.presets.PrologueSpec`."""
+    check_head_counts(num_heads, num_kv_heads)
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    check_positive_int("rotary_dim", rotary_dim)
+    check_rotary_dim(rotary_dim, head_dim)
+    check_choice("norm", norm, NORM_KINDS)
+
+
+def _check_call_options(numerics, backend) -> None:
+    check_choice("numerics", numerics, NUMERICS)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+
+
+# ------------------------------------------------------------------------------- tensors
+
+
 def check_norm_stats(norm_stats) -> None:
     """Anything with :class:`fqr.NormStats`' fields (two tensors, two positive counts)."""
     fields = ("q_sum_sq", "k_sum_sq", "q_count", "k_count")
@@ -50,7 +112,7 @@ def check_norm_stats(norm_stats) -> None:
             f"got {type(norm_stats).__name__}"
         )
     for count in ("q_count", "k_count"):
-        _positive_int(f"norm_stats.{count}", getattr(norm_stats, count))
+        check_positive_int(f"norm_stats.{count}", getattr(norm_stats, count))
 
 
 def check_unit_stride(name: str, t: torch.Tensor) -> None:
@@ -65,6 +127,106 @@ def check_unit_stride(name: str, t: torch.Tensor) -> None:
 def _tensor(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_activation(name: str, x, what: str = "[T, width]") -> None:
+    """``x [T, width]`` in an activation dtype, unit stride along a row."""
+    _tensor(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D {what}, got shape {list(x.shape)}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        names = ", ".join(ACTIVATION_DTYPE_NAMES)
+        raise TypeError(f"{name} must be {names}, got {DTYPE_NAMES.get(x.dtype, x.dtype)}")
+    if x.shape[0] > 0 and x.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (stride {x.stride(1)})")
+
+
+def check_row_stride(name: str, x: torch.Tensor, width: int) -> None:
+    """Rows do not overlap (the row stride may exceed the width)."""
+    if x.shape[0] > 1 and x.stride(0) < width:
+        raise ValueError(f"{name} row stride {x.stride(0)} is smaller than its width {width}")
+
+
+def check_positions(positions, tokens: int, rows_of: str = "qkv") -> None:
+    _tensor("positions", positions)
+    if positions.dtype not in POSITION_DTYPES:
+        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    if positions.dim() != 1 or positions.shape[0] != tokens:
+        raise ValueError(
+            f"positions must be [T] with T = {tokens} ({rows_of} rows), "
+            f"got shape {list(positions.shape)}"
+        )
+    check_unit_stride("positions", positions)
+
+
+def check_cos_sin_cache(cos_sin_cache, head_dim: int) -> int:
+    """A ``[max_position, rotary_dim]`` float table, unit stride along a row; its rotary_dim."""
+    _tensor("cos_sin_cache", cos_sin_cache)
+    if cos_sin_cache.dim() != 2:
+        raise ValueError(
+            f"cos_sin_cache must be 2-D [max_position, rotary_dim], "
+            f"got shape {list(cos_sin_cache.shape)}"
+        )
+    if not cos_sin_cache.dtype.is_floating_point:
+        raise TypeError(f"cos_sin_cache must be floating, got {cos_sin_cache.dtype}")
+    rotary_dim = cos_sin_cache.shape[1]
+    check_rotary_dim(rotary_dim, head_dim, what="cos_sin_cache width (rotary_dim)")
+    if cos_sin_cache.stride(1) != 1:
+        raise ValueError("cos_sin_cache must be contiguous in its last dim")
+    if cos_sin_cache.shape[0] < 1:
+        raise ValueError("cos_sin_cache has no rows")
+    return rotary_dim
+
+
+def check_norm_vectors(weights_and_biases, *, norm: str, what: str) -> None:
+    """``(name, tensor, length)`` for q_weight, k_weight, q_bias, k_bias: weights required
+    with a norm, biases optional but together, all absent without a norm; each a contiguous
+    float vector of its length (``what`` says what that length is)."""
+    for name, t, length in weights_and_biases:
+        if norm == "none":
+            if t is not None:
+                raise ValueError(f"{name} must be None when norm='none'")
+            continue
+        if t is None:
+            if name.endswith("weight"):
+                raise ValueError(f"{name} is required when norm={norm!r}")
+            continue
+        _tensor(name, t)
+        if t.dim() != 1 or t.shape[0] != length:
+            raise ValueError(f"{name} must be [{length}] ({what}), got shape {list(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating, got {t.dtype}")
+        if t.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous")
+    biases = {name: t for name, t, _ in weights_and_biases if name.endswith("bias")}
+    if len({t is None for t in biases.values()}) > 1:
+        raise ValueError("q_bias and k_bias must be given together")
+
+
+def check_same_device(anchor: str, device: torch.device, tensors) -> None:
+    """Every ``(name, tensor)`` (None skipped) on ``device``, the device of ``anchor``."""
+    for name, t in tensors:
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but {anchor} is on {device}")
+
+
+def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None:
+    if positions.numel() == 0:
+        return
+    if positions.device.type == "cpu":
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= max_position:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"positions out of range: {bad} not in [0, {max_position}) (cos_sin_cache rows)"
+            )
+    # On an accelerator a host check would sync and an async assert costs several launches per
+    # call; instead the generated kernel bounds-checks every position against the table rows and
+    # rotates an out-of-range token by NaN (never reading outside the table), so it cannot pass
+    # the numerics contract silently.
+
+
+# ------------------------------------------------------------------------------- the ops
 
 
 def check_prologue_args(
@@ -87,100 +249,41 @@ def check_prologue_args(
     numerics,
     backend,
 ) -> None:
-    _positive_int("num_heads", num_heads)
-    _positive_int("num_kv_heads", num_kv_heads)
-    _positive_int("head_dim", head_dim)
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
-    check_finite_scalar("eps", eps, positive=True)
-    check_finite_scalar("weight_offset", weight_offset)
-    if not isinstance(is_neox, bool):
-        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
-    if norm not in NORM_KINDS:
-        raise ValueError(f"norm must be one of {NORM_KINDS}, got {norm!r}")
-    if numerics not in ("fused", "unfused"):
-        raise ValueError(f"numerics must be 'fused' or 'unfused', got {numerics!r}")
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    """The arguments of :func:`fqr.split_qkv_rmsnorm_rope`."""
+    check_head_counts(num_heads, num_kv_heads)
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    check_choice("norm", norm, NORM_KINDS)
+    _check_call_options(numerics, backend)
 
-    _tensor("qkv", qkv)
-    if qkv.dim() != 2:
-        raise ValueError(f"qkv must be 2-D [T, width], got shape {list(qkv.shape)}")
-    if qkv.dtype not in ACTIVATION_DTYPES:
-        raise TypeError(f"qkv must be bf16, fp16 or fp32, got {qkv.dtype}")
     width = (num_heads + 2 * num_kv_heads) * head_dim
+    check_activation("qkv", qkv)
     if qkv.shape[1] != width:
         raise ValueError(
             f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim = "
             f"({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
         )
-    if qkv.shape[0] > 0 and qkv.stride(1) != 1:
-        raise ValueError(f"qkv must be contiguous in its last dim (stride {qkv.stride(1)})")
-    if qkv.shape[0] > 1 and qkv.stride(0) < width:
-        raise ValueError(f"qkv row stride {qkv.stride(0)} is smaller than its width {width}")
+    check_row_stride("qkv", qkv, width)
     tokens, device = qkv.shape[0], qkv.device
-
-    _tensor("positions", positions)
-    if positions.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
-    if positions.dim() != 1 or positions.shape[0] != tokens:
-        raise ValueError(
-            f"positions must be [T] with T = {tokens} (qkv rows), got shape {list(positions.shape)}"
-        )
-    check_unit_stride("positions", positions)
-
-    _tensor("cos_sin_cache", cos_sin_cache)
-    if cos_sin_cache.dim() != 2:
-        raise ValueError(
-            f"cos_sin_cache must be 2-D [max_position, rotary_dim], "
-            f"got shape {list(cos_sin_cache.shape)}"
-        )
-    if not cos_sin_cache.dtype.is_floating_point:
-        raise TypeError(f"cos_sin_cache must be floating, got {cos_sin_cache.dtype}")
-    rotary_dim = cos_sin_cache.shape[1]
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(
-            f"cos_sin_cache width (rotary_dim) must be even and >= 2, got {rotary_dim}"
-        )
-    if rotary_dim > head_dim:
-        raise ValueError(
-            f"cos_sin_cache width (rotary_dim) {rotary_dim} exceeds head_dim {head_dim}"
-        )
-    if cos_sin_cache.stride(1) != 1:
-        raise ValueError("cos_sin_cache must be contiguous in its last dim")
-    if cos_sin_cache.shape[0] < 1:
-        raise ValueError("cos_sin_cache has no rows")
+    check_positions(positions, tokens)
+    check_cos_sin_cache(cos_sin_cache, head_dim)
 
     q_len = head_dim if norm == "head" else num_heads * head_dim
     k_len = head_dim if norm == "head" else num_kv_heads * head_dim
-    for name, t, n in (
-        ("q_weight", q_weight, q_len),
-        ("k_weight", k_weight, k_len),
-        ("q_bias", q_bias, q_len),
-        ("k_bias", k_bias, k_len),
-    ):
-        if norm == "none":
-            if t is not None:
-                raise ValueError(f"{name} must be None when norm='none'")
-            continue
-        if t is None:
-            if name.endswith("weight"):
-                raise ValueError(f"{name} is required when norm={norm!r}")
-            continue
-        _tensor(name, t)
-        if t.dim() != 1 or t.shape[0] != n:
-            what = "head_dim" if norm == "head" else "the full q/k width"
-            raise ValueError(f"{name} must be [{n}] ({what}), got shape {list(t.shape)}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be floating, got {t.dtype}")
-        if t.stride(0) != 1:
-            raise ValueError(f"{name} must be contiguous")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device} but qkv is on {device}")
-    if (q_bias is None) != (k_bias is None):
-        raise ValueError("q_bias and k_bias must be given together")
+    check_norm_vectors(
+        (
+            ("q_weight", q_weight, q_len),
+            ("k_weight", k_weight, k_len),
+            ("q_bias", q_bias, q_len),
+            ("k_bias", k_bias, k_len),
+        ),
+        norm=norm,
+        what="head_dim" if norm == "head" else "the full q/k width",
+    )
+    check_same_device(
+        "qkv",
+        device,
+        (("q_weight", q_weight), ("k_weight", k_weight), ("q_bias", q_bias), ("k_bias", k_bias)),
+    )
 
     if norm_stats is not None:
         if norm != "full":
@@ -196,30 +299,68 @@ def check_prologue_args(
                     f"{name} must be float32 [T={tokens}], got {t.dtype} {list(t.shape)}"
                 )
             check_unit_stride(name, t)
-            if t.device != device:
-                raise ValueError(f"{name} is on {t.device} but qkv is on {device}")
+            check_same_device("qkv", device, ((name, t),))
             if count < local:
                 raise ValueError(
                     f"{name[:-7]}count {count} is smaller than the local width {local}"
                 )
 
-    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache)):
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device} but qkv is on {device}")
+    check_same_device("qkv", device, (("positions", positions), ("cos_sin_cache", cos_sin_cache)))
     check_positions_in_range(positions, cos_sin_cache.shape[0])
 
 
-def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None:
-    if positions.numel() == 0:
-        return
-    if positions.device.type == "cpu":
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= max_position:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"positions out of range: {bad} not in [0, {max_position}) (cos_sin_cache rows)"
-            )
-    # On an accelerator a host check would sync and an async assert costs several launches per
-    # call; instead the generated kernel bounds-checks every position against the table rows and
-    # rotates an out-of-range token by NaN (never reading outside the table), so it cannot pass
-    # the numerics contract silently.
+def check_qk_args(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+    backend,
+) -> None:
+    """The arguments of :func:`fqr.qk_rmsnorm_rope` (a per-head norm of separate q and k)."""
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    _check_call_options(numerics, backend)
+    for name, x in (("q", q), ("k", k)):
+        check_activation(name, x, what="[T, heads*head_dim]")
+        if x.shape[1] % head_dim:
+            raise ValueError(f"{name} width {x.shape[1]} is not a multiple of head_dim {head_dim}")
+        check_row_stride(name, x, x.shape[1])
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k has {k.shape[0]} tokens but q has {q.shape[0]}")
+    check_positions(positions, q.shape[0], rows_of="q")
+    check_cos_sin_cache(cos_sin_cache, head_dim)
+    check_norm_vectors(
+        (
+            ("q_weight", q_weight, head_dim),
+            ("k_weight", k_weight, head_dim),
+            ("q_bias", q_bias, head_dim),
+            ("k_bias", k_bias, head_dim),
+        ),
+        norm="head",
+        what="head_dim",
+    )
+    check_same_device(
+        "q",
+        q.device,
+        (
+            ("k", k),
+            ("positions", positions),
+            ("cos_sin_cache", cos_sin_cache),
+            ("q_weight", q_weight),
+            ("k_weight", k_weight),
+            ("q_bias", q_bias),
+            ("k_bias", k_bias),
+        ),
+    )
+    check_positions_in_range(positions, cos_sin_cache.shape[0])

@@ -1,8 +1,10 @@
 """GPU smoke + tuning sweep for the generated kernel (run on the device machine).
 
-Checks the triton backend against the float64 formulation on a spread of presets/dtypes, then
-times the fused kernel at large T for several launch configurations against a same-run
-device-to-device copy of the same byte count. Prints a short table last.
+Checks the compiled kernel (NaN-poisoned outputs) against the float64 formulation on a spread of
+presets and dtypes (``--checks``), then times it at large T for several launch options against
+a same-run device-to-device copy (``fqr.bench``'s timers and traffic model). Prints a short
+table last. ``SHAPES=qwen3-8b:bfloat16:65536,...`` and ``VARIANTS='{"num_warps": 4};{}'``
+override the sweep.
 """
 
 import json
@@ -10,88 +12,59 @@ import os
 import sys
 
 import torch
-import triton
 
 import fqr
-from fqr.core import eval_program
+from fqr import reference
+from fqr.bench import CudaTimers, traffic_bytes
+from fqr.inputs import random_inputs
 from fqr.lowering import lower
 from fqr.numerics import compare
 from fqr.prologue import preset_program
 
 
-def inputs(p, T, dtype, bias=False, gen=None):
-    dev = "cuda"
-    qkv = (torch.randn(T, p.qkv_width, dtype=torch.float32, device=dev) * 2).to(dtype)
-    pos = torch.randint(0, p.max_position, (T,), device=dev)
-    cache = p.cos_sin_cache().to(dev)
-    args = [qkv, pos, cache]
-    if p.norm != "none":
-        ql = p.head_dim if p.norm == "head" else p.q_size
-        kl = p.head_dim if p.norm == "head" else p.kv_size
-        args += [
-            (1 + 0.1 * torch.randn(ql, device=dev)).to(dtype),
-            (1 + 0.1 * torch.randn(kl, device=dev)).to(dtype),
-        ]
-        if bias:
-            args += [
-                (0.1 * torch.randn(ql, device=dev)).to(dtype),
-                (0.1 * torch.randn(kl, device=dev)).to(dtype),
-            ]
-    return args
+def inputs(p, tokens, dtype, bias=False):
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    return random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache().cuda(), bias=bias)
 
 
-def check(name, tp, dtype, T, numerics="fused", bias=False):
-    p = (
-        fqr.get_preset(name, tp)
-        if tp > 1 and fqr.get_preset(name).norm != "full"
-        else fqr.get_preset(name)
-    )
+def check(name, tp, dtype, tokens, numerics="fused", bias=False):
+    p = fqr.get_preset(name, tp if fqr.get_preset(name).norm != "full" else 1)
     prog = preset_program(p, dtype, numerics=numerics, bias=bias)
-    args = inputs(p, T, dtype, bias)
-    k = lower(prog, "cuda")
+    x = inputs(p, tokens, dtype, bias)
     outs = [
-        torch.full((T, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
+        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
         for v in prog.outputs
     ]
-    k(*args, out=outs)
-    exact = eval_program(
-        prog, [a.double().cpu() if a.is_floating_point() else a.cpu() for a in args], torch.float64
-    )
+    lower(prog, "cuda")(*x.operands(), out=outs)
+    exact = reference.prologue(*x.args(), **x.kwargs())
     res = [
         compare(o, e, head_dim=p.head_dim, numerics=numerics, bitwise=(i == 2))
         for i, (o, e) in enumerate(zip(outs, exact))
     ]
     ok = all(r.passed for r in res)
     print(
-        f"check {p.label:22s} {str(dtype)[6:]:9s} T={T:5d} {numerics:7s} bias={bias!s:5s} "
+        f"check {p.label:22s} {str(dtype)[6:]:9s} T={tokens:5d} {numerics:7s} bias={bias!s:5s} "
         f"ulp={[r.max_ulp for r in res]} rel={max(r.max_rel_head for r in res):.2e} "
         f"{'PASS' if ok else 'FAIL'}"
     )
     return ok
 
 
-def bench(name, dtype, T, **opts):
+def bench(timers, name, dtype, tokens, **opts):
     p = fqr.get_preset(name)
     prog = preset_program(p, dtype)
-    args = inputs(p, T, dtype)
-    k = lower(prog, "cuda", **opts)
-    outs = [torch.empty((T, v.aval.shape[1]), dtype=dtype, device="cuda") for v in prog.outputs]
-    ms = triton.testing.do_bench(
-        lambda: k(*args, out=outs), warmup=50, rep=300, return_mode="median"
-    )
-    el = torch.finfo(dtype).bits // 8
-    nbytes = T * p.qkv_width * el * 2 + T * (8 + p.rotary_dim * 4)
-    return ms, nbytes
-
-
-def copy_ceiling(nbytes):
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * src.numel() * 2 / ms / 1e6  # GB/s (read + write)
+    operands = inputs(p, tokens, dtype).operands()
+    kernel = lower(prog, "cuda", **opts)
+    outs = [
+        torch.empty((tokens, v.aval.shape[1]), dtype=dtype, device="cuda") for v in prog.outputs
+    ]
+    us = timers.kernel_us(lambda: kernel(*operands, out=outs), warmup_ms=50, rep_ms=300)
+    return us, traffic_bytes(p.spec, dtype, tokens).total
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("gpu_smoke.py needs a CUDA GPU (checks and timings run the compiled kernel)")
     ok = True
     if "--checks" in sys.argv:
         for name in ["qwen3-8b", "qwen3.5-27b", "glm4-9b"]:
@@ -99,7 +72,8 @@ if __name__ == "__main__":
                 ok &= check(name, 1, dtype, 1037)
         ok &= check("qwen3-8b", 1, torch.bfloat16, 513, numerics="unfused")
         ok &= check("qwen3-8b", 1, torch.bfloat16, 513, bias=True)
-    ceiling = copy_ceiling(2 * 65536 * 6144 * 2)
+    timers = CudaTimers()
+    ceiling = timers.copy_ceiling()["gbps"]
     rows = []
     shapes = [
         ("qwen3-8b", torch.bfloat16, 65536),
@@ -126,12 +100,12 @@ if __name__ == "__main__":
         dict(block_t=2),
         dict(tile_elems=2048, block_t=2),
     ]
-    for name, dtype, T in shapes:
+    for name, dtype, tokens in shapes:
         for opts in variants:
-            ms, nbytes = bench(name, dtype, T, **opts)
-            gbs = nbytes / ms / 1e6
+            us, nbytes = bench(timers, name, dtype, tokens, **opts)
+            gbs = nbytes / us / 1e3
             rows.append(
-                (name, str(dtype)[6:], T, json.dumps(opts), ms * 1e3, gbs, 100 * gbs / ceiling)
+                (name, str(dtype)[6:], tokens, json.dumps(opts), us, gbs, 100 * gbs / ceiling)
             )
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for r in rows:

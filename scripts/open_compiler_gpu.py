@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 scripts/open_compiler_gpu.py
 
-1. Checks, compiled for CUDA, against float64 computed independently (``fqr.golden.exact_*`` on
+1. Checks, compiled for CUDA, against float64 computed independently (``fqr.reference`` on
    index arithmetic): a Qwen3.5-27B-shaped gate-interleaved split (q and gate views of head
    stride 2*D), sections with their own head dims (MiniMax-M3-like indexer heads), k/v with
    different head counts in padded heads, a narrow rotary table (rotary_dim 2) on 512- and
@@ -30,9 +30,10 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fqr import ops  # noqa: E402
+from fqr import ops, reference  # noqa: E402
+from fqr.bench import traffic_bytes  # noqa: E402
 from fqr.core import Section, spec, trace  # noqa: E402
-from fqr.golden import exact_rms_norm, exact_rope  # noqa: E402
+from fqr.inputs import random_inputs  # noqa: E402
 from fqr.lowering import lower  # noqa: E402
 from fqr.lowering.loader import load_kernel  # noqa: E402
 from fqr.numerics import compare  # noqa: E402
@@ -58,7 +59,7 @@ def randn(gen, *shape, scale=1.0, centre=0.0, dtype=torch.bfloat16):
 
 
 def norm64(x, w, d, offset=0.0):
-    return exact_rms_norm(x, w, eps=1e-6, group_size=d, weight_offset=offset)
+    return reference.rms_norm(x, w, eps=1e-6, group_size=d, weight_offset=offset)
 
 
 def run_checked(name, program, args, expected, head_dims, copies=(), out=None):
@@ -123,9 +124,9 @@ def check_gate(gen, tokens):
     q_in, gate = pairs[:, :, 0].reshape(tokens, -1), pairs[:, :, 1].reshape(tokens, -1)
     k_in, v = row[:, 2 * hq * d : (2 * hq + hkv) * d], row[:, (2 * hq + hkv) * d :]
     expected = [
-        exact_rope(norm64(q_in, qw, d, 1.0), pos, cache, head_dim=d),
+        reference.rope(norm64(q_in, qw, d, 1.0), pos, cache, head_dim=d),
         gate,
-        exact_rope(norm64(k_in, kw, d, 1.0), pos, cache, head_dim=d),
+        reference.rope(norm64(k_in, kw, d, 1.0), pos, cache, head_dim=d),
         v,
     ]
     name = "gate-interleaved (qwen3.5 shape)" if CUDA else "gate-interleaved"
@@ -173,11 +174,11 @@ def check_indexer(gen, tokens):
     iqw, ikw = randn(gen, di, scale=0.2), randn(gen, di, scale=0.2)
     part = [row[:, a : a + w] for a, w in zip(offsets, widths)]
     expected = [
-        exact_rope(norm64(part[0], qw, d), pos, cache, head_dim=d),
-        exact_rope(norm64(part[1], kw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(part[0], qw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(part[1], kw, d), pos, cache, head_dim=d),
         part[2],
-        exact_rope(norm64(part[3], iqw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
-        exact_rope(norm64(part[4], ikw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
+        reference.rope(norm64(part[3], iqw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
+        reference.rope(norm64(part[4], ikw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
     ]
     args = (row, pos, cache, icache, qw, kw, iqw, ikw)
     return run_checked("sections with own head_dims", program, args, expected, [d, d, d, di, di],
@@ -214,8 +215,8 @@ def check_padded(gen, tokens):
         for a, h in zip((0, heads[0], heads[0] + heads[1]), heads)
     )
     expected = [
-        exact_rope(norm64(q_in, qw, d), pos, cache, head_dim=d),
-        exact_rope(norm64(k_in, kw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(q_in, qw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(k_in, kw, d), pos, cache, head_dim=d),
         v,
     ]
     args = (full.reshape(tokens, width), pos, cache, qw, kw)
@@ -249,8 +250,10 @@ def check_narrow(gen, tokens, d, is_neox, strided_out=False):
     cache = rope_cos_sin_cache(r, MAX_POS, 1e6)
     qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
     expected = [
-        exact_rope(norm64(row[:, : 2 * d], qw, d), pos, cache, head_dim=d, is_neox=is_neox),
-        exact_rope(norm64(row[:, 2 * d : 3 * d], kw, d), pos, cache, head_dim=d, is_neox=is_neox),
+        reference.rope(norm64(row[:, : 2 * d], qw, d), pos, cache, head_dim=d, is_neox=is_neox),
+        reference.rope(
+            norm64(row[:, 2 * d : 3 * d], kw, d), pos, cache, head_dim=d, is_neox=is_neox
+        ),
         row[:, 3 * d :],
     ]
     out, buffers = None, []
@@ -278,14 +281,8 @@ def check_narrow(gen, tokens, d, is_neox, strided_out=False):
 
 
 def inputs(p, tokens, dtype):
-    qkv = (torch.randn(tokens, p.qkv_width, device=DEV) * 2).to(dtype)
-    pos = torch.randint(0, p.max_position, (tokens,), device=DEV)
-    args = [qkv, pos, p.cos_sin_cache().to(DEV)]
-    if p.norm != "none":
-        ql = p.head_dim if p.norm == "head" else p.q_size
-        kl = p.head_dim if p.norm == "head" else p.kv_size
-        args += [(1 + 0.1 * torch.randn(n, device=DEV)).to(dtype) for n in (ql, kl)]
-    return args
+    gen = torch.Generator(device=DEV).manual_seed(tokens)
+    return random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache().to(DEV)).operands()
 
 
 def constant_stride_variant(kernel):
@@ -332,7 +329,7 @@ def time_kernels(rows):
         kernel(*args, out=outs)
         variant(*args, out=ref)
         same = all(torch.equal(a, b) for a, b in zip(outs, ref))
-        nbytes = tokens * p.qkv_width * 2 * 2 + tokens * (8 + p.rotary_dim * 4)
+        nbytes = traffic_bytes(p.spec, dtype, tokens).total
         timings = []
         for k in (kernel, variant, kernel, variant):  # interleaved, twice
             timings.append(bench(lambda k=k, a=args, o=outs: k.launch(a, o)))

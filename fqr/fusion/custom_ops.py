@@ -4,7 +4,7 @@
 ``fqr::split_qkv_rmsnorm_rope``   packed ``qkv [T, (Hq+2Hkv)*D]`` -> new ``q, k, v`` (vLLM
                                   form); :func:`fqr.split_qkv_rmsnorm_rope`
 ``fqr::qk_rmsnorm_rope``          separate ``q [T, Hq*D]``, ``k [T, Hkv*D]`` -> new ``q, k``
-                                  (Hugging Face form); :func:`fqr.fusion.qk_rmsnorm_rope`
+                                  (Hugging Face form); :func:`fqr.qk_rmsnorm_rope`
 ================================  ===========================================================
 
 Both are functional (``mutates_args=()``, outputs never alias inputs) and dispatch with
@@ -21,8 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..prologue import split_qkv_rmsnorm_rope
-from .qk_prologue import qk_rmsnorm_rope
+from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_rope
 
 
 @torch.library.custom_op("fqr::split_qkv_rmsnorm_rope", mutates_args=())
@@ -111,7 +110,7 @@ def qk_rmsnorm_rope_op(
     weight_offset: float,
     numerics: str,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`fqr.fusion.qk_rmsnorm_rope` with ``backend="auto"``."""
+    """:func:`fqr.qk_rmsnorm_rope` with ``backend="auto"``."""
     return qk_rmsnorm_rope(
         q,
         k,

@@ -2,8 +2,9 @@
 
 :func:`evaluate_fusion` is what ``fqr fuse`` prints: the fused-site count, the ops the pass
 left unfused, the max differences between the two compiled models (final hidden states and
-each layer's q, k, v), each layer's fused q/k against the float64-exact prologue under the
-``unfused`` numerics contract (:mod:`fqr.numerics`), and compile / run times of both.
+each layer's q, k, v), each layer's fused q/k against the float64 formulation
+(:func:`fqr.reference.prologue`) under the ``unfused`` numerics contract (:mod:`fqr.numerics`),
+and compile / run times of both.
 """
 
 from __future__ import annotations
@@ -14,49 +15,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..core import eval_program
+from .. import reference
+from ..core import dtype_name
 from ..numerics import compare
 from ..presets import Preset
-from ..prologue import program_signature, prologue_program
 from .fusion_pass import FusionBackend, fusion_patterns
 from .models import VllmStyleModel, preset_model
-
-
-def exact_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    q_bias,
-    k_bias,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    eps,
-    is_neox,
-    weight_offset,
-):
-    """float64 q, k of the prologue, computed from the (already rounded) inputs."""
-    f64 = [
-        None if t is None else t.detach().to(torch.float64)
-        for t in (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    ]
-    f64[1] = positions
-    static = dict(
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        eps=float(eps),
-        is_neox=is_neox,
-        weight_offset=float(weight_offset),
-        norm="head",
-        numerics="fused",
-    )
-    program = prologue_program(program_signature(*f64, None, **static))
-    q, k, _ = eval_program(program, [t for t in f64 if t is not None], torch.float64)
-    return q, k
 
 
 @dataclass
@@ -171,21 +135,14 @@ def evaluate_fusion(
 
     checks = []
     for layer, (qkv, q, k, v) in zip(model.layers, out[1]):
-        s = layer.shape
-        exact_q, exact_k = exact_prologue(
+        s = layer.shape.spec
+        exact_q, exact_k, _ = reference.prologue(
             qkv,
             positions,
             layer.cos_sin_cache,
             layer.q_weight,
             layer.k_weight,
-            layer.q_bias,
-            layer.k_bias,
-            num_heads=s.num_heads,
-            num_kv_heads=s.num_kv_heads,
-            head_dim=s.head_dim,
-            eps=s.eps,
-            is_neox=s.is_neox,
-            weight_offset=1.0 if s.gemma else 0.0,
+            **s.kwargs(q_bias=layer.q_bias, k_bias=layer.k_bias),
         )
         cq = compare(q, exact_q, head_dim=s.head_dim, numerics="unfused")
         ck = compare(k, exact_k, head_dim=s.head_dim, numerics="unfused")
@@ -207,7 +164,7 @@ def evaluate_fusion(
         preset=preset.label,
         layers=layers,
         tokens=tokens,
-        dtype=str(dtype).replace("torch.", ""),
+        dtype=dtype_name(dtype),
         device=str(dev),
         sites=fusion.stats.sites,
         unfused_ops_left=unfused_left,

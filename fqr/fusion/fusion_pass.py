@@ -17,8 +17,13 @@ or, with Inductor's own entry point::
         torch.compile(model)(positions, hidden)
 
 Before matching, the pass points every use of a symbolic size at one node
-(:func:`unify_symbolic_sizes`); after replacing, it re-sorts the graph topologically and drops
-dead nodes.
+(:func:`unify_symbolic_sizes`) and merges the separate splits and slices that cut one tensor
+into consecutive pieces into one ``split_with_sizes`` (:func:`fqr.fusion.coalesce.coalesce_splits`,
+as vLLM's ``SplitCoalescingPass`` does before its QK-norm-RoPE fusion); after replacing, it
+re-sorts the graph topologically and drops dead nodes.
+
+Supported: torch 2.11 and newer (the patterns read every size and eps from the matched graph,
+see :mod:`fqr.fusion.patterns`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import PatternMatcherPass, stable_topological_sort
 
 from . import custom_ops  # noqa: F401  (torch.ops.fqr.*)
+from .coalesce import coalesce_splits
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +57,21 @@ UNFUSED_OPS = (
 
 _SOURCES = tuple(
     os.path.join(os.path.dirname(__file__), f)
-    for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py")
+    for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py", "coalesce.py")
 )
 
 
-# The replacements read the split sizes and eps of each match by name (``scalar_workaround``
-# arguments); torch 2.11's matcher does not pass them (seen on the GPU machine: KeyError
-# 'q_size'), torch 2.13 does. Refuse clearly below the version this was tested with.
-MIN_TORCH = (2, 13)
+# The oldest Inductor the pass was run on (its pattern-matcher API changes between releases);
+# older ones are refused with a clear message rather than failing inside Inductor.
+MIN_TORCH = (2, 11)
 
 
 def check_torch_version() -> None:
     have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if have < MIN_TORCH:
         raise RuntimeError(
-            f"fqr.fusion needs torch >= {'.'.join(map(str, MIN_TORCH))} "
-            f"(its pattern matcher passes the matched sizes by name); found {torch.__version__}"
+            f"fqr.fusion supports torch >= {'.'.join(map(str, MIN_TORCH))} (the versions its "
+            f"pattern matcher was run on); found {torch.__version__}"
         )
 
 
@@ -84,6 +89,7 @@ def fusion_patterns() -> PatternMatcherPass:
 @dataclass
 class GraphRecord:
     sites: int
+    coalesced_splits: int  # splits/slices merged into one split_with_sizes before matching
     fused_ops: int  # fqr ops in the graph after the pass
     unfused_ops: dict  # aten op name -> count of UNFUSED_OPS left after the pass
     ops: dict  # every call_function target name -> count, after the pass
@@ -138,8 +144,9 @@ class FusionPass(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         unify_symbolic_sizes(graph)
+        coalesced = coalesce_splits(graph)
         sites = self.patterns.apply(graph)
-        if sites:
+        if sites or coalesced:
             # A replacement lands before the first matched output (v, early in the graph);
             # an input computed later (a Gemma (1 + w) in fp32, say) must move up.
             stable_topological_sort(graph)
@@ -153,6 +160,7 @@ class FusionPass(CustomGraphPass):
         self.stats.graphs.append(
             GraphRecord(
                 sites=sites,
+                coalesced_splits=coalesced,
                 fused_ops=sum(ops[o] for o in FUSED_OPS),
                 unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},
                 ops={str(o): n for o, n in ops.items()},

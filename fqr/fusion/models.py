@@ -16,23 +16,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..presets import Preset
+from ..presets import Preset, PrologueSpec
 from ..rope_cache import rope_cos_sin_cache
 from .unfused import vllm_qk_norm_rope
 
 
 @dataclass(frozen=True)
 class AttentionShape:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    eps: float = 1e-6
-    is_neox: bool = True
-    gemma: bool = False  # GemmaRMSNorm: scale by (1 + w)
+    """One layer: its prologue (per-head QK norm), a qkv_proj and norm bias, its RoPE table."""
+
+    spec: PrologueSpec
     bias: bool = False  # qkv_proj bias and a norm bias
     rope_theta: float = 1e6
     max_position: int = 4096
+
+    @property
+    def gemma(self) -> bool:
+        """GemmaRMSNorm: the norm scales by ``(1 + w)``."""
+        return self.spec.weight_offset == 1.0
 
     @classmethod
     def from_preset(
@@ -44,49 +45,35 @@ class AttentionShape:
                 f"per-head QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)"
             )
         return cls(
-            preset.num_heads,
-            preset.num_kv_heads,
-            preset.head_dim,
-            preset.rotary_dim,
-            eps=preset.eps,
-            is_neox=preset.is_neox,
-            gemma=preset.weight_offset == 1.0,
+            preset.spec,
             bias=bias,
             rope_theta=preset.rope_theta,
             max_position=min(max_position, preset.max_position),
         )
 
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
 
 class VllmStyleAttention(nn.Module):
     def __init__(self, hidden_size: int, shape: AttentionShape, dtype: torch.dtype):
         super().__init__()
-        s, d = shape, shape.head_dim
-        self.shape = s
-        self.qkv_proj = nn.Linear(hidden_size, s.q_size + 2 * s.kv_size, bias=s.bias, dtype=dtype)
+        s, d = shape.spec, shape.spec.head_dim
+        self.shape = shape
+        self.qkv_proj = nn.Linear(hidden_size, s.qkv_width, bias=shape.bias, dtype=dtype)
         self.o_proj = nn.Linear(s.q_size, hidden_size, bias=False, dtype=dtype)
         # Gemma stores w with the norm scaling by (1 + w): keep both near a unit scale.
-        base = 0.0 if s.gemma else 1.0
+        base = 0.0 if shape.gemma else 1.0
         self.q_weight = nn.Parameter((base + 0.1 * torch.randn(d)).to(dtype))
         self.k_weight = nn.Parameter((base + 0.1 * torch.randn(d)).to(dtype))
-        self.q_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
-        self.k_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if s.bias else None
+        self.q_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if shape.bias else None
+        self.k_bias = nn.Parameter((0.1 * torch.randn(d)).to(dtype)) if shape.bias else None
         # vLLM keeps the cache in the model dtype (RotaryEmbedding._match_cos_sin_cache_dtype).
         self.register_buffer(
             "cos_sin_cache",
-            rope_cos_sin_cache(s.rotary_dim, s.max_position, s.rope_theta, dtype=dtype),
+            rope_cos_sin_cache(s.rotary_dim, shape.max_position, shape.rope_theta, dtype=dtype),
             persistent=False,
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor):
-        s = self.shape
+        s = self.shape.spec
         qkv = self.qkv_proj(hidden)
         q, k, v = vllm_qk_norm_rope(
             qkv,
@@ -98,7 +85,7 @@ class VllmStyleAttention(nn.Module):
             kv_size=s.kv_size,
             eps=s.eps,
             is_neox=s.is_neox,
-            gemma=s.gemma,
+            gemma=self.shape.gemma,
             q_bias=self.q_bias,
             k_bias=self.k_bias,
         )
@@ -145,5 +132,5 @@ def preset_model(
     shape = AttentionShape.from_preset(preset, bias=bias)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = VllmStyleModel(preset.num_heads * preset.head_dim, [shape] * layers, dtype)
+        model = VllmStyleModel(preset.spec.q_size, [shape] * layers, dtype)
     return model.to(device).eval()

@@ -20,12 +20,17 @@ Hugging Face form (separate projections; :func:`fqr.fusion.unfused.hf_qk_norm_ro
                                                            q_weight, k_weight, D, eps, ...)
                                                        q = qo.view(B, S, Hq, D).transpose(1, 2)
 
-Nothing about a model is global here. Each pattern is traced once with small example shapes;
-the head sizes (``qs``, ``kvs``: the split sizes) and ``eps`` are pattern *arguments*
-(``scalar_workaround``), read from every matched subgraph; ``D`` is the norm weight's length
-and ``R`` the cache width. Inductor then re-traces the pattern with the match's real shapes
-and values and checks it matches node for node before replacing (``register_replacement``), so
-a model mixing attention shapes, eps values or RoPE styles fuses every layer correctly.
+Nothing about a model is global here. Each pattern is traced once with small example shapes
+and example scalars; the first match ignores every int and float constant (sizes, split sizes,
+eps). The split sizes (``q_size``, ``kv_size``) and ``eps`` of a match are then read from the
+matched graph itself (:func:`read_split_sizes`: the sizes of its ``split_with_sizes`` node;
+:func:`read_norm_eps`: the constant added to the norms' mean), ``D`` is the norm weight's length
+and ``R`` the cache width. The pattern is re-traced with the match's real shapes and scalars and
+must match the graph node for node (:func:`matches_exactly`) before anything is replaced, so a
+model mixing attention shapes, eps values or RoPE styles fuses every layer correctly, and a near
+miss (a statistic over the wrong dim, q and k norms with different eps) is left alone. Nothing
+here reads scalars from keyword arguments of the matcher: the same code runs on torch 2.11 and
+newer (older Inductors do not pass ``scalar_workaround`` values through ``Match.kwargs``).
 
 One registration per graph shape that the unfused code can take: activation dtype class
 (16-bit, where the norm has casts; fp32, where they vanish), cos/sin cache dtype (the
@@ -39,7 +44,10 @@ within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,16 +59,19 @@ from . import (
     custom_ops,  # noqa: F401  (registers torch.ops.fqr.*)
     unfused,
 )
+from .coalesce import coalesce_splits
 
-# Example sizes for tracing. The split sizes and eps become pattern arguments through
-# `scalar_workaround`, which works by value: they must differ from every other constant in the
-# traced graph (token count, head counts, head_dim, cache rows and widths), and should not be
-# sizes a real model has (q_size 1016 = 127 x 8, kv_size 984 = 123 x 8): a model constant equal
-# to one of them would make Inductor's re-check fail, leaving that site unfused (never wrong).
+aten = torch.ops.aten
+
+# Example sizes for tracing. The first match ignores int and float constants, so their values
+# do not matter for matching; distinct ones keep the traced graphs easy to read.
 _T, _HQ, _HKV, _D, _ROWS = 3, 127, 123, 8, 23
 _EPS = 1e-6
-_SCALARS = {"q_size": _HQ * _D, "kv_size": _HKV * _D, "eps": _EPS}
+_VLLM_SCALARS = {"q_size": _HQ * _D, "kv_size": _HKV * _D, "eps": _EPS}
 _HF_SCALARS = {"eps": _EPS}
+
+# Constants the first match ignores (they are checked by the exact re-match).
+_IGNORED_CONSTANTS = (int, float, list, torch.device, torch.dtype)
 
 
 def trace_like_inductor(fn, args, *, get_decomp_fn=None, **_):
@@ -69,15 +80,148 @@ def trace_like_inductor(fn, args, *, get_decomp_fn=None, **_):
     ``fwd_only`` gives the decomposed inference graph; the model's graph has in addition been
     through Inductor's joint-graph passes (noop removal, pointless view/convert folding) and
     ``view_to_reshape`` before a ``post_grad_custom_post_pass`` runs, so the pattern goes
-    through them too.
+    through them too, and through the fusion pass's own split coalescing
+    (:mod:`fqr.fusion.coalesce`).
     """
     kwargs = {} if get_decomp_fn is None else {"get_decomp_fn": get_decomp_fn}
     gm = pm.fwd_only(fn, args, **kwargs)
     gm = joint_graph_passes(gm)
     view_to_reshape(gm)
+    coalesce_splits(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+# ----------------------------------------------------------------- reading a match's scalars
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def read_split_sizes(match: pm.Match, source: torch.fx.Node) -> dict | None:
+    """``q_size``, ``kv_size`` from the match's ``split_with_sizes`` of ``source`` into
+    ``[q_size, kv_size, kv_size]`` (static ints), else None."""
+    splits = [
+        n
+        for n in match.nodes
+        if n.target is aten.split_with_sizes.default and n.args and n.args[0] is source
+    ]
+    if len(splits) != 1:
+        return None
+    sizes = list(splits[0].args[1])
+    if len(sizes) != 3 or not all(type(s) is int for s in sizes) or sizes[1] != sizes[2]:
+        return None
+    return {"q_size": sizes[0], "kv_size": sizes[1]}
+
+
+def read_norm_eps(match: pm.Match) -> dict | None:
+    """``eps``: the one float added to a ``mean`` in the match (every norm of one prologue
+    shares it), else None (two different eps, or an eps that is a graph input)."""
+    found = set()
+    for n in match.nodes:
+        if n.target not in (aten.add.Tensor, aten.add.Scalar) or len(n.args) != 2:
+            continue
+        a, b = n.args
+        if isinstance(a, torch.fx.Node) and a.target is aten.mean.dim and type(b) is float:
+            found.add(b)
+    return {"eps": found.pop()} if len(found) == 1 else None
+
+
+# ----------------------------------------------------------------------- exact re-matching
+
+
+def matches_exactly(match: pm.Match, fn: Callable, argnames: tuple[str, ...]) -> bool:
+    """Re-trace ``fn`` (the search function with the match's scalars bound) on fresh fake
+    tensors of the matched inputs' real shapes, strides and dtypes, and match the result,
+    every constant included, at the match's first output.
+
+    Symbolic sizes (a dynamic token count) become extra leading arguments, so that the
+    re-traced graph refers to them as inputs the way the model's graph does (Inductor's own
+    ``register_replacement`` re-check does the same).
+    """
+    vals = [_val(match.kwargs[name]) for name in argnames]
+    if any(not isinstance(v, torch.Tensor) for v in vals):
+        return False
+    fake_mode = torch._guards.detect_fake_mode(vals)
+    if fake_mode is None:
+        return False
+    sym_args: list = []
+    with fake_mode:
+        fresh = []
+        for v in vals:
+            t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=v.device)
+            for s in itertools.chain(t.shape, t.stride()):
+                if isinstance(s, torch.SymInt) and all(
+                    torch.fx.experimental.symbolic_shapes.statically_known_true(s != a)
+                    for a in sym_args
+                ):
+                    sym_args.append(s)
+            fresh.append(t)
+        n_sym = len(sym_args)
+
+        def with_sizes(*args):
+            return fn(*args[n_sym:])
+
+        try:
+            gm = trace_like_inductor(with_sizes, [*sym_args, *fresh])
+        except RuntimeError:  # the pattern does not apply to these shapes
+            return False
+        names = [f"size{i}" for i in range(n_sym)] + list(argnames)
+        exact = pm.fx_to_pattern(gm, argnames=names)
+    first_output = match.output_nodes()[0]
+    return first_output is not None and pm.is_match(exact.match(first_output))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One registered rewrite: the unfused prologue traced from ``search`` -> ``replace``.
+
+    ``search(*tensors, **scalars)`` and ``replace(*tensors, **scalars)`` take the pattern's
+    tensors (named by ``search``'s parameters) and its scalars by keyword; ``read_scalars``
+    finds the scalars of one match in the graph, ``check`` decides what the exact re-match
+    cannot (ranks, dtypes, cache width).
+    """
+
+    name: str
+    search: Callable
+    replace: Callable
+    example_inputs: tuple
+    example_scalars: dict
+    read_scalars: Callable[[pm.Match], dict | None]
+    check: Callable[[pm.Match, dict], bool]
+
+    @property
+    def argnames(self) -> tuple[str, ...]:
+        params = inspect.signature(self.search).parameters.values()
+        return tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+
+    def pattern(self) -> pm.PatternExpr:
+        """The search graph with every int/float constant a wildcard (the first match)."""
+        gm = trace_like_inductor(
+            functools.partial(self.search, **self.example_scalars), list(self.example_inputs)
+        )
+        return pm.fx_to_pattern(gm, ignore_types=_IGNORED_CONSTANTS, argnames=self.argnames)
+
+    def accepts(self, match: pm.Match) -> bool:
+        scalars = self.read_scalars(match)
+        if scalars is None or not self.check(match, scalars):
+            return False
+        return matches_exactly(match, functools.partial(self.search, **scalars), self.argnames)
+
+    def rewrite(self, match: pm.Match, *_args, **kwargs) -> None:
+        scalars = self.read_scalars(match)
+        inputs = [kwargs[name] for name in self.argnames]
+        match.replace_by_example(functools.partial(self.replace, **scalars), inputs)
+
+    def register(self, pass_dict: pm.PatternMatcherPass) -> None:
+        pm.register_graph_pattern(self.pattern(), extra_check=self.accepts, pass_dict=pass_dict)(
+            self.rewrite
+        )
+
+
+# ------------------------------------------------------------------------------ vLLM form
 
 
 @dataclass(frozen=True)
@@ -108,7 +252,7 @@ class VllmVariant:
     def weight_offset(self) -> float:
         return 1.0 if self.gemma else 0.0
 
-    def example_inputs(self) -> list[torch.Tensor]:
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
         rotary = _D // 2 if self.partial_rotary else _D
         tensors = [
             torch.zeros(_T, (_HQ + 2 * _HKV) * _D, dtype=self.dtype),
@@ -119,14 +263,12 @@ class VllmVariant:
         ]
         if self.bias:
             tensors += [torch.zeros(_D, dtype=self.dtype), torch.zeros(_D, dtype=self.dtype)]
-        return tensors
+        return tuple(tensors)
 
-    def search_and_replace(self):
+    def replacement(self) -> Replacement:
         neox, gemma, offset = self.is_neox, self.gemma, self.weight_offset
 
-        def fused(
-            qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, q_size, kv_size, eps
-        ):
+        def fused(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, s):
             d = q_weight.shape[0]
             return torch.ops.fqr.split_qkv_rmsnorm_rope(
                 qkv,
@@ -136,100 +278,69 @@ class VllmVariant:
                 k_weight,
                 q_bias,
                 k_bias,
-                q_size // d,
-                kv_size // d,
+                s["q_size"] // d,
+                s["kv_size"] // d,
                 d,
-                eps,
+                s["eps"],
                 neox,
                 offset,
                 "head",
                 "unfused",
             )
 
+        def unfused_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, s):
+            return unfused.vllm_qk_norm_rope(
+                qkv,
+                positions,
+                cos_sin_cache,
+                q_weight,
+                k_weight,
+                q_size=s["q_size"],
+                kv_size=s["kv_size"],
+                eps=s["eps"],
+                is_neox=neox,
+                gemma=gemma,
+                q_bias=q_bias,
+                k_bias=k_bias,
+            )
+
         if self.bias:
 
             def search(
-                qkv,
-                positions,
-                cos_sin_cache,
-                q_weight,
-                k_weight,
-                q_bias,
-                k_bias,
-                q_size,
-                kv_size,
-                eps,
+                qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **scalars
             ):
-                return unfused.vllm_qk_norm_rope(
-                    qkv,
-                    positions,
-                    cos_sin_cache,
-                    q_weight,
-                    k_weight,
-                    q_size=q_size,
-                    kv_size=kv_size,
-                    eps=eps,
-                    is_neox=neox,
-                    gemma=gemma,
-                    q_bias=q_bias,
-                    k_bias=k_bias,
-                )
+                args = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+                return unfused_prologue(*args, scalars)
 
             def replace(
-                qkv,
-                positions,
-                cos_sin_cache,
-                q_weight,
-                k_weight,
-                q_bias,
-                k_bias,
-                q_size,
-                kv_size,
-                eps,
+                qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **scalars
             ):
-                return fused(
-                    qkv,
-                    positions,
-                    cos_sin_cache,
-                    q_weight,
-                    k_weight,
-                    q_bias,
-                    k_bias,
-                    q_size,
-                    kv_size,
-                    eps,
-                )
+                args = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+                return fused(*args, scalars)
         else:
 
-            def search(qkv, positions, cos_sin_cache, q_weight, k_weight, q_size, kv_size, eps):
-                return unfused.vllm_qk_norm_rope(
-                    qkv,
-                    positions,
-                    cos_sin_cache,
-                    q_weight,
-                    k_weight,
-                    q_size=q_size,
-                    kv_size=kv_size,
-                    eps=eps,
-                    is_neox=neox,
-                    gemma=gemma,
-                )
+            def search(qkv, positions, cos_sin_cache, q_weight, k_weight, **scalars):
+                args = (qkv, positions, cos_sin_cache, q_weight, k_weight, None, None)
+                return unfused_prologue(*args, scalars)
 
-            def replace(qkv, positions, cos_sin_cache, q_weight, k_weight, q_size, kv_size, eps):
-                return fused(
-                    qkv,
-                    positions,
-                    cos_sin_cache,
-                    q_weight,
-                    k_weight,
-                    None,
-                    None,
-                    q_size,
-                    kv_size,
-                    eps,
-                )
+            def replace(qkv, positions, cos_sin_cache, q_weight, k_weight, **scalars):
+                args = (qkv, positions, cos_sin_cache, q_weight, k_weight, None, None)
+                return fused(*args, scalars)
 
-        return search, replace
+        def read_scalars(match: pm.Match) -> dict | None:
+            sizes = read_split_sizes(match, match.kwargs["qkv"])
+            eps = read_norm_eps(match)
+            return None if sizes is None or eps is None else {**sizes, **eps}
+
+        return Replacement(
+            self.name,
+            search,
+            replace,
+            self.example_inputs(),
+            _VLLM_SCALARS,
+            read_scalars,
+            _vllm_check,
+        )
 
 
 def vllm_variants() -> list[VllmVariant]:
@@ -250,6 +361,9 @@ def vllm_variants() -> list[VllmVariant]:
     return out
 
 
+# ----------------------------------------------------------------------- Hugging Face form
+
+
 @dataclass(frozen=True)
 class HfVariant:
     """Hugging Face Qwen3 form (NeoX ``rotate_half``, cos/sin in the activation dtype)."""
@@ -260,30 +374,31 @@ class HfVariant:
     def name(self) -> str:
         return "hf-qwen3-" + ("16bit" if self.dtype != torch.float32 else "fp32")
 
-    def example_inputs(self) -> list[torch.Tensor]:
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
         b, s = 1, _T
-        return [
+        return (
             torch.zeros(b, s, _HQ, _D, dtype=self.dtype),
             torch.zeros(b, s, _HKV, _D, dtype=self.dtype),
             torch.zeros(b, s, _D, dtype=self.dtype),
             torch.zeros(b, s, _D, dtype=self.dtype),
             torch.zeros(_D, dtype=self.dtype),
             torch.zeros(_D, dtype=self.dtype),
-        ]
+        )
 
-    def search_and_replace(self):
-        def search(q_by_head, k_by_head, cos, sin, q_weight, k_weight, eps):
+    def replacement(self) -> Replacement:
+        def search(q_by_head, k_by_head, cos, sin, q_weight, k_weight, *, eps):
             q = unfused.hf_rms_norm(q_by_head, q_weight, eps).transpose(1, 2)
             k = unfused.hf_rms_norm(k_by_head, k_weight, eps).transpose(1, 2)
             return unfused.hf_apply_rotary_pos_emb(q, k, cos, sin)
 
-        def replace(q_by_head, k_by_head, cos, sin, q_weight, k_weight, eps):
+        def replace(q_by_head, k_by_head, cos, sin, q_weight, k_weight, *, eps):
             d = q_weight.shape[0]
             lead = q_by_head.shape[:-2]
             q = q_by_head.reshape(-1, q_by_head.shape[-2] * d)
             k = k_by_head.reshape(-1, k_by_head.shape[-2] * d)
             half = cos.shape[-1] // 2
-            # HF's cos/sin repeat their halves: [cos | cos]; vLLM's cache row is [cos | sin].
+            # HF's cos/sin repeat their halves: [cos | cos] (checked by _hf_check); vLLM's
+            # cache row is [cos | sin].
             cos = cos.expand(*lead, cos.shape[-1])[..., :half]
             sin = sin.expand(*lead, sin.shape[-1])[..., :half]
             cache = torch.cat([cos, sin], dim=-1).reshape(-1, 2 * half)
@@ -296,7 +411,15 @@ class HfVariant:
                 ko.view(k_by_head.shape).transpose(1, 2),
             )
 
-        return search, replace
+        return Replacement(
+            self.name,
+            search,
+            replace,
+            self.example_inputs(),
+            _HF_SCALARS,
+            lambda match: read_norm_eps(match),
+            _hf_check,
+        )
 
 
 def hf_variants() -> list[HfVariant]:
@@ -306,20 +429,15 @@ def hf_variants() -> list[HfVariant]:
 # ------------------------------------------------------------------------------- checks
 
 
-def _val(x):
-    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
-
-
-def _vllm_check(match: pm.Match) -> bool:
-    """Sizes that the re-traced pattern cannot check by itself, and dtype preservation."""
+def _vllm_check(match: pm.Match, scalars: dict) -> bool:
+    """What the exact re-match cannot see: ranks, whole heads, the cache width, dtypes."""
     kw = match.kwargs
     qkv, w = _val(kw["qkv"]), _val(kw["q_weight"])
     cache, positions = _val(kw["cos_sin_cache"]), _val(kw["positions"])
-    q_size, kv_size = kw["q_size"], kw["kv_size"]
     if qkv is None or w is None or cache is None or positions is None:
         return False
     d = w.shape[0]
-    if not (isinstance(q_size, int) and isinstance(kv_size, int)) or q_size % d or kv_size % d:
+    if scalars["q_size"] % d or scalars["kv_size"] % d:
         return False
     if qkv.dim() != 2 or positions.dim() != 1 or positions.dtype not in (torch.int32, torch.int64):
         return False
@@ -328,14 +446,72 @@ def _vllm_check(match: pm.Match) -> bool:
     return _outputs_keep_dtype(match, qkv.dtype)
 
 
-def _hf_check(match: pm.Match) -> bool:
+def _hf_check(match: pm.Match, scalars: dict) -> bool:
     kw = match.kwargs
     q, w, cos = _val(kw["q_by_head"]), _val(kw["q_weight"]), _val(kw["cos"])
     if q is None or w is None or cos is None or q.dim() != 4 or cos.dim() != 3:
         return False
     if cos.shape[-1] != w.shape[0] or cos.shape[-1] % 2:
         return False
+    if not (halves_repeated(kw["cos"]) and halves_repeated(kw["sin"])):
+        return False
     return _outputs_keep_dtype(match, q.dtype)
+
+
+def halves_repeated(node) -> bool:
+    """Whether the graph proves ``node[..., :D/2] == node[..., D/2:]``.
+
+    HF builds cos/sin as ``emb = cat((freqs, freqs), -1)`` followed by pointwise ops of that
+    one tensor (``cos()``, ``* attention_scaling``, ``.to(dtype)``); Inductor may rewrite the
+    ``cat`` of one tensor with itself as ``reshape(clone(expand(unsqueeze(freqs, -2), [..., 2,
+    D/2])), [..., D])``. Both forms are accepted. The fused op reads only the first half of
+    HF's cos/sin, so a site whose halves are not proven equal is left unfused.
+    """
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        val = _val(node)
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
+            return False
+        if node.target is aten.cat.default:
+            parts = node.args[0]
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            return dim in (-1, val.dim() - 1) and len(parts) == 2 and parts[0] is parts[1]
+        if node.target in (aten.reshape.default, aten.view.default):
+            return _pair_of_copies(node.args[0], val.shape[-1])
+        if node.target is aten.clone.default or (
+            node.target is aten._to_copy.default and node.kwargs.keys() <= {"dtype"}
+        ):
+            node = node.args[0]  # a copy or a cast: the same values
+            continue
+        tensor_args = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        tags = getattr(node.target, "tags", ())
+        if (
+            torch.Tag.pointwise not in tags
+            or len(tensor_args) != 1
+            or node.kwargs.keys() - {"dtype"}
+        ):
+            return False
+        if _val(tensor_args[0]) is None or _val(tensor_args[0]).shape != val.shape:
+            return False  # a broadcast could mix the halves
+        node = tensor_args[0]
+    return False
+
+
+def _pair_of_copies(node, width) -> bool:
+    """``node`` is ``[..., 2, width / 2]`` expanded from ``[..., 1, width / 2]`` (through
+    clones), so that flattening its last two dims repeats one half twice."""
+    while isinstance(node, torch.fx.Node) and node.target is aten.clone.default:
+        node = node.args[0]
+    if not isinstance(node, torch.fx.Node) or node.target is not aten.expand.default:
+        return False
+    out, src = _val(node), _val(node.args[0])
+    if out is None or src is None or out.dim() < 2 or src.dim() != out.dim():
+        return False
+    return (
+        out.shape[-2] == 2
+        and src.shape[-2] == 1
+        and out.shape[-1] == src.shape[-1]
+        and 2 * out.shape[-1] == width
+    )
 
 
 def _outputs_keep_dtype(match: pm.Match, dtype: torch.dtype) -> bool:
@@ -348,33 +524,16 @@ def _outputs_keep_dtype(match: pm.Match, dtype: torch.dtype) -> bool:
     return True
 
 
-def _register(search, replace, example_inputs, pass_dict, extra_check, scalars, name) -> bool:
-    return bool(
-        pm.register_replacement(
-            search,
-            replace,
-            example_inputs,
-            trace_like_inductor,
-            pass_dict,
-            extra_check=extra_check,
-            scalar_workaround=dict(scalars),
-            pattern_name=name,
-        )
-    )
+def replacements() -> list[Replacement]:
+    """Every rewrite, in registration order."""
+    return [v.replacement() for v in vllm_variants()] + [v.replacement() for v in hf_variants()]
 
 
 def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
-    """Register every variant into ``pass_dict``; returns how many were registered."""
+    """Register every rewrite into ``pass_dict``; returns how many were registered."""
     count = 0
     with torch.no_grad():
-        for v in vllm_variants():
-            search, replace = v.search_and_replace()
-            count += _register(
-                search, replace, v.example_inputs(), pass_dict, _vllm_check, _SCALARS, v.name
-            )
-        for v in hf_variants():
-            search, replace = v.search_and_replace()
-            count += _register(
-                search, replace, v.example_inputs(), pass_dict, _hf_check, _HF_SCALARS, v.name
-            )
+        for r in replacements():
+            r.register(pass_dict)
+            count += 1
     return count

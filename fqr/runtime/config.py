@@ -11,37 +11,37 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..backends import BackendUnavailable, get_backend
+from ..backends import auto_backend_name, get_backend
+from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
+from ..validate import NUMERICS, check_choice
 from .device import DEVICE_TYPES, host_memory_available
 from .faults import FaultSpec, parse_fault
 from .parallel_state import Layout
 from .workload import parse_range
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAUNCHERS = ("mp", "torchrun")
-AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}  # as fqr.backends.auto_backend_name
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 # The host memory model of one step, in bytes per element of the unsharded qkv rows (``d``: the
 # dtype's bytes). Upper bounds of what tests/runtime/test_runtime_memory.py measures:
-# * a worker draws its batch's rows in fp32 and casts them (8 + d), then holds its rows, its
-#   outputs and, on verified steps, their pickled reply (at most 4d over these phases);
-# * the engine draws each replica's rows again to verify them (fp32 draw and scale, 8 + d, and
-#   d for the rows it slices; 12 + 2d with slack), and holds every rank's replies of the steps
-#   in flight (d per replica and step);
-#   the verifier's float64 working set is bounded by its chunking (at most
+# * a worker draws its batch's rows in float64 and scales them (16), casts them (d), then holds
+#   its rows, its outputs and, on verified steps, their pickled reply (at most 4d over these
+#   phases);
+# * the engine draws each replica's rows again to verify them (16 + d, and d for the rows it
+#   slices; 20 + 2d with slack), and holds every rank's replies of the steps in flight (d per
+#   replica and step); the verifier's float64 working set is bounded by its chunking (at most
 #   VERIFIER_BYTES_PER_CHUNK_ELEMENT per element of one chunk, verify.VERIFY_CHUNK_ELEMENTS).
 WORKER_PROCESS_BYTES = 384 << 20  # a spawned worker's resident set after its imports
 VERIFIER_BYTES_PER_CHUNK_ELEMENT = 512
 
 
 def worker_bytes_per_element(d: int) -> int:
-    return 8 + 4 * d
+    return 16 + 4 * d
 
 
 def engine_bytes_per_element(d: int, dp: int, steps_in_flight: int) -> int:
-    return 12 + 2 * d + d * dp * steps_in_flight
+    return 20 + 2 * d + d * dp * steps_in_flight
 
 
 def verifier_working_bytes() -> int:
@@ -79,7 +79,7 @@ class RunConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return dtype_of(self.dtype)
 
     @property
     def max_step_tokens(self) -> int:
@@ -94,7 +94,7 @@ class RunConfig:
         preset = get_preset(self.preset)
         d = self.torch_dtype.itemsize
         workers = self.layout.world_size if workers_here is None else workers_here
-        step = self.max_step_tokens * preset.qkv_width
+        step = self.max_step_tokens * preset.spec.qkv_width
         need = workers * step * worker_bytes_per_element(d)
         if self.launcher == "mp":
             need += workers * WORKER_PROCESS_BYTES
@@ -140,8 +140,8 @@ class RunConfig:
         for name in ("dp", "tp", "requests", "max_batched_tokens", "max_running"):
             if name in kw and (not isinstance(kw[name], int) or kw[name] < 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {kw[name]!r}")
-        if kw.get("backend", "auto") == "auto":  # triton on cuda, ascend on npu, else reference
-            kw["backend"] = AUTO_BACKENDS.get(kw.get("device", "cpu"), "reference")
+        if kw.get("backend", "auto") == "auto":
+            kw["backend"] = auto_backend_name(kw.get("device", "cpu"))
         layout = Layout(kw.get("dp", 1), kw.get("tp", 1))
         cfg = cls(prompt_len=tuple(prompt_len), fault=parse_fault(fault, layout.world_size), **kw)
         cfg.check()
@@ -149,27 +149,13 @@ class RunConfig:
 
     def check(self) -> None:
         preset = get_preset(self.preset, self.tp)  # unknown preset / tp not dividing heads
-        if self.device not in DEVICE_TYPES:
-            raise ValueError(
-                f"--device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.numerics not in ("fused", "unfused"):
-            raise ValueError(f"--numerics must be fused or unfused, got {self.numerics!r}")
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(
-                f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
-            )
-        backend = get_backend(self.backend)
-        if self.device not in backend.device_types:
-            raise ValueError(
-                f"--backend {self.backend} runs on {'/'.join(backend.device_types)}, "
-                f"not on --device {self.device}"
-            )
-        reason = backend.unavailable_reason()
-        if reason:
-            raise BackendUnavailable(f"--backend {self.backend} is unavailable: {reason}")
+        check_choice("--device", self.device, DEVICE_TYPES)
+        check_choice("--dtype", self.dtype, ACTIVATION_DTYPE_NAMES)
+        check_choice("--numerics", self.numerics, NUMERICS)
+        check_choice("--launcher", self.launcher, LAUNCHERS)
+        get_backend(self.backend).require(
+            self.device, named=f"--backend {self.backend}", where=f"--device {self.device}"
+        )
         for name in ("decode_steps", "verify_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -78,7 +78,7 @@ class PrologueLayer:
 
     def shard_columns(self) -> torch.Tensor:
         """Columns of the unsharded qkv row that this rank holds, in ``[q | k | v]`` order."""
-        d, f = self.shard.head_dim, self.full
+        d, f = self.shard.head_dim, self.full.spec
         q = torch.arange(self.q_heads.start * d, self.q_heads.stop * d)
         k = f.q_size + torch.arange(self.kv_heads.start * d, self.kv_heads.stop * d)
         return torch.cat([q, k, k + f.kv_size])
@@ -89,7 +89,7 @@ class PrologueLayer:
 
     def partial_sum_sq(self, qkv: torch.Tensor) -> torch.Tensor:
         """float32 ``[2, T]``: this rank's share of the per-token sums of squares of q and k."""
-        s = self.shard
+        s = self.shard.spec
         x = qkv.to(torch.float32)
         q_ss = x[:, : s.q_size].square().sum(dim=1)
         k_ss = x[:, s.q_size : s.q_size + s.kv_size].square().sum(dim=1)
@@ -105,7 +105,6 @@ class PrologueLayer:
     ):
         """``(q, k, v)`` of this shard. ``all_reduce`` sums a tensor in place over the TP group
         (needed only for full-width norm with tp > 1)."""
-        s = self.shard
         stats = None
         if self.needs_allreduce and qkv.shape[0] > 0:  # a DP replica's TP ranks agree on T
             if all_reduce is None:
@@ -113,7 +112,10 @@ class PrologueLayer:
             sums = self.partial_sum_sq(qkv)
             all_reduce(sums)
             stats = NormStats(
-                sums[0].contiguous(), sums[1].contiguous(), self.full.q_size, self.full.kv_size
+                sums[0].contiguous(),
+                sums[1].contiguous(),
+                self.full.spec.q_size,
+                self.full.spec.kv_size,
             )
         return split_qkv_rmsnorm_rope(
             qkv,
@@ -121,14 +123,7 @@ class PrologueLayer:
             self.cos_sin_cache,
             self.q_weight,
             self.k_weight,
-            num_heads=s.num_heads,
-            num_kv_heads=s.num_kv_heads,
-            head_dim=s.head_dim,
-            eps=s.eps,
-            is_neox=s.is_neox,
-            weight_offset=s.weight_offset,
-            norm=s.norm,
-            norm_stats=stats,
-            numerics=self.numerics,
-            backend=self.backend,
+            **self.shard.spec.kwargs(
+                norm_stats=stats, numerics=self.numerics, backend=self.backend
+            ),
         )

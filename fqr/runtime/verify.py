@@ -1,7 +1,7 @@
 """Verification of a run's outputs against the unsharded float64 expectation.
 
 For a verified step, every DP replica's batch is redrawn from its seed (``workload.step_qkv``)
-and evaluated by :func:`fqr.golden.exact_prologue` (the prologue's formulas in float64, an
+and evaluated by :func:`fqr.reference.prologue` (the prologue's formulas in float64, an
 implementation independent of the ops' reference rules) on the **unsharded** model. Each TP
 rank's outputs are its heads of that expectation, so comparing every shard with its slice
 under the numerics contract (:func:`fqr.numerics.compare`) is comparing the TP-gathered output,
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..golden import exact_prologue
+from .. import reference
 from ..numerics import compare
 from ..presets import get_preset
 from .layer import shard_heads
@@ -54,20 +54,13 @@ class Verifier:
         self.failures: list[str] = []
 
     def expected(self, qkv: torch.Tensor, positions: torch.Tensor):
-        f = self.full
-        return exact_prologue(
+        return reference.prologue(
             qkv,
             positions,
             self.cos_sin_cache,
             self.q_weight,
             self.k_weight,
-            num_heads=f.num_heads,
-            num_kv_heads=f.num_kv_heads,
-            head_dim=f.head_dim,
-            eps=f.eps,
-            is_neox=f.is_neox,
-            weight_offset=f.weight_offset,
-            norm=f.norm,
+            **self.full.spec.kwargs(),
         )
 
     def _slices(self, tp_rank: int, exact):
@@ -86,7 +79,7 @@ class Verifier:
         the float64 expectation and the ULP comparison of a whole batch would take ~100 bytes
         per qkv element (4 GiB at 64K Qwen3-8B tokens)."""
         d = self.full.head_dim
-        step = max(1, VERIFY_CHUNK_ELEMENTS // self.full.qkv_width)
+        step = max(1, VERIFY_CHUNK_ELEMENTS // self.full.spec.qkv_width)
         problems: dict[int, dict[str, list]] = {r: {} for r in outputs}
         v_mismatch: set[int] = set()
         ulp = dict.fromkeys(outputs, 0)

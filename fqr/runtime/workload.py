@@ -6,7 +6,8 @@ list of :class:`Segment` s (a prefill chunk or one decode token of a request, wi
 positions). The activations are not shipped: every process that needs a step's packed QKV
 rows (its workers, and the verifier) draws them from ``(seed, step, stream)``, where the
 stream is the DP rank (or :data:`PROBE_STREAM` for the probe batch every DP replica runs).
-Norm weights are drawn once from the seed, for the whole (unsharded) model.
+Norm weights are drawn once from the seed, for the whole (unsharded) model. Both come from
+:mod:`fqr.inputs`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..inputs import random_norm_params, random_qkv
 from ..presets import Preset
 
 PROBE_STREAM = 1 << 20
@@ -95,26 +97,16 @@ def step_qkv(
     """The packed, unsharded QKV rows ``[tokens, (Hq + 2*Hkv) * D]`` of one batch (CPU)."""
     if preset.tp != 1:
         raise ValueError("step_qkv draws the unsharded rows: pass the tp=1 preset")
-    g = _generator(seed, step, stream)
-    heads = preset.num_heads + 2 * preset.num_kv_heads
-    scale = 0.5 + 2.5 * torch.rand(heads, 1, generator=g)  # per-head scales, as in real models
-    x = torch.randn(tokens, heads, preset.head_dim, generator=g) * scale
-    return x.reshape(tokens, preset.qkv_width).to(dtype)
+    return random_qkv(preset.spec, tokens, dtype, _generator(seed, step, stream))
 
 
 def model_norm_weights(preset: Preset, seed: int, dtype: torch.dtype):
-    """``(q_weight, k_weight)`` of the unsharded model: ``[D]`` each for per-head norm,
-    ``[Hq*D]``/``[Hkv*D]`` for full-width norm, ``(None, None)`` without QK norm. Drawn around
-    1 (``1 + w`` around 1 for offset-1 models), as trained norm weights are."""
-    if preset.norm == "none":
-        return None, None
+    """``(q_weight, k_weight)`` of the unsharded model (:func:`fqr.inputs.random_norm_params`):
+    ``[D]`` each for per-head norm, ``[Hq*D]``/``[Hkv*D]`` for full-width norm, ``(None, None)``
+    without QK norm."""
     if preset.tp != 1:
         raise ValueError("model_norm_weights draws the unsharded weights: pass the tp=1 preset")
-    g = torch.Generator().manual_seed(seed ^ 0x5EED)
-    base = 1.0 - preset.weight_offset
-    lens = (
-        (preset.head_dim, preset.head_dim)
-        if preset.norm == "head"
-        else (preset.q_size, preset.kv_size)
+    q_weight, k_weight, _, _ = random_norm_params(
+        preset.spec, dtype, torch.Generator().manual_seed(seed ^ 0x5EED)
     )
-    return tuple((base + 0.25 * torch.randn(n, generator=g)).to(dtype) for n in lens)
+    return q_weight, k_weight

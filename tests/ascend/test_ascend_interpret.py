@@ -5,7 +5,7 @@ core processes more than one tile of tokens (issue 16674: from 1024 tokens with 
 257 tokens with 64/4 heads). Here a small persistent grid (3 "vector cores") makes every program
 run many tiles, with token counts that neither the core count nor the tile divides; and a small
 UB budget forces head chunks (including the full-width-norm prepass). Every output is compared
-with the independent float64 formulation (``fqr.golden.exact_prologue``) under the numerics
+with the independent float64 formulation (``fqr.reference.prologue``) under the numerics
 contract, on fresh random inputs and real RoPE tables, with NaN-poisoned output buffers.
 
 Needs the Ascend environment (``make ascend-env``) and an interpreted process (the default of
@@ -14,42 +14,24 @@ Needs the Ascend environment (``make ascend-env``) and an interpreted process (t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from conftest import make_problem
+from support.ascend import ASCEND_INTERPRET_MARKS, CORES
 
-from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
+from fqr import reference
 from fqr.lowering import ascend as A
 from fqr.lowering import lower
-from fqr.lowering.loader import triton_mode
 from fqr.lowering.targets import cdiv
 from fqr.numerics import compare
 from fqr.prologue import program_signature, prologue_program
 
-_reason = BACKENDS["ascend-interpret"].unavailable_reason()
-pytestmark = [
-    pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
-        reason="the interpreter needs a process with TRITON_INTERPRET=1",
-    ),
-    # triton-ascend 3.2's interpreter turns 1-element arrays into ints (numpy warns; pinned <2.4)
-    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
-]
-CORES = 3
+pytestmark = ASCEND_INTERPRET_MARKS
 
 
 def run_ascend_interpret(pr, numerics="fused", **options):
     """Lower the problem's program for ascend-interpret and run it on NaN-poisoned outputs."""
-    static = dict(
-        pr.static,
-        eps=float(pr.static["eps"]),
-        weight_offset=float(pr.static["weight_offset"]),
-        numerics=numerics,
-    )
+    static = pr.spec.kwargs(numerics=numerics)
     tensors = (
         pr.qkv,
         pr.positions,
@@ -70,26 +52,10 @@ def run_ascend_interpret(pr, numerics="fused", **options):
 
 
 def check_against_float64(pr, outs, numerics="fused"):
-    s = pr.static
-    eq, ek, ev = exact_prologue(
-        pr.qkv,
-        pr.positions,
-        pr.cos_sin_cache,
-        pr.q_weight,
-        pr.k_weight,
-        num_heads=s["num_heads"],
-        num_kv_heads=s["num_kv_heads"],
-        head_dim=s["head_dim"],
-        eps=s["eps"],
-        is_neox=s["is_neox"],
-        q_bias=pr.q_bias,
-        k_bias=pr.k_bias,
-        weight_offset=s["weight_offset"],
-        norm=s["norm"],
-    )
+    eq, ek, ev = reference.prologue(*pr.args(), **pr.kwargs())
     q, k, v = outs
     for name, out, exp in (("q", q, eq), ("k", k, ek)):
-        c = compare(out, exp, head_dim=s["head_dim"], numerics=numerics)
+        c = compare(out, exp, head_dim=pr.spec.head_dim, numerics=numerics)
         assert c.passed, f"{name}: {c}"
     assert torch.equal(v, ev), "v must be a bit-exact copy"
 
@@ -141,5 +107,5 @@ def test_head_chunks_when_a_row_does_not_fit(gen, case):
     ub = A.UB_RESERVE_BYTES + 24 * 1024  # small enough that the q row is split
     kernel, outs = run_ascend_interpret(pr, numerics=numerics, ub_bytes=ub, chunk_mode=chunk_mode)
     assert kernel.tiling.chunk_mode == chunk_mode
-    assert kernel.tiling.head_chunks[0] < pr.static["num_heads"], kernel.tiling
+    assert kernel.tiling.head_chunks[0] < pr.spec.num_heads, kernel.tiling
     check_against_float64(pr, outs, numerics)

@@ -7,25 +7,12 @@ Needs the Ascend environment (``make ascend-env``) and an interpreted process; s
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from support.ascend import ASCEND_INTERPRET_MARKS, CORES
 from support.compositions import gated_case, indexer_case, narrow_case, padded_case
 from support.programs import check_outputs, run_kernel
 
-from fqr.backends import BACKENDS
-from fqr.lowering.loader import triton_mode
-
-_reason = BACKENDS["ascend-interpret"].unavailable_reason()
-pytestmark = [
-    pytest.mark.skipif(_reason is not None, reason=f"ascend-interpret: {_reason}"),
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") == "0" or triton_mode() == "compiled",
-        reason="the interpreter needs a process with TRITON_INTERPRET=1",
-    ),
-    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
-]
-CORES = 3
+pytestmark = ASCEND_INTERPRET_MARKS
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from conftest import make_problem
 
 import fqr
 from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
+from fqr.reference import prologue as exact_prologue
 
 BACKEND_NAMES = ["reference", "interpret"]
 

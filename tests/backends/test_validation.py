@@ -3,6 +3,8 @@ before any kernel runs (issue 2, item 8); empty T returns empty outputs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import make_problem
@@ -108,13 +110,45 @@ def test_bad_input_is_reported_before_the_backend_is_touched(problem, name, argu
 def test_full_norm_weight_must_span_the_projection(gen):
     p = make_problem(gen, norm="full")
     with pytest.raises(ValueError, match="q_weight"):
-        _call(p, q_weight=p.q_weight[: p.static["head_dim"]])
+        _call(p, q_weight=p.q_weight[: p.spec.head_dim])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_empty_tokens_return_empty_outputs(gen, dtype):
     p = make_problem(gen, tokens=0, dtype=dtype)
     q, k, v = _call(p)
-    hq, hkv, d = p.static["num_heads"], p.static["num_kv_heads"], p.static["head_dim"]
+    hq, hkv, d = p.spec.num_heads, p.spec.num_kv_heads, p.spec.head_dim
     assert (q.shape, k.shape, v.shape) == ((0, hq * d), (0, hkv * d), (0, hkv * d))
     assert q.dtype == k.dtype == v.dtype == dtype
+
+
+SHARED_BAD_STATICS = [
+    ("head_dim", dict(head_dim=0)),
+    ("eps", dict(eps=-1.0)),
+    ("is_neox", dict(is_neox=1)),
+    ("weight_offset", dict(weight_offset="1")),
+]
+
+
+@pytest.mark.parametrize("argument,bad", SHARED_BAD_STATICS, ids=[b[0] for b in SHARED_BAD_STATICS])
+def test_both_ops_and_the_spec_name_a_bad_parameter_alike(problem, argument, bad):
+    """One set of checks: the split op, the no-split op and PrologueSpec say the same thing."""
+    messages = []
+    for call in (
+        lambda: _call(problem, **bad),
+        lambda: fqr.qk_rmsnorm_rope(
+            problem.qkv[:, :512].contiguous(),
+            problem.qkv[:, 512:768].contiguous(),
+            problem.positions,
+            problem.cos_sin_cache,
+            problem.q_weight,
+            problem.k_weight,
+            **{**dict(head_dim=128), **bad},
+            backend="reference",
+        ),
+        lambda: dataclasses.replace(problem.spec, **bad),
+    ):
+        with pytest.raises((ValueError, TypeError)) as info:
+            call()
+        messages.append(str(info.value))
+    assert messages[0].startswith(argument) and len(set(messages)) == 1, messages

@@ -18,7 +18,12 @@ import pytest
 import torch
 from fqr_cli.app import main
 
+import fqr
 import fqr.bench as fb
+import fqr.bench.run as bench_run
+from fqr import reference
+from fqr.bench import report
+from fqr.inputs import random_inputs
 from fqr.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +121,7 @@ def test_from_json_does_not_take_measuring_options(monkeypatch, capsys, tmp_path
 
 def test_traffic_model_per_head_norm():
     p = get_preset("qwen3-8b")  # 32 q heads, 8 kv heads, D = R = 128
-    t = fb.traffic_bytes(p, torch.bfloat16, 1024)
+    t = fb.traffic_bytes(p.spec, torch.bfloat16, 1024)
     width = (32 + 2 * 8) * 128
     assert t.qkv_read == t.qkv_written == 1024 * width * 2
     assert t.positions == 1024 * 8
@@ -137,7 +142,7 @@ def test_traffic_model_per_head_norm():
 def test_traffic_model_other_shapes(name, dtype, weight_values, rotary):
     p = get_preset(name)
     elt = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[dtype]
-    one, many = fb.traffic_bytes(p, dtype, 1), fb.traffic_bytes(p, dtype, 4096)
+    one, many = fb.traffic_bytes(p.spec, dtype, 1), fb.traffic_bytes(p.spec, dtype, 4096)
     assert one.weights == many.weights == weight_values * elt
     assert one.cos_sin == rotary * 4
     assert one.qkv_read == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim * elt
@@ -229,7 +234,7 @@ def test_bookkeeping_of_a_cpu_run():
     assert [r["tokens"] for r in doc["rows"]] == [1, 300]
     for row in doc["rows"]:
         p = get_preset(row["preset"])
-        assert row["bytes"] == fb.traffic_bytes(p, torch.bfloat16, row["tokens"]).total
+        assert row["bytes"] == fb.traffic_bytes(p.spec, torch.bfloat16, row["tokens"]).total
         fqr, eager = row["impls"]["fqr"], row["impls"]["eager"]
         assert fqr["check"]["passed"] and eager["check"]["passed"]
         assert fqr["check"]["q"]["tolerance"] == "<=1 ulp"  # fused contract for fqr
@@ -246,7 +251,7 @@ def test_bookkeeping_of_a_cpu_run():
 
 def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
     """An fqr kernel whose q misses the norm fails its check; only the peer gets timed."""
-    real = fb._fqr_callable
+    real = bench_run.fqr_callable
 
     def broken(preset, cache, backend, numerics):
         run = real(preset, cache, backend, numerics)
@@ -257,7 +262,7 @@ def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
 
         return wrong
 
-    monkeypatch.setattr(fb, "_fqr_callable", broken)
+    monkeypatch.setattr(bench_run, "fqr_callable", broken)
     clock = FixedClock([20.0])
     doc = fb.run_bench(_config(tokens=[5]), device="cpu", timers=clock)
     fqr = doc["rows"][0]["impls"]["fqr"]
@@ -267,7 +272,7 @@ def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
     assert fqr["us"] is None and fqr["gbps"] is None
     assert clock.timed == 1  # the eager peer only
     assert doc["rows"][0]["speedup"] == {}
-    lines = cli_bench.failure_lines(doc)
+    lines = report.failure_lines(doc)
     assert len(lines) == 1 and lines[0].startswith("fqr qwen3-0.6b bf16 T=5 is wrong")
 
 
@@ -278,7 +283,7 @@ def test_a_raising_implementation_is_reported(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(fb, "_fqr_callable", raising)
+    monkeypatch.setattr(bench_run, "fqr_callable", raising)
     doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([1.0]))
     fqr = doc["rows"][0]["impls"]["fqr"]
     assert fqr["error"] == "RuntimeError: kernel launch failed" and fqr["us"] is None
@@ -343,7 +348,7 @@ def test_plot_without_matplotlib_is_a_clear_message(monkeypatch, capsys, tmp_pat
     path = tmp_path / "b.json"
     path.write_text(json.dumps(_document(tmp_path, tokens=[2])))
     monkeypatch.setattr(
-        cli_bench, "_matplotlib_missing", lambda: "matplotlib is not installed here, so no plot"
+        report, "matplotlib_missing", lambda: "matplotlib is not installed here, so no plot"
     )
     code, _, err = run_cli(
         monkeypatch, capsys, "--from-json", str(path), "--plot", str(tmp_path / "x.png")
@@ -363,38 +368,21 @@ def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
 def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     p = get_preset("qwen3-0.6b")
     g = torch.Generator().manual_seed(7)
-    x = fb.make_inputs(p, torch.bfloat16, 300, "cpu", g)
-    cache = p.cos_sin_cache()
-    from fqr.golden import exact_prologue
-    from fqr.prologue import split_qkv_rmsnorm_rope
-
-    kw = dict(
-        num_heads=p.num_heads,
-        num_kv_heads=p.num_kv_heads,
-        head_dim=p.head_dim,
-        eps=p.eps,
-        is_neox=p.is_neox,
-        weight_offset=p.weight_offset,
-        norm=p.norm,
-    )
-    q, k, v = split_qkv_rmsnorm_rope(
-        x.qkv, x.positions, cache, x.q_weight, x.k_weight, backend="reference", **kw
-    )
+    x = random_inputs(p.spec, 300, torch.bfloat16, g, p.cos_sin_cache())
+    q, k, v = fqr.split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(backend="reference"))
     rows = fb.check_row_index(300, 50, g, "cpu")
-    exact = exact_prologue(x.qkv[rows], x.positions[rows], cache, x.q_weight, x.k_weight, **kw)
-    shapes = [(300, p.q_size), (300, p.kv_size), (300, p.kv_size)]
-    good = fb.check_outputs((q, k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    exact = reference.prologue(x.qkv[rows], x.positions[rows], *x.args()[2:], **x.kwargs())
+    bf16 = torch.bfloat16
+    good = fb.check_outputs((q, k, v), exact, rows, p.spec, "fused", 300, bf16)
     assert good["passed"] and good["rows"] == 50
 
-    wide = fb.check_outputs(
-        (q.float(), k, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16
-    )
+    wide = fb.check_outputs((q.float(), k, v), exact, rows, p.spec, "fused", 300, bf16)
     assert not wide["passed"] and "expected" in wide["q"]["error"]
 
     missed = int(next(r for r in range(300) if r not in set(rows.tolist())))
     k_bad = k.clone()
     k_bad[missed, 5] = float("nan")  # a row the sample does not compare
-    bad = fb.check_outputs((q, k_bad, v), exact, rows, p.head_dim, "fused", shapes, torch.bfloat16)
+    bad = fb.check_outputs((q, k_bad, v), exact, rows, p.spec, "fused", 300, bf16)
     assert not bad["passed"] and bad["k"]["nonfinite_all_rows"] == 1 and bad["k"]["bad"] == 0
 
 
@@ -449,3 +437,27 @@ def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
             assert (
                 fqr["graph_us"] > 0 and fqr["dispatch_us"] > 0 and fqr["launcher_dispatch_us"] > 0
             )
+
+
+def test_a_new_measurement_kind_is_one_entry(monkeypatch, capsys, tmp_path):
+    """A measurement defined in one place shows up in the document and as a table column."""
+    wall = fb.Measurement("wall_us", "wall us", ".1f", lambda timers, call, cfg: call() and 7.0)
+    kinds = fb.MEASUREMENTS + (wall,)
+    monkeypatch.setattr(bench_run, "MEASUREMENTS", kinds)
+    monkeypatch.setattr(report, "MEASUREMENTS", kinds)
+    calls = []
+
+    def counted(preset, cache, backend, numerics):
+        run = real(preset, cache, backend, numerics)
+        return lambda x: calls.append(1) or run(x)
+
+    real = bench_run.fqr_callable
+    monkeypatch.setattr(bench_run, "fqr_callable", counted)
+    doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([10.0, 30.0]))
+    assert doc["rows"][0]["impls"]["fqr"]["wall_us"] == 7.0
+    assert doc["rows"][0]["impls"]["eager"]["wall_us"] == 7.0
+    # check + kernel + graph + dispatch + the new one each called fqr at least once
+    assert len(calls) >= 5
+    table = report.results_table(doc)
+    assert ("wall us", "right") in table.columns
+    assert table.rows[0][[c for c, _ in table.columns].index("wall us")] == "7.0"

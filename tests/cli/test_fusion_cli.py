@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow  # fqr fuse compiles models in subprocesses
 
@@ -27,6 +28,10 @@ def fqr(*args: str) -> subprocess.CompletedProcess:
         (("--preset", "nope"), "unknown preset"),
         (("--layers", "0"), "--layers"),
         (("--dtype", "int8"), "--dtype"),
+        (("--device", "cuda", "--model", "gpt2"), "--model must be one of"),
+        (("--device", "cuda", "--decode", "1,x"), "--decode: cannot parse"),
+        (("--device", "cuda", "--model", "hf-qwen3", "--preset", "qwen3-32b"), "Qwen3-8B"),
+        (("--device", "tpu"), "--device must be cpu or cuda"),
     ],
 )
 def test_fuse_bad_usage_is_one_line_exit_2(args, message):
@@ -34,6 +39,13 @@ def test_fuse_bad_usage_is_one_line_exit_2(args, message):
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_fuse_on_cuda_without_a_gpu_is_one_line_exit_2():
+    r = fqr("fuse", "--device", "cuda")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "error: --device cuda: no CUDA GPU is visible to torch"
 
 
 def test_fuse_json_reports_every_layer_fused():

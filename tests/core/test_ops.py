@@ -1,5 +1,5 @@
 """The pure ops and the reference backend against the independent float64 formulation
-(``fqr.golden.exact_*``: norm by its formula, RoPE as complex multiplication), on fresh random
+(``fqr.reference``: norm by its formula, RoPE as complex multiplication), on fresh random
 inputs and real RoPE tables."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fqr
-from fqr import ops
-from fqr.golden import exact_prologue, exact_rms_norm, exact_rope
+from fqr import ops, reference
 from fqr.numerics import compare
 from fqr.prologue import NormStats
 from fqr.rope_cache import rope_cos_sin_cache
@@ -49,7 +48,9 @@ def test_rms_norm_per_head_float64(gen, head_dim, weight_offset, bias):
     w = _randn(gen, head_dim, scale=0.2) + (0.0 if weight_offset else 1.0)
     b = _randn(gen, head_dim, scale=0.05) if bias else None
     got = ops.rms_norm(x, w, eps=1e-6, group_size=head_dim, bias=b, weight_offset=weight_offset)
-    want = exact_rms_norm(x, w, eps=1e-6, group_size=head_dim, bias=b, weight_offset=weight_offset)
+    want = reference.rms_norm(
+        x, w, eps=1e-6, group_size=head_dim, bias=b, weight_offset=weight_offset
+    )
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, **F64)
 
@@ -59,16 +60,16 @@ def test_rms_norm_full_width_and_sharded_statistic_float64(gen):
     w = 1.0 + _randn(gen, 3 * 96, scale=0.2)
     torch.testing.assert_close(
         ops.rms_norm(x, w, eps=1e-5, group_size=3 * 96),
-        exact_rms_norm(x, w, eps=1e-5, group_size=3 * 96),
+        reference.rms_norm(x, w, eps=1e-5, group_size=3 * 96),
         **F64,
     )
     # A TP shard: the statistic covers this shard plus features held by other ranks.
     others = _randn(gen, 9, 5 * 96)
     sum_sq = (x.square().sum(-1) + others.square().sum(-1)).float()
     got = ops.rms_norm(x, w, eps=1e-5, group_size=3 * 96, sum_sq=sum_sq, count=8 * 96)
-    want = exact_rms_norm(x, w, eps=1e-5, group_size=3 * 96, sum_sq=sum_sq, count=8 * 96)
+    want = reference.rms_norm(x, w, eps=1e-5, group_size=3 * 96, sum_sq=sum_sq, count=8 * 96)
     torch.testing.assert_close(got, want, **F64)
-    unsharded = exact_rms_norm(
+    unsharded = reference.rms_norm(
         torch.cat([x, others], -1), torch.cat([w, w, w[: 2 * 96]]), eps=1e-5, group_size=8 * 96
     )[:, : 3 * 96]
     torch.testing.assert_close(got, unsharded, atol=1e-6, rtol=1e-6)  # sum_sq went through fp32
@@ -84,7 +85,7 @@ def test_rope_float64(gen, head_dim, rotary_fraction, is_neox):
     x = _randn(gen, 7, 3 * head_dim)
     positions = torch.randint(0, max_position, (7,), generator=gen)
     got = ops.rope(x, positions, cache, head_dim=head_dim, is_neox=is_neox)
-    want = exact_rope(x, positions, cache, head_dim=head_dim, is_neox=is_neox)
+    want = reference.rope(x, positions, cache, head_dim=head_dim, is_neox=is_neox)
     torch.testing.assert_close(got, want, **F64)
     heads = x.reshape(7, 3, head_dim)
     assert torch.equal(got.reshape(7, 3, head_dim)[..., rotary_dim:], heads[..., rotary_dim:])
@@ -99,7 +100,7 @@ def test_gptj_is_neox_on_interleaved_features(gen):
     perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, d)])
     inv = torch.argsort(perm)
     x_neox = x.reshape(4, 2, d)[..., perm].reshape(4, -1)
-    for rope in (ops.rope, exact_rope):
+    for rope in (ops.rope, reference.rope):
         gptj = rope(x, pos, cache, head_dim=d, is_neox=False)
         neox = rope(x_neox, pos, cache, head_dim=d, is_neox=True).reshape(4, 2, d)[..., inv]
         torch.testing.assert_close(gptj, neox.reshape(4, -1), **F64)
@@ -119,7 +120,7 @@ def test_rope_preserves_pair_lengths(gen):
 
 
 @pytest.mark.parametrize("norm", ["head", "full", "none"])
-def test_ops_composition_float64_matches_exact_prologue(gen, norm):
+def test_ops_composition_float64_matches_reference_prologue(gen, norm):
     p = make_problem(
         gen,
         tokens=7,
@@ -145,9 +146,9 @@ def test_ops_composition_float64_matches_exact_prologue(gen, norm):
         None,
         None,
         numerics="fused",
-        **p.static,
+        **p.spec.kwargs(),
     )
-    want = exact_prologue(
+    want = reference.prologue(
         x,
         p.positions,
         p.cos_sin_cache,
@@ -155,7 +156,7 @@ def test_ops_composition_float64_matches_exact_prologue(gen, norm):
         w_k,
         q_bias=to64(p.q_bias),
         k_bias=to64(p.k_bias),
-        **p.static,
+        **p.spec.kwargs(),
     )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w.double(), **F64)
@@ -165,8 +166,8 @@ def _check_reference(p, numerics="fused", norm_stats=None):
     q, k, v = fqr.split_qkv_rmsnorm_rope(
         *p.args(), **p.kwargs(numerics=numerics, norm_stats=norm_stats), backend="reference"
     )
-    eq, ek, ev = exact_prologue(*p.args(), **p.kwargs(norm_stats=norm_stats))
-    d = p.static["head_dim"]
+    eq, ek, ev = reference.prologue(*p.args(), **p.kwargs(norm_stats=norm_stats))
+    d = p.spec.head_dim
     for out, exact in ((q, eq), (k, ek)):
         assert out.dtype == p.qkv.dtype and out.is_contiguous()
         c = compare(out, exact, head_dim=d, numerics=numerics)

@@ -23,12 +23,12 @@ from support.vllm_model import (
     VLLM_LAYERS,
     Layer,
     VllmModel,
-    exact_heads,
     inputs,
     vllm_exact,
 )
 
 import fqr.fusion
+from fqr import reference
 from fqr.fusion.fusion_pass import FusionPass
 from fqr.numerics import compare
 from fqr.rope_cache import rope_cos_sin_cache
@@ -241,17 +241,19 @@ def test_hf_outputs_within_numerics_contract(hf_compiled):
             model.layers, HF_LAYERS, per_layer
         ):
             b, s = q_lin.shape[:2]
-            # cos/sin may be [1, S, D] (one position row for the whole batch): broadcast
-            half_cos, half_sin = (
-                t.expand(b, s, d)[..., : d // 2].reshape(b * s, d // 2) for t in (cos, sin)
+            # cos/sin may be [1, S, D] (one position row for the whole batch): broadcast; the
+            # angle rows are [cos | sin] of the first half of each (HF repeats it).
+            rows = torch.cat(
+                [t.expand(b, s, d)[..., : d // 2].reshape(b * s, d // 2) for t in (cos, sin)], -1
             )
             for lin, norm, out, heads in (
                 (q_lin, layer.q_norm, q, hq),
                 (k_lin, layer.k_norm, k, hkv),
             ):
-                exact = exact_heads(
-                    lin.reshape(b * s, -1), norm.weight, None, 0.0, eps, half_cos, half_sin, d, True
+                normed = reference.rms_norm(
+                    lin.reshape(b * s, -1), norm.weight, eps=eps, group_size=d
                 )
+                exact = reference.rotate(normed, rows, head_dim=d)
                 assert out.shape == (b, heads, s, d) and out.dtype == dtype
                 got = out.transpose(1, 2).reshape(b * s, heads * d)
                 c = compare(got, exact, head_dim=d, numerics="unfused")

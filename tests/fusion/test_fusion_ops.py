@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.vllm_model import exact_heads
 
 import fqr
+from fqr import reference
 from fqr.fusion import qk_rmsnorm_rope
+from fqr.inputs import random_inputs
 from fqr.numerics import compare
+from fqr.presets import PrologueSpec
 from fqr.rope_cache import rope_cos_sin_cache
 
 
 def make_inputs(tokens, hq, hkv, d, rotary, dtype, bias, g, gemma=False):
-    """Fresh random qkv, weights (around 1, or 0 for (1 + w)), biases; the real RoPE table
-    in the activation dtype, as vLLM keeps it."""
+    """Fresh random inputs (:mod:`fqr.inputs`) on the real RoPE table in the activation dtype,
+    as vLLM keeps it."""
+    spec = PrologueSpec(hq, hkv, d, rotary, weight_offset=1.0 if gemma else 0.0)
     cache = rope_cos_sin_cache(rotary, 4096, 1e6, dtype=dtype)
-    positions = torch.randint(0, 4096, (tokens,), generator=g)
-    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
-    base = 0.0 if gemma else 1.0
-    w = [(base + 0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)]
-    b = [(0.2 * torch.randn(d, generator=g)).to(dtype) for _ in range(2)] if bias else [None, None]
-    return qkv, positions, cache, w, b
+    x = random_inputs(spec, tokens, dtype, g, cache, bias=bias)
+    return x.qkv, x.positions, cache, (x.q_weight, x.k_weight), (x.q_bias, x.k_bias)
 
 
 CASES = [  # tokens, hq, hkv, d, rotary, dtype, neox, bias, offset
@@ -59,10 +58,21 @@ def test_ops_match_float64(gen, tokens, hq, hkv, d, rotary, dtype, neox, bias, o
         tokens, hq, hkv, d, rotary, dtype, bias, gen, gemma=offset == 1.0
     )
     eps = 1e-6
-    cos, sin = cache[pos].chunk(2, dim=-1)
     q_in, k_in = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
-    exact_q = exact_heads(q_in, qw, qb, offset, eps, cos, sin, d, neox)
-    exact_k = exact_heads(k_in, kw, kb, offset, eps, cos, sin, d, neox)
+    exact_q, exact_k = reference.qk_prologue(
+        q_in,
+        k_in,
+        pos,
+        cache,
+        qw,
+        kw,
+        head_dim=d,
+        eps=eps,
+        is_neox=neox,
+        q_bias=qb,
+        k_bias=kb,
+        weight_offset=offset,
+    )
 
     q, k, v = torch.ops.fqr.split_qkv_rmsnorm_rope(
         qkv, pos, cache, qw, kw, qb, kb, hq, hkv, d, eps, neox, offset, "head", numerics
@@ -141,7 +151,7 @@ def test_ops_trace_with_dynamic_token_count(gen):
         )
 
     for tokens in (3, 9, 17):
-        qkv = torch.randn(tokens, p.qkv_width, generator=g).bfloat16()
+        qkv = torch.randn(tokens, p.spec.qkv_width, generator=g).bfloat16()
         pos = torch.randint(0, 512, (tokens,), generator=g)
         q, k, v = prologue(qkv, pos)
         want = fqr.split_qkv_rmsnorm_rope(
@@ -173,9 +183,10 @@ def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
     kw_args = dict(head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb, numerics=numerics)
     q, k = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="interpret", **kw_args)
     ref = qk_rmsnorm_rope(q_in, k_in, pos, cache, qw, kw, backend="reference", **kw_args)
-    cos, sin = cache[pos].chunk(2, dim=-1)
-    for out, want, x, w, b in ((q, ref[0], q_in, qw, qb), (k, ref[1], k_in, kw, kb)):
-        exact = exact_heads(x, w, b, 0.0, 1e-6, cos, sin, d, neox)
+    exacts = reference.qk_prologue(
+        q_in, k_in, pos, cache, qw, kw, head_dim=d, is_neox=neox, q_bias=qb, k_bias=kb
+    )
+    for out, want, exact in zip((q, k), ref, exacts):
         assert compare(out, exact, head_dim=d, numerics=numerics).passed
         assert torch.equal(out, want)
 
@@ -183,6 +194,9 @@ def test_qk_op_generated_kernel_interpreted(gen, neox, numerics):
 def test_fusion_refuses_an_untested_torch_clearly(monkeypatch):
     from fqr.fusion import fusion_pass
 
-    monkeypatch.setattr(fusion_pass.torch, "__version__", "2.11.0+cu130")
-    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13 .* found 2\.11\.0"):
+    monkeypatch.setattr(fusion_pass.torch, "__version__", "2.10.1+cu128")
+    with pytest.raises(RuntimeError, match=r"supports torch >= 2\.11 .* found 2\.10\.1"):
+        fusion_pass.check_torch_version()
+    for supported in ("2.11.0+cu130", "2.13.0+cpu", "2.14.0.dev20260101"):
+        monkeypatch.setattr(fusion_pass.torch, "__version__", supported)
         fusion_pass.check_torch_version()

@@ -1,6 +1,8 @@
 """The fusion pass on a CUDA GPU: the compiled model calls the generated Triton kernel.
 
-Skips without a GPU. Same mixed-shape vLLM-style model as ``test_fusion_graph.py``.
+Skips without a GPU. Same mixed-shape vLLM-style model as ``test_fusion_graph.py``; and the
+compiled-model comparison (fqr.fusion.compiled) at small sizes under CUDA graphs: the profile
+must find fqr's kernel on the fused side (the full-size run is scripts/gpu_fusion.py).
 """
 
 from __future__ import annotations
@@ -18,20 +20,8 @@ pytestmark = [
 ]
 
 
-def _torch_too_old() -> bool:
-    from fqr.fusion.fusion_pass import MIN_TORCH
-
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < MIN_TORCH
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fused_model_on_gpu(dtype):
-    if _torch_too_old():
-        with pytest.raises(RuntimeError, match="fqr.fusion needs torch"):
-            from fqr.fusion.fusion_pass import check_torch_version
-
-            check_torch_version()
-        pytest.skip(f"torch {torch.__version__} is older than the fusion pass supports")
     print(f"FQR_TEST_SEED={SEED}")
     model = VllmModel(VLLM_LAYERS, dtype, seed=SEED).eval().cuda()
     fusion = fqr.fusion.backend()
@@ -50,3 +40,28 @@ def test_fused_model_on_gpu(dtype):
                 assert torch.equal(v, qkv[:, layer.q_size + layer.kv_size :])
     torch._dynamo.reset()
     assert fusion.stats.sites == len(VLLM_LAYERS) and len(fusion.stats.graphs) == 1
+
+
+def test_compiled_comparison_under_cuda_graphs():
+    from fqr.fusion.compiled import compare_compiled
+
+    r = compare_compiled(
+        "vllm",
+        layers=1,
+        tiny=True,
+        prefill=(300,),
+        decode=(1, 4),
+        profile_tokens=(300,),
+        check_tokens=64,
+        seed=SEED,
+    )
+    assert r.cudagraphs and r.sites == 1 and r.graphs == 2  # T = 1 compiles once more
+    assert r.passed, r.numerics
+    assert [(x.phase, x.tokens) for x in r.latency] == [
+        ("prefill", 300),
+        ("decode", 1),
+        ("decode", 4),
+    ]
+    (split,) = r.profile
+    assert any(name.startswith("fqr_") for name in split.fused_prologue_kernels), split
+    assert split.unfused_prologue_us > 0 and split.fused_total_us > split.fused_prologue_us

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fqr
+from fqr import reference
 from fqr.backends import BACKENDS
-from fqr.golden import exact_prologue
 from fqr.lowering import kernel_source, lower, tiling_of
 from fqr.numerics import compare
 from fqr.prologue import program_signature, prologue_program
@@ -38,8 +38,7 @@ def program_of(pb, numerics="fused"):
             pb.q_bias,
             pb.k_bias,
             None,
-            numerics=numerics,
-            **{k: (float(v) if k in ("eps", "weight_offset") else v) for k, v in pb.static.items()},
+            **pb.spec.kwargs(numerics=numerics),
         )
     )
 
@@ -52,26 +51,13 @@ def run_kernel(pb, numerics="fused", **options):
         torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
         for v in program.outputs
     ]
-    args = [
-        t
-        for t in (
-            pb.qkv,
-            pb.positions,
-            pb.cos_sin_cache,
-            pb.q_weight,
-            pb.k_weight,
-            pb.q_bias,
-            pb.k_bias,
-        )
-        if t is not None
-    ]
-    kernel(*args, out=outs)
+    kernel(*pb.operands(), out=outs)
     return outs, kernel
 
 
 def check_against_float64(pb, outs, numerics="fused"):
-    exact = exact_prologue(*pb.args(), **pb.kwargs())
-    d = pb.static["head_dim"]
+    exact = reference.prologue(*pb.args(), **pb.kwargs())
+    d = pb.spec.head_dim
     for name, o, e in zip("qkv", outs, exact):
         c = compare(o, e, head_dim=d, numerics=numerics, bitwise=(name == "v"))
         assert c.passed, f"{name}: {c}"
@@ -191,7 +177,7 @@ def test_random_configs_against_float64(gen, data):
         weight_offset=data.draw(st.sampled_from([0.0, 1.0]), label="weight_offset"),
         norm=data.draw(st.sampled_from(["head", "full", "none"]), label="norm"),
     )
-    if pb.static["norm"] == "none":
+    if pb.spec.norm == "none":
         pb.q_bias = pb.k_bias = None
     outs, _ = run_kernel(pb, block_t=data.draw(st.sampled_from([1, 2, 4, 8])))
     check_against_float64(pb, outs)

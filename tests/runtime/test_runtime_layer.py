@@ -2,7 +2,7 @@
 
 Each TP rank's :class:`StepRunner` runs in a thread; the TP all-reduce is a barrier-based sum
 across the threads (the semantics of ``dist.all_reduce``). The gathered outputs must equal the
-unsharded float64 expectation (``fqr.golden.exact_prologue``) within the numerics contract, and
+unsharded float64 expectation (``fqr.reference.prologue``) within the numerics contract, and
 the verifier must catch a missing all-reduce, a corrupted shard and DP replicas that differ.
 """
 
@@ -96,7 +96,7 @@ def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype, ge
     assert all(v.ranks[r].probe_identical == 1 for r in range(tp, 2 * tp))
     # Every q head of the model is covered exactly once by the shards.
     widths = sum(replies[r]["outputs"][0].shape[1] for r in range(tp))
-    assert widths == get_preset(preset).q_size
+    assert widths == get_preset(preset).spec.q_size
 
 
 def test_full_width_norm_without_the_all_reduce_fails_verification(gen):
@@ -142,4 +142,4 @@ def test_shard_columns_cover_q_k_v_of_the_unsharded_row():
         ).columns
         for r in range(tp)
     ]
-    assert torch.equal(torch.sort(torch.cat(cols)).values, torch.arange(full.qkv_width))
+    assert torch.equal(torch.sort(torch.cat(cols)).values, torch.arange(full.spec.qkv_width))

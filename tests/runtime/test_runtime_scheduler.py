@@ -93,7 +93,7 @@ def test_workload_is_deterministic_and_seeded():
     x = step_qkv(0, 5, 1, 6, full, torch.bfloat16)
     assert torch.equal(x, step_qkv(0, 5, 1, 6, full, torch.bfloat16))
     assert not torch.equal(x, step_qkv(0, 5, 0, 6, full, torch.bfloat16))
-    assert x.shape == (6, full.qkv_width) and x.std() > 0.5
+    assert x.shape == (6, full.spec.qkv_width) and x.std() > 0.5
     with pytest.raises(ValueError, match="unsharded"):
         step_qkv(0, 0, 0, 1, get_preset("qwen3-0.6b", 2), torch.bfloat16)
 

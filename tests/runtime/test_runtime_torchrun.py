@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 
 import pytest
 import torch
-from support.processes import REPO, TINY, assert_clean, check_verified, run_command
+from support.processes import TINY, assert_clean, check_verified, run_command, spawn
 
 pytestmark = pytest.mark.slow  # multi-process torchrun
 
@@ -102,16 +101,7 @@ def test_two_nodes_on_one_box_olmo2_tp2(seed):
             seed,
             "--json",
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
+        procs.append(spawn(cmd))
     outputs = []
     try:
         for p in procs:

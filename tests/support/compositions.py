@@ -3,7 +3,7 @@
 Each builder returns a :class:`Case`: the traced program, its arguments (random activations,
 weights around their model values, positions anywhere in a real RoPE table), the float64
 expected outputs computed independently (index arithmetic on the packed row, then
-``fqr.golden.exact_*``), the head_dim of each output and which outputs are plain copies.
+``fqr.reference``), the head_dim of each output and which outputs are plain copies.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 import fqr
-from fqr import ops
+from fqr import ops, reference
 from fqr.core import Program, Section, spec
-from fqr.golden import exact_rms_norm, exact_rope
 from fqr.rope_cache import rope_cos_sin_cache
 
 MAX_POS = 4099
@@ -49,7 +48,7 @@ def table_spec(rotary_dim):
 
 
 def norm64(x, w, d, offset=0.0):
-    return exact_rms_norm(x, w, eps=1e-6, group_size=d, weight_offset=offset)
+    return reference.rms_norm(x, w, eps=1e-6, group_size=d, weight_offset=offset)
 
 
 def gated_case(gen, tokens, hq=3, hkv=1, d=64, r=16, dtype=torch.bfloat16) -> Case:
@@ -89,9 +88,9 @@ def gated_case(gen, tokens, hq=3, hkv=1, d=64, r=16, dtype=torch.bfloat16) -> Ca
     q_in, gate = pairs[:, :, 0].reshape(tokens, -1), pairs[:, :, 1].reshape(tokens, -1)
     k_in, v = row[:, 2 * hq * d : (2 * hq + hkv) * d], row[:, (2 * hq + hkv) * d :]
     expected = [
-        exact_rope(norm64(q_in, qw, d, 1.0), pos, cache, head_dim=d),
+        reference.rope(norm64(q_in, qw, d, 1.0), pos, cache, head_dim=d),
         gate,
-        exact_rope(norm64(k_in, kw, d, 1.0), pos, cache, head_dim=d),
+        reference.rope(norm64(k_in, kw, d, 1.0), pos, cache, head_dim=d),
         v,
     ]
     return Case(program, (row, pos, cache, qw, kw), expected, [d] * 4, (1, 3))
@@ -139,11 +138,11 @@ def indexer_case(gen, tokens, hq=3, hkv=1, d=64, hi=2, di=32, r=64, ri=16) -> Ca
     iqw, ikw = randn(gen, di, scale=0.2), randn(gen, di, scale=0.2)
     part = [row[:, a : a + w] for a, w in zip(offsets, widths)]
     expected = [
-        exact_rope(norm64(part[0], qw, d), pos, cache, head_dim=d),
-        exact_rope(norm64(part[1], kw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(part[0], qw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(part[1], kw, d), pos, cache, head_dim=d),
         part[2],
-        exact_rope(norm64(part[3], iqw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
-        exact_rope(norm64(part[4], ikw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
+        reference.rope(norm64(part[3], iqw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
+        reference.rope(norm64(part[4], ikw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
     ]
     args = (row, pos, cache, icache, qw, kw, iqw, ikw)
     return Case(program, args, expected, [d, d, d, di, di], (2,))
@@ -180,8 +179,8 @@ def padded_case(gen, tokens, heads=(4, 2, 3), d=48, stride=64, r=32, dtype=torch
         for a, h in zip((0, heads[0], heads[0] + heads[1]), heads)
     )
     expected = [
-        exact_rope(norm64(q_in, qw, d), pos, cache, head_dim=d),
-        exact_rope(norm64(k_in, kw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(q_in, qw, d), pos, cache, head_dim=d),
+        reference.rope(norm64(k_in, kw, d), pos, cache, head_dim=d),
         v,
     ]
     return Case(program, (full.reshape(tokens, width), pos, cache, qw, kw), expected, [d] * 3, (2,))
@@ -199,8 +198,10 @@ def narrow_case(gen, tokens, head_dim=512, rotary_dim=2, is_neox=True) -> Case:
     )
     qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
     expected = [
-        exact_rope(norm64(row[:, : 2 * d], qw, d), pos, cache, head_dim=d, is_neox=is_neox),
-        exact_rope(norm64(row[:, 2 * d : 3 * d], kw, d), pos, cache, head_dim=d, is_neox=is_neox),
+        reference.rope(norm64(row[:, : 2 * d], qw, d), pos, cache, head_dim=d, is_neox=is_neox),
+        reference.rope(
+            norm64(row[:, 2 * d : 3 * d], kw, d), pos, cache, head_dim=d, is_neox=is_neox
+        ),
         row[:, 3 * d :],
     ]
     return Case(program, (row, pos, cache, qw, kw), expected, [d] * 3, (2,))

@@ -48,9 +48,10 @@ def assert_clean(sid: int, shm_pids: list[int], within_s: float = 15.0) -> None:
         assert glob.glob(f"/dev/shm/fqr_{pid}_*") == [], "leftover shared memory"
 
 
-def run_command(cmd: list[str], timeout: float) -> tuple[subprocess.Popen, str, str, float]:
-    t0 = time.monotonic()
-    p = subprocess.Popen(
+def spawn(cmd: list[str]) -> subprocess.Popen:
+    """``cmd`` in the repo, in its own session (so that its processes can be found and ended),
+    text stdout and stderr piped."""
+    return subprocess.Popen(
         cmd,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -58,6 +59,11 @@ def run_command(cmd: list[str], timeout: float) -> tuple[subprocess.Popen, str, 
         text=True,
         start_new_session=True,
     )
+
+
+def run_command(cmd: list[str], timeout: float) -> tuple[subprocess.Popen, str, str, float]:
+    t0 = time.monotonic()
+    p = spawn(cmd)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

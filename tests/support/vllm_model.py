@@ -12,24 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fqr import reference
 from fqr.rope_cache import rope_cos_sin_cache
-
-
-def exact_heads(x, weight, bias, offset, eps, cos, sin, head_dim, neox):
-    """float64 per-head RMSNorm then RoPE of x [T, H*D]; cos/sin [T, R/2]."""
-    t = x.shape[0]
-    h = x.double().reshape(t, -1, head_dim)
-    y = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * (offset + weight.double())
-    if bias is not None:
-        y = y + bias.double()
-    r = 2 * cos.shape[-1]
-    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
-    rot = y[..., :r]
-    a, b = (rot[..., : r // 2], rot[..., r // 2 :]) if neox else (rot[..., 0::2], rot[..., 1::2])
-    ra, rb = a * c - b * s, b * c + a * s
-    rot = torch.cat([ra, rb], -1) if neox else torch.stack([ra, rb], -1).flatten(-2)
-    return torch.cat([rot, y[..., r:]], -1).reshape(t, -1)
-
 
 HIDDEN = 64
 MAX_POS = 2048
@@ -192,12 +176,20 @@ class VllmModel(nn.Module):
 
 def vllm_exact(layer: VllmAttention, qkv, positions):
     s = layer.spec
-    cos, sin = layer.rotary_emb.cos_sin_cache[positions].chunk(2, dim=-1)
-    offset = 1.0 if s.gemma else 0.0
     q, k = qkv[:, : layer.q_size], qkv[:, layer.q_size : layer.q_size + layer.kv_size]
-    return (
-        exact_heads(q, layer.q_weight, layer.q_bias, offset, s.eps, cos, sin, s.d, s.neox),
-        exact_heads(k, layer.k_weight, layer.k_bias, offset, s.eps, cos, sin, s.d, s.neox),
+    return reference.qk_prologue(
+        q,
+        k,
+        positions,
+        layer.rotary_emb.cos_sin_cache,
+        layer.q_weight,
+        layer.k_weight,
+        head_dim=s.d,
+        eps=s.eps,
+        is_neox=s.neox,
+        q_bias=layer.q_bias,
+        k_bias=layer.k_bias,
+        weight_offset=1.0 if s.gemma else 0.0,
     )
 
 

@@ -1,0 +1,269 @@
+"""The run loop: every (preset, dtype, tokens) cell, each implementation checked, then timed.
+
+:func:`run_bench` reads as its steps: the copy ceiling, then per preset and dtype the
+implementations (:func:`implementations`), then per token count one cell
+(:func:`measure_cell`: inputs, the float64 expectation, :func:`measure_impl` for each
+implementation, the speed-ups).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import reference
+from ..backends import resolve_backend
+from ..core import dtype_name
+from ..inputs import PrologueInputs, random_inputs
+from ..peers import build_peer, peer_unavailable_reason
+from ..presets import Preset
+from .checks import check_outputs, check_row_index, poison_free_memory
+from .config import BenchConfig
+from .document import FQR, add_row, new_document
+from .environment import environment, require_gpu
+from .measurements import MEASUREMENTS
+from .timers import CudaTimers
+from .traffic import Traffic, rotation_sets, traffic_bytes
+
+
+@dataclass
+class Implementation:
+    """One contender: ``call(inputs) -> (q, k, v)``, held to ``numerics``; fqr on triton also
+    has its bare kernel ``launcher``."""
+
+    name: str
+    call: Callable[[PrologueInputs], tuple]
+    numerics: str
+    launcher: Callable[[PrologueInputs], object] | None = None
+
+
+@dataclass
+class Cell:
+    """One (preset, dtype, tokens) cell: its input sets, the checked rows and their float64
+    expectation, and the bytes one call moves."""
+
+    preset: Preset
+    dtype: torch.dtype
+    tokens: int
+    sets: list[PrologueInputs]
+    rows: torch.Tensor
+    exact: tuple
+    traffic: Traffic
+    ceiling_gbps: float
+    device: torch.device
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset.name} {dtype_name(self.dtype)} T={self.tokens}"
+
+
+def error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: str):
+    """fqr's public op on ``backend``."""
+    from ..prologue import split_qkv_rmsnorm_rope
+
+    def run(x: PrologueInputs):
+        return split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(numerics=numerics, backend=backend))
+
+    return run
+
+
+def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str):
+    """The bare generated-kernel launcher (``fqr.lowering.lower``), without the public op's
+    argument checks: its dispatch cost, beside the public op's, splits host time between them."""
+    from ..lowering import lower
+    from ..prologue import preset_program
+
+    kernel = lower(preset_program(preset, dtype, numerics=numerics), target="cuda")
+    return lambda x: kernel(*x.operands())
+
+
+def implementations(
+    cfg: BenchConfig, preset: Preset, dtype: torch.dtype, cache: torch.Tensor, skipped: dict
+) -> list[Implementation]:
+    """fqr under the requested contract, then each peer that can run the preset here (under
+    ``unfused``); what cannot run is recorded in ``skipped``."""
+    ours = Implementation(FQR, fqr_callable(preset, cache, cfg.backend, cfg.numerics), cfg.numerics)
+    needs_launcher = any(
+        m.subject == "launcher" and any(m.applies(t) for t in cfg.tokens) for m in MEASUREMENTS
+    )
+    if cfg.backend == "triton" and needs_launcher:
+        try:
+            ours.launcher = launcher_callable(preset, dtype, cfg.numerics)
+        except Exception as e:  # the public op's own check reports a broken lowering
+            skipped[f"launcher/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
+    impls = [ours]
+    for peer in cfg.compare:
+        reason = peer_unavailable_reason(peer, preset.spec)
+        if reason:
+            skipped[f"{peer}/{preset.name}"] = reason
+            continue
+        fn = build_peer(peer, preset.spec, cache, dtype)
+        impls.append(
+            Implementation(
+                peer, lambda x, fn=fn: fn(x.qkv, x.positions, x.q_weight, x.k_weight), "unfused"
+            )
+        )
+    return impls
+
+
+def _cycle(fn: Callable, input_sets: list) -> Callable[[], object]:
+    state = {"i": 0}
+
+    def call():
+        i = state["i"]
+        state["i"] = (i + 1) % len(input_sets)
+        return fn(input_sets[i])
+
+    return call
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_cell(
+    cfg: BenchConfig,
+    preset: Preset,
+    dtype: torch.dtype,
+    tokens: int,
+    cache: torch.Tensor,
+    env: dict,
+    ceiling_gbps: float,
+    device: torch.device,
+) -> Cell:
+    """Fresh input sets (seeded per cell: any cell can be rerun alone), enough of them to
+    overflow L2, and the float64 expectation of the first set on the checked rows."""
+    label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
+    seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
+    generator = torch.Generator(device=device).manual_seed(seed)
+    traffic = traffic_bytes(preset.spec, dtype, tokens)
+    n_sets = rotation_sets(traffic.total, env["l2_bytes"])
+    sets = [random_inputs(preset.spec, tokens, dtype, generator, cache) for _ in range(n_sets)]
+    rows = check_row_index(tokens, cfg.check_rows, torch.Generator().manual_seed(seed), "cpu")
+    rows = rows.to(device)
+    x = sets[0]
+    exact = reference.prologue(
+        x.qkv.index_select(0, rows), x.positions.index_select(0, rows), *x.args()[2:], **x.kwargs()
+    )
+    return Cell(preset, dtype, tokens, sets, rows, exact, traffic, ceiling_gbps, device)
+
+
+def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> dict:
+    """Check one implementation on the first input set, then (only if right) take every
+    measurement that applies to the cell."""
+    result: dict = {"check": None, "error": None, "gbps": None, "pct_ceiling": None}
+    result.update((m.key, None) for m in MEASUREMENTS)
+    try:
+        poison_free_memory(2 * cell.traffic.total, cell.device)
+        outputs = impl.call(cell.sets[0])
+        _synchronize(cell.device)
+        result["check"] = check_outputs(
+            outputs, cell.exact, cell.rows, cell.preset.spec, impl.numerics, cell.tokens, cell.dtype
+        )
+        del outputs
+    except Exception as e:  # a failing implementation is reported, the run goes on
+        result["error"] = error_text(e)
+        return result
+    if not result["check"]["passed"]:
+        return result
+    subjects = {"op": impl.call, "launcher": impl.launcher}
+    for m in MEASUREMENTS:
+        fn = subjects[m.subject]
+        if fn is None or not m.applies(cell.tokens):
+            continue
+        try:
+            result[m.key] = m.take(timers, _cycle(fn, cell.sets), cfg)
+        except Exception as e:
+            if m.primary:
+                result["error"] = error_text(e)
+                return result
+            # The kernel itself was right: the failure is noted beside the numbers.
+            result.setdefault("timing_errors", {})[m.key] = error_text(e)
+            continue
+        if m.primary:
+            gbps = cell.traffic.total / result[m.key] / 1e3
+            result.update(gbps=gbps, pct_ceiling=100 * gbps / cell.ceiling_gbps)
+    return result
+
+
+def measure_cell(
+    cell: Cell,
+    impls: list[Implementation],
+    cfg: BenchConfig,
+    timers,
+    progress: Callable[[str], None],
+) -> dict:
+    """The document row of one cell: each implementation's result and the speed-ups."""
+    row = {
+        "preset": cell.preset.name,
+        "dtype": dtype_name(cell.dtype),
+        "tokens": cell.tokens,
+        "bytes": cell.traffic.total,
+        "traffic": asdict(cell.traffic),
+        "input_sets": len(cell.sets),
+        "impls": {},
+        "speedup": {},
+    }
+    for impl in impls:
+        progress(f"{cell.label}: {impl.name}")
+        row["impls"][impl.name] = measure_impl(impl, cell, cfg, timers)
+    primary = next(m.key for m in MEASUREMENTS if m.primary)
+    ours = row["impls"][FQR][primary]
+    for name, r in row["impls"].items():
+        if name != FQR and ours and r[primary]:
+            row["speedup"][name] = r[primary] / ours
+    return row
+
+
+def run_bench(
+    cfg: BenchConfig,
+    progress: Callable[[str], None] = lambda text: None,
+    advance: Callable[[], None] = lambda: None,
+    device: str = "cuda",
+    timers=None,
+    on_row: Callable[[dict], None] = lambda doc: None,
+) -> dict:
+    """Run every cell of ``cfg``; return the result document (:mod:`fqr.bench.document`).
+
+    ``progress(text)`` is told what is running; ``advance()`` is called after the copy ceiling
+    and after each cell, ``on_row(doc)`` after each cell with the document so far
+    (``doc["complete"]`` turns true at the end), so a run cut short still leaves its rows.
+    The bench proper runs on ``device="cuda"`` with :class:`~fqr.bench.timers.CudaTimers`;
+    another device needs its own ``timers`` (the tests drive the bookkeeping on CPU that way).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        require_gpu()
+        timers = timers or CudaTimers()
+    elif timers is None:
+        raise ValueError(f"device {device.type!r}: pass timers (CudaTimers needs a CUDA device)")
+    resolve_backend(cfg.backend, device)  # unavailable -> one clear error before any work
+    env = environment(device)
+    progress("copy ceiling")
+    ceiling = timers.copy_ceiling()
+    advance()
+    doc = new_document(cfg.settings(), env, ceiling)
+    for preset in cfg.presets:
+        cache = preset.cos_sin_cache().to(device)
+        for dtype in cfg.dtypes:
+            torch._dynamo.reset()  # each (preset, dtype) compiles its own compile peer afresh
+            impls = implementations(cfg, preset, dtype, cache, doc["skipped"])
+            for tokens in cfg.tokens:
+                cell = make_cell(cfg, preset, dtype, tokens, cache, env, ceiling["gbps"], device)
+                add_row(doc, measure_cell(cell, impls, cfg, timers, progress))
+                del cell
+                on_row(doc)
+                advance()
+            del impls
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    doc["complete"] = True
+    return doc

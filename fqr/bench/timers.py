@@ -1,0 +1,56 @@
+"""How the bench reads the clock on a CUDA device (Triton's benchmarking helpers), and the
+same-run copy ceiling.
+
+Any object with these four methods can time a run (the tests drive the bookkeeping on CPU with
+a clock that returns fixed times); :mod:`fqr.bench.measurements` says which method each reported
+figure comes from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+CEILING_BYTES = 2 << 30  # size of the copied buffer: 2 GiB read + 2 GiB written
+
+
+class CudaTimers:
+    def kernel_us(self, call: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
+        """Median kernel time in µs (``triton.testing.do_bench``: L2 flushed, CUDA events)."""
+        from triton.testing import do_bench
+
+        return 1e3 * do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+    def graph_us(self, call: Callable[[], object], rep_ms: float) -> float:
+        """Median µs per call of CUDA-graph replays (``do_bench_cudagraph``, many calls a graph)."""
+        from triton.testing import do_bench_cudagraph
+
+        return 1e3 * do_bench_cudagraph(call, rep=rep_ms, return_mode="median")
+
+    def dispatch_us(self, call: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
+        """Host cost per call in µs without graphs: host clock over back-to-back calls."""
+        call()
+        torch.cuda.synchronize()
+        per_call = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            per_call.append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(per_call)
+
+    def copy_ceiling(
+        self, nbytes: int = CEILING_BYTES, warmup_ms: float = 25, rep_ms: float = 200
+    ) -> dict:
+        """Device-to-device copy of ``nbytes``: bytes read + written over its median time."""
+        src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+        dst = torch.empty_like(src)
+        us = self.kernel_us(lambda: dst.copy_(src), warmup_ms, rep_ms)
+        moved = 2 * src.numel() * src.element_size()
+        src = dst = None  # free both before the next measurement
+        torch.cuda.empty_cache()
+        return {"bytes": moved, "us": us, "gbps": moved / us / 1e3}

@@ -1,0 +1,494 @@
+"""Whole models compiled with and without the fusion pass, side by side, in one process.
+
+:func:`compare_compiled` builds one of two random-weight models at real layer shapes and
+compiles it twice with the same Inductor settings, once plain and once with
+``fqr.fusion.backend()``:
+
+* ``hf-qwen3``: Hugging Face transformers' ``Qwen3ForCausalLM`` (:mod:`fqr.fusion.hf_models`,
+  separate q/k/v projections, ``Qwen3RMSNorm`` per head, ``rotate_half`` RoPE, MLPs, final
+  norm), run as a prefill: every token through the decoder, logits of the last token;
+* ``vllm``: the vLLM-shaped attention stack of :mod:`fqr.fusion.models` (vLLM's
+  ``Qwen3Attention``: packed ``qkv_proj``, ``RotaryEmbedding``-style ``cos_sin_cache``).
+
+On CUDA both compiled models run under CUDA graphs (Inductor's cudagraph trees, what
+``mode="reduce-overhead"`` turns on: ``triton.cudagraphs``); the token count is dynamic
+(``mark_dynamic``), so a new T records a new graph without recompiling (T = 1 compiles once
+more: Dynamo specialises sizes 0 and 1).
+
+What it reports (:class:`Comparison`):
+
+* ``sites``: prologues fused (one per layer expected) and the unfused norm/RoPE ops left;
+* numerics, judged against the *uncompiled* model on the same inputs. ``hf-qwen3``: the final
+  hidden states and the last token's logits; the fused model's max error relative to the
+  output's largest magnitude must be at most twice the plain compiled model's (the rounding
+  differences compiling introduces anyway) plus 2^-8. ``vllm``: in addition, every layer's
+  fused q and k against the float64 prologue of that layer's own qkv under the ``unfused``
+  numerics contract (:mod:`fqr.numerics`), v bit-exact;
+* latency: ms per forward of both, interleaved per T, for prefill and decode-sized batches
+  (T tokens in one forward, no KV cache: the prologue's cost per token, not attention over a
+  cache);
+* the profile split (CUDA): torch.profiler kernel time per forward at the given T. The
+  *prologue kernels* of a side are the kernels that differ between the two compiled models
+  (names compared with Inductor's kernel index stripped; a name present on both sides a
+  different number of times contributes the surplus): without the pass, the Inductor kernels
+  of the unfused norm/RoPE; with it, fqr's kernel and any neighbour Inductor regenerated.
+  Everything the two share (GEMMs, attention, MLP, the other norms) is the rest.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .. import reference
+from ..numerics import compare
+from .fusion_pass import FusionBackend, fusion_patterns
+
+MODELS = ("hf-qwen3", "vllm")
+PREFILL_TOKENS = (512, 2048, 4096, 16384)
+DECODE_TOKENS = (1, 2, 4, 8, 16)
+PROFILE_TOKENS = (4096, 16384)
+LOGITS_FLOOR = 2.0**-8  # relative to the output's largest magnitude
+
+
+class InductorBackend:
+    """Plain Inductor with :class:`FusionBackend`'s cache and config settings, no pass."""
+
+    def __init__(self, config_patches: dict | None = None):
+        self.config_patches = dict(config_patches or {})
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {"fx_graph_cache": False, **self.config_patches}
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+@dataclass
+class LatencyRow:
+    phase: str  # prefill | decode
+    tokens: int
+    unfused_ms: float
+    fused_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.unfused_ms / self.fused_ms if self.fused_ms else float("nan")
+
+
+@dataclass
+class ProfileSplit:
+    tokens: int
+    unfused_prologue_us: float
+    unfused_total_us: float
+    fused_prologue_us: float
+    fused_total_us: float
+    unfused_prologue_kernels: dict = field(default_factory=dict)  # name -> us per forward
+    fused_prologue_kernels: dict = field(default_factory=dict)
+
+    @property
+    def unfused_share(self) -> float:
+        return self.unfused_prologue_us / self.unfused_total_us if self.unfused_total_us else 0.0
+
+    @property
+    def fused_share(self) -> float:
+        return self.fused_prologue_us / self.fused_total_us if self.fused_total_us else 0.0
+
+
+@dataclass
+class Comparison:
+    model: str
+    layers: int
+    dtype: str
+    device: str
+    cudagraphs: bool
+    sites: int  # fused prologues in the compiled graph with the fewest (each T=1 recompile too)
+    graphs: int  # graphs compiled with the pass
+    unfused_ops_left: dict  # the vllm model has no other norm: none may be left there
+    numerics: dict  # output -> {fused_err, plain_err, limit, passed}; layer checks for vllm
+    compile_s: dict  # side -> seconds of the first call (trace + compile + first run)
+    latency: list[LatencyRow] = field(default_factory=list)
+    profile: list[ProfileSplit] = field(default_factory=list)
+
+    @property
+    def numerics_passed(self) -> bool:
+        return all(v["passed"] for v in self.numerics.values())
+
+    @property
+    def passed(self) -> bool:
+        # HF's decoder keeps its input / post-attention / final RMSNorms: rsqrt and mean stay.
+        leftovers_ok = self.model != "vllm" or not self.unfused_ops_left
+        return self.sites == self.layers and leftovers_ok and self.numerics_passed
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["latency"] = [dict(asdict(r), speedup=r.speedup) for r in self.latency]
+        d["profile"] = [
+            dict(asdict(p), unfused_share=p.unfused_share, fused_share=p.fused_share)
+            for p in self.profile
+        ]
+        return dict(d, passed=self.passed, numerics_passed=self.numerics_passed)
+
+
+# ----------------------------------------------------------------------------- the models
+
+
+class _Workload:
+    """A model, the inputs for T tokens, and which outputs to compare."""
+
+    def __init__(self, kind, layers, dtype, device, seed: int, tiny: bool, preset: str):
+        self.kind, self.device, self.dtype = kind, torch.device(device), dtype
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        if kind == "hf-qwen3":
+            from .hf_models import QWEN3_8B, QWEN3_TINY, LastTokenLogits, hf_qwen3_model
+
+            self.shape = QWEN3_TINY if tiny else QWEN3_8B
+            model = hf_qwen3_model(self.shape, layers, dtype, device=self.device, seed=seed)
+            self.module = LastTokenLogits(model).eval()
+            self.token_dims = (1, 1)
+        elif kind == "vllm":
+            from ..presets import PrologueSpec, get_preset
+            from .models import AttentionShape, VllmStyleModel, preset_model
+
+            if tiny:
+                shape = AttentionShape(PrologueSpec(4, 2, 16, 16), max_position=512)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    model = VllmStyleModel(64, [shape] * layers, dtype)
+                self.module = model.to(self.device).eval()
+            else:
+                p = get_preset(preset)
+                self.module = preset_model(p, layers, dtype, seed=seed, device=self.device)
+            self.token_dims = (0, 0)
+        else:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {kind!r}")
+
+    def inputs(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g, dev = self.gen, self.device
+        if self.kind == "hf-qwen3":
+            ids = torch.randint(0, self.shape.vocab, (1, tokens), generator=g)
+            return ids.to(dev), torch.arange(tokens, device=dev)[None]
+        first = self.module.layers[0]
+        hidden = torch.randn(tokens, self.module.hidden_size, generator=g).to(self.dtype)
+        positions = torch.randint(0, first.shape.max_position, (tokens,), generator=g)
+        return positions.to(dev), hidden.to(dev)
+
+    def mark_dynamic(self, args) -> None:
+        for a, dim in zip(args, self.token_dims):
+            torch._dynamo.mark_dynamic(a, dim)
+
+    def outputs(self, out) -> dict[str, torch.Tensor]:
+        """The compared outputs, cloned (cudagraph outputs are overwritten by the next run)."""
+        if self.kind == "hf-qwen3":
+            return {"hidden": out[0].clone(), "logits": out[1].clone()}
+        return {"hidden": out[0].clone()}
+
+    def layer_checks(self, args, out) -> dict:
+        """vLLM model: each layer's fused q/k against float64 (``unfused`` contract)."""
+        if self.kind != "vllm":
+            return {}
+        positions = args[0]
+        checks = {}
+        for i, (layer, (qkv, q, k, v)) in enumerate(zip(self.module.layers, out[1])):
+            s = layer.shape
+            exact_q, exact_k, _ = reference.prologue(
+                qkv,
+                positions,
+                layer.cos_sin_cache,
+                layer.q_weight,
+                layer.k_weight,
+                q_bias=layer.q_bias,
+                k_bias=layer.k_bias,
+                **s.spec.kwargs(),
+            )
+            cq = compare(q, exact_q, head_dim=s.spec.head_dim, numerics="unfused")
+            ck = compare(k, exact_k, head_dim=s.spec.head_dim, numerics="unfused")
+            v_exact = bool(torch.equal(v, qkv[:, s.spec.q_size + s.spec.kv_size :]))
+            checks[f"layer{i} q/k vs float64"] = {
+                "max_rel_head": max(cq.max_rel_head, ck.max_rel_head),
+                "tolerance": cq.tolerance,
+                "v_exact": v_exact,
+                "passed": cq.passed and ck.passed and v_exact,
+            }
+        return checks
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _call(fn, args, cudagraphs: bool):
+    if cudagraphs:
+        torch.compiler.cudagraph_mark_step_begin()
+    return fn(*args)
+
+
+def _time_ms(fn, args, device, cudagraphs: bool, budget_s: float = 0.25) -> float:
+    """Mean ms per call: 3 warm-up calls (cudagraph trees record on the second), then as
+    many calls as fit ``budget_s`` (3..50), timed with CUDA events on CUDA."""
+    for _ in range(3):
+        _call(fn, args, cudagraphs)
+    _sync(device)
+    start = time.perf_counter()
+    _call(fn, args, cudagraphs)
+    _sync(device)
+    one = max(time.perf_counter() - start, 1e-5)
+    iters = int(min(50, max(3, budget_s / one)))
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(iters):
+            _call(fn, args, cudagraphs)
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / iters
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        _call(fn, args, cudagraphs)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+_INDEX_SUFFIX = re.compile(r"_\d+$")
+
+
+def kernel_times(fn, args, cudagraphs: bool, calls: int = 3) -> tuple[Counter, Counter]:
+    """CUDA kernel time (µs) and launches per forward by kernel name, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        _call(fn, args, cudagraphs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            _call(fn, args, cudagraphs)
+        torch.cuda.synchronize()
+    per_name: Counter = Counter()
+    counts: Counter = Counter()
+    for evt in prof.events():
+        if str(getattr(evt, "device_type", "")).endswith("CUDA"):
+            us = evt.device_time_total or evt.time_range.elapsed_us()
+            per_name[evt.name] += us / calls
+            counts[evt.name] += 1
+    return per_name, Counter({k: v / calls for k, v in counts.items()})
+
+
+def profile_split(tokens: int, unfused: tuple, fused: tuple) -> ProfileSplit:
+    """Prologue vs rest from two profiles (module docstring): by name stem, the surplus of
+    each side's kernels over the other's is that side's prologue."""
+
+    def by_stem(times, counts):
+        t, c = Counter(), Counter()
+        for name, us in times.items():
+            stem = _INDEX_SUFFIX.sub("", name)
+            t[stem] += us
+            c[stem] += counts[name]
+        return t, c
+
+    (ut, uc), (ft, fc) = by_stem(*unfused), by_stem(*fused)
+    u_only, f_only = {}, {}
+    for stem in set(ut) | set(ft):
+        if uc[stem] > fc[stem]:
+            u_only[stem] = ut[stem] * (uc[stem] - fc[stem]) / uc[stem]
+        if fc[stem] > uc[stem]:
+            f_only[stem] = ft[stem] * (fc[stem] - uc[stem]) / fc[stem]
+    return ProfileSplit(
+        tokens,
+        sum(u_only.values()),
+        sum(ut.values()),
+        sum(f_only.values()),
+        sum(ft.values()),
+        dict(sorted(u_only.items(), key=lambda kv: -kv[1])),
+        dict(sorted(f_only.items(), key=lambda kv: -kv[1])),
+    )
+
+
+def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    scale = float(ref.double().abs().max())
+    err = float((a.double() - ref.double()).abs().max())
+    return err, scale
+
+
+def compare_compiled(
+    model: str = "hf-qwen3",
+    *,
+    layers: int = 2,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cuda",
+    prefill: tuple[int, ...] = PREFILL_TOKENS,
+    decode: tuple[int, ...] = DECODE_TOKENS,
+    profile_tokens: tuple[int, ...] = PROFILE_TOKENS,
+    check_tokens: int = 512,
+    cudagraphs: bool | None = None,
+    tiny: bool = False,
+    preset: str = "qwen3-8b",
+    seed: int = 0,
+    log=lambda msg: None,
+) -> Comparison:
+    """Compile ``model`` with and without the pass and compare them (module docstring).
+    ``tiny``: test-size shapes (CPU tests); ``cudagraphs`` defaults to on for CUDA;
+    ``preset``: the attention shapes of the ``vllm`` model (``hf-qwen3`` is Qwen3-8B's)."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    if model == "hf-qwen3" and preset != "qwen3-8b":
+        raise ValueError(f"hf-qwen3 is built at Qwen3-8B's layer shapes, not {preset!r}")
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    if check_tokens < 2 or any(t < 1 for t in (*prefill, *decode, *profile_tokens)):
+        raise ValueError("token counts must be >= 1 (check_tokens >= 2)")
+    dev = torch.device(device)
+    cudagraphs = dev.type == "cuda" if cudagraphs is None else cudagraphs
+    if cudagraphs and dev.type != "cuda":
+        raise ValueError("cudagraphs need a CUDA device")
+    log("tracing the fusion patterns")
+    fusion_patterns()
+    work = _Workload(model, layers, dtype, dev, seed, tiny, preset)
+    patches = {"triton.cudagraphs": True} if cudagraphs else {}
+    fusion = FusionBackend(config_patches=patches)
+    backends = {"unfused": InductorBackend(patches), "fused": fusion}
+    compiled = {
+        side: torch.compile(work.module, backend=b, dynamic=None) for side, b in backends.items()
+    }
+
+    check_args = work.inputs(check_tokens)
+    work.mark_dynamic(check_args)
+    compile_s, outs = {}, {}
+    with torch.no_grad():
+        eager_out = work.module(*check_args)
+        eager = work.outputs(eager_out)
+        for side, fn in compiled.items():
+            log(f"compiling {model} {'with' if side == 'fused' else 'without'} the fusion pass")
+            _sync(dev)
+            start = time.perf_counter()
+            out = _call(fn, check_args, cudagraphs)
+            _sync(dev)
+            compile_s[side] = time.perf_counter() - start
+            outs[side] = work.outputs(out)
+            if side == "fused":
+                layer_checks = work.layer_checks(check_args, out)
+            del out
+
+        numerics: dict = {}
+        for name, ref in eager.items():
+            fused_err, scale = _rel_err(outs["fused"][name], ref)
+            plain_err, _ = _rel_err(outs["unfused"][name], ref)
+            limit = 2 * plain_err + LOGITS_FLOOR * scale
+            numerics[f"{name} vs uncompiled"] = {
+                "fused_err": fused_err,
+                "plain_err": plain_err,
+                "scale": scale,
+                "limit": limit,
+                "passed": fused_err <= limit,
+            }
+        numerics.update(layer_checks)
+
+        rows = []
+        for phase, sizes in (("prefill", prefill), ("decode", decode)):
+            for t in sizes:
+                log(f"timing {phase} T={t}")
+                args = work.inputs(t)
+                ms = {side: _time_ms(fn, args, dev, cudagraphs) for side, fn in compiled.items()}
+                rows.append(LatencyRow(phase, t, ms["unfused"], ms["fused"]))
+
+        splits = []
+        if dev.type == "cuda":
+            for t in profile_tokens:
+                log(f"profiling T={t}")
+                args = work.inputs(t)
+                prof = {side: kernel_times(fn, args, cudagraphs) for side, fn in compiled.items()}
+                splits.append(profile_split(t, prof["unfused"], prof["fused"]))
+    torch._dynamo.reset()
+
+    left: dict = {}
+    for g in fusion.stats.graphs:
+        for op, n in g.unfused_ops.items():
+            left[op] = left.get(op, 0) + n
+    return Comparison(
+        model=model,
+        layers=layers,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(dev),
+        cudagraphs=cudagraphs,
+        sites=min((g.sites for g in fusion.stats.graphs), default=0),
+        graphs=len(fusion.stats.graphs),
+        unfused_ops_left=left,
+        numerics=numerics,
+        compile_s=compile_s,
+        latency=rows,
+        profile=splits,
+    )
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(title, header, rows)`` for the summary, latency and profile tables of ``c`` (the
+    CLI renders them with Rich, scripts/gpu_fusion.py as text)."""
+    name = f"{c.model} ({c.layers} layers, {c.dtype}, {c.device}"
+    name += ", CUDA graphs)" if c.cudagraphs else ")"
+    summary = [
+        ["prologues fused", f"{c.sites} / {c.layers} per graph ({c.graphs} graph(s))"],
+        ["compile + first run", "  ".join(f"{k} {v:.1f} s" for k, v in c.compile_s.items())],
+    ]
+    for check, n in c.numerics.items():
+        if "fused_err" in n:
+            detail = (
+                f"max err {n['fused_err']:.3g} (plain compile {n['plain_err']:.3g}, limit "
+                f"{n['limit']:.3g}, max |x| {n['scale']:.3g})"
+            )
+        else:
+            detail = f"max err {n['max_rel_head']:.3g} x head max ({n['tolerance']})"
+            detail += "" if n["v_exact"] else ", v NOT bit-exact"
+        summary.append([check, ("pass: " if n["passed"] else "FAIL: ") + detail])
+    summary.append(["result", "ok" if c.passed else "FAILED"])
+    latency = [
+        [
+            r.phase,
+            str(r.tokens),
+            f"{r.unfused_ms:.3f}",
+            f"{r.fused_ms:.3f}",
+            f"{r.speedup:.3f}x",
+            "yes" if r.fused_ms <= r.unfused_ms else "NO",
+        ]
+        for r in c.latency
+    ]
+    profile = [
+        [
+            str(p.tokens),
+            f"{p.unfused_prologue_us:.1f} / {p.unfused_total_us:.1f}",
+            f"{100 * p.unfused_share:.2f}%",
+            f"{p.fused_prologue_us:.1f} / {p.fused_total_us:.1f}",
+            f"{100 * p.fused_share:.2f}%",
+            "yes" if p.fused_share <= p.unfused_share / 2 else "NO",
+        ]
+        for p in c.profile
+    ]
+    tables = [
+        (name, ["check", "value"], summary),
+        (
+            f"{c.model}: forward latency, ms (without / with the pass)",
+            ["phase", "T", "without", "with", "speedup", "with <= without"],
+            latency,
+        ),
+    ]
+    if profile:
+        tables.append(
+            (
+                f"{c.model}: kernel time per forward, prologue / all, us",
+                ["T", "without", "share", "with", "share", "share halved"],
+                profile,
+            )
+        )
+    return tables

@@ -1,0 +1,156 @@
+"""Random inputs of the prologue, deterministic per generator seed: the one generator behind the
+golden cases, the bench, the runtime's workload and the tests.
+
+Drawn in float64 and rounded once to the activation dtype, in this order (so a seed always gives
+the same tensors, whichever of them a caller asks for):
+
+1. :func:`random_qkv` -- per-head scales ``s_h ~ U(0.5, 3)`` (real models' heads differ in
+   magnitude), then ``qkv[t, h, :] ~ s_h * N(0, 1)``;
+2. :func:`random_positions` -- uniform over the RoPE table's rows (optionally the last row at
+   token 0 and row 0 at token 1, so that the table's ends are always exercised);
+3. :func:`random_norm_params` -- norm weights around their trained value (``1 + 0.2 N(0, 1)``,
+   or ``0.2 N(0, 1)`` for Gemma-style ``(1 + w)`` weights stored as ``w``), biases
+   ``0.05 N(0, 1)``.
+
+The angle table is the model's real one (:meth:`fqr.presets.Preset.cos_sin_cache`), never
+random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .presets import PrologueSpec
+
+F64 = torch.float64
+WEIGHT_STD = 0.2
+BIAS_STD = 0.05
+
+
+@dataclass
+class PrologueInputs:
+    """The tensors of one call of :func:`fqr.split_qkv_rmsnorm_rope` and the spec they fit."""
+
+    spec: PrologueSpec
+    qkv: torch.Tensor
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_weight: torch.Tensor | None = None
+    k_weight: torch.Tensor | None = None
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
+
+    def args(self) -> tuple:
+        """The positional arguments: ``(qkv, positions, cos_sin_cache, q_weight, k_weight)``."""
+        return (self.qkv, self.positions, self.cos_sin_cache, self.q_weight, self.k_weight)
+
+    def kwargs(self, **extra) -> dict:
+        """The keyword arguments (the spec's, the biases), with ``extra``."""
+        return self.spec.kwargs(q_bias=self.q_bias, k_bias=self.k_bias) | extra
+
+    def operands(self) -> list[torch.Tensor]:
+        """The tensors a traced prologue program takes, in order, absent ones left out."""
+        tensors = self.args() + (self.q_bias, self.k_bias)
+        return [t for t in tensors if t is not None]
+
+    def to(self, device: torch.device | str) -> PrologueInputs:
+        """The same inputs on ``device`` (each tensor moved as torch moves it)."""
+        moved = {
+            name: None if t is None else t.to(device)
+            for name, t in vars(self).items()
+            if name != "spec"
+        }
+        return PrologueInputs(self.spec, **moved)
+
+    @property
+    def tokens(self) -> int:
+        return self.qkv.shape[0]
+
+
+def random_qkv(
+    spec: PrologueSpec,
+    tokens: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Packed rows ``[tokens, spec.qkv_width]`` in ``dtype`` on the generator's device."""
+    device = generator.device
+    heads = spec.num_heads + 2 * spec.num_kv_heads
+    scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=F64, device=device)
+    qkv = torch.randn(tokens, heads, spec.head_dim, generator=generator, dtype=F64, device=device)
+    return (qkv * scale[:, None]).reshape(tokens, spec.qkv_width).to(dtype)
+
+
+def random_positions(
+    tokens: int,
+    max_position: int,
+    generator: torch.Generator,
+    *,
+    dtype: torch.dtype = torch.int64,
+    cover_ends: bool = False,
+) -> torch.Tensor:
+    """``[tokens]`` positions in ``[0, max_position)``; with ``cover_ends`` token 0 reads the
+    table's last row and (from 3 tokens on) token 1 its first."""
+    positions = torch.randint(
+        0, max_position, (tokens,), generator=generator, device=generator.device
+    )
+    if cover_ends and tokens:
+        positions[0] = max_position - 1
+        if tokens > 2:
+            positions[1] = 0
+    return positions.to(dtype)
+
+
+def random_norm_params(
+    spec: PrologueSpec,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    bias: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """``(q_weight, k_weight, q_bias, k_bias)`` of ``spec``'s norm in ``dtype`` (None where the
+    spec has no norm, or ``bias`` is off)."""
+    if spec.norm_widths is None:
+        return None, None, None, None
+    device = generator.device
+
+    def draw(n: int, std: float, centre: float) -> torch.Tensor:
+        noise = torch.randn(n, generator=generator, dtype=F64, device=device)
+        return (centre + std * noise).to(dtype)
+
+    centre = 0.0 if spec.weight_offset else 1.0
+    n_q, n_k = spec.norm_widths
+    weights = draw(n_q, WEIGHT_STD, centre), draw(n_k, WEIGHT_STD, centre)
+    biases = (draw(n_q, BIAS_STD, 0.0), draw(n_k, BIAS_STD, 0.0)) if bias else (None, None)
+    return weights + biases
+
+
+def random_inputs(
+    spec: PrologueSpec,
+    tokens: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    cos_sin_cache: torch.Tensor,
+    *,
+    bias: bool = False,
+    positions_dtype: torch.dtype = torch.int64,
+    cover_ends: bool = False,
+) -> PrologueInputs:
+    """A whole call's inputs on the generator's device, positions into ``cos_sin_cache``."""
+    if cos_sin_cache.shape[-1] != spec.rotary_dim:
+        raise ValueError(
+            f"cos_sin_cache is {cos_sin_cache.shape[-1]} wide, the spec's rotary_dim is "
+            f"{spec.rotary_dim}"
+        )
+    qkv = random_qkv(spec, tokens, dtype, generator)
+    positions = random_positions(
+        tokens,
+        cos_sin_cache.shape[0],
+        generator,
+        dtype=positions_dtype,
+        cover_ends=cover_ends,
+    )
+    norm = random_norm_params(spec, dtype, generator, bias=bias)
+    return PrologueInputs(spec, qkv, positions, cos_sin_cache.to(generator.device), *norm)

@@ -1,0 +1,221 @@
+"""The independent float64 formulation of the attention prologue.
+
+Every check in fqr (goldens, ``fqr bench``, the runtime's verification, ``fqr fuse``, the tests)
+compares an implementation with these functions. They share no code with ``fqr.ops`` (whose
+``impl`` rules are one of the implementations checked) and work on the already-rounded inputs, in
+float64, on any device:
+
+* :func:`rms_norm` -- per group of ``n`` features (a head, or a whole projection)::
+
+      y = x / sqrt(sum(x^2) / n + eps) * (weight_offset + w) + b
+
+  with no ``w`` (a weightless norm: Llama 4's L2 norm, Gemma 4's v norm) the scale is 1; a
+  tensor-parallel shard of a full-width norm takes ``sum(x^2)`` and ``n`` from the all-reduced
+  statistic instead;
+* :func:`rotate` -- RoPE as complex multiplication: the first R features of each head form R/2
+  complex numbers ``z_i = x1_i + i x2_i`` (NeoX pairs ``(i, i + R/2)``, GPT-J ``(2i, 2i+1)``),
+  each multiplied by ``cos_i + i sin_i`` from the token's angle row (vLLM layout: cos in columns
+  ``[0, R/2)``, sin in ``[R/2, R)``), in complex128; :func:`rope` takes that row from
+  ``cos_sin_cache[positions[t]]``;
+* :func:`split_row` -- a packed row cut into :class:`fqr.core.Section` s (q, k, v, ... each
+  with its own head count, head_dim, offset and head stride), by index arithmetic;
+* :func:`prologue` -- the op of :func:`fqr.split_qkv_rmsnorm_rope`: split, norm q and k, rotate
+  them, copy v bit for bit; :func:`qk_prologue` -- the no-split op of
+  :func:`fqr.qk_rmsnorm_rope`.
+
+A variant of the prologue is a new composition of these pieces (its own sections, the norm
+before or after the rotation, another source of angle rows such as mRoPE's three planes).
+The expectation does not depend on ``numerics``: ``fused`` and ``unfused`` differ only in the
+tolerance they are held to (:func:`fqr.numerics.compare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .core import Section
+
+F64 = torch.float64
+
+
+def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.detach().to(F64)
+
+
+def qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
+    """The ``[q | k | v]`` row of vLLM's packed QKV projection, heads back to back."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    return (
+        Section(num_heads, head_dim, 0),
+        Section(num_kv_heads, head_dim, q_size),
+        Section(num_kv_heads, head_dim, q_size + kv_size),
+    )
+
+
+def split_row(row: torch.Tensor, sections: Sequence[Section]) -> list[torch.Tensor]:
+    """Each section's heads gathered from the packed ``row [T, W]`` by index arithmetic (head
+    ``h`` of a section: columns ``[offset + h*head_stride, ... + head_dim)``), as new
+    ``[T, heads*head_dim]`` tensors in the row's dtype, in order."""
+    parts = []
+    for s in sections:
+        last = s.offset + (s.heads - 1) * s.head_stride + s.head_dim
+        if last > row.shape[-1]:
+            raise ValueError(f"section {s} reaches column {last} of a {row.shape[-1]}-wide row")
+        starts = s.offset + s.head_stride * torch.arange(s.heads, device=row.device)
+        columns = (starts[:, None] + torch.arange(s.head_dim, device=row.device)).flatten()
+        parts.append(row.index_select(1, columns))
+    return parts
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    *,
+    eps: float,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    sum_sq: torch.Tensor | None = None,
+    count: int | None = None,
+) -> torch.Tensor:
+    """float64 ``y = x / sqrt(sum(x^2)/n + eps) * (weight_offset + w) + b`` per group of
+    ``group_size`` features of ``x [T, width]`` (``n = group_size``; no ``weight``: scale 1).
+    ``sum_sq [T]`` and ``count`` replace the group's own sum of squares and ``n`` (a TP shard of
+    a full-width norm, the statistic all-reduced over the ranks)."""
+    t, width = x.shape
+    groups = _f64(x).reshape(t, width // group_size, group_size)
+    if sum_sq is None:
+        mean_sq = (groups * groups).sum(dim=-1, keepdim=True) / group_size
+    else:
+        if count is None:
+            raise ValueError("count is required with sum_sq")
+        mean_sq = _f64(sum_sq).reshape(t, 1, 1) / count
+    y = groups / torch.sqrt(mean_sq + eps)
+    if weight is not None:
+        y = y * (weight_offset + _f64(weight))
+    if bias is not None:
+        y = y + _f64(bias)
+    return y.reshape(t, width)
+
+
+def cos_sin_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """float64 angle rows ``[T, R]`` of the tokens: ``cos_sin_cache[positions]``."""
+    return _f64(cos_sin_cache.index_select(0, positions.long()))
+
+
+def rotate(x: torch.Tensor, rows: torch.Tensor, *, head_dim: int, is_neox: bool = True):
+    """float64 RoPE of ``x [T, H*head_dim]`` by per-token angle rows ``[T, R]`` (cos | sin):
+    the first R features of each head as R/2 complex numbers times ``cos + i sin``; the
+    features past R are unchanged."""
+    t, width = x.shape
+    heads = _f64(x).reshape(t, width // head_dim, head_dim)
+    rows = _f64(rows)
+    r = rows.shape[1]
+    rotation = torch.complex(rows[:, : r // 2], rows[:, r // 2 :])[:, None, :]
+    part = heads[..., :r]
+    if is_neox:
+        z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2 :].contiguous())
+    else:
+        z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
+    w = z * rotation
+    rotated = torch.cat([w.real, w.imag], dim=-1) if is_neox else torch.view_as_real(w).flatten(-2)
+    return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
+
+
+def rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    head_dim: int,
+    is_neox: bool = True,
+) -> torch.Tensor:
+    """float64 RoPE of ``x [T, H*head_dim]`` at ``positions`` of a vLLM ``cos_sin_cache``."""
+    return rotate(x, cos_sin_rows(cos_sin_cache, positions), head_dim=head_dim, is_neox=is_neox)
+
+
+def prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    norm: str = "head",
+    norm_stats=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prologue of :func:`fqr.split_qkv_rmsnorm_rope` by its formulas (module docstring).
+
+    Same arguments (any float dtypes, any device; ``norm_stats`` anything with ``q_sum_sq``,
+    ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`); returns float64
+    ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
+    """
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    q, k = _f64(q), _f64(k)
+    if norm != "none":
+        stats = {"q": (None, None), "k": (None, None)}
+        if norm_stats is not None:
+            stats = {
+                "q": (norm_stats.q_sum_sq, norm_stats.q_count),
+                "k": (norm_stats.k_sum_sq, norm_stats.k_count),
+            }
+        normed = []
+        for name, x, w, b in (("q", q, q_weight, q_bias), ("k", k, k_weight, k_bias)):
+            sum_sq, count = stats[name]
+            group = head_dim if norm == "head" else x.shape[1]
+            normed.append(
+                rms_norm(
+                    x,
+                    w,
+                    eps=eps,
+                    group_size=group,
+                    bias=b,
+                    weight_offset=weight_offset,
+                    sum_sq=sum_sq,
+                    count=count,
+                )
+            )
+        q, k = normed
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
+    k = rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
+    return q, k, v
+
+
+def qk_prologue(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The no-split prologue of :func:`fqr.qk_rmsnorm_rope`: float64 ``(q, k)``, each head
+    normalised, then rotated."""
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    return tuple(
+        rotate(
+            rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),
+            rows,
+            head_dim=head_dim,
+            is_neox=is_neox,
+        )
+        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
+    )
