@@ -23,7 +23,9 @@ from fqr.prologue import preset_program
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not BACKENDS[NAME].available, reason=BACKENDS[NAME].unavailable_reason()),
+    pytest.mark.skipif(
+        not BACKENDS[NAME].available, reason=str(BACKENDS[NAME].unavailable_reason())
+    ),
 ]
 
 # (preset, tokens, programs): odd token counts, so the last tile of some program is partial.
