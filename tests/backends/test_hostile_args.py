@@ -475,3 +475,24 @@ def test_a_bad_backend_is_refused_with_no_tokens_too(gen):
     pb = make_problem(gen, tokens=0)
     with pytest.raises(ValueError, match="^backend must be one of"):
         fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(backend="cuda-graph"))
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_the_float64_formulation_takes_no_tokens(is_neox):
+    """Found by the property test: GPT-J RoPE of 0 tokens could not reshape (``-1`` over 0
+    elements) in the float64 formulation every check compares against."""
+    from fqr.reference import prologue
+
+    w = torch.ones(16)
+    q, k, v = prologue(
+        torch.zeros(0, 64),
+        torch.zeros(0, dtype=torch.long),
+        real_table(8, 16, 1e4),
+        w,
+        w,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        is_neox=is_neox,
+    )
+    assert (q.shape, k.shape, v.shape) == ((0, 32), (0, 16), (0, 16))
