@@ -14,7 +14,7 @@ from rich.table import Table
 
 from fqr.golden import GOLDEN_DIR, list_cases, regen
 
-from .common import UsageError, app, err, out
+from .common import EXIT_FAILED, UsageError, app, err, out
 from .render import print_table
 
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
@@ -34,12 +34,25 @@ def golden_list(
     case: CaseOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON to stdout")] = False,
 ):
-    """Show the cases in the manifest: shape, dtype, numerics, variations and tolerance."""
-    entries = list_cases(directory, case)
-    if case is not None and not entries:
+    """Show the cases in the manifest: shape, dtype, numerics, variations and tolerance (exit 1
+    when an entry is malformed: it is listed with the reason)."""
+    listed = list_cases(directory, case)
+    if case is not None and not listed:
         raise UsageError(f"--case: no golden case matches {case!r}")
+    entries = [e for e in listed if "corrupt" not in e]
+    corrupt = [{"name": e["name"], "reason": e["corrupt"]} for e in listed if "corrupt" in e]
+    for c in corrupt:
+        err.print(f"corrupt: {c['name']}: {c['reason']}", highlight=False, markup=False)
     if json_out:
-        out.print_json(json.dumps({"golden_dir": str(directory), "cases": entries}))
+        doc = {
+            "golden_dir": str(directory),
+            "ok": not corrupt,
+            "cases": entries,
+            "corrupt": corrupt,
+        }
+        out.print_json(json.dumps(doc))
+        if corrupt:
+            raise typer.Exit(EXIT_FAILED)
         return
     table = Table(title=f"golden cases ({directory})")
     for col in (
@@ -79,7 +92,12 @@ def golden_list(
             str(e["bytes"]),
         )
     print_table(table)
-    err.print(f"{len(entries)} cases, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB")
+    err.print(
+        f"{len(entries)} cases, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB"
+        + (f", {len(corrupt)} corrupt" if corrupt else "")
+    )
+    if corrupt:
+        raise typer.Exit(EXIT_FAILED)
 
 
 @golden_app.command("regen")

@@ -103,7 +103,10 @@ def lower(
         out.print(str(program), highlight=False, markup=False)
     source = kernel_source(program, target, **ascend)
     if output is not None:
-        output.write_text(source)
+        try:
+            output.write_text(source)
+        except OSError as e:
+            raise UsageError(f"-o {output}: cannot write the kernel source: {e.strerror}") from None
         err.print(f"wrote {output} ({len(source.splitlines())} lines, target {target})")
     elif not ir:
         out.print(source, highlight=False, markup=False)

@@ -2,9 +2,27 @@
 
 A backend runs a traced :class:`fqr.core.Program` on concrete tensors:
 
-==================== =================================================================
+==================== ========================================================================
+``reference``        the primitives' torch ``impl`` rules in fp32 (:func:`fqr.core.eval_program`),
+                     chunk by chunk over the tokens; any device
+``interpret``        the kernel generated for lowering target ``interpret`` (the ``cuda``
+                     profile's code) run by upstream Triton's interpreter on CPU tensors: slow,
+                     for CI and debugging
+``triton``           the kernel generated for target ``cuda``, compiled by upstream Triton on a
+                     CUDA GPU
+``ascend``           the kernel generated for target ``ascend``, compiled by Triton-Ascend on
+                     an NPU
+``ascend-interpret`` the ``ascend``-target kernel under Triton-Ascend's interpreter on CPU
+``ascend-on-cuda``   the ``ascend``-target kernel compiled by upstream Triton on CUDA with an
+                     Ascend-sized persistent grid (a test backend)
+==================== ========================================================================
+
 ``auto`` (:data:`AUTO_BACKENDS`) picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors,
 ``reference`` otherwise (never an interpreter: it is slow).
+
+Every backend follows one autograd policy: under grad mode, when an input requires grad, the
+outputs carry a ``grad_fn`` whose backward is the op's math differentiated through the reference
+rules (:class:`DifferentiableRun`); otherwise nothing is recorded.
 """
 
 from __future__ import annotations
@@ -17,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from .core import Program, eval_program
+from .core import TOKENS, Program, eval_program
 
 
 class BackendUnavailable(RuntimeError):
@@ -73,7 +92,12 @@ class Backend:
 
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
-        (:func:`resolve_backend`) and validated their arguments (the per-call hot path)."""
+        (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
+
+        Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
+        (:class:`DifferentiableRun`): the same policy on every backend."""
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            return list(DifferentiableRun.apply(self._runner, program, *args))
         return self._runner(program, args)
 
 
@@ -142,8 +166,122 @@ def _reason_ascend_interpret() -> str | None:
     return _mode_conflict(interpret=True)
 
 
+REFERENCE_CHUNK_ELEMENTS = 1 << 18  # token-indexed input elements evaluated at once
+
+
+def _token_indexed(program: Program) -> list[bool]:
+    return [bool(v.aval.shape) and v.aval.shape[0] == TOKENS for v in program.inputs]
+
+
+def token_slices(
+    program: Program, args: list, max_elements: int | None = None
+) -> list[slice] | None:
+    """Slices of the token dim holding at most ``max_elements`` (default
+    :data:`REFERENCE_CHUNK_ELEMENTS`) token-indexed input elements each; None when one piece
+    does (or when an output is not token-indexed: its rows would not be independent)."""
+    max_elements = max_elements or REFERENCE_CHUNK_ELEMENTS
+    indexed = _token_indexed(program)
+    if not any(indexed) or not all(
+        bool(v.aval.shape) and v.aval.shape[0] == TOKENS for v in program.outputs
+    ):
+        return None
+    tokens = next(a.shape[0] for a, i in zip(args, indexed) if i)
+    row = sum(a[0].numel() for a, i in zip(args, indexed) if i and a.shape[0])
+    step = max(1, max_elements // max(row, 1))
+    if tokens <= step:
+        return None
+    return [slice(s, min(s + step, tokens)) for s in range(0, tokens, step)]
+
+
+def chunk_args(program: Program, args: list, rows: slice) -> list:
+    """``args`` with every token-indexed input cut to ``rows``."""
+    return [a[rows] if i else a for a, i in zip(args, _token_indexed(program))]
+
+
 def _run_reference(program: Program, args: list) -> list:
-    return eval_program(program, args, torch.float32)
+    """The primitives' impl rules in fp32, chunk by chunk over the tokens: only one chunk's
+    fp32 intermediates live at a time, so the peak is the outputs plus a bounded working set
+    (one whole-batch evaluation peaks near 8.5x the qkv bytes)."""
+    slices = token_slices(program, args)
+    if slices is None:
+        return eval_program(program, args, torch.float32)
+    tokens, outs = slices[-1].stop, None
+    for rows in slices:
+        part = eval_program(program, chunk_args(program, args, rows), torch.float32)
+        if outs is None:
+            outs = [
+                torch.empty((tokens, *p.shape[1:]), dtype=p.dtype, device=p.device) for p in part
+            ]
+        for o, p in zip(outs, part):
+            o[rows] = p
+    return outs
+
+
+def reference_vjp(program: Program, args: list, cotangents, needed) -> list:
+    """The vector-Jacobian product of ``program`` at ``args``: autograd through the primitives'
+    reference rules in fp32 (what the reference backend computes), chunk by chunk over the
+    tokens like :func:`_run_reference`. ``needed[i]``: whether input ``i`` wants a gradient;
+    returns one gradient (or None) per input, in the input's dtype."""
+    slices = token_slices(program, args) or [slice(0, None)]
+    indexed = _token_indexed(program)
+    grads: list = [None] * len(args)
+    for rows in slices:
+        part = [
+            (a[rows] if i else a).detach().requires_grad_(bool(need))
+            for a, i, need in zip(args, indexed, needed)
+        ]
+        with torch.enable_grad():
+            outs = eval_program(program, part, torch.float32)
+        pairs = [(o, c[rows]) for o, c in zip(outs, cotangents) if o.requires_grad]
+        wrt = [p for p, need in zip(part, needed) if need]
+        if not pairs or not wrt:
+            continue
+        got = iter(
+            torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True
+            )
+        )
+        for k, (a, i, need) in enumerate(zip(args, indexed, needed)):
+            if not need:
+                continue
+            g = next(got)
+            if g is None:
+                continue
+            if i:
+                if grads[k] is None:
+                    grads[k] = torch.zeros_like(a, memory_format=torch.contiguous_format)
+                grads[k][rows] = g
+            else:
+                grads[k] = g if grads[k] is None else grads[k] + g
+    return grads
+
+
+class DifferentiableRun(torch.autograd.Function):
+    """A backend's run of ``program`` as one autograd node, for every backend alike.
+
+    Forward: the backend's own run (reference, or a generated kernel). Backward:
+    :func:`reference_vjp`, the gradient of the op's math through the reference rules in fp32,
+    recomputed from the saved inputs (nothing else is kept). Kernels and the reference agree
+    within the numerics contract, so this is the gradient of what the forward computed; the
+    ``unfused`` roundings pass gradients straight through, as ``Tensor.to`` does. Policy (issue
+    14): a real backward on every backend rather than an error, because training and
+    fine-tuning through a model whose prologue fqr fuses need it and the forward alone gives
+    it no cost under ``no_grad``/``inference_mode`` (vLLM's case). Second derivatives are
+    refused (``once_differentiable``).
+    """
+
+    @staticmethod
+    def forward(ctx, runner, program: Program, *args):
+        ctx.program = program
+        ctx.save_for_backward(*args)
+        return tuple(runner(program, list(args)))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *cotangents):
+        args = ctx.saved_tensors
+        grads = reference_vjp(ctx.program, list(args), cotangents, ctx.needs_input_grad[2:])
+        return (None, None, *grads)
 
 
 def _kernel_runner(target: str, register: Callable[[], object] | None = None):

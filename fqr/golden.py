@@ -19,23 +19,29 @@ seed (same bytes twice).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from . import reference
-from .core import dtype_of
+from .core import ACTIVATION_DTYPE_NAMES, dtype_of
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, tolerance_text
 from .presets import PrologueSpec, get_preset
 from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
+from .validate import NORM_KINDS, check_finite_scalar
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 MANIFEST = "manifest.json"
@@ -43,7 +49,13 @@ FORMAT = "fqr-golden/1"
 
 
 class GoldenCorrupt(Exception):
-    """A golden file is missing or its sha256 does not match the manifest."""
+    """A golden case cannot be used: its manifest entry is malformed, or its file is missing,
+    not a regular file inside the golden directory, does not match the manifest's sha256, or
+    does not hold the tensors the entry describes. The message names the file and the reason."""
+
+
+class GoldenManifestError(ValueError):
+    """The manifest as a whole cannot be read (missing, a symlink, not JSON, not this format)."""
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -249,15 +261,114 @@ def _write_manifest(directory: Path, entries: list[dict]) -> None:
     (directory / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def read_manifest(directory: Path | str = GOLDEN_DIR) -> list[dict]:
-    """The manifest's case entries (raises FileNotFoundError when there is none)."""
+def _read_regular_file(directory: Path, name: str) -> bytes:
+    """The bytes of ``name`` inside ``directory``, opened without following a symlink (so
+    nothing outside the directory is read). OSError (ELOOP for a symlink) otherwise."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(name, flags, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_manifest(directory: Path | str = GOLDEN_DIR) -> list:
+    """The manifest's case entries, as stored (check each with :func:`entry_problem`).
+
+    Raises :class:`GoldenManifestError` naming the manifest when it cannot be read as a whole
+    (FileNotFoundError when there is none)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no golden manifest at {path} (run `fqr golden regen`)")
-    doc = json.loads(path.read_text())
+    try:
+        data = _read_regular_file(Path(directory), MANIFEST)
+    except OSError as e:
+        why = "a symlink (refused: golden files are read only inside the golden directory)"
+        raise GoldenManifestError(
+            f"{path}: {why if e.errno == errno.ELOOP else e.strerror or e}"
+        ) from None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GoldenManifestError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise GoldenManifestError(f"{path}: not a golden manifest (a JSON {type(doc).__name__})")
     if doc.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown golden format {doc.get('format')!r} (want {FORMAT})")
+        raise GoldenManifestError(
+            f"{path}: unknown golden format {doc.get('format')!r} (want {FORMAT})"
+        )
+    if not isinstance(doc.get("cases"), list):
+        raise GoldenManifestError(f"{path}: 'cases' must be a list of case entries")
     return doc["cases"]
+
+
+_STRING_FIELDS = ("name", "file", "sha256", "preset", "dtype", "numerics", "norm")
+_POSITIVE_FIELDS = ("tp", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "row_stride")
+_COUNT_FIELDS = ("tokens", "bytes", "max_position")
+_BOOL_FIELDS = ("is_neox", "bias", "norm_stats")
+
+
+def entry_problem(entry) -> str | None:
+    """Why a manifest entry cannot be used, or None: every field :func:`load_case` and the CLI
+    read, with its type and range, and a ``file`` that names a file inside the directory."""
+    if not isinstance(entry, dict):
+        return f"an entry must be a JSON object, got {type(entry).__name__} {entry!r:.40}"
+    for group, ok, want in (
+        (_STRING_FIELDS, lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        (_POSITIVE_FIELDS, lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+        (_COUNT_FIELDS, lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+        (_BOOL_FIELDS, lambda v: isinstance(v, bool), "true or false"),
+    ):
+        for key in group:
+            if key not in entry:
+                return f"missing {key!r}"
+            if not ok(entry[key]):
+                return f"{key!r} must be {want}, got {entry[key]!r:.40}"
+    file = entry["file"]
+    if file in (".", "..") or "/" in file or "\\" in file or os.path.isabs(file):
+        return f"'file' must name a file inside the golden directory, got {file!r}"
+    if not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
+        return f"'sha256' must be 64 lowercase hex digits, got {entry['sha256']!r:.72}"
+    for key, choices in (
+        ("dtype", ACTIVATION_DTYPE_NAMES),
+        ("numerics", ("fused", "unfused")),
+        ("norm", NORM_KINDS),
+        ("positions_dtype", ("int32", "int64")),
+    ):
+        if entry.get(key) not in choices:
+            return f"{key!r} must be one of {', '.join(choices)}, got {entry.get(key)!r:.40}"
+    try:
+        check_finite_scalar("'eps'", entry.get("eps"), positive=True)
+        check_finite_scalar("'weight_offset'", entry.get("weight_offset"))
+    except (TypeError, ValueError) as e:
+        return str(e)
+    tol = entry.get("tolerance")
+    if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in "qkv")):
+        return f"'tolerance' must map q, k and v to text, got {tol!r:.60}"
+    width = (entry["num_heads"] + 2 * entry["num_kv_heads"]) * entry["head_dim"]
+    if entry["row_stride"] < width:
+        return f"'row_stride' {entry['row_stride']} is smaller than the qkv width {width}"
+    if entry["rotary_dim"] % 2 or entry["rotary_dim"] > entry["head_dim"]:
+        return f"'rotary_dim' {entry['rotary_dim']} must be even and at most 'head_dim'"
+    if entry["max_position"] < 1:
+        return "'max_position' must be >= 1"
+    try:
+        get_preset(entry["preset"], entry["tp"])
+    except (KeyError, ValueError) as e:
+        return f"'preset': {e}"
+    return None
+
+
+def _label(entry, index: int) -> str:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) and name else f"<manifest entry {index}>"
 
 
 def regen(
@@ -272,13 +383,15 @@ def regen(
     Returns the entries written.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     specs = select_cases(pattern)
     if not specs:
         raise ValueError(f"pattern {pattern!r} matches no golden case")
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{directory}: not a directory (the golden directory to write)")
+    directory.mkdir(parents=True, exist_ok=True)
     old = {}
     if pattern is not None and (directory / MANIFEST).is_file():
-        old = {e["name"]: e for e in read_manifest(directory)}
+        old = {e["name"]: e for e in read_manifest(directory) if entry_problem(e) is None}
     written = {}
     for spec in specs:
         tensors, entry = _case_tensors(spec)
@@ -302,12 +415,17 @@ def regen(
 
 
 def list_cases(directory: Path | str = GOLDEN_DIR, pattern: str | None = None) -> list[dict]:
-    """Manifest entries whose name matches the glob ``pattern`` (all when None)."""
-    return [
-        e
-        for e in read_manifest(directory)
-        if pattern is None or fnmatch.fnmatchcase(e["name"], pattern)
-    ]
+    """Manifest entries whose name matches the glob ``pattern`` (all when None). A malformed
+    entry comes back as ``{"name": ..., "corrupt": reason}`` (named ``<manifest entry i>`` when
+    it has no usable name): :func:`load_case` raises :class:`GoldenCorrupt` for it."""
+    cases = []
+    for i, entry in enumerate(read_manifest(directory)):
+        problem = entry_problem(entry)
+        if problem is not None:
+            entry = {"name": _label(entry, i), "corrupt": problem}
+        if pattern is None or fnmatch.fnmatchcase(entry["name"], pattern):
+            cases.append(entry)
+    return cases
 
 
 # ------------------------------------------------------------------------- loading, checking
@@ -419,27 +537,96 @@ class GoldenCase:
         }
 
 
+def _tensor_problem(entry: dict, t: dict) -> str | None:
+    """Why the file's tensors do not match its entry (names, shapes, dtypes, table rows), or
+    None."""
+    e = entry
+    tokens, d = e["tokens"], e["head_dim"]
+    hq, hkv = e["num_heads"] * d, e["num_kv_heads"] * d
+    dtype = dtype_of(e["dtype"])
+    floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+    w_len = (d, d) if e["norm"] == "head" else (hq, hkv)
+    want: dict[str, tuple[tuple, tuple]] = {
+        "qkv": ((tokens, hq + 2 * hkv), (dtype,)),
+        "positions": ((tokens,), (dtype_of(e["positions_dtype"]),)),
+        "cos_sin_rows": ((None, e["rotary_dim"]), floats),
+        "cos_sin_index": ((None,), (torch.int64, torch.int32)),
+        "expected_q": ((tokens, hq), (torch.float64,)),
+        "expected_k": ((tokens, hkv), (torch.float64,)),
+        "expected_v": ((tokens, hkv), (dtype,)),
+    }
+    if e["norm"] != "none":
+        want.update(q_weight=((w_len[0],), floats), k_weight=((w_len[1],), floats))
+        if e["bias"]:
+            want.update(q_bias=((w_len[0],), floats), k_bias=((w_len[1],), floats))
+    if e["norm_stats"]:
+        want.update(q_sum_sq=((tokens,), (torch.float32,)), k_sum_sq=((tokens,), (torch.float32,)))
+    for name, (shape, dtypes) in want.items():
+        if name not in t:
+            return f"no tensor {name!r}"
+        x = t[name]
+        if x.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, x.shape)):
+            wanted = ", ".join("*" if s is None else str(s) for s in shape)
+            return f"tensor {name!r} has shape {list(x.shape)}, the entry implies [{wanted}]"
+        if x.dtype not in dtypes:
+            return f"tensor {name!r} is {x.dtype}, the entry implies {dtypes[0]}"
+    extra = sorted(set(t) - set(want))
+    if extra:
+        return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
+    index, rows = t["cos_sin_index"], t["cos_sin_rows"]
+    if rows.shape[0] != index.shape[0]:
+        return "tensors 'cos_sin_rows' and 'cos_sin_index' differ in length"
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= e["max_position"]):
+        return f"tensor 'cos_sin_index' names rows outside [0, max_position={e['max_position']})"
+    if not torch.isin(t["positions"].long(), index.long()).all():
+        return "tensor 'positions' names RoPE rows the file does not hold (cos_sin_index)"
+    return None
+
+
 def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> GoldenCase:
-    """Load a case (by name or manifest entry), verifying its sha256 (:class:`GoldenCorrupt`)."""
+    """Load a case (by name or manifest entry). Raises :class:`GoldenCorrupt` naming the file
+    and the reason for anything that makes the case unusable (the checks of :func:`list_cases`,
+    then the file: a regular file inside ``directory``, its sha256, its tensors)."""
     directory = Path(directory)
     if isinstance(name_or_entry, str):
-        found = [e for e in read_manifest(directory) if e["name"] == name_or_entry]
+        found = [e for e in list_cases(directory) if e["name"] == name_or_entry]
         if not found:
             raise ValueError(f"no golden case named {name_or_entry!r} in {directory}")
         entry = found[0]
     else:
         entry = name_or_entry
+    manifest = directory / MANIFEST
+    problem = entry.get("corrupt") if isinstance(entry, dict) else None
+    problem = problem or entry_problem(entry)
+    if problem is not None:
+        raise GoldenCorrupt(f"{manifest}: case {_label(entry, -1)}: {problem}")
     path = directory / entry["file"]
-    if not path.is_file():
-        raise GoldenCorrupt(f"{path}: missing (listed in the manifest)")
-    data = path.read_bytes()
+    try:
+        data = _read_regular_file(directory, entry["file"])
+    except FileNotFoundError:
+        raise GoldenCorrupt(f"{path}: missing (listed in the manifest)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise GoldenCorrupt(
+                f"{path}: a symlink (not read: golden files must be regular files inside the "
+                f"golden directory)"
+            ) from None
+        raise GoldenCorrupt(f"{path}: {e.strerror or e}") from None
+    if len(data) != entry["bytes"]:
+        raise GoldenCorrupt(f"{path}: {len(data)} bytes, the manifest says {entry['bytes']}")
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
         raise GoldenCorrupt(
             f"{path}: sha256 {digest[:12]}... does not match the manifest's "
             f"{entry['sha256'][:12]}..."
         )
-    t = load_safetensors(data)
+    try:
+        t = load_safetensors(data)
+    except SafetensorError as e:
+        raise GoldenCorrupt(f"{path}: not a safetensors file ({e})") from None
+    problem = _tensor_problem(entry, t)
+    if problem is not None:
+        raise GoldenCorrupt(f"{path}: {problem}")
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
     buffer[:, : qkv.shape[1]] = qkv

@@ -354,13 +354,14 @@ def qk_rmsnorm_rope(
 
 def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
     """Run ``program`` on ``backend`` for the device of ``rows`` (its first input); no tokens:
-    empty outputs, nothing launched."""
+    empty outputs, nothing launched (a bad ``backend`` is refused at any T)."""
+    runner = resolve_backend(backend, rows.device)
     if rows.shape[0] == 0:
         return tuple(
             torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
             for v in program.outputs
         )
-    return tuple(resolve_backend(backend, rows.device).launch(program, args))
+    return tuple(runner.launch(program, args))
 
 
 def preset_program(

@@ -118,7 +118,7 @@ def rotate(x: torch.Tensor, rows: torch.Tensor, *, head_dim: int, is_neox: bool 
     if is_neox:
         z = torch.complex(part[..., : r // 2].contiguous(), part[..., r // 2 :].contiguous())
     else:
-        z = torch.view_as_complex(part.reshape(t, -1, r // 2, 2).contiguous())
+        z = torch.view_as_complex(part.reshape(t, width // head_dim, r // 2, 2).contiguous())
     w = z * rotation
     rotated = torch.cat([w.real, w.imag], dim=-1) if is_neox else torch.view_as_real(w).flatten(-2)
     return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)

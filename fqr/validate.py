@@ -31,6 +31,26 @@ def check_positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the compute dtype's range: a scalar outside it is inf
+FLOAT32_TRUE_MIN = 1.401298464324817e-45  # (or 0) inside the kernel and the reference
+
+
+def check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
+    """A real number (not bool) that stays finite (and non-zero when ``positive``) in float32,
+    the compute dtype: ``inf``/``nan`` would be emitted into a kernel as bare names and turn
+    the reference's outputs into zeros."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if positive and not FLOAT32_TRUE_MIN <= v <= FLOAT32_MAX:
+        raise ValueError(
+            f"{name} must be a positive number within float32's range "
+            f"[{FLOAT32_TRUE_MIN:.3g}, {FLOAT32_MAX:.3g}], got {value!r}"
+        )
+    if not -FLOAT32_MAX <= v <= FLOAT32_MAX:  # nan fails both comparisons
+        raise ValueError(f"{name} must be finite within float32's range, got {value!r}")
+
+
 def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
@@ -49,10 +69,8 @@ def check_head_counts(num_heads, num_kv_heads) -> None:
 def check_head_params(*, head_dim, eps, is_neox, weight_offset) -> None:
     """The per-head parameters both ops and the spec share."""
     check_positive_int("head_dim", head_dim)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
-    if not isinstance(weight_offset, (int, float)) or isinstance(weight_offset, bool):
-        raise TypeError(f"weight_offset must be a number, got {weight_offset!r}")
+    check_finite_scalar("eps", eps, positive=True)
+    check_finite_scalar("weight_offset", weight_offset)
     if not isinstance(is_neox, bool):
         raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
 
@@ -83,6 +101,27 @@ def _check_call_options(numerics, backend) -> None:
 
 
 # ------------------------------------------------------------------------------- tensors
+
+
+def check_norm_stats(norm_stats) -> None:
+    """Anything with :class:`fqr.NormStats`' fields (two tensors, two positive counts)."""
+    fields = ("q_sum_sq", "k_sum_sq", "q_count", "k_count")
+    if not all(hasattr(norm_stats, f) for f in fields):
+        raise TypeError(
+            f"norm_stats must be a fqr.NormStats ({', '.join(fields)}), "
+            f"got {type(norm_stats).__name__}"
+        )
+    for count in ("q_count", "k_count"):
+        check_positive_int(f"norm_stats.{count}", getattr(norm_stats, count))
+
+
+def check_unit_stride(name: str, t: torch.Tensor) -> None:
+    """A ``[T]`` vector the kernel reads at ``ptr + t``: consecutive elements (stride 1)."""
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(
+            f"{name} must be contiguous (stride 1), got stride {t.stride(0)}; pass "
+            f"{name}.contiguous()"
+        )
 
 
 def _tensor(name: str, x) -> None:
@@ -117,6 +156,7 @@ def check_positions(positions, tokens: int, rows_of: str = "qkv") -> None:
             f"positions must be [T] with T = {tokens} ({rows_of} rows), "
             f"got shape {list(positions.shape)}"
         )
+    check_unit_stride("positions", positions)
 
 
 def check_cos_sin_cache(cos_sin_cache, head_dim: int) -> int:
@@ -248,6 +288,7 @@ def check_prologue_args(
     if norm_stats is not None:
         if norm != "full":
             raise ValueError("norm_stats is only meaningful with norm='full'")
+        check_norm_stats(norm_stats)
         for name, t, local, count in (
             ("norm_stats.q_sum_sq", norm_stats.q_sum_sq, q_len, norm_stats.q_count),
             ("norm_stats.k_sum_sq", norm_stats.k_sum_sq, k_len, norm_stats.k_count),
@@ -257,6 +298,7 @@ def check_prologue_args(
                 raise ValueError(
                     f"{name} must be float32 [T={tokens}], got {t.dtype} {list(t.shape)}"
                 )
+            check_unit_stride(name, t)
             check_same_device("qkv", device, ((name, t),))
             if count < local:
                 raise ValueError(

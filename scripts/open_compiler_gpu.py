@@ -35,7 +35,7 @@ from fqr.bench import traffic_bytes  # noqa: E402
 from fqr.core import Section, spec, trace  # noqa: E402
 from fqr.inputs import random_inputs  # noqa: E402
 from fqr.lowering import lower  # noqa: E402
-from fqr.lowering.loader import cache_dir, import_kernel, write_source  # noqa: E402
+from fqr.lowering.loader import load_kernel  # noqa: E402
 from fqr.numerics import compare  # noqa: E402
 from fqr.presets import get_preset  # noqa: E402
 from fqr.prologue import preset_program  # noqa: E402
@@ -294,10 +294,13 @@ def constant_stride_variant(kernel):
         kernel.source,
     )
     assert source != kernel.source
-    path = cache_dir() / f"fqr_{kernel.path.stem[4:]}_conststride.py"
-    write_source(path, source)
-    fn = import_kernel(path, kernel.fn.__name__, interpret=kernel.target.interpret)
-    return dataclasses.replace(kernel, fn=fn, source=source, path=path)
+    loaded = load_kernel(
+        f"{kernel.path.stem[4:]}_conststride",
+        source,
+        kernel.fn.__name__,
+        interpret=kernel.target.interpret,
+    )
+    return dataclasses.replace(kernel, fn=loaded.fn, source=source, path=loaded.path)
 
 
 def time_kernels(rows):

@@ -15,7 +15,10 @@ import json
 import os
 from pathlib import Path
 
+from .measurements import MEASUREMENTS
+
 SCHEMA = "fqr-bench/1"
+FQR = "fqr"  # fqr's own entry in a row's "impls"
 
 
 def new_document(settings: dict, environment: dict, ceiling: dict) -> dict:
@@ -60,9 +63,58 @@ def load_document(path) -> dict:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"--from-json {path}: not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"--from-json {path}: not an {SCHEMA} document")
+    problem = document_problem(doc)
+    if problem is not None:
+        raise ValueError(f"--from-json {path}: {problem}")
     return doc
+
+
+_ROW_FIELDS = (("preset", str), ("dtype", str), ("tokens", int), ("impls", dict), ("speedup", dict))
+
+
+def document_problem(doc) -> str | None:
+    """Why ``doc`` is not a document the report can render (every field it reads, with its
+    type), or None."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return f"not an {SCHEMA} document"
+    for key, kind in (
+        ("environment", dict),
+        ("settings", dict),
+        ("ceiling", dict),
+        ("rows", list),
+        ("passed", bool),
+    ):
+        if key not in doc:
+            return f"no {key!r}"
+        if not isinstance(doc[key], kind):
+            return f"{key!r} must be a JSON {kind.__name__}, got {type(doc[key]).__name__}"
+    if not isinstance(doc["ceiling"].get("gbps"), (int, float)):
+        return "'ceiling' has no number 'gbps'"
+    if not isinstance(doc.get("skipped", {}), dict):
+        return "'skipped' must be a JSON object"
+    numbers = ("gbps", "pct_ceiling", *(m.key for m in MEASUREMENTS))
+    for i, row in enumerate(doc["rows"]):
+        where = f"rows[{i}]"
+        if not isinstance(row, dict):
+            return f"{where} must be a JSON object"
+        for key, kind in _ROW_FIELDS:
+            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+                return f"{where} has no {kind.__name__} {key!r}"
+        if FQR not in row["impls"]:
+            return f"{where} has no {FQR!r} measurement"
+        for name, impl in row["impls"].items():
+            at = f"{where}.impls[{name!r}]"
+            if not isinstance(impl, dict):
+                return f"{at} must be a JSON object"
+            for key in numbers:
+                value = impl.get(key)
+                if value is not None and (not isinstance(value, (int, float)) or value is True):
+                    return f"{at}.{key} must be a number or null, got {value!r:.40}"
+            if not isinstance(impl.get("error"), (str, type(None))):
+                return f"{at}.error must be text or null"
+            if not isinstance(impl.get("check"), (dict, type(None))):
+                return f"{at}.check must be an object or null"
+    return None
 
 
 def merge_documents(docs: list[dict]) -> dict:

@@ -22,13 +22,11 @@ from ..peers import build_peer, peer_unavailable_reason
 from ..presets import Preset
 from .checks import check_outputs, check_row_index, poison_free_memory
 from .config import BenchConfig
-from .document import add_row, new_document
+from .document import FQR, add_row, new_document
 from .environment import environment, require_gpu
 from .measurements import MEASUREMENTS
 from .timers import CudaTimers
 from .traffic import Traffic, rotation_sets, traffic_bytes
-
-FQR = "fqr"
 
 
 @dataclass

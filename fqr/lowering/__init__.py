@@ -7,7 +7,7 @@
 2. :mod:`.targets` -- the target profile picks the tiling (tokens per tile, head chunks);
                       :mod:`.ascend` registers the Ascend profiles (UB budget model);
 3. :mod:`.emit`    -- each primitive's emit rule (``fqr/ops``) writes its lines of source;
-4. :mod:`.loader`  -- the source is written to the kernel cache and imported;
+4. :mod:`.loader`  -- the source is written to the kernel cache and compiled from its text;
 5. :mod:`.kernel`  -- the host launcher allocates outputs and launches the persistent grid.
 
 :mod:`.ascend_compile` compiles one kernel through Triton-Ascend's stages (the compile check).
@@ -28,7 +28,7 @@ from ..core import TOKENS, Aval, Program, trace
 from . import ascend  # noqa: F401  (registers the ascend and ascend-interpret targets)
 from .emit import EMITTER_VERSION, Tiling, emit_source
 from .kernel import Kernel
-from .loader import cache_key, cached_source, import_kernel, write_source
+from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
 from .targets import TARGETS, Target, get_target
 
@@ -80,12 +80,10 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
     if memo in _KERNELS:
         return _KERNELS[memo]
     tgt, plan, tiling, source, key, kernel_name = _build(program, target, options)
-    path, existing = cached_source(key)
-    hit = existing == source
-    if not hit:
-        write_source(path, source)
-    fn = import_kernel(path, kernel_name, interpret=tgt.interpret)
-    kernel = Kernel(program, plan, tgt, tiling, source, path, hit, fn, dict(options))
+    loaded = load_kernel(key, source, kernel_name, interpret=tgt.interpret)
+    kernel = Kernel(
+        program, plan, tgt, tiling, source, loaded.path, loaded.cache_hit, loaded.fn, dict(options)
+    )
     _KERNELS[memo] = kernel
     return kernel
 

@@ -1,8 +1,12 @@
 """The run configuration, validated before any process starts (bad input: ValueError/TypeError
-naming the option)."""
+naming the option), including whether the largest step the workload can schedule fits in the
+host's memory (:meth:`RunConfig.host_bytes_estimate`): a run that cannot fit is refused with a
+message instead of being OOM-killed later with none.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -11,12 +15,39 @@ from ..backends import auto_backend_name, get_backend
 from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
 from ..presets import get_preset
 from ..validate import NUMERICS, check_choice
-from .device import DEVICE_TYPES
+from .device import DEVICE_TYPES, host_memory_available
 from .faults import FaultSpec, parse_fault
 from .parallel_state import Layout
 from .workload import parse_range
 
 LAUNCHERS = ("mp", "torchrun")
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+# The host memory model of one step, in bytes per element of the unsharded qkv rows (``d``: the
+# dtype's bytes). Upper bounds of what tests/runtime/test_runtime_memory.py measures:
+# * a worker draws its batch's rows in float64 and scales them (16), casts them (d), then holds
+#   its rows, its outputs and, on verified steps, their pickled reply (at most 4d over these
+#   phases);
+# * the engine draws each replica's rows again to verify them (16 + d, and d for the rows it
+#   slices; 20 + 2d with slack), and holds every rank's replies of the steps in flight (d per
+#   replica and step); the verifier's float64 working set is bounded by its chunking (at most
+#   VERIFIER_BYTES_PER_CHUNK_ELEMENT per element of one chunk, verify.VERIFY_CHUNK_ELEMENTS).
+WORKER_PROCESS_BYTES = 384 << 20  # a spawned worker's resident set after its imports
+VERIFIER_BYTES_PER_CHUNK_ELEMENT = 512
+
+
+def worker_bytes_per_element(d: int) -> int:
+    return 16 + 4 * d
+
+
+def engine_bytes_per_element(d: int, dp: int, steps_in_flight: int) -> int:
+    return 20 + 2 * d + d * dp * steps_in_flight
+
+
+def verifier_working_bytes() -> int:
+    from .verify import VERIFY_CHUNK_ELEMENTS
+
+    return VERIFIER_BYTES_PER_CHUNK_ELEMENT * VERIFY_CHUNK_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -50,6 +81,49 @@ class RunConfig:
     def torch_dtype(self) -> torch.dtype:
         return dtype_of(self.dtype)
 
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one DP replica's step can hold in this workload: the budget, or all
+        that the running requests have left (at most ``max_running`` of them), if smaller."""
+        per_request = self.prompt_len[1] + self.decode_steps
+        return min(self.max_batched_tokens, min(self.requests, self.max_running) * per_request)
+
+    def host_bytes_estimate(self, workers_here: int | None = None) -> int:
+        """Host memory a run takes at its largest step: ``workers_here`` workers (default: all
+        of them, spawned on this host) and the engine (verifying when ``verify_every > 0``)."""
+        preset = get_preset(self.preset)
+        d = self.torch_dtype.itemsize
+        workers = self.layout.world_size if workers_here is None else workers_here
+        step = self.max_step_tokens * preset.spec.qkv_width
+        need = workers * step * worker_bytes_per_element(d)
+        if self.launcher == "mp":
+            need += workers * WORKER_PROCESS_BYTES
+        if self.verify_every > 0:
+            in_flight = 2 if self.async_scheduling else 1
+            need += step * engine_bytes_per_element(d, self.dp, in_flight)
+            need += verifier_working_bytes()
+        return need
+
+    def check_host_memory(self) -> None:
+        """ValueError naming ``--max-batched-tokens`` when the largest step cannot fit."""
+        available = host_memory_available()
+        if available is None:
+            return
+        workers = None
+        if self.launcher == "torchrun":  # this host runs its local ranks only
+            workers = int(os.environ.get("LOCAL_WORLD_SIZE", self.layout.world_size))
+        need = self.host_bytes_estimate(workers)
+        n_workers = self.layout.world_size if workers is None else workers
+        if need > available:
+            gib = 1 << 30
+            raise ValueError(
+                f"--max-batched-tokens {self.max_batched_tokens}: steps of up to "
+                f"{self.max_step_tokens:,} tokens need about {need / gib:.1f} GiB of host memory "
+                f"({n_workers} worker{'s' if n_workers != 1 else ''} and the verifying engine), "
+                f"{available / gib:.1f} GiB is available; lower --max-batched-tokens "
+                f"(or --requests, --prompt-len)"
+            )
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prompt_len"] = list(self.prompt_len)
@@ -82,17 +156,23 @@ class RunConfig:
         get_backend(self.backend).require(
             self.device, named=f"--backend {self.backend}", where=f"--device {self.device}"
         )
+        for name in ("decode_steps", "verify_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value!r}")
         if self.prompt_len[1] + self.decode_steps > preset.max_position:
             raise ValueError(
                 f"--prompt-len/--decode-steps reach position "
                 f"{self.prompt_len[1] + self.decode_steps - 1}, beyond "
                 f"{self.preset}'s {preset.max_position} RoPE positions"
             )
-        if self.verify_every < 0:
-            raise ValueError(f"--verify-every must be >= 0, got {self.verify_every}")
         for name in ("init_timeout_s", "step_timeout_s", "collective_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name[:-2].replace('_', '-')} must be > 0 seconds")
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_S):
+                raise ValueError(
+                    f"--{name[:-2].replace('_', '-')} must be > 0 and at most "
+                    f"{MAX_TIMEOUT_S:g} seconds (a week), got {value!r}"
+                )
         if self.launcher == "torchrun":
             if self.async_scheduling:
                 raise ValueError(
@@ -104,3 +184,4 @@ class RunConfig:
                     "--inject-fault kind=kill-parent needs --launcher mp (under "
                     "torchrun the parent is torchrun's agent)"
                 )
+        self.check_host_memory()

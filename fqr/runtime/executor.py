@@ -1,9 +1,12 @@
 """The multiprocess executor: starts the workers, broadcasts calls, collects replies
 (vLLM's ``MultiprocExecutor``).
 
-* **Start**: a ``TCPStore`` for the rendezvous is hosted here (a fresh port is tried when the
-  address is in use), then all ``dp x tp`` workers are spawned before waiting on any; each
-  answers on its ready pipe. A startup failure or timeout names the rank and the cause.
+* **Start**: stale shared memory of killed runs is swept
+  (:func:`.message_queue.sweep_stale_segments`); a ``TCPStore`` for the rendezvous is hosted
+  here (a fresh port is tried when the address is in use), then all ``dp x tp`` workers are
+  spawned before waiting on any; each answers on its ready pipe. A startup failure or timeout
+  names the rank and the cause. Workers are spawned with SIGINT blocked, so Ctrl-C reaches only
+  this process until they ignore it (vLLM's workers leave Ctrl-C to the engine too).
 * **Calls**: :meth:`submit` writes the plan to the broadcast ring and returns a ``Future``; a
   collector thread reads every worker's response queue in FIFO order and resolves it. Two calls
   may be in flight (async scheduling).
@@ -16,9 +19,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import multiprocessing as mp
+import signal
 import socket
 import threading
 import time
@@ -29,13 +34,26 @@ from multiprocessing.connection import wait as wait_objects
 import torch.distributed as dist
 
 from .config import RunConfig
-from .message_queue import MessageQueue, QueueCancelled, QueueTimeout
+from .message_queue import MessageQueue, QueueCancelled, QueueTimeout, sweep_stale_segments
 from .scheduler import StepPlan
 from .worker import FAILURE, READY, SHUTDOWN, worker_main
 
 
 class RunFailed(RuntimeError):
     """The run could not complete (a worker failed, died, hung or timed out)."""
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """Block SIGINT in this thread for the duration (a Ctrl-C stays pending, not lost). A
+    process spawned meanwhile inherits the blocked mask, so Ctrl-C cannot raise
+    KeyboardInterrupt in it while it starts and imports; :func:`.worker.worker_main` then
+    ignores SIGINT and unblocks it (Ctrl-C is the engine's to handle)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _free_port() -> int:
@@ -87,13 +105,13 @@ class MultiprocExecutor:
     # -- startup ---------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
+        sweep_stale_segments()  # segments of runs killed by SIGKILL (no cleanup could run)
         self.store, port = host_store(self.world_size, cfg.init_timeout_s)
         self.broadcast = MessageQueue.create(
             self.world_size,
             n_slots=self._n_slots,
             chunk_bytes=self._chunk_bytes,
             tag="calls",
-            context=self._ctx,
         ).as_writer()
         self.responses = [
             MessageQueue.create(
@@ -101,37 +119,37 @@ class MultiprocExecutor:
                 n_slots=self._n_slots,
                 chunk_bytes=self._chunk_bytes,
                 tag=f"replies{r}",
-                context=self._ctx,
             ).as_reader(0)
             for r in range(self.world_size)
         ]
         death_read, self._death_write = self._ctx.Pipe(duplex=False)
         ready = []
-        for rank in range(self.world_size):
-            ready_read, ready_write = self._ctx.Pipe(duplex=False)
-            p = self._ctx.Process(
-                target=worker_main,
-                name=f"fqr-worker-{rank}",
-                daemon=True,
-                args=(
-                    cfg,
-                    rank,
-                    "127.0.0.1",
-                    port,
-                    self.broadcast,
-                    self.responses[rank],
-                    ready_write,
-                    death_read,
-                ),
-            )
-            p.start()
-            ready_write.close()
-            self.procs.append(p)
-            ready.append(ready_read)
-        death_read.close()
         try:
+            for rank in range(self.world_size):
+                ready_read, ready_write = self._ctx.Pipe(duplex=False)
+                p = self._ctx.Process(
+                    target=worker_main,
+                    name=f"fqr-worker-{rank}",
+                    daemon=True,
+                    args=(
+                        cfg,
+                        rank,
+                        "127.0.0.1",
+                        port,
+                        self.broadcast,
+                        self.responses[rank],
+                        ready_write,
+                        death_read,
+                    ),
+                )
+                ready.append(ready_read)
+                with sigint_blocked():  # inherited: the worker cannot be interrupted before
+                    p.start()  # worker_main's first line ignores SIGINT (imports included)
+                ready_write.close()
+                self.procs.append(p)
+            death_read.close()
             self._wait_ready(ready)
-        except BaseException as e:
+        except BaseException as e:  # Ctrl-C included: the workers started so far are ended
             self._fail(str(e) or type(e).__name__)
             self.shutdown()
             raise

@@ -16,29 +16,41 @@ Writer and readers walk the slots in the same round-robin order, so messages arr
 A payload larger than one chunk takes the **overflow path**: it is split into fragments over
 consecutive slots (the last one flagged), so it streams through a ring of any size.
 
-Waiting: spin (``os.sched_yield``) for ``spin_s``, then block on a semaphore that the other
-side posts when it sees the sleeping flag (a bounded wait, so a missed post costs at most
+Waiting: spin (``os.sched_yield``) for ``spin_s``, then block on a :class:`Doorbell` that the
+other side rings when it sees the sleeping flag (a bounded wait, so a missed ring costs at most
 ``block_s``). A writer that finds no free slot for ``warn_every_s`` logs a warning (a slow or
 dead reader). :meth:`cancel` makes every current and future wait raise :class:`QueueCancelled`
 (shutdown). The creator owns the segment and unlinks it in :meth:`close`.
+
+Shared machines: the segment is named ``fqr_<pid>_<random token>_<tag>``; the token (random, as
+vLLM's and Python's own segment names) keeps runs in different PID namespaces that share
+``/dev/shm`` apart, the pid is only there for a person reading ``/dev/shm``. Every process that
+maps the segment holds a shared ``flock`` on it for as long as it does, so "no process uses it"
+is a question the kernel answers, across PID namespaces and after SIGKILL;
+:func:`sweep_stale_segments` removes this user's ``fqr_`` segments that nobody holds (a run
+killed with SIGKILL, where no cleanup can run). The doorbells are pipes: they have no name, so a
+killed run leaves nothing else behind.
 """
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import logging
-import multiprocessing as mp
 import os
 import pickle
+import secrets
+import select
+import stat
 import struct
 import time
-from multiprocessing import shared_memory
+from multiprocessing import reduction, shared_memory
+from pathlib import Path
 
 log = logging.getLogger("fqr.runtime")
 
 _FRAG = struct.Struct("<IB3x")  # fragment length, last-fragment flag
 SEGMENT_PREFIX = "fqr_"
-_names = itertools.count()
+SHM_DIR = Path("/dev/shm")  # where POSIX shared memory appears as files (Linux)
 
 
 class QueueCancelled(RuntimeError):
@@ -50,14 +62,118 @@ class QueueTimeout(TimeoutError):
 
 
 def segment_name(tag: str) -> str:
-    """``fqr_<pid>_<n>_<tag>``: unique per process, recognisable in ``/dev/shm``."""
-    return f"{SEGMENT_PREFIX}{os.getpid()}_{next(_names)}_{tag}"
+    """``fqr_<pid>_<token>_<tag>``: a fresh 64-bit random token per segment (a pid alone
+    repeats across PID namespaces); the creator still opens it exclusively and retries."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(8)}_{tag}"
+
+
+class Doorbell:
+    """A wake-up call between processes: a non-blocking pipe, so it has no name to leave in
+    ``/dev/shm``. :meth:`ring` never blocks (a full pipe already wakes the sleeper);
+    :meth:`wait` returns when rung or at the timeout and clears the rings it found. It travels
+    to spawned processes as ``Process`` arguments (the fds are passed, as for ``Pipe``)."""
+
+    def __init__(self, fds: tuple[int, int] | None = None):
+        if fds is None:
+            fds = os.pipe()
+            for fd in fds:
+                os.set_blocking(fd, False)
+        self._read_fd, self._write_fd = fds
+
+    def ring(self) -> None:
+        try:
+            os.write(self._write_fd, b"\0")
+        except (BlockingIOError, BrokenPipeError):
+            pass  # full: the sleeper will wake anyway; broken: nobody is left to wake
+
+    def wait(self, timeout: float) -> bool:
+        poller = select.poll()  # per call: a poll object is not shareable between threads
+        poller.register(self._read_fd, select.POLLIN)
+        rung = bool(poller.poll(max(0, int(timeout * 1000))))
+        if rung:
+            try:
+                while os.read(self._read_fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return rung
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._read_fd = self._write_fd = -1
+
+    def __reduce__(self):
+        return _rebuild_doorbell, (reduction.DupFd(self._read_fd), reduction.DupFd(self._write_fd))
+
+
+def _rebuild_doorbell(read_fd, write_fd) -> Doorbell:
+    return Doorbell((read_fd.detach(), write_fd.detach()))
+
+
+def _hold(name: str) -> int | None:
+    """Open ``/dev/shm/<name>`` and take a shared lock on it for this process's lifetime of the
+    mapping (released by :func:`os.close` or by the process's death, even SIGKILL)."""
+    try:
+        fd = os.open(SHM_DIR / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no /dev/shm (not Linux): nothing to sweep there either
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def sweep_stale_segments(min_age_s: float = 60.0) -> list[str]:
+    """Unlink this user's ``fqr_`` segments in ``/dev/shm`` that no process holds, and that are
+    older than ``min_age_s`` (a segment is locked right after it is created; the age covers
+    that instant and segments of older fqr versions, which did not lock). Returns the names.
+
+    Safe on a shared ``/dev/shm``: liveness is the kernel's lock state (no pid is compared,
+    so PID namespaces cannot fool it), and only regular files owned by this user are touched.
+    """
+    swept: list[str] = []
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return swept
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(SEGMENT_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        if now - max(st.st_mtime, st.st_ctime) < min_age_s:
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(entry.path)  # under the lock: nobody can attach to it by name any more
+            swept.append(entry.name)
+        except OSError:
+            pass  # held: a live run (or gone already)
+        finally:
+            os.close(fd)
+    if swept:
+        log.warning(
+            "removed %d shared-memory segment(s) of dead fqr runs: %s", len(swept), ", ".join(swept)
+        )
+    return swept
 
 
 class MessageQueue:
     """Broadcast ring. Build with :meth:`create` in the owning process; pass the object to
     spawned processes as a ``Process`` argument (it pickles to a handle); there call
-    :meth:`as_writer` or :meth:`as_reader` once."""
+    :meth:`as_writer` or :meth:`as_reader` once. ``MessageQueue(*q.handle())`` attaches a
+    second handle in the same process."""
 
     def __init__(
         self,
@@ -65,8 +181,8 @@ class MessageQueue:
         n_readers: int,
         n_slots: int,
         chunk_bytes: int,
-        reader_sems: list,
-        writer_sem,
+        reader_bells: list[Doorbell],
+        writer_bell: Doorbell,
         *,
         create: bool = False,
     ):
@@ -80,16 +196,18 @@ class MessageQueue:
             n_slots,
             chunk_bytes,
         )
-        self.reader_sems, self.writer_sem = reader_sems, writer_sem
+        self.reader_bells, self.writer_bell = reader_bells, writer_bell
         self._meta_off = 2 + n_readers
         self._data_off = self._meta_off + n_slots * (1 + n_readers)
         size = self._data_off + n_slots * chunk_bytes
-        self._owner = create
+        self._owner = self._owns_bells = create
         if create:
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+            self._held = _hold(name)
             self._shm.buf[: self._data_off] = bytes(self._data_off)
         else:
             self._shm = shared_memory.SharedMemory(name=name)
+            self._held = _hold(name)
         self.buf = self._shm.buf
         self._slot = 0
         self._reader = None
@@ -97,37 +215,37 @@ class MessageQueue:
 
     @classmethod
     def create(
-        cls,
-        n_readers: int,
-        *,
-        n_slots: int = 8,
-        chunk_bytes: int = 1 << 18,
-        tag: str = "mq",
-        context=None,
+        cls, n_readers: int, *, n_slots: int = 8, chunk_bytes: int = 1 << 18, tag: str = "mq"
     ) -> MessageQueue:
-        ctx = context or mp.get_context("spawn")
-        return cls(
-            segment_name(tag),
-            n_readers,
-            n_slots,
-            chunk_bytes,
-            [ctx.Semaphore(0) for _ in range(n_readers)],
-            ctx.Semaphore(0),
-            create=True,
+        for attempt in range(8):
+            try:
+                return cls(
+                    segment_name(tag),
+                    n_readers,
+                    n_slots,
+                    chunk_bytes,
+                    [Doorbell() for _ in range(n_readers)],
+                    Doorbell(),
+                    create=True,
+                )
+            except FileExistsError:  # a 1-in-2^64 draw; never reuse someone else's segment
+                if attempt == 7:
+                    raise
+        raise AssertionError("unreachable")
+
+    def handle(self) -> tuple:
+        """The constructor arguments that attach another handle to this queue."""
+        return (
+            self.name,
+            self.n_readers,
+            self.n_slots,
+            self.chunk_bytes,
+            self.reader_bells,
+            self.writer_bell,
         )
 
     def __reduce__(self):
-        return (
-            MessageQueue,
-            (
-                self.name,
-                self.n_readers,
-                self.n_slots,
-                self.chunk_bytes,
-                self.reader_sems,
-                self.writer_sem,
-            ),
-        )
+        return _unpickle_queue, self.handle()
 
     # -- roles -----------------------------------------------------------------------------
     def as_writer(self) -> MessageQueue:
@@ -154,8 +272,8 @@ class MessageQueue:
     def cancel(self) -> None:
         """Make every wait on this queue (any process) raise :class:`QueueCancelled`."""
         self.buf[0] = 1
-        for sem in self.reader_sems + [self.writer_sem]:
-            sem.release()
+        for bell in self.reader_bells + [self.writer_bell]:
+            bell.ring()
 
     def depth(self, reader: int) -> int:
         """Messages (fragments) written and not yet read by ``reader``."""
@@ -177,7 +295,13 @@ class MessageQueue:
         )
 
     def _wait(
-        self, ready, sleeping_at: int, sem, timeout: float | None, what: str, warn: bool = False
+        self,
+        ready,
+        sleeping_at: int,
+        bell: Doorbell,
+        timeout: float | None,
+        what: str,
+        warn: bool = False,
     ) -> None:
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
@@ -206,7 +330,7 @@ class MessageQueue:
                         if deadline is None
                         else max(0.0, min(self.block_s, deadline - now))
                     )
-                    sem.acquire(timeout=wait)
+                    bell.wait(wait)
             finally:
                 self.buf[sleeping_at] = 0
 
@@ -229,7 +353,7 @@ class MessageQueue:
             self._wait(
                 lambda slot=slot: self._slot_free(slot),
                 1,
-                self.writer_sem,
+                self.writer_bell,
                 timeout if i == 0 else None,
                 f"no free slot in {self.name}",
                 warn=True,
@@ -242,7 +366,7 @@ class MessageQueue:
             self.buf[self._written_at(slot)] = 1
             for r in range(self.n_readers):
                 if self.buf[2 + r]:
-                    self.reader_sems[r].release()
+                    self.reader_bells[r].ring()
             self._slot = (slot + 1) % self.n_slots
 
     # -- reader ----------------------------------------------------------------------------
@@ -264,7 +388,7 @@ class MessageQueue:
             self._wait(
                 lambda slot=slot: self._slot_ready(slot),
                 2 + r,
-                self.reader_sems[r],
+                self.reader_bells[r],
                 left,
                 f"no message in {self.name}",
             )
@@ -273,14 +397,16 @@ class MessageQueue:
             parts.append(bytes(self.buf[base + _FRAG.size : base + _FRAG.size + length]))
             self.buf[self._read_at(slot, r)] = 1
             if self.buf[1]:
-                self.writer_sem.release()
+                self.writer_bell.ring()
             self._slot = (slot + 1) % self.n_slots
             if last:
                 return b"".join(parts)
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
-        """Detach; the creator also unlinks the segment. Safe to call twice."""
+        """Detach; the creator also unlinks the segment. Safe to call twice. The doorbells close
+        with the handle that made or received them (not with a :meth:`handle` attached beside
+        it, which shares them)."""
         if self._shm is None:
             return
         self.buf = None
@@ -294,3 +420,15 @@ class MessageQueue:
                 shm.unlink()
             except FileNotFoundError:
                 pass
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+        if self._owns_bells:
+            for bell in self.reader_bells + [self.writer_bell]:
+                bell.close()
+
+
+def _unpickle_queue(*handle) -> MessageQueue:
+    q = MessageQueue(*handle)
+    q._owns_bells = True  # the fds were passed to this process for this handle
+    return q

@@ -26,6 +26,8 @@ from .parallel_state import Layout
 from .scheduler import StepPlan
 from .workload import PROBE_STREAM, model_norm_weights, probe_positions, segment_positions, step_qkv
 
+VERIFY_CHUNK_ELEMENTS = 1 << 18  # qkv elements whose expectation is computed at once
+
 
 @dataclass
 class RankVerification:
@@ -71,30 +73,45 @@ class Verifier:
             v[:, kvh.start * d : kvh.stop * d],
         )
 
-    def _check_rank(self, what: str, rank: int, outputs, exact) -> bool:
+    def _check(self, what: str, qkv: torch.Tensor, positions: torch.Tensor, outputs: dict) -> bool:
+        """Check ``outputs`` (``{rank: (q, k, v)}``, ranks of one DP replica or all replicas
+        for the probe) against the expectation of ``qkv`` rows, a chunk of tokens at a time:
+        the float64 expectation and the ULP comparison of a whole batch would take ~100 bytes
+        per qkv element (4 GiB at 64K Qwen3-8B tokens)."""
         d = self.full.head_dim
-        _, tp_rank = self.layout.coords(rank)
-        q_exp, k_exp, v_exp = self._slices(tp_rank, exact)
-        stats = self.ranks[rank]
-        stats.checks += 1
-        problems = []
-        for name, out, ref in (("q", outputs[0], q_exp), ("k", outputs[1], k_exp)):
-            c = compare(out.cpu(), ref, head_dim=d, numerics=self.numerics)
-            stats.max_ulp = max(stats.max_ulp, c.max_ulp or 0)
-            stats.max_rel = max(stats.max_rel, c.max_rel_head)
-            if not c.passed:
-                problems.append(
-                    f"{name}: {c.bad} elements outside {c.tolerance}, max ulp "
-                    f"{c.max_ulp}, max err {c.max_rel_head:.3g} x head max"
-                    + (f", {c.nonfinite} non-finite" if c.nonfinite else "")
-                )
-        if not torch.equal(outputs[2].cpu(), v_exp):
-            problems.append("v is not a bit-exact copy")
-        if problems:
-            self.failures.append(f"{what}: {self.layout.describe(rank)}: " + "; ".join(problems))
-            return False
-        stats.passed += 1
-        return True
+        step = max(1, VERIFY_CHUNK_ELEMENTS // self.full.spec.qkv_width)
+        problems: dict[int, dict[str, list]] = {r: {} for r in outputs}
+        v_mismatch: set[int] = set()
+        ulp = dict.fromkeys(outputs, 0)
+        rel = dict.fromkeys(outputs, 0.0)
+        for start in range(0, qkv.shape[0], step):
+            rows = slice(start, start + step)
+            exact = self.expected(qkv[rows], positions[rows])
+            for rank, outs in outputs.items():
+                q_exp, k_exp, v_exp = self._slices(self.layout.coords(rank)[1], exact)
+                for name, out, ref in (("q", outs[0], q_exp), ("k", outs[1], k_exp)):
+                    c = compare(out[rows].cpu(), ref, head_dim=d, numerics=self.numerics)
+                    ulp[rank] = max(ulp[rank], c.max_ulp or 0)
+                    rel[rank] = max(rel[rank], c.max_rel_head)
+                    if not c.passed:
+                        problems[rank].setdefault(name, []).append(c)
+                if not torch.equal(outs[2][rows].cpu(), v_exp):
+                    v_mismatch.add(rank)
+        ok = True
+        for rank in outputs:
+            stats = self.ranks[rank]
+            stats.checks += 1
+            stats.max_ulp = max(stats.max_ulp, ulp[rank])
+            stats.max_rel = max(stats.max_rel, rel[rank])
+            lines = [_describe(name, cs) for name, cs in problems[rank].items()]
+            if rank in v_mismatch:
+                lines.append("v is not a bit-exact copy")
+            if lines:
+                self.failures.append(f"{what}: {self.layout.describe(rank)}: " + "; ".join(lines))
+                ok = False
+            else:
+                stats.passed += 1
+        return ok
 
     def check_step(self, plan: StepPlan, replies: dict[int, dict]) -> bool:
         """Check every rank's outputs of a verified ``plan``; True when all pass."""
@@ -105,20 +122,17 @@ class Verifier:
                 continue
             positions = segment_positions(list(batch))
             qkv = step_qkv(self.seed, plan.step, dp_rank, tokens, self.full, self.dtype)
-            exact = self.expected(qkv, positions)
-            for tp_rank in range(self.layout.tp):
-                rank = self.layout.rank(dp_rank, tp_rank)
-                ok &= self._check_rank(f"step {plan.step}", rank, replies[rank]["outputs"], exact)
+            ranks = [self.layout.rank(dp_rank, t) for t in range(self.layout.tp)]
+            outputs = {r: replies[r]["outputs"] for r in ranks}
+            ok &= self._check(f"step {plan.step}", qkv, positions, outputs)
         return ok & self.check_probe(plan.step, replies)
 
     def check_probe(self, step: int, replies: dict[int, dict]) -> bool:
         """The probe batch: correct on every rank, bit-identical across DP replicas."""
         positions = probe_positions(self.seed, step, self.full.max_position)
         qkv = step_qkv(self.seed, step, PROBE_STREAM, len(positions), self.full, self.dtype)
-        exact = self.expected(qkv, positions)
-        ok = True
-        for rank in range(self.layout.world_size):
-            ok &= self._check_rank(f"step {step} probe", rank, replies[rank]["probe"], exact)
+        probes = {r: replies[r]["probe"] for r in range(self.layout.world_size)}
+        ok = self._check(f"step {step} probe", qkv, positions, probes)
         for tp_rank in range(self.layout.tp):
             first = self.layout.rank(0, tp_rank)
             for dp_rank in range(1, self.layout.dp):
@@ -136,6 +150,18 @@ class Verifier:
                         f"{self.layout.describe(first)} on the same input"
                     )
         return ok
+
+
+def _describe(name: str, failed: list) -> str:
+    """One output's failed chunks as one line (counts summed, maxima over the chunks)."""
+    bad = sum(c.bad for c in failed)
+    nonfinite = sum(c.nonfinite for c in failed)
+    max_ulp = max((c.max_ulp for c in failed if c.max_ulp is not None), default=None)
+    max_rel = max(c.max_rel_head for c in failed)
+    return (
+        f"{name}: {bad} elements outside {failed[0].tolerance}, max ulp {max_ulp}, "
+        f"max err {max_rel:.3g} x head max" + (f", {nonfinite} non-finite" if nonfinite else "")
+    )
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -146,8 +146,11 @@ def worker_main(
     death_conn,
 ) -> None:
     """Entry point of a spawned worker process."""
+    # Ctrl-C is the engine's to handle (shutdown). The executor spawned this process with
+    # SIGINT blocked (so not even its imports could be interrupted); ignore it, then unblock.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     what = cfg.layout.describe(rank)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle (shutdown)
     threading.Thread(target=_watch_death_pipe, args=(death_conn, what), daemon=True).start()
     try:
         dp_rank, tp_rank = cfg.layout.coords(rank)

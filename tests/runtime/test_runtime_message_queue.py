@@ -28,7 +28,7 @@ def _reader(mq: MessageQueue, index: int, n: int, out, delay: float = 0.0) -> No
 
 
 def _queue(n_readers, **kw) -> MessageQueue:
-    return MessageQueue.create(n_readers, context=CTX, **kw).as_writer()
+    return MessageQueue.create(n_readers, **kw).as_writer()
 
 
 def _run_readers(mq, n_readers, messages, delay=0.0):
@@ -92,10 +92,10 @@ def _writer(mq: MessageQueue, messages) -> None:
 def test_a_message_started_is_read_whole_by_a_polling_reader():
     """The executor's collector polls with tiny timeouts; a timeout must never split a
     fragmented message (it applies to the first fragment only)."""
-    mq = MessageQueue.create(1, n_slots=2, chunk_bytes=512, context=CTX)
+    mq = MessageQueue.create(1, n_slots=2, chunk_bytes=512)
     messages = [os.urandom(40_000), b"x", os.urandom(9_000)]
     writer = CTX.Process(target=_writer, args=(mq, messages))
-    reader = MessageQueue(mq.name, 1, 2, 512, mq.reader_sems, mq.writer_sem).as_reader(0)
+    reader = MessageQueue(*mq.handle()).as_reader(0)
     writer.start()
     got = []
     give_up = time.monotonic() + 60  # a guard against a hang, not a timing assertion
@@ -142,9 +142,9 @@ def test_slow_reader_blocks_the_writer_and_is_warned_about(caplog):
 
 
 def test_timeouts_on_empty_and_full_ring():
-    mq = MessageQueue.create(1, n_slots=1, chunk_bytes=64, context=CTX)
+    mq = MessageQueue.create(1, n_slots=1, chunk_bytes=64)
     try:
-        reader = MessageQueue(mq.name, 1, 1, 64, mq.reader_sems, mq.writer_sem).as_reader(0)
+        reader = MessageQueue(*mq.handle()).as_reader(0)
         with pytest.raises(QueueTimeout):
             reader.dequeue(timeout=0.1)
         mq.as_writer().enqueue("one")
@@ -159,8 +159,8 @@ def test_timeouts_on_empty_and_full_ring():
 
 
 def test_cancel_wakes_a_blocked_reader():
-    mq = MessageQueue.create(1, n_slots=2, chunk_bytes=64, context=CTX)
-    reader = MessageQueue(mq.name, 1, 2, 64, mq.reader_sems, mq.writer_sem).as_reader(0)
+    mq = MessageQueue.create(1, n_slots=2, chunk_bytes=64)
+    reader = MessageQueue(*mq.handle()).as_reader(0)
     raised = []
 
     def block():
@@ -184,7 +184,7 @@ def test_cancel_wakes_a_blocked_reader():
 
 
 def test_close_unlinks_the_segment_and_is_idempotent():
-    mq = MessageQueue.create(2, n_slots=2, chunk_bytes=128, context=CTX)
+    mq = MessageQueue.create(2, n_slots=2, chunk_bytes=128)
     path = f"/dev/shm/{mq.name}"
     assert os.path.exists(path)
     mq.close()
@@ -194,10 +194,10 @@ def test_close_unlinks_the_segment_and_is_idempotent():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="n_readers"):
-        MessageQueue.create(0, context=CTX)
+        MessageQueue.create(0)
     with pytest.raises(ValueError, match="chunk_bytes"):
-        MessageQueue.create(1, chunk_bytes=4, context=CTX)
-    mq = MessageQueue.create(1, n_slots=1, chunk_bytes=64, context=CTX)
+        MessageQueue.create(1, chunk_bytes=4)
+    mq = MessageQueue.create(1, n_slots=1, chunk_bytes=64)
     try:
         with pytest.raises(ValueError, match="reader index"):
             mq.as_reader(1)

@@ -1,0 +1,223 @@
+"""Malformed golden directories (issue 14, findings 5 and 6): a manifest that cannot be read
+is one clear error naming it; any malformed entry or case file is a ``corrupt`` case with the
+reason (never a KeyError/IndexError/SafetensorError); nothing outside the golden directory is
+ever read (``..``, absolute paths, symlinks)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
+
+CASE = "qwen3-0.6b-bf16-t7-fused"
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """A golden directory holding one shipped case: (directory, its manifest entry)."""
+    (entry,) = list_cases(pattern=CASE)
+    shutil.copy(GOLDEN_DIR / entry["file"], tmp_path / entry["file"])
+    _write(tmp_path, [entry])
+    return tmp_path, entry
+
+
+def _write(d, cases, **doc):
+    (d / "manifest.json").write_text(json.dumps({"format": "fqr-golden/1", "cases": cases, **doc}))
+
+
+def _rewrite_file(d, entry, tensors):
+    """Replace the case file by ``tensors`` and update the manifest's sha256 and size (a
+    consistent but wrong file, as an editor of the golden directory would leave it)."""
+    data = save_safetensors(tensors)
+    (d / entry["file"]).write_bytes(data)
+    entry = dict(entry, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    _write(d, [entry])
+    return entry
+
+
+def _corrupt(d, needle: str):
+    """The case lists as corrupt and loads as GoldenCorrupt, both saying ``needle``."""
+    (row,) = list_cases(d)
+    assert needle in row.get("corrupt", "") or "corrupt" not in row
+    with pytest.raises(GoldenCorrupt, match=needle):
+        load_case(row["name"], d)
+    with pytest.raises(GoldenCorrupt, match=needle):
+        load_case(row, d)
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"[1, 2]", "not a golden manifest"),
+        (b'{"format": "other/9", "cases": []}', "unknown golden format"),
+        (b'{"format": "fqr-golden/1"}', "cases"),
+        (b'{"format": "fqr-golden/1", "cases": {"a": 1}}', "cases"),
+    ],
+)
+def test_an_unreadable_manifest_is_one_error_naming_it(tmp_path, data, needle):
+    (tmp_path / "manifest.json").write_bytes(data)
+    with pytest.raises(ValueError, match=needle) as e:
+        list_cases(tmp_path)
+    assert str(tmp_path / "manifest.json") in str(e.value)
+
+
+def test_a_symlinked_manifest_is_refused(tmp_path, copy):
+    d, _ = copy
+    real = tmp_path / "elsewhere.json"
+    os.replace(d / "manifest.json", real)
+    (d / "manifest.json").symlink_to(real)
+    with pytest.raises(ValueError, match="symlink"):
+        list_cases(d)
+
+
+MALFORMED_ENTRIES = [
+    ("a string", lambda e: "qwen"),
+    ("no name", lambda e: {k: v for k, v in e.items() if k != "name"}),
+    ("no file", lambda e: {k: v for k, v in e.items() if k != "file"}),
+    ("no sha256", lambda e: {k: v for k, v in e.items() if k != "sha256"}),
+    ("no row_stride", lambda e: {k: v for k, v in e.items() if k != "row_stride"}),
+    ("row_stride text", lambda e: dict(e, row_stride="4096")),
+    ("row_stride short", lambda e: dict(e, row_stride=e["row_stride"] - 1)),
+    ("max_position zero", lambda e: dict(e, max_position=0)),
+    ("num_heads float", lambda e: dict(e, num_heads=16.0)),
+    ("eps nan", lambda e: dict(e, eps=float("nan"))),
+    ("norm unknown", lambda e: dict(e, norm="layer")),
+    ("dtype unknown", lambda e: dict(e, dtype="fp8")),
+    ("preset unknown", lambda e: dict(e, preset="no-such-model")),
+    ("tolerance list", lambda e: dict(e, tolerance=["<=1 ulp"])),
+    ("sha256 short", lambda e: dict(e, sha256="abc")),
+    ("file up", lambda e: dict(e, file="../../../../etc/passwd")),
+    ("file absolute", lambda e: dict(e, file="/etc/passwd")),
+    ("file in a subdirectory", lambda e: dict(e, file=f"sub/{e['file']}")),
+    ("file empty", lambda e: dict(e, file="")),
+]
+
+
+@pytest.mark.parametrize("label,mutate", MALFORMED_ENTRIES, ids=[m[0] for m in MALFORMED_ENTRIES])
+def test_a_malformed_entry_is_a_corrupt_case(copy, label, mutate):
+    d, entry = copy
+    _write(d, [mutate(dict(entry))])
+    (row,) = list_cases(d)
+    assert "corrupt" in row and row["corrupt"], row
+    assert isinstance(row["name"], str) and row["name"]
+    with pytest.raises(GoldenCorrupt):
+        load_case(row, d)
+
+
+def test_a_file_outside_the_directory_is_never_opened(copy, tmp_path, monkeypatch):
+    d, entry = copy
+    secret = tmp_path.parent / f"{tmp_path.name}-secret.safetensors"
+    secret.write_bytes((d / entry["file"]).read_bytes())  # even a valid case file
+    for file in (f"../{secret.name}", str(secret)):
+        _write(d, [dict(entry, file=file)])
+        opened = []
+        for module, name in ((os, "open"), (io, "open")):
+            real = getattr(module, name)
+            monkeypatch.setattr(
+                module,
+                name,
+                lambda p, *a, _real=real, _seen=opened, **k: (
+                    _seen.append(str(p)) or _real(p, *a, **k)
+                ),
+            )
+        with pytest.raises(GoldenCorrupt, match="file"):
+            load_case(entry["name"], d)
+        monkeypatch.undo()
+        assert not any("secret" in p for p in opened), opened
+    secret.unlink()
+
+
+def test_a_symlinked_case_file_is_corrupt_and_not_hashed(copy, tmp_path):
+    d, entry = copy
+    target = tmp_path.parent / f"{tmp_path.name}-target.safetensors"
+    os.replace(d / entry["file"], target)
+    (d / entry["file"]).symlink_to(target)  # the right bytes, behind a link
+    with pytest.raises(GoldenCorrupt, match="symlink") as e:
+        load_case(entry["name"], d)
+    assert entry["sha256"][:12] not in str(e.value)
+    target.unlink()
+
+
+def test_a_directory_in_place_of_the_file_is_corrupt(copy):
+    d, entry = copy
+    (d / entry["file"]).unlink()
+    (d / entry["file"]).mkdir()
+    _corrupt(d, "not a regular file")
+
+
+def _tensors(d, entry):
+    return dict(load_safetensors((d / entry["file"]).read_bytes()))
+
+
+@pytest.mark.parametrize("missing", ["qkv", "expected_q", "cos_sin_index", "k_weight"])
+def test_a_file_missing_a_tensor_is_corrupt(copy, missing):
+    d, entry = copy
+    t = _tensors(d, entry)
+    del t[missing]
+    _rewrite_file(d, entry, t)
+    _corrupt(d, f"no tensor '{missing}'")
+
+
+def _unstored(t):
+    """Positions naming a table row the file does not hold."""
+    stored = set(t["cos_sin_index"].tolist())
+    row = next(i for i in range(10**6) if i not in stored)
+    return torch.full_like(t["positions"], row)
+
+
+WRONG_TENSORS = [
+    ("qkv narrow", lambda t: dict(t, qkv=t["qkv"][:, 1:].contiguous()), "qkv"),
+    ("qkv fp32", lambda t: dict(t, qkv=t["qkv"].float()), "qkv"),
+    ("positions 2-D", lambda t: dict(t, positions=t["positions"][None]), "positions"),
+    (
+        "expected_q short",
+        lambda t: dict(t, expected_q=t["expected_q"][:-1].contiguous()),
+        "expected_q",
+    ),
+    (
+        "index past the table",
+        lambda t: dict(t, cos_sin_index=t["cos_sin_index"] + 10**6),
+        "cos_sin_index",
+    ),
+    ("positions outside the rows", lambda t: dict(t, positions=_unstored(t)), "positions"),
+    ("extra weight", lambda t: dict(t, q_bias=torch.zeros(128, dtype=torch.bfloat16)), "q_bias"),
+]
+
+
+@pytest.mark.parametrize("label,change,needle", WRONG_TENSORS, ids=[w[0] for w in WRONG_TENSORS])
+def test_a_file_with_a_wrong_tensor_is_corrupt(copy, label, change, needle):
+    d, entry = copy
+    _rewrite_file(d, entry, change(_tensors(d, entry)))
+    _corrupt(d, needle)
+
+
+def test_a_file_that_is_not_safetensors_is_corrupt(copy):
+    d, entry = copy
+    data = os.urandom(4096)
+    (d / entry["file"]).write_bytes(data)
+    _write(d, [dict(entry, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))])
+    _corrupt(d, "not a safetensors file")
+
+
+def test_a_wrong_max_position_is_corrupt(copy):
+    d, entry = copy
+    _write(d, [dict(entry, max_position=3)])
+    _corrupt(d, "cos_sin_index")
+
+
+def test_the_shipped_goldens_all_load():
+    rows = list_cases()
+    assert rows and not any("corrupt" in r for r in rows)
+    for r in rows[:3]:
+        assert load_case(r).qkv.shape[0] == r["tokens"]

@@ -1,0 +1,238 @@
+"""The CLI under misuse (issue 14, findings 5, 9 and 12b): every bad usage or bad input file is
+one line on stderr and exit 2, never a traceback; a malformed golden case is a ``corrupt`` row
+(exit 1) and ``--json`` still prints one parseable document; ``fqr run`` refuses before any
+worker starts. In-process through ``fqr_cli.app.main`` (what ``fqr`` runs), so exit codes and
+both streams are what a user sees; one subprocess row checks the real entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fqr_cli.app import main
+
+from fqr.golden import GOLDEN_DIR, list_cases
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = "qwen3-0.6b-bf16-t7-fused"
+TINY_RUN = ["run", "--preset", "qwen3-0.6b", "--requests", "2", "--prompt-len", "4..8"]
+
+
+def fqr(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """``fqr ARGS`` in this process: (exit code, stdout, stderr). A worker spawn fails the
+    test: every row here must be refused before one."""
+    from fqr.runtime.executor import MultiprocExecutor
+
+    def no_spawn(self):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(MultiprocExecutor, "start", no_spawn)
+    monkeypatch.setattr(sys, "argv", ["fqr", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _golden_copy(d: Path, mutate=None, manifest: bytes | None = None) -> Path:
+    (entry,) = list_cases(pattern=CASE)
+    d.mkdir(exist_ok=True)
+    shutil.copy(GOLDEN_DIR / entry["file"], d / entry["file"])
+    doc = {"format": "fqr-golden/1", "cases": [mutate(dict(entry)) if mutate else entry]}
+    (d / "manifest.json").write_bytes(
+        manifest if manifest is not None else json.dumps(doc).encode()
+    )
+    return d
+
+
+def _bench_doc(d: Path, drop: str | None = None, **change) -> Path:
+    doc = {
+        "schema": "fqr-bench/1",
+        "environment": {"device": "H200"},
+        "settings": {},
+        "ceiling": {"gbps": 4000.0},
+        "rows": [],
+        "skipped": {},
+        "passed": True,
+    }
+    doc.update(change)
+    doc.pop(drop, None)
+    path = d / "bench.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _file(d: Path) -> Path:
+    (d / "a-file").write_text("x")
+    return d / "a-file"
+
+
+# (row id, arguments built in tmp_path, text the one error line must contain)
+MISUSE = [
+    ("lower -o a directory", lambda d: ["lower", "--preset", "qwen3-8b", "-o", str(d)], "-o"),
+    (
+        "lower -o in a missing directory",
+        lambda d: ["lower", "--preset", "qwen3-8b", "-o", str(d / "no" / "k.py")],
+        "No such file",
+    ),
+    ("lower -o /dev/full", lambda d: ["lower", "--preset", "qwen3-8b", "-o", "/dev/full"], "space"),
+    (
+        "golden regen --dir a file",
+        lambda d: ["golden", "regen", "--dir", str(_file(d))],
+        "not a directory",
+    ),
+    (
+        "golden regen --case nothing",
+        lambda d: ["golden", "regen", "--case", "zzz", "--dir", str(d / "new")],
+        "zzz",
+    ),
+    (
+        "golden list: manifest not JSON",
+        lambda d: ["golden", "list", "--dir", str(_golden_copy(d, manifest=b"{oops"))],
+        "manifest.json: not valid JSON",
+    ),
+    (
+        "verify: manifest not JSON",
+        lambda d: [
+            "verify",
+            "--backend",
+            "reference",
+            "--golden-dir",
+            str(_golden_copy(d, manifest=b"{oops")),
+        ],
+        "manifest.json: not valid JSON",
+    ),
+    (
+        "verify: manifest a list",
+        lambda d: ["verify", "--golden-dir", str(_golden_copy(d, manifest=b"[]"))],
+        "not a golden manifest",
+    ),
+    ("verify: no manifest", lambda d: ["verify", "--golden-dir", str(d)], "manifest"),
+    (
+        "bench --from-json: no rows",
+        lambda d: ["bench", "--from-json", str(_bench_doc(d, drop="rows"))],
+        "no 'rows'",
+    ),
+    (
+        "bench --from-json: no environment",
+        lambda d: ["bench", "--from-json", str(_bench_doc(d, drop="environment"))],
+        "no 'environment'",
+    ),
+    (
+        "bench --from-json: a row without impls",
+        lambda d: [
+            "bench",
+            "--from-json",
+            str(_bench_doc(d, rows=[{"preset": "x", "dtype": "bf16", "tokens": 1}])),
+        ],
+        "rows[0]",
+    ),
+    ("bench --from-json: not JSON", lambda d: ["bench", "--from-json", str(_file(d))], "not JSON"),
+    ("run --decode-steps -1", lambda d: [*TINY_RUN, "--decode-steps", "-1"], "--decode-steps"),
+    ("run --step-timeout inf", lambda d: [*TINY_RUN, "--step-timeout", "inf"], "--step-timeout"),
+    ("run --init-timeout nan", lambda d: [*TINY_RUN, "--init-timeout", "nan"], "--init-timeout"),
+    (
+        "run: a budget that cannot fit",
+        lambda d: [
+            "run",
+            "--preset",
+            "qwen3-8b",
+            "--requests",
+            "64",
+            "--prompt-len",
+            "40000",
+            "--max-batched-tokens",
+            "100000000",
+            "--dp",
+            "4",
+        ],
+        "--max-batched-tokens 100000000",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,make_args,needle", MISUSE, ids=[m[0] for m in MISUSE])
+def test_misuse_is_one_line_and_exit_2(name, make_args, needle, tmp_path, capsys, monkeypatch):
+    if "/dev/full" in name and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    code, out, err = fqr(make_args(tmp_path), capsys, monkeypatch)
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert "Traceback" not in out + err
+
+
+def test_regen_with_a_pattern_matching_nothing_creates_nothing(tmp_path, capsys, monkeypatch):
+    code, _, _ = fqr(
+        ["golden", "regen", "--case", "zzz", "--dir", str(tmp_path / "new")], capsys, monkeypatch
+    )
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
+def test_a_usage_error_under_json_still_prints_one_document(tmp_path, capsys, monkeypatch):
+    code, out, err = fqr(["verify", "--json", "--golden-dir", str(tmp_path)], capsys, monkeypatch)
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and "manifest" in doc["error"]
+
+
+MALFORMED = [
+    ("entry without sha256", lambda e: {k: v for k, v in e.items() if k != "sha256"}),
+    ("entry without name", lambda e: {k: v for k, v in e.items() if k != "name"}),
+    ("row_stride too small", lambda e: dict(e, row_stride=5)),
+    ("file outside the directory", lambda e: dict(e, file="../../../../etc/passwd")),
+    ("file absolute", lambda e: dict(e, file="/etc/passwd")),
+    ("entry a string", lambda e: "str"),
+]
+
+
+@pytest.mark.parametrize("name,mutate", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_verify_reports_a_malformed_case_as_corrupt_in_one_json_document(
+    name, mutate, tmp_path, capsys, monkeypatch
+):
+    d = _golden_copy(tmp_path / "g", mutate)
+    code, out, err = fqr(
+        ["verify", "--backend", "reference", "--golden-dir", str(d), "--json"], capsys, monkeypatch
+    )
+    assert code == 1, err
+    doc = json.loads(out)
+    (row,) = doc["results"]
+    assert row["status"] == "corrupt" and row["detail"]
+    assert doc["passed"] is False and doc["counts"]["corrupt"] == 1
+    assert "Traceback" not in err and "root:" not in out  # /etc/passwd never read
+
+
+@pytest.mark.parametrize("name,mutate", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_golden_list_flags_a_malformed_entry(name, mutate, tmp_path, capsys, monkeypatch):
+    d = _golden_copy(tmp_path / "g", mutate)
+    code, out, err = fqr(["golden", "list", "--dir", str(d), "--json"], capsys, monkeypatch)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["cases"] == [] and len(doc["corrupt"]) == 1
+    assert "corrupt: " in err
+    code, out, err = fqr(["golden", "list", "--dir", str(d)], capsys, monkeypatch)
+    assert code == 1 and "1 corrupt" in err
+
+
+def test_the_entry_point_prints_one_line_for_an_os_error(tmp_path):
+    """The real ``python -m fqr`` (subprocess), for one row of the table."""
+    r = subprocess.run(
+        [sys.executable, "-m", "fqr", "lower", "--preset", "qwen3-8b", "-o", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        f"error: -o {tmp_path}: cannot write the kernel source: Is a directory"
+    ]
