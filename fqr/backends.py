@@ -93,6 +93,8 @@ class Backend:
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
+        An input the program updates (:meth:`fqr.core.Program.aliases`: a paged cache) is
+        donated: it is updated in place, and the output is that tensor.
 
         Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
         (:class:`DifferentiableRun`): the same policy on every backend."""
@@ -204,7 +206,7 @@ def _run_reference(program: Program, args: list) -> list:
     (one whole-batch evaluation peaks near 8.5x the qkv bytes)."""
     slices = token_slices(program, args)
     if slices is None:
-        return eval_program(program, args, torch.float32)
+        return _donate(program, args, eval_program(program, args, torch.float32))
     tokens, outs = slices[-1].stop, None
     for rows in slices:
         part = eval_program(program, chunk_args(program, args, rows), torch.float32)
@@ -214,6 +216,16 @@ def _run_reference(program: Program, args: list) -> list:
             ]
         for o, p in zip(outs, part):
             o[rows] = p
+    return outs
+
+
+def _donate(program: Program, args: list, outs: list) -> list:
+    """Write each output that updates an input (a paged cache) into that input's buffer and
+    return the buffer: every backend updates a donated input in place (the kernels store into
+    it; here the functional result is copied back)."""
+    for i, j in program.aliases().items():
+        args[j].copy_(outs[i])
+        outs[i] = args[j]
     return outs
 
 
@@ -295,7 +307,7 @@ def _kernel_runner(target: str, register: Callable[[], object] | None = None):
             if register is not None:
                 register()
             kernel = kernels[id(program)] = lower(program, target=target)
-        return kernel.launch(args)
+        return kernel.launch(args, donate=True)
 
     return run
 

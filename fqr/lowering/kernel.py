@@ -31,6 +31,8 @@ class Kernel:
     def __post_init__(self) -> None:
         self._roles = [self.plan.input_role(v) for v in self.program.inputs]
         self._out_widths = [int(v.aval.shape[1]) for v in self.program.outputs]
+        # Output -> the input it is an updated copy of (a paged cache): written in place.
+        self.aliases = self.program.aliases()
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
         self._launch = self.target.launch_options(self.plan, **self.options)
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
@@ -39,11 +41,18 @@ class Kernel:
         )
 
     def __call__(
-        self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
+        self,
+        *args: torch.Tensor,
+        out: list[torch.Tensor] | None = None,
+        donate: bool = False,
     ) -> list[torch.Tensor]:
         """Check ``args`` (and ``out``: ``[T, width]`` tensors whose rows may be strided, e.g.
-        views into a wider buffer) against the program, then :meth:`launch`."""
+        views into a wider buffer) against the program, then :meth:`launch`. ``donate``: an
+        output that updates an input (:attr:`aliases`) is written into that input's buffer
+        (else into a copy of it)."""
         prog = self.program
+        if out is not None and self.aliases:
+            raise TypeError("out= cannot be given to a program that updates an input in place")
         if len(args) != len(prog.inputs):
             raise TypeError(f"kernel takes {len(prog.inputs)} tensors, got {len(args)}")
         tokens = None
@@ -78,22 +87,32 @@ class Kernel:
                         f"out[{i}] must be a {v.aval} tensor with T={tokens}, contiguous in its "
                         f"last dim"
                     )
-        return self.launch(args, out)
+        return self.launch(args, out, donate=donate)
 
     def launch(
         self,
         args: list[torch.Tensor] | tuple[torch.Tensor, ...],
         out: list[torch.Tensor] | None = None,
+        donate: bool = False,
     ) -> list[torch.Tensor]:
-        """Allocate the outputs (unless given) and launch; no argument checks (the hot path)."""
+        """Allocate the outputs (unless given) and launch; no argument checks (the hot path).
+        An output that updates an input is that input's buffer when ``donate`` (the kernel
+        stores into it in place), else a copy of it."""
         tokens = args[0].shape[0]
         device = args[0].device
+        if self.aliases:
+            args = list(args)
+            for j in self.aliases.values():
+                if not donate:
+                    args[j] = args[j].clone()
         outs = (
             out
             if out is not None
             else [
-                torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
-                for v, width in zip(self.program.outputs, self._out_widths)
+                args[self.aliases[i]]
+                if i in self.aliases
+                else torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
+                for i, (v, width) in enumerate(zip(self.program.outputs, self._out_widths))
             ]
         )
         if tokens == 0:
@@ -105,8 +124,11 @@ class Kernel:
                 flat.append(a.stride(0))
             if role is Role.TABLE:
                 flat.append(a.shape[0])
-        for o in outs:
-            flat += [o, o.stride(0)]
+            if role is Role.CACHE:
+                flat += [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
+        for i, o in enumerate(outs):
+            if i not in self.aliases:
+                flat += [o, o.stride(0)]
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
         self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
