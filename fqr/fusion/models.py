@@ -3,10 +3,10 @@
 Each :class:`VllmStyleAttention` layer is vLLM's ``Qwen3Attention`` (Gemma 3's with
 ``gemma=True``) made small: packed ``qkv_proj``, per-head q/k RMSNorm, RoPE from a
 ``cos_sin_cache`` in the model dtype, causal GQA attention over the tokens (SDPA on
-``[1, H, T, D]`` views in the model dtype, k/v heads shared through ``enable_gqa``: the
-flash backend on CUDA, as vLLM's FlashAttention), ``o_proj`` and a residual add. Layers may
-have different shapes (a mixed-shape model). The model returns the
-final hidden states and, per layer, ``(qkv, q, k, v)`` so that callers can check each
+``[1, H, T, D]`` views in the model dtype, k/v heads shared through ``enable_gqa``: the flash
+or cuDNN backend on CUDA, as vLLM runs FlashAttention), ``o_proj`` and a residual add. Layers
+may have different shapes (a mixed-shape model). The model returns the final hidden states
+and, per layer, ``(qkv, q, k, v)`` so that callers can check each
 prologue against a float64 reference. Used by ``fqr fuse`` and the fusion tests.
 """
 
