@@ -195,8 +195,9 @@ def main() -> int:
     (out / "gpu_fusion_tables.md").write_text("\n\n".join(markdown) + "\n")
     print("\n" + text)
     print(
-        f"\ngpu_fusion: checks {'ok' if ok else 'FAILED'} (goldens, prologues fused, numerics; "
-        f"the targets are reported above) in {report['seconds']:.0f} s"
+        f"\ngpu_fusion: checks {'ok' if ok else 'FAILED'} (goldens, prologues fused, numerics); "
+        f"targets {sum(r[2] == 'PASS' for r in summary)} PASS, "
+        f"{sum(r[2] == 'FAIL' for r in summary)} FAIL; in {report['seconds']:.0f} s"
     )
     return 0 if ok else 1
 

@@ -166,7 +166,7 @@ class Comparison:
                 all(r.fused_ms <= r.unfused_ms for r in self.latency),
                 f"lowest without/with {slowest.speedup:.3f}x at {slowest.phase} T={slowest.tokens}"
                 f" ({slowest.unfused_ms:.3f} vs {slowest.fused_ms:.3f} ms); "
-                + " ".join(f"{r.tokens}:{r.speedup:.3f}" for r in self.latency),
+                + ", ".join(f"{r.phase} {r.tokens}: {r.speedup:.3f}x" for r in self.latency),
             )
         big = [p for p in self.profile if p.tokens >= 4096]
         add(
