@@ -8,6 +8,7 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` (``fqr/prologue.py``) -> :func:`
 (``fqr/core.py``) -> :func:`lower` (``fqr/lowering``) -> generated source -> launch.
 """
 
+from ._version import __version__
 from . import (
     fusion,  # noqa: F401  (registers torch.ops.fqr.*: fqr/fusion/custom_ops.py)
     ops,
