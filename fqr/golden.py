@@ -43,8 +43,20 @@ from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+
+def _bundled_golden_dir() -> Path:
+    """Where the bundled goldens are: the repository's top-level ``golden/`` in a source
+    checkout (or an editable install), else ``fqr/golden_data`` inside the installed package
+    (the build maps ``golden/`` there: pyproject.toml ``[tool.setuptools.package-dir]``)."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "golden"
+    if (checkout / MANIFEST).is_file():
+        return checkout
+    return package / "golden_data"
+
+
 MANIFEST = "manifest.json"
+GOLDEN_DIR = _bundled_golden_dir()
 FORMAT = "fqr-golden/1"
 
 
@@ -371,6 +383,16 @@ def _label(entry, index: int) -> str:
     return name if isinstance(name, str) and name else f"<manifest entry {index}>"
 
 
+def _inside_installed_package(directory: Path) -> bool:
+    """True when ``directory`` lies inside an installed (site-packages) copy of fqr: nothing is
+    ever written there (``pip uninstall`` would leave it behind)."""
+    package = Path(__file__).resolve().parent
+    if (package.parent / "golden" / MANIFEST).is_file():
+        return False  # a source checkout: the repository's golden/ is the place to regenerate
+    target = directory.resolve()
+    return target == package or package in target.parents
+
+
 def regen(
     directory: Path | str = GOLDEN_DIR, pattern: str | None = None, kernels: bool = True
 ) -> list[dict]:
@@ -383,6 +405,11 @@ def regen(
     Returns the entries written.
     """
     directory = Path(directory)
+    if _inside_installed_package(directory):
+        raise ValueError(
+            f"--dir: {directory} is inside the installed fqr package; regenerate into a "
+            "directory of your own (fqr golden regen --dir DIR, then fqr verify --golden-dir DIR)"
+        )
     specs = select_cases(pattern)
     if not specs:
         raise ValueError(f"pattern {pattern!r} matches no golden case")

@@ -12,6 +12,7 @@ import pytest
 FQR = Path(__file__).resolve().parents[2] / "fqr"
 
 LAYERS = {
+    "fqr._version": 1,  # the version string, imports nothing
     "fqr.core": 1,
     "fqr.ops": 2,
     "fqr.lowering": 3,
