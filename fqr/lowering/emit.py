@@ -34,7 +34,7 @@ TL_DTYPES = {
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
 }
-EMITTER_VERSION = "2"
+EMITTER_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,7 @@ class KernelBuilder:
         self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
         self.param_list: list[str] = []
+        self.dense_strides: list[tuple[str, int]] = []  # (stride parameter, its row width)
         self._bind_params()
 
     @property
@@ -161,11 +162,13 @@ class KernelBuilder:
             self.param_list.append(base)
             if role in (Role.VALUE, Role.TABLE):
                 self.param_list.append(f"{self.var_name(v)}_stride")
+                self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
-        for i in range(len(self.plan.program.outputs)):
+        for i, o in enumerate(self.plan.program.outputs):
             self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
-        self.param_list += ["T", "BLOCK_T: tl.constexpr"]
+            self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
+        self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
         """``expr`` (fp32) rounded to ``dtype``, round-to-nearest-even on every target."""
@@ -544,6 +547,8 @@ class KernelBuilder:
             "    pid = tl.program_id(0)",
             "    nprog = tl.num_programs(0)",
             "    tt = tl.arange(0, BLOCK_T)",
+            "    if DENSE:  # every row stride equals its row width: constants, not arguments",
+            *(f"        {name} = {width}" for name, width in self.dense_strides),
             *self.pre,
             "    for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):",
             *self.body,

@@ -10,6 +10,7 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .emit import Tiling, chunk_blocks
+from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
 
@@ -37,6 +38,18 @@ class Kernel:
         self.grid_blocks = (
             len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1
         )
+        self._direct: Any = False  # not yet made (None: the installed triton has none)
+
+    def _arg_kinds(self) -> list[str]:
+        kinds: list[str] = []
+        for role in self._roles:
+            kinds.append("ptr")
+            if role is Role.VALUE or role is Role.TABLE:
+                kinds.append("int")
+            if role is Role.TABLE:
+                kinds.append("int")
+        kinds += ["ptr", "int"] * len(self._out_widths)
+        return kinds + ["free"]  # T: never specialised
 
     def __call__(
         self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
@@ -99,15 +112,27 @@ class Kernel:
         if tokens == 0:
             return outs
         flat: list[Any] = []
+        dense = True
         for role, a in zip(self._roles, args):
             flat.append(a)
             if role is Role.VALUE or role is Role.TABLE:
-                flat.append(a.stride(0))
+                stride = a.stride(0)
+                flat.append(stride)
+                dense = dense and stride == a.shape[1]
             if role is Role.TABLE:
                 flat.append(a.shape[0])
-        for o in outs:
-            flat += [o, o.stride(0)]
+        for o, width in zip(outs, self._out_widths):
+            stride = o.stride(0)
+            flat += [o, stride]
+            dense = dense and stride == width
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
-        self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
+        constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
+        direct = self._direct
+        if direct is False:
+            direct = self._direct = direct_launcher(self.fn, self._arg_kinds(), self._launch)
+        if direct is not None:
+            direct(grid, flat, constexprs)
+        else:
+            self.fn[grid](*flat, **constexprs, **self._launch)
         return outs
