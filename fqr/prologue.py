@@ -20,13 +20,14 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from . import ops
-from .backends import Backend, resolve_backend
+from .backends import resolve_backend
 from .core import Aval, Program, trace
 from .validate import call_metadata, check_positions_in_range, check_prologue_args, check_qk_args
 
@@ -361,11 +362,12 @@ def qk_rmsnorm_rope(
 @dataclass(frozen=True)
 class CheckedCall:
     """What a call whose arguments passed the checks once needs on every later call with the
-    same metadata (:func:`fqr.validate.call_metadata`): its traced program, the backend that
-    runs it, and whether the positions' range must be checked on the host (CPU tensors)."""
+    same metadata (:func:`fqr.validate.call_metadata`): its traced program, the launch of its
+    backend (:meth:`fqr.backends.Backend.bind`), and whether the positions' range must be
+    checked on the host (CPU tensors)."""
 
     program: Program
-    backend: Backend
+    launch: Callable[[list], list]
     host_positions: bool
 
     def run(self, args: list) -> tuple:
@@ -376,7 +378,7 @@ class CheckedCall:
                 torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
                 for v in self.program.outputs
             )
-        return tuple(self.backend.launch(self.program, args))
+        return tuple(self.launch(args))
 
 
 _CALLS: dict[tuple, CheckedCall] = {}
@@ -386,7 +388,9 @@ MAX_CHECKED_CALLS = 4096  # distinct argument metadata kept (a full table stops 
 def _checked_call(key, program: Program, backend: str, device: torch.device) -> CheckedCall:
     """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
     for its metadata key."""
-    call = CheckedCall(program, resolve_backend(backend, device), device.type == "cpu")
+    call = CheckedCall(
+        program, resolve_backend(backend, device).bind(program), device.type == "cpu"
+    )
     if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
         _CALLS[key] = call
     return call

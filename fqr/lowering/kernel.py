@@ -40,17 +40,6 @@ class Kernel:
         )
         self._direct: Any = False  # not yet made (None: the installed triton has none)
 
-    def _arg_kinds(self) -> list[str]:
-        kinds: list[str] = []
-        for role in self._roles:
-            kinds.append("ptr")
-            if role is Role.VALUE or role is Role.TABLE:
-                kinds.append("int")
-            if role is Role.TABLE:
-                kinds.append("int")
-        kinds += ["ptr", "int"] * len(self._out_widths)
-        return kinds + ["free"]  # T: never specialised
-
     def __call__(
         self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
@@ -112,27 +101,36 @@ class Kernel:
         if tokens == 0:
             return outs
         flat: list[Any] = []
+        ints: list[int] = []  # the specialised ints (row strides, table rows)
+        aligned: list[int] = []  # each input's address modulo 16
         dense = True
         for role, a in zip(self._roles, args):
             flat.append(a)
+            aligned.append(a.data_ptr() & 15)
             if role is Role.VALUE or role is Role.TABLE:
                 stride = a.stride(0)
                 flat.append(stride)
+                ints.append(stride)
                 dense = dense and stride == a.shape[1]
             if role is Role.TABLE:
                 flat.append(a.shape[0])
+                ints.append(a.shape[0])
         for o, width in zip(outs, self._out_widths):
             stride = o.stride(0)
             flat += [o, stride]
+            ints.append(stride)
+            if out is not None:  # outputs fqr allocates are aligned
+                aligned.append(o.data_ptr() & 15)
             dense = dense and stride == width
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
         direct = self._direct
         if direct is False:
-            direct = self._direct = direct_launcher(self.fn, self._arg_kinds(), self._launch)
+            direct = self._direct = direct_launcher(self.fn, self._launch)
         if direct is not None:
-            direct(grid, flat, constexprs)
+            key = (dense, tuple(ints), tuple(aligned), out is None)
+            direct.launch(grid, flat, constexprs, key)
         else:
             self.fn[grid](*flat, **constexprs, **self._launch)
         return outs

@@ -8,10 +8,11 @@ only then does it call ``kernel.run``, the C launcher. :class:`DirectLauncher` d
 launch of each specialisation through that path, keeps the ``CompiledKernel`` it returns, and
 afterwards calls the C launcher with the same arguments ``JITFunction.run`` passes it.
 
-The specialisation key mirrors Triton's own (``native_specialize_impl``): a pointer is
-specialised on 16-byte alignment, an int on ``== 1``, on divisibility by 16 and on whether it
-fits int32; arguments Triton does not specialise (``do_not_specialize``, the token count) are
-left out. Keys are tuples of bools, so the lookup costs a few integer operations.
+The caller's key must be at least as fine as Triton's specialisation
+(``native_specialize_impl``: a pointer on 16-byte alignment, an int on ``== 1``, on
+divisibility by 16 and on whether it fits int32); :class:`fqr.lowering.kernel.Kernel` keys on
+each input pointer's address modulo 16 and on the exact values of the specialised ints (row
+strides, table rows), which is finer, and leaves out the token count (``do_not_specialize``).
 
 The calling convention of ``CompiledKernel.run`` was read in Triton 3.6 and 3.9
 (``triton/runtime/jit.py``, ``JITFunction.run``; ``triton/compiler/compiler.py``,
@@ -24,7 +25,6 @@ None and the kernel launches through ``fn[grid]`` as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,67 +32,53 @@ import torch
 # Triton releases whose launcher convention this module was written against.
 SUPPORTED_TRITON = ("3.6", "3.9")
 
-_INT32 = (-(2**31), 2**31)
-
 
 def triton_supports_direct_launch(version: str) -> bool:
     """Whether ``version`` (``triton.__version__``) is one this launcher was checked against."""
     return any(version == v or version.startswith(v + ".") for v in SUPPORTED_TRITON)
 
 
-def int_class(value: int) -> tuple[bool, bool, bool]:
-    """What Triton specialises an int argument on: ``== 1``, ``% 16 == 0``, fits int32."""
-    return (value == 1, value % 16 == 0, _INT32[0] <= value < _INT32[1])
-
-
 class DirectLauncher:
     """Launch one ``@triton.jit`` function through its compiled kernels' C launchers.
 
-    ``arg_kinds``: for each runtime argument of a launch, ``"ptr"`` (a tensor), ``"int"`` (a
-    specialised int) or ``"free"`` (an int Triton does not specialise); ``constexprs``: the
-    values of the constexpr parameters that follow them (in signature order); ``options``:
-    launch options (``num_warps``). A call whose key has not been seen goes through
-    ``fn.run``, which compiles or finds the kernel and launches it; its ``CompiledKernel`` is
-    kept for the key.
+    ``options``: launch options (``num_warps``). :meth:`launch` takes the runtime arguments,
+    the constexpr values (in signature order, after the runtime arguments) and a
+    specialisation ``key`` that the caller computed from the arguments: at least as fine as
+    Triton's own specialisation (see the module docstring). A key seen for the first time
+    launches through ``fn[grid]``, which compiles or finds the kernel; its ``CompiledKernel``
+    is kept for the key. ``stream`` and ``device`` read the current CUDA stream and device
+    (Triton's driver and torch by default).
     """
 
-    def __init__(self, fn: Any, arg_kinds: Sequence[str], options: dict[str, Any]) -> None:
-        from triton import knobs
-        from triton.runtime import driver
+    def __init__(self, fn: Any, options: dict[str, Any], *, runtime=None, stream=None, device=None):
+        if runtime is None:
+            from triton import knobs
+            from triton.runtime import driver
 
+            runtime, stream = knobs.runtime, driver.active.get_current_stream
+            device = torch.cuda.current_device
         self.fn = fn
         self.options = options
-        self._ptrs = [i for i, k in enumerate(arg_kinds) if k == "ptr"]
-        self._ints = [i for i, k in enumerate(arg_kinds) if k == "int"]
         self._bound: dict[tuple, tuple] = {}
-        self._runtime = knobs.runtime
-        self._stream = driver.active.get_current_stream
-        self._device = torch.cuda.current_device
-        self.compiles = 0  # keys bound (each a first launch through fn.run)
-
-    def key(self, args: Sequence[Any], constexprs: tuple) -> tuple:
-        """The specialisation ``args`` (and the constexpr values) select."""
-        return (
-            constexprs,
-            tuple(args[i].data_ptr() % 16 == 0 for i in self._ptrs),
-            tuple(int_class(args[i]) for i in self._ints),
-        )
+        self._runtime = runtime
+        self._stream = stream
+        self._device = device
+        self.compiles = 0  # keys bound (each a first launch through fn[grid])
 
     def hooks_installed(self) -> bool:
+        """A launch hook (a profiler such as proton) wants Triton's own launch path."""
         rt = self._runtime
         return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
 
-    def __call__(self, grid: tuple[int, int], args: list, constexprs: dict[str, Any]) -> None:
-        values = tuple(constexprs.values())
+    def launch(self, grid: tuple[int, int], args: list, constexprs: dict[str, Any], key) -> None:
         device = self._device()
-        key = (device, self.key(args, values))
-        bound = self._bound.get(key)
+        bound = self._bound.get((device, key))
         if bound is None or self.hooks_installed():
             kernel = self.fn[grid](*args, **constexprs, **self.options)
             if kernel is None or self.hooks_installed():
                 return
-            kernel.run  # noqa: B018  (loads the module: binds function and launcher)
-            self._bound[key] = (kernel.run, kernel.function, kernel.packed_metadata)
+            run = kernel.run  # loads the module: binds function and launcher
+            self._bound[(device, key)] = (run, kernel.function, kernel.packed_metadata)
             self.compiles += 1
             return
         run, function, packed = bound
@@ -107,11 +93,11 @@ class DirectLauncher:
             None,
             None,
             *args,
-            *values,
+            *constexprs.values(),
         )
 
 
-def direct_launcher(fn: Any, arg_kinds: Sequence[str], options: dict[str, Any]):
+def direct_launcher(fn: Any, options: dict[str, Any]) -> DirectLauncher | None:
     """A :class:`DirectLauncher` for ``fn`` where the installed Triton supports one, else None
     (launch with ``fn[grid]``)."""
     try:
@@ -123,4 +109,4 @@ def direct_launcher(fn: Any, arg_kinds: Sequence[str], options: dict[str, Any]):
         return None
     if not torch.cuda.is_available():
         return None
-    return DirectLauncher(fn, arg_kinds, options)
+    return DirectLauncher(fn, options)
