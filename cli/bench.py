@@ -36,6 +36,7 @@ from fqr.bench import (
 from fqr.bench.report import (
     FAILED_CELLS,
     MissingPlotter,
+    dispatch_table,
     failure_lines,
     matplotlib_missing,
     plot_document,
@@ -262,6 +263,9 @@ def _report(doc: dict, json_out: bool, plot: Path | None, from_json: bool) -> No
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         print_table(rich_table(results_table(doc), FAILED_CELLS))
+        dispatch = dispatch_table(doc)
+        if dispatch is not None:
+            print_table(rich_table(dispatch, FAILED_CELLS))
     for line in timing_notes(doc):
         err.print(f"[yellow]not measured:[/yellow] {escape(line)}", highlight=False)
     for line in failure_lines(doc):

@@ -86,8 +86,12 @@ class Kernel:
         self,
         args: list[torch.Tensor] | tuple[torch.Tensor, ...],
         out: list[torch.Tensor] | None = None,
+        *,
+        direct: bool = True,
     ) -> list[torch.Tensor]:
-        """Allocate the outputs (unless given) and launch; no argument checks (the hot path)."""
+        """Allocate the outputs (unless given) and launch; no argument checks (the hot path).
+        ``direct=False`` launches through Triton's ``fn[grid]`` even where the compiled kernel
+        is bound (:mod:`.launcher`): what the bench compares the bound launch with."""
         tokens = args[0].shape[0]
         device = args[0].device
         outs = (
@@ -125,12 +129,12 @@ class Kernel:
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
-        direct = self._direct
-        if direct is False:
-            direct = self._direct = direct_launcher(self.fn, self._launch)
-        if direct is not None:
+        bound = self._direct
+        if bound is False:
+            bound = self._direct = direct_launcher(self.fn, self._launch)
+        if bound is not None and direct:
             key = (dense, tuple(ints), tuple(aligned), out is None)
-            direct.launch(grid, flat, constexprs, key)
+            bound.launch(grid, flat, constexprs, key)
         else:
             self.fn[grid](*flat, **constexprs, **self._launch)
         return outs
