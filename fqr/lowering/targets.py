@@ -89,8 +89,15 @@ class CudaTarget(Target):
             fit = max(1, budget // c.head_layout.padded_elems)
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
+        pair_access = options.get("pair_access", "split")
+        if pair_access not in ("split", "reshape"):
+            raise ValueError(f"pair_access must be split or reshape, got {pair_access!r}")
         return Tiling(
-            block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding, chunk_mode=mode
+            block_t=1,
+            head_chunks=tuple(chunks),
+            bf16_rounding=self.bf16_rounding,
+            chunk_mode=mode,
+            pair_access=pair_access,
         )
 
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:

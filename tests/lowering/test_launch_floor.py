@@ -215,3 +215,24 @@ def test_variants_by_tokens_lower_once_and_match_float64(gen, two_buckets, monke
         assert variants.kernel_for(tokens)._block_t == (2 if tokens <= 4 else 8)
     assert lowered == [{"block_t": 2}, {"block_t": 8}]
     assert len(variants.kernels) == 2
+
+
+@pytest.mark.parametrize("norm", ["none", "head", "full"])
+@pytest.mark.parametrize("chunk_mode", ["unroll", "loop", "grid"])
+def test_gptj_pairs_read_as_contiguous_rows_match_float64(gen, norm, chunk_mode):
+    """``pair_access="reshape"``: GPT-J pairs loaded as the row's contiguous features and
+    reshaped in registers (stored joined and reshaped back), in head chunks of 2, with and
+    without a norm, on a ragged last tile, into NaN-poisoned outputs."""
+    p = make_problem(
+        gen, tokens=11, num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16, is_neox=False,
+        norm=norm,
+    )  # fmt: skip
+    preset = SimpleNamespace(spec=p.spec, total_heads=4, total_kv_heads=2)
+    program = preset_program(preset, p.qkv.dtype)
+    kernel = lowering.lower(
+        program, "interpret", pair_access="reshape", tile_elems=64, chunk_mode=chunk_mode
+    )
+    assert "tl.reshape" in kernel.source and "paircols" not in kernel.source
+    outs = poisoned_outputs(program, 11)
+    kernel(*p.operands(), out=outs)
+    check_outputs(outs, reference_prologue(*p.args(), **p.kwargs()), [32] * 3, copies=(2,))
