@@ -41,6 +41,15 @@ CONFIGS = [
     for w, b, e, m in itertools.product((1, 2, 4, 8), (1, 2, 4), (2048, 4096), ("unroll", "grid"))
     if not (b == 4 and e == 4096) and not (w == 8 and b == 1)
 ]
+if os.environ.get("SWEEP") == "glm":  # session 2: GPT-J pairs read as split tiles or rows
+    PRESETS = ["glm4-9b"]
+    CONFIGS = [
+        dict(num_warps=w, block_t=1, tile_elems=2048, chunk_mode=m, pair_access=a)
+        for w, m, a in itertools.product((1, 2, 4, 8), ("unroll", "grid"), ("split", "reshape"))
+    ]
+# Session 2 also compiles these (preset, dtype) kernel variants in the same process pool, for
+# the fqr bench run that follows (scripts/launch_floor_gpu.py: warm).
+WARM_BENCH = [n for n in os.environ.get("WARM_BENCH", "").split(",") if n]
 ROTATE_BYTES = 256 << 20
 
 
@@ -108,6 +117,11 @@ def host_us(call, calls=3000, rounds=5):
 
 
 def ceiling():
+    """Session 2: the bench's own copy ceiling (copy kernel, do_bench), not a graph memcpy."""
+    if os.environ.get("SWEEP") == "glm":
+        from fqr.bench.timers import CudaTimers
+
+        return CudaTimers().copy_ceiling()["gbps"]
     src = torch.empty(1 << 29, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
     us = graph_us([lambda: dst.copy_(src)], reps=10)
@@ -123,32 +137,34 @@ def traffic(preset, tokens, esize=2):
 
 # --------------------------------------------------------------------------- 1. numerics
 def check_numerics():
+    """The fast path on the GPU against float64: contiguous (DENSE) and strided qkv views."""
     import fqr
+    from fqr.bench import handwritten
     from fqr.numerics import compare
     from fqr.reference import prologue
 
+    names = ("qwen3-8b", "glm4-9b", "qwen3.5-27b")
+    cases = [(n, t, s) for n in names for t in (1, 16, 1000) for s in (False, True)]
+    if os.environ.get("SWEEP") == "glm":  # fewer compiles: the bench checks every cell
+        cases = [("qwen3-8b", 16, False), ("qwen3-8b", 1000, True), ("glm4-9b", 1000, True)]
     rows = []
-    for name in ("qwen3-8b", "glm4-9b", "qwen3.5-27b"):
-        for tokens in (1, 16, 1000):
-            preset, (inp,) = setup(name, tokens)
-            for strided in (False, True):
-                qkv = inp.qkv
-                if strided:
-                    wide = torch.randn(tokens, qkv.shape[1] + 64, device="cuda").to(qkv.dtype)
-                    wide[:, : qkv.shape[1]] = qkv
-                    qkv = wide[:, : qkv.shape[1]]
-                args = (qkv,) + inp.args()[1:]
-                torch.cuda.empty_cache()
-                outs = fqr.split_qkv_rmsnorm_rope(*args, **inp.kwargs())
-                outs = fqr.split_qkv_rmsnorm_rope(*args, **inp.kwargs())  # the bound launcher
-                exact = prologue(*args, **inp.kwargs())
-                ok = all(
-                    compare(o, e, head_dim=preset.spec.head_dim, bitwise=i == 2).passed
-                    for i, (o, e) in enumerate(zip(outs, exact))
-                )
-                rows.append((name, tokens, strided, ok))
-    from fqr.bench import handwritten
-
+    for name, tokens, strided in cases:
+        preset, (inp,) = setup(name, tokens)
+        qkv = inp.qkv
+        if strided:
+            wide = torch.randn(tokens, qkv.shape[1] + 64, device="cuda").to(qkv.dtype)
+            wide[:, : qkv.shape[1]] = qkv
+            qkv = wide[:, : qkv.shape[1]]
+        args = (qkv,) + inp.args()[1:]
+        torch.cuda.empty_cache()
+        fqr.split_qkv_rmsnorm_rope(*args, **inp.kwargs())
+        outs = fqr.split_qkv_rmsnorm_rope(*args, **inp.kwargs())  # the bound launcher
+        exact = prologue(*args, **inp.kwargs())
+        ok = all(
+            compare(o, e, head_dim=preset.spec.head_dim, bitwise=i == 2).passed
+            for i, (o, e) in enumerate(zip(outs, exact))
+        )
+        rows.append((name, tokens, strided, ok))
     for name in ("qwen3-8b", "gemma3-27b"):
         preset, (inp,) = setup(name, 100)
         outs = handwritten.qwen3_prologue(*inp.args(), spec=preset.spec)
@@ -229,6 +245,11 @@ def dispatch_table():
 
 # --------------------------------------------------------------------------- 4. sweep
 def _warm(job):
+    if len(job) == 3:  # a bench (preset, dtype): every token-bucket variant
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from launch_floor_gpu import _warm as warm_variants
+
+        return warm_variants((job[0], job[1], {}))
     name, cfg = job
     import fqr.lowering as L
     from fqr.presets import get_preset
@@ -273,9 +294,10 @@ def sweep(ceil):
     from fqr.prologue import preset_program
 
     jobs = [(n, c) for n in PRESETS for c in CONFIGS]
+    jobs += [(n, d, None) for n in WARM_BENCH for d in ("bf16", "fp16")]
     t0 = time.time()
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(14, mp_context=spawn) as ex:
+    with ProcessPoolExecutor(15, mp_context=spawn) as ex:
         errors = [e for e in ex.map(_warm, jobs) if e]
     log(f"warmed {len(jobs)} kernels in {time.time() - t0:.0f}s; {len(errors)} errors")
     for e in errors[:20]:
@@ -351,9 +373,10 @@ def main():
     if before:
         log("profile before:", profile(before, "before"))
     log("profile after:", profile(os.getcwd(), "after"))
-    disp = dispatch_table()
-    with open(f"{OUT}/dispatch.json", "w") as f:
-        json.dump(disp, f)
+    if os.environ.get("SWEEP") != "glm":  # session 2: the bench's dispatch table instead
+        disp = dispatch_table()
+        with open(f"{OUT}/dispatch.json", "w") as f:
+            json.dump(disp, f)
     ceil = ceiling()
     log(f"ceiling {ceil:.0f} GB/s; {time.time() - t0:.0f}s so far")
     sweep(ceil)

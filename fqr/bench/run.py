@@ -75,13 +75,14 @@ def fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: st
 
 
 def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str):
-    """The bare generated-kernel launcher (``fqr.lowering.lower``), without the public op's
-    argument checks: its dispatch cost, beside the public op's, splits host time between them."""
-    from ..lowering import lower
+    """The bare generated-kernel launcher (the kernel variant for the call's token count,
+    ``fqr.lowering.lower_by_tokens``), without the public op's argument checks: its dispatch
+    cost, beside the public op's, splits host time between them."""
+    from ..lowering import lower_by_tokens
     from ..prologue import preset_program
 
-    kernel = lower(preset_program(preset, dtype, numerics=numerics), target="cuda")
-    return lambda x: kernel(*x.operands())
+    variants = lower_by_tokens(preset_program(preset, dtype, numerics=numerics), target="cuda")
+    return lambda x: variants.launch(x.operands())
 
 
 def implementations(
