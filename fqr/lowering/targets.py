@@ -74,8 +74,10 @@ class CudaTarget(Target):
     """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
     2048: 16 heads of 128), covered by static power-of-two chunks (``chunk_mode="unroll"``:
     Qwen3.5's 24 heads of 256 -> 8 + 8 + 8, nothing masked), so registers never spill; 2 warps
-    per program. These defaults won the H200 sweeps recorded in docs/PERFORMANCE.md ("Kernel
-    design measurements")."""
+    per program; GPT-J pairs read as contiguous rows (``pair_access="reshape"``: GLM-4-9B 97%
+    of the copy ceiling at 65,536 tokens against 69% for split pair tiles). These defaults won
+    the H200 sweeps recorded in docs/PERFORMANCE.md ("Kernel design measurements"); without
+    options, :meth:`token_buckets` picks per shape and token count among a few variants."""
 
     bf16_rounding: str = "native"
 
@@ -89,7 +91,7 @@ class CudaTarget(Target):
             fit = max(1, budget // c.head_layout.padded_elems)
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
-        pair_access = options.get("pair_access", "split")
+        pair_access = options.get("pair_access", "reshape")
         if pair_access not in ("split", "reshape"):
             raise ValueError(f"pair_access must be split or reshape, got {pair_access!r}")
         return Tiling(
@@ -145,6 +147,9 @@ _MIDDLE: Config = (2, 1, 2048, "grid")
 UNTUNED: tuple[Config, Config, Config] = (_DECODE, _MIDDLE, (2, 1, 2048, "unroll"))
 
 
+_LARGE_2W: Config = (2, 1, 2048, "unroll")
+
+
 def _qk(q: int, kv: int, d: int = 128, rot: str = "neox128") -> tuple:
     return ((q, d, rot, False), (kv, d, rot, False), (kv, d, "plain", True))
 
@@ -158,7 +163,7 @@ TUNED: dict[tuple, tuple[Config, Config, Config]] = {
     _qk(64, 4): (_DECODE, _MIDDLE, (1, 1, 4096, "unroll")),  # Qwen3-235B-A22B
     _qk(32, 16): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Gemma 3 27B
     _qk(24, 4, 256, "neox64"): (_DECODE, (1, 1, 2048, "grid"), (2, 1, 2048, "unroll")),  # Qwen3.5
-    _qk(32, 2, 128, "gptj64"): (_DECODE, (4, 1, 2048, "unroll"), (4, 1, 2048, "unroll")),  # GLM-4
+    _qk(32, 2, 128, "gptj64"): ((4, 1, 2048, "grid"), _LARGE_2W, _LARGE_2W),  # GLM-4-9B
 }
 
 
