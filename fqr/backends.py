@@ -90,6 +90,21 @@ class Backend:
         if reason:
             raise BackendUnavailable(f"{named} is unavailable: {reason}")
 
+    def bind(self, program: Program) -> Callable[[list], list[torch.Tensor]]:
+        """:meth:`launch` for one program, with the program's kernels looked up once: the
+        per-call path of the public ops (the kernels are lowered on the first call)."""
+        runner = self._runner
+        kernels_of = getattr(runner, "kernels_of", None)
+
+        def launch(args: list) -> list[torch.Tensor]:
+            if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+                return list(DifferentiableRun.apply(runner, program, *args))
+            if kernels_of is None:
+                return runner(program, args)
+            return kernels_of(program).launch(args)
+
+        return launch
+
     def launch(self, program: Program, args: list) -> list[torch.Tensor]:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
@@ -285,18 +300,22 @@ class DifferentiableRun(torch.autograd.Function):
 
 
 def _kernel_runner(target: str, register: Callable[[], object] | None = None):
-    kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
+    variants: dict[int, object] = {}  # id(program) -> KernelsByTokens; programs are cached
 
-    def run(program: Program, args: list) -> list:
-        kernel = kernels.get(id(program))
-        if kernel is None or kernel.program is not program:
-            from .lowering import lower
+    def kernels_of(program: Program):
+        found = variants.get(id(program))
+        if found is None or found.program is not program:
+            from .lowering import lower_by_tokens
 
             if register is not None:
                 register()
-            kernel = kernels[id(program)] = lower(program, target=target)
-        return kernel.launch(args)
+            found = variants[id(program)] = lower_by_tokens(program, target=target)
+        return found
 
+    def run(program: Program, args: list) -> list:
+        return kernels_of(program).launch(args)
+
+    run.kernels_of = kernels_of  # type: ignore[attr-defined]
     return run
 
 

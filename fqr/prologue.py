@@ -20,6 +20,7 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -28,7 +29,7 @@ import torch
 from . import ops
 from .backends import resolve_backend
 from .core import Aval, Program, trace
-from .validate import check_prologue_args, check_qk_args
+from .validate import call_metadata, check_positions_in_range, check_prologue_args, check_qk_args
 
 
 @dataclass(frozen=True)
@@ -219,9 +220,6 @@ def program_signature(
     return avals, tuple(sorted(static.items()))
 
 
-_PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) per tensor + statics
-
-
 # ------------------------------------------------------------------------------ the ops
 
 
@@ -260,43 +258,49 @@ def split_qkv_rmsnorm_rope(
     Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic of a
     full-width norm sharded over TP ranks (see :class:`NormStats`).
     """
-    static = dict(
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        norm=norm,
-        numerics=numerics,
-    )
-    check_prologue_args(
-        qkv,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
-        norm_stats,
-        backend=backend,
-        **static,
-    )
-    static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+    statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset, norm, numerics)
+    statics += (backend,)
+    stats = None
+    if norm_stats is None:
+        key = call_metadata(
+            (qkv, positions), (cos_sin_cache, q_weight, k_weight, q_bias, k_bias), statics
+        )
+    elif type(norm_stats) is NormStats:
+        stats = (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
+        counts = (norm_stats.q_count, norm_stats.k_count)
+        key = call_metadata(
+            (qkv, positions, *stats),
+            (cos_sin_cache, q_weight, k_weight, q_bias, k_bias),
+            statics + counts,
+        )
+    else:
+        key = None  # the checks name what is wrong with it
+    call = _CALLS.get(key) if key is not None else None
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    fast_key = (
-        positions.dtype,
-        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
-        None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
-        tuple(static.values()),
-    )
-    program = _PROGRAMS.get(fast_key)
-    if program is None:
+    if call is None:
+        static = dict(zip(_PROLOGUE_STATICS, statics[:8]))
+        check_prologue_args(*tensors, norm_stats, backend=backend, **static)
+        static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
         program = prologue_program(program_signature(*tensors, norm_stats, **static))
-        _PROGRAMS[fast_key] = program
-    stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
-    args = [t for t in tensors if t is not None] + list(stats)
-    return _launch(program, args, backend, qkv)
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    args = [t for t in tensors if t is not None]
+    if stats is not None:
+        args += stats
+    return call.run(args)
+
+
+_PROLOGUE_STATICS = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "eps",
+    "is_neox",
+    "weight_offset",
+    "norm",
+    "numerics",
+)
 
 
 def qk_rmsnorm_rope(
@@ -322,46 +326,74 @@ def qk_rmsnorm_rope(
     ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
     new contiguous ``q`` and ``k`` in q's dtype.
     """
-    check_qk_args(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        numerics=numerics,
-        backend=backend,
-    )
-    static = dict(
-        head_dim=head_dim,
-        eps=float(eps),
-        is_neox=is_neox,
-        weight_offset=float(weight_offset),
-        numerics=numerics,
-    )
     tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
-    avals += tuple(Aval.of(t) for t in tensors[4:])
-    program = qk_program((avals, tuple(sorted(static.items()))))
-    return _launch(program, [t for t in tensors if t is not None], backend, q)
-
-
-def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
-    """Run ``program`` on ``backend`` for the device of ``rows`` (its first input); no tokens:
-    empty outputs, nothing launched (a bad ``backend`` is refused at any T)."""
-    runner = resolve_backend(backend, rows.device)
-    if rows.shape[0] == 0:
-        return tuple(
-            torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
-            for v in program.outputs
+    statics = (head_dim, eps, is_neox, weight_offset, numerics, backend)
+    key = call_metadata(tensors[:3], tensors[3:], statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        check_qk_args(
+            *tensors,
+            head_dim=head_dim,
+            eps=eps,
+            is_neox=is_neox,
+            weight_offset=weight_offset,
+            numerics=numerics,
+            backend=backend,
         )
-    return tuple(runner.launch(program, args))
+        static = dict(
+            head_dim=head_dim,
+            eps=float(eps),
+            is_neox=is_neox,
+            weight_offset=float(weight_offset),
+            numerics=numerics,
+        )
+        avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
+        avals += tuple(Aval.of(t) for t in tensors[4:])
+        program = qk_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, q.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    return call.run([t for t in tensors if t is not None])
+
+
+# ------------------------------------------------------------------- the per-call path
+
+
+@dataclass(frozen=True)
+class CheckedCall:
+    """What a call whose arguments passed the checks once needs on every later call with the
+    same metadata (:func:`fqr.validate.call_metadata`): its traced program, the launch of its
+    backend (:meth:`fqr.backends.Backend.bind`), and whether the positions' range must be
+    checked on the host (CPU tensors)."""
+
+    program: Program
+    launch: Callable[[list], list]
+    host_positions: bool
+
+    def run(self, args: list) -> tuple:
+        """Run on ``args`` (first: the token rows); no tokens: empty outputs, no launch."""
+        rows = args[0]
+        if rows.shape[0] == 0:
+            return tuple(
+                torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
+                for v in self.program.outputs
+            )
+        return tuple(self.launch(args))
+
+
+_CALLS: dict[tuple, CheckedCall] = {}
+MAX_CHECKED_CALLS = 4096  # distinct argument metadata kept (a full table stops adding)
+
+
+def _checked_call(key, program: Program, backend: str, device: torch.device) -> CheckedCall:
+    """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
+    for its metadata key."""
+    call = CheckedCall(
+        program, resolve_backend(backend, device).bind(program), device.type == "cpu"
+    )
+    if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
+        _CALLS[key] = call
+    return call
 
 
 def preset_program(

@@ -364,3 +364,44 @@ def check_qk_args(
         ),
     )
     check_positions_in_range(positions, cos_sin_cache.shape[0])
+
+
+# ----------------------------------------------------------------- the per-call fast path
+
+
+def call_metadata(token_tensors, tensors, statics: tuple) -> tuple | None:
+    """Everything the checks of a call read, as a hashable key: None when the call cannot be
+    keyed (an argument is not a tensor, a token tensor's rows differ from the first one's).
+
+    ``token_tensors``: the ``[T, ...]`` arguments (the first one's rows are T); ``tensors``:
+    the other tensor arguments (None for an absent one); ``statics``: the scalar arguments.
+    The checks of the ops read of a token tensor its dtype, device, the sizes after the first,
+    its strides and whether T is 0, 1 or more; of the other tensors their dtype, device, shape
+    and strides; of the scalars their values and types (``True`` is not ``1``). The key holds
+    exactly these, so two calls with one key pass or fail the checks alike, and a call whose
+    key was checked once costs this tuple and one dict lookup (:func:`fqr.prologue`'s ops
+    keep the keys that passed). Values (the positions' range on CPU) are not in the key: the
+    caller checks them on every call."""
+    rows = token_tensors[0]
+    if not isinstance(rows, torch.Tensor):
+        return None
+    shape = rows.shape
+    if not shape:
+        return None
+    tokens = shape[0]
+    key: list = [min(tokens, 2), statics, tuple(map(type, statics))]
+    for t in token_tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        shape = t.shape
+        if not shape or shape[0] != tokens:
+            return None
+        key.append((t.dtype, t.device, len(shape), shape[1:], t.stride()))
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.dtype, t.device, t.shape, t.stride()))
+        else:
+            return None
+    return tuple(key)

@@ -10,6 +10,7 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .emit import Tiling, chunk_blocks
+from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
 
@@ -37,6 +38,7 @@ class Kernel:
         self.grid_blocks = (
             len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1
         )
+        self._direct: Any = False  # not yet made (None: the installed triton has none)
 
     def __call__(
         self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
@@ -84,8 +86,12 @@ class Kernel:
         self,
         args: list[torch.Tensor] | tuple[torch.Tensor, ...],
         out: list[torch.Tensor] | None = None,
+        *,
+        direct: bool = True,
     ) -> list[torch.Tensor]:
-        """Allocate the outputs (unless given) and launch; no argument checks (the hot path)."""
+        """Allocate the outputs (unless given) and launch; no argument checks (the hot path).
+        ``direct=False`` launches through Triton's ``fn[grid]`` even where the compiled kernel
+        is bound (:mod:`.launcher`): what the bench compares the bound launch with."""
         tokens = args[0].shape[0]
         device = args[0].device
         outs = (
@@ -99,15 +105,36 @@ class Kernel:
         if tokens == 0:
             return outs
         flat: list[Any] = []
+        ints: list[int] = []  # the specialised ints (row strides, table rows)
+        aligned: list[int] = []  # each input's address modulo 16
+        dense = True
         for role, a in zip(self._roles, args):
             flat.append(a)
+            aligned.append(a.data_ptr() & 15)
             if role is Role.VALUE or role is Role.TABLE:
-                flat.append(a.stride(0))
+                stride = a.stride(0)
+                flat.append(stride)
+                ints.append(stride)
+                dense = dense and stride == a.shape[1]
             if role is Role.TABLE:
                 flat.append(a.shape[0])
-        for o in outs:
-            flat += [o, o.stride(0)]
+                ints.append(a.shape[0])
+        for o, width in zip(outs, self._out_widths):
+            stride = o.stride(0)
+            flat += [o, stride]
+            ints.append(stride)
+            if out is not None:  # outputs fqr allocates are aligned
+                aligned.append(o.data_ptr() & 15)
+            dense = dense and stride == width
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
-        self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
+        constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
+        bound = self._direct
+        if bound is False:
+            bound = self._direct = direct_launcher(self.fn, self._launch)
+        if bound is not None and direct:
+            key = (dense, tuple(ints), tuple(aligned), out is None)
+            bound.launch(grid, flat, constexprs, key)
+        else:
+            self.fn[grid](*flat, **constexprs, **self._launch)
         return outs
