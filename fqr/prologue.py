@@ -66,8 +66,8 @@ def _norm_then_rope(
     numerics,
 ):
     """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
-    None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype after the norm and in
-    every RoPE step."""
+    None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype where the model code
+    does, in the norm and in every RoPE step (``fqr.ops.norm``, ``fqr.ops.rope``)."""
     round_to = q.dtype if numerics == "unfused" else None
     if groups is not None:
         q, k = (
@@ -80,11 +80,10 @@ def _norm_then_rope(
                 weight_offset=weight_offset,
                 sum_sq=ss,
                 count=n,
+                round_to=round_to,
             )
             for x, w, b, g, ss, n in zip((q, k), weights, biases, groups, sums, counts)
         )
-        if round_to is not None:
-            q, k = ops.reduce_precision(q, round_to), ops.reduce_precision(k, round_to)
     rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
     q = ops.rope(q, positions, cos_sin_cache, **rope)
     k = ops.rope(k, positions, cos_sin_cache, **rope)

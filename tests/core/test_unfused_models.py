@@ -1,0 +1,211 @@
+"""``numerics="unfused"`` equals the model families' own code bit for bit (issue 18, item 1).
+
+* Hugging Face transformers: the real ``Qwen3Attention.forward`` and ``Gemma3Attention.forward``
+  (their ``q_norm``/``k_norm`` modules, ``apply_rotary_pos_emb`` with the model's rotary
+  embedding), bf16, random weights, tiny configs; q and k are captured where the attention
+  function receives them (an attention implementation registered by this test), and fqr gets
+  the same projections packed as ``[q | k | v]`` with a table built by the model's rotary module.
+* vLLM's native path (``RMSNorm`` / ``GemmaRMSNorm.forward_static``,
+  ``RotaryEmbedding.forward_static``), as :mod:`fqr.fusion.unfused` writes it from vLLM's code:
+  NeoX and GPT-J, full and partial rotary, bf16 and fp16, the table in fp32 or in the model dtype.
+
+Both on the reference backend and on the interpreted kernel (the lowering emits the same rounding
+points), on fresh random inputs and real tables.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fqr
+from fqr.backends import BACKENDS
+from fqr.fusion.unfused import vllm_qk_norm_rope
+from fqr.rope_cache import rope_cos_sin_cache
+
+transformers = pytest.importorskip("transformers")
+
+BACKENDS_HERE = [
+    "reference",
+    pytest.param(
+        "interpret",
+        marks=pytest.mark.skipif(
+            not BACKENDS["interpret"].available,
+            reason=BACKENDS["interpret"].unavailable_reason() or "",
+        ),
+    ),
+]
+
+
+def assert_bitwise(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    same = got.view(torch.int16) == want.view(torch.int16)
+    assert bool(same.all()), (
+        f"{what}: {int((~same).sum())} of {same.numel()} elements differ in bits; first at "
+        f"{(~same).nonzero()[0].tolist()}: got {got.flatten()[(~same).flatten()][0].item()} "
+        f"want {want.flatten()[(~same).flatten()][0].item()}"
+    )
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def _capture_attention():
+    """Register an attention implementation that records the q and k it is given."""
+    from transformers import AttentionInterface
+
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        seen["q"], seen["k"] = query, key
+        b, _, s, d = query.shape
+        return torch.zeros(b, s, query.shape[1], d, dtype=query.dtype), None
+
+    AttentionInterface.register("fqr_capture", capture)
+    return seen
+
+
+def _model_case(family: str, gen: torch.Generator, tokens: int):
+    """(fqr kwargs and args, HF's q [T, Hq*D] and k [T, Hkv*D]) for one random forward."""
+    seen = _capture_attention()
+    heads, kv_heads, d, hidden, max_pos = 4, 2, 64, 96, 2048
+    common = dict(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=d,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-6,
+        num_hidden_layers=1,
+        intermediate_size=128,
+        vocab_size=32,
+    )
+    if family == "qwen3":
+        from transformers.models.qwen3 import modeling_qwen3 as m
+
+        config = transformers.Qwen3Config(**common)
+        config._attn_implementation = "fqr_capture"
+        attn = m.Qwen3Attention(config, layer_idx=0)
+        rotary = m.Qwen3RotaryEmbedding(config)
+        layer_args: tuple = ()
+        offset = 0.0
+    else:
+        from transformers.models.gemma3 import modeling_gemma3 as m
+
+        config = transformers.Gemma3TextConfig(**common, query_pre_attn_scalar=d)
+        config._attn_implementation = "fqr_capture"
+        attn = m.Gemma3Attention(config, layer_idx=0)
+        rotary = m.Gemma3RotaryEmbedding(config)
+        layer_args = (config.layer_types[0],)
+        offset = 1.0
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        centre = 1.0 - offset  # the weights the model stores: w (Qwen3) or w - 1 (Gemma)
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(centre + 0.2 * torch.randn(d, generator=gen))
+    attn = attn.to(torch.bfloat16)
+
+    hidden_states = (torch.randn(1, tokens, hidden, generator=gen) * 2.0).to(torch.bfloat16)
+    positions = torch.randint(0, max_pos, (tokens,), generator=gen)
+    with torch.no_grad():
+        cos, sin = rotary(hidden_states, positions[None], *layer_args)
+        attn(hidden_states, (cos, sin), None)
+        qkv = torch.cat(
+            [attn.q_proj(hidden_states), attn.k_proj(hidden_states), attn.v_proj(hidden_states)],
+            dim=-1,
+        )[0]
+        # The model's own rotary module builds fqr's table: every position, fp32 (cast by fqr).
+        probe = torch.zeros(1, 1, dtype=torch.float32)
+        cos_all, sin_all = rotary(probe, torch.arange(max_pos)[None], *layer_args)
+        table = torch.cat([cos_all[0, :, : d // 2], sin_all[0, :, : d // 2]], dim=-1)
+    hf_q = seen["q"].transpose(1, 2).reshape(tokens, heads * d)
+    hf_k = seen["k"].transpose(1, 2).reshape(tokens, kv_heads * d)
+    args = (qkv, positions, table, attn.q_norm.weight.detach(), attn.k_norm.weight.detach())
+    kwargs = dict(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=d,
+        eps=1e-6,
+        weight_offset=offset,
+        numerics="unfused",
+    )
+    return args, kwargs, hf_q, hf_k
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("tokens", [1, 5, 37])
+def test_unfused_equals_transformers_attention_bitwise(gen, family, tokens, backend):
+    if backend == "interpret" and tokens == 37:
+        pytest.skip("the interpreter is slow: 1 and 5 tokens cover its tiles")
+    args, kwargs, hf_q, hf_k = _model_case(family, gen, tokens)
+    q, k, v = fqr.split_qkv_rmsnorm_rope(*args, **kwargs, backend=backend)
+    assert_bitwise(q, hf_q, f"{family} q")
+    assert_bitwise(k, hf_k, f"{family} k")
+    # and the fused contract is a different rounding, not a coincidence of the data
+    fq, _, _ = fqr.split_qkv_rmsnorm_rope(*args, **dict(kwargs, numerics="fused"))
+    if tokens > 1:
+        assert not torch.equal(fq, hf_q)
+
+
+# ------------------------------------------------------------------------------------ vLLM
+
+
+VLLM_CASES = [
+    # (dtype, head_dim, rotary_dim, is_neox, gemma, table in the model dtype)
+    (torch.bfloat16, 64, 64, True, False, False),
+    (torch.bfloat16, 64, 64, False, False, True),
+    (torch.bfloat16, 128, 64, True, False, True),  # partial rotary, ratio 0.5
+    (torch.bfloat16, 128, 32, False, False, False),  # GPT-J, ratio 0.25
+    (torch.bfloat16, 64, 64, True, True, False),  # GemmaRMSNorm
+    (torch.float16, 64, 32, True, False, True),
+    (torch.float16, 64, 64, False, True, False),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("case", VLLM_CASES, ids=lambda c: str(c))
+def test_unfused_equals_vllm_native_bitwise(gen, case, backend):
+    dtype, d, r, is_neox, gemma, table_in_dtype = case
+    heads, kv_heads, tokens, max_pos = 3, 1, 6, 4096
+    table = rope_cos_sin_cache(r, max_pos, 1e4 if r < d else 1e6)
+    if table_in_dtype:
+        table = table.to(dtype)  # vLLM keeps its cache in the model dtype
+    scale = 0.5 + 3.0 * torch.rand(heads + 2 * kv_heads, 1, generator=gen)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, d, generator=gen) * scale
+    qkv = qkv.reshape(tokens, -1).to(dtype)
+    positions = torch.randint(0, max_pos, (tokens,), generator=gen)
+    centre = 0.0 if gemma else 1.0
+    qw = (centre + 0.2 * torch.randn(d, generator=gen)).to(dtype)
+    kw = (centre + 0.2 * torch.randn(d, generator=gen)).to(dtype)
+    want_q, want_k, _ = vllm_qk_norm_rope(
+        qkv,
+        positions,
+        table,
+        qw,
+        kw,
+        q_size=heads * d,
+        kv_size=kv_heads * d,
+        eps=1e-6,
+        is_neox=is_neox,
+        gemma=gemma,
+    )
+    q, k, v = fqr.split_qkv_rmsnorm_rope(
+        qkv,
+        positions,
+        table,
+        qw,
+        kw,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=d,
+        eps=1e-6,
+        is_neox=is_neox,
+        weight_offset=1.0 if gemma else 0.0,
+        numerics="unfused",
+        backend=backend,
+    )
+    assert_bitwise(q, want_q, "q")
+    assert_bitwise(k, want_k, "k")
+    assert_bitwise(v, qkv[:, (heads + kv_heads) * d :], "v")
