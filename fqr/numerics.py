@@ -18,6 +18,23 @@ unfused     fp32                as fused fp32
 any         any                 NaN or Inf in an output never passes
 ==========  ==================  ==============================================================
 
+``unfused`` rounds (to the activation dtype, nearest even) exactly where vLLM's native code
+(``RMSNorm`` / ``GemmaRMSNorm.forward_static``, ``RotaryEmbedding.forward_static``) and Hugging
+Face's ``Qwen3RMSNorm`` / ``Gemma3RMSNorm`` / ``apply_rotary_pos_emb`` round, and equals them bit
+for bit (``tests/core/test_unfused_models.py``); the fp32 statistic ``rstd = rsqrt(sum(x^2)/D +
+eps)`` is the only unrounded intermediate:
+
+1. norm, offset 0: ``n = round(round(x * rstd) * w)``; offset 1 (Gemma): ``n = round(x * rstd *
+   (1 + w))``; a bias: ``n = round(n + b)``;
+2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)``;
+3. each rotated pair: ``round(round(n1*c) - round(n2*s))``, ``round(round(n2*c) + round(n1*s))``.
+
+Its bound follows from those points (u = 2^-8 bf16, 2^-11 fp16 unit roundoff): a product carries
+at most four roundings (two in the norm, the table, the product), the sum one more, and
+``|n1*c| + |n2*s| <= |(n1, n2)| <= sqrt(2) * max|head|`` (the rotation keeps the pair's length),
+so ``|err| <= ((1+u)^4 - 1) * sqrt(2) * max|head| + u * max|head| ~ 6.7 u * max|head|``, inside
+the ``8 u`` of the table (a bias adds one rounding of the biased value).
+
 ``v`` is a copy and must match bit for bit. ULPs are counted on the bit patterns (bit-cast in
 torch; numpy has no bf16), so +0 and -0 are the same value and neighbours are 1 apart.
 """
