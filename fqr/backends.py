@@ -56,7 +56,7 @@ class Backend:
     _availability: Callable[[], str | None]  # None when available, else the reason
     # Called once before the first lowering (a target registered outside fqr.lowering).
     prepare: Callable[[], object] | None = None
-    _runner: Callable[[Program, list], list] = field(init=False, repr=False)
+    _runner: Callable[..., list] = field(init=False, repr=False)
 
     def __post_init__(self):
         runner = (
@@ -90,15 +90,23 @@ class Backend:
         if reason:
             raise BackendUnavailable(f"{named} is unavailable: {reason}")
 
-    def launch(self, program: Program, args: list) -> list[torch.Tensor]:
+    def launch(
+        self, program: Program, args: list, out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
+        ``out``: ``[T, width]`` tensors (rows may be strided, e.g. views into the packed input
+        for an in-place call) the outputs are written into and returned as.
 
         Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
-        (:class:`DifferentiableRun`): the same policy on every backend."""
+        (:class:`DifferentiableRun`): the same policy on every backend (not with ``out``)."""
         if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            if out is not None:
+                raise ValueError("out= cannot record gradients: pass inputs without grad")
             return list(DifferentiableRun.apply(self._runner, program, *args))
-        return self._runner(program, args)
+        if out is None:
+            return self._runner(program, args)
+        return self._runner(program, args, out)
 
 
 @functools.cache
@@ -198,14 +206,20 @@ def chunk_args(program: Program, args: list, rows: slice) -> list:
     return [a[rows] if i else a for a, i in zip(args, _token_indexed(program))]
 
 
-def _run_reference(program: Program, args: list) -> list:
+def _run_reference(program: Program, args: list, out: list | None = None) -> list:
     """The primitives' impl rules in fp32, chunk by chunk over the tokens: only one chunk's
     fp32 intermediates live at a time, so the peak is the outputs plus a bounded working set
-    (one whole-batch evaluation peaks near 8.5x the qkv bytes)."""
+    (one whole-batch evaluation peaks near 8.5x the qkv bytes). ``out``: write there (each
+    chunk's rows are read before they are written, so ``out`` may alias the inputs' rows)."""
     slices = token_slices(program, args)
     if slices is None:
-        return eval_program(program, args, torch.float32)
-    tokens, outs = slices[-1].stop, None
+        part = eval_program(program, args, torch.float32)
+        if out is None:
+            return part
+        for o, p in zip(out, part):
+            o.copy_(p)
+        return out
+    tokens, outs = slices[-1].stop, out
     for rows in slices:
         part = eval_program(program, chunk_args(program, args, rows), torch.float32)
         if outs is None:
@@ -287,7 +301,7 @@ class DifferentiableRun(torch.autograd.Function):
 def _kernel_runner(target: str, register: Callable[[], object] | None = None):
     kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
 
-    def run(program: Program, args: list) -> list:
+    def run(program: Program, args: list, out: list | None = None) -> list:
         kernel = kernels.get(id(program))
         if kernel is None or kernel.program is not program:
             from .lowering import lower
@@ -295,7 +309,7 @@ def _kernel_runner(target: str, register: Callable[[], object] | None = None):
             if register is not None:
                 register()
             kernel = kernels[id(program)] = lower(program, target=target)
-        return kernel.launch(args)
+        return kernel.launch(args, out)
 
     return run
 

@@ -84,6 +84,8 @@ def _norm_then_rope(
             )
             for x, w, b, g, ss, n in zip((q, k), weights, biases, groups, sums, counts)
         )
+    if cos_sin_cache is None:  # a layer without RoPE (NoPE): the norm alone
+        return q, k
     rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
     q = ops.rope(q, positions, cos_sin_cache, **rope)
     k = ops.rope(k, positions, cos_sin_cache, **rope)
@@ -111,9 +113,23 @@ def attention_prologue(
     numerics,
     q_count=None,
     k_count=None,
+    num_v_heads=None,
+    v_head_dim=None,
+    head_stride=None,
+    with_v=True,
 ):
-    """Split the packed row, then norm + RoPE q and k (traced into one program)."""
-    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    """Split the packed row, then norm + RoPE q and k (traced into one program); without a
+    ``cos_sin_cache`` no RoPE; ``with_v=False`` returns ``(q, k)`` only (the in-place form,
+    where v stays where it is in the packed row)."""
+    q, k, v = ops.split_qkv(
+        qkv,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        num_v_heads=num_v_heads,
+        v_head_dim=v_head_dim,
+        head_stride=head_stride,
+    )
     groups = {
         "none": None,
         "head": (head_dim, head_dim),
@@ -135,7 +151,7 @@ def attention_prologue(
         weight_offset=weight_offset,
         numerics=numerics,
     )
-    return q, k, v
+    return (q, k, v) if with_v else (q, k)
 
 
 def qk_norm_rope_prologue(
@@ -226,8 +242,8 @@ _PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) pe
 
 def split_qkv_rmsnorm_rope(
     qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor | None,
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     *,
@@ -241,6 +257,10 @@ def split_qkv_rmsnorm_rope(
     weight_offset: float = 0.0,
     norm: str = "head",
     norm_stats: NormStats | None = None,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
+    inplace: bool = False,
     numerics: str = "fused",
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -255,9 +275,23 @@ def split_qkv_rmsnorm_rope(
     Math per head (see ``fqr.ops``): ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``
     then RoPE on the first R features; the reference it matches is
     :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32 and rounds once at the
-    store; ``"unfused"`` rounds after the norm and rounds every RoPE multiply/add, as vLLM's and
-    Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic of a
-    full-width norm sharded over TP ranks (see :class:`NormStats`).
+    store; ``"unfused"`` rounds where vLLM's native code and Hugging Face's Qwen3 / Gemma 3
+    modules round, bit for bit (:mod:`fqr.numerics`). ``norm_stats`` carries the all-reduced
+    statistic of a full-width norm sharded over TP ranks (see :class:`NormStats`).
+
+    The layouts and forms peers' ops take:
+
+    * ``cos_sin_cache=None``: a layer without RoPE, the norm alone (``positions`` may then be
+      None; given, it is checked and not needed);
+    * ``num_v_heads`` / ``v_head_dim``: v's own head count and head width (default k's), the
+      row being ``[q | k | v]`` with ``Hv*Dv`` columns of v;
+    * ``head_stride``: every head of the row starts ``head_stride >= head_dim`` columns after
+      the previous one (a padded ``[T, heads, head_stride]`` layout flattened; the padding is
+      neither read nor written); the outputs are contiguous;
+    * ``inplace=True`` (opt-in; new tensors are the default): q and k are written back into
+      ``qkv`` where they were read (vLLM's / vllm-ascend's in-place ops), nothing else in
+      ``qkv`` is written; returns views ``(q, k, v)`` of ``qkv``. Needs heads back to back
+      (``head_stride`` None) and no input that requires grad.
     """
     static = dict(
         num_heads=num_heads,
@@ -268,6 +302,9 @@ def split_qkv_rmsnorm_rope(
         weight_offset=weight_offset,
         norm=norm,
         numerics=numerics,
+        num_v_heads=num_v_heads,
+        v_head_dim=v_head_dim,
+        head_stride=head_stride,
     )
     check_prologue_args(
         qkv,
@@ -279,13 +316,18 @@ def split_qkv_rmsnorm_rope(
         k_bias,
         norm_stats,
         backend=backend,
+        inplace=inplace,
         **static,
     )
     static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+    if inplace:
+        static["with_v"] = False
+    if cos_sin_cache is None:
+        positions = None  # no rotation: the program has no positions input
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
     fast_key = (
-        positions.dtype,
-        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
+        None if positions is None else positions.dtype,
+        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors[:1] + tensors[2:]),
         None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
         tuple(static.values()),
     )
@@ -295,7 +337,16 @@ def split_qkv_rmsnorm_rope(
         _PROGRAMS[fast_key] = program
     stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
     args = [t for t in tensors if t is not None] + list(stats)
-    return _launch(program, args, backend, qkv)
+    if not inplace:
+        return _launch(program, args, backend, qkv)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    views = (
+        qkv[:, :q_size],
+        qkv[:, q_size : q_size + kv_size],
+        qkv[:, q_size + kv_size :],
+    )
+    _launch(program, args, backend, qkv, out=list(views[:2]))
+    return views
 
 
 def qk_rmsnorm_rope(
@@ -351,16 +402,27 @@ def qk_rmsnorm_rope(
     return _launch(program, [t for t in tensors if t is not None], backend, q)
 
 
-def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
-    """Run ``program`` on ``backend`` for the device of ``rows`` (its first input); no tokens:
-    empty outputs, nothing launched (a bad ``backend`` is refused at any T)."""
+def _launch(
+    program: Program,
+    args: list,
+    backend: str,
+    rows: torch.Tensor,
+    out: list[torch.Tensor] | None = None,
+) -> tuple:
+    """Run ``program`` on ``backend`` for the device of ``rows`` (its first input), into
+    ``out`` when given; no tokens: empty outputs, nothing launched (a bad ``backend`` is
+    refused at any T)."""
     runner = resolve_backend(backend, rows.device)
     if rows.shape[0] == 0:
-        return tuple(
-            torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
-            for v in program.outputs
+        return (
+            tuple(out)
+            if out is not None
+            else tuple(
+                torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
+                for v in program.outputs
+            )
         )
-    return tuple(runner.launch(program, args))
+    return tuple(runner.launch(program, args) if out is None else runner.launch(program, args, out))
 
 
 def preset_program(
