@@ -22,7 +22,9 @@ any         any                 NaN or Inf in an output never passes
 (``RMSNorm`` / ``GemmaRMSNorm.forward_static``, ``RotaryEmbedding.forward_static``) and Hugging
 Face's ``Qwen3RMSNorm`` / ``Gemma3RMSNorm`` / ``apply_rotary_pos_emb`` round, and equals them bit
 for bit (``tests/core/test_unfused_models.py``); the fp32 statistic ``rstd = rsqrt(sum(x^2)/D +
-eps)`` is the only unrounded intermediate:
+eps)`` is the only unrounded intermediate (the generated kernels round at the same points; their
+fp32 sum of squares adds in another order, so where that moves ``rstd`` by an fp32 ulp an element
+on a rounding boundary of ``x * rstd``, about 2^-16 of them, can land one ULP away):
 
 1. norm, offset 0: ``n = round(round(x * rstd) * w)``; offset 1 (Gemma): ``n = round(x * rstd *
    (1 + w))``; a bias: ``n = round(n + b)``;
