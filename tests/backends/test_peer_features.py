@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.peer_cases import D, HKV, HQ, PEER_CASES, check_peer_case, peer_inputs
+from support.peer_cases import HKV, HQ, PEER_CASES, D, check_peer_case, peer_inputs
 
 import fqr
 from fqr.backends import BACKENDS

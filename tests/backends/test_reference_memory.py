@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from support.contract import assert_contract
 from support.memory import peak_bytes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fqr
 from fqr import backends
