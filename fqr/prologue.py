@@ -69,9 +69,12 @@ def _norm_then_rope(
     None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype where the model code
     does, in the norm and in every RoPE step (``fqr.ops.norm``, ``fqr.ops.rope``)."""
     round_to = q.dtype if numerics == "unfused" else None
+    values = [q, k]  # k None: q alone (vLLM's rotary_emb(positions, q, None))
     if groups is not None:
-        q, k = (
-            ops.rms_norm(
+        values = [
+            None
+            if x is None
+            else ops.rms_norm(
                 x,
                 w,
                 eps=eps,
@@ -82,14 +85,14 @@ def _norm_then_rope(
                 count=n,
                 round_to=round_to,
             )
-            for x, w, b, g, ss, n in zip((q, k), weights, biases, groups, sums, counts)
-        )
-    if cos_sin_cache is None:  # a layer without RoPE (NoPE): the norm alone
-        return q, k
-    rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
-    q = ops.rope(q, positions, cos_sin_cache, **rope)
-    k = ops.rope(k, positions, cos_sin_cache, **rope)
-    return q, k
+            for x, w, b, g, ss, n in zip(values, weights, biases, groups, sums, counts)
+        ]
+    if cos_sin_cache is not None:  # else a layer without RoPE (NoPE): the norm alone
+        rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
+        values = [
+            None if x is None else ops.rope(x, positions, cos_sin_cache, **rope) for x in values
+        ]
+    return values[0], values[1]
 
 
 def attention_prologue(
@@ -170,8 +173,9 @@ def qk_norm_rope_prologue(
     weight_offset,
     numerics,
 ):
-    """Per-head norm + RoPE of separate q and k (traced into one program)."""
-    return _norm_then_rope(
+    """Per-head norm + RoPE of separate q and k (traced into one program); ``k`` None: q
+    alone, the output ``(q,)``."""
+    q, k = _norm_then_rope(
         q,
         k,
         positions,
@@ -185,6 +189,7 @@ def qk_norm_rope_prologue(
         weight_offset=weight_offset,
         numerics=numerics,
     )
+    return (q,) if k is None else (q, k)
 
 
 # ------------------------------------------------------------------------------ programs
@@ -351,11 +356,11 @@ def split_qkv_rmsnorm_rope(
 
 def qk_rmsnorm_rope(
     q: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    k_weight: torch.Tensor | None,
     *,
     head_dim: int,
     eps: float = 1e-6,
@@ -371,6 +376,10 @@ def qk_rmsnorm_rope(
     Same math, arguments and numerics modes as :func:`split_qkv_rmsnorm_rope` with
     ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
     new contiguous ``q`` and ``k`` in q's dtype.
+
+    ``k=None`` (with ``k_weight``/``k_bias`` None): q alone, returned as ``(q, None)`` -- vLLM's
+    ``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft
+    layers run it (their keys come from another layer's cache).
     """
     check_qk_args(
         q,
@@ -399,7 +408,8 @@ def qk_rmsnorm_rope(
     avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
     avals += tuple(Aval.of(t) for t in tensors[4:])
     program = qk_program((avals, tuple(sorted(static.items()))))
-    return _launch(program, [t for t in tensors if t is not None], backend, q)
+    outs = _launch(program, [t for t in tensors if t is not None], backend, q)
+    return (outs[0], None) if k is None else outs
 
 
 def _launch(

@@ -227,7 +227,7 @@ def prologue(
 
 def qk_prologue(
     q: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor,
@@ -241,8 +241,13 @@ def qk_prologue(
     weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The no-split prologue of :func:`fqr.qk_rmsnorm_rope`: float64 ``(q, k)``, each head
-    normalised, then rotated."""
+    normalised, then rotated (``k`` None: ``(q, None)``)."""
     rows = cos_sin_rows(cos_sin_cache, positions)
+    if k is None:
+        q = rms_norm(
+            q, q_weight, eps=eps, group_size=head_dim, bias=q_bias, weight_offset=weight_offset
+        )
+        return rotate(q, rows, head_dim=head_dim, is_neox=is_neox), None
     return tuple(
         rotate(
             rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),

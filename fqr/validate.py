@@ -379,22 +379,27 @@ def check_qk_args(
     check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
     _check_call_options(numerics, backend)
     for name, x in (("q", q), ("k", k)):
+        if x is None and name == "k":  # q alone
+            for other, t in (("k_weight", k_weight), ("k_bias", k_bias)):
+                if t is not None:
+                    raise ValueError(f"{other} must be None when k is None (q alone)")
+            continue
         check_activation(name, x, what="[T, heads*head_dim]")
         if x.shape[1] % head_dim:
             raise ValueError(f"{name} width {x.shape[1]} is not a multiple of head_dim {head_dim}")
         check_row_stride(name, x, x.shape[1])
-    if k.dtype != q.dtype:
+    if k is not None and k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
-    if k.shape[0] != q.shape[0]:
+    if k is not None and k.shape[0] != q.shape[0]:
         raise ValueError(f"k has {k.shape[0]} tokens but q has {q.shape[0]}")
     check_positions(positions, q.shape[0], rows_of="q")
     check_cos_sin_cache(cos_sin_cache, head_dim)
     check_norm_vectors(
         (
             ("q_weight", q_weight, head_dim),
-            ("k_weight", k_weight, head_dim),
+            *((("k_weight", k_weight, head_dim),) if k is not None else ()),
             ("q_bias", q_bias, head_dim),
-            ("k_bias", k_bias, head_dim),
+            *((("k_bias", k_bias, head_dim),) if k is not None else ()),
         ),
         norm="head",
         what="head_dim",

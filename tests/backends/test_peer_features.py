@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.peer_cases import HKV, HQ, PEER_CASES, D, check_peer_case, peer_inputs
+from support.peer_cases import HKV, HQ, PEER_CASES, D, check_peer_case, check_q_only, peer_inputs
 
 import fqr
 from fqr.backends import BACKENDS
@@ -87,3 +87,17 @@ def test_inplace_with_no_tokens_returns_empty_views(gen):
         qkv, None, None, w, w, num_heads=HQ, num_kv_heads=HKV, head_dim=D, inplace=True
     )
     assert (q.shape, k.shape, v.shape) == ((0, HQ * D), (0, HKV * D), (0, HKV * D))
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("numerics", ["fused", "unfused"])
+def test_q_alone_is_normalised_and_rotated(gen, backend, numerics):
+    check_q_only(backend, gen, numerics)
+
+
+def test_q_alone_refuses_k_weights(gen):
+    q = torch.randn(2, HQ * D).to(torch.bfloat16)
+    w = torch.ones(D, dtype=torch.bfloat16)
+    table = torch.ones(8, D)
+    with pytest.raises(ValueError, match="k_weight must be None when k is None"):
+        fqr.qk_rmsnorm_rope(q, None, torch.zeros(2, dtype=torch.long), table, w, w, head_dim=D)

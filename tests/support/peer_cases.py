@@ -106,3 +106,32 @@ def check_peer_case(case: PeerCase, backend: str, gen: torch.Generator) -> None:
     written[:, : q_size + kv_size] = True
     bits, was = buffer.view(torch.int16), before.view(torch.int16)
     assert torch.equal(bits[~written], was[~written]), f"{case.name}: bytes outside q/k moved"
+
+
+def check_q_only(backend: str, gen: torch.Generator, numerics: str = "fused") -> None:
+    """``fqr.qk_rmsnorm_rope(q, None, ...)``: q normalised and rotated alone, as vLLM's
+    ``rotary_emb(positions, q, None)`` after ``q_norm`` (Gemma 4's KV-shared / MTP layers)."""
+    t = 5
+    q = (torch.randn(t, HQ * D, generator=gen) * 2).to(torch.bfloat16)
+    positions = torch.randint(0, MAX_POS, (t,), generator=gen)
+    table = rope_cos_sin_cache(D, MAX_POS, 1e4)
+    qw = (0.2 * torch.randn(D, generator=gen)).to(torch.bfloat16)  # Gemma: (1 + w)
+    before = q.clone()
+    out, none = fqr.qk_rmsnorm_rope(
+        q,
+        None,
+        positions,
+        table,
+        qw,
+        None,
+        head_dim=D,
+        weight_offset=1.0,
+        numerics=numerics,
+        backend=backend,
+    )
+    assert none is None and torch.equal(q.view(torch.int16), before.view(torch.int16))
+    exact, _ = reference.qk_prologue(
+        q, None, positions, table, qw, None, head_dim=D, weight_offset=1.0
+    )
+    c = compare(out, exact, head_dim=D, numerics=numerics)
+    assert c.passed, f"q alone on {backend}: {c}"
