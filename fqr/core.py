@@ -640,7 +640,8 @@ def _table_roles(eqn: Eqn) -> list[bool]:
 
 def _table_inputs(program: Program) -> set[int]:
     """ids of the program inputs that are read only as tables (never upcast whole)."""
-    tables, others = set(), set()
+    tables: set[int] = set()
+    others: set[int] = set()
     for e in program.eqns:
         for v, is_table in zip(e.inputs, _table_roles(e)):
             if v is not None:
