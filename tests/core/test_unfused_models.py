@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.hf_models import hf_attention_case
 
 import fqr
 from fqr.backends import BACKENDS
@@ -59,96 +60,13 @@ def assert_bitwise(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 # ----------------------------------------------------------------------------- transformers
 
 
-def _capture_attention():
-    """Register an attention implementation that records the q and k it is given."""
-    from transformers import AttentionInterface
-
-    seen: dict[str, torch.Tensor] = {}
-
-    def capture(module, query, key, value, attention_mask, **kwargs):
-        seen["q"], seen["k"] = query, key
-        b, _, s, d = query.shape
-        return torch.zeros(b, s, query.shape[1], d, dtype=query.dtype), None
-
-    AttentionInterface.register("fqr_capture", capture)
-    return seen
-
-
-def _model_case(family: str, gen: torch.Generator, tokens: int):
-    """(fqr kwargs and args, HF's q [T, Hq*D] and k [T, Hkv*D]) for one random forward."""
-    seen = _capture_attention()
-    heads, kv_heads, d, hidden, max_pos = 4, 2, 64, 96, 2048
-    common = dict(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=d,
-        max_position_embeddings=max_pos,
-        rms_norm_eps=1e-6,
-        num_hidden_layers=1,
-        intermediate_size=128,
-        vocab_size=32,
-    )
-    if family == "qwen3":
-        from transformers.models.qwen3 import modeling_qwen3 as m
-
-        config = transformers.Qwen3Config(**common)
-        config._attn_implementation = "fqr_capture"
-        attn = m.Qwen3Attention(config, layer_idx=0)
-        rotary = m.Qwen3RotaryEmbedding(config)
-        layer_args: tuple = ()
-        offset = 0.0
-    else:
-        from transformers.models.gemma3 import modeling_gemma3 as m
-
-        config = transformers.Gemma3TextConfig(**common, query_pre_attn_scalar=d)
-        config._attn_implementation = "fqr_capture"
-        attn = m.Gemma3Attention(config, layer_idx=0)
-        rotary = m.Gemma3RotaryEmbedding(config)
-        layer_args = (config.layer_types[0],)
-        offset = 1.0
-    with torch.no_grad():
-        for p in attn.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-        centre = 1.0 - offset  # the weights the model stores: w (Qwen3) or w - 1 (Gemma)
-        for norm in (attn.q_norm, attn.k_norm):
-            norm.weight.copy_(centre + 0.2 * torch.randn(d, generator=gen))
-    attn = attn.to(torch.bfloat16)
-
-    hidden_states = (torch.randn(1, tokens, hidden, generator=gen) * 2.0).to(torch.bfloat16)
-    positions = torch.randint(0, max_pos, (tokens,), generator=gen)
-    with torch.no_grad():
-        cos, sin = rotary(hidden_states, positions[None], *layer_args)
-        attn(hidden_states, (cos, sin), None)
-        qkv = torch.cat(
-            [attn.q_proj(hidden_states), attn.k_proj(hidden_states), attn.v_proj(hidden_states)],
-            dim=-1,
-        )[0]
-        # The model's own rotary module builds fqr's table: every position, fp32 (cast by fqr).
-        probe = torch.zeros(1, 1, dtype=torch.float32)
-        cos_all, sin_all = rotary(probe, torch.arange(max_pos)[None], *layer_args)
-        table = torch.cat([cos_all[0, :, : d // 2], sin_all[0, :, : d // 2]], dim=-1)
-    hf_q = seen["q"].transpose(1, 2).reshape(tokens, heads * d)
-    hf_k = seen["k"].transpose(1, 2).reshape(tokens, kv_heads * d)
-    args = (qkv, positions, table, attn.q_norm.weight.detach(), attn.k_norm.weight.detach())
-    kwargs = dict(
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=d,
-        eps=1e-6,
-        weight_offset=offset,
-        numerics="unfused",
-    )
-    return args, kwargs, hf_q, hf_k
-
-
 @pytest.mark.parametrize("backend", BACKENDS_HERE)
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 @pytest.mark.parametrize("tokens", [1, 5, 37])
 def test_unfused_equals_transformers_attention_bitwise(gen, family, tokens, backend):
     if backend == "interpret" and tokens == 37:
         pytest.skip("the interpreter is slow: 1 and 5 tokens cover its tiles")
-    args, kwargs, hf_q, hf_k = _model_case(family, inputs_for(backend, gen), tokens)
+    args, kwargs, hf_q, hf_k = hf_attention_case(family, inputs_for(backend, gen), tokens)
     q, k, v = fqr.split_qkv_rmsnorm_rope(*args, **kwargs, backend=backend)
     assert_bitwise(q, hf_q, f"{family} q")
     assert_bitwise(k, hf_k, f"{family} k")
