@@ -608,7 +608,8 @@ def eval_program(
     Floating inputs are upcast to ``compute_dtype`` (never downcast: float64 inputs stay float64)
     and every intermediate stays there; outputs are rounded once to their declared dtype. This is
     the ``fused`` numerics contract; rounding equations (``reduce_precision``, and the
-    ``round_to`` of ``rms_norm`` / ``rope``) add the roundings of the ``unfused`` mode. ``args`` holds one entry per non-None program input, in order.
+    ``round_to`` of ``rms_norm`` / ``rope``) add the roundings of the ``unfused`` mode.
+    ``args`` holds one entry per non-None program input, in order.
 
     An input that every equation reads as a :attr:`Role.TABLE` stays in its own dtype: the impl
     gathers the rows it needs, then casts them (a 262,144-row bf16 RoPE table is never copied

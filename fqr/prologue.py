@@ -68,7 +68,10 @@ def _norm_then_rope(
     """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
     None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype where the model code
     does, in the norm and in every RoPE step (``fqr.ops.norm``, ``fqr.ops.rope``)."""
-    round_to = q.dtype if numerics == "unfused" else None
+    round_to = q.dtype if numerics.startswith("unfused") else None
+    # HF's OLMo2 (full-width norms): the weight multiplies in fp32 (one rounding), and RoPE runs
+    # in fp32 with fp32 cos/sin, rounded once (fqr.numerics, "unfused-hf")
+    hf_full_norm = numerics == "unfused-hf" and groups is not None and groups[0] != head_dim
     values = [q, k]  # k None: q alone (vLLM's rotary_emb(positions, q, None))
     if groups is not None:
         values = [
@@ -84,11 +87,12 @@ def _norm_then_rope(
                 sum_sq=ss,
                 count=n,
                 round_to=round_to,
+                round_before_weight=False if hf_full_norm else None,
             )
             for x, w, b, g, ss, n in zip(values, weights, biases, groups, sums, counts)
         ]
     if cos_sin_cache is not None:  # else a layer without RoPE (NoPE): the norm alone
-        rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
+        rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=None if hf_full_norm else round_to)
         values = [
             None if x is None else ops.rope(x, positions, cos_sin_cache, **rope) for x in values
         ]
@@ -281,8 +285,10 @@ def split_qkv_rmsnorm_rope(
     then RoPE on the first R features; the reference it matches is
     :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32 and rounds once at the
     store; ``"unfused"`` rounds where vLLM's native code and Hugging Face's Qwen3 / Gemma 3
-    modules round, bit for bit (:mod:`fqr.numerics`). ``norm_stats`` carries the all-reduced
-    statistic of a full-width norm sharded over TP ranks (see :class:`NormStats`).
+    modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it rounds
+    otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`). ``norm_stats``
+    carries the all-reduced statistic of a full-width norm sharded over TP ranks (see
+    :class:`NormStats`).
 
     The layouts and forms peers' ops take:
 

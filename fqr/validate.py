@@ -18,7 +18,7 @@ from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, dtype_of
 ACTIVATION_DTYPES = tuple(dtype_of(name) for name in ACTIVATION_DTYPE_NAMES)
 POSITION_DTYPES = (torch.int32, torch.int64)
 NORM_KINDS = ("head", "full", "none")
-NUMERICS = ("fused", "unfused")
+NUMERICS = ("fused", "unfused", "unfused-hf")
 
 
 # ------------------------------------------------------------------------------- scalars

@@ -5,10 +5,10 @@ device machine from the repository root:
     PYTHONPATH=. python3 scripts/gpu_peers_numerics.py
 
 1. checks (any failure: exit 1 after the tables):
-   a. transformers' ``Qwen3Attention`` / ``Gemma3Attention`` (bf16, random weights, on CUDA)
-      against fqr ``unfused`` on the ``triton`` backend, and vLLM's native prologue
-      (``fqr.fusion.unfused``: NeoX/GPT-J, rotary ratio 1, 0.5, 0.25, head_dim 64/128/256, the
-      grid of vLLM's fused-op test) likewise: the share of bit-identical q/k elements (at least
+   a. transformers' ``Qwen3Attention`` / ``Gemma3Attention`` / ``Olmo2Attention`` (bf16, random
+      weights, on CUDA) against fqr ``unfused`` (OLMo2: ``unfused-hf``) on ``triton``, and
+      vLLM's native prologue (``fqr.fusion.unfused``: NeoX/GPT-J, rotary ratio 1, 0.5, 0.25,
+      head_dim 64/128/256, the grid of vLLM's fused-op test) likewise: the share of bit-identical q/k elements (at least
       99.9% on CUDA, whose rsqrt and division are not IEEE in torch or Triton, so the fp32
       statistic can differ; 100% on CPU) and the largest ULP distance (reported), and vLLM's own
       tolerance (atol = rtol = 1e-2) on every case;
@@ -89,18 +89,18 @@ def models_rows(gen: torch.Generator) -> list[list]:
     from support.hf_models import hf_attention_case
 
     rows = []
-    for family in ("qwen3", "gemma3"):
+    for family in ("qwen3", "gemma3", "olmo2"):
         for tokens in (1, 7, 512):
             args, kwargs, hf_q, hf_k = hf_attention_case(
                 family, gen, tokens, DEVICE, heads=16, kv_heads=8, d=128
             )
-            for numerics in ("unfused", "fused"):
+            for numerics in (kwargs["numerics"], "fused"):  # olmo2: unfused-hf
                 q, k, _ = fqr.split_qkv_rmsnorm_rope(
                     *args, **dict(kwargs, numerics=numerics), backend=BACKEND
                 )
                 (sq, uq), (sk, uk) = bit_stats(q, hf_q), bit_stats(k, hf_k)
                 rows.append([f"HF {family}", tokens, numerics, f"{sq:.5f}", uq, f"{sk:.5f}", uk])
-                if numerics == "unfused":
+                if numerics != "fused":
                     check(f"HF {family} T={tokens}", min(sq, sk) >= MIN_SHARE, f"bits {sq}, {sk}")
     return rows
 

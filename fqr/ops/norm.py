@@ -24,8 +24,9 @@ without intermediate rounding.
 
 * a bias is one more rounded step, ``y = round(y + b)``.
 
-(HF's ``Olmo2RMSNorm`` multiplies the weight in fp32 and rounds once; vLLM's OLMo2 uses
-``RMSNorm``: offset-0 ``round_to`` follows vLLM there.)
+``round_before_weight`` (None: offset == 0, the rules above) says whether ``x * rstd`` is
+rounded before the weight multiplies it; False is Hugging Face's ``Olmo2RMSNorm`` (``y =
+round(x * rstd * w)``, the weight in fp32), which vLLM's OLMo2 replaces by ``RMSNorm``.
 
 Tensor parallelism splits a full-width group across ranks. Then each rank passes the
 all-reduced per-token ``sum_sq`` of the whole group (``[T]``, float32) and ``count``, the
@@ -53,11 +54,15 @@ def rms_norm(
     sum_sq=None,
     count: int | None = None,
     round_to: torch.dtype | None = None,
+    round_before_weight: bool | None = None,
 ):
     """See the module docstring."""
-    # round_to is a param only when set: fused programs (and their kernel-cache keys) print as
-    # they always have.
-    rounding = {} if round_to is None else {"round_to": round_to}
+    # round_to is a param only when set, round_before_weight only when it departs from the
+    # offset's rule: fused programs (and their kernel-cache keys) print as they always have.
+    rounding: dict = {} if round_to is None else {"round_to": round_to}
+    if round_to is not None and round_before_weight is not None:
+        if bool(round_before_weight) != (float(weight_offset) == 0.0):
+            rounding["round_before_weight"] = bool(round_before_weight)
     return rms_norm_p.bind(
         x,
         weight,
@@ -83,6 +88,7 @@ def _norm_abstract(
     offset,
     count,
     round_to=None,
+    round_before_weight=None,
 ):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
@@ -113,8 +119,16 @@ def _norm_abstract(
     return Aval(x.shape, x.dtype)
 
 
+def _rounds_before_weight(params: dict) -> bool:
+    """Whether ``x * rstd`` is rounded before the weight (module docstring)."""
+    flag = params.get("round_before_weight")
+    return params["offset"] == 0.0 if flag is None else flag
+
+
 @rms_norm_p.def_impl
-def _norm_impl(x, w, b, sum_sq, *, eps, group, offset, count, round_to=None):
+def _norm_impl(
+    x, w, b, sum_sq, *, eps, group, offset, count, round_to=None, round_before_weight=None
+):
     t, n = x.shape
     g = x.reshape(t, n // group, group)
     if sum_sq is None:
@@ -132,7 +146,8 @@ def _norm_impl(x, w, b, sum_sq, *, eps, group, offset, count, round_to=None):
         return v.to(round_to).to(x.dtype)
 
     normed = g * torch.rsqrt(ms + eps)
-    y = rnd(rnd(normed) * w) if offset == 0.0 else rnd(normed * (offset + w))
+    before = _rounds_before_weight(dict(offset=offset, round_before_weight=round_before_weight))
+    y = rnd(rnd(normed) * (offset + w)) if before else rnd(normed * (offset + w))
     if b is not None:
         y = rnd(y + b.to(x.dtype))
     return y.reshape(t, n)
@@ -191,7 +206,7 @@ def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
         if round_to is None:
             b.emit(f"{y} = {v} * {r} * {scale}" + (f" + {bias[name]}" if bias else ""))
         else:  # the unfused rounding points (module docstring)
-            normed = rnd(f"{v} * {r}") if p["offset"] == 0.0 else f"{v} * {r}"
+            normed = rnd(f"{v} * {r}") if _rounds_before_weight(p) else f"{v} * {r}"
             b.emit(f"{y} = " + rnd(f"{normed} * {scale}"))
             if bias:
                 y_bias = b.fresh(f"{y}_bias")

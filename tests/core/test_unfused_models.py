@@ -22,7 +22,7 @@ from support.hf_models import hf_attention_case
 
 import fqr
 from fqr.backends import BACKENDS
-from fqr.fusion.unfused import vllm_qk_norm_rope
+from fqr.fusion.unfused import vllm_qk_norm_rope, vllm_rms_norm, vllm_rotary_embedding
 from fqr.rope_cache import rope_cos_sin_cache
 
 transformers = pytest.importorskip("transformers")
@@ -61,7 +61,7 @@ def assert_bitwise(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS_HERE)
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "olmo2"])
 @pytest.mark.parametrize("tokens", [1, 5, 37])
 def test_unfused_equals_transformers_attention_bitwise(gen, family, tokens, backend):
     if backend == "interpret" and tokens == 37:
@@ -137,3 +137,20 @@ def test_unfused_equals_vllm_native_bitwise(gen, case, backend):
     assert_bitwise(q, want_q, "q")
     assert_bitwise(k, want_k, "k")
     assert_bitwise(v, qkv[:, (heads + kv_heads) * d :], "v")
+
+
+def test_olmo2_is_where_hf_and_vllm_round_differently(gen):
+    """HF's Olmo2RMSNorm multiplies the weight in fp32 (one rounding), vLLM's OLMo2 uses
+    RMSNorm (round, then the weight): ``unfused-hf`` is HF's, ``unfused`` vLLM's; they differ."""
+    args, kwargs, hf_q, hf_k = hf_attention_case("olmo2", gen, 37)
+    qkv, positions, table, qw, kw = args
+    heads, kv_heads, d = kwargs["num_heads"], kwargs["num_kv_heads"], kwargs["head_dim"]
+    q, k, _ = fqr.split_qkv_rmsnorm_rope(*args, **dict(kwargs, numerics="unfused"))
+    q_size, kv_size = heads * d, kv_heads * d
+    # vLLM: RMSNorm over the whole q / k, then its rotary embedding
+    vq = vllm_rms_norm(qkv[:, :q_size], qw, 1e-6)
+    vk = vllm_rms_norm(qkv[:, q_size : q_size + kv_size], kw, 1e-6)
+    vq, vk = vllm_rotary_embedding(positions, vq, vk, d, table.to(torch.bfloat16), True)
+    assert_bitwise(q, vq, "olmo2 q (vLLM)")
+    assert_bitwise(k, vk, "olmo2 k (vLLM)")
+    assert not torch.equal(q, hf_q)  # the two families' roundings are not the same

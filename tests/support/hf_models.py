@@ -31,10 +31,12 @@ def hf_attention_case(
     kv_heads: int = 2,
     d: int = 64,
 ):
-    """One random bf16 forward of transformers' ``Qwen3Attention`` (``family="qwen3"``) or
-    ``Gemma3Attention`` (``"gemma3"``) on ``device``: ``(args, kwargs, hf_q, hf_k)``, fqr's
-    arguments for the same projections packed ``[q | k | v]`` (with a table built by the
-    model's rotary module for every position) and the q ``[T, Hq*D]`` and k ``[T, Hkv*D]``
+    """One random bf16 forward of transformers' ``Qwen3Attention`` (``family="qwen3"``),
+    ``Gemma3Attention`` (``"gemma3"``) or ``Olmo2Attention`` (``"olmo2"``: full-width norms,
+    ``norm="full"``, rounded as ``numerics="unfused-hf"``) on ``device``:
+    ``(args, kwargs, hf_q, hf_k)``, fqr's arguments for the same projections packed
+    ``[q | k | v]`` (with a table built by the model's rotary module for every position) and
+    the q ``[T, Hq*D]`` and k ``[T, Hkv*D]``
     the model hands its attention function."""
     import transformers
 
@@ -60,6 +62,15 @@ def hf_attention_case(
         rotary = m.Qwen3RotaryEmbedding(config)
         layer_args: tuple = ()
         offset = 0.0
+    elif family == "olmo2":
+        from transformers.models.olmo2 import modeling_olmo2 as m
+
+        config = transformers.Olmo2Config(**common)
+        config._attn_implementation = "fqr_capture"
+        attn = m.Olmo2Attention(config, layer_idx=0)
+        rotary = m.Olmo2RotaryEmbedding(config)
+        layer_args = ()
+        offset = 0.0
     else:
         from transformers.models.gemma3 import modeling_gemma3 as m
 
@@ -74,11 +85,13 @@ def hf_attention_case(
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
         centre = 1.0 - offset  # the weights the model stores: w (Qwen3) or w - 1 (Gemma)
         for norm in (attn.q_norm, attn.k_norm):
-            norm.weight.copy_(centre + 0.2 * torch.randn(d, generator=gen))
+            n = norm.weight.shape[0]
+            norm.weight.copy_(centre + 0.2 * torch.randn(n, generator=gen))
     attn = attn.to(device=device, dtype=torch.bfloat16)
     rotary = rotary.to(device)
 
-    hidden_states = (torch.randn(1, tokens, hidden, generator=gen) * 2.0).to(device, torch.bfloat16)
+    hidden_states = torch.randn(1, tokens, hidden, generator=gen) * 2.0
+    hidden_states = hidden_states.to(device, torch.bfloat16)
     positions = torch.randint(0, max_pos, (tokens,), generator=gen).to(device)
     with torch.no_grad():
         cos, sin = rotary(hidden_states, positions[None], *layer_args)
@@ -100,6 +113,7 @@ def hf_attention_case(
         head_dim=d,
         eps=1e-6,
         weight_offset=offset,
-        numerics="unfused",
+        numerics="unfused-hf" if family == "olmo2" else "unfused",
+        norm="full" if family == "olmo2" else "head",
     )
     return args, kwargs, hf_q, hf_k
