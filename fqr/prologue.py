@@ -64,6 +64,7 @@ def _norm_then_rope(
     is_neox,
     weight_offset,
     numerics,
+    full_norm=False,
 ):
     """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
     None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype where the model code
@@ -71,7 +72,7 @@ def _norm_then_rope(
     round_to = q.dtype if numerics.startswith("unfused") else None
     # HF's OLMo2 (full-width norms): the weight multiplies in fp32 (one rounding), and RoPE runs
     # in fp32 with fp32 cos/sin, rounded once (fqr.numerics, "unfused-hf")
-    hf_full_norm = numerics == "unfused-hf" and groups is not None and groups[0] != head_dim
+    hf_full_norm = numerics == "unfused-hf" and full_norm
     values = [q, k]  # k None: q alone (vLLM's rotary_emb(positions, q, None))
     if groups is not None:
         values = [
@@ -157,6 +158,7 @@ def attention_prologue(
         is_neox=is_neox,
         weight_offset=weight_offset,
         numerics=numerics,
+        full_norm=norm == "full",
     )
     return (q, k, v) if with_v else (q, k)
 
