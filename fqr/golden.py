@@ -90,6 +90,8 @@ class CaseSpec:
     max_position: int | None = None
     positions_dtype: str = "int64"
     row_pad: int = 0
+    # A peer layout or form (PEER_FORMS): the keyword arguments it adds to the call.
+    peer: str | None = None
 
     @property
     def name(self) -> str:
@@ -109,6 +111,8 @@ class CaseSpec:
             parts.append("i32")
         if self.row_pad:
             parts.append("strided")
+        if self.peer:
+            parts.append(self.peer)
         return "-".join(parts)
 
     @property
@@ -153,6 +157,81 @@ CASES: tuple[CaseSpec, ...] = (
 )
 
 
+# The peer layouts and forms (issue 18): the keyword arguments of fqr.split_qkv_rmsnorm_rope each
+# adds, as stored in a manifest entry's "peer" (absent: none). "rope": False is a layer without
+# RoPE (cos_sin_cache=None); v_heads/v_dim scale v's head count and head_dim against k's.
+PEER_FORMS: dict[str, dict] = {
+    "nope": {"rope": False},
+    "vheads": {"v_heads": 0.5, "v_dim": 1.5},
+    "padded": {"head_pad": 16},
+    "inplace": {"inplace": True},
+}
+PEER_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, peer="nope"),
+    CaseSpec("gemma3-1b", "fp16", 1, "unfused", peer="nope"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=2, peer="vheads"),
+    CaseSpec("qwen3-8b", "fp16", 7, tp=8, row_pad=8, peer="padded"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, row_pad=16, peer="inplace"),
+    CaseSpec("qwen3.5-27b", "bf16", 1, "unfused", tp=8, is_neox=False, peer="inplace"),
+)
+CASES += PEER_CASES
+
+
+def peer_kwargs(entry: dict) -> dict:
+    """The layout and form arguments of a manifest entry's call (none without "peer")."""
+    peer = entry.get("peer") or {}
+    return {
+        k: peer[k] for k in ("num_v_heads", "v_head_dim", "head_stride", "inplace") if k in peer
+    }
+
+
+def row_width(entry: dict) -> int:
+    """Width of the packed row an entry describes (its layout, padding of each head included)."""
+    peer = entry.get("peer") or {}
+    hq, hkv, d = entry["num_heads"], entry["num_kv_heads"], entry["head_dim"]
+    hv, dv = peer.get("num_v_heads", hkv), peer.get("v_head_dim", d)
+    if peer.get("head_stride"):
+        return (hq + hkv + hv) * peer["head_stride"]
+    return (hq + hkv) * d + hv * dv
+
+
+def _peer_entry(case: CaseSpec, spec: PrologueSpec) -> dict | None:
+    """The manifest's "peer" field of a case: its call arguments, concrete for its shapes."""
+    if case.peer is None:
+        return None
+    form, d, hkv = PEER_FORMS[case.peer], spec.head_dim, spec.num_kv_heads
+    peer: dict = {"rope": form.get("rope", True)}
+    if "v_heads" in form:
+        peer["num_v_heads"] = max(1, int(hkv * form["v_heads"]))
+        peer["v_head_dim"] = int(d * form["v_dim"])
+    if "head_pad" in form:
+        peer["head_stride"] = d + form["head_pad"]
+    if form.get("inplace"):
+        peer["inplace"] = True
+    return peer
+
+
+def _peer_qkv(entry: dict, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """A packed row of the entry's layout: fresh values where heads are, NaN in head padding."""
+    e, t = entry, entry["tokens"]
+    kw = peer_kwargs(e)
+    sections = reference.qkv_sections(
+        e["num_heads"],
+        e["num_kv_heads"],
+        e["head_dim"],
+        num_v_heads=kw.get("num_v_heads"),
+        v_head_dim=kw.get("v_head_dim"),
+        head_stride=kw.get("head_stride"),
+    )
+    row = torch.full((t, row_width(e)), float("nan"), dtype=torch.float64)
+    for sec in sections:
+        scale = 0.5 + 2.5 * torch.rand(sec.heads, generator=gen, dtype=torch.float64)
+        heads = torch.randn(t, sec.heads, sec.head_dim, generator=gen, dtype=torch.float64)
+        for h, (start, end) in enumerate(sec.head_columns()):
+            row[:, start:end] = heads[:, h] * scale[h]
+    return row.to(dtype)
+
+
 def select_cases(pattern: str | None = None) -> list[CaseSpec]:
     """The case specs whose name matches the glob ``pattern`` (all when None)."""
     return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
@@ -168,7 +247,12 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     t, d = case.tokens, spec.head_dim
     max_position = case.max_position or preset.max_position
 
-    qkv = random_qkv(spec, t, dtype, gen)
+    peer = _peer_entry(case, spec)
+    if peer is None:
+        qkv = random_qkv(spec, t, dtype, gen)
+    else:
+        layout = {"num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads}
+        qkv = _peer_qkv(dict(layout, head_dim=d, tokens=t, peer=peer), dtype, gen)
     positions = random_positions(
         t, max_position, gen, dtype=dtype_of(case.positions_dtype), cover_ends=True
     )
@@ -213,8 +297,12 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         scaling=dict(preset.rope_scaling),
         rows=index,
     )
-    tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
-    table = _sparse_table(rows, index, max_position)
+    table = None
+    if peer is None or peer["rope"]:
+        tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
+        table = _sparse_table(rows, index, max_position)
+    layout = {} if peer is None else peer_kwargs({"peer": peer})
+    layout.pop("inplace", None)
     q, k, v = reference.prologue(
         qkv,
         positions,
@@ -222,6 +310,7 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         norm["q_weight"],
         norm["k_weight"],
         **spec.kwargs(q_bias=norm["q_bias"], k_bias=norm["k_bias"], norm_stats=norm_stats),
+        **layout,
     )
     tensors.update(expected_q=q, expected_k=k, expected_v=v)
 
@@ -247,13 +336,15 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
         "positions_dtype": case.positions_dtype,
-        "row_stride": spec.qkv_width + case.row_pad,
+        "row_stride": qkv.shape[1] + case.row_pad,
         "tolerance": {
             "q": tolerance_text(case.numerics, dtype),
             "k": tolerance_text(case.numerics, dtype),
             "v": "bit-exact",
         },
     }
+    if peer is not None:
+        entry["peer"] = peer
     return tensors, entry
 
 
@@ -364,7 +455,10 @@ def entry_problem(entry) -> str | None:
     tol = entry.get("tolerance")
     if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in "qkv")):
         return f"'tolerance' must map q, k and v to text, got {tol!r:.60}"
-    width = (entry["num_heads"] + 2 * entry["num_kv_heads"]) * entry["head_dim"]
+    problem = _peer_problem(entry)
+    if problem is not None:
+        return problem
+    width = row_width(entry)
     if entry["row_stride"] < width:
         return f"'row_stride' {entry['row_stride']} is smaller than the qkv width {width}"
     if entry["rotary_dim"] % 2 or entry["rotary_dim"] > entry["head_dim"]:
@@ -375,6 +469,28 @@ def entry_problem(entry) -> str | None:
         get_preset(entry["preset"], entry["tp"])
     except (KeyError, ValueError) as e:
         return f"'preset': {e}"
+    return None
+
+
+def _peer_problem(entry: dict) -> str | None:
+    """Why an entry's optional "peer" field is unusable, or None."""
+    if "peer" not in entry:
+        return None
+    peer = entry["peer"]
+    if not isinstance(peer, dict) or not isinstance(peer.get("rope"), bool):
+        return f"'peer' must be an object with a boolean 'rope', got {peer!r:.60}"
+    extra = set(peer) - {"rope", "num_v_heads", "v_head_dim", "head_stride", "inplace"}
+    if extra:
+        return f"'peer' has an unknown field {sorted(extra)[0]!r}"
+    for key in ("num_v_heads", "v_head_dim", "head_stride"):
+        if key in peer and not (type(peer[key]) is int and peer[key] >= 1):
+            return f"'peer.{key}' must be an integer >= 1, got {peer[key]!r:.40}"
+    if "inplace" in peer and peer["inplace"] is not True:
+        return f"'peer.inplace' must be true when present, got {peer['inplace']!r:.40}"
+    if "head_stride" in peer and peer["head_stride"] < max(
+        entry["head_dim"], peer.get("v_head_dim", entry["head_dim"])
+    ):
+        return "'peer.head_stride' is smaller than a head"
     return None
 
 
@@ -465,7 +581,7 @@ class GoldenCase:
     entry: dict
     qkv_buffer: torch.Tensor  # [T, row_stride]; qkv is its first `width` columns
     positions: torch.Tensor
-    cos_sin_cache: torch.Tensor  # [max_position, R], NaN in every row the case does not use
+    cos_sin_cache: torch.Tensor | None  # [max_position, R], NaN in rows not used; None: no RoPE
     q_weight: torch.Tensor | None
     k_weight: torch.Tensor | None
     q_bias: torch.Tensor | None
@@ -483,8 +599,7 @@ class GoldenCase:
 
     @property
     def qkv(self) -> torch.Tensor:
-        e = self.entry
-        return self.qkv_buffer[:, : (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"]]
+        return self.qkv_buffer[:, : row_width(self.entry)]
 
     def to(self, device) -> GoldenCase:
         """The inputs on ``device`` (expectations stay on the CPU)."""
@@ -545,23 +660,49 @@ class GoldenCase:
 
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
-        return self.inputs().kwargs(norm_stats=self.norm_stats(), numerics=self.entry["numerics"])
+        return self.inputs().kwargs(
+            norm_stats=self.norm_stats(), numerics=self.entry["numerics"], **peer_kwargs(self.entry)
+        )
 
     def run(self, backend: str = "reference"):
-        """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""
+        """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs (an in-place case writes into a
+        copy of the row buffer and returns its views: :meth:`check` reads the copy through
+        them)."""
         from .prologue import split_qkv_rmsnorm_rope
 
-        return split_qkv_rmsnorm_rope(*self.args(), **self.kwargs(), backend=backend)
+        args = self.args()
+        if self.entry.get("peer", {}).get("inplace"):
+            args = (self.qkv_buffer.clone()[:, : row_width(self.entry)], *args[1:])
+        return split_qkv_rmsnorm_rope(*args, **self.kwargs(), backend=backend)
 
     def check(self, q, k, v) -> dict[str, Comparison]:
-        """Compare outputs with the expectations under the case's numerics contract."""
+        """Compare outputs with the expectations under the case's numerics contract; for an
+        in-place case whose outputs are views of the row buffer, also every byte of that
+        buffer outside q and k against the case's input (``"qkv"``, bit for bit)."""
         e = self.entry
         d, numerics = e["head_dim"], e["numerics"]
-        return {
+        checks = {
             "q": compare(q, self.expected_q, head_dim=d, numerics=numerics),
             "k": compare(k, self.expected_k, head_dim=d, numerics=numerics),
             "v": compare(v, self.expected_v, head_dim=d, bitwise=True),
         }
+        if e.get("peer", {}).get("inplace") and q._base is not None:
+            checks["qkv"] = self._untouched(q._base, q.shape[1] + k.shape[1])
+        return checks
+
+    def _untouched(self, written: torch.Tensor, qk_width: int) -> Comparison:
+        """Bytes of ``written`` (the row buffer after an in-place call) outside its first
+        ``qk_width`` columns, against the input, bit for bit (NaN padding included)."""
+        was = self.qkv_buffer
+        if written.shape != was.shape:
+            return Comparison(None, float("inf"), float("inf"), 1, 0, False, "bytes unchanged")
+        ints = {2: torch.int16, 4: torch.int32}[was.element_size()]
+        after = written.detach().cpu()[:, qk_width:].contiguous().view(ints)
+        before = was.cpu()[:, qk_width:].contiguous().view(ints)
+        bad = int((after != before).sum())
+        return Comparison(
+            None, 0.0 if bad == 0 else float("inf"), 0.0, bad, 0, bad == 0, "bytes unchanged"
+        )
 
 
 def _tensor_problem(entry: dict, t: dict) -> str | None:
@@ -570,18 +711,23 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     e = entry
     tokens, d = e["tokens"], e["head_dim"]
     hq, hkv = e["num_heads"] * d, e["num_kv_heads"] * d
+    peer = e.get("peer") or {}
+    v_width = peer.get("num_v_heads", e["num_kv_heads"]) * peer.get("v_head_dim", d)
     dtype = dtype_of(e["dtype"])
     floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     w_len = (d, d) if e["norm"] == "head" else (hq, hkv)
     want: dict[str, tuple[tuple, tuple]] = {
-        "qkv": ((tokens, hq + 2 * hkv), (dtype,)),
+        "qkv": ((tokens, row_width(e)), (dtype,)),
         "positions": ((tokens,), (dtype_of(e["positions_dtype"]),)),
-        "cos_sin_rows": ((None, e["rotary_dim"]), floats),
-        "cos_sin_index": ((None,), (torch.int64, torch.int32)),
         "expected_q": ((tokens, hq), (torch.float64,)),
         "expected_k": ((tokens, hkv), (torch.float64,)),
-        "expected_v": ((tokens, hkv), (dtype,)),
+        "expected_v": ((tokens, v_width), (dtype,)),
     }
+    if peer.get("rope", True):
+        want.update(
+            cos_sin_rows=((None, e["rotary_dim"]), floats),
+            cos_sin_index=((None,), (torch.int64, torch.int32)),
+        )
     if e["norm"] != "none":
         want.update(q_weight=((w_len[0],), floats), k_weight=((w_len[1],), floats))
         if e["bias"]:
@@ -600,6 +746,8 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     extra = sorted(set(t) - set(want))
     if extra:
         return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
+    if "cos_sin_index" not in want:
+        return None
     index, rows = t["cos_sin_index"], t["cos_sin_rows"]
     if rows.shape[0] != index.shape[0]:
         return "tensors 'cos_sin_rows' and 'cos_sin_index' differ in length"
@@ -657,7 +805,9 @@ def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> 
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
     buffer[:, : qkv.shape[1]] = qkv
-    table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+    table = None
+    if "cos_sin_rows" in t:
+        table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
     return GoldenCase(
         entry,
         buffer,

@@ -3,13 +3,11 @@
 #
 # { lambda a:bf16[T,6144] b:int64[T] c:fp32[P,128] d:bf16[128] e:bf16[128]. let
 #     f:bf16[T,4096] g:bf16[T,1024] h:bf16[T,1024] = split_heads[sections=(32x128@0,8x128@4096,8x128@5120)] a
-#     i:bf16[T,4096] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0] f d _ _
-#     j:bf16[T,1024] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0] g e _ _
-#     k:bf16[T,4096] = reduce_precision[dtype=bf16] i
-#     l:bf16[T,1024] = reduce_precision[dtype=bf16] j
-#     m:bf16[T,4096] = rope[d=128 neox=True round_to=bf16] k b c
-#     n:bf16[T,1024] = rope[d=128 neox=True round_to=bf16] l b c
-#   in (m, n, h) }
+#     i:bf16[T,4096] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0 round_to=bf16] f d _ _
+#     j:bf16[T,1024] = rms_norm[count=128 eps=1e-06 group=128 offset=0.0 round_to=bf16] g e _ _
+#     k:bf16[T,4096] = rope[d=128 neox=True round_to=bf16] i b c
+#     l:bf16[T,1024] = rope[d=128 neox=True round_to=bf16] j b c
+#   in (k, l, h) }
 import triton
 import triton.language as tl
 
@@ -23,7 +21,7 @@ def round_to_bf16(x):
 
 
 @triton.jit(do_not_specialize=["T"])
-def fqr_interpret_d353f8a267b2(
+def fqr_interpret_f9ab8cb77c74(
     a_ptr,
     a_stride,
     b_ptr,
@@ -54,18 +52,18 @@ def fqr_interpret_d353f8a267b2(
     cols64 = tl.arange(0, 64)[None, None, :]
     dw_a_5 = tl.load(d_ptr + cols64).to(tl.float32)
     dw_b_6 = tl.load(d_ptr + (64 + cols64)).to(tl.float32)
-    ew_a_38 = tl.load(e_ptr + cols64).to(tl.float32)
-    ew_b_39 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
+    ew_a_34 = tl.load(e_ptr + cols64).to(tl.float32)
+    ew_b_35 = tl.load(e_ptr + (64 + cols64)).to(tl.float32)
     cols128 = tl.arange(0, 128)[None, None, :]
     for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):
         tok = t0 + tt
         tmask = tok < T
         tok64 = tok.to(tl.int64)
-        pos11 = tl.load(b_ptr + tok, mask=tmask, other=0)
-        posok12 = ((tmask & (pos11 >= 0) & (pos11 < c_rows)))[:, None, None]
-        crow13 = c_ptr + pos11.to(tl.int64)[:, None, None] * c_stride
-        cos14 = tl.load(crow13 + cols64, mask=posok12, other=float('nan')).to(tl.float32)
-        sin15 = tl.load(crow13 + 64 + cols64, mask=posok12, other=float('nan')).to(tl.float32)
+        pos9 = tl.load(b_ptr + tok, mask=tmask, other=0)
+        posok10 = ((tmask & (pos9 >= 0) & (pos9 < c_rows)))[:, None, None]
+        crow11 = c_ptr + pos9.to(tl.int64)[:, None, None] * c_stride
+        cos12 = tl.load(crow11 + cols64, mask=posok10, other=float('nan')).to(tl.float32)
+        sin13 = tl.load(crow11 + 64 + cols64, mask=posok10, other=float('nan')).to(tl.float32)
         # chain 0: f (32 heads x 128, neox128, heads [0, 16) + [16, 32))
         row0 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 16)[None, :, None]
@@ -74,57 +72,51 @@ def fqr_interpret_d353f8a267b2(
         f_b_2 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
         sumsq4 = tl.sum(f_a_1 * f_a_1, 2) + tl.sum(f_b_2 * f_b_2, 2)
         rstd3 = tl.rsqrt(sumsq4 / 128 + 1e-06)[:, :, None]
-        i_a_7 = f_a_1 * rstd3 * dw_a_5
-        i_b_8 = f_b_2 * rstd3 * dw_b_6
-        k_a_9 = round_to_bf16(i_a_7).to(tl.float32)
-        k_b_10 = round_to_bf16(i_b_8).to(tl.float32)
-        cosr16 = round_to_bf16(cos14).to(tl.float32)
-        sinr17 = round_to_bf16(sin15).to(tl.float32)
-        m_a_18 = round_to_bf16(round_to_bf16(k_a_9 * cosr16).to(tl.float32) - round_to_bf16(k_b_10 * sinr17).to(tl.float32)).to(tl.float32)
-        m_b_19 = round_to_bf16(round_to_bf16(k_b_10 * cosr16).to(tl.float32) + round_to_bf16(k_a_9 * sinr17).to(tl.float32)).to(tl.float32)
-        obase20 = out0_ptr + tok64[:, None, None] * out0_stride + hh * 128
-        tl.store(obase20 + cols64, round_to_bf16(m_a_18), mask=hmask)
-        tl.store(obase20 + (64 + cols64), round_to_bf16(m_b_19), mask=hmask)
+        i_a_7 = round_to_bf16(round_to_bf16(f_a_1 * rstd3).to(tl.float32) * dw_a_5).to(tl.float32)
+        i_b_8 = round_to_bf16(round_to_bf16(f_b_2 * rstd3).to(tl.float32) * dw_b_6).to(tl.float32)
+        cosr14 = round_to_bf16(cos12).to(tl.float32)
+        sinr15 = round_to_bf16(sin13).to(tl.float32)
+        k_a_16 = round_to_bf16(round_to_bf16(i_a_7 * cosr14).to(tl.float32) - round_to_bf16(i_b_8 * sinr15).to(tl.float32)).to(tl.float32)
+        k_b_17 = round_to_bf16(round_to_bf16(i_b_8 * cosr14).to(tl.float32) + round_to_bf16(i_a_7 * sinr15).to(tl.float32)).to(tl.float32)
+        obase18 = out0_ptr + tok64[:, None, None] * out0_stride + hh * 128
+        tl.store(obase18 + cols64, round_to_bf16(k_a_16), mask=hmask)
+        tl.store(obase18 + (64 + cols64), round_to_bf16(k_b_17), mask=hmask)
         hh = 16 + tl.arange(0, 16)[None, :, None]
         hmask = tmask[:, None, None]
-        f_a_21 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        f_b_22 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq24 = tl.sum(f_a_21 * f_a_21, 2) + tl.sum(f_b_22 * f_b_22, 2)
-        rstd23 = tl.rsqrt(sumsq24 / 128 + 1e-06)[:, :, None]
-        i_a_25 = f_a_21 * rstd23 * dw_a_5
-        i_b_26 = f_b_22 * rstd23 * dw_b_6
-        k_a_27 = round_to_bf16(i_a_25).to(tl.float32)
-        k_b_28 = round_to_bf16(i_b_26).to(tl.float32)
-        cosr29 = round_to_bf16(cos14).to(tl.float32)
-        sinr30 = round_to_bf16(sin15).to(tl.float32)
-        m_a_31 = round_to_bf16(round_to_bf16(k_a_27 * cosr29).to(tl.float32) - round_to_bf16(k_b_28 * sinr30).to(tl.float32)).to(tl.float32)
-        m_b_32 = round_to_bf16(round_to_bf16(k_b_28 * cosr29).to(tl.float32) + round_to_bf16(k_a_27 * sinr30).to(tl.float32)).to(tl.float32)
-        obase33 = out0_ptr + tok64[:, None, None] * out0_stride + hh * 128
-        tl.store(obase33 + cols64, round_to_bf16(m_a_31), mask=hmask)
-        tl.store(obase33 + (64 + cols64), round_to_bf16(m_b_32), mask=hmask)
+        f_a_19 = tl.load((row0 + 0 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        f_b_20 = tl.load((row0 + 0 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq22 = tl.sum(f_a_19 * f_a_19, 2) + tl.sum(f_b_20 * f_b_20, 2)
+        rstd21 = tl.rsqrt(sumsq22 / 128 + 1e-06)[:, :, None]
+        i_a_23 = round_to_bf16(round_to_bf16(f_a_19 * rstd21).to(tl.float32) * dw_a_5).to(tl.float32)
+        i_b_24 = round_to_bf16(round_to_bf16(f_b_20 * rstd21).to(tl.float32) * dw_b_6).to(tl.float32)
+        cosr25 = round_to_bf16(cos12).to(tl.float32)
+        sinr26 = round_to_bf16(sin13).to(tl.float32)
+        k_a_27 = round_to_bf16(round_to_bf16(i_a_23 * cosr25).to(tl.float32) - round_to_bf16(i_b_24 * sinr26).to(tl.float32)).to(tl.float32)
+        k_b_28 = round_to_bf16(round_to_bf16(i_b_24 * cosr25).to(tl.float32) + round_to_bf16(i_a_23 * sinr26).to(tl.float32)).to(tl.float32)
+        obase29 = out0_ptr + tok64[:, None, None] * out0_stride + hh * 128
+        tl.store(obase29 + cols64, round_to_bf16(k_a_27), mask=hmask)
+        tl.store(obase29 + (64 + cols64), round_to_bf16(k_b_28), mask=hmask)
         # chain 1: g (8 heads x 128, neox128)
         row1 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        g_a_34 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
-        g_b_35 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
-        sumsq37 = tl.sum(g_a_34 * g_a_34, 2) + tl.sum(g_b_35 * g_b_35, 2)
-        rstd36 = tl.rsqrt(sumsq37 / 128 + 1e-06)[:, :, None]
-        j_a_40 = g_a_34 * rstd36 * ew_a_38
-        j_b_41 = g_b_35 * rstd36 * ew_b_39
-        l_a_42 = round_to_bf16(j_a_40).to(tl.float32)
-        l_b_43 = round_to_bf16(j_b_41).to(tl.float32)
-        cosr44 = round_to_bf16(cos14).to(tl.float32)
-        sinr45 = round_to_bf16(sin15).to(tl.float32)
-        n_a_46 = round_to_bf16(round_to_bf16(l_a_42 * cosr44).to(tl.float32) - round_to_bf16(l_b_43 * sinr45).to(tl.float32)).to(tl.float32)
-        n_b_47 = round_to_bf16(round_to_bf16(l_b_43 * cosr44).to(tl.float32) + round_to_bf16(l_a_42 * sinr45).to(tl.float32)).to(tl.float32)
-        obase48 = out1_ptr + tok64[:, None, None] * out1_stride + hh * 128
-        tl.store(obase48 + cols64, round_to_bf16(n_a_46), mask=hmask)
-        tl.store(obase48 + (64 + cols64), round_to_bf16(n_b_47), mask=hmask)
+        g_a_30 = tl.load((row1 + 4096 + hh * 128) + cols64, mask=hmask, other=0.0).to(tl.float32)
+        g_b_31 = tl.load((row1 + 4096 + hh * 128) + (64 + cols64), mask=hmask, other=0.0).to(tl.float32)
+        sumsq33 = tl.sum(g_a_30 * g_a_30, 2) + tl.sum(g_b_31 * g_b_31, 2)
+        rstd32 = tl.rsqrt(sumsq33 / 128 + 1e-06)[:, :, None]
+        j_a_36 = round_to_bf16(round_to_bf16(g_a_30 * rstd32).to(tl.float32) * ew_a_34).to(tl.float32)
+        j_b_37 = round_to_bf16(round_to_bf16(g_b_31 * rstd32).to(tl.float32) * ew_b_35).to(tl.float32)
+        cosr38 = round_to_bf16(cos12).to(tl.float32)
+        sinr39 = round_to_bf16(sin13).to(tl.float32)
+        l_a_40 = round_to_bf16(round_to_bf16(j_a_36 * cosr38).to(tl.float32) - round_to_bf16(j_b_37 * sinr39).to(tl.float32)).to(tl.float32)
+        l_b_41 = round_to_bf16(round_to_bf16(j_b_37 * cosr38).to(tl.float32) + round_to_bf16(j_a_36 * sinr39).to(tl.float32)).to(tl.float32)
+        obase42 = out1_ptr + tok64[:, None, None] * out1_stride + hh * 128
+        tl.store(obase42 + cols64, round_to_bf16(l_a_40), mask=hmask)
+        tl.store(obase42 + (64 + cols64), round_to_bf16(l_b_41), mask=hmask)
         # chain 2: h (8 heads x 128, plain)
         row2 = a_ptr + tok64[:, None, None] * a_stride
         hh = tl.arange(0, 8)[None, :, None]
         hmask = tmask[:, None, None]
-        obase49 = out2_ptr + tok64[:, None, None] * out2_stride + hh * 128
-        h_p0_50 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
-        tl.store(obase49 + cols128, h_p0_50, mask=hmask)
+        obase43 = out2_ptr + tok64[:, None, None] * out2_stride + hh * 128
+        h_p0_44 = tl.load((row2 + 5120 + hh * 128) + cols128, mask=hmask, other=0.0)
+        tl.store(obase43 + cols128, h_p0_44, mask=hmask)
