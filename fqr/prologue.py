@@ -20,15 +20,17 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from . import ops
 from .backends import resolve_backend
 from .core import Aval, Program, trace
-from .validate import check_prologue_args, check_qk_args
+from .validate import check_norm_stats, check_prologue_args, check_qk_args
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,83 @@ def program_signature(
     return avals, tuple(sorted(static.items()))
 
 
-_PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) per tensor + statics
+# ---------------------------------------------------------------- the shared call path
+
+
+@dataclass(frozen=True, eq=False)
+class FusedOp:
+    """A public fused op as the one shared call path (:func:`call_fused`) sees it.
+
+    ``composition``: the function of :mod:`fqr.ops` traced into the op's program (called with
+    the tensors positionally, None for an absent optional one, and the static arguments by
+    keyword). ``check``: ``check(*tensors, backend=..., **static)`` raises a ``ValueError`` /
+    ``TypeError`` naming the bad argument. ``dims``: per tensor, the names of its leading
+    dimensions in the program (``("T",)`` for a per-token tensor, ``("P",)`` for a table,
+    ``()`` for a weight): those are symbolic, every other dimension is part of the signature.
+    A new public op is its composition, one ``FusedOp`` and an entry point that gathers its
+    tensors and static arguments and returns ``call_fused(...)``.
+    """
+
+    name: str
+    composition: Callable[..., Any]
+    check: Callable[..., None]
+    dims: tuple[tuple[str, ...], ...]
+    programs: dict = field(default_factory=dict, repr=False)  # cheap key -> traced Program
+
+    def signature(self, tensors: Sequence[torch.Tensor | None], static: dict) -> tuple:
+        """``(avals, static items)``: what the traced program depends on."""
+        avals = tuple(Aval.of(t, *d) for t, d in zip(tensors, self.dims))
+        return avals, tuple(sorted(static.items()))
+
+    def program(self, signature: tuple) -> Program:
+        """The composition traced for one :meth:`signature` (memoised)."""
+        return _traced(self.composition, signature)
+
+
+def call_fused(
+    op: FusedOp, tensors: tuple, static: dict, backend: str, rows: torch.Tensor | None = None
+) -> tuple:
+    """The path of every public fused op: check the arguments (named errors before any kernel),
+    look the program up by a cheap key (each tensor's dtype and non-symbolic dims, the static
+    arguments) and trace it on a miss, then run it on ``backend`` (:func:`_launch`). ``rows``:
+    the tensor whose device and token count the call follows (default the first)."""
+    op.check(*tensors, backend=backend, **static)
+    key = (
+        tuple(
+            None if t is None else (t.dtype, t.shape[len(d) :]) for t, d in zip(tensors, op.dims)
+        ),
+        tuple(static.items()),
+    )
+    program = op.programs.get(key)
+    if program is None:
+        program = op.program(op.signature(tensors, static))
+        op.programs[key] = program
+    rows = tensors[0] if rows is None else rows
+    return _launch(program, [t for t in tensors if t is not None], backend, rows)
+
+
+def _check_split(
+    qkv, positions, cache, qw, kw, qb, kb, q_sum_sq, k_sum_sq, *, backend, **static
+) -> None:
+    counts = static.pop("q_count", None), static.pop("k_count", None)
+    stats = None if q_sum_sq is None else NormStats(q_sum_sq, k_sum_sq, *counts)
+    check_prologue_args(qkv, positions, cache, qw, kw, qb, kb, stats, backend=backend, **static)
+
+
+_ROWS, _TABLE, _VECTOR = ("T",), ("P",), ()
+
+SPLIT_QKV_RMSNORM_ROPE = FusedOp(
+    "split_qkv_rmsnorm_rope",
+    attention_prologue,
+    _check_split,
+    (_ROWS, _ROWS, _TABLE) + (_VECTOR,) * 4 + (_ROWS, _ROWS),
+)
+QK_RMSNORM_ROPE = FusedOp(
+    "qk_rmsnorm_rope",
+    qk_norm_rope_prologue,
+    check_qk_args,
+    (_ROWS, _ROWS, _ROWS, _TABLE) + (_VECTOR,) * 4,
+)
 
 
 # ------------------------------------------------------------------------------ the ops
@@ -270,33 +348,13 @@ def split_qkv_rmsnorm_rope(
         norm=norm,
         numerics=numerics,
     )
-    check_prologue_args(
-        qkv,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
-        norm_stats,
-        backend=backend,
-        **static,
-    )
-    static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
-    tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    fast_key = (
-        positions.dtype,
-        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
-        None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
-        tuple(static.values()),
-    )
-    program = _PROGRAMS.get(fast_key)
-    if program is None:
-        program = prologue_program(program_signature(*tensors, norm_stats, **static))
-        _PROGRAMS[fast_key] = program
-    stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
-    args = [t for t in tensors if t is not None] + list(stats)
-    return _launch(program, args, backend, qkv)
+    stats: tuple = (None, None)
+    if norm_stats is not None:
+        check_norm_stats(norm_stats)
+        stats = (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
+        static.update(q_count=norm_stats.q_count, k_count=norm_stats.k_count)
+    tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, *stats)
+    return call_fused(SPLIT_QKV_RMSNORM_ROPE, tensors, static, backend)
 
 
 def qk_rmsnorm_rope(
@@ -322,34 +380,15 @@ def qk_rmsnorm_rope(
     ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
     new contiguous ``q`` and ``k`` in q's dtype.
     """
-    check_qk_args(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
+    static = dict(
         head_dim=head_dim,
         eps=eps,
         is_neox=is_neox,
         weight_offset=weight_offset,
         numerics=numerics,
-        backend=backend,
-    )
-    static = dict(
-        head_dim=head_dim,
-        eps=float(eps),
-        is_neox=is_neox,
-        weight_offset=float(weight_offset),
-        numerics=numerics,
     )
     tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
-    avals += tuple(Aval.of(t) for t in tensors[4:])
-    program = qk_program((avals, tuple(sorted(static.items()))))
-    return _launch(program, [t for t in tensors if t is not None], backend, q)
+    return call_fused(QK_RMSNORM_ROPE, tensors, static, backend)
 
 
 def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
