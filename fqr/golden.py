@@ -35,13 +35,14 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from . import reference
-from .core import ACTIVATION_DTYPE_NAMES, dtype_of
+from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, DTYPES, dtype_of
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
-from .numerics import Comparison, compare, tolerance_text
+from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
 from .presets import PrologueSpec, get_preset
 from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
+from .variants import SPLIT_QKV, VARIANTS, get_variant
 
 
 def _bundled_golden_dir() -> Path:
@@ -92,6 +93,11 @@ class CaseSpec:
     row_pad: int = 0
     # A peer layout or form (PEER_FORMS): the keyword arguments it adds to the call.
     peer: str | None = None
+    variant: str | None = None  # None: the preset's own (fqr.variants)
+
+    @property
+    def variant_name(self) -> str:
+        return self.variant or get_preset(self.preset).variant
 
     @property
     def name(self) -> str:
@@ -113,6 +119,8 @@ class CaseSpec:
             parts.append("strided")
         if self.peer:
             parts.append(self.peer)
+        if self.variant is not None and self.variant != get_preset(self.preset).variant:
+            parts.append(self.variant)
         return "-".join(parts)
 
     @property
@@ -239,6 +247,8 @@ def select_cases(pattern: str | None = None) -> list[CaseSpec]:
 
 def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
+    if case.variant_name != SPLIT_QKV.name:
+        return _variant_case_tensors(case)
     preset = get_preset(case.preset, case.tp)
     is_neox = preset.is_neox if case.is_neox is None else case.is_neox
     spec = replace(preset.spec, is_neox=is_neox)
@@ -337,6 +347,7 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         "max_position": max_position,
         "positions_dtype": case.positions_dtype,
         "row_stride": qkv.shape[1] + case.row_pad,
+        "variant": SPLIT_QKV.name,
         "tolerance": {
             "q": tolerance_text(case.numerics, dtype),
             "k": tolerance_text(case.numerics, dtype),
@@ -346,6 +357,79 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     if peer is not None:
         entry["peer"] = peer
     return tensors, entry
+
+
+def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """A case of any other variant: its inputs drawn by the variant, the RoPE rows its positions
+    use, and the variant's float64 expectation of each output (``expected_<output>``)."""
+    variant = get_variant(case.variant_name)
+    preset = get_preset(case.preset, case.tp)
+    variant.check(preset)
+    if case.row_pad:
+        raise ValueError(f"case {case.name}: row_pad is a split-qkv case option")
+    dtype = dtype_of(case.dtype)
+    gen = torch.Generator().manual_seed(case.seed)
+    max_position = case.max_position or preset.max_position
+    inputs = variant.draw(
+        preset,
+        case.tokens,
+        dtype,
+        gen,
+        max_position=max_position,
+        positions_dtype=dtype_of(case.positions_dtype),
+        bias=case.bias,
+    )
+    index = torch.unique(inputs["positions"].long())
+    rows = rope_cos_sin_cache(
+        preset.rotary_dim,
+        max_position,
+        preset.rope_theta,
+        scaling=dict(preset.rope_scaling),
+        rows=index,
+    )
+    expected = variant.expected(preset, inputs, _sparse_table(rows, index, max_position))
+    tensors = dict(inputs, cos_sin_index=index, cos_sin_rows=rows)
+    tensors.update((f"expected_{name}", expected[name]) for name in variant.outputs)
+    spec = preset.spec
+    kinds = {name: variant.tolerance(name) for name in variant.outputs}
+    entry = {
+        "name": case.name,
+        "file": f"{case.name}.safetensors",
+        "seed": case.seed,
+        "preset": case.preset,
+        "variant": variant.name,
+        "variant_params": {k: _jsonable(v) for k, v in preset.variant_params},
+        "tp": case.tp,
+        "dtype": case.dtype,
+        "numerics": case.numerics,
+        "tokens": case.tokens,
+        "bias": case.bias,
+        "is_neox": spec.is_neox,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "rotary_dim": spec.rotary_dim,
+        "norm": spec.norm,
+        "norm_stats": False,
+        "eps": spec.eps,
+        "weight_offset": spec.weight_offset,
+        "rope_theta": preset.rope_theta,
+        "max_position": max_position,
+        "positions_dtype": case.positions_dtype,
+        "row_stride": int(inputs["qkv"].shape[1]),
+        "outputs": list(variant.outputs),
+        "tolerance_kinds": kinds,
+        "tolerance": {name: kind_text(kind, case.numerics, dtype) for name, kind in kinds.items()},
+        "tensors": {
+            name: [DTYPE_NAMES.get(x.dtype, str(x.dtype)), list(x.shape)]
+            for name, x in tensors.items()
+        },
+    }
+    return tensors, entry
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _sparse_table(rows: torch.Tensor, index: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -452,9 +536,34 @@ def entry_problem(entry) -> str | None:
         check_finite_scalar("'weight_offset'", entry.get("weight_offset"))
     except (TypeError, ValueError) as e:
         return str(e)
+    variant = entry.get("variant", SPLIT_QKV.name)
+    if variant not in VARIANTS:
+        return f"'variant' must be one of {', '.join(VARIANTS)}, got {variant!r:.40}"
+    outputs = ("q", "k", "v")
+    if variant != SPLIT_QKV.name:
+        outputs = tuple(VARIANTS[variant].outputs)
+        if entry.get("outputs") != list(outputs):
+            got = entry.get("outputs")
+            return f"'outputs' must be {list(outputs)} (variant {variant}), got {got!r:.60}"
+        kinds = entry.get("tolerance_kinds")
+        if not (isinstance(kinds, dict) and all(isinstance(kinds.get(k), str) for k in outputs)):
+            return f"'tolerance_kinds' must map {', '.join(outputs)} to a kind, got {kinds!r:.60}"
+        tensors = entry.get("tensors")
+        if not (
+            isinstance(tensors, dict)
+            and all(
+                isinstance(v, list)
+                and len(v) == 2
+                and v[0] in DTYPES
+                and isinstance(v[1], list)
+                and all(type(n) is int and n >= 0 for n in v[1])
+                for v in tensors.values()
+            )
+        ):
+            return f"'tensors' must map names to [dtype, shape], got {tensors!r:.60}"
     tol = entry.get("tolerance")
-    if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in "qkv")):
-        return f"'tolerance' must map q, k and v to text, got {tol!r:.60}"
+    if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in outputs)):
+        return f"'tolerance' must map {', '.join(outputs)} to text, got {tol!r:.60}"
     problem = _peer_problem(entry)
     if problem is not None:
         return problem
@@ -466,9 +575,14 @@ def entry_problem(entry) -> str | None:
     if entry["max_position"] < 1:
         return "'max_position' must be >= 1"
     try:
-        get_preset(entry["preset"], entry["tp"])
+        preset = get_preset(entry["preset"], entry["tp"])
     except (KeyError, ValueError) as e:
         return f"'preset': {e}"
+    if variant != SPLIT_QKV.name:
+        try:
+            VARIANTS[variant].check(preset)
+        except ValueError as e:
+            return f"'variant': {e}"
     return None
 
 
@@ -758,7 +872,93 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     return None
 
 
-def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> GoldenCase:
+def _variant_tensor_problem(entry: dict, t: dict) -> str | None:
+    """Why the file's tensors do not match a variant entry's ``tensors`` record, or None."""
+    want = entry["tensors"]
+    for name, (dtype, shape) in want.items():
+        if name not in t:
+            return f"no tensor {name!r}"
+        if list(t[name].shape) != shape or DTYPE_NAMES.get(t[name].dtype) != dtype:
+            return (
+                f"tensor {name!r} is {DTYPE_NAMES.get(t[name].dtype, t[name].dtype)} "
+                f"{list(t[name].shape)}, the entry says {dtype} {shape}"
+            )
+    extra = sorted(set(t) - set(want))
+    if extra:
+        return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
+    for name in ("positions", "cos_sin_index", "cos_sin_rows"):
+        if name not in t:
+            return f"no tensor {name!r}"
+    for name in entry["outputs"]:
+        if f"expected_{name}" not in t:
+            return f"no tensor 'expected_{name}'"
+    index = t["cos_sin_index"]
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= entry["max_position"]):
+        return (
+            f"tensor 'cos_sin_index' names rows outside [0, max_position={entry['max_position']})"
+        )
+    if not torch.isin(t["positions"].long(), index.long()).all():
+        return "tensor 'positions' names RoPE rows the file does not hold (cos_sin_index)"
+    return None
+
+
+@dataclass
+class VariantCase:
+    """One loaded case of a variant other than split-qkv: its named inputs, the RoPE table
+    (NaN in every row the case does not use) and the expectation of each output."""
+
+    entry: dict
+    inputs: dict[str, torch.Tensor]
+    cos_sin_cache: torch.Tensor
+    expected: dict[str, torch.Tensor]
+
+    @property
+    def name(self) -> str:
+        return self.entry["name"]
+
+    @property
+    def preset(self):
+        return get_preset(self.entry["preset"], self.entry["tp"])
+
+    @property
+    def variant(self):
+        return get_variant(self.entry["variant"])
+
+    def to(self, device) -> VariantCase:
+        """The inputs on ``device`` (expectations stay on the CPU)."""
+        moved = {k: x.to(device) for k, x in self.inputs.items()}
+        return VariantCase(self.entry, moved, self.cos_sin_cache.to(device), self.expected)
+
+    def run(self, backend: str = "reference") -> tuple[torch.Tensor, ...]:
+        """The variant's public op on this case's inputs."""
+        return self.variant.run(
+            self.preset,
+            self.inputs,
+            self.cos_sin_cache,
+            numerics=self.entry["numerics"],
+            backend=backend,
+        )
+
+    def check(self, *outputs: torch.Tensor) -> dict[str, Comparison]:
+        """Each output against its expectation under its tolerance kind."""
+        names, variant, preset = self.entry["outputs"], self.variant, self.preset
+        if len(outputs) != len(names):
+            raise ValueError(f"{self.name}: {len(outputs)} outputs, the case has {len(names)}")
+        return {
+            name: compare_kind(
+                self.entry["tolerance_kinds"][name],
+                out,
+                self.expected[name],
+                head_dim=variant.head_dim(preset, name),
+                numerics=self.entry["numerics"],
+            )
+            for name, out in zip(names, outputs)
+        }
+
+
+def load_case(
+    name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR
+) -> GoldenCase | VariantCase:
     """Load a case (by name or manifest entry). Raises :class:`GoldenCorrupt` naming the file
     and the reason for anything that makes the case unusable (the checks of :func:`list_cases`,
     then the file: a regular file inside ``directory``, its sha256, its tensors)."""
@@ -799,9 +999,20 @@ def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> 
         t = load_safetensors(data)
     except SafetensorError as e:
         raise GoldenCorrupt(f"{path}: not a safetensors file ({e})") from None
-    problem = _tensor_problem(entry, t)
+    variant = entry.get("variant", SPLIT_QKV.name)
+    check = _tensor_problem if variant == SPLIT_QKV.name else _variant_tensor_problem
+    problem = check(entry, t)
     if problem is not None:
         raise GoldenCorrupt(f"{path}: {problem}")
+    if variant != SPLIT_QKV.name:
+        table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+        expected = {name: t[f"expected_{name}"] for name in entry["outputs"]}
+        inputs = {
+            k: x
+            for k, x in t.items()
+            if not k.startswith("expected_") and k not in ("cos_sin_rows", "cos_sin_index")
+        }
+        return VariantCase(entry, inputs, table, expected)
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
     buffer[:, : qkv.shape[1]] = qkv

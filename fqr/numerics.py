@@ -174,3 +174,39 @@ def compare(
     bad = int((~ok).sum()) + 0
     passed = bad == 0 and nonfinite == 0
     return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol)
+
+
+# The tolerance kinds an output of a prologue variant is held to (``Variant.tolerance``): the
+# contract above for computed values, bit for bit for copies. A new kind (FP8, cache contents)
+# is one entry here, a function with :func:`compare`'s signature.
+TOLERANCE_KINDS = {
+    "contract": lambda out, exact, *, head_dim, numerics: compare(
+        out, exact, head_dim=head_dim, numerics=numerics
+    ),
+    "bitwise": lambda out, exact, *, head_dim, numerics: compare(
+        out, exact, head_dim=head_dim, bitwise=True
+    ),
+}
+
+
+def compare_kind(
+    kind: str, out: torch.Tensor, exact: torch.Tensor, *, head_dim: int, numerics: str = "fused"
+) -> Comparison:
+    """Compare one output with its expectation under the tolerance ``kind``
+    (:data:`TOLERANCE_KINDS`)."""
+    try:
+        rule = TOLERANCE_KINDS[kind]
+    except KeyError:
+        raise ValueError(
+            f"unknown tolerance kind {kind!r}; choose from {', '.join(TOLERANCE_KINDS)}"
+        ) from None
+    return rule(out, exact, head_dim=head_dim, numerics=numerics)
+
+
+def kind_text(kind: str, numerics: str, dtype: torch.dtype) -> str:
+    """The manifest's text for an output held to ``kind``."""
+    return (
+        tolerance_text(numerics, dtype)
+        if kind == "contract"
+        else {"bitwise": "bit-exact"}.get(kind, kind)
+    )
