@@ -93,6 +93,9 @@ def main() -> int:
     print()
     for row in doc["rows"]:
         r = row["impls"]["fqr"]
+        if "device_pct" not in r:
+            print(f"{row['preset']:9s} T={row['tokens']:6d}: {r.get('error', 'no measurement')}")
+            continue
         print(
             f"{row['preset']:9s} T={row['tokens']:6d}: device {r['device_pct']:.1f}% "
             f"wall {r['wall_pct']:.1f}% of {doc['ceiling']['gbps']:.0f} GB/s"
