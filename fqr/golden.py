@@ -245,6 +245,19 @@ def select_cases(pattern: str | None = None) -> list[CaseSpec]:
     return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
 
 
+def _table_rows_used(preset, positions: torch.Tensor, max_position: int):
+    """The distinct positions a case reads and their rows of the preset's RoPE table."""
+    index = torch.unique(positions.long())
+    rows = rope_cos_sin_cache(
+        preset.rotary_dim,
+        max_position,
+        preset.rope_theta,
+        scaling=dict(preset.rope_scaling),
+        rows=index,
+    )
+    return index, rows
+
+
 def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
     if case.variant_name != SPLIT_QKV.name:
@@ -299,14 +312,7 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
             preset.total_kv_heads * d,
         )
 
-    index = torch.unique(positions.long())
-    rows = rope_cos_sin_cache(
-        preset.rotary_dim,
-        max_position,
-        preset.rope_theta,
-        scaling=dict(preset.rope_scaling),
-        rows=index,
-    )
+    index, rows = _table_rows_used(preset, positions, max_position)
     table = None
     if peer is None or peer["rope"]:
         tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
@@ -379,14 +385,7 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
         positions_dtype=dtype_of(case.positions_dtype),
         bias=case.bias,
     )
-    index = torch.unique(inputs["positions"].long())
-    rows = rope_cos_sin_cache(
-        preset.rotary_dim,
-        max_position,
-        preset.rope_theta,
-        scaling=dict(preset.rope_scaling),
-        rows=index,
-    )
+    index, rows = _table_rows_used(preset, inputs["positions"], max_position)
     expected = variant.expected(preset, inputs, _sparse_table(rows, index, max_position))
     tensors = dict(inputs, cos_sin_index=index, cos_sin_rows=rows)
     tensors.update((f"expected_{name}", expected[name]) for name in variant.outputs)
