@@ -7,10 +7,13 @@ Everything happens in one process (so one device command yields the whole table)
     fqr bench --from-json b.json --plot b.png        # later, anywhere (no GPU needed)
 
 The table (stdout) has one row per (preset, dtype, tokens): fqr's median kernel time, its
-achieved bandwidth over the minimal traffic, % of the same-run copy ceiling, CUDA-graph replay
-time and host dispatch cost (tokens <= 256), and the speed-up over each peer. Progress goes to
-stderr. Exit 0 when every implementation passed its numerics check, 1 when one did not (it is
-reported, not timed), 2 on bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
+achieved bandwidth over the minimal traffic, % of the same-run copy ceiling, device time
+(CUDA-graph replays over rotating inputs) and wall time with host dispatch, each with its own %
+of the ceiling, host dispatch cost (tokens <= 256), and the speed-up over each peer; then the
+dispatch table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``,
+``F.rms_norm`` and a bare Triton launch). Progress goes to stderr. Exit 0 when every
+implementation passed its numerics check, 1 when one did not (it is reported, not timed), 2 on
+bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fqr.bench import (
 from fqr.bench.report import (
     FAILED_CELLS,
     MissingPlotter,
+    dispatch_table,
     failure_lines,
     matplotlib_missing,
     plot_document,
@@ -262,6 +266,9 @@ def _report(doc: dict, json_out: bool, plot: Path | None, from_json: bool) -> No
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         print_table(rich_table(results_table(doc), FAILED_CELLS))
+        dispatch = dispatch_table(doc)
+        if dispatch is not None:
+            print_table(rich_table(dispatch, FAILED_CELLS))
     for line in timing_notes(doc):
         err.print(f"[yellow]not measured:[/yellow] {escape(line)}", highlight=False)
     for line in failure_lines(doc):

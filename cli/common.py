@@ -6,13 +6,15 @@ Data goes to stdout (``out``), progress and messages to stderr (``err``). Exit c
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
 app = typer.Typer(
     name="fqr",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     help="Fused QKV-split + RMSNorm + RoPE: verify, lower, benchmark and run across ranks.",
 )
@@ -36,6 +38,21 @@ def parse_csv(value: str, name: str, cast=str) -> list:
     return items
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fqr._version import __version__
+
+        out.print(f"fqr {__version__}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print fqr's version"
+        ),
+    ] = False,
+) -> None:
     """Fused QKV-split + RMSNorm + RoPE: verify, lower, benchmark and run across ranks."""

@@ -10,6 +10,7 @@ from typing import Annotated
 import torch
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from .common import app, out
 
@@ -24,7 +25,12 @@ def _version(dist: str) -> str | None:
 def _facts() -> dict:
     import os
 
+    from fqr._version import __version__
+    from fqr.lowering.loader import cache_dir
+
     facts = {
+        "fqr": __version__,
+        "kernel_cache": str(cache_dir()),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": _version("triton"),
@@ -54,7 +60,7 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="print JSON")] 
         return
     env = Table(title="environment", show_header=False)
     for k, v in facts.items():
-        env.add_row(k, str(v if v not in (None, [], "") else "-"))
+        env.add_row(k, Text(str(v if v not in (None, [], "") else "-")))
     out.print(env)
     tb = Table(title="backends")
     tb.add_column("backend")
@@ -62,6 +68,6 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="print JSON")] 
     for name, status in backends.items():
         tb.add_row(
             name,
-            "[green]available[/green]" if status == "available" else f"[yellow]{status}[/yellow]",
+            Text(status, style="green" if status == "available" else "yellow"),
         )
     out.print(tb)

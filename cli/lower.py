@@ -74,7 +74,7 @@ def lower(
     """Trace the prologue of PRESET and emit its fused Triton kernel for TARGET."""
     from fqr import get_preset
     from fqr.lowering import kernel_source
-    from fqr.prologue import preset_program
+    from fqr.variants import program_of
 
     check_choice("--target", target, TARGET_NAMES)
     check_choice("--numerics", numerics, NUMERICS)
@@ -96,7 +96,7 @@ def lower(
         raise UsageError("--preset is required (e.g. --preset qwen3-8b)")
     tp = 1 if tp is None else tp
     p = get_preset(preset, tp)
-    program = preset_program(
+    program = program_of(
         p, parse_dtype(dtype), numerics=numerics, bias=bias, sharded_full_norm=tp > 1
     )
     if ir:

@@ -48,8 +48,8 @@ def verify_one(case, backend: str) -> dict:
     """Run ``backend`` on a loaded case: a result row (status, errors, per-output details)."""
     row = {"case": case.name, "backend": backend}
     try:
-        q, k, v = case.to(BACKENDS[backend].home_device).run(backend)
-        checks = case.check(q, k, v)
+        outputs = case.to(BACKENDS[backend].home_device).run(backend)
+        checks = case.check(*outputs)
     except Exception as e:  # a backend that raises fails the check; the row says why
         return row | {
             "status": "error",

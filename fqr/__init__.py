@@ -13,6 +13,7 @@ from . import (
     ops,
     presets,
 )
+from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .presets import PRESETS, get_preset
@@ -20,6 +21,7 @@ from .prologue import NormStats, attention_prologue, qk_rmsnorm_rope, split_qkv_
 from .rope_cache import rope_cos_sin_cache
 
 __all__ = [
+    "__version__",
     "split_qkv_rmsnorm_rope",
     "qk_rmsnorm_rope",
     "attention_prologue",

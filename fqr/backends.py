@@ -56,7 +56,7 @@ class Backend:
     _availability: Callable[[], str | None]  # None when available, else the reason
     # Called once before the first lowering (a target registered outside fqr.lowering).
     prepare: Callable[[], object] | None = None
-    _runner: Callable[[Program, list], list] = field(init=False, repr=False)
+    _runner: Callable[..., list] = field(init=False, repr=False)
 
     def __post_init__(self):
         runner = (
@@ -90,17 +90,42 @@ class Backend:
         if reason:
             raise BackendUnavailable(f"{named} is unavailable: {reason}")
 
-    def launch(self, program: Program, args: list) -> list[torch.Tensor]:
+    def bind(self, program: Program) -> Callable[..., list[torch.Tensor]]:
+        """:meth:`launch` for one program, with the program's kernels looked up once: the
+        per-call path of the public ops (the kernels are lowered on the first call)."""
+        runner = self._runner
+        kernels_of = getattr(runner, "kernels_of", None)
+
+        def launch(args: list, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+            if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+                if out is not None:
+                    raise ValueError("out= cannot record gradients: pass inputs without grad")
+                return list(DifferentiableRun.apply(runner, program, *args))
+            if kernels_of is None:
+                return runner(program, args) if out is None else runner(program, args, out)
+            return kernels_of(program).launch(args, out, donate=True)
+
+        return launch
+
+    def launch(
+        self, program: Program, args: list, out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
-        An input the program updates (:meth:`fqr.core.Program.aliases`: a paged cache) is
-        donated: it is updated in place, and the output is that tensor.
+        ``out``: ``[T, width]`` tensors (rows may be strided, e.g. views into the packed input
+        for an in-place call) the outputs are written into and returned as. An input the
+        program updates (:meth:`fqr.core.Program.aliases`: a paged cache) is donated: it is
+        updated in place, and the output is that tensor.
 
         Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
-        (:class:`DifferentiableRun`): the same policy on every backend."""
+        (:class:`DifferentiableRun`): the same policy on every backend (not with ``out``)."""
         if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            if out is not None:
+                raise ValueError("out= cannot record gradients: pass inputs without grad")
             return list(DifferentiableRun.apply(self._runner, program, *args))
-        return self._runner(program, args)
+        if out is None:
+            return self._runner(program, args)
+        return self._runner(program, args, out)
 
 
 @functools.cache
@@ -200,14 +225,20 @@ def chunk_args(program: Program, args: list, rows: slice) -> list:
     return [a[rows] if i else a for a, i in zip(args, _token_indexed(program))]
 
 
-def _run_reference(program: Program, args: list) -> list:
+def _run_reference(program: Program, args: list, out: list | None = None) -> list:
     """The primitives' impl rules in fp32, chunk by chunk over the tokens: only one chunk's
     fp32 intermediates live at a time, so the peak is the outputs plus a bounded working set
-    (one whole-batch evaluation peaks near 8.5x the qkv bytes)."""
+    (one whole-batch evaluation peaks near 8.5x the qkv bytes). ``out``: write there (each
+    chunk's rows are read before they are written, so ``out`` may alias the inputs' rows)."""
     slices = token_slices(program, args)
     if slices is None:
-        return _donate(program, args, eval_program(program, args, torch.float32))
-    tokens, outs = slices[-1].stop, None
+        part = _donate(program, args, eval_program(program, args, torch.float32))
+        if out is None:
+            return part
+        for o, p in zip(out, part):
+            o.copy_(p)
+        return out
+    tokens, outs = slices[-1].stop, out
     for rows in slices:
         part = eval_program(program, chunk_args(program, args, rows), torch.float32)
         if outs is None:
@@ -297,18 +328,22 @@ class DifferentiableRun(torch.autograd.Function):
 
 
 def _kernel_runner(target: str, register: Callable[[], object] | None = None):
-    kernels: dict[int, object] = {}  # id(program) -> Kernel; programs are cached, ids stable
+    variants: dict[int, object] = {}  # id(program) -> KernelsByTokens; programs are cached
 
-    def run(program: Program, args: list) -> list:
-        kernel = kernels.get(id(program))
-        if kernel is None or kernel.program is not program:
-            from .lowering import lower
+    def kernels_of(program: Program):
+        found = variants.get(id(program))
+        if found is None or found.program is not program:
+            from .lowering import lower_by_tokens
 
             if register is not None:
                 register()
-            kernel = kernels[id(program)] = lower(program, target=target)
-        return kernel.launch(args, donate=True)
+            found = variants[id(program)] = lower_by_tokens(program, target=target)
+        return found
 
+    def run(program: Program, args: list, out: list | None = None) -> list:
+        return kernels_of(program).launch(args, out, donate=True)
+
+    run.kernels_of = kernels_of  # type: ignore[attr-defined]
     return run
 
 

@@ -483,7 +483,12 @@ class Primitive:
         # round once to the output dtype (the fused contract, one op at a time).
         avals = [None if a is None else Aval(tuple(a.shape), a.dtype) for a in args]
         out_avals = self.abstract(*avals, **params)
-        ins = [None if a is None else _upcast(a, torch.float32) for a in args]
+        facts = self.facts(*avals, **params) if self.facts is not None else None
+        roles = facts.operands if isinstance(facts, HeadOp) else (None,) * len(args)
+        ins = [  # a table stays in its dtype: the impl gathers rows, then casts them
+            None if a is None else a if role is Role.TABLE else _upcast(a, torch.float32)
+            for a, role in zip(args, roles)
+        ]
         out = self.impl(*ins, **params)
         if not self.multiple_results:
             return out.to(out_avals.dtype)
@@ -657,14 +662,20 @@ def eval_program(
 
     Floating inputs are upcast to ``compute_dtype`` (never downcast: float64 inputs stay float64)
     and every intermediate stays there; outputs are rounded once to their declared dtype. This is
-    the ``fused`` numerics contract; explicit ``reduce_precision`` equations add the roundings of
-    the ``unfused`` mode. ``args`` holds one entry per non-None program input, in order.
+    the ``fused`` numerics contract; rounding equations (``reduce_precision``, and the
+    ``round_to`` of ``rms_norm`` / ``rope``) add the roundings of the ``unfused`` mode.
+    ``args`` holds one entry per non-None program input, in order.
+
+    An input that every equation reads as a :attr:`Role.TABLE` stays in its own dtype: the impl
+    gathers the rows it needs, then casts them (a 262,144-row bf16 RoPE table is never copied
+    to fp32 whole for a one-token call).
     """
     if len(args) != len(program.inputs):
         raise TypeError(f"program takes {len(program.inputs)} inputs, got {len(args)}")
     env: dict[int, torch.Tensor] = {}
+    tables = _table_inputs(program)
     for var, a in zip(program.inputs, args):
-        env[id(var)] = _upcast(a, compute_dtype)
+        env[id(var)] = a if id(var) in tables else _upcast(a, compute_dtype)
     for e in program.eqns:
         assert e.prim.impl is not None, f"{e.prim.name} has no impl rule"
         ins = [None if v is None else env[id(v)] for v in e.inputs]
@@ -673,6 +684,25 @@ def eval_program(
         for v, o in zip(e.outputs, outs):
             env[id(v)] = o
     return [env[id(v)].to(v.aval.dtype) for v in program.outputs]
+
+
+def _table_roles(eqn: Eqn) -> list[bool]:
+    """For each operand of ``eqn``: whether its facts read it as a gathered :attr:`Role.TABLE`."""
+    facts = eqn.facts()
+    if not isinstance(facts, HeadOp):
+        return [False] * len(eqn.inputs)
+    return [role is Role.TABLE for role in facts.operands]
+
+
+def _table_inputs(program: Program) -> set[int]:
+    """ids of the program inputs that are read only as tables (never upcast whole)."""
+    tables: set[int] = set()
+    others: set[int] = set()
+    for e in program.eqns:
+        for v, is_table in zip(e.inputs, _table_roles(e)):
+            if v is not None:
+                (tables if is_table else others).add(id(v))
+    return tables - others
 
 
 def _upcast(x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:

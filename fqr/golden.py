@@ -35,16 +35,29 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from . import reference
-from .core import ACTIVATION_DTYPE_NAMES, dtype_of
+from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, DTYPES, dtype_of
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
-from .numerics import Comparison, compare, tolerance_text
+from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
 from .presets import PrologueSpec, get_preset
 from .prologue import NormStats
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
+from .variants import SPLIT_QKV, VARIANTS, get_variant
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+
+def _bundled_golden_dir() -> Path:
+    """Where the bundled goldens are: the repository's top-level ``golden/`` in a source
+    checkout (or an editable install), else ``fqr/golden_data`` inside the installed package
+    (the build maps ``golden/`` there: pyproject.toml ``[tool.setuptools.package-dir]``)."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "golden"
+    if (checkout / MANIFEST).is_file():
+        return checkout
+    return package / "golden_data"
+
+
 MANIFEST = "manifest.json"
+GOLDEN_DIR = _bundled_golden_dir()
 FORMAT = "fqr-golden/1"
 
 
@@ -78,6 +91,13 @@ class CaseSpec:
     max_position: int | None = None
     positions_dtype: str = "int64"
     row_pad: int = 0
+    # A peer layout or form (PEER_FORMS): the keyword arguments it adds to the call.
+    peer: str | None = None
+    variant: str | None = None  # None: the preset's own (fqr.variants)
+
+    @property
+    def variant_name(self) -> str:
+        return self.variant or get_preset(self.preset).variant
 
     @property
     def name(self) -> str:
@@ -97,6 +117,10 @@ class CaseSpec:
             parts.append("i32")
         if self.row_pad:
             parts.append("strided")
+        if self.peer:
+            parts.append(self.peer)
+        if self.variant is not None and self.variant != get_preset(self.preset).variant:
+            parts.append(self.variant)
         return "-".join(parts)
 
     @property
@@ -141,13 +165,103 @@ CASES: tuple[CaseSpec, ...] = (
 )
 
 
+# The peer layouts and forms (issue 18): the keyword arguments of fqr.split_qkv_rmsnorm_rope each
+# adds, as stored in a manifest entry's "peer" (absent: none). "rope": False is a layer without
+# RoPE (cos_sin_cache=None); v_heads/v_dim scale v's head count and head_dim against k's.
+PEER_FORMS: dict[str, dict] = {
+    "nope": {"rope": False},
+    "vheads": {"v_heads": 0.5, "v_dim": 1.5},
+    "padded": {"head_pad": 16},
+    "inplace": {"inplace": True},
+}
+PEER_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, peer="nope"),
+    CaseSpec("gemma3-1b", "fp16", 1, "unfused", peer="nope"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=2, peer="vheads"),
+    CaseSpec("qwen3-8b", "fp16", 7, tp=8, row_pad=8, peer="padded"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, row_pad=16, peer="inplace"),
+    CaseSpec("qwen3.5-27b", "bf16", 1, "unfused", tp=8, is_neox=False, peer="inplace"),
+)
+CASES += PEER_CASES
+
+
+def peer_kwargs(entry: dict) -> dict:
+    """The layout and form arguments of a manifest entry's call (none without "peer")."""
+    peer = entry.get("peer") or {}
+    return {
+        k: peer[k] for k in ("num_v_heads", "v_head_dim", "head_stride", "inplace") if k in peer
+    }
+
+
+def row_width(entry: dict) -> int:
+    """Width of the packed row an entry describes (its layout, padding of each head included)."""
+    peer = entry.get("peer") or {}
+    hq, hkv, d = entry["num_heads"], entry["num_kv_heads"], entry["head_dim"]
+    hv, dv = peer.get("num_v_heads", hkv), peer.get("v_head_dim", d)
+    if peer.get("head_stride"):
+        return (hq + hkv + hv) * peer["head_stride"]
+    return (hq + hkv) * d + hv * dv
+
+
+def _peer_entry(case: CaseSpec, spec: PrologueSpec) -> dict | None:
+    """The manifest's "peer" field of a case: its call arguments, concrete for its shapes."""
+    if case.peer is None:
+        return None
+    form, d, hkv = PEER_FORMS[case.peer], spec.head_dim, spec.num_kv_heads
+    peer: dict = {"rope": form.get("rope", True)}
+    if "v_heads" in form:
+        peer["num_v_heads"] = max(1, int(hkv * form["v_heads"]))
+        peer["v_head_dim"] = int(d * form["v_dim"])
+    if "head_pad" in form:
+        peer["head_stride"] = d + form["head_pad"]
+    if form.get("inplace"):
+        peer["inplace"] = True
+    return peer
+
+
+def _peer_qkv(entry: dict, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """A packed row of the entry's layout: fresh values where heads are, NaN in head padding."""
+    e, t = entry, entry["tokens"]
+    kw = peer_kwargs(e)
+    sections = reference.qkv_sections(
+        e["num_heads"],
+        e["num_kv_heads"],
+        e["head_dim"],
+        num_v_heads=kw.get("num_v_heads"),
+        v_head_dim=kw.get("v_head_dim"),
+        head_stride=kw.get("head_stride"),
+    )
+    row = torch.full((t, row_width(e)), float("nan"), dtype=torch.float64)
+    for sec in sections:
+        scale = 0.5 + 2.5 * torch.rand(sec.heads, generator=gen, dtype=torch.float64)
+        heads = torch.randn(t, sec.heads, sec.head_dim, generator=gen, dtype=torch.float64)
+        for h, (start, end) in enumerate(sec.head_columns()):
+            row[:, start:end] = heads[:, h] * scale[h]
+    return row.to(dtype)
+
+
 def select_cases(pattern: str | None = None) -> list[CaseSpec]:
     """The case specs whose name matches the glob ``pattern`` (all when None)."""
     return [c for c in CASES if pattern is None or fnmatch.fnmatchcase(c.name, pattern)]
 
 
+def _table_rows_used(preset, positions: torch.Tensor, max_position: int):
+    """The distinct positions a case reads and their rows of the preset's RoPE table."""
+    index = torch.unique(positions.long())
+    rows = rope_cos_sin_cache(
+        preset.rotary_dim,
+        max_position,
+        preset.rope_theta,
+        scaling=dict(preset.rope_scaling),
+        rows=index,
+    )
+    return index, rows
+
+
 def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
+    if case.variant_name != SPLIT_QKV.name:
+        return _variant_case_tensors(case)
     preset = get_preset(case.preset, case.tp)
     is_neox = preset.is_neox if case.is_neox is None else case.is_neox
     spec = replace(preset.spec, is_neox=is_neox)
@@ -156,7 +270,12 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     t, d = case.tokens, spec.head_dim
     max_position = case.max_position or preset.max_position
 
-    qkv = random_qkv(spec, t, dtype, gen)
+    peer = _peer_entry(case, spec)
+    if peer is None:
+        qkv = random_qkv(spec, t, dtype, gen)
+    else:
+        layout = {"num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads}
+        qkv = _peer_qkv(dict(layout, head_dim=d, tokens=t, peer=peer), dtype, gen)
     positions = random_positions(
         t, max_position, gen, dtype=dtype_of(case.positions_dtype), cover_ends=True
     )
@@ -193,16 +312,13 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
             preset.total_kv_heads * d,
         )
 
-    index = torch.unique(positions.long())
-    rows = rope_cos_sin_cache(
-        preset.rotary_dim,
-        max_position,
-        preset.rope_theta,
-        scaling=dict(preset.rope_scaling),
-        rows=index,
-    )
-    tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
-    table = _sparse_table(rows, index, max_position)
+    index, rows = _table_rows_used(preset, positions, max_position)
+    table = None
+    if peer is None or peer["rope"]:
+        tensors["cos_sin_index"], tensors["cos_sin_rows"] = index, rows
+        table = _sparse_table(rows, index, max_position)
+    layout = {} if peer is None else peer_kwargs({"peer": peer})
+    layout.pop("inplace", None)
     q, k, v = reference.prologue(
         qkv,
         positions,
@@ -210,6 +326,7 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         norm["q_weight"],
         norm["k_weight"],
         **spec.kwargs(q_bias=norm["q_bias"], k_bias=norm["k_bias"], norm_stats=norm_stats),
+        **layout,
     )
     tensors.update(expected_q=q, expected_k=k, expected_v=v)
 
@@ -235,14 +352,83 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
         "positions_dtype": case.positions_dtype,
-        "row_stride": spec.qkv_width + case.row_pad,
+        "row_stride": qkv.shape[1] + case.row_pad,
+        "variant": SPLIT_QKV.name,
         "tolerance": {
             "q": tolerance_text(case.numerics, dtype),
             "k": tolerance_text(case.numerics, dtype),
             "v": "bit-exact",
         },
     }
+    if peer is not None:
+        entry["peer"] = peer
     return tensors, entry
+
+
+def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """A case of any other variant: its inputs drawn by the variant, the RoPE rows its positions
+    use, and the variant's float64 expectation of each output (``expected_<output>``)."""
+    variant = get_variant(case.variant_name)
+    preset = get_preset(case.preset, case.tp)
+    variant.check(preset)
+    if case.row_pad:
+        raise ValueError(f"case {case.name}: row_pad is a split-qkv case option")
+    dtype = dtype_of(case.dtype)
+    gen = torch.Generator().manual_seed(case.seed)
+    max_position = case.max_position or preset.max_position
+    inputs = variant.draw(
+        preset,
+        case.tokens,
+        dtype,
+        gen,
+        max_position=max_position,
+        positions_dtype=dtype_of(case.positions_dtype),
+        bias=case.bias,
+    )
+    index, rows = _table_rows_used(preset, inputs["positions"], max_position)
+    expected = variant.expected(preset, inputs, _sparse_table(rows, index, max_position))
+    tensors = dict(inputs, cos_sin_index=index, cos_sin_rows=rows)
+    tensors.update((f"expected_{name}", expected[name]) for name in variant.outputs)
+    spec = preset.spec
+    kinds = {name: variant.tolerance(name) for name in variant.outputs}
+    entry = {
+        "name": case.name,
+        "file": f"{case.name}.safetensors",
+        "seed": case.seed,
+        "preset": case.preset,
+        "variant": variant.name,
+        "variant_params": {k: _jsonable(v) for k, v in preset.variant_params},
+        "tp": case.tp,
+        "dtype": case.dtype,
+        "numerics": case.numerics,
+        "tokens": case.tokens,
+        "bias": case.bias,
+        "is_neox": spec.is_neox,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "rotary_dim": spec.rotary_dim,
+        "norm": spec.norm,
+        "norm_stats": False,
+        "eps": spec.eps,
+        "weight_offset": spec.weight_offset,
+        "rope_theta": preset.rope_theta,
+        "max_position": max_position,
+        "positions_dtype": case.positions_dtype,
+        "row_stride": int(inputs["qkv"].shape[1]),
+        "outputs": list(variant.outputs),
+        "tolerance_kinds": kinds,
+        "tolerance": {name: kind_text(kind, case.numerics, dtype) for name, kind in kinds.items()},
+        "tensors": {
+            name: [DTYPE_NAMES.get(x.dtype, str(x.dtype)), list(x.shape)]
+            for name, x in tensors.items()
+        },
+    }
+    return tensors, entry
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _sparse_table(rows: torch.Tensor, index: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -349,10 +535,38 @@ def entry_problem(entry) -> str | None:
         check_finite_scalar("'weight_offset'", entry.get("weight_offset"))
     except (TypeError, ValueError) as e:
         return str(e)
+    variant = entry.get("variant", SPLIT_QKV.name)
+    if variant not in VARIANTS:
+        return f"'variant' must be one of {', '.join(VARIANTS)}, got {variant!r:.40}"
+    outputs = ("q", "k", "v")
+    if variant != SPLIT_QKV.name:
+        outputs = tuple(VARIANTS[variant].outputs)
+        if entry.get("outputs") != list(outputs):
+            got = entry.get("outputs")
+            return f"'outputs' must be {list(outputs)} (variant {variant}), got {got!r:.60}"
+        kinds = entry.get("tolerance_kinds")
+        if not (isinstance(kinds, dict) and all(isinstance(kinds.get(k), str) for k in outputs)):
+            return f"'tolerance_kinds' must map {', '.join(outputs)} to a kind, got {kinds!r:.60}"
+        tensors = entry.get("tensors")
+        if not (
+            isinstance(tensors, dict)
+            and all(
+                isinstance(v, list)
+                and len(v) == 2
+                and v[0] in DTYPES
+                and isinstance(v[1], list)
+                and all(type(n) is int and n >= 0 for n in v[1])
+                for v in tensors.values()
+            )
+        ):
+            return f"'tensors' must map names to [dtype, shape], got {tensors!r:.60}"
     tol = entry.get("tolerance")
-    if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in "qkv")):
-        return f"'tolerance' must map q, k and v to text, got {tol!r:.60}"
-    width = (entry["num_heads"] + 2 * entry["num_kv_heads"]) * entry["head_dim"]
+    if not (isinstance(tol, dict) and all(isinstance(tol.get(k), str) for k in outputs)):
+        return f"'tolerance' must map {', '.join(outputs)} to text, got {tol!r:.60}"
+    problem = _peer_problem(entry)
+    if problem is not None:
+        return problem
+    width = row_width(entry)
     if entry["row_stride"] < width:
         return f"'row_stride' {entry['row_stride']} is smaller than the qkv width {width}"
     if entry["rotary_dim"] % 2 or entry["rotary_dim"] > entry["head_dim"]:
@@ -360,15 +574,52 @@ def entry_problem(entry) -> str | None:
     if entry["max_position"] < 1:
         return "'max_position' must be >= 1"
     try:
-        get_preset(entry["preset"], entry["tp"])
+        preset = get_preset(entry["preset"], entry["tp"])
     except (KeyError, ValueError) as e:
         return f"'preset': {e}"
+    if variant != SPLIT_QKV.name:
+        try:
+            VARIANTS[variant].check(preset)
+        except ValueError as e:
+            return f"'variant': {e}"
+    return None
+
+
+def _peer_problem(entry: dict) -> str | None:
+    """Why an entry's optional "peer" field is unusable, or None."""
+    if "peer" not in entry:
+        return None
+    peer = entry["peer"]
+    if not isinstance(peer, dict) or not isinstance(peer.get("rope"), bool):
+        return f"'peer' must be an object with a boolean 'rope', got {peer!r:.60}"
+    extra = set(peer) - {"rope", "num_v_heads", "v_head_dim", "head_stride", "inplace"}
+    if extra:
+        return f"'peer' has an unknown field {sorted(extra)[0]!r}"
+    for key in ("num_v_heads", "v_head_dim", "head_stride"):
+        if key in peer and not (type(peer[key]) is int and peer[key] >= 1):
+            return f"'peer.{key}' must be an integer >= 1, got {peer[key]!r:.40}"
+    if "inplace" in peer and peer["inplace"] is not True:
+        return f"'peer.inplace' must be true when present, got {peer['inplace']!r:.40}"
+    if "head_stride" in peer and peer["head_stride"] < max(
+        entry["head_dim"], peer.get("v_head_dim", entry["head_dim"])
+    ):
+        return "'peer.head_stride' is smaller than a head"
     return None
 
 
 def _label(entry, index: int) -> str:
     name = entry.get("name") if isinstance(entry, dict) else None
     return name if isinstance(name, str) and name else f"<manifest entry {index}>"
+
+
+def _inside_installed_package(directory: Path) -> bool:
+    """True when ``directory`` lies inside an installed (site-packages) copy of fqr: nothing is
+    ever written there (``pip uninstall`` would leave it behind)."""
+    package = Path(__file__).resolve().parent
+    if (package.parent / "golden" / MANIFEST).is_file():
+        return False  # a source checkout: the repository's golden/ is the place to regenerate
+    target = directory.resolve()
+    return target == package or package in target.parents
 
 
 def regen(
@@ -383,6 +634,11 @@ def regen(
     Returns the entries written.
     """
     directory = Path(directory)
+    if _inside_installed_package(directory):
+        raise ValueError(
+            f"--dir: {directory} is inside the installed fqr package; regenerate into a "
+            "directory of your own (fqr golden regen --dir DIR, then fqr verify --golden-dir DIR)"
+        )
     specs = select_cases(pattern)
     if not specs:
         raise ValueError(f"pattern {pattern!r} matches no golden case")
@@ -438,7 +694,7 @@ class GoldenCase:
     entry: dict
     qkv_buffer: torch.Tensor  # [T, row_stride]; qkv is its first `width` columns
     positions: torch.Tensor
-    cos_sin_cache: torch.Tensor  # [max_position, R], NaN in every row the case does not use
+    cos_sin_cache: torch.Tensor | None  # [max_position, R], NaN in rows not used; None: no RoPE
     q_weight: torch.Tensor | None
     k_weight: torch.Tensor | None
     q_bias: torch.Tensor | None
@@ -456,8 +712,7 @@ class GoldenCase:
 
     @property
     def qkv(self) -> torch.Tensor:
-        e = self.entry
-        return self.qkv_buffer[:, : (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"]]
+        return self.qkv_buffer[:, : row_width(self.entry)]
 
     def to(self, device) -> GoldenCase:
         """The inputs on ``device`` (expectations stay on the CPU)."""
@@ -518,23 +773,49 @@ class GoldenCase:
 
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (without backend)."""
-        return self.inputs().kwargs(norm_stats=self.norm_stats(), numerics=self.entry["numerics"])
+        return self.inputs().kwargs(
+            norm_stats=self.norm_stats(), numerics=self.entry["numerics"], **peer_kwargs(self.entry)
+        )
 
     def run(self, backend: str = "reference"):
-        """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs."""
+        """``fqr.split_qkv_rmsnorm_rope`` on this case's inputs (an in-place case writes into a
+        copy of the row buffer and returns its views: :meth:`check` reads the copy through
+        them)."""
         from .prologue import split_qkv_rmsnorm_rope
 
-        return split_qkv_rmsnorm_rope(*self.args(), **self.kwargs(), backend=backend)
+        args = self.args()
+        if self.entry.get("peer", {}).get("inplace"):
+            args = (self.qkv_buffer.clone()[:, : row_width(self.entry)], *args[1:])
+        return split_qkv_rmsnorm_rope(*args, **self.kwargs(), backend=backend)
 
     def check(self, q, k, v) -> dict[str, Comparison]:
-        """Compare outputs with the expectations under the case's numerics contract."""
+        """Compare outputs with the expectations under the case's numerics contract; for an
+        in-place case whose outputs are views of the row buffer, also every byte of that
+        buffer outside q and k against the case's input (``"qkv"``, bit for bit)."""
         e = self.entry
         d, numerics = e["head_dim"], e["numerics"]
-        return {
+        checks = {
             "q": compare(q, self.expected_q, head_dim=d, numerics=numerics),
             "k": compare(k, self.expected_k, head_dim=d, numerics=numerics),
             "v": compare(v, self.expected_v, head_dim=d, bitwise=True),
         }
+        if e.get("peer", {}).get("inplace") and q._base is not None:
+            checks["qkv"] = self._untouched(q._base, q.shape[1] + k.shape[1])
+        return checks
+
+    def _untouched(self, written: torch.Tensor, qk_width: int) -> Comparison:
+        """Bytes of ``written`` (the row buffer after an in-place call) outside its first
+        ``qk_width`` columns, against the input, bit for bit (NaN padding included)."""
+        was = self.qkv_buffer
+        if written.shape != was.shape:
+            return Comparison(None, float("inf"), float("inf"), 1, 0, False, "bytes unchanged")
+        ints = {2: torch.int16, 4: torch.int32}[was.element_size()]
+        after = written.detach().cpu()[:, qk_width:].contiguous().view(ints)
+        before = was.cpu()[:, qk_width:].contiguous().view(ints)
+        bad = int((after != before).sum())
+        return Comparison(
+            None, 0.0 if bad == 0 else float("inf"), 0.0, bad, 0, bad == 0, "bytes unchanged"
+        )
 
 
 def _tensor_problem(entry: dict, t: dict) -> str | None:
@@ -543,18 +824,23 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     e = entry
     tokens, d = e["tokens"], e["head_dim"]
     hq, hkv = e["num_heads"] * d, e["num_kv_heads"] * d
+    peer = e.get("peer") or {}
+    v_width = peer.get("num_v_heads", e["num_kv_heads"]) * peer.get("v_head_dim", d)
     dtype = dtype_of(e["dtype"])
     floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     w_len = (d, d) if e["norm"] == "head" else (hq, hkv)
     want: dict[str, tuple[tuple, tuple]] = {
-        "qkv": ((tokens, hq + 2 * hkv), (dtype,)),
+        "qkv": ((tokens, row_width(e)), (dtype,)),
         "positions": ((tokens,), (dtype_of(e["positions_dtype"]),)),
-        "cos_sin_rows": ((None, e["rotary_dim"]), floats),
-        "cos_sin_index": ((None,), (torch.int64, torch.int32)),
         "expected_q": ((tokens, hq), (torch.float64,)),
         "expected_k": ((tokens, hkv), (torch.float64,)),
-        "expected_v": ((tokens, hkv), (dtype,)),
+        "expected_v": ((tokens, v_width), (dtype,)),
     }
+    if peer.get("rope", True):
+        want.update(
+            cos_sin_rows=((None, e["rotary_dim"]), floats),
+            cos_sin_index=((None,), (torch.int64, torch.int32)),
+        )
     if e["norm"] != "none":
         want.update(q_weight=((w_len[0],), floats), k_weight=((w_len[1],), floats))
         if e["bias"]:
@@ -573,6 +859,8 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     extra = sorted(set(t) - set(want))
     if extra:
         return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
+    if "cos_sin_index" not in want:
+        return None
     index, rows = t["cos_sin_index"], t["cos_sin_rows"]
     if rows.shape[0] != index.shape[0]:
         return "tensors 'cos_sin_rows' and 'cos_sin_index' differ in length"
@@ -583,7 +871,93 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
     return None
 
 
-def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> GoldenCase:
+def _variant_tensor_problem(entry: dict, t: dict) -> str | None:
+    """Why the file's tensors do not match a variant entry's ``tensors`` record, or None."""
+    want = entry["tensors"]
+    for name, (dtype, shape) in want.items():
+        if name not in t:
+            return f"no tensor {name!r}"
+        if list(t[name].shape) != shape or DTYPE_NAMES.get(t[name].dtype) != dtype:
+            return (
+                f"tensor {name!r} is {DTYPE_NAMES.get(t[name].dtype, t[name].dtype)} "
+                f"{list(t[name].shape)}, the entry says {dtype} {shape}"
+            )
+    extra = sorted(set(t) - set(want))
+    if extra:
+        return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
+    for name in ("positions", "cos_sin_index", "cos_sin_rows"):
+        if name not in t:
+            return f"no tensor {name!r}"
+    for name in entry["outputs"]:
+        if f"expected_{name}" not in t:
+            return f"no tensor 'expected_{name}'"
+    index = t["cos_sin_index"]
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= entry["max_position"]):
+        return (
+            f"tensor 'cos_sin_index' names rows outside [0, max_position={entry['max_position']})"
+        )
+    if not torch.isin(t["positions"].long(), index.long()).all():
+        return "tensor 'positions' names RoPE rows the file does not hold (cos_sin_index)"
+    return None
+
+
+@dataclass
+class VariantCase:
+    """One loaded case of a variant other than split-qkv: its named inputs, the RoPE table
+    (NaN in every row the case does not use) and the expectation of each output."""
+
+    entry: dict
+    inputs: dict[str, torch.Tensor]
+    cos_sin_cache: torch.Tensor
+    expected: dict[str, torch.Tensor]
+
+    @property
+    def name(self) -> str:
+        return self.entry["name"]
+
+    @property
+    def preset(self):
+        return get_preset(self.entry["preset"], self.entry["tp"])
+
+    @property
+    def variant(self):
+        return get_variant(self.entry["variant"])
+
+    def to(self, device) -> VariantCase:
+        """The inputs on ``device`` (expectations stay on the CPU)."""
+        moved = {k: x.to(device) for k, x in self.inputs.items()}
+        return VariantCase(self.entry, moved, self.cos_sin_cache.to(device), self.expected)
+
+    def run(self, backend: str = "reference") -> tuple[torch.Tensor, ...]:
+        """The variant's public op on this case's inputs."""
+        return self.variant.run(
+            self.preset,
+            self.inputs,
+            self.cos_sin_cache,
+            numerics=self.entry["numerics"],
+            backend=backend,
+        )
+
+    def check(self, *outputs: torch.Tensor) -> dict[str, Comparison]:
+        """Each output against its expectation under its tolerance kind."""
+        names, variant, preset = self.entry["outputs"], self.variant, self.preset
+        if len(outputs) != len(names):
+            raise ValueError(f"{self.name}: {len(outputs)} outputs, the case has {len(names)}")
+        return {
+            name: compare_kind(
+                self.entry["tolerance_kinds"][name],
+                out,
+                self.expected[name],
+                head_dim=variant.head_dim(preset, name),
+                numerics=self.entry["numerics"],
+            )
+            for name, out in zip(names, outputs)
+        }
+
+
+def load_case(
+    name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR
+) -> GoldenCase | VariantCase:
     """Load a case (by name or manifest entry). Raises :class:`GoldenCorrupt` naming the file
     and the reason for anything that makes the case unusable (the checks of :func:`list_cases`,
     then the file: a regular file inside ``directory``, its sha256, its tensors)."""
@@ -624,13 +998,26 @@ def load_case(name_or_entry: str | dict, directory: Path | str = GOLDEN_DIR) -> 
         t = load_safetensors(data)
     except SafetensorError as e:
         raise GoldenCorrupt(f"{path}: not a safetensors file ({e})") from None
-    problem = _tensor_problem(entry, t)
+    variant = entry.get("variant", SPLIT_QKV.name)
+    check = _tensor_problem if variant == SPLIT_QKV.name else _variant_tensor_problem
+    problem = check(entry, t)
     if problem is not None:
         raise GoldenCorrupt(f"{path}: {problem}")
+    if variant != SPLIT_QKV.name:
+        table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+        expected = {name: t[f"expected_{name}"] for name in entry["outputs"]}
+        inputs = {
+            k: x
+            for k, x in t.items()
+            if not k.startswith("expected_") and k not in ("cos_sin_rows", "cos_sin_index")
+        }
+        return VariantCase(entry, inputs, table, expected)
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)
     buffer[:, : qkv.shape[1]] = qkv
-    table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+    table = None
+    if "cos_sin_rows" in t:
+        table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
     return GoldenCase(
         entry,
         buffer,

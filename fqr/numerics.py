@@ -20,6 +20,32 @@ any         float8_e4m3fn       within 1 E4M3 ULP of the float64 value clamped t
 any         any                 NaN or Inf in an output never passes
 ==========  ==================  ==============================================================
 
+``unfused`` rounds (to the activation dtype, nearest even) exactly where vLLM's native code
+(``RMSNorm`` / ``GemmaRMSNorm.forward_static``, ``RotaryEmbedding.forward_static``) and Hugging
+Face's ``Qwen3RMSNorm`` / ``Gemma3RMSNorm`` / ``apply_rotary_pos_emb`` round, and equals them bit
+for bit (``tests/core/test_unfused_models.py``); the fp32 statistic ``rstd = rsqrt(sum(x^2)/D +
+eps)`` is the only unrounded intermediate (the generated kernels round at the same points; their
+fp32 sum of squares adds in another order, so where that moves ``rstd`` by an fp32 ulp an element
+on a rounding boundary of ``x * rstd``, about 2^-16 of them, can land one ULP away):
+
+1. norm, offset 0: ``n = round(round(x * rstd) * w)``; offset 1 (Gemma): ``n = round(x * rstd *
+   (1 + w))``; a bias: ``n = round(n + b)``;
+2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)``;
+3. each rotated pair: ``round(round(n1*c) - round(n2*s))``, ``round(round(n2*c) + round(n1*s))``.
+
+Its bound follows from those points (u = 2^-8 bf16, 2^-11 fp16 unit roundoff): a product carries
+at most four roundings (two in the norm, the table, the product), the sum one more, and
+``|n1*c| + |n2*s| <= |(n1, n2)| <= sqrt(2) * max|head|`` (the rotation keeps the pair's length),
+so ``|err| <= ((1+u)^4 - 1) * sqrt(2) * max|head| + u * max|head| ~ 6.7 u * max|head|``, inside
+the ``8 u`` of the table (a bias adds one rounding of the biased value).
+
+``unfused-hf`` is ``unfused`` where Hugging Face's code rounds elsewhere than vLLM's: with a
+full-width norm (``norm="full"``, OLMo2) HF's ``Olmo2RMSNorm`` rounds once, ``n = round(x * rstd
+* w)``, and its ``apply_rotary_pos_emb`` multiplies the bf16 ``n`` by fp32 cos/sin and rounds
+once, ``round(n1*c - n2*s)`` (vLLM's OLMo2 uses ``RMSNorm`` and its rotary embedding:
+``unfused``). Per-head norms, no norm and their RoPE round the same in both (HF Qwen3 / Gemma 3
+/ Llama = vLLM), so there the two modes are one.
+
 ``v`` is a copy and must match bit for bit. ULPs are counted on the bit patterns (bit-cast in
 torch; numpy has no bf16), so +0 and -0 are the same value and neighbours are 1 apart.
 """
@@ -46,9 +72,16 @@ _INT_OF = {
 FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
+def contract_of(numerics: str) -> str:
+    """The contract a numerics mode is held to: ``unfused-hf`` rounds at other points than
+    ``unfused`` (one fewer), under the same bound."""
+    return "unfused" if numerics.startswith("unfused") else numerics
+
+
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
     if dtype == torch.float8_e4m3fn:
         return "<=1 e4m3 ulp"
+    numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         return "<=1 ulp"
     return f"<={HEAD_RELATIVE_BOUND[(numerics, dtype)]:.2g} x head max"
@@ -121,7 +154,7 @@ def compare(
         raise ValueError(
             f"shape mismatch: output {list(out.shape)} vs expected {list(exact.shape)}"
         )
-    dtype = out.dtype
+    dtype, numerics = out.dtype, contract_of(numerics)
     out_c, exact64 = out.detach().cpu(), exact.detach().cpu().to(torch.float64)
     out64 = out_c.to(torch.float64)
     nonfinite = int((~torch.isfinite(out64)).sum())
@@ -157,3 +190,39 @@ def compare(
     bad = int((~ok).sum()) + 0
     passed = bad == 0 and nonfinite == 0
     return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol)
+
+
+# The tolerance kinds an output of a prologue variant is held to (``Variant.tolerance``): the
+# contract above for computed values, bit for bit for copies. A new kind (FP8, cache contents)
+# is one entry here, a function with :func:`compare`'s signature.
+TOLERANCE_KINDS = {
+    "contract": lambda out, exact, *, head_dim, numerics: compare(
+        out, exact, head_dim=head_dim, numerics=numerics
+    ),
+    "bitwise": lambda out, exact, *, head_dim, numerics: compare(
+        out, exact, head_dim=head_dim, bitwise=True
+    ),
+}
+
+
+def compare_kind(
+    kind: str, out: torch.Tensor, exact: torch.Tensor, *, head_dim: int, numerics: str = "fused"
+) -> Comparison:
+    """Compare one output with its expectation under the tolerance ``kind``
+    (:data:`TOLERANCE_KINDS`)."""
+    try:
+        rule = TOLERANCE_KINDS[kind]
+    except KeyError:
+        raise ValueError(
+            f"unknown tolerance kind {kind!r}; choose from {', '.join(TOLERANCE_KINDS)}"
+        ) from None
+    return rule(out, exact, head_dim=head_dim, numerics=numerics)
+
+
+def kind_text(kind: str, numerics: str, dtype: torch.dtype) -> str:
+    """The manifest's text for an output held to ``kind``."""
+    return (
+        tolerance_text(numerics, dtype)
+        if kind == "contract"
+        else {"bitwise": "bit-exact"}.get(kind, kind)
+    )

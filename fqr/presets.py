@@ -112,6 +112,10 @@ class Preset:
     partial_rotary_factor: float = 1.0
     is_neox: bool = True
     rope_scaling: tuple = field(default=())  # (("rope_type", "llama3"), ("factor", 8.0), ...)
+    # The member of the prologue family this model runs (fqr.variants.VARIANTS) and its own
+    # fields as (name, value) pairs (e.g. (("mrope_section", (11, 11, 10)), ...)).
+    variant: str = "split-qkv"
+    variant_params: tuple = field(default=())
     tp: int = 1
     total_heads: int = 0  # unsharded q heads (set by __post_init__ when 0)
     total_kv_heads: int = 0
@@ -168,6 +172,11 @@ class Preset:
         return tp_rank * self.total_kv_heads // self.tp
 
     @property
+    def params(self) -> dict:
+        """The variant's fields (:attr:`variant_params`) as a dict."""
+        return dict(self.variant_params)
+
+    @property
     def label(self) -> str:
         return self.name if self.tp == 1 else f"{self.name}@tp{self.tp}"
 
@@ -187,6 +196,8 @@ class Preset:
             f"{self.label}: hq={self.num_heads} hkv={self.num_kv_heads} d={self.head_dim} "
             f"rotary={self.rotary_dim} {'neox' if self.is_neox else 'gptj'} norm={self.norm}"
             f" eps={self.eps:g} offset={self.weight_offset:g} theta={self.rope_theta:g}"
+            + ("" if self.variant == "split-qkv" else f" variant={self.variant}")
+            + "".join(f" {k}={v}" for k, v in self.variant_params)
         )
 
 

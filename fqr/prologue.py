@@ -20,6 +20,7 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -28,7 +29,7 @@ import torch
 from . import ops
 from .backends import resolve_backend
 from .core import Aval, Program, trace
-from .validate import check_prologue_args, check_qk_args
+from .validate import call_metadata, check_positions_in_range, check_prologue_args, check_qk_args
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,21 @@ def _norm_then_rope(
     is_neox,
     weight_offset,
     numerics,
+    full_norm=False,
 ):
     """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
-    None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype after the norm and in
-    every RoPE step."""
-    round_to = q.dtype if numerics == "unfused" else None
+    None), then RoPE of both; ``numerics="unfused"`` rounds to q's dtype where the model code
+    does, in the norm and in every RoPE step (``fqr.ops.norm``, ``fqr.ops.rope``)."""
+    round_to = q.dtype if numerics.startswith("unfused") else None
+    # HF's OLMo2 (full-width norms): the weight multiplies in fp32 (one rounding), and RoPE runs
+    # in fp32 with fp32 cos/sin, rounded once (fqr.numerics, "unfused-hf")
+    hf_full_norm = numerics == "unfused-hf" and full_norm
+    values = [q, k]  # k None: q alone (vLLM's rotary_emb(positions, q, None))
     if groups is not None:
-        q, k = (
-            ops.rms_norm(
+        values = [
+            None
+            if x is None
+            else ops.rms_norm(
                 x,
                 w,
                 eps=eps,
@@ -80,15 +88,17 @@ def _norm_then_rope(
                 weight_offset=weight_offset,
                 sum_sq=ss,
                 count=n,
+                round_to=round_to,
+                round_before_weight=False if hf_full_norm else None,
             )
-            for x, w, b, g, ss, n in zip((q, k), weights, biases, groups, sums, counts)
-        )
-        if round_to is not None:
-            q, k = ops.reduce_precision(q, round_to), ops.reduce_precision(k, round_to)
-    rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=round_to)
-    q = ops.rope(q, positions, cos_sin_cache, **rope)
-    k = ops.rope(k, positions, cos_sin_cache, **rope)
-    return q, k
+            for x, w, b, g, ss, n in zip(values, weights, biases, groups, sums, counts)
+        ]
+    if cos_sin_cache is not None:  # else a layer without RoPE (NoPE): the norm alone
+        rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=None if hf_full_norm else round_to)
+        values = [
+            None if x is None else ops.rope(x, positions, cos_sin_cache, **rope) for x in values
+        ]
+    return values[0], values[1]
 
 
 def attention_prologue(
@@ -112,9 +122,23 @@ def attention_prologue(
     numerics,
     q_count=None,
     k_count=None,
+    num_v_heads=None,
+    v_head_dim=None,
+    head_stride=None,
+    with_v=True,
 ):
-    """Split the packed row, then norm + RoPE q and k (traced into one program)."""
-    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    """Split the packed row, then norm + RoPE q and k (traced into one program); without a
+    ``cos_sin_cache`` no RoPE; ``with_v=False`` returns ``(q, k)`` only (the in-place form,
+    where v stays where it is in the packed row)."""
+    q, k, v = ops.split_qkv(
+        qkv,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        num_v_heads=num_v_heads,
+        v_head_dim=v_head_dim,
+        head_stride=head_stride,
+    )
     groups = {
         "none": None,
         "head": (head_dim, head_dim),
@@ -135,8 +159,9 @@ def attention_prologue(
         is_neox=is_neox,
         weight_offset=weight_offset,
         numerics=numerics,
+        full_norm=norm == "full",
     )
-    return q, k, v
+    return (q, k, v) if with_v else (q, k)
 
 
 def qk_norm_rope_prologue(
@@ -155,8 +180,9 @@ def qk_norm_rope_prologue(
     weight_offset,
     numerics,
 ):
-    """Per-head norm + RoPE of separate q and k (traced into one program)."""
-    return _norm_then_rope(
+    """Per-head norm + RoPE of separate q and k (traced into one program); ``k`` None: q
+    alone, the output ``(q,)``."""
+    q, k = _norm_then_rope(
         q,
         k,
         positions,
@@ -170,6 +196,7 @@ def qk_norm_rope_prologue(
         weight_offset=weight_offset,
         numerics=numerics,
     )
+    return (q,) if k is None else (q, k)
 
 
 # ------------------------------------------------------------------------------ programs
@@ -219,16 +246,13 @@ def program_signature(
     return avals, tuple(sorted(static.items()))
 
 
-_PROGRAMS: dict[tuple, Program] = {}  # per-call fast path: (dtype, last dim) per tensor + statics
-
-
 # ------------------------------------------------------------------------------ the ops
 
 
 def split_qkv_rmsnorm_rope(
     qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor | None,
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     *,
@@ -242,6 +266,10 @@ def split_qkv_rmsnorm_rope(
     weight_offset: float = 0.0,
     norm: str = "head",
     norm_stats: NormStats | None = None,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
+    inplace: bool = False,
     numerics: str = "fused",
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -256,56 +284,89 @@ def split_qkv_rmsnorm_rope(
     Math per head (see ``fqr.ops``): ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``
     then RoPE on the first R features; the reference it matches is
     :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32 and rounds once at the
-    store; ``"unfused"`` rounds after the norm and rounds every RoPE multiply/add, as vLLM's and
-    Hugging Face's unfused code does. ``norm_stats`` carries the all-reduced statistic of a
-    full-width norm sharded over TP ranks (see :class:`NormStats`).
+    store; ``"unfused"`` rounds where vLLM's native code and Hugging Face's Qwen3 / Gemma 3
+    modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it rounds
+    otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`). ``norm_stats``
+    carries the all-reduced statistic of a full-width norm sharded over TP ranks (see
+    :class:`NormStats`).
+
+    The layouts and forms peers' ops take:
+
+    * ``cos_sin_cache=None``: a layer without RoPE, the norm alone (``positions`` may then be
+      None; given, it is checked and not needed);
+    * ``num_v_heads`` / ``v_head_dim``: v's own head count and head width (default k's), the
+      row being ``[q | k | v]`` with ``Hv*Dv`` columns of v;
+    * ``head_stride``: every head of the row starts ``head_stride >= head_dim`` columns after
+      the previous one (a padded ``[T, heads, head_stride]`` layout flattened; the padding is
+      neither read nor written); the outputs are contiguous;
+    * ``inplace=True`` (opt-in; new tensors are the default): q and k are written back into
+      ``qkv`` where they were read (vLLM's / vllm-ascend's in-place ops), nothing else in
+      ``qkv`` is written; returns views ``(q, k, v)`` of ``qkv``. Needs heads back to back
+      (``head_stride`` None) and no input that requires grad.
     """
-    static = dict(
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        norm=norm,
-        numerics=numerics,
-    )
-    check_prologue_args(
-        qkv,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
-        norm_stats,
-        backend=backend,
-        **static,
-    )
-    static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+    statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset, norm, numerics)
+    statics += (num_v_heads, v_head_dim, head_stride, inplace, backend)
+    if cos_sin_cache is None:
+        positions = None  # no rotation: the program has no positions input
     tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    fast_key = (
-        positions.dtype,
-        tuple(None if t is None else (t.dtype, t.shape[-1]) for t in tensors if t is not positions),
-        None if norm_stats is None else (norm_stats.q_count, norm_stats.k_count),
-        tuple(static.values()),
-    )
-    program = _PROGRAMS.get(fast_key)
-    if program is None:
+    rows = (qkv,) if positions is None else (qkv, positions)
+    stats = None
+    if norm_stats is None:
+        key = call_metadata(rows, tensors[2:], statics)
+    elif type(norm_stats) is NormStats:
+        stats = (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
+        counts = (norm_stats.q_count, norm_stats.k_count)
+        key = call_metadata((*rows, *stats), tensors[2:], statics + counts)
+    else:
+        key = None  # the checks name what is wrong with it
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        static = dict(zip(_PROLOGUE_STATICS, statics[:11]))
+        check_prologue_args(*tensors, norm_stats, backend=backend, inplace=inplace, **static)
+        static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+        if inplace:
+            static["with_v"] = False
         program = prologue_program(program_signature(*tensors, norm_stats, **static))
-        _PROGRAMS[fast_key] = program
-    stats = () if norm_stats is None else (norm_stats.q_sum_sq, norm_stats.k_sum_sq)
-    args = [t for t in tensors if t is not None] + list(stats)
-    return _launch(program, args, backend, qkv)
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions and positions is not None:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    args = [t for t in tensors if t is not None]
+    if stats is not None:
+        args += stats
+    if not inplace:
+        return call.run(args)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    views = (
+        qkv[:, :q_size],
+        qkv[:, q_size : q_size + kv_size],
+        qkv[:, q_size + kv_size :],
+    )
+    call.run(args, out=list(views[:2]))
+    return views
+
+
+_PROLOGUE_STATICS = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "eps",
+    "is_neox",
+    "weight_offset",
+    "norm",
+    "numerics",
+    "num_v_heads",
+    "v_head_dim",
+    "head_stride",
+)
 
 
 def qk_rmsnorm_rope(
     q: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    k_weight: torch.Tensor | None,
     *,
     head_dim: int,
     eps: float = 1e-6,
@@ -321,47 +382,85 @@ def qk_rmsnorm_rope(
     Same math, arguments and numerics modes as :func:`split_qkv_rmsnorm_rope` with
     ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
     new contiguous ``q`` and ``k`` in q's dtype.
+
+    ``k=None`` (with ``k_weight``/``k_bias`` None): q alone, returned as ``(q, None)`` -- vLLM's
+    ``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft
+    layers run it (their keys come from another layer's cache).
     """
-    check_qk_args(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        q_bias,
-        k_bias,
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        numerics=numerics,
-        backend=backend,
-    )
-    static = dict(
-        head_dim=head_dim,
-        eps=float(eps),
-        is_neox=is_neox,
-        weight_offset=float(weight_offset),
-        numerics=numerics,
-    )
     tensors = (q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
-    avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
-    avals += tuple(Aval.of(t) for t in tensors[4:])
-    program = qk_program((avals, tuple(sorted(static.items()))))
-    return _launch(program, [t for t in tensors if t is not None], backend, q)
-
-
-def _launch(program: Program, args: list, backend: str, rows: torch.Tensor) -> tuple:
-    """Run ``program`` on ``backend`` for the device of ``rows`` (its first input); no tokens:
-    empty outputs, nothing launched (a bad ``backend`` is refused at any T)."""
-    runner = resolve_backend(backend, rows.device)
-    if rows.shape[0] == 0:
-        return tuple(
-            torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
-            for v in program.outputs
+    statics = (head_dim, eps, is_neox, weight_offset, numerics, backend, k is None)
+    rows = (q, positions) if k is None else (q, k, positions)
+    key = call_metadata(rows, tensors[3:], statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        check_qk_args(
+            *tensors,
+            head_dim=head_dim,
+            eps=eps,
+            is_neox=is_neox,
+            weight_offset=weight_offset,
+            numerics=numerics,
+            backend=backend,
         )
-    return tuple(runner.launch(program, args))
+        static = dict(
+            head_dim=head_dim,
+            eps=float(eps),
+            is_neox=is_neox,
+            weight_offset=float(weight_offset),
+            numerics=numerics,
+        )
+        avals = tuple(Aval.of(t, "T") for t in tensors[:3]) + (Aval.of(cos_sin_cache, "P"),)
+        avals += tuple(Aval.of(t) for t in tensors[4:])
+        program = qk_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, q.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    outs = call.run([t for t in tensors if t is not None])
+    return (outs[0], None) if k is None else outs
+
+
+# ------------------------------------------------------------------- the per-call path
+
+
+@dataclass(frozen=True)
+class CheckedCall:
+    """What a call whose arguments passed the checks once needs on every later call with the
+    same metadata (:func:`fqr.validate.call_metadata`): its traced program, the launch of its
+    backend (:meth:`fqr.backends.Backend.bind`), and whether the positions' range must be
+    checked on the host (CPU tensors)."""
+
+    program: Program
+    launch: Callable[..., list]
+    host_positions: bool
+
+    def run(self, args: list, out: list[torch.Tensor] | None = None) -> tuple:
+        """Run on ``args`` (first: the token rows), into ``out`` when given (``[T, width]``
+        tensors whose rows may be strided, e.g. views into the packed input); no tokens: empty
+        outputs, no launch."""
+        rows = args[0]
+        if rows.shape[0] == 0:
+            if out is not None:
+                return tuple(out)
+            return tuple(
+                torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
+                for v in self.program.outputs
+            )
+        return tuple(self.launch(args) if out is None else self.launch(args, out))
+
+
+_CALLS: dict[tuple, CheckedCall] = {}
+MAX_CHECKED_CALLS = 4096  # distinct argument metadata kept (a full table stops adding)
+
+
+def _checked_call(key, program: Program, backend: str, device: torch.device) -> CheckedCall:
+    """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
+    for its metadata key."""
+    call = CheckedCall(
+        program, resolve_backend(backend, device).bind(program), device.type == "cpu"
+    )
+    if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
+        _CALLS[key] = call
+    return call
 
 
 def preset_program(

@@ -44,13 +44,32 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.detach().to(F64)
 
 
-def qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
-    """The ``[q | k | v]`` row of vLLM's packed QKV projection, heads back to back."""
-    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+def qkv_sections(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
+) -> tuple[Section, ...]:
+    """The ``[q | k | v]`` row of vLLM's packed QKV projection: heads back to back, or every
+    head ``head_stride`` columns from the last (a padded ``[T, heads, head_stride]`` layout);
+    v may have its own head count and head_dim (default: k's)."""
+    hv = num_kv_heads if num_v_heads is None else num_v_heads
+    dv = head_dim if v_head_dim is None else v_head_dim
+    if head_stride is None:
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        return (
+            Section(num_heads, head_dim, 0),
+            Section(num_kv_heads, head_dim, q_size),
+            Section(hv, dv, q_size + kv_size),
+        )
+    s = head_stride
     return (
-        Section(num_heads, head_dim, 0),
-        Section(num_kv_heads, head_dim, q_size),
-        Section(num_kv_heads, head_dim, q_size + kv_size),
+        Section(num_heads, head_dim, 0, s),
+        Section(num_kv_heads, head_dim, num_heads * s, s),
+        Section(hv, dv, (num_heads + num_kv_heads) * s, s),
     )
 
 
@@ -138,8 +157,8 @@ def rope(
 
 def prologue(
     qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor | None,
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     *,
@@ -153,14 +172,26 @@ def prologue(
     weight_offset: float = 0.0,
     norm: str = "head",
     norm_stats=None,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The prologue of :func:`fqr.split_qkv_rmsnorm_rope` by its formulas (module docstring).
 
     Same arguments (any float dtypes, any device; ``norm_stats`` anything with ``q_sum_sq``,
-    ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`); returns float64
-    ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
+    ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`; ``cos_sin_cache``
+    None: no rotation); returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in
+    qkv's dtype.
     """
-    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    sections = qkv_sections(
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        num_v_heads=num_v_heads,
+        v_head_dim=v_head_dim,
+        head_stride=head_stride,
+    )
+    q, k, v = split_row(qkv, sections)
     q, k = _f64(q), _f64(k)
     if norm != "none":
         stats = {"q": (None, None), "k": (None, None)}
@@ -186,6 +217,8 @@ def prologue(
                 )
             )
         q, k = normed
+    if cos_sin_cache is None:
+        return q, k, v
     rows = cos_sin_rows(cos_sin_cache, positions)
     q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
     k = rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
@@ -194,7 +227,7 @@ def prologue(
 
 def qk_prologue(
     q: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     q_weight: torch.Tensor,
@@ -208,8 +241,13 @@ def qk_prologue(
     weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The no-split prologue of :func:`fqr.qk_rmsnorm_rope`: float64 ``(q, k)``, each head
-    normalised, then rotated."""
+    normalised, then rotated (``k`` None: ``(q, None)``)."""
     rows = cos_sin_rows(cos_sin_cache, positions)
+    if k is None:
+        q = rms_norm(
+            q, q_weight, eps=eps, group_size=head_dim, bias=q_bias, weight_offset=weight_offset
+        )
+        return rotate(q, rows, head_dim=head_dim, is_neox=is_neox), None
     return tuple(
         rotate(
             rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),

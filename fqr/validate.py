@@ -18,7 +18,7 @@ from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, dtype_of
 ACTIVATION_DTYPES = tuple(dtype_of(name) for name in ACTIVATION_DTYPE_NAMES)
 POSITION_DTYPES = (torch.int32, torch.int64)
 NORM_KINDS = ("head", "full", "none")
-NUMERICS = ("fused", "unfused")
+NUMERICS = ("fused", "unfused", "unfused-hf")
 
 
 # ------------------------------------------------------------------------------- scalars
@@ -248,24 +248,65 @@ def check_prologue_args(
     norm,
     numerics,
     backend,
+    num_v_heads=None,
+    v_head_dim=None,
+    head_stride=None,
+    inplace=False,
 ) -> None:
     """The arguments of :func:`fqr.split_qkv_rmsnorm_rope`."""
     check_head_counts(num_heads, num_kv_heads)
     check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
     check_choice("norm", norm, NORM_KINDS)
     _check_call_options(numerics, backend)
+    for name, value in (("num_v_heads", num_v_heads), ("v_head_dim", v_head_dim)):
+        if value is not None:
+            check_positive_int(name, value)
+    v_heads = num_kv_heads if num_v_heads is None else num_v_heads
+    v_dim = head_dim if v_head_dim is None else v_head_dim
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
 
-    width = (num_heads + 2 * num_kv_heads) * head_dim
     check_activation("qkv", qkv)
-    if qkv.shape[1] != width:
-        raise ValueError(
-            f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim = "
-            f"({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+    if head_stride is None:
+        width = (num_heads + num_kv_heads) * head_dim + v_heads * v_dim
+        layout = (
+            f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = "
+            f"{num_heads}*{head_dim} + {num_kv_heads}*{head_dim} + {v_heads}*{v_dim} = {width}"
         )
+        if num_v_heads is None and v_head_dim is None:
+            layout = (
+                f"(num_heads + 2*num_kv_heads) * head_dim = "
+                f"({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+            )
+    else:
+        check_positive_int("head_stride", head_stride)
+        if head_stride < max(head_dim, v_dim):
+            raise ValueError(
+                f"head_stride {head_stride} is smaller than a head "
+                f"(head_dim {head_dim}, v_head_dim {v_dim})"
+            )
+        if inplace:
+            raise ValueError(
+                "inplace=True needs heads back to back (head_stride None): the in-place form "
+                "writes q and k as contiguous blocks of the row"
+            )
+        width = (num_heads + num_kv_heads + v_heads) * head_stride
+        layout = (
+            f"(num_heads + num_kv_heads + num_v_heads) * head_stride = "
+            f"({num_heads} + {num_kv_heads} + {v_heads}) * {head_stride} = {width}"
+        )
+    if qkv.shape[1] != width:
+        raise ValueError(f"qkv width {qkv.shape[1]} != {layout}")
     check_row_stride("qkv", qkv, width)
     tokens, device = qkv.shape[0], qkv.device
-    check_positions(positions, tokens)
-    check_cos_sin_cache(cos_sin_cache, head_dim)
+    if cos_sin_cache is None:
+        if positions is not None:  # accepted as vLLM's callers pass it; unused without RoPE
+            check_positions(positions, tokens)
+    else:
+        if positions is None:
+            raise ValueError("positions is required with a cos_sin_cache (None only without RoPE)")
+        check_positions(positions, tokens)
+        check_cos_sin_cache(cos_sin_cache, head_dim)
 
     q_len = head_dim if norm == "head" else num_heads * head_dim
     k_len = head_dim if norm == "head" else num_kv_heads * head_dim
@@ -306,7 +347,15 @@ def check_prologue_args(
                 )
 
     check_same_device("qkv", device, (("positions", positions), ("cos_sin_cache", cos_sin_cache)))
-    check_positions_in_range(positions, cos_sin_cache.shape[0])
+    if cos_sin_cache is not None:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    if inplace:
+        tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            raise ValueError(
+                "inplace=True cannot write into qkv while an input requires grad (autograd "
+                "needs the values it read); use inplace=False or torch.no_grad()"
+            )
 
 
 def check_qk_args(
@@ -330,22 +379,27 @@ def check_qk_args(
     check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
     _check_call_options(numerics, backend)
     for name, x in (("q", q), ("k", k)):
+        if x is None and name == "k":  # q alone
+            for other, t in (("k_weight", k_weight), ("k_bias", k_bias)):
+                if t is not None:
+                    raise ValueError(f"{other} must be None when k is None (q alone)")
+            continue
         check_activation(name, x, what="[T, heads*head_dim]")
         if x.shape[1] % head_dim:
             raise ValueError(f"{name} width {x.shape[1]} is not a multiple of head_dim {head_dim}")
         check_row_stride(name, x, x.shape[1])
-    if k.dtype != q.dtype:
+    if k is not None and k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
-    if k.shape[0] != q.shape[0]:
+    if k is not None and k.shape[0] != q.shape[0]:
         raise ValueError(f"k has {k.shape[0]} tokens but q has {q.shape[0]}")
     check_positions(positions, q.shape[0], rows_of="q")
     check_cos_sin_cache(cos_sin_cache, head_dim)
     check_norm_vectors(
         (
             ("q_weight", q_weight, head_dim),
-            ("k_weight", k_weight, head_dim),
+            *((("k_weight", k_weight, head_dim),) if k is not None else ()),
             ("q_bias", q_bias, head_dim),
-            ("k_bias", k_bias, head_dim),
+            *((("k_bias", k_bias, head_dim),) if k is not None else ()),
         ),
         norm="head",
         what="head_dim",
@@ -364,6 +418,47 @@ def check_qk_args(
         ),
     )
     check_positions_in_range(positions, cos_sin_cache.shape[0])
+
+
+# ----------------------------------------------------------------- the per-call fast path
+
+
+def call_metadata(token_tensors, tensors, statics: tuple) -> tuple | None:
+    """Everything the checks of a call read, as a hashable key: None when the call cannot be
+    keyed (an argument is not a tensor, a token tensor's rows differ from the first one's).
+
+    ``token_tensors``: the ``[T, ...]`` arguments (the first one's rows are T); ``tensors``:
+    the other tensor arguments (None for an absent one); ``statics``: the scalar arguments.
+    The checks of the ops read of a token tensor its dtype, device, the sizes after the first,
+    its strides and whether T is 0, 1 or more; of the other tensors their dtype, device, shape
+    and strides; of the scalars their values and types (``True`` is not ``1``). The key holds
+    exactly these, so two calls with one key pass or fail the checks alike, and a call whose
+    key was checked once costs this tuple and one dict lookup (:func:`fqr.prologue`'s ops
+    keep the keys that passed). Values (the positions' range on CPU) are not in the key: the
+    caller checks them on every call."""
+    rows = token_tensors[0]
+    if not isinstance(rows, torch.Tensor):
+        return None
+    shape = rows.shape
+    if not shape:
+        return None
+    tokens = shape[0]
+    key: list = [min(tokens, 2), statics, tuple(map(type, statics))]
+    for t in token_tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        shape = t.shape
+        if not shape or shape[0] != tokens:
+            return None
+        key.append((t.dtype, t.device, len(shape), shape[1:], t.stride()))
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.dtype, t.device, t.shape, t.stride()))
+        else:
+            return None
+    return tuple(key)
 
 
 FP8_E4M3 = torch.float8_e4m3fn

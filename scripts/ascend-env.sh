@@ -20,7 +20,7 @@ TORCH_SPEC="torch==2.13.0"
 TRITON_ASCEND_SPEC="triton-ascend==3.2.0"
 # numpy < 2.4: triton-ascend 3.2's interpreter turns 1-element arrays into ints (program ids,
 # loop bounds), which numpy 2.4 made an error (deprecated since 1.25).
-PACKAGES=(pybind11 "typer>=0.12" "rich>=13" "safetensors>=0.4" "numpy>=1.24,<2.4" "pytest>=8" "hypothesis>=6")
+PACKAGES=(pybind11 "typer>=0.12" "rich>=13" "safetensors>=0.4" "platformdirs>=3" "numpy>=1.24,<2.4" "pytest>=8" "hypothesis>=6")
 
 want="$(cat "${BASH_SOURCE[0]}" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] \

@@ -30,36 +30,26 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fqr import ops, reference  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import compositions  # noqa: E402  (the compositions the CPU tests run)
+
 from fqr.bench import traffic_bytes  # noqa: E402
-from fqr.core import Section, spec, trace  # noqa: E402
 from fqr.inputs import random_inputs  # noqa: E402
 from fqr.lowering import lower  # noqa: E402
 from fqr.lowering.loader import load_kernel  # noqa: E402
 from fqr.numerics import compare  # noqa: E402
 from fqr.presets import get_preset  # noqa: E402
 from fqr.prologue import preset_program  # noqa: E402
-from fqr.rope_cache import rope_cos_sin_cache  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 TARGET = "cuda" if CUDA else "interpret"
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-MAX_POS = 32768
 LOG: list[str] = []
 
 
 def log(line: str) -> None:
     print(line, flush=True)
     LOG.append(line)
-
-
-def randn(gen, *shape, scale=1.0, centre=0.0, dtype=torch.bfloat16):
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + centre
-    return x.to(dtype)
-
-
-def norm64(x, w, d, offset=0.0):
-    return reference.rms_norm(x, w, eps=1e-6, group_size=d, weight_offset=offset)
 
 
 def run_checked(name, program, args, expected, head_dims, copies=(), out=None):
@@ -90,191 +80,40 @@ def run_checked(name, program, args, expected, head_dims, copies=(), out=None):
     return ok, out
 
 
-def check_gate(gen, tokens):
-    hq, hkv, d, r = (24, 4, 256, 64) if CUDA else (3, 1, 64, 16)
-    width = (2 * hq + 2 * hkv) * d
+def check_case(name, case: compositions.Case, out=None):
+    """One composition of tests/support/compositions.py, compiled and checked on the device."""
+    args = (case.program, case.args, case.expected, case.head_dims, case.copies, out)
+    return run_checked(name, *args)
 
-    def gated(row, pos, cache, qw, kw):
-        q, gate, k, v = ops.split_heads(
-            row,
-            [
-                Section(hq, d, 0, 2 * d),
-                Section(hq, d, d, 2 * d),
-                Section(hkv, d, 2 * hq * d),
-                Section(hkv, d, (2 * hq + hkv) * d),
-            ],
-        )
-        q = ops.rms_norm(q, qw, eps=1e-6, group_size=d, weight_offset=1.0)
-        k = ops.rms_norm(k, kw, eps=1e-6, group_size=d, weight_offset=1.0)
-        return ops.rope(q, pos, cache, head_dim=d), gate, ops.rope(k, pos, cache, head_dim=d), v
 
-    program = trace(
-        gated,
-        spec("T", width),
-        spec("T", dtype=torch.int64),
-        spec("P", r, dtype=torch.float32),
-        spec(d),
-        spec(d),
-    )
-    row = randn(gen, tokens, width, scale=2.0)
-    pos = torch.randint(0, MAX_POS, (tokens,), generator=gen)
-    cache = rope_cos_sin_cache(r, MAX_POS, 1e7)
-    qw, kw = randn(gen, d, scale=0.2), randn(gen, d, scale=0.2)
-    pairs = row[:, : 2 * hq * d].reshape(tokens, hq, 2, d)
-    q_in, gate = pairs[:, :, 0].reshape(tokens, -1), pairs[:, :, 1].reshape(tokens, -1)
-    k_in, v = row[:, 2 * hq * d : (2 * hq + hkv) * d], row[:, (2 * hq + hkv) * d :]
-    expected = [
-        reference.rope(norm64(q_in, qw, d, 1.0), pos, cache, head_dim=d),
-        gate,
-        reference.rope(norm64(k_in, kw, d, 1.0), pos, cache, head_dim=d),
-        v,
+def check_compositions(gen, big, small) -> bool:
+    """The compositions the CPU tests run small, here at model sizes: gate interleaved (Qwen3.5
+    shapes), indexer sections (MiniMax-M3-like), padded heads, narrow rotary, strided out=."""
+    sizes = dict(hq=24, hkv=4, d=256, r=64) if CUDA else {}
+    ok = check_case("gate-interleaved", compositions.gated_case(gen, big, **sizes))[0]
+    sizes = dict(hq=8, hkv=1, d=128, hi=4, di=64, r=64, ri=32) if CUDA else {}
+    case = compositions.indexer_case(gen, big, **sizes)
+    ok &= check_case("sections with own head_dims", case)[0]
+    case = compositions.padded_case(gen, big, heads=(4, 2, 3), d=80, stride=96, r=32)
+    ok &= check_case("k/v head counts, padded heads", case)[0]
+    for d in (512, 769):
+        for is_neox in (True, False):
+            case = compositions.narrow_case(gen, big if CUDA else small, d, 2, is_neox)
+            name = f"rotary_dim 2, D={d}, {'neox' if is_neox else 'gptj'}"
+            ok &= check_case(name, case)[0]
+    d = 128
+    case = compositions.narrow_case(gen, big, d, 32, True)
+    buffers = [
+        torch.full((big, w + 40), float("nan"), dtype=torch.bfloat16, device=DEV)
+        for w in (2 * d, d, d)
     ]
-    name = "gate-interleaved (qwen3.5 shape)" if CUDA else "gate-interleaved"
-    return run_checked(name, program, (row, pos, cache, qw, kw), expected, [d] * 4, (1, 3))[0]
-
-
-def check_indexer(gen, tokens):
-    hq, hkv, d, hi, di, r, ri = (8, 1, 128, 4, 64, 64, 32) if CUDA else (3, 1, 64, 2, 32, 64, 16)
-    widths = [hq * d, hkv * d, hkv * d, hi * di, di]
-    offsets = [sum(widths[:i]) for i in range(5)]
-
-    def indexed(row, pos, cache, icache, qw, kw, iqw, ikw):
-        q, k, v, iq, ik = ops.split_heads(
-            row,
-            [
-                Section(hq, d, offsets[0]),
-                Section(hkv, d, offsets[1]),
-                Section(hkv, d, offsets[2]),
-                Section(hi, di, offsets[3]),
-                Section(1, di, offsets[4]),
-            ],
-        )
-        q = ops.rope(ops.rms_norm(q, qw, eps=1e-6, group_size=d), pos, cache, head_dim=d)
-        k = ops.rope(ops.rms_norm(k, kw, eps=1e-6, group_size=d), pos, cache, head_dim=d)
-        iq = ops.rms_norm(iq, iqw, eps=1e-6, group_size=di, weight_offset=1.0)
-        ik = ops.rms_norm(ik, ikw, eps=1e-6, group_size=di, weight_offset=1.0)
-        iq = ops.rope(iq, pos, icache, head_dim=di, is_neox=False)
-        return q, k, v, iq, ops.rope(ik, pos, icache, head_dim=di, is_neox=False)
-
-    program = trace(
-        indexed,
-        spec("T", sum(widths)),
-        spec("T", dtype=torch.int64),
-        spec("P", r, dtype=torch.float32),
-        spec("P", ri, dtype=torch.float32),
-        spec(d),
-        spec(d),
-        spec(di),
-        spec(di),
-    )
-    row = randn(gen, tokens, sum(widths), scale=2.0)
-    pos = torch.randint(0, MAX_POS, (tokens,), generator=gen)
-    cache, icache = rope_cos_sin_cache(r, MAX_POS, 1e6), rope_cos_sin_cache(ri, MAX_POS, 1e4)
-    qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
-    iqw, ikw = randn(gen, di, scale=0.2), randn(gen, di, scale=0.2)
-    part = [row[:, a : a + w] for a, w in zip(offsets, widths)]
-    expected = [
-        reference.rope(norm64(part[0], qw, d), pos, cache, head_dim=d),
-        reference.rope(norm64(part[1], kw, d), pos, cache, head_dim=d),
-        part[2],
-        reference.rope(norm64(part[3], iqw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
-        reference.rope(norm64(part[4], ikw, di, 1.0), pos, icache, head_dim=di, is_neox=False),
-    ]
-    args = (row, pos, cache, icache, qw, kw, iqw, ikw)
-    return run_checked("sections with own head_dims", program, args, expected, [d, d, d, di, di],
-                       (2,))[0]  # fmt: skip
-
-
-def check_padded(gen, tokens):
-    heads, d, stride, r = (4, 2, 3), 80, 96, 32
-    offsets = [0, heads[0] * stride, (heads[0] + heads[1]) * stride]
-
-    def padded(row, pos, cache, qw, kw):
-        q, k, v = ops.split_heads(
-            row, [Section(h, d, off, stride) for h, off in zip(heads, offsets)]
-        )
-        q = ops.rope(ops.rms_norm(q, qw, eps=1e-6, group_size=d), pos, cache, head_dim=d)
-        return q, ops.rope(ops.rms_norm(k, kw, eps=1e-6, group_size=d), pos, cache, head_dim=d), v
-
-    width = sum(heads) * stride
-    program = trace(
-        padded,
-        spec("T", width),
-        spec("T", dtype=torch.int64),
-        spec("P", r, dtype=torch.float32),
-        spec(d),
-        spec(d),
-    )
-    full = randn(gen, tokens, sum(heads), stride, scale=2.0)
-    full[..., d:] = float("nan")
-    pos = torch.randint(0, MAX_POS, (tokens,), generator=gen)
-    cache = rope_cos_sin_cache(r, MAX_POS, 1e6)
-    qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
-    q_in, k_in, v = (
-        full[:, a : a + h, :d].reshape(tokens, -1)
-        for a, h in zip((0, heads[0], heads[0] + heads[1]), heads)
-    )
-    expected = [
-        reference.rope(norm64(q_in, qw, d), pos, cache, head_dim=d),
-        reference.rope(norm64(k_in, kw, d), pos, cache, head_dim=d),
-        v,
-    ]
-    args = (full.reshape(tokens, width), pos, cache, qw, kw)
-    return run_checked("k/v head counts, padded heads", program, args, expected, [d] * 3, (2,))[0]
-
-
-def narrow_program(d, r, is_neox):
-    def prologue(row, pos, cache, qw, kw):
-        q, k, v = ops.split_qkv(row, 2, 1, d)
-        q = ops.rope(ops.rms_norm(q, qw, eps=1e-6, group_size=d), pos, cache, head_dim=d,
-                     is_neox=is_neox)  # fmt: skip
-        k = ops.rope(ops.rms_norm(k, kw, eps=1e-6, group_size=d), pos, cache, head_dim=d,
-                     is_neox=is_neox)  # fmt: skip
-        return q, k, v
-
-    return trace(
-        prologue,
-        spec("T", 4 * d),
-        spec("T", dtype=torch.int64),
-        spec("P", r, dtype=torch.float32),
-        spec(d),
-        spec(d),
-    )
-
-
-def check_narrow(gen, tokens, d, is_neox, strided_out=False):
-    r = 2 if not strided_out else 32
-    program = narrow_program(d, r, is_neox)
-    row = randn(gen, tokens, 4 * d, scale=2.0)
-    pos = torch.randint(0, MAX_POS, (tokens,), generator=gen)
-    cache = rope_cos_sin_cache(r, MAX_POS, 1e6)
-    qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
-    expected = [
-        reference.rope(norm64(row[:, : 2 * d], qw, d), pos, cache, head_dim=d, is_neox=is_neox),
-        reference.rope(
-            norm64(row[:, 2 * d : 3 * d], kw, d), pos, cache, head_dim=d, is_neox=is_neox
-        ),
-        row[:, 3 * d :],
-    ]
-    out, buffers = None, []
-    if strided_out:
-        widths = (2 * d, d, d)
-        buffers = [
-            torch.full((tokens, w + 40), float("nan"), dtype=torch.bfloat16, device=DEV)
-            for w in widths
-        ]
-        out = [b[:, :w] for b, w in zip(buffers, widths)]
-    name = (
-        f"strided out= rows, D={d}"
-        if strided_out
-        else f"rotary_dim 2, D={d}, {'neox' if is_neox else 'gptj'}"
-    )
-    ok, out = run_checked(name, program, (row, pos, cache, qw, kw), expected, [d] * 3, (2,), out)
-    for b, o in zip(buffers, out or []):
+    out = [b[:, : b.shape[1] - 40] for b in buffers]
+    strided_ok, out = check_case(f"strided out= rows, D={d}", case, out)
+    for b, o in zip(buffers, out):
         if not torch.isnan(b[:, o.shape[1] :]).all():
             log("    the padding of a strided output was written: FAIL")
-            ok = False
-    return ok
+            strided_ok = False
+    return bool(ok and strided_ok)
 
 
 # ----------------------------------------------------------------------------- timings
@@ -349,14 +188,7 @@ def main() -> int:
     log(f"device: {torch.cuda.get_device_name(0) if CUDA else 'cpu (interpreter)'}; "
         f"torch {torch.__version__}")  # fmt: skip
     big, small = (1037, 3) if CUDA else (5, 3)
-    ok = True
-    ok &= check_gate(gen, big)
-    ok &= check_indexer(gen, big)
-    ok &= check_padded(gen, big)
-    for d in (512, 769):
-        for is_neox in (True, False):
-            ok &= check_narrow(gen, big if CUDA else small, d, is_neox)
-    ok &= check_narrow(gen, big, 128, True, strided_out=True)
+    ok = check_compositions(gen, big, small)
     rows: list = []
     if CUDA:
         time_kernels(rows)

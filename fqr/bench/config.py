@@ -27,6 +27,7 @@ class BenchConfig:
     rep_ms: float = 50.0
     graph_rep_ms: float = 20.0
     seed: int = 0
+    dispatch: bool = True  # the dispatch table (backend triton only)
 
     def __post_init__(self):
         if not self.presets:

@@ -128,6 +128,8 @@ def merge_documents(docs: list[dict]) -> dict:
         for r in d["rows"]:
             merged["rows"].append(dict(r, ceiling_gbps=d["ceiling"]["gbps"]))
         merged["skipped"].update(d.get("skipped", {}))
+        if d.get("dispatch"):
+            merged.setdefault("dispatch", []).extend(d["dispatch"])
         merged["passed"] = merged["passed"] and d.get("passed", False)
         merged["complete"] = merged["complete"] and d.get("complete", True)
     return merged

@@ -10,7 +10,12 @@ key               what                                                          
 ================  ===================================================================  ========
 ``us``            median kernel time (``do_bench``: L2 flushed, CUDA events); GB/s,    always
                   % of the copy ceiling and the speed-ups come from it
-``graph_us``      median µs per call of CUDA-graph replays                             T <= 256
+``graph_us``      device time: median µs per call of CUDA-graph replays over the       always
+                  rotating input sets (no host in it, nothing served from L2), with    (fqr)
+                  its own % of the ceiling (``device_pct``)
+``wall_us``       wall time per call with host dispatch: back-to-back calls over the   always
+                  rotating sets, no graphs, host clock from first call to last         (fqr)
+                  completion, with its own % of the ceiling (``wall_pct``)
 ``dispatch_us``   host µs per call of the public op without graphs                     T <= 256
 ``launcher_...``  host µs per call of the bare generated-kernel launcher (fqr on       T <= 256
                   triton only): beside ``dispatch_us`` it splits host time between the
@@ -44,8 +49,12 @@ class Measurement:
     subject: str = "op"
     max_tokens: int | None = None
     primary: bool = False
+    pct_key: str | None = None  # where its own % of the copy ceiling goes (a time per call)
+    only: str | None = None  # the one implementation it is taken of (None: every one)
 
-    def applies(self, tokens: int) -> bool:
+    def applies(self, tokens: int, impl: str | None = None) -> bool:
+        if self.only is not None and impl is not None and impl != self.only:
+            return False
         return self.max_tokens is None or tokens <= self.max_tokens
 
 
@@ -58,10 +67,19 @@ KERNEL = Measurement(
 )
 GRAPH = Measurement(
     "graph_us",
-    "graph us",
+    "device us",
     ".2f",
     lambda timers, call, cfg: timers.graph_us(call, cfg.graph_rep_ms),
-    max_tokens=GRAPH_MAX_TOKENS,
+    pct_key="device_pct",
+    only="fqr",
+)
+WALL = Measurement(
+    "wall_us",
+    "wall us",
+    ".2f",
+    lambda timers, call, cfg: timers.wall_us(call, cfg.rep_ms),
+    pct_key="wall_pct",
+    only="fqr",
 )
 DISPATCH = Measurement(
     "dispatch_us",
@@ -79,4 +97,8 @@ LAUNCHER_DISPATCH = Measurement(
     max_tokens=GRAPH_MAX_TOKENS,
 )
 
-MEASUREMENTS: tuple[Measurement, ...] = (KERNEL, GRAPH, DISPATCH, LAUNCHER_DISPATCH)
+MEASUREMENTS: tuple[Measurement, ...] = (KERNEL, GRAPH, WALL, DISPATCH, LAUNCHER_DISPATCH)
+
+# The dispatch table (``doc["dispatch"]``): host µs per call at these token counts of the
+# public op, its torch custom op, one aten op and a bare Triton launch, in the same run.
+DISPATCH_TOKENS = (1, 16, 1024)

@@ -60,6 +60,8 @@ def results_table(doc: dict) -> ReportTable:
         columns.append((m.column, "right"))
         if m.primary:
             columns += [("GB/s", "right"), ("% ceiling", "right")]
+        elif m.pct_key:
+            columns.append((f"{m.column.split()[0]} %", "right"))
     columns += [(f"x {p}", "right") for p in peers]
     rows = []
     for row in doc["rows"]:
@@ -74,18 +76,46 @@ def results_table(doc: dict) -> ReportTable:
                 cells += [_num(r["gbps"], ".0f"), _num(r["pct_ceiling"], ".1f")]
             else:
                 cells.append(_num(r.get(m.key), m.fmt))
+                if m.pct_key:
+                    cells.append(_num(r.get(m.pct_key), ".1f"))
         cells += [_speedup(row, p) for p in peers]
         rows.append(cells)
     env, ceiling = doc["environment"], doc["ceiling"]
     caption = (
         f"numerics {doc['settings'].get('numerics')}, backend {doc['settings'].get('backend')}; "
-        f"graph/dispatch for T <= {GRAPH_MAX_TOKENS} (dispatch: the public op; launch: the bare "
-        "kernel launcher); x peer = peer time / fqr time"
-        + ("" if doc.get("complete", True) else "; INCOMPLETE run (cut short)")
+        "us: do_bench, L2 flushed; device: CUDA-graph replays over rotating inputs; wall: "
+        f"back-to-back calls with host dispatch; dispatch/launch for T <= {GRAPH_MAX_TOKENS} "
+        "(dispatch: the public op; launch: the bare kernel launcher); x peer = peer time / "
+        "fqr time" + ("" if doc.get("complete", True) else "; INCOMPLETE run (cut short)")
     )
     return ReportTable(
         f"fqr bench: {env.get('gpu', '?')}, copy ceiling {ceiling['gbps']:.0f} GB/s",
         caption,
+        columns,
+        rows,
+    )
+
+
+def dispatch_table(doc: dict) -> ReportTable | None:
+    """Host µs per call of the public op, the custom op, ``F.rms_norm`` and a bare Triton
+    launch (``doc["dispatch"]``), each with its ratio to ``F.rms_norm``; None without rows."""
+    entries = doc.get("dispatch") or []
+    if not entries:
+        return None
+    names = list(entries[0]["host_us"])
+    columns = [("preset", "left"), ("dtype", "left"), ("T", "right")]
+    for name in names:
+        columns += [(f"{name} us", "right"), ("x aten", "right")]
+    rows = []
+    for e in entries:
+        cells = [e["preset"], e["dtype"], str(e["tokens"])]
+        for name in names:
+            cells += [_num(e["host_us"].get(name), ".1f"), _num(e["x_rms_norm"].get(name), ".2f")]
+        rows.append(cells)
+    return ReportTable(
+        "dispatch: host us per call without graphs (inference mode)",
+        "x aten = time / F.rms_norm's on the same qkv; triton launch: the generated kernel "
+        "through Triton's JITFunction launch path",
         columns,
         rows,
     )

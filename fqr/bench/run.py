@@ -24,7 +24,7 @@ from .checks import check_outputs, check_row_index, poison_free_memory
 from .config import BenchConfig
 from .document import FQR, add_row, new_document
 from .environment import environment, require_gpu
-from .measurements import MEASUREMENTS
+from .measurements import DISPATCH_TOKENS, MEASUREMENTS
 from .timers import CudaTimers
 from .traffic import Traffic, rotation_sets, traffic_bytes
 
@@ -75,13 +75,14 @@ def fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: st
 
 
 def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str):
-    """The bare generated-kernel launcher (``fqr.lowering.lower``), without the public op's
-    argument checks: its dispatch cost, beside the public op's, splits host time between them."""
-    from ..lowering import lower
+    """The bare generated-kernel launcher (the kernel variant for the call's token count,
+    ``fqr.lowering.lower_by_tokens``), without the public op's argument checks: its dispatch
+    cost, beside the public op's, splits host time between them."""
+    from ..lowering import lower_by_tokens
     from ..prologue import preset_program
 
-    kernel = lower(preset_program(preset, dtype, numerics=numerics), target="cuda")
-    return lambda x: kernel(*x.operands())
+    variants = lower_by_tokens(preset_program(preset, dtype, numerics=numerics), target="cuda")
+    return lambda x: variants.launch(x.operands())
 
 
 def implementations(
@@ -177,7 +178,7 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
     subjects = {"op": impl.call, "launcher": impl.launcher}
     for m in MEASUREMENTS:
         fn = subjects[m.subject]
-        if fn is None or not m.applies(cell.tokens):
+        if fn is None or not m.applies(cell.tokens, impl.name):
             continue
         try:
             result[m.key] = m.take(timers, _cycle(fn, cell.sets), cfg)
@@ -191,6 +192,9 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
         if m.primary:
             gbps = cell.traffic.total / result[m.key] / 1e3
             result.update(gbps=gbps, pct_ceiling=100 * gbps / cell.ceiling_gbps)
+        elif m.pct_key:
+            gbps = cell.traffic.total / result[m.key] / 1e3
+            result[m.pct_key] = 100 * gbps / cell.ceiling_gbps
     return result
 
 
@@ -221,6 +225,62 @@ def measure_cell(
         if name != FQR and ours and r[primary]:
             row["speedup"][name] = r[primary] / ours
     return row
+
+
+def dispatch_callables(preset: Preset, dtype: torch.dtype, numerics: str) -> dict:
+    """What the dispatch table times, each ``call(inputs)`` on the same inputs: the public op,
+    its torch custom op (``torch.ops.fqr``, what a compiled graph calls), one aten op
+    (``F.rms_norm`` over every head of qkv: the host cost of a plain torch op on the same
+    tensor) and a bare Triton launch (fqr's generated kernel through ``JITFunction``'s own
+    launch path, outputs allocated as the op does)."""
+    import torch.nn.functional as F
+
+    from .. import fusion  # noqa: F401  (registers torch.ops.fqr)
+    from ..lowering import lower_by_tokens
+    from ..prologue import preset_program, split_qkv_rmsnorm_rope
+
+    spec = preset.spec
+    variants = lower_by_tokens(preset_program(preset, dtype, numerics=numerics), target="cuda")
+    op = torch.ops.fqr.split_qkv_rmsnorm_rope.default
+    statics = (spec.num_heads, spec.num_kv_heads, spec.head_dim, float(spec.eps), spec.is_neox)
+    statics += (float(spec.weight_offset), spec.norm, numerics)
+
+    def rms_norm(x: PrologueInputs):
+        heads = x.qkv.view(x.tokens, -1, spec.head_dim)
+        return F.rms_norm(heads, (spec.head_dim,), x.q_weight, spec.eps)
+
+    return {
+        "public op": lambda x: split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(numerics=numerics)),
+        "torch.ops.fqr": lambda x: op(*x.args(), x.q_bias, x.k_bias, *statics),
+        "F.rms_norm": rms_norm,
+        "triton launch": lambda x: variants.kernel_for(x.tokens).launch(x.operands(), direct=False),
+    }
+
+
+def dispatch_rows(preset: Preset, dtype: torch.dtype, cfg: BenchConfig, timers, cache, device):
+    """Host µs per call of each :func:`dispatch_callables` entry at :data:`DISPATCH_TOKENS`
+    tokens, under ``torch.inference_mode`` as a serving engine calls them; per row also each
+    entry's ratio to ``F.rms_norm``."""
+    callables = dispatch_callables(preset, dtype, cfg.numerics)
+    rows = []
+    for tokens in DISPATCH_TOKENS:
+        generator = torch.Generator(device=device).manual_seed(cfg.seed + tokens)
+        x = random_inputs(preset.spec, tokens, dtype, generator, cache)
+        with torch.inference_mode():
+            host = {
+                name: timers.dispatch_us(lambda f=f, x=x: f(x)) for name, f in callables.items()
+            }
+        base = host["F.rms_norm"]
+        rows.append(
+            {
+                "preset": preset.name,
+                "dtype": dtype_name(dtype),
+                "tokens": tokens,
+                "host_us": host,
+                "x_rms_norm": {name: us / base for name, us in host.items()},
+            }
+        )
+    return rows
 
 
 def run_bench(
@@ -256,6 +316,14 @@ def run_bench(
         for dtype in cfg.dtypes:
             torch._dynamo.reset()  # each (preset, dtype) compiles its own compile peer afresh
             impls = implementations(cfg, preset, dtype, cache, doc["skipped"])
+            if cfg.backend == "triton" and cfg.dispatch:
+                progress(f"{preset.name} {dtype_name(dtype)}: dispatch")
+                try:
+                    doc.setdefault("dispatch", []).extend(
+                        dispatch_rows(preset, dtype, cfg, timers, cache, device)
+                    )
+                except Exception as e:  # the cells' own checks report a broken kernel
+                    doc["skipped"][f"dispatch/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
             for tokens in cfg.tokens:
                 cell = make_cell(cfg, preset, dtype, tokens, cache, env, ceiling["gbps"], device)
                 add_row(doc, measure_cell(cell, impls, cfg, timers, progress))

@@ -25,10 +25,32 @@ class CudaTimers:
         return 1e3 * do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
     def graph_us(self, call: Callable[[], object], rep_ms: float) -> float:
-        """Median µs per call of CUDA-graph replays (``do_bench_cudagraph``, many calls a graph)."""
+        """Device µs per call: median of CUDA-graph replays (``do_bench_cudagraph``: many calls
+        captured in one graph; ``call`` rotates over the input sets, so nothing repeats)."""
         from triton.testing import do_bench_cudagraph
 
         return 1e3 * do_bench_cudagraph(call, rep=rep_ms, return_mode="median")
+
+    def wall_us(self, call: Callable[[], object], rep_ms: float, rounds: int = 5) -> float:
+        """Wall µs per call with host dispatch, no graphs: host clock over back-to-back calls,
+        from the first call to the last one's completion (synchronised), median of rounds."""
+        call()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        estimate = (time.perf_counter() - start) / 5
+        calls = max(10, min(5000, int(rep_ms * 1e-3 / max(estimate, 1e-7))))
+        per_call = []
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            per_call.append((time.perf_counter() - start) / calls * 1e6)
+        return statistics.median(per_call)
 
     def dispatch_us(self, call: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
         """Host cost per call in µs without graphs: host clock over back-to-back calls."""

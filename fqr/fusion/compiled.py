@@ -24,15 +24,18 @@ What it reports (:class:`Comparison`):
   differences compiling introduces anyway) plus 2^-8. ``vllm``: in addition, every layer's
   fused q and k against the float64 prologue of that layer's own qkv under the ``unfused``
   numerics contract (:mod:`fqr.numerics`), v bit-exact;
-* latency: ms per forward of both, interleaved per T, for prefill and decode-sized batches
-  (T tokens in one forward, no KV cache: the prologue's cost per token, not attention over a
-  cache);
-* the profile split (CUDA): torch.profiler kernel time per forward at the given T. The
-  *prologue kernels* of a side are the kernels that differ between the two compiled models
-  (names compared with Inductor's kernel index stripped; a name present on both sides a
-  different number of times contributes the surplus): without the pass, the Inductor kernels
-  of the unfused norm/RoPE; with it, fqr's kernel and any neighbour Inductor regenerated.
-  Everything the two share (GEMMs, attention, MLP, the other norms) is the rest.
+* latency: median ms per forward of both, the two sides interleaved in rounds at each T
+  (:func:`_time_sides`), for prefill and decode-sized batches (T tokens in one forward, no KV
+  cache: the prologue's cost per token, not attention over a cache); on CUDA both sides replay
+  CUDA graphs, and ``cudagraph_skips`` counts the graphs Inductor would not capture (0 each);
+* the profile split (CUDA): torch.profiler kernel time per forward at the given T, each
+  kernel classified by what its name says it computes (:func:`classify_kernel`): the
+  prologue is fqr's kernel and its Inductor glue, Inductor's RoPE kernels and the q/k norm
+  reductions; the rest is everything else: GEMMs, attention and the causal mask, the
+  model's other RMSNorms, the MLP (:func:`profile_split`). The SDPA backend each side ran
+  is read from the same profile (:func:`attention_backend`); for the ``vllm`` model
+  ``sdpa_choice`` also records the backend PyTorch picks for each T (a fused one on CUDA);
+* :meth:`Comparison.targets`: issue 16's targets, met or not, with the numbers.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ class ProfileSplit:
     fused_total_us: float
     unfused_prologue_kernels: dict = field(default_factory=dict)  # name -> us per forward
     fused_prologue_kernels: dict = field(default_factory=dict)
+    attention: dict = field(default_factory=dict)  # side -> SDPA backend that ran
+    kernels: dict = field(default_factory=dict)  # side -> name -> {us, launches, category}
 
     @property
     def unfused_share(self) -> float:
@@ -113,6 +118,8 @@ class Comparison:
     unfused_ops_left: dict  # the vllm model has no other norm: none may be left there
     numerics: dict  # output -> {fused_err, plain_err, limit, passed}; layer checks for vllm
     compile_s: dict  # side -> seconds of the first call (trace + compile + first run)
+    cudagraph_skips: dict = field(default_factory=dict)  # side -> graphs run without CUDA graphs
+    sdpa_choice: dict = field(default_factory=dict)  # vllm: T -> SDPA backend PyTorch picks
     latency: list[LatencyRow] = field(default_factory=list)
     profile: list[ProfileSplit] = field(default_factory=list)
 
@@ -126,6 +133,74 @@ class Comparison:
         leftovers_ok = self.model != "vllm" or not self.unfused_ops_left
         return self.sites == self.layers and leftovers_ok and self.numerics_passed
 
+    def targets(self) -> list[dict]:
+        """Issue 16's targets, each ``{target, passed, detail}`` (``passed`` None: not
+        measured in this run, e.g. no profile on the CPU)."""
+        out = []
+
+        def add(target, passed, detail):
+            out.append({"target": target, "passed": passed, "detail": detail})
+
+        add(
+            "every prologue fused",
+            self.sites == self.layers,
+            f"{self.sites} / {self.layers} per graph ({self.graphs} graph(s))",
+        )
+        worst = [
+            f"{k}: {v['fused_err']:.3g} <= {v['limit']:.3g}"
+            if "fused_err" in v
+            else f"{k}: {v['max_rel_head']:.3g} ({v['tolerance']})"
+            for k, v in self.numerics.items()
+            if v["passed"]
+        ]
+        failed = [k for k, v in self.numerics.items() if not v["passed"]]
+        add(
+            "outputs within the unfused contract",
+            not failed,
+            ("FAILED: " + ", ".join(failed)) if failed else "; ".join(worst),
+        )
+        if self.latency:
+            slowest = min(self.latency, key=lambda r: r.speedup)
+            add(
+                "latency with <= without at every T",
+                all(r.fused_ms <= r.unfused_ms for r in self.latency),
+                f"lowest without/with {slowest.speedup:.3f}x at {slowest.phase} T={slowest.tokens}"
+                f" ({slowest.unfused_ms:.3f} vs {slowest.fused_ms:.3f} ms); "
+                + ", ".join(f"{r.phase} {r.tokens}: {r.speedup:.3f}x" for r in self.latency),
+            )
+        big = [p for p in self.profile if p.tokens >= 4096]
+        add(
+            "prologue share at T >= 4096 with <= half of without",
+            all(p.fused_share <= p.unfused_share / 2 for p in big) if big else None,
+            "; ".join(
+                f"T={p.tokens}: {p.unfused_prologue_us:.0f} -> {p.fused_prologue_us:.0f} us, "
+                f"{100 * p.unfused_share:.2f}% -> {100 * p.fused_share:.2f}%"
+                for p in big
+            )
+            or "no profile at T >= 4096",
+        )
+        ran = {(p.attention.get("unfused"), p.attention.get("fused")) for p in self.profile}
+        picks = sorted(set(self.sdpa_choice.values()))
+        if self.profile or picks:
+            notes = [f"T={p.tokens}: without {p.attention['unfused']}, with "
+                     f"{p.attention['fused']}" for p in self.profile]  # fmt: skip
+            if picks:
+                notes.append(f"PyTorch picks {', '.join(picks)}")
+            if not self.profile:
+                notes.append("no profile: the kernels that ran are not checked")
+            add(
+                "same fused SDPA kernel on both sides, never math",
+                all(u == f and u not in ("math", "none") for u, f in ran) and "math" not in picks,
+                "; ".join(notes),
+            )
+        if self.cudagraphs:
+            add(
+                "both sides under CUDA graphs",
+                not any(self.cudagraph_skips.values()),
+                f"cudagraph skips {self.cudagraph_skips}",
+            )
+        return out
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["latency"] = [dict(asdict(r), speedup=r.speedup) for r in self.latency]
@@ -133,7 +208,9 @@ class Comparison:
             dict(asdict(p), unfused_share=p.unfused_share, fused_share=p.fused_share)
             for p in self.profile
         ]
-        return dict(d, passed=self.passed, numerics_passed=self.numerics_passed)
+        return dict(
+            d, passed=self.passed, numerics_passed=self.numerics_passed, targets=self.targets()
+        )
 
 
 # ----------------------------------------------------------------------------- the models
@@ -233,38 +310,129 @@ def _call(fn, args, cudagraphs: bool):
     return fn(*args)
 
 
-def _time_ms(fn, args, device, cudagraphs: bool, budget_s: float = 0.25) -> float:
-    """Mean ms per call: 3 warm-up calls (cudagraph trees record on the second), then as
-    many calls as fit ``budget_s`` (3..50), timed with CUDA events on CUDA."""
-    for _ in range(3):
-        _call(fn, args, cudagraphs)
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
+
+
+def _time_sides(
+    compiled: dict, args, device, cudagraphs: bool, rounds: int = 9, round_s: float = 0.05
+) -> tuple[dict, dict]:
+    """Median ms per forward of each side, the sides interleaved: 3 warm-up calls each
+    (cudagraph trees record on the second, a new T may recompile), then ``rounds`` rounds;
+    in each, every side (order alternating between rounds) runs ``n`` back-to-back calls
+    (``n`` fills about ``round_s``, 2..200) timed with CUDA events around the ``n`` calls (the
+    GPU timeline from the first launch to the last kernel's end: where replays are shorter
+    than their CPU-side launch, as in decode, the CPU time counts too; wall time on CPU),
+    giving one ms-per-call sample. Also returns, per side, the
+    cudagraph skips Inductor counted during the warm-up (0: the side runs under CUDA graphs)."""
+    skips = {}
+    for side, fn in compiled.items():
+        before = _cudagraph_skips()
+        for _ in range(3):
+            _call(fn, args, cudagraphs)
+        skips[side] = _cudagraph_skips() - before
     _sync(device)
     start = time.perf_counter()
-    _call(fn, args, cudagraphs)
+    _call(compiled["unfused"], args, cudagraphs)
     _sync(device)
     one = max(time.perf_counter() - start, 1e-5)
-    iters = int(min(50, max(3, budget_s / one)))
-    if device.type == "cuda":
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(iters):
-            _call(fn, args, cudagraphs)
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end) / iters
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        _call(fn, args, cudagraphs)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    n = int(min(200, max(2, round_s / one)))
+    samples: dict = {side: [] for side in compiled}
+    sides = list(compiled)
+    for r in range(rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            fn = compiled[side]
+            if device.type == "cuda":
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(n):
+                    _call(fn, args, cudagraphs)
+                end.record()
+                end.synchronize()
+                samples[side].append(begin.elapsed_time(end) / n)
+            else:
+                start = time.perf_counter()
+                for _ in range(n):
+                    _call(fn, args, cudagraphs)
+                samples[side].append(1e3 * (time.perf_counter() - start) / n)
+    return {side: statistics.median(v) for side, v in samples.items()}, skips
 
 
 _INDEX_SUFFIX = re.compile(r"_\d+$")
+_INDUCTOR_KERNEL = re.compile(r"^triton_[a-z]+_fused_(?P<ops>.*?)(?:_\d+)?$")
+
+# What a kernel computes, read from its name. Inductor names a fused kernel
+# ``triton_{poi,per,red}_fused_<ops>_<index>`` after the ATen ops of the nodes it holds
+# (``descriptive_names="original_aten"``); library kernels keep their own names.
+FQR_OPS = ("split_qkv_rmsnorm_rope", "qk_rmsnorm_rope")  # torch.ops.fqr.*: Inductor's glue
+ATTENTION_OPS = ("scaled_dot_product", "attention", "softmax", "bitwise_and")  # + causal mask
+ROPE_OPS = ("cos", "sin", "neg", "index_select")  # the angle table, rotate_half, cache rows
+NORM_OPS = ("rsqrt", "mean", "pow", "rms_norm")
+CATEGORIES = ("fqr", "rope", "norm", "attention", "library", "other")
+
+
+def _has(ops: str, names: tuple[str, ...]) -> bool:
+    padded = f"_{ops}_"
+    return any(f"_{n}_" in padded for n in names)
+
+
+def classify_kernel(name: str) -> str:
+    """The category of a CUDA kernel by what its name says it computes:
+
+    * ``fqr``: fqr's kernel (``fqr_<target>_<key>``), or an Inductor kernel holding the
+      nodes around a ``torch.ops.fqr.*`` call (named after the fqr op);
+    * ``attention``: SDPA (library kernels: flash, memory-efficient, cuDNN) and Inductor
+      kernels that feed it or build its mask (``scaled_dot_product``, ``softmax``,
+      ``bitwise_and``), even when a scrap of another op was inlined into them;
+    * ``rope``: Inductor kernels with a RoPE op (``cos``/``sin`` of the angle table, ``neg``
+      of ``rotate_half``, ``index_select`` of cache rows), norm ops or not;
+    * ``norm``: Inductor kernels with RMSNorm ops and no RoPE op: a model RMSNorm or the
+      reduction half of a q/k norm (:func:`profile_split` tells them apart);
+    * ``library``: any other non-Inductor kernel (GEMMs, copies);
+    * ``other``: any other Inductor kernel (MLP activations, residual adds, layout copies).
+    """
+    if name.startswith("fqr_"):
+        return "fqr"
+    m = _INDUCTOR_KERNEL.match(name)
+    if m is None:
+        low = name.lower()
+        if any(w in low for w in ("flash", "fmha", "sdpa", "attention", "attn", "softmax")):
+            return "attention"
+        return "library"
+    ops = m.group("ops")
+    if _has(ops, FQR_OPS):
+        return "fqr"
+    if _has(ops, ATTENTION_OPS):
+        return "attention"
+    if _has(ops, ROPE_OPS):
+        return "rope"
+    if _has(ops, NORM_OPS):
+        return "norm"
+    return "other"
+
+
+def attention_backend(kernels) -> str:
+    """Which SDPA backend ran, from the names of the kernels of one forward: ``cudnn``,
+    ``efficient``, ``flash``, or ``math`` (no SDPA library kernel: Inductor decomposed
+    attention into GEMMs and a softmax), ``none`` (no attention kernel at all)."""
+    library = [n.lower() for n in kernels if classify_kernel(n) == "attention"]
+    library = [n for n in library if not n.startswith("triton_")]
+    for backend, words in (("cudnn", ("cudnn",)), ("efficient", ("fmha", "mem_eff", "cutlassf"))):
+        if any(w in n for n in library for w in words):
+            return backend
+    if any("flash" in n for n in library):
+        return "flash"
+    if any(classify_kernel(n) == "attention" for n in kernels):
+        return "math"
+    return "none"
 
 
 def kernel_times(fn, args, cudagraphs: bool, calls: int = 3) -> tuple[Counter, Counter]:
-    """CUDA kernel time (µs) and launches per forward by kernel name, from torch.profiler."""
+    """CUDA kernel time (µs, device time) and launches per forward by kernel name, from
+    torch.profiler over ``calls`` forwards after 2 warm-up calls."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -285,8 +453,16 @@ def kernel_times(fn, args, cudagraphs: bool, calls: int = 3) -> tuple[Counter, C
 
 
 def profile_split(tokens: int, unfused: tuple, fused: tuple) -> ProfileSplit:
-    """Prologue vs rest from two profiles (module docstring): by name stem, the surplus of
-    each side's kernels over the other's is that side's prologue."""
+    """Prologue vs rest of two profiles (``(µs, launches)`` per kernel name, per forward), by
+    what each kernel computes (:func:`classify_kernel`), not by which kernels differ:
+
+    * prologue: ``fqr`` and ``rope`` kernels, and the launches of a ``norm`` kernel (name
+      compared without Inductor's index suffix) in excess of the other model's launches of
+      it: a q/k norm reduction Inductor split from its RoPE. Launches both models make are
+      the model's own RMSNorms (Hugging Face's input / post-attention / final norms), which
+      the pass leaves alone;
+    * rest: everything else (GEMMs, attention and its mask, MLP, residual adds, copies).
+    """
 
     def by_stem(times, counts):
         t, c = Counter(), Counter()
@@ -297,20 +473,34 @@ def profile_split(tokens: int, unfused: tuple, fused: tuple) -> ProfileSplit:
         return t, c
 
     (ut, uc), (ft, fc) = by_stem(*unfused), by_stem(*fused)
-    u_only, f_only = {}, {}
-    for stem in set(ut) | set(ft):
-        if uc[stem] > fc[stem]:
-            u_only[stem] = ut[stem] * (uc[stem] - fc[stem]) / uc[stem]
-        if fc[stem] > uc[stem]:
-            f_only[stem] = ft[stem] * (fc[stem] - uc[stem]) / fc[stem]
+
+    def prologue(times, counts, other_counts) -> dict:
+        out = {}
+        for stem, us in times.items():
+            kind = classify_kernel(stem)
+            if kind in ("fqr", "rope"):
+                out[stem] = us
+            elif kind == "norm" and counts[stem] > other_counts[stem]:
+                out[stem] = us * (counts[stem] - other_counts[stem]) / counts[stem]
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def table(times, counts) -> dict:
+        return {
+            stem: {"us": us, "launches": counts[stem], "category": classify_kernel(stem)}
+            for stem, us in sorted(times.items(), key=lambda kv: -kv[1])
+        }
+
+    u_pro, f_pro = prologue(ut, uc, fc), prologue(ft, fc, uc)
     return ProfileSplit(
         tokens,
-        sum(u_only.values()),
+        sum(u_pro.values()),
         sum(ut.values()),
-        sum(f_only.values()),
+        sum(f_pro.values()),
         sum(ft.values()),
-        dict(sorted(u_only.items(), key=lambda kv: -kv[1])),
-        dict(sorted(f_only.items(), key=lambda kv: -kv[1])),
+        u_pro,
+        f_pro,
+        attention={"unfused": attention_backend(ut), "fused": attention_backend(ft)},
+        kernels={"unfused": table(ut, uc), "fused": table(ft, fc)},
     )
 
 
@@ -364,6 +554,14 @@ def compare_compiled(
     check_args = work.inputs(check_tokens)
     work.mark_dynamic(check_args)
     compile_s, outs = {}, {}
+    cudagraph_skips = {side: 0 for side in compiled}
+    sdpa_choice = {}
+    if model == "vllm":  # the backend SDPA picks for this device/dtype (traced the same way)
+        for t in (1, check_tokens, *prefill, *decode):
+            try:
+                sdpa_choice[t] = work.module.layers[0].sdpa_backend(t)
+            except Exception as e:  # a private torch API: record, the profile still tells
+                sdpa_choice[t] = f"unknown ({type(e).__name__}: {e})"
     with torch.no_grad():
         eager_out = work.module(*check_args)
         eager = work.outputs(eager_out)
@@ -371,9 +569,11 @@ def compare_compiled(
             log(f"compiling {model} {'with' if side == 'fused' else 'without'} the fusion pass")
             _sync(dev)
             start = time.perf_counter()
+            before = _cudagraph_skips()
             out = _call(fn, check_args, cudagraphs)
             _sync(dev)
             compile_s[side] = time.perf_counter() - start
+            cudagraph_skips[side] += _cudagraph_skips() - before
             outs[side] = work.outputs(out)
             if side == "fused":
                 layer_checks = work.layer_checks(check_args, out)
@@ -398,7 +598,9 @@ def compare_compiled(
             for t in sizes:
                 log(f"timing {phase} T={t}")
                 args = work.inputs(t)
-                ms = {side: _time_ms(fn, args, dev, cudagraphs) for side, fn in compiled.items()}
+                ms, skips = _time_sides(compiled, args, dev, cudagraphs)
+                for side, n in skips.items():
+                    cudagraph_skips[side] += n
                 rows.append(LatencyRow(phase, t, ms["unfused"], ms["fused"]))
 
         splits = []
@@ -425,6 +627,8 @@ def compare_compiled(
         unfused_ops_left=left,
         numerics=numerics,
         compile_s=compile_s,
+        cudagraph_skips=cudagraph_skips,
+        sdpa_choice=dict(sorted(sdpa_choice.items())),
         latency=rows,
         profile=splits,
     )
@@ -452,6 +656,20 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
             detail = f"max err {n['max_rel_head']:.3g} x head max ({n['tolerance']})"
             detail += "" if n["v_exact"] else ", v NOT bit-exact"
         summary.append([check, ("pass: " if n["passed"] else "FAIL: ") + detail])
+    if c.cudagraphs:
+        summary.append(
+            ["cudagraph skips", ", ".join(f"{k} {v}" for k, v in c.cudagraph_skips.items())]
+        )
+    if c.sdpa_choice:
+        picks = sorted(set(c.sdpa_choice.values()))
+        summary.append(["SDPA backend PyTorch picks", ", ".join(picks)])
+    for p in c.profile:
+        summary.append(
+            [
+                f"SDPA backend that ran, T={p.tokens}",
+                f"without {p.attention.get('unfused')}, with {p.attention.get('fused')}",
+            ]
+        )
     summary.append(["result", "ok" if c.passed else "FAILED"])
     latency = [
         [
@@ -478,7 +696,7 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
     tables = [
         (name, ["check", "value"], summary),
         (
-            f"{c.model}: forward latency, ms (without / with the pass)",
+            f"{c.model}: forward latency, ms (median of interleaved rounds, CUDA events)",
             ["phase", "T", "without", "with", "speedup", "with <= without"],
             latency,
         ),
@@ -486,9 +704,23 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
     if profile:
         tables.append(
             (
-                f"{c.model}: kernel time per forward, prologue / all, us",
+                f"{c.model}: device time per forward, prologue kernels / all kernels, us",
                 ["T", "without", "share", "with", "share", "share halved"],
                 profile,
             )
         )
+    tables.append(
+        (
+            f"{c.model}: targets (issue 16)",
+            ["target", "result", "numbers"],
+            [
+                [
+                    t["target"],
+                    "n/a" if t["passed"] is None else "PASS" if t["passed"] else "FAIL",
+                    t["detail"],
+                ]
+                for t in c.targets()
+            ],
+        )
+    )
     return tables

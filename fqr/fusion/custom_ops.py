@@ -7,13 +7,20 @@
                                   (Hugging Face form); :func:`fqr.qk_rmsnorm_rope`
 ================================  ===========================================================
 
-Both are functional (``mutates_args=()``, outputs never alias inputs) and dispatch with
+Both are functional (no argument is mutated, outputs never alias inputs) and dispatch with
 ``backend="auto"``: the generated Triton kernel for CUDA tensors, Triton-Ascend for NPU
 tensors, the reference program interpreter on CPU. Their fake implementations only compute
 output shapes, so they trace under ``torch.compile`` with a symbolic token count.
 
-(No ``from __future__ import annotations`` here: ``torch.library.custom_op`` reads the
-annotations to build the schema.)
+They are registered the way vLLM registers its ops (``vllm.utils.direct_register_custom_op``):
+``torch.library.Library("fqr", "DEF")``, ``define`` with the schema inferred from the Python
+signature, ``impl`` of the public op for each device's dispatch key and ``_register_fake``.
+``torch.library.custom_op`` would put its Python wrapper (``backend_impl``, an autograd
+wrapper, alias checks) around every call: more than the op's own host cost (issue 12). The
+ops are inference ops, as vLLM's are: no autograd kernel is registered (the public functions
+carry the autograd policy, :class:`fqr.backends.DifferentiableRun`).
+
+(No ``from __future__ import annotations`` here: ``infer_schema`` reads the annotations.)
 """
 
 from typing import Optional
@@ -23,8 +30,21 @@ from torch import Tensor
 
 from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_rope
 
+LIBRARY = torch.library.Library("fqr", "DEF")
+# The devices the op runs on: the reference rules on CPU, the kernels on CUDA and on NPUs
+# (torch_npu's tensors dispatch as PrivateUse1).
+DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
-@torch.library.custom_op("fqr::split_qkv_rmsnorm_rope", mutates_args=())
+
+def _register(name: str, impl, fake) -> None:
+    """``fqr::name``: schema from ``impl``'s signature, ``impl`` for every dispatch key in
+    :data:`DISPATCH_KEYS`, ``fake`` for tracing (vLLM's ``direct_register_custom_op``)."""
+    LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=()))
+    for key in DISPATCH_KEYS:
+        LIBRARY.impl(name, impl, key)
+    LIBRARY._register_fake(name, fake)
+
+
 def split_qkv_rmsnorm_rope_op(
     qkv: Tensor,
     positions: Tensor,
@@ -63,7 +83,6 @@ def split_qkv_rmsnorm_rope_op(
     )
 
 
-@split_qkv_rmsnorm_rope_op.register_fake
 def _split_qkv_rmsnorm_rope_fake(
     qkv,
     positions,
@@ -94,7 +113,6 @@ def _split_qkv_rmsnorm_rope_fake(
     )
 
 
-@torch.library.custom_op("fqr::qk_rmsnorm_rope", mutates_args=())
 def qk_rmsnorm_rope_op(
     q: Tensor,
     k: Tensor,
@@ -129,7 +147,6 @@ def qk_rmsnorm_rope_op(
     )
 
 
-@qk_rmsnorm_rope_op.register_fake
 def _qk_rmsnorm_rope_fake(
     q,
     k,
@@ -147,3 +164,7 @@ def _qk_rmsnorm_rope_fake(
 ):
     torch._check(q.dim() == 2 and k.dim() == 2, lambda: "q and k must be 2-D [T, heads*head_dim]")
     return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+_register("split_qkv_rmsnorm_rope", split_qkv_rmsnorm_rope_op, _split_qkv_rmsnorm_rope_fake)
+_register("qk_rmsnorm_rope", qk_rmsnorm_rope_op, _qk_rmsnorm_rope_fake)

@@ -2,9 +2,11 @@
 
 Each :class:`VllmStyleAttention` layer is vLLM's ``Qwen3Attention`` (Gemma 3's with
 ``gemma=True``) made small: packed ``qkv_proj``, per-head q/k RMSNorm, RoPE from a
-``cos_sin_cache`` in the model dtype, causal GQA attention over the tokens, ``o_proj`` and a
-residual add. Layers may have different shapes (a mixed-shape model). The model returns the
-final hidden states and, per layer, ``(qkv, q, k, v)`` so that callers can check each
+``cos_sin_cache`` in the model dtype, causal GQA attention over the tokens (SDPA on
+``[1, H, T, D]`` views in the model dtype, k/v heads shared through ``enable_gqa``: the flash
+or cuDNN backend on CUDA, as vLLM runs FlashAttention), ``o_proj`` and a residual add. Layers
+may have different shapes (a mixed-shape model). The model returns the final hidden states
+and, per layer, ``(qkv, q, k, v)`` so that callers can check each
 prologue against a float64 reference. Used by ``fqr fuse`` and the fusion tests.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from ..presets import Preset, PrologueSpec
 from ..rope_cache import rope_cos_sin_cache
@@ -90,15 +93,35 @@ class VllmStyleAttention(nn.Module):
             k_bias=self.k_bias,
         )
         t = hidden.shape[0]
-        attn = F.scaled_dot_product_attention(
-            q.view(t, s.num_heads, s.head_dim).transpose(0, 1),
-            k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
-            v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1),
-            is_causal=True,
-            enable_gqa=True,
-        )
-        out = self.o_proj(attn.transpose(0, 1).reshape(t, s.q_size))
+        q4, k4, v4 = self.attention_inputs(q, k, v)
+        attn = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+        out = self.o_proj(attn.transpose(1, 2).reshape(t, s.q_size))
         return hidden + out, (qkv, q, k, v)
+
+    def attention_inputs(self, q, k, v):
+        """q ``[T, Hq*D]``, k and v ``[T, Hkv*D]`` as the ``[1, H, T, D]`` views SDPA takes (no
+        copy, k/v not repeated: GQA is the kernel's, ``enable_gqa=True``). Four dimensions and
+        the model dtype are what let the flash (or memory-efficient) backend run; 3-D inputs
+        fall back to the math backend, which on CUDA computes bf16 attention in fp32 GEMMs."""
+        s = self.shape.spec
+        t = q.shape[0]
+        return (
+            q.view(1, t, s.num_heads, s.head_dim).transpose(1, 2),
+            k.view(1, t, s.num_kv_heads, s.head_dim).transpose(1, 2),
+            v.view(1, t, s.num_kv_heads, s.head_dim).transpose(1, 2),
+        )
+
+    def sdpa_backend(self, tokens: int) -> str:
+        """The SDPA backend PyTorch picks for this layer's attention over ``tokens`` tokens on
+        its device and dtype (``flash_attention``, ``efficient_attention``, ``math``, ...)."""
+        s = self.shape.spec
+        like = self.o_proj.weight
+        q = like.new_empty(tokens, s.q_size)
+        k = like.new_empty(tokens, s.kv_size)
+        choice = torch._fused_sdp_choice(
+            *self.attention_inputs(q, k, k), is_causal=True, enable_gqa=True
+        )
+        return SDPBackend(choice).name.lower()
 
 
 class VllmStyleModel(nn.Module):

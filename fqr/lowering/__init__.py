@@ -32,7 +32,16 @@ from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
 from .targets import TARGETS, Target, get_target
 
-__all__ = ["lower", "jit", "kernel_source", "Kernel", "PlanError", "TARGETS"]
+__all__ = [
+    "lower",
+    "lower_by_tokens",
+    "KernelsByTokens",
+    "jit",
+    "kernel_source",
+    "Kernel",
+    "PlanError",
+    "TARGETS",
+]
 
 _KERNELS: dict[tuple, Kernel] = {}
 
@@ -88,6 +97,57 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
     return kernel
 
 
+class KernelsByTokens:
+    """One program's kernel variants by token count (``Target.token_buckets``): a call with T
+    tokens runs the first variant whose ``max_tokens`` is at least T. Each variant is lowered
+    when a call first needs it and compiled once (T is a runtime argument of every variant)."""
+
+    def __init__(self, program: Program, target: str = "cuda", **options: Any) -> None:
+        self.program, self.target = program, target
+        buckets = get_target(target).token_buckets(plan_program(program), **options)
+        self.buckets = buckets
+        self._limits = [limit for limit, _ in buckets]
+        self._kernels: list[Kernel | None] = [None] * len(buckets)
+
+    def kernel_for(self, tokens: int) -> Kernel:
+        """The variant that runs ``tokens`` tokens (lowered on first use)."""
+        i = 0
+        for limit in self._limits:
+            if limit is None or tokens <= limit:
+                break
+            i += 1
+        kernel = self._kernels[i]
+        if kernel is None:
+            kernel = self._kernels[i] = lower(self.program, self.target, **self.buckets[i][1])
+        return kernel
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        """The variants lowered so far."""
+        return [k for k in self._kernels if k is not None]
+
+    def launch(self, args, out=None, donate: bool = False) -> list[torch.Tensor]:
+        """:meth:`Kernel.launch` of the variant for ``args[0]``'s token count."""
+        return self.kernel_for(args[0].shape[0]).launch(args, out, donate)
+
+    def __call__(self, *args: torch.Tensor, out=None, donate: bool = False) -> list[torch.Tensor]:
+        """Checked call (:meth:`Kernel.__call__`) of the variant for the token count."""
+        return self.kernel_for(args[0].shape[0])(*args, out=out, donate=donate)
+
+
+_BY_TOKENS: dict[tuple, KernelsByTokens] = {}
+
+
+def lower_by_tokens(program: Program, target: str = "cuda", **options: Any) -> KernelsByTokens:
+    """The kernel variants of ``program`` on ``target`` by token count (memoised like
+    :func:`lower`): what the backends run."""
+    memo = (program.fingerprint(), target, tuple(sorted(options.items())))
+    found = _BY_TOKENS.get(memo)
+    if found is None:
+        found = _BY_TOKENS[memo] = KernelsByTokens(program, target, **options)
+    return found
+
+
 def default_target(device: torch.device) -> str:
     return {"cuda": "cuda", "npu": "ascend"}.get(device.type, "interpret")
 
@@ -125,7 +185,7 @@ def jit(
         program = programs[key]
         tensors = [a for a in args if a is not None]
         tgt = target or default_target(tensors[0].device)
-        outs = lower(program, tgt, **options)(*tensors)
+        outs = lower_by_tokens(program, tgt, **options)(*tensors)
         return tuple(outs) if len(outs) > 1 else outs[0]
 
     wrapped.programs = programs  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ TL_DTYPES = {
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
 }
-EMITTER_VERSION = "2"
+EMITTER_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Tiling:
     # chunk is its own program along grid axis 1; a chain with a reduction over its whole row
     # stays in one program).
     chunk_mode: str = "loop"
+    # How a GPT-J pair tile is read and written: "split" (a [.., pairs, 2] pointer tile, split
+    # in registers) or "reshape" (the contiguous 2 * pairs features of the row, reshaped to
+    # [.., pairs, 2] and split; the store joins and reshapes back).
+    pair_access: str = "split"
 
 
 def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
@@ -165,7 +169,9 @@ class KernelBuilder:
         self.uses_round_bf16 = False
         self.uses_round_fp8 = False
         self.aliases = plan.program.aliases()  # output index -> the input it updates in place
+        self.head_tile = "1"  # heads in the current chunk's tiles (a literal)
         self.param_list: list[str] = []
+        self.dense_strides: list[tuple[str, int]] = []  # (stride parameter, its row width)
         self._bind_params()
 
     @property
@@ -204,15 +210,17 @@ class KernelBuilder:
             self.param_list.append(base)
             if role in (Role.VALUE, Role.TABLE):
                 self.param_list.append(f"{self.var_name(v)}_stride")
+                self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
             if role is Role.CACHE:  # block, row-in-block and head strides; rows in all blocks
                 name = self.var_name(v)
                 self.param_list += [f"{name}_s0", f"{name}_s1", f"{name}_s2", f"{name}_rows"]
-        for i in range(len(self.plan.program.outputs)):
+        for i, o in enumerate(self.plan.program.outputs):
             if i not in self.aliases:  # an updated input is written through that input
                 self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
-        self.param_list += ["T", "BLOCK_T: tl.constexpr"]
+                self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
+        self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
         """``expr`` (fp32) rounded to ``dtype``, round-to-nearest-even on every target."""
@@ -256,6 +264,13 @@ class KernelBuilder:
         off = offs if slot.start == 0 else f"({slot.start} + {offs})"
         return off, mask, True
 
+    def _pair_row(self, slot: Slot) -> tuple[str, str | None]:
+        """(offsets ``[1, 1, 2 * padded]`` of a pair slot's features as one contiguous row,
+        the mask of its padding or None), for ``pair_access="reshape"``."""
+        c = self.cols(2 * slot.padded)
+        mask = None if slot.padded == slot.count else f"({c} < {2 * slot.count})"
+        return (c if slot.start == 0 else f"({slot.start} + {c})"), mask
+
     # -------------------------------------------------------------- loads and stores
     def _load_slots(
         self,
@@ -266,9 +281,23 @@ class KernelBuilder:
         prefix: str,
         emit: Callable[[str], None],
         scalar_base: bool = False,
+        lead: str = "BLOCK_T",
     ) -> dict[str, str]:
+        """Load ``layout``'s slots at ``base`` (``[lead, heads, 1]``, or ``[1, 1, 1]`` with
+        ``scalar_base``) as fp32 pieces (``cast``)."""
         pieces = {}
         for slot in layout.slots:
+            if slot.kind == "pairs" and self.tiling.pair_access == "reshape":
+                a, b = (self.fresh(f"{prefix}_{n}_") for n in slot.names)
+                off, smask = self._pair_row(slot)
+                m = " & ".join(x for x in (mask, smask) if x) or None
+                load = f"tl.load({base} + {off}" + (f", mask={m}, other=0.0)" if m else ")")
+                if cast:
+                    load += ".to(tl.float32)"
+                lead_heads = "1, 1" if scalar_base else f"{lead}, {self.head_tile}"
+                emit(f"{a}, {b} = tl.split(tl.reshape({load}, [{lead_heads}, {slot.padded}, 2]))")
+                pieces[slot.names[0]], pieces[slot.names[1]] = a, b
+                continue
             off, smask, pair = self.slot_offsets(slot)
             m = mask
             if pair and m is not None:
@@ -300,6 +329,14 @@ class KernelBuilder:
     ) -> None:
         cast = (lambda e: e) if dtype is None else (lambda e: self.cast(e, dtype))  # noqa: E731
         for slot in layout.slots:
+            if slot.kind == "pairs" and self.tiling.pair_access == "reshape":
+                off, smask = self._pair_row(slot)
+                joined = f"tl.join({pieces[slot.names[0]]}, {pieces[slot.names[1]]})"
+                shape = f"[BLOCK_T, {self.head_tile}, {2 * slot.padded}]"
+                val = cast(f"tl.reshape({joined}, {shape})")
+                m = f"{mask} & {smask}" if smask else mask
+                self.emit(f"tl.store({base} + {off}, {val}, mask={m})")
+                continue
             off, smask, pair = self.slot_offsets(slot)
             m = f"{mask}[:, :, :, None]" if pair else mask
             if smask:
@@ -438,6 +475,7 @@ class KernelBuilder:
             cast=True,
             prefix=self.var_name(var) + "w",
             emit=self.emit,
+            lead="1",
         )
 
     def _group(self, over: Reduction) -> Reduction:
@@ -472,6 +510,7 @@ class KernelBuilder:
         if len(parts) > 1:
             self._emit_row_prepass(chain, None, None, parts)
         for h0, n in parts:
+            self.head_tile = str(n)
             self.emit(f"hh = {f'{h0} + ' if h0 else ''}tl.arange(0, {n})[None, :, None]")
             self.head_valid = None
             self.emit("hmask = tmask[:, None, None]")
@@ -509,6 +548,7 @@ class KernelBuilder:
         self._emit_chain_header(chain)
         chunked = head_chunk < chain.heads
         padded = next_pow2(head_chunk)
+        self.head_tile = str(padded)
         if chunked:
             self._emit_row_prepass(chain, head_chunk, padded)
             self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
@@ -561,7 +601,10 @@ class KernelBuilder:
                     for h0, n in parts
                 ]
             self.indent += parts is None
-            for hh, mask in heads:
+            for (hh, mask), tile in zip(
+                heads, [padded] if parts is None else [n for _, n in parts]
+            ):
+                self.head_tile = str(tile)
                 self.emit(f"hh = {hh}")
                 self.emit(f"hmask = {mask}")
                 pieces = self._load_slots(
@@ -629,6 +672,8 @@ class KernelBuilder:
             "    pid = tl.program_id(0)",
             "    nprog = tl.num_programs(0)",
             "    tt = tl.arange(0, BLOCK_T)",
+            "    if DENSE:  # every row stride equals its row width: constants, not arguments",
+            *(f"        {name} = {width}" for name, width in self.dense_strides),
             *self.pre,
             "    for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):",
             *self.body,

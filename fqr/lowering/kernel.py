@@ -10,6 +10,7 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .emit import Tiling, chunk_blocks
+from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
 
@@ -39,6 +40,7 @@ class Kernel:
         self.grid_blocks = (
             len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1
         )
+        self._direct: Any = False  # not yet made (None: the installed triton has none)
 
     def __call__(
         self,
@@ -94,10 +96,14 @@ class Kernel:
         args: list[torch.Tensor] | tuple[torch.Tensor, ...],
         out: list[torch.Tensor] | None = None,
         donate: bool = False,
+        *,
+        direct: bool = True,
     ) -> list[torch.Tensor]:
         """Allocate the outputs (unless given) and launch; no argument checks (the hot path).
         An output that updates an input is that input's buffer when ``donate`` (the kernel
-        stores into it in place), else a copy of it."""
+        stores into it in place), else a copy of it. ``direct=False`` launches through
+        Triton's ``fn[grid]`` even where the compiled kernel is bound (:mod:`.launcher`): what
+        the bench compares the bound launch with."""
         tokens = args[0].shape[0]
         device = args[0].device
         if self.aliases:
@@ -118,18 +124,42 @@ class Kernel:
         if tokens == 0:
             return outs
         flat: list[Any] = []
+        ints: list[int] = []  # the specialised ints (row strides, table rows)
+        aligned: list[int] = []  # each input's address modulo 16
+        dense = True
         for role, a in zip(self._roles, args):
             flat.append(a)
+            aligned.append(a.data_ptr() & 15)
             if role is Role.VALUE or role is Role.TABLE:
-                flat.append(a.stride(0))
+                stride = a.stride(0)
+                flat.append(stride)
+                ints.append(stride)
+                dense = dense and stride == a.shape[1]
             if role is Role.TABLE:
                 flat.append(a.shape[0])
-            if role is Role.CACHE:
-                flat += [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
-        for i, o in enumerate(outs):
-            if i not in self.aliases:
-                flat += [o, o.stride(0)]
+                ints.append(a.shape[0])
+            if role is Role.CACHE:  # its strides and rows are specialised ints too
+                cache_ints = [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
+                flat += cache_ints
+                ints += cache_ints
+        for i, (o, width) in enumerate(zip(outs, self._out_widths)):
+            if i in self.aliases:  # stored through the input it updates
+                continue
+            stride = o.stride(0)
+            flat += [o, stride]
+            ints.append(stride)
+            if out is not None:  # outputs fqr allocates are aligned
+                aligned.append(o.data_ptr() & 15)
+            dense = dense and stride == width
         flat.append(tokens)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
-        self.fn[grid](*flat, BLOCK_T=self._block_t, **self._launch)
+        constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
+        bound = self._direct
+        if bound is False:
+            bound = self._direct = direct_launcher(self.fn, self._launch)
+        if bound is not None and direct:
+            key = (dense, tuple(ints), tuple(aligned), out is None)
+            bound.launch(grid, flat, constexprs, key)
+        else:
+            self.fn[grid](*flat, **constexprs, **self._launch)
         return outs

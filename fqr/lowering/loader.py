@@ -4,7 +4,8 @@ anything read back) is what runs.
 Triton needs a kernel's source (it reads it with :mod:`inspect`), so each generated kernel is a
 file ``<cache>/fqr_<key>.py``; ``key`` hashes the program, the target, its tiling, the emitter
 version and the installed triton version, so a second process finds and reuses it. The
-directory is ``$FQR_CACHE_DIR`` or ``~/.cache/fqr/kernels``.
+directory is ``$FQR_CACHE_DIR`` or ``kernels`` under ``platformdirs.user_cache_dir("fqr")``
+(``$XDG_CACHE_HOME/fqr/kernels``, by default ``~/.cache/fqr/kernels``, on Linux).
 
 Code fqr writes and later runs must never be code someone else could plant:
 
@@ -64,7 +65,9 @@ def _cache_location() -> tuple[Path, str, bool]:
     env = os.environ.get("FQR_CACHE_DIR")
     if env:
         return Path(env), f"FQR_CACHE_DIR={env}", True
-    d = Path.home() / ".cache" / "fqr" / "kernels"
+    import platformdirs
+
+    d = Path(platformdirs.user_cache_dir("fqr")) / "kernels"
     return d, f"the kernel cache {d}", False
 
 

@@ -59,14 +59,25 @@ class Target:
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
         return {}
 
+    def token_buckets(
+        self, plan: KernelPlan, **options: Any
+    ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
+        """The kernel variants of one program by token count: ``(max_tokens, options)`` in
+        increasing order, the last with ``max_tokens`` None (any T). Each variant is lowered
+        and compiled once, when a call first falls in its range; T itself never recompiles.
+        The base profile has one variant."""
+        return ((None, dict(options)),)
+
 
 @dataclass(frozen=True)
 class CudaTarget(Target):
     """Heads are processed in chunks of at most ``tile_elems`` fp32 values per token (default
     2048: 16 heads of 128), covered by static power-of-two chunks (``chunk_mode="unroll"``:
     Qwen3.5's 24 heads of 256 -> 8 + 8 + 8, nothing masked), so registers never spill; 2 warps
-    per program. These defaults won the H200 sweeps recorded in docs/PERFORMANCE.md ("Kernel
-    design measurements")."""
+    per program; GPT-J pairs read as contiguous rows (``pair_access="reshape"``: GLM-4-9B 97%
+    of the copy ceiling at 65,536 tokens against 69% for split pair tiles). These defaults won
+    the H200 sweeps recorded in docs/PERFORMANCE.md ("Kernel design measurements"); without
+    options, :meth:`token_buckets` picks per shape and token count among a few variants."""
 
     bf16_rounding: str = "native"
 
@@ -80,8 +91,15 @@ class CudaTarget(Target):
             fit = max(1, budget // c.head_layout.padded_elems)
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
+        pair_access = options.get("pair_access", "reshape")
+        if pair_access not in ("split", "reshape"):
+            raise ValueError(f"pair_access must be split or reshape, got {pair_access!r}")
         return Tiling(
-            block_t=1, head_chunks=tuple(chunks), bf16_rounding=self.bf16_rounding, chunk_mode=mode
+            block_t=1,
+            head_chunks=tuple(chunks),
+            bf16_rounding=self.bf16_rounding,
+            chunk_mode=mode,
+            pair_access=pair_access,
         )
 
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
@@ -94,6 +112,59 @@ class CudaTarget(Target):
         tiles = max(1, cdiv(tokens, tile))
         cap = options.get("max_programs")
         return min(tiles, int(cap)) if cap else tiles
+
+    def token_buckets(
+        self, plan: KernelPlan, **options: Any
+    ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
+        """Three variants when no tiling option is pinned: decode (T <= 256), middle
+        (T <= 8192) and large T, tuned per shape on the H200 (:data:`TUNED`, with
+        :data:`UNTUNED` for shapes not in the table); any option given pins one variant."""
+        if any(k in options for k in TILING_OPTIONS):
+            return ((None, dict(options)),)
+        tuned = TUNED.get(shape_key(plan), UNTUNED)
+        return tuple(
+            (limit, {**dict(zip(TILING_OPTIONS, cfg)), **options})
+            for limit, cfg in zip(TOKEN_BUCKETS, tuned)
+        )
+
+
+# The options a tuned variant sets, in the order of a TUNED entry.
+TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode")
+TOKEN_BUCKETS = (256, 8192, None)  # the upper T of each variant (None: any T)
+Config = tuple[int, int, int, str]
+
+
+def shape_key(plan: KernelPlan) -> tuple:
+    """What the tuning table is keyed on: per chain (heads, head_dim, register layout tag,
+    whether it is a copy)."""
+    return tuple((c.heads, c.head_dim, c.head_layout.tag, c.compute_free) for c in plan.chains)
+
+
+_DECODE: Config = (2, 1, 2048, "grid")  # heads spread over programs: one per chunk
+_MIDDLE: Config = (2, 1, 2048, "grid")
+# Variants (decode, middle, large) for shapes the H200 sweep did not cover: grid chunks
+# below 8192 tokens, then the earlier single default (2 warps, 2048-element unrolled chunks).
+UNTUNED: tuple[Config, Config, Config] = (_DECODE, _MIDDLE, (2, 1, 2048, "unroll"))
+
+
+_LARGE_2W: Config = (2, 1, 2048, "unroll")
+
+
+def _qk(q: int, kv: int, d: int = 128, rot: str = "neox128") -> tuple:
+    return ((q, d, rot, False), (kv, d, rot, False), (kv, d, "plain", True))
+
+
+# Measured per shape on the H200, bf16, T = 1 .. 65,536, device time of CUDA-graph replays
+# over rotating inputs (docs/PERFORMANCE.md, "Tuning"; docs/results/launch-floor-sweep.json).
+TUNED: dict[tuple, tuple[Config, Config, Config]] = {
+    _qk(16, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-0.6B
+    _qk(32, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-8B
+    _qk(64, 8): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Qwen3-32B
+    _qk(64, 4): (_DECODE, _MIDDLE, (1, 1, 4096, "unroll")),  # Qwen3-235B-A22B
+    _qk(32, 16): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Gemma 3 27B
+    _qk(24, 4, 256, "neox64"): (_DECODE, (1, 1, 2048, "grid"), (2, 1, 2048, "unroll")),  # Qwen3.5
+    _qk(32, 2, 128, "gptj64"): ((4, 1, 2048, "grid"), _LARGE_2W, _LARGE_2W),  # GLM-4-9B
+}
 
 
 @dataclass(frozen=True)
@@ -109,6 +180,11 @@ class InterpretTarget(CudaTarget):
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, tile)))
+
+    def token_buckets(
+        self, plan: KernelPlan, **options: Any
+    ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
+        return ((None, dict(options)),)  # one variant: tests pin the interpreted tiling
 
 
 TARGETS: dict[str, Target] = {}

@@ -6,8 +6,27 @@ QK-norm as in Qwen3 / Gemma 3; group = the full q or k width: OLMo2)::
     y = x * rsqrt(mean(x^2) + eps) * (weight_offset + weight) + bias
 
 ``weight`` and ``bias`` have length ``group_size`` and are shared by all groups. This is
-Hugging Face's ``Qwen3RMSNorm`` / vLLM's ``RMSNorm`` (offset 0) and ``GemmaRMSNorm`` (offset 1)
-computed without intermediate rounding.
+Hugging Face's ``Qwen3RMSNorm`` / vLLM's ``RMSNorm`` (offset 0) and ``Gemma3RMSNorm`` /
+``GemmaRMSNorm`` (offset 1). With ``round_to=None`` (the ``fused`` contract) it is computed
+without intermediate rounding.
+
+``round_to`` (a dtype: the ``unfused`` contract) rounds where those modules round, the statistic
+``rstd = rsqrt(sum(x^2) / group + eps)`` staying in fp32 (``round`` = round to nearest even to
+``round_to``):
+
+* offset 0 (vLLM ``RMSNorm.forward_static``, HF ``Qwen3RMSNorm`` / ``LlamaRMSNorm``)::
+
+      y = round(round(x * rstd) * w)             # the weight multiplies in the model dtype
+
+* offset != 0 (vLLM ``GemmaRMSNorm.forward_static``, HF ``Gemma3RMSNorm``)::
+
+      y = round((x * rstd) * (offset + w))       # (offset + w) and both products in fp32
+
+* a bias is one more rounded step, ``y = round(y + b)``.
+
+``round_before_weight`` (None: offset == 0, the rules above) says whether ``x * rstd`` is
+rounded before the weight multiplies it; False is Hugging Face's ``Olmo2RMSNorm`` (``y =
+round(x * rstd * w)``, the weight in fp32), which vLLM's OLMo2 replaces by ``RMSNorm``.
 
 Tensor parallelism splits a full-width group across ranks. Then each rank passes the
 all-reduced per-token ``sum_sq`` of the whole group (``[T]``, float32) and ``count``, the
@@ -34,8 +53,16 @@ def rms_norm(
     weight_offset: float = 0.0,
     sum_sq=None,
     count: int | None = None,
+    round_to: torch.dtype | None = None,
+    round_before_weight: bool | None = None,
 ):
     """See the module docstring."""
+    # round_to is a param only when set, round_before_weight only when it departs from the
+    # offset's rule: fused programs (and their kernel-cache keys) print as they always have.
+    rounding: dict = {} if round_to is None else {"round_to": round_to}
+    if round_to is not None and round_before_weight is not None:
+        if bool(round_before_weight) != (float(weight_offset) == 0.0):
+            rounding["round_before_weight"] = bool(round_before_weight)
     return rms_norm_p.bind(
         x,
         weight,
@@ -45,12 +72,23 @@ def rms_norm(
         group=int(group_size),
         offset=float(weight_offset),
         count=int(count or group_size),
+        **rounding,
     )
 
 
 @rms_norm_p.def_abstract
 def _norm_abstract(
-    x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, *, eps, group, offset, count
+    x: Aval,
+    w: Aval,
+    b: Aval | None,
+    sum_sq: Aval | None,
+    *,
+    eps,
+    group,
+    offset,
+    count,
+    round_to=None,
+    round_before_weight=None,
 ):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
@@ -76,20 +114,42 @@ def _norm_abstract(
             raise ValueError(f"count {count} must be >= the local width {group}")
     elif count != group:
         raise ValueError("count is only meaningful with sum_sq")
+    if round_to is not None and not round_to.is_floating_point:
+        raise TypeError(f"round_to must be a floating dtype, got {round_to}")
     return Aval(x.shape, x.dtype)
 
 
+def _rounds_before_weight(params: dict) -> bool:
+    """Whether ``x * rstd`` is rounded before the weight (module docstring)."""
+    flag = params.get("round_before_weight")
+    return params["offset"] == 0.0 if flag is None else flag
+
+
 @rms_norm_p.def_impl
-def _norm_impl(x, w, b, sum_sq, *, eps, group, offset, count):
+def _norm_impl(
+    x, w, b, sum_sq, *, eps, group, offset, count, round_to=None, round_before_weight=None
+):
     t, n = x.shape
     g = x.reshape(t, n // group, group)
     if sum_sq is None:
         ms = g.square().mean(dim=-1, keepdim=True)
     else:
         ms = (sum_sq.to(x.dtype) / count).reshape(t, 1, 1)
-    y = g * torch.rsqrt(ms + eps) * (offset + w.to(x.dtype))
+    w = w.to(x.dtype)
+    if round_to is None:
+        y = g * torch.rsqrt(ms + eps) * (offset + w)
+        if b is not None:
+            y = y + b.to(x.dtype)
+        return y.reshape(t, n)
+
+    def rnd(v):
+        return v.to(round_to).to(x.dtype)
+
+    normed = g * torch.rsqrt(ms + eps)
+    before = _rounds_before_weight(dict(offset=offset, round_before_weight=round_before_weight))
+    y = rnd(rnd(normed) * (offset + w)) if before else rnd(normed * (offset + w))
     if b is not None:
-        y = y + b.to(x.dtype)
+        y = rnd(y + b.to(x.dtype))
     return y.reshape(t, n)
 
 
@@ -134,10 +194,23 @@ def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
     assert weight_role is not None
     w = b.vector(w_var, weight_role)
     bias = b.vector(bias_var, weight_role) if bias_var is not None else None
+    round_to = p.get("round_to")
+
+    def rnd(e: str) -> str:
+        return e if round_to is None else f"{b.cast(e, round_to)}.to(tl.float32)"
+
     out = {}
     for name, v in x.items():
         scale = w[name] if p["offset"] == 0.0 else f"({p['offset']!r} + {w[name]})"
         y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
-        b.emit(f"{y} = {v} * {r} * {scale}" + (f" + {bias[name]}" if bias else ""))
+        if round_to is None:
+            b.emit(f"{y} = {v} * {r} * {scale}" + (f" + {bias[name]}" if bias else ""))
+        else:  # the unfused rounding points (module docstring)
+            normed = rnd(f"{v} * {r}") if _rounds_before_weight(p) else f"{v} * {r}"
+            b.emit(f"{y} = " + rnd(f"{normed} * {scale}"))
+            if bias:
+                y_bias = b.fresh(f"{y}_bias")
+                b.emit(f"{y_bias} = " + rnd(f"{y} + {bias[name]}"))
+                y = y_bias
         out[name] = y
     b.set(eqn.outputs[0], out)

@@ -1,8 +1,10 @@
 """reduce_precision: round a value to a storage dtype and keep computing in the wider one.
 
 Inside a fused program every intermediate stays in fp32; ``reduce_precision[dtype=bf16]``
-is the one explicit rounding the ``unfused`` numerics mode inserts after the norm, where an
-unfused model writes the norm's output to a bf16 tensor (JAX's ``lax.reduce_precision``).
+is a rounding as its own equation, where a composition writes a value to a bf16 tensor between
+two ops (JAX's ``lax.reduce_precision``). The ``unfused`` prologue does not need it: its
+roundings sit inside the ops whose model code rounds (``rms_norm`` and ``rope``'s
+``round_to``), at the points :mod:`fqr.numerics` lists.
 """
 
 from __future__ import annotations

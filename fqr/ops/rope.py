@@ -11,9 +11,20 @@ NeoX style pairs feature ``i`` with ``i + R/2``; GPT-J style pairs ``2i`` with `
 Features ``[R, D)`` pass through (partial rotary). This is vLLM's ``RotaryEmbedding.forward_native``
 (``apply_rotary_emb_torch``).
 
-``round_to`` (a dtype, or None) rounds the result of every multiply and add to that dtype, as
-the unfused model code does when it runs RoPE in bf16/fp16 tensors with a cache of that dtype
-(cos and sin are rounded too); None is the fused contract (no intermediate rounding).
+``round_to`` (a dtype, or None; the ``unfused`` contract) rounds where the model code rounds
+when it runs RoPE on ``round_to`` tensors (``round`` = round to nearest even)::
+
+    c, s = round(c), round(s)                          # the table in the activation dtype
+    x1_i' = round(round(x1_i * c_i) - round(x2_i * s_i))
+    x2_i' = round(round(x2_i * c_i) + round(x1_i * s_i))
+
+vLLM casts ``cos_sin_cache`` to the query dtype (``RotaryEmbedding._match_cos_sin_cache_dtype``)
+and computes exactly these two products and one sum per output (``apply_rotary_emb_torch``);
+Hugging Face computes cos/sin in fp32, casts them to the activation dtype, and writes
+``x * cos + rotate_half(x) * sin``, whose first half ``x1*c + (-x2)*s`` rounds to the same bits
+(negation is exact). The table is gathered first and then cast: an fp32 table rounds once to
+``round_to``, a table already in ``round_to`` is used as is. None is the fused contract (no
+intermediate rounding).
 """
 
 from __future__ import annotations

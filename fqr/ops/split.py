@@ -37,31 +37,59 @@ def split_heads(packed, sections: Sequence[Section]):
     return split_heads_p.bind(packed, sections=sections)
 
 
-def split_qkv(qkv, num_heads: int, num_kv_heads: int, head_dim: int):
-    """``(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D])`` from ``qkv [T, (Hq + 2*Hkv)*D]``: vLLM's
-    ``qkv.split([q_size, kv_size, kv_size], dim=-1)``, as three back-to-back sections."""
+def split_qkv(
+    qkv,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
+):
+    """``(q [T, Hq*D], k [T, Hkv*D], v [T, Hv*Dv])`` from the packed row: vLLM's
+    ``qkv.split([q_size, kv_size, v_size], dim=-1)``, as three back-to-back sections
+    (``Hv``, ``Dv`` default to k's). ``head_stride`` (>= both head dims): every head of the row
+    starts ``head_stride`` columns after the previous one (a padded ``[T, heads, head_stride]``
+    layout; the padding is not read)."""
+    hv = num_kv_heads if num_v_heads is None else num_v_heads
+    dv = head_dim if v_head_dim is None else v_head_dim
     for name, v in (
         ("num_heads", num_heads),
         ("num_kv_heads", num_kv_heads),
         ("head_dim", head_dim),
+        ("num_v_heads", hv),
+        ("v_head_dim", dv),
     ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    width = (num_heads + 2 * num_kv_heads) * head_dim
-    if len(qkv.shape) == 2 and qkv.shape[1] != width:
+    if head_stride is not None and (
+        not isinstance(head_stride, int) or head_stride < max(head_dim, dv)
+    ):
         raise ValueError(
-            f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim "
-            f"= ({num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+            f"head_stride must be an int >= head_dim and v_head_dim, got {head_stride!r}"
         )
-    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    return split_heads(
-        qkv,
-        (
+    s = head_stride
+    if s is None:
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        width = q_size + kv_size + hv * dv
+        sections = (
             Section(num_heads, head_dim, 0),
             Section(num_kv_heads, head_dim, q_size),
-            Section(num_kv_heads, head_dim, q_size + kv_size),
-        ),
-    )
+            Section(hv, dv, q_size + kv_size),
+        )
+        layout = f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = {width}"
+    else:
+        width = (num_heads + num_kv_heads + hv) * s
+        sections = (
+            Section(num_heads, head_dim, 0, s),
+            Section(num_kv_heads, head_dim, num_heads * s, s),
+            Section(hv, dv, (num_heads + num_kv_heads) * s, s),
+        )
+        layout = f"(num_heads + num_kv_heads + num_v_heads) * head_stride = {width}"
+    if len(qkv.shape) == 2 and qkv.shape[1] != width:
+        raise ValueError(f"qkv width {qkv.shape[1]} != {layout}")
+    return split_heads(qkv, sections)
 
 
 @split_heads_p.def_abstract

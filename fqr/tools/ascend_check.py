@@ -20,7 +20,7 @@ from ..lowering.ascend import AscendTarget, AscendTiling
 from ..lowering.ascend_compile import CheckReport, check_kernel, triton_ascend_missing
 from ..lowering.targets import get_target
 from ..presets import PRESETS, get_preset
-from ..prologue import preset_program
+from ..variants import program_of
 
 
 class AscendToolchainMissing(BackendUnavailable):
@@ -98,7 +98,7 @@ def check_preset(
     """Lower the preset's prologue (its TP view) for ``ascend`` and compile-check it."""
     require_triton_ascend()
     p = get_preset(preset, tp)
-    program = preset_program(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
+    program = program_of(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
     options = {
         k: v
         for k, v in (

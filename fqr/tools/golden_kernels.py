@@ -12,7 +12,7 @@ import torch
 
 from ..lowering import kernel_source
 from ..presets import get_preset
-from ..prologue import preset_program
+from ..variants import program_of
 
 # (file stem, preset, tp, dtype, numerics, target)
 GOLDEN_KERNELS = [
@@ -26,9 +26,7 @@ GOLDEN_KERNELS = [
 
 def render(preset: str, tp: int, dtype: torch.dtype, numerics: str, target: str) -> str:
     p = get_preset(preset, tp)
-    return kernel_source(
-        preset_program(p, dtype, numerics=numerics, sharded_full_norm=tp > 1), target
-    )
+    return kernel_source(program_of(p, dtype, numerics=numerics, sharded_full_norm=tp > 1), target)
 
 
 def regen(golden_dir: Path | str) -> list[Path]:

@@ -70,7 +70,8 @@ def test_preset_kernels_lower_to_ascend_linalg(preset, tp, dtype, options):
     assert stages["npubin"].status in ("ok", NEEDS_CANN)
     assert r.report.arch == get_chip(options.get("chip")).arch
     assert r.report.signature["T"] == "i32" and r.report.signature["BLOCK_T"] == "constexpr"
-    assert r.report.constants == {"BLOCK_T": r.tiling.tiling.block_t}
+    # DENSE: the launcher found every row stride equal to its width (contiguous meta inputs)
+    assert r.report.constants == {"BLOCK_T": r.tiling.tiling.block_t, "DENSE": True}
     assert r.tiling.footprint <= r.tiling.budget
 
 

@@ -11,7 +11,7 @@ import torch
 
 import fqr
 from fqr import golden
-from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case, regen
+from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case, peer_kwargs, regen
 
 SUBSET = "glm4-9b-bf16-t7-*"  # cheap cases for regeneration tests
 SUBSET_2 = "olmo2-7b-tp4-*"
@@ -109,6 +109,7 @@ def test_expectations_agree_with_the_ops_in_float64(name):
         numerics="fused",
         q_count=None if stats is None else stats.q_count,
         k_count=None if stats is None else stats.k_count,
+        **{k: v for k, v in peer_kwargs(e).items() if k != "inplace"},  # the layout
     )
     torch.testing.assert_close(q, case.expected_q, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(k, case.expected_k, atol=1e-12, rtol=1e-12)

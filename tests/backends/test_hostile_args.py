@@ -208,7 +208,8 @@ HOSTILE = [
     ),
     (("positions",), _set("a", "positions", lambda c: _meta(c.args["positions"]))),
     (("positions",), _set("a", "positions", lambda c: _every_other(c.args["positions"]))),
-    (("cos_sin_cache",), _set("a", "cos_sin_cache", None)),
+    # cos_sin_cache=None is a layer without RoPE (valid); positions None with a table is not
+    (("positions",), _set("a", "positions", None)),
     (
         ("cos_sin_cache",),
         _set("a", "cos_sin_cache", lambda c: c.args["cos_sin_cache"].to(torch.int32)),

@@ -9,10 +9,12 @@ import pytest
 import torch
 from support.contract import assert_contract
 from support.memory import peak_bytes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fqr
 from fqr import backends
 from fqr.presets import get_preset
+from fqr.rope_cache import rope_cos_sin_cache
 
 
 def _inputs(gen, tokens: int):
@@ -70,3 +72,62 @@ def test_chunks_change_nothing(gen, monkeypatch, numerics):
     for w, c in zip(whole, chunked):
         assert torch.equal(w, c)
     assert_contract(chunked, args, kwargs, numerics)
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """Records the largest tensor (in bytes) any aten op produces while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel() * t.element_size())
+        return out
+
+
+@pytest.mark.parametrize("numerics", ["fused", "unfused"])
+def test_reference_gathers_table_rows_before_upcasting(gen, numerics):
+    """A bf16 table of 262,144 x 128 (64 MiB; 128 MiB in fp32) and one-token calls: no op of a
+    call may produce a tensor anywhere near the table's size (issue 18, item 4: the whole table
+    was cast to fp32 per call). Every aten op's output is measured, so this cannot flake."""
+    p = get_preset("qwen3-0.6b")
+    d, rows = p.head_dim, 262_144
+    table = rope_cos_sin_cache(d, rows, p.rope_theta).to(torch.bfloat16)
+    qkv_width = (p.num_heads + 2 * p.num_kv_heads) * d
+    w = (1 + 0.2 * torch.randn(d, generator=gen)).to(torch.bfloat16)
+    kwargs = dict(
+        num_heads=p.num_heads,
+        num_kv_heads=p.num_kv_heads,
+        head_dim=d,
+        numerics=numerics,
+        backend="reference",
+    )
+    qkv = torch.randn(1, qkv_width, generator=gen).to(torch.bfloat16)
+    fqr.split_qkv_rmsnorm_rope(qkv, torch.tensor([5]), table, w, w, **kwargs)  # warm: tracing
+    watch = _LargestAllocation()
+    with watch:
+        for position in torch.randint(0, rows, (64,), generator=gen).tolist():
+            qkv = torch.randn(1, qkv_width, generator=gen).to(torch.bfloat16)
+            q, k, _ = fqr.split_qkv_rmsnorm_rope(
+                qkv, torch.tensor([position]), table, w, w, **kwargs
+            )
+            assert torch.isfinite(q).all() and torch.isfinite(k).all()
+    table_bytes = table.numel() * table.element_size()
+    assert watch.largest < table_bytes // 1000, f"an op produced {watch.largest} bytes"
+
+
+def test_eager_rope_gathers_table_rows_before_upcasting(gen):
+    """The same for an op called eagerly (fqr.ops.rope on tensors)."""
+    from fqr import ops
+
+    table = rope_cos_sin_cache(64, 262_144, 1e6).to(torch.bfloat16)
+    x = torch.randn(1, 128, generator=gen).to(torch.bfloat16)
+    watch = _LargestAllocation()
+    with watch:
+        y = ops.rope(x, torch.tensor([200_000]), table, head_dim=64)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    assert watch.largest < table.numel() * table.element_size() // 1000

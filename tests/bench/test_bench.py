@@ -207,6 +207,10 @@ class FixedClock:
         call()
         return 2.5
 
+    def wall_us(self, call, rep_ms):
+        call()
+        return 12.5
+
     def dispatch_us(self, call):
         call()
         return 9.0
@@ -244,7 +248,13 @@ def test_bookkeeping_of_a_cpu_run():
         assert fqr["pct_ceiling"] == pytest.approx(100 * fqr["gbps"] / 4294.967296)
         assert row["speedup"] == {"eager": pytest.approx(3.0)}
         small = row["tokens"] <= fb.GRAPH_MAX_TOKENS
-        assert (fqr["graph_us"], fqr["dispatch_us"]) == ((2.5, 9.0) if small else (None, None))
+        assert fqr["dispatch_us"] == (9.0 if small else None)
+        # device and wall time at every T, each with its own % of the ceiling (fqr only)
+        assert (fqr["graph_us"], fqr["wall_us"]) == (2.5, 12.5)
+        assert fqr["device_pct"] == pytest.approx(100 * row["bytes"] / 2.5 / 1e3 / 4294.967296)
+        assert fqr["wall_pct"] == pytest.approx(100 * row["bytes"] / 12.5 / 1e3 / 4294.967296)
+        assert eager["graph_us"] is None and eager["wall_us"] is None
+        assert "timing_errors" not in fqr
     assert doc["rows"][0]["input_sets"] == fb.MAX_ROTATION_SETS  # tiny sets rotate
     json.dumps(doc)  # the document is plain JSON
 
@@ -433,15 +443,24 @@ def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
         fqr = row["impls"]["fqr"]
         assert fqr["check"]["passed"] and fqr["us"] > 0 and 0 < fqr["pct_ceiling"] < 150
         assert row["speedup"]["eager"] > 0
+        assert fqr["graph_us"] > 0 and 0 < fqr["device_pct"] < 150
+        assert fqr["wall_us"] >= fqr["graph_us"] * 0.5 and 0 < fqr["wall_pct"] < 150
         if row["tokens"] == 1:
             assert (
                 fqr["graph_us"] > 0 and fqr["dispatch_us"] > 0 and fqr["launcher_dispatch_us"] > 0
             )
+    names = {"public op", "torch.ops.fqr", "F.rms_norm", "triton launch"}
+    assert [(d["preset"], d["tokens"]) for d in doc["dispatch"]] == [
+        (p, t) for p in ("qwen3-0.6b", "glm4-9b") for t in (1, 16, 1024)
+    ]
+    assert all(
+        set(d["host_us"]) == names and min(d["host_us"].values()) > 0 for d in doc["dispatch"]
+    )
 
 
 def test_a_new_measurement_kind_is_one_entry(monkeypatch, capsys, tmp_path):
     """A measurement defined in one place shows up in the document and as a table column."""
-    wall = fb.Measurement("wall_us", "wall us", ".1f", lambda timers, call, cfg: call() and 7.0)
+    wall = fb.Measurement("sync_us", "sync us", ".1f", lambda timers, call, cfg: call() and 7.0)
     kinds = fb.MEASUREMENTS + (wall,)
     monkeypatch.setattr(bench_run, "MEASUREMENTS", kinds)
     monkeypatch.setattr(report, "MEASUREMENTS", kinds)
@@ -454,10 +473,33 @@ def test_a_new_measurement_kind_is_one_entry(monkeypatch, capsys, tmp_path):
     real = bench_run.fqr_callable
     monkeypatch.setattr(bench_run, "fqr_callable", counted)
     doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([10.0, 30.0]))
-    assert doc["rows"][0]["impls"]["fqr"]["wall_us"] == 7.0
-    assert doc["rows"][0]["impls"]["eager"]["wall_us"] == 7.0
+    assert doc["rows"][0]["impls"]["fqr"]["sync_us"] == 7.0
+    assert doc["rows"][0]["impls"]["eager"]["sync_us"] == 7.0
     # check + kernel + graph + dispatch + the new one each called fqr at least once
     assert len(calls) >= 5
     table = report.results_table(doc)
-    assert ("wall us", "right") in table.columns
-    assert table.rows[0][[c for c, _ in table.columns].index("wall us")] == "7.0"
+    assert ("sync us", "right") in table.columns
+    assert table.rows[0][[c for c, _ in table.columns].index("sync us")] == "7.0"
+
+
+def test_dispatch_table_renders_ratios_and_survives_a_merge(tmp_path):
+    """``doc["dispatch"]`` (host µs per call of each entry) renders with each entry's ratio to
+    ``F.rms_norm``, and merged runs keep every run's rows."""
+    doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([10.0, 30.0]))
+    assert report.dispatch_table(doc) is None  # reference backend: no dispatch table
+    host = {"public op": 15.0, "torch.ops.fqr": 20.0, "F.rms_norm": 10.0, "triton launch": 30.0}
+    doc["dispatch"] = [
+        {
+            "preset": "qwen3-0.6b",
+            "dtype": "bf16",
+            "tokens": 1,
+            "host_us": host,
+            "x_rms_norm": {k: v / 10.0 for k, v in host.items()},
+        }
+    ]
+    table = report.dispatch_table(doc)
+    headers = [c for c, _ in table.columns]
+    row = dict(zip(headers[3::2], zip(table.rows[0][3::2], table.rows[0][4::2])))
+    assert row["public op us"] == ("15.0", "1.50") and row["torch.ops.fqr us"] == ("20.0", "2.00")
+    merged = fb.merge_documents([doc, doc])
+    assert len(merged["dispatch"]) == 2

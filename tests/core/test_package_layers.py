@@ -12,6 +12,7 @@ import pytest
 FQR = Path(__file__).resolve().parents[2] / "fqr"
 
 LAYERS = {
+    "fqr._version": 1,  # the version string, imports nothing
     "fqr.core": 1,
     "fqr.ops": 2,
     "fqr.lowering": 3,
@@ -24,6 +25,7 @@ LAYERS = {
     "fqr.ascend_on_cuda": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
+    "fqr.variants": 5,
     "fqr.golden": 6,
     "fqr.bench": 6,
     "fqr.peers": 6,

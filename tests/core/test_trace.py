@@ -53,15 +53,18 @@ def test_program_prints_like_a_jaxpr():
     ]
 
 
-def test_unfused_numerics_adds_explicit_roundings():
+def test_unfused_numerics_rounds_in_the_norm_and_the_rope():
     p = fqr.get_preset("qwen3-8b")
     from fqr.prologue import preset_program
 
     fused = preset_program(p, torch.bfloat16)
     unfused = preset_program(p, torch.bfloat16, numerics="unfused")
-    assert "reduce_precision" not in str(fused)
-    assert str(unfused).count("reduce_precision[dtype=bf16]") == 2
-    assert "round_to=bf16" in str(unfused)
+    assert "round_to" not in "".join(ln for ln in str(fused).splitlines() if "rms_norm" in ln)
+    assert "round_to=None" in str(fused)  # rope's
+    norms = [ln for ln in str(unfused).splitlines() if "rms_norm[" in ln]
+    ropes = [ln for ln in str(unfused).splitlines() if "rope[" in ln]
+    assert len(norms) == 2 and all("round_to=bf16" in ln for ln in norms)
+    assert len(ropes) == 2 and all("round_to=bf16" in ln for ln in ropes)
 
 
 @pytest.mark.parametrize(

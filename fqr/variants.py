@@ -1,0 +1,211 @@
+"""The prologue family: one :class:`Variant` per composition a model runs, and its registry.
+
+A variant ties together everything fqr needs to prove one member of the family right:
+
+==================  =========================================================================
+``program``         the traced composition for a preset (its TP view): what the golden kernel
+                    snapshots (:mod:`fqr.tools.golden_kernels`), the Ascend compile sweep
+                    (:mod:`fqr.tools.ascend_check`, ``fqr lower``) and the bench lower
+``draw``            the case's inputs from a seeded generator (:mod:`fqr.inputs`), positions
+                    included (``[T]``, or ``[3, T]`` for mRoPE)
+``expected``        the float64 expectation of each output (:mod:`fqr.reference`, which shares
+                    no code with :mod:`fqr.ops`); copies in the input dtype
+``run``             the public op on those inputs (:mod:`fqr.prologue`)
+``tolerance``       the tolerance kind of each output (:data:`fqr.numerics.TOLERANCE_KINDS`:
+                    ``contract`` for computed values, ``bitwise`` for copies such as v or a gate)
+==================  =========================================================================
+
+A preset names its variant (:attr:`fqr.presets.Preset.variant`, default ``split-qkv``: the
+prologue of :func:`fqr.split_qkv_rmsnorm_rope`) and carries the variant's fields
+(:attr:`~fqr.presets.Preset.variant_params`); a golden case runs its preset's variant unless it
+names another (``CaseSpec.variant``). ``fqr verify``, ``fqr golden list/regen``, the golden
+kernels and the Ascend sweep go through this registry, so a new variant needs no code in them
+(ARCHITECTURE.md, "How to add a variant").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from . import reference
+from .core import Program
+from .inputs import random_norm_params, random_positions, random_qkv
+from .presets import Preset
+from .prologue import preset_program, split_qkv_rmsnorm_rope
+
+
+class Variant(ABC):
+    """One member of the prologue family (module docstring). Subclasses set :attr:`name`,
+    :attr:`outputs` and :attr:`copies` and implement the methods; :meth:`check` validates a
+    preset's :attr:`~fqr.presets.Preset.variant_params`."""
+
+    name: ClassVar[str] = ""
+    outputs: ClassVar[tuple[str, ...]] = ("q", "k", "v")
+    copies: ClassVar[frozenset[str]] = frozenset({"v"})  # outputs that are copies of the input
+    params: ClassVar[tuple[str, ...]] = ()  # the variant_params names it accepts (all required)
+
+    def check(self, preset: Preset) -> None:
+        """Raise a ``ValueError`` naming the preset and field when its variant fields do not
+        fit this variant."""
+        have = preset.params
+        unknown = sorted(set(have) - set(self.params))
+        if unknown:
+            raise ValueError(
+                f"preset {preset.name}: variant {self.name!r} has no field {unknown[0]!r}"
+                f" (fields: {', '.join(self.params) or 'none'})"
+            )
+        missing = [p for p in self.params if p not in have]
+        if missing:
+            raise ValueError(f"preset {preset.name}: variant {self.name!r} needs {missing[0]!r}")
+
+    def tolerance(self, output: str) -> str:
+        """The tolerance kind of ``output`` (:data:`fqr.numerics.TOLERANCE_KINDS`)."""
+        return "bitwise" if output in self.copies else "contract"
+
+    def head_dim(self, preset: Preset, output: str) -> int:
+        """The head width ``output`` is compared head by head with."""
+        return preset.head_dim
+
+    @abstractmethod
+    def program(
+        self,
+        preset: Preset,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        numerics: str = "fused",
+        bias: bool = False,
+        positions_dtype: torch.dtype = torch.int64,
+        sharded_full_norm: bool = False,
+    ) -> Program:
+        """The composition traced for ``preset`` (its TP view)."""
+
+    @abstractmethod
+    def draw(
+        self,
+        preset: Preset,
+        tokens: int,
+        dtype: torch.dtype,
+        generator: torch.Generator,
+        *,
+        max_position: int,
+        positions_dtype: torch.dtype = torch.int64,
+        bias: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """The inputs of one call, by name (``positions`` among them), in the order drawn."""
+
+    @abstractmethod
+    def expected(
+        self, preset: Preset, inputs: dict[str, torch.Tensor], cos_sin_cache: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """float64 expectation of every output (copies in the input dtype), by output name."""
+
+    @abstractmethod
+    def run(
+        self,
+        preset: Preset,
+        inputs: dict[str, torch.Tensor],
+        cos_sin_cache: torch.Tensor,
+        *,
+        numerics: str = "fused",
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, ...]:
+        """The public op on ``inputs``: the outputs in :attr:`outputs` order."""
+
+
+VARIANTS: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant) -> Variant:
+    """Add ``variant`` to :data:`VARIANTS` under its name (once)."""
+    if not variant.name or variant.name in VARIANTS:
+        raise ValueError(f"variant name {variant.name!r} is empty or already registered")
+    VARIANTS[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}") from None
+
+
+def variant_of(preset: Preset) -> Variant:
+    """The preset's variant, its fields checked."""
+    variant = get_variant(preset.variant)
+    variant.check(preset)
+    return variant
+
+
+def program_of(preset: Preset, dtype: torch.dtype = torch.bfloat16, **options) -> Program:
+    """The traced prologue of ``preset`` (any variant; options as :meth:`Variant.program`)."""
+    return variant_of(preset).program(preset, dtype, **options)
+
+
+# ---------------------------------------------------------------------------- split-qkv
+
+
+class SplitQKV(Variant):
+    """:func:`fqr.split_qkv_rmsnorm_rope`: split ``[q | k | v]``, RMS-normalise q and k (per
+    head, full width or none), rotate them, copy v (:func:`fqr.reference.prologue`). Its golden
+    cases keep their historical storage (:class:`fqr.golden.GoldenCase`: norm statistics of a
+    sharded full-width norm, strided rows)."""
+
+    name = "split-qkv"
+
+    def program(self, preset, dtype=torch.bfloat16, **options):
+        return preset_program(preset, dtype, **options)
+
+    def draw(
+        self,
+        preset,
+        tokens,
+        dtype,
+        generator,
+        *,
+        max_position,
+        positions_dtype=torch.int64,
+        bias=False,
+    ):
+        spec = preset.spec
+        qkv = random_qkv(spec, tokens, dtype, generator)
+        positions = random_positions(
+            tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+        )
+        names = ("q_weight", "k_weight", "q_bias", "k_bias")
+        norm = random_norm_params(spec, dtype, generator, bias=bias)
+        drawn = {"qkv": qkv, "positions": positions}
+        drawn.update((n, x) for n, x in zip(names, norm) if x is not None)
+        return drawn
+
+    def expected(self, preset, inputs, cos_sin_cache):
+        q, k, v = reference.prologue(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs.get("q_weight"),
+            inputs.get("k_weight"),
+            **preset.spec.kwargs(q_bias=inputs.get("q_bias"), k_bias=inputs.get("k_bias")),
+        )
+        return {"q": q, "k": k, "v": v}
+
+    def run(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
+        return split_qkv_rmsnorm_rope(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs.get("q_weight"),
+            inputs.get("k_weight"),
+            **preset.spec.kwargs(
+                q_bias=inputs.get("q_bias"),
+                k_bias=inputs.get("k_bias"),
+                numerics=numerics,
+                backend=backend,
+            ),
+        )
+
+
+SPLIT_QKV = register_variant(SplitQKV())

@@ -1,0 +1,122 @@
+"""The per-call fast path of the public ops (issue 12): a call whose argument metadata passed the
+checks once skips them, yet every bad input is still refused, with the slow path's message,
+before any kernel runs; and new token counts never re-check, re-trace or recompile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_problem
+from test_validation import BAD_INPUTS, _call
+
+import fqr
+import fqr.prologue as prologue
+from fqr.numerics import compare
+from fqr.reference import prologue as reference_prologue
+
+
+def _refusal(call):
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("name,argument,override", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_warm_fast_path_refuses_what_the_slow_path_refuses(gen, name, argument, override):
+    """Same problem shape as the bad call, checked and kept first: the bad call must still
+    raise, with the same type and message as on a cold cache (where the full checks run)."""
+    p = make_problem(gen, tokens=7)
+    prologue._CALLS.clear()
+    cold = _refusal(lambda: _call(p, **override(p)))
+    _call(p)  # the valid call: its metadata is kept
+    assert prologue._CALLS, "the valid call was not kept"
+    warm = _refusal(lambda: _call(p, **override(p)))
+    assert warm == cold, name
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 2, 9])
+def test_bad_input_refused_at_every_token_count(gen, tokens):
+    """T = 0 / 1 / more are separate keys (checks read them): each still refuses bad input."""
+    p = make_problem(gen, tokens=tokens)
+    prologue._CALLS.clear()
+    _call(p)
+    bad_width = p.qkv.new_empty(tokens, p.qkv.shape[1] - 128)
+    assert "qkv width" in _refusal(lambda: _call(p, qkv=bad_width))[1]
+    assert "num_heads" in _refusal(lambda: _call(p, num_heads=True))[1]
+    assert "eps" in _refusal(lambda: _call(p, eps=float("nan")))[1]
+
+
+def test_strided_positions_refused_after_a_contiguous_call(gen):
+    p = make_problem(gen, tokens=6)
+    prologue._CALLS.clear()
+    _call(p)
+    strided = torch.stack([p.positions, p.positions], 1)[:, 0]
+    assert "positions must be contiguous" in _refusal(lambda: _call(p, positions=strided))[1]
+
+
+def test_qk_op_warm_refusals_match_cold(gen):
+    p = make_problem(gen, tokens=5, num_heads=4, num_kv_heads=2, head_dim=128)
+    q, k = p.qkv[:, :512].contiguous(), p.qkv[:, 512:768].contiguous()
+    good = dict(head_dim=128, backend="reference")
+    bad_calls = {
+        "k-dtype": lambda: fqr.qk_rmsnorm_rope(
+            q, k.float(), p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, **good
+        ),
+        "k-tokens": lambda: fqr.qk_rmsnorm_rope(
+            q, k[:4], p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, **good
+        ),
+        "positions-range": lambda: fqr.qk_rmsnorm_rope(
+            q, k, p.positions + 10**6, p.cos_sin_cache, p.q_weight, p.k_weight, **good
+        ),
+        "weight": lambda: fqr.qk_rmsnorm_rope(
+            q, k, p.positions, p.cos_sin_cache, p.q_weight[:64], p.k_weight, **good
+        ),
+        "numerics": lambda: fqr.qk_rmsnorm_rope(
+            q, k, p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, numerics="x", **good
+        ),
+    }
+    prologue._CALLS.clear()
+    cold = {name: _refusal(call) for name, call in bad_calls.items()}
+    fqr.qk_rmsnorm_rope(q, k, p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, **good)
+    warm = {name: _refusal(call) for name, call in bad_calls.items()}
+    assert warm == cold
+
+
+def test_new_token_counts_skip_checks_and_tracing(gen, monkeypatch):
+    """Once T > 1 has been checked, other T > 1 cost no check and no trace; results stay
+    right (against float64) on each fresh input."""
+    calls = {"check": 0, "trace": 0}
+    check, trace = prologue.check_prologue_args, prologue.prologue_program
+
+    def counting_check(*a, **k):
+        calls["check"] += 1
+        return check(*a, **k)
+
+    def counting_trace(*a, **k):
+        calls["trace"] += 1
+        return trace(*a, **k)
+
+    monkeypatch.setattr(prologue, "check_prologue_args", counting_check)
+    monkeypatch.setattr(prologue, "prologue_program", counting_trace)
+    prologue._CALLS.clear()
+    for tokens in (3, 17, 64, 5):
+        p = make_problem(gen, tokens=tokens)
+        q, k, v = _call(p)
+        exact = reference_prologue(*p.args(), **p.kwargs())
+        for i, (out, want) in enumerate(zip((q, k, v), exact)):
+            assert compare(out, want, head_dim=128, bitwise=i == 2).passed, (tokens, i)
+    assert calls == {"check": 1, "trace": 1}
+
+
+def test_full_norm_stats_calls_are_keyed_with_their_counts(gen):
+    """norm_stats' counts are part of the key: a count below the local width is refused even
+    after a valid call with the same tensors."""
+    p = make_problem(gen, tokens=4, norm="full")
+    t = p.qkv.shape[0]
+    sums = torch.rand(t, generator=gen) * 100 + 1
+    good = fqr.NormStats(sums, sums.clone(), 4 * 128 * 2, 2 * 128 * 2)
+    prologue._CALLS.clear()
+    _call(p, norm_stats=good)
+    small = fqr.NormStats(sums, sums.clone(), 4, 2 * 128 * 2)
+    assert "count" in _refusal(lambda: _call(p, norm_stats=small))[1]
+    assert "norm_stats" in _refusal(lambda: _call(p, norm_stats=(sums, sums)))[1]

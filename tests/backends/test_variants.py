@@ -1,0 +1,98 @@
+"""The variant framework: a variant registered from a test file goes through the golden storage
+(regen, manifest, load, check) and the shared call path without code of its own there."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fqr import golden, reference
+from fqr.golden import CaseSpec, load_case, regen
+from fqr.presets import PRESETS, Preset
+from fqr.variants import SPLIT_QKV, VARIANTS, SplitQKV, get_variant, program_of, variant_of
+
+
+class CopyV(SplitQKV):
+    """split-qkv whose k output is held bit for bit (to see the tolerance kind reach the
+    manifest and the check)."""
+
+    name = "test-split-qkv-copied"
+    params = ("tag",)
+
+
+@pytest.fixture
+def test_variant(monkeypatch):
+    variant = CopyV()
+    monkeypatch.setitem(VARIANTS, variant.name, variant)
+    preset = replace(
+        PRESETS["qwen3-0.6b"],
+        name="test-variant-preset",
+        variant=variant.name,
+        variant_params=(("tag", 3),),
+    )
+    monkeypatch.setitem(PRESETS, preset.name, preset)
+    cases = (CaseSpec(preset.name, "bf16", 7),)
+    monkeypatch.setattr(golden, "CASES", cases)
+    return variant, preset
+
+
+def test_every_preset_has_a_registered_variant_with_its_fields():
+    for p in PRESETS.values():
+        assert variant_of(p).name == p.variant
+
+
+def test_variant_fields_are_checked_by_name():
+    p = replace(PRESETS["qwen3-8b"], variant_params=(("mrope_section", (1, 2, 3)),))
+    with pytest.raises(ValueError, match="mrope_section"):
+        variant_of(p)
+    with pytest.raises(ValueError, match="unknown variant 'nope'"):
+        get_variant("nope")
+
+
+def test_split_qkv_program_is_the_preset_program():
+    from fqr.prologue import preset_program
+
+    p = PRESETS["qwen3-8b"]
+    assert str(program_of(p)) == str(preset_program(p))
+
+
+def test_a_variant_case_round_trips_through_the_golden_files(tmp_path, test_variant):
+    variant, preset = test_variant
+    entries = regen(tmp_path, kernels=False)
+    (entry,) = entries
+    assert entry["variant"] == variant.name and entry["variant_params"] == {"tag": 3}
+    assert entry["tolerance_kinds"] == {"q": "contract", "k": "contract", "v": "bitwise"}
+    case = load_case(entry["name"], tmp_path)
+    outputs = case.run("reference")
+    checks = case.check(*outputs)
+    assert set(checks) == {"q", "k", "v"} and all(c.passed for c in checks.values())
+    # The expectation is the float64 reference of the stored inputs, not of fqr.ops.
+    exact = reference.prologue(
+        case.inputs["qkv"],
+        case.inputs["positions"],
+        case.cos_sin_cache,
+        case.inputs["q_weight"],
+        case.inputs["k_weight"],
+        **preset.spec.kwargs(),
+    )
+    assert torch.equal(exact[0], case.expected["q"])
+    # A wrong output fails its check.
+    q, k, v = outputs
+    bad_v = v.clone()
+    bad_v.view(torch.int16)[0, 0] ^= 1
+    assert not case.check(q, k, bad_v)["v"].passed
+    # A second regen writes the same bytes.
+    again = regen(tmp_path, kernels=False)
+    assert again[0]["sha256"] == entry["sha256"]
+
+
+def test_split_qkv_entries_record_their_variant():
+    for e in golden.list_cases():
+        assert e["variant"] == SPLIT_QKV.name
+
+
+def test_a_wrong_preset_field_is_refused_as_a_preset():
+    with pytest.raises(ValueError):
+        Preset("x", "x", 3, 2, 128, 1e6, 10)
