@@ -29,7 +29,15 @@ import torch
 from . import ops
 from .backends import resolve_backend
 from .core import Aval, Program, trace
-from .validate import call_metadata, check_positions_in_range, check_prologue_args, check_qk_args
+from .validate import (
+    call_metadata,
+    check_cache_args,
+    check_index_prologue_args,
+    check_positions_in_range,
+    check_prologue_args,
+    check_qk_args,
+    check_slots_in_range,
+)
 
 
 @dataclass(frozen=True)
@@ -505,3 +513,298 @@ def preset_program(
         d = spec.head_dim
         static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
     return prologue_program((avals, tuple(sorted(static.items()))))
+
+
+# ------------------------------------------- MiniMax-M3: indexer heads, KV-cache insert
+
+
+def index_heads_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    index_q_weight,
+    index_k_weight,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    num_index_heads,
+    index_head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    attn_fp8,
+    index_fp8,
+    numerics,
+):
+    """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
+    | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head, index_q
+    and the one index_k head per ``index_head_dim`` head, all four rotated by the same table;
+    ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
+    as E4M3."""
+    iq_at = (num_heads + 2 * num_kv_heads) * head_dim
+    q, k, v, iq, ik = ops.split_heads(
+        qkv,
+        (
+            ops.Section(num_heads, head_dim, 0),
+            ops.Section(num_kv_heads, head_dim, num_heads * head_dim),
+            ops.Section(num_kv_heads, head_dim, (num_heads + num_kv_heads) * head_dim),
+            ops.Section(num_index_heads, index_head_dim, iq_at),
+            ops.Section(1, index_head_dim, iq_at + num_index_heads * index_head_dim),
+        ),
+    )
+    common = dict(
+        eps=eps, is_neox=is_neox, weight_offset=weight_offset, numerics=numerics, biases=(None,) * 2
+    )
+    q, k = _norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        **common,
+    )
+    iq, ik = _norm_then_rope(
+        iq,
+        ik,
+        positions,
+        cos_sin_cache,
+        (index_q_weight, index_k_weight),
+        groups=(index_head_dim, index_head_dim),
+        head_dim=index_head_dim,
+        **common,
+    )
+    attn, index = [q, k, v], [iq, ik]
+    if attn_fp8:
+        attn = [ops.quantize_fp8(x) for x in attn]
+    if index_fp8:
+        index = [ops.quantize_fp8(x) for x in index]
+    return (*attn, *index)
+
+
+def cache_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    k_scale,
+    v_scale,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Norm + RoPE of q and k, then k and v written into the paged caches by slot (traced into
+    one program): returns ``(q, new key_cache, new value_cache)``, the caches functional
+    updates (:func:`fqr.ops.cache_insert`) that the kernel stores in place when donated."""
+    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    q, k = _norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (None, None),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
+    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
+    return q, key_cache, value_cache
+
+
+def index_heads_program(signature: tuple) -> Program:
+    """:func:`index_heads_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(index_heads_prologue, signature)
+
+
+def cache_program(signature: tuple) -> Program:
+    """:func:`cache_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(cache_prologue, signature)
+
+
+def split_qkv_index_rmsnorm_rope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    index_q_weight: torch.Tensor,
+    index_k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_index_heads: int,
+    index_head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    weight_offset: float = 1.0,
+    attn_fp8: bool = False,
+    index_fp8: bool = False,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
+    ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.
+
+    ``qkv [T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]`` is the packed row ``[q | k | v | index_q |
+    index_k]``: ``Hi = num_index_heads`` indexer q heads and ONE indexer k head shared by
+    them, both of ``Di = index_head_dim``. Per head of q and k (width D) and of index_q and
+    index_k (width Di), with its own weight (``[D]``, ``[D]``, ``[Di]``, ``[Di]``)::
+
+        y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)      # Gemma (1 + w) by default
+
+    then NeoX (or GPT-J) RoPE of the first R features of every head of all four, R the
+    ``cos_sin_cache`` width (R <= min(D, Di)), from the same rows ``cos_sin_cache[positions]``
+    (MiniMax-M3's one ``rotary_emb`` for both); v is copied. ``attn_fp8``: q, k and v are
+    returned as ``float8_e4m3fn``, ``clamp(y, -448, 448)`` rounded to nearest-even E4M3;
+    ``index_fp8`` the same for index_q and index_k. The scale is 1, as vllm-ascend's kernel
+    writes it (``clamp(y, -448, 448).to(float8_e4m3fn)``, no scale argument). Otherwise the
+    outputs are in qkv's dtype: q ``[T, Hq*D]``, k and v ``[T, Hkv*D]``, index_q ``[T,
+    Hi*Di]``, index_k ``[T, Di]``.
+
+    The reference it matches is :func:`fqr.reference.index_prologue` (then
+    :func:`fqr.reference.saturate_fp8` for FP8 outputs). ``numerics`` as for
+    :func:`split_qkv_rmsnorm_rope` (``unfused``: vLLM's ``GemmaRMSNorm`` then
+    ``RotaryEmbedding.forward_native`` in the model dtype, then clamp and cast for FP8).
+    """
+    tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight)
+    statics = (num_heads, num_kv_heads, head_dim, num_index_heads, index_head_dim, eps, is_neox)
+    statics += (weight_offset, attn_fp8, index_fp8, numerics, backend)
+    key = call_metadata((qkv, positions), tensors[2:], statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        weights = (
+            ("q_weight", q_weight, head_dim),
+            ("k_weight", k_weight, head_dim),
+            ("index_q_weight", index_q_weight, index_head_dim),
+            ("index_k_weight", index_k_weight, index_head_dim),
+        )
+        static = dict(zip(_INDEX_STATICS, statics[:11]))
+        check_index_prologue_args(qkv, positions, cos_sin_cache, weights, backend=backend, **static)
+        static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+        avals = (Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"))
+        avals += tuple(Aval.of(t) for t in tensors[3:])
+        program = index_heads_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    return call.run(list(tensors))
+
+
+_INDEX_STATICS = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_index_heads",
+    "index_head_dim",
+    "eps",
+    "is_neox",
+    "weight_offset",
+    "attn_fp8",
+    "index_fp8",
+    "numerics",
+)
+
+
+def split_qkv_rmsnorm_rope_cache(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    weight_offset: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Split the packed QKV row, RMS-normalise and rotate q and k, and write k and v into the
+    paged KV cache (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
+    ``reshape_and_cache_flash`` fused in); returns the new ``q [T, Hq*D]`` only.
+
+    q and k: the math of :func:`split_qkv_rmsnorm_rope` (per-head norm, ``(weight_offset +
+    w)``, RoPE of the first R features). Then for every token ``t`` with ``s =
+    slot_mapping[t] >= 0``, block ``s // block_size``, row ``s % block_size``::
+
+        key_cache[s // bs, s % bs, h, :]   = store(k[t, h])
+        value_cache[s // bs, s % bs, h, :] = store(v[t, h])
+
+    ``key_cache`` / ``value_cache``: ``[num_blocks, block_size, Hkv, D]`` (vLLM's flash
+    layout, any strides with a contiguous last dim), in qkv's dtype (``store`` rounds to it)
+    or ``float8_e4m3fn`` (``store(x) = e4m3(clamp(x / scale, -448, 448))`` with the float32
+    ``[1]`` ``k_scale`` / ``v_scale``, default 1: vLLM's FP8 KV-cache convention). A negative
+    slot (padding) writes nothing; rows no slot names are left as they are; two tokens naming
+    one slot is the caller's error (vLLM's scheduler never does it) and leaves either row.
+
+    **The caches are updated in place**, as vLLM's cache ops update the caller's cache: the
+    composition is functional (:func:`fqr.ops.cache_insert` returns the new cache) and the
+    public op donates the caller's buffers, so the kernel stores straight into them (the
+    reference backend copies the functional result back). The reference it matches is
+    :func:`fqr.reference.prologue` for q and :func:`fqr.reference.cache_insert` for the
+    caches. ``numerics="unfused"`` rounds k to qkv's dtype before the cache store, as the
+    model's ``k_norm`` / ``rotary_emb`` / ``reshape_and_cache`` chain does.
+    """
+    tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight, key_cache, value_cache)
+    tensors += (slot_mapping, k_scale, v_scale)
+    statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset, numerics, backend)
+    key = call_metadata((qkv, positions, slot_mapping), tensors[2:7] + tensors[8:], statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        static = dict(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            eps=eps,
+            is_neox=is_neox,
+            weight_offset=weight_offset,
+            numerics=numerics,
+        )
+        check_prologue_args(*tensors[:5], None, None, None, norm="head", backend=backend, **static)
+        check_cache_args(
+            qkv,
+            key_cache,
+            value_cache,
+            slot_mapping,
+            k_scale,
+            v_scale,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
+        static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+        avals = (Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"))
+        avals += (Aval.of(q_weight), Aval.of(k_weight))
+        avals += (Aval.of(key_cache, "B"), Aval.of(value_cache, "B"), Aval.of(slot_mapping, "T"))
+        avals += (Aval.of(k_scale), Aval.of(v_scale))
+        program = cache_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+        check_slots_in_range(slot_mapping, key_cache)
+    return call.run([t for t in tensors if t is not None])[0]

@@ -585,12 +585,18 @@ def check_cache_args(
         )
     check_unit_stride("slot_mapping", slot_mapping)
     check_same_device("qkv", device, (("slot_mapping", slot_mapping),))
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        rows = key_cache.shape[0] * key_cache.shape[1]
-        top = int(slot_mapping.max())
-        if top >= rows:
-            raise ValueError(
-                f"slot_mapping names slot {top}, past the caches' {key_cache.shape[0]} blocks x "
-                f"{key_cache.shape[1]} rows"
-            )
+    check_slots_in_range(slot_mapping, key_cache)
     # On an accelerator (no host sync) the kernel stores nothing for a slot past the cache.
+
+
+def check_slots_in_range(slot_mapping: torch.Tensor, cache: torch.Tensor) -> None:
+    """On the host (a CPU ``slot_mapping``; an accelerator's would need a sync), every slot is
+    below the cache's ``num_blocks * block_size`` rows (negative slots are padding)."""
+    if slot_mapping.device.type != "cpu" or not slot_mapping.numel():
+        return
+    top = int(slot_mapping.max())
+    if top >= cache.shape[0] * cache.shape[1]:
+        raise ValueError(
+            f"slot_mapping names slot {top}, past the caches' {cache.shape[0]} blocks x "
+            f"{cache.shape[1]} rows"
+        )
