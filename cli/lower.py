@@ -131,13 +131,16 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     if json_out:
         out.print_json(json.dumps({"passed": not failed, "checks": [r.to_dict() for r in results]}))
     else:
-        table = Table(title=f"ascend compile check ({results[0].report.arch})")
-        for col in ("preset", "BLOCK_T", "head chunks", "UB KiB", "ttir", "linalg", "npubin"):
+        archs = ", ".join(sorted({r.report.arch for r in results}))
+        table = Table(title=f"ascend compile check ({archs})")
+        cols = ("preset", "chip", "BLOCK_T", "head chunks", "UB KiB", "ttir", "linalg", "npubin")
+        for col in cols:
             table.add_column(col, no_wrap=True)
         for r in results:
             st = {s.name: s.status for s in r.report.stages}
             table.add_row(
                 r.label,
+                r.tiling.chip.name,
                 str(r.tiling.tiling.block_t),
                 "/".join(map(str, r.tiling.tiling.head_chunks)),
                 f"{r.tiling.footprint / 1024:.0f}/{r.tiling.budget / 1024:.0f}",

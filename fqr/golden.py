@@ -184,6 +184,17 @@ PEER_CASES: tuple[CaseSpec, ...] = (
 )
 CASES += PEER_CASES
 
+# MiniMax-M3 (issue 15): the indexer heads (bf16 and FP8 E4M3 outputs, v with outliers past
+# +-448) and the KV-cache insert (bf16 and FP8 caches, every third slot negative).
+MINIMAX_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("minimax-m3", "bf16", 7, tp=8),
+    CaseSpec("minimax-m3", "bf16", 3, "unfused", tp=4),
+    CaseSpec("minimax-m3-fp8", "bf16", 7, tp=8),
+    CaseSpec("minimax-m3-kvcache", "bf16", 7, tp=8),
+    CaseSpec("minimax-m3-kvcache-fp8", "bf16", 5, tp=8),
+)
+CASES += MINIMAX_CASES
+
 
 def peer_kwargs(entry: dict) -> dict:
     """The layout and form arguments of a manifest entry's call (none without "peer")."""

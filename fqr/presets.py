@@ -258,6 +258,49 @@ PRESETS: dict[str, Preset] = {
             partial_rotary_factor=0.5,
             is_neox=False,
         ),
+        # MiniMax-M3's sparse-attention layers (MiniMaxAI/MiniMax-M3 config.json:
+        # num_attention_heads 64, num_key_value_heads 4, head_dim 128, rotary_dim 64, rope_theta
+        # 5e6, rms_norm_eps 1e-6, max_position_embeddings 1048576; sparse_attention_config:
+        # sparse_num_index_heads 4 (== num_key_value_heads, asserted and sharded alike by
+        # vllm-ascend's MiniMaxM3SparseAttention), sparse_index_dim 128). q, k, index q and
+        # index k use GemmaRMSNorm, (1 + w) (vllm_ascend/models/minimax_m3/minimax_m3.py).
+        *(
+            Preset(
+                name,
+                "MiniMaxAI/MiniMax-M3",
+                64,
+                4,
+                128,
+                5e6,
+                1048576,
+                weight_offset=1.0,
+                partial_rotary_factor=0.5,
+                variant=variant,
+                variant_params=params,
+            )
+            for name, variant, params in (
+                # the indexer heads, bf16 outputs / FP8 E4M3 outputs (vllm-ascend's
+                # attn_out_fp8 and indexer_out_fp8, the A5 path)
+                (
+                    "minimax-m3",
+                    "index-heads",
+                    (("index_head_dim", 128), ("attn_fp8", False), ("index_fp8", False)),
+                ),
+                (
+                    "minimax-m3-fp8",
+                    "index-heads",
+                    (("index_head_dim", 128), ("attn_fp8", True), ("index_fp8", True)),
+                ),
+                # the KV-cache insert (vllm-ascend's minimax_qknorm_rope_cache; its block
+                # size 128), a bf16 cache and an FP8 E4M3 one with per-tensor scales
+                ("minimax-m3-kvcache", "kv-cache", (("block_size", 128), ("cache_dtype", "bf16"))),
+                (
+                    "minimax-m3-kvcache-fp8",
+                    "kv-cache",
+                    (("block_size", 128), ("cache_dtype", "fp8e4m3")),
+                ),
+            )
+        ),
     ]
 }
 

@@ -26,15 +26,23 @@ kernels and the Ascend sweep go through this registry, so a new variant needs no
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
 
 from . import reference
-from .core import Program
+from .core import Aval, Program
 from .inputs import random_norm_params, random_positions, random_qkv
 from .presets import Preset
-from .prologue import preset_program, split_qkv_rmsnorm_rope
+from .prologue import (
+    cache_program,
+    index_heads_program,
+    preset_program,
+    split_qkv_index_rmsnorm_rope,
+    split_qkv_rmsnorm_rope,
+    split_qkv_rmsnorm_rope_cache,
+)
 
 
 class Variant(ABC):
@@ -209,3 +217,422 @@ class SplitQKV(Variant):
 
 
 SPLIT_QKV = register_variant(SplitQKV())
+
+
+# ------------------------------------------- MiniMax-M3: indexer heads, KV-cache insert
+
+FP8_E4M3 = torch.float8_e4m3fn
+CACHE_DTYPE_NAMES = {"bf16": None, "fp8e4m3": FP8_E4M3}  # None: the activation dtype
+OUTLIERS = (-1000.0, 600.0, 449.0, -448.5)  # v entries past E4M3's +-448: the clamp is exercised
+
+
+def _with_outliers(x: torch.Tensor, columns: slice, generator: torch.Generator) -> torch.Tensor:
+    """``x`` with :data:`OUTLIERS` written at random tokens of ``columns`` (a v section):
+    activations real models produce now and then, and what an FP8 store must saturate."""
+    if not x.shape[0]:
+        return x
+    x = x.clone()
+    width = columns.stop - columns.start
+    for value in OUTLIERS:
+        t = int(torch.randint(0, x.shape[0], (1,), generator=generator))
+        c = columns.start + int(torch.randint(0, width, (1,), generator=generator))
+        x[t, c] = value
+    return x
+
+
+def _random_heads(tokens, heads, head_dim, dtype, generator) -> torch.Tensor:
+    """``[tokens, heads*head_dim]`` drawn as :func:`fqr.inputs.random_qkv` draws its heads."""
+    f64 = torch.float64
+    scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=f64)
+    x = torch.randn(tokens, heads, head_dim, generator=generator, dtype=f64)
+    return (x * scale[:, None]).reshape(tokens, heads * head_dim).to(dtype)
+
+
+def _gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float):
+    """vLLM's per-head norms: ``GemmaRMSNorm.forward_static`` (offset 1: ``(1 + w)`` in fp32,
+    one rounding) or ``RMSNorm.forward_native`` (offset 0: rounded, then ``* w`` in x's
+    dtype)."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if offset == 0.0:
+        return h.to(dtype) * weight
+    return (h * (offset + weight.float())).to(dtype)
+
+
+def _rotary_native(positions, x, head_dim, cos_sin_cache, is_neox):
+    """vLLM's ``RotaryEmbedding.forward_native`` on one tensor ``[T, H*head_dim]``: the first
+    R (the table width) features of each head rotated in x's dtype, the rest passed."""
+    t = positions.shape[0]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    heads = x.view(t, -1, head_dim)
+    rot, rest = heads[..., : cos.shape[-1] * 2], heads[..., cos.shape[-1] * 2 :]
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    if is_neox:
+        x1, x2 = torch.chunk(rot, 2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., ::2], rot[..., 1::2]
+        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rot, rest), dim=-1).reshape(x.shape)
+
+
+def _norm_rope_eager(x, weight, positions, cos_sin_cache, head_dim, spec):
+    t = x.shape[0]
+    normed = _gemma_rms_norm(
+        x.reshape(t, -1, head_dim), weight, spec.eps, spec.weight_offset
+    ).reshape(t, -1)
+    return _rotary_native(positions, normed, head_dim, cos_sin_cache, spec.is_neox)
+
+
+def _fp8_eager(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """vllm-ascend's ``clamp(y, -448, 448).to(float8_e4m3fn)`` (with vLLM's ``x / scale``)."""
+    if scale is not None:
+        x = x.float() / scale
+    return x.clamp(-448.0, 448.0).to(FP8_E4M3)
+
+
+class IndexHeads(Variant):
+    """:func:`fqr.split_qkv_index_rmsnorm_rope`: MiniMax-M3's row ``[q | k | v | index_q |
+    index_k]``, four ``(1 + w)`` norms, one RoPE table, FP8 E4M3 outputs when the preset says
+    (:func:`fqr.reference.index_prologue`, then :func:`fqr.reference.saturate_fp8`). The
+    indexer q heads number the kv heads of the view: MiniMax-M3 has ``sparse_num_index_heads
+    == num_key_value_heads`` and shards them alike (vllm-ascend ``MiniMaxM3SparseAttention``);
+    the one index_k head is on every rank."""
+
+    name = "index-heads"
+    outputs = ("q", "k", "v", "index_q", "index_k")
+    copies = frozenset()  # v is a copy, but an FP8 one saturates: compared like the others
+    params = ("index_head_dim", "attn_fp8", "index_fp8")
+
+    def check(self, preset):
+        super().check(preset)
+        p = preset.params
+        if not isinstance(p["index_head_dim"], int) or p["index_head_dim"] < preset.rotary_dim:
+            raise ValueError(
+                f"preset {preset.name}: index_head_dim must be an int >= rotary_dim "
+                f"{preset.rotary_dim}, got {p['index_head_dim']!r}"
+            )
+        for flag in ("attn_fp8", "index_fp8"):
+            if not isinstance(p[flag], bool):
+                raise ValueError(f"preset {preset.name}: {flag} must be a bool")
+
+    def _kwargs(self, preset) -> dict:
+        spec, p = preset.spec, preset.params
+        return dict(
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            num_index_heads=spec.num_kv_heads,
+            index_head_dim=p["index_head_dim"],
+            eps=spec.eps,
+            is_neox=spec.is_neox,
+            weight_offset=spec.weight_offset,
+        )
+
+    def head_dim(self, preset, output):
+        return preset.params["index_head_dim"] if output.startswith("index") else preset.head_dim
+
+    def program(
+        self,
+        preset,
+        dtype=torch.bfloat16,
+        *,
+        numerics="fused",
+        bias=False,
+        positions_dtype=torch.int64,
+        sharded_full_norm=False,
+    ):
+        if bias:
+            raise ValueError(f"variant {self.name} has no biases")
+        kw, p = self._kwargs(preset), preset.params
+        d, di = kw["head_dim"], kw["index_head_dim"]
+        width = (kw["num_heads"] + 2 * kw["num_kv_heads"]) * d + (kw["num_index_heads"] + 1) * di
+        avals = (
+            Aval(("T", width), dtype),
+            Aval(("T",), positions_dtype),
+            Aval(("P", preset.rotary_dim), torch.float32),
+            Aval((d,), dtype),
+            Aval((d,), dtype),
+            Aval((di,), dtype),
+            Aval((di,), dtype),
+        )
+        static = dict(kw, attn_fp8=p["attn_fp8"], index_fp8=p["index_fp8"], numerics=numerics)
+        return index_heads_program((avals, tuple(sorted(static.items()))))
+
+    def draw(
+        self,
+        preset,
+        tokens,
+        dtype,
+        generator,
+        *,
+        max_position,
+        positions_dtype=torch.int64,
+        bias=False,
+    ):
+        if bias:
+            raise ValueError(f"variant {self.name} has no biases")
+        kw = self._kwargs(preset)
+        spec, di = preset.spec, kw["index_head_dim"]
+        main = random_qkv(spec, tokens, dtype, generator)
+        index = _random_heads(tokens, kw["num_index_heads"] + 1, di, dtype, generator)
+        v_at = spec.q_size + spec.kv_size
+        qkv = _with_outliers(
+            torch.cat([main, index], dim=1), slice(v_at, v_at + spec.kv_size), generator
+        )
+        positions = random_positions(
+            tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+        )
+        q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
+        index_spec = replace(spec, num_heads=1, num_kv_heads=1, head_dim=di, rotary_dim=di)
+        iq_weight, ik_weight, _, _ = random_norm_params(index_spec, dtype, generator)
+        return {
+            "qkv": qkv,
+            "positions": positions,
+            "q_weight": q_weight,
+            "k_weight": k_weight,
+            "index_q_weight": iq_weight,
+            "index_k_weight": ik_weight,
+        }
+
+    def expected(self, preset, inputs, cos_sin_cache):
+        kw, p = self._kwargs(preset), preset.params
+        weights = [inputs[n] for n in ("q_weight", "k_weight", "index_q_weight", "index_k_weight")]
+        outs = list(
+            reference.index_prologue(
+                inputs["qkv"], inputs["positions"], cos_sin_cache, weights, **kw
+            )
+        )
+        for i, fp8 in ((0, p["attn_fp8"]), (1, p["attn_fp8"]), (2, p["attn_fp8"])):
+            if fp8:
+                outs[i] = reference.saturate_fp8(outs[i])
+        if p["index_fp8"]:
+            outs[3], outs[4] = reference.saturate_fp8(outs[3]), reference.saturate_fp8(outs[4])
+        return dict(zip(self.outputs, outs))
+
+    def run(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
+        p = preset.params
+        return split_qkv_index_rmsnorm_rope(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs["q_weight"],
+            inputs["k_weight"],
+            inputs["index_q_weight"],
+            inputs["index_k_weight"],
+            attn_fp8=p["attn_fp8"],
+            index_fp8=p["index_fp8"],
+            numerics=numerics,
+            backend=backend,
+            **self._kwargs(preset),
+        )
+
+    def eager(self, preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+        """MiniMax-M3's own unfused chain (vllm-ascend ``MiniMaxM3SparseAttention.
+        _sparse_prepare`` fallback: ``narrow`` x 5, ``GemmaRMSNorm`` x 4, ``rotary_emb`` x 2,
+        ``clamp`` + cast for FP8), in ``dtype`` with the table held in ``dtype``."""
+        kw, p, spec = self._kwargs(preset), preset.params, preset.spec
+        d, di, hi = kw["head_dim"], kw["index_head_dim"], kw["num_index_heads"]
+        sizes = [spec.q_size, spec.kv_size, spec.kv_size, hi * di, di]
+        table = cos_sin_cache.to(dtype)
+
+        def run(inputs):
+            pos = inputs["positions"]
+            q, k, v, iq, ik = inputs["qkv"].split(sizes, dim=-1)
+            q = _norm_rope_eager(q, inputs["q_weight"], pos, table, d, spec)
+            k = _norm_rope_eager(k, inputs["k_weight"], pos, table, d, spec)
+            iq = _norm_rope_eager(iq, inputs["index_q_weight"], pos, table, di, spec)
+            ik = _norm_rope_eager(ik, inputs["index_k_weight"], pos, table, di, spec)
+            v = v.contiguous()
+            attn = [_fp8_eager(x) for x in (q, k, v)] if p["attn_fp8"] else [q, k, v]
+            index = [_fp8_eager(x) for x in (iq, ik)] if p["index_fp8"] else [iq, ik]
+            return (*attn, *index)
+
+        return run
+
+
+INDEX_HEADS = register_variant(IndexHeads())
+
+
+class KVCacheInsert(Variant):
+    """:func:`fqr.split_qkv_rmsnorm_rope_cache`: norm + RoPE of q and k, k and v written into
+    paged caches ``[num_blocks, block_size, Hkv, D]`` by slot (some slots negative: padding),
+    q returned with the new caches (:func:`fqr.reference.prologue` and
+    :func:`fqr.reference.cache_insert`). The caches drawn hold random values, so a row written
+    where no slot names it shows; an FP8 cache takes random per-tensor scales."""
+
+    name = "kv-cache"
+    outputs = ("q", "key_cache", "value_cache")
+    copies = frozenset()
+    params = ("block_size", "cache_dtype")
+
+    def check(self, preset):
+        super().check(preset)
+        p = preset.params
+        if not isinstance(p["block_size"], int) or p["block_size"] < 1:
+            raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
+        if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
+            raise ValueError(
+                f"preset {preset.name}: cache_dtype must be one of "
+                f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
+            )
+
+    def cache_dtype(self, preset, dtype: torch.dtype) -> torch.dtype:
+        return CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+
+    def program(
+        self,
+        preset,
+        dtype=torch.bfloat16,
+        *,
+        numerics="fused",
+        bias=False,
+        positions_dtype=torch.int64,
+        sharded_full_norm=False,
+    ):
+        if bias:
+            raise ValueError(f"variant {self.name} has no biases")
+        spec, cache_dtype = preset.spec, self.cache_dtype(preset, dtype)
+        cache = Aval(
+            ("B", preset.params["block_size"], spec.num_kv_heads, spec.head_dim), cache_dtype
+        )
+        scale = Aval((1,), torch.float32) if cache_dtype == FP8_E4M3 else None
+        avals = (
+            Aval(("T", spec.qkv_width), dtype),
+            Aval(("T",), positions_dtype),
+            Aval(("P", spec.rotary_dim), torch.float32),
+            Aval((spec.head_dim,), dtype),
+            Aval((spec.head_dim,), dtype),
+            cache,
+            cache,
+            Aval(("T",), torch.int64),
+            scale,
+            scale,
+        )
+        static = dict(
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            eps=spec.eps,
+            is_neox=spec.is_neox,
+            weight_offset=spec.weight_offset,
+            numerics=numerics,
+        )
+        return cache_program((avals, tuple(sorted(static.items()))))
+
+    def draw(
+        self,
+        preset,
+        tokens,
+        dtype,
+        generator,
+        *,
+        max_position,
+        positions_dtype=torch.int64,
+        bias=False,
+    ):
+        if bias:
+            raise ValueError(f"variant {self.name} has no biases")
+        spec, bs = preset.spec, preset.params["block_size"]
+        cache_dtype = self.cache_dtype(preset, dtype)
+        v_at = spec.q_size + spec.kv_size
+        qkv = _with_outliers(
+            random_qkv(spec, tokens, dtype, generator), slice(v_at, v_at + spec.kv_size), generator
+        )
+        positions = random_positions(
+            tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+        )
+        q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
+        blocks = -(-2 * tokens // bs) + 1  # twice the rows the tokens need, plus a block
+        shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
+        caches = [
+            torch.randn(shape, generator=generator, dtype=torch.float64).to(cache_dtype)
+            for _ in range(2)
+        ]
+        slots = torch.randperm(blocks * bs, generator=generator)[:tokens]
+        if tokens > 1:
+            slots[1::3] = -1  # padding tokens: nothing stored
+        drawn = {
+            "qkv": qkv,
+            "positions": positions,
+            "q_weight": q_weight,
+            "k_weight": k_weight,
+            "key_cache": caches[0],
+            "value_cache": caches[1],
+            "slot_mapping": slots,
+        }
+        if cache_dtype == FP8_E4M3:
+            scales = 0.25 + 0.75 * torch.rand(2, generator=generator, dtype=torch.float64)
+            drawn["k_scale"] = scales[:1].float()
+            drawn["v_scale"] = scales[1:].float()
+        return drawn
+
+    def expected(self, preset, inputs, cos_sin_cache):
+        spec = preset.spec
+        q, k, v = reference.prologue(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs["q_weight"],
+            inputs["k_weight"],
+            **spec.kwargs(),
+        )
+        slots = inputs["slot_mapping"]
+        key_cache, _ = reference.cache_insert(
+            inputs["key_cache"], k, slots, scale=inputs.get("k_scale")
+        )
+        value_cache, _ = reference.cache_insert(
+            inputs["value_cache"], v, slots, scale=inputs.get("v_scale")
+        )
+        return {"q": q, "key_cache": key_cache, "value_cache": value_cache}
+
+    def run(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
+        """The op on copies of the drawn caches (it updates them in place): ``(q, key_cache,
+        value_cache)``."""
+        key_cache, value_cache = inputs["key_cache"].clone(), inputs["value_cache"].clone()
+        q = split_qkv_rmsnorm_rope_cache(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs["q_weight"],
+            inputs["k_weight"],
+            key_cache,
+            value_cache,
+            inputs["slot_mapping"],
+            k_scale=inputs.get("k_scale"),
+            v_scale=inputs.get("v_scale"),
+            numerics=numerics,
+            backend=backend,
+            **{k: v for k, v in preset.spec.kwargs().items() if k != "norm"},
+        )
+        return q, key_cache, value_cache
+
+    def eager(self, preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+        """The model's unfused chain: split, ``GemmaRMSNorm`` on q and k, ``rotary_emb``, then
+        vLLM's ``reshape_and_cache_flash`` as an ``index_put`` on the valid slots (FP8: ``x /
+        scale`` clamped and cast); updates the given caches in place, returns ``(q, key_cache,
+        value_cache)``."""
+        spec = preset.spec
+        d, table = spec.head_dim, cos_sin_cache.to(dtype)
+
+        def store(cache, x, slots, scale):
+            rows = cache.view(-1, spec.num_kv_heads, d)
+            keep = slots >= 0
+            x = x.view(-1, spec.num_kv_heads, d)[keep]
+            rows[slots[keep]] = _fp8_eager(x, scale) if cache.dtype == FP8_E4M3 else x
+            return cache
+
+        def run(inputs):
+            pos, slots = inputs["positions"], inputs["slot_mapping"]
+            q, k, v = inputs["qkv"].split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+            q = _norm_rope_eager(q, inputs["q_weight"], pos, table, d, spec)
+            k = _norm_rope_eager(k, inputs["k_weight"], pos, table, d, spec)
+            key_cache = store(inputs["key_cache"], k, slots, inputs.get("k_scale"))
+            value_cache = store(inputs["value_cache"], v, slots, inputs.get("v_scale"))
+            return q, key_cache, value_cache
+
+        return run
+
+
+KV_CACHE = register_variant(KVCacheInsert())

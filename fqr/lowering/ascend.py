@@ -116,6 +116,22 @@ def check_store_dtypes(plan: KernelPlan, chip: AscendChip) -> None:
         )
 
 
+def default_chip(plan: KernelPlan) -> AscendChip:
+    """The chip when none is named (``chip=``) or detected (an NPU): ``$FQR_ASCEND_CHIP`` when
+    set, else the 950 for a program that stores FP8 (the one chip that has it: what an offline
+    compile check or the interpreter of such a program can only mean), else A2."""
+    if not os.environ.get("FQR_ASCEND_CHIP") and stores_fp8(plan):
+        return CHIPS["950"]
+    return get_chip()
+
+
+def stores_fp8(plan: KernelPlan) -> bool:
+    """Whether the program stores an FP8 value (an output, or a paged cache it updates)."""
+    return any(v.aval.dtype in FP8_STORES for v in plan.program.outputs) or any(
+        v.aval.dtype in FP8_STORES for v in plan.program.inputs if plan.input_role(v) is Role.CACHE
+    )
+
+
 class TileDoesNotFit(ValueError):
     """Even the smallest tile (:data:`MIN_BLOCK_T` tokens of one head) exceeds the UB budget."""
 
@@ -314,7 +330,7 @@ def ascend_tiling(
     tile-scope and hoisted tensors plus the largest chain. ``block_t`` forces the token tile
     (head chunks are still chosen to fit it).
     """
-    chip = chip or get_chip()
+    chip = chip or default_chip(plan)
     check_store_dtypes(plan, chip)
     budget = ub_budget(chip, ub_bytes)
     shapes = [ChainShape.of(c, plan) for c in plan.chains]

@@ -25,6 +25,7 @@ TP size through this check is :mod:`fqr.tools.ascend_check` (``fqr lower --targe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shutil
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from ..core import TOKENS, Program
-from .ascend import AscendChip, chip_of_arch, get_chip, npu_vector_core_count
+from .ascend import AscendChip, chip_of_arch, default_chip, get_chip, npu_vector_core_count
 from .kernel import Kernel
 
 STAGES = ("ttir", "linalg", "npubin")
@@ -185,11 +186,49 @@ def _tool_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+# Triton-Ascend 3.2.0 reads whether it compiles for the 950 (Ascend910_95) from a module global
+# in these modules, set where it is built for that chip and False otherwise, not from the
+# compile options: its frontend refuses the fp8 types while it is False.
+_ON_910_95_MODULES = (
+    "triton.triton_patch.language.core",
+    "triton.triton_patch.language.semantic",
+    "triton.backends.ascend.compiler",
+)
+
+
+@contextlib.contextmanager
+def _compiling_for(chip: AscendChip):
+    """Set Triton-Ascend's ``is_compile_on_910_95`` globals to the chip's for one compile
+    (restored after), so a 950 compile check sees the frontend a 950 build has (FP8 types)."""
+    import sys
+
+    saved = {}
+    for name in _ON_910_95_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "is_compile_on_910_95"):
+            saved[name] = module.is_compile_on_910_95
+            module.is_compile_on_910_95 = chip.compile_on_910_95
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            sys.modules[name].is_compile_on_910_95 = value
+
+
 def compile_stages(
     jit_fn, signature: dict, constants: dict, chip: AscendChip, run_npubin: bool | None = None
 ) -> tuple[list[StageResult], str | None]:
     """Run the Ascend stages on ``jit_fn``; returns the stage results and the linalg text.
     Needs Triton-Ascend (the Ascend environment): ImportError otherwise."""
+    from triton.backends.ascend.compiler import AscendBackend  # noqa: F401  (loads the modules)
+
+    with _compiling_for(chip):
+        return _compile_stages(jit_fn, signature, constants, chip, run_npubin)
+
+
+def _compile_stages(
+    jit_fn, signature: dict, constants: dict, chip: AscendChip, run_npubin: bool | None
+) -> tuple[list[StageResult], str | None]:
     from triton._C.libtriton import ir
     from triton.backends.ascend.compiler import AscendBackend
     from triton.backends.compiler import GPUTarget
@@ -306,7 +345,9 @@ def check_kernel(
             f"the ascend compile check needs a kernel lowered for target 'ascend', "
             f"got {kernel.target.name!r}"
         )
-    chip = chip if isinstance(chip, AscendChip) else get_chip(chip or kernel.options.get("chip"))
+    if not isinstance(chip, AscendChip):
+        named = chip or kernel.options.get("chip")
+        chip = get_chip(named) if named else default_chip(kernel.plan)
     args, kwargs, _grid = launch_arguments(kernel, tokens)
     signature, constants = kernel_signature(kernel.fn, args, kwargs)
     stages, linalg = compile_stages(kernel.fn, signature, constants, chip, run_npubin)

@@ -5,6 +5,11 @@ prologue is traced, lowered for the ``ascend`` target and compiled through Trito
 stages by :func:`fqr.lowering.ascend_compile.check_kernel` (TTIR, then ``triton-adapter-opt``
 to Ascend linalg/HIVM; the NPU binary step needs CANN). Needs the Ascend environment
 (``make ascend-env``).
+
+FP8 stores (E4M3 outputs or caches): only the 950 has them (:func:`fqr.lowering.ascend.
+check_store_dtypes`). A program that stores FP8 is checked for the 950 unless a chip is named
+(``--chip`` / ``$FQR_ASCEND_CHIP``; :func:`fqr.lowering.ascend.default_chip`); named A2 or A3,
+the lowering refuses it (:class:`~fqr.lowering.ascend.UnsupportedOnChip`) before any compile.
 """
 
 from __future__ import annotations
