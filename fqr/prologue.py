@@ -32,6 +32,7 @@ from .core import Aval, Program, trace
 from .validate import (
     call_metadata,
     check_cache_args,
+    check_distinct_caches,
     check_index_prologue_args,
     check_positions_in_range,
     check_prologue_args,
@@ -804,7 +805,9 @@ def split_qkv_rmsnorm_rope_cache(
         avals += (Aval.of(k_scale), Aval.of(v_scale))
         program = cache_program((avals, tuple(sorted(static.items()))))
         call = _checked_call(key, program, backend, qkv.device)
-    elif call.host_positions:
-        check_positions_in_range(positions, cos_sin_cache.shape[0])
-        check_slots_in_range(slot_mapping, key_cache)
+    else:
+        check_distinct_caches(key_cache, value_cache)
+        if call.host_positions:
+            check_positions_in_range(positions, cos_sin_cache.shape[0])
+            check_slots_in_range(slot_mapping, key_cache)
     return call.run([t for t in tensors if t is not None])[0]

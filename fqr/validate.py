@@ -564,8 +564,7 @@ def check_cache_args(
             f"value_cache ({DTYPE_NAMES.get(value_cache.dtype)} {list(value_cache.shape)}) must "
             f"match key_cache ({DTYPE_NAMES.get(key_cache.dtype)} {list(key_cache.shape)})"
         )
-    if key_cache.data_ptr() == value_cache.data_ptr() and key_cache.numel():
-        raise ValueError("key_cache and value_cache must be different buffers")
+    check_distinct_caches(key_cache, value_cache)
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if scale is None:
             continue
@@ -600,3 +599,10 @@ def check_slots_in_range(slot_mapping: torch.Tensor, cache: torch.Tensor) -> Non
             f"slot_mapping names slot {top}, past the caches' {cache.shape[0]} blocks x "
             f"{cache.shape[1]} rows"
         )
+
+
+def check_distinct_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """The two caches are different buffers (checked on every call: the per-call key holds
+    their metadata, not their addresses)."""
+    if key_cache.data_ptr() == value_cache.data_ptr() and key_cache.numel():
+        raise ValueError("key_cache and value_cache must be different buffers")

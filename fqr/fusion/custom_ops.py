@@ -5,9 +5,17 @@
                                   form); :func:`fqr.split_qkv_rmsnorm_rope`
 ``fqr::qk_rmsnorm_rope``          separate ``q [T, Hq*D]``, ``k [T, Hkv*D]`` -> new ``q, k``
                                   (Hugging Face form); :func:`fqr.qk_rmsnorm_rope`
+``fqr::split_qkv_index_rmsnorm_   MiniMax-M3's ``[q | k | v | index_q | index_k]`` -> new
+rope``                            ``q, k, v, index_q, index_k`` (FP8 E4M3 when asked);
+                                  :func:`fqr.split_qkv_index_rmsnorm_rope`
+``fqr::split_qkv_rmsnorm_rope_    norm + RoPE, k and v written into the paged caches by slot
+cache``                           -> new ``q``; mutates ``key_cache`` and ``value_cache``
+                                  (schema ``Tensor(a!)``); :func:`fqr.split_qkv_rmsnorm_rope_cache`
 ================================  ===========================================================
 
-Both are functional (no argument is mutated, outputs never alias inputs) and dispatch with
+All but the cache op are functional (no argument is mutated, outputs never alias inputs);
+the cache op declares the two caches it updates in place, as vLLM's ``reshape_and_cache_flash``
+does. They dispatch with
 ``backend="auto"``: the generated Triton kernel for CUDA tensors, Triton-Ascend for NPU
 tensors, the reference program interpreter on CPU. Their fake implementations only compute
 output shapes, so they trace under ``torch.compile`` with a symbolic token count.
@@ -28,7 +36,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_rope
+from ..prologue import (
+    qk_rmsnorm_rope,
+    split_qkv_index_rmsnorm_rope,
+    split_qkv_rmsnorm_rope,
+    split_qkv_rmsnorm_rope_cache,
+)
 
 LIBRARY = torch.library.Library("fqr", "DEF")
 # The devices the op runs on: the reference rules on CPU, the kernels on CUDA and on NPUs
@@ -36,10 +49,11 @@ LIBRARY = torch.library.Library("fqr", "DEF")
 DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
 
-def _register(name: str, impl, fake) -> None:
+def _register(name: str, impl, fake, mutates_args: tuple[str, ...] = ()) -> None:
     """``fqr::name``: schema from ``impl``'s signature, ``impl`` for every dispatch key in
-    :data:`DISPATCH_KEYS`, ``fake`` for tracing (vLLM's ``direct_register_custom_op``)."""
-    LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=()))
+    :data:`DISPATCH_KEYS`, ``fake`` for tracing (vLLM's ``direct_register_custom_op``);
+    ``mutates_args``: the arguments the op updates in place (a KV cache)."""
+    LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=mutates_args))
     for key in DISPATCH_KEYS:
         LIBRARY.impl(name, impl, key)
     LIBRARY._register_fake(name, fake)
@@ -168,3 +182,167 @@ def _qk_rmsnorm_rope_fake(
 
 _register("split_qkv_rmsnorm_rope", split_qkv_rmsnorm_rope_op, _split_qkv_rmsnorm_rope_fake)
 _register("qk_rmsnorm_rope", qk_rmsnorm_rope_op, _qk_rmsnorm_rope_fake)
+
+
+def split_qkv_index_rmsnorm_rope_op(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    index_q_weight: Tensor,
+    index_k_weight: Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_index_heads: int,
+    index_head_dim: int,
+    eps: float,
+    is_neox: bool,
+    weight_offset: float,
+    attn_fp8: bool,
+    index_fp8: bool,
+    numerics: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`fqr.split_qkv_index_rmsnorm_rope` with ``backend="auto"``."""
+    return split_qkv_index_rmsnorm_rope(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        index_q_weight,
+        index_k_weight,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        num_index_heads=num_index_heads,
+        index_head_dim=index_head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        attn_fp8=attn_fp8,
+        index_fp8=index_fp8,
+        numerics=numerics,
+        backend="auto",
+    )
+
+
+def _split_qkv_index_rmsnorm_rope_fake(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    index_q_weight,
+    index_k_weight,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    num_index_heads,
+    index_head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    attn_fp8,
+    index_fp8,
+    numerics,
+):
+    width = (num_heads + 2 * num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim
+    torch._check(
+        qkv.dim() == 2 and qkv.shape[1] == width,
+        lambda: f"qkv must be [T, {width}], got {list(qkv.shape)}",
+    )
+    tokens = qkv.shape[0]
+    attn = torch.float8_e4m3fn if attn_fp8 else qkv.dtype
+    index = torch.float8_e4m3fn if index_fp8 else qkv.dtype
+    return (
+        qkv.new_empty(tokens, num_heads * head_dim, dtype=attn),
+        qkv.new_empty(tokens, num_kv_heads * head_dim, dtype=attn),
+        qkv.new_empty(tokens, num_kv_heads * head_dim, dtype=attn),
+        qkv.new_empty(tokens, num_index_heads * index_head_dim, dtype=index),
+        qkv.new_empty(tokens, index_head_dim, dtype=index),
+    )
+
+
+def split_qkv_rmsnorm_rope_cache_op(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Optional[Tensor],
+    v_scale: Optional[Tensor],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+    weight_offset: float,
+    numerics: str,
+) -> Tensor:
+    """:func:`fqr.split_qkv_rmsnorm_rope_cache` with ``backend="auto"`` (updates the caches
+    in place, returns q)."""
+    return split_qkv_rmsnorm_rope_cache(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        numerics=numerics,
+        backend="auto",
+    )
+
+
+def _split_qkv_rmsnorm_rope_cache_fake(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    k_scale,
+    v_scale,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    torch._check(
+        qkv.dim() == 2 and qkv.shape[1] == width,
+        lambda: f"qkv must be [T, {width}], got {list(qkv.shape)}",
+    )
+    return qkv.new_empty(qkv.shape[0], num_heads * head_dim)
+
+
+_register(
+    "split_qkv_index_rmsnorm_rope",
+    split_qkv_index_rmsnorm_rope_op,
+    _split_qkv_index_rmsnorm_rope_fake,
+)
+_register(
+    "split_qkv_rmsnorm_rope_cache",
+    split_qkv_rmsnorm_rope_cache_op,
+    _split_qkv_rmsnorm_rope_cache_fake,
+    mutates_args=("key_cache", "value_cache"),
+)
