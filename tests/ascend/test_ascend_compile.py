@@ -177,3 +177,23 @@ def test_generalised_split_kernels_lower_to_ascend_linalg(gen, case):
     stages = {s.name: s.status for s in report.stages}
     assert report.passed, report.to_dict()
     assert stages["ttir"] == "ok" and stages["linalg"] == "ok"
+
+
+@pytest.mark.parametrize("preset", ["minimax-m3-fp8", "minimax-m3-kvcache-fp8"])
+def test_fp8_presets_compile_for_the_950_only(preset, monkeypatch):
+    """FP8 outputs / an FP8 cache: with no chip named the check compiles for the 950
+    (Ascend910_9599, Triton-Ascend's frontend switched to the 950's for that compile and back);
+    named A2, the lowering refuses it before any compile."""
+    import sys
+
+    from fqr.lowering.ascend import UnsupportedOnChip
+
+    monkeypatch.delenv("FQR_ASCEND_CHIP", raising=False)
+    r = check_preset(preset, 8)
+    assert r.report.passed, r.report.to_dict()
+    assert r.report.arch == get_chip("950").arch and r.tiling.chip.name == "950"
+    assert any("fp8" in t for t in r.report.signature.values())
+    core = sys.modules["triton.triton_patch.language.core"]
+    assert core.is_compile_on_910_95 is False  # restored after the 950 compile
+    with pytest.raises(UnsupportedOnChip, match="FP8 stores need an Ascend 950"):
+        check_preset(preset, 8, chip="A2")

@@ -100,3 +100,22 @@ def test_ascend_refuses_fp8_before_the_950():
     with pytest.raises(UnsupportedOnChip, match="FP8 stores need an Ascend 950"):
         tiling_of(prog, "ascend", chip="A2")
     tiling_of(program(torch.bfloat16), "ascend", chip="A2")
+
+
+def test_an_fp8_program_defaults_to_the_950(monkeypatch):
+    """No chip named and no NPU: a program that stores FP8 (outputs or a cache) is lowered
+    for the 950, the one chip with FP8; a chip named by FQR_ASCEND_CHIP is kept (and refuses
+    it); a program without FP8 keeps the default A2."""
+    from fqr.lowering import plan_program
+    from fqr.lowering.ascend import default_chip
+    from fqr.lowering.targets import get_target
+
+    monkeypatch.delenv("FQR_ASCEND_CHIP", raising=False)
+    target = get_target("ascend")
+    for prog, chip in ((program(E4M3), "950"), (program(torch.bfloat16), "A2")):
+        assert default_chip(plan_program(prog)).name == chip
+        assert target.ascend_tiling(plan_program(prog)).chip.name == chip
+    monkeypatch.setenv("FQR_ASCEND_CHIP", "A3")
+    assert default_chip(plan_program(program(E4M3))).name == "A3"
+    with pytest.raises(UnsupportedOnChip, match="A3"):
+        tiling_of(program(E4M3), "ascend")
