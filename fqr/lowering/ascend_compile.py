@@ -206,13 +206,13 @@ def _compiling_for(chip: AscendChip):
     for name in _ON_910_95_MODULES:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "is_compile_on_910_95"):
-            saved[name] = module.is_compile_on_910_95
-            module.is_compile_on_910_95 = chip.compile_on_910_95
+            saved[name] = getattr(module, "is_compile_on_910_95")  # noqa: B009
+            setattr(module, "is_compile_on_910_95", chip.compile_on_910_95)  # noqa: B010
     try:
         yield
     finally:
         for name, value in saved.items():
-            sys.modules[name].is_compile_on_910_95 = value
+            setattr(sys.modules[name], "is_compile_on_910_95", value)  # noqa: B010
 
 
 def compile_stages(
