@@ -74,7 +74,7 @@ def test_cases_cover_the_required_variations(entries):
     assert any(
         e["row_stride"] > (e["num_heads"] + 2 * e["num_kv_heads"]) * e["head_dim"] for e in entries
     )
-    assert max(e["max_position"] for e in entries) == 1 << 18
+    assert max(e["max_position"] for e in entries) >= 1 << 18  # MiniMax-M3: 2^20
 
 
 def test_golden_dir_stays_small():
@@ -82,7 +82,9 @@ def test_golden_dir_stays_small():
     assert total < 25e6, f"golden/ is {total / 1e6:.1f} MB"
 
 
-@pytest.mark.parametrize("name", [c.name for c in golden.CASES])
+@pytest.mark.parametrize(
+    "name", [c.name for c in golden.CASES if c.variant_name == golden.SPLIT_QKV.name]
+)
 def test_expectations_agree_with_the_ops_in_float64(name):
     """fqr.ops composed in float64 (not the code that wrote the goldens) reproduces them."""
     case = load_case(name)
