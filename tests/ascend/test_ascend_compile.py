@@ -179,7 +179,7 @@ def test_generalised_split_kernels_lower_to_ascend_linalg(gen, case):
     assert stages["ttir"] == "ok" and stages["linalg"] == "ok"
 
 
-@pytest.mark.parametrize("preset", ["minimax-m3-fp8", "minimax-m3-kvcache-fp8"])
+@pytest.mark.parametrize("preset", ["minimax-m3-kvcache-fp8"])  # the sweep compiles every one
 def test_fp8_presets_compile_for_the_950_only(preset, monkeypatch):
     """FP8 outputs / an FP8 cache: with no chip named the check compiles for the 950
     (Ascend910_9599, Triton-Ascend's frontend switched to the 950's for that compile and back);

@@ -86,7 +86,7 @@ def test_index_heads_unfused_is_the_model_chain(gen):
             assert not torch.equal(bits(f), bits(u)), name
 
 
-def test_index_heads_fp8_eager_chain_within_the_contract(gen):
+def test_index_heads_fp8_unfused_is_the_model_chain(gen):
     preset = index_preset(True, True)
     inputs, table = draw(INDEX_HEADS, preset, gen, 5)
     eager = INDEX_HEADS.eager(preset, table, torch.bfloat16)(inputs)
