@@ -402,6 +402,8 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
     tensors.update((f"expected_{name}", expected[name]) for name in variant.outputs)
     spec = preset.spec
     kinds = {name: variant.tolerance(name) for name in variant.outputs}
+    program = variant.program(preset, dtype, numerics=case.numerics)
+    out_dtypes = {name: v.aval.dtype for name, v in zip(variant.outputs, program.outputs)}
     entry = {
         "name": case.name,
         "file": f"{case.name}.safetensors",
@@ -429,7 +431,9 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
         "row_stride": int(inputs["qkv"].shape[1]),
         "outputs": list(variant.outputs),
         "tolerance_kinds": kinds,
-        "tolerance": {name: kind_text(kind, case.numerics, dtype) for name, kind in kinds.items()},
+        "tolerance": {
+            name: kind_text(kind, case.numerics, out_dtypes[name]) for name, kind in kinds.items()
+        },
         "tensors": {
             name: [DTYPE_NAMES.get(x.dtype, str(x.dtype)), list(x.shape)]
             for name, x in tensors.items()
