@@ -119,3 +119,51 @@ def test_an_fp8_program_defaults_to_the_950(monkeypatch):
     assert default_chip(plan_program(program(E4M3))).name == "A3"
     with pytest.raises(UnsupportedOnChip, match="A3"):
         tiling_of(program(E4M3), "ascend")
+
+
+class ForwardingLauncher:
+    """The direct launcher's seat, recording each launch's key and running the arguments it
+    is handed through the (interpreted) kernel positionally, as the C launcher would."""
+
+    def __init__(self, fn):
+        self.fn, self.keys = fn, []
+
+    def launch(self, grid, args, constexprs, key):
+        self.keys.append(key)
+        self.fn[grid](*args, **constexprs)
+
+
+@needs_interpreter
+def test_the_direct_launch_path_passes_cache_params_and_donates(gen):
+    """What the bound launcher receives for a cache program (the CUDA per-call path): the
+    cache strides and rows in signature order, no output slot for an aliased output, the
+    cache's ints in the specialisation key; run positionally it updates the donated cache."""
+    import dataclasses
+
+    t = 5
+    qkv = (torch.randn(t, (HQ + 2 * HKV) * D, generator=gen) * 3).to(torch.bfloat16)
+    pos = torch.randint(0, 4096, (t,), generator=gen)
+    table = rope_cos_sin_cache(D, 4096, 1e6)
+    qw, kw = ((1 + torch.randn(D, generator=gen) * 0.3).to(torch.bfloat16) for _ in range(2))
+    slots = torch.tensor([3, -1, 17, 8, 0])
+    prog = program(torch.bfloat16)
+    kernel = lower(prog, "interpret")
+    probe = dataclasses.replace(kernel)
+    rec = probe._direct = ForwardingLauncher(kernel.fn)
+    keys = []
+    for blocks in (BLOCKS, BLOCKS + 3):  # another cache size: another key
+        kc, vc = (torch.randn(blocks, BS, HKV, D, generator=gen).to(torch.bfloat16) for _ in "kv")
+        k0 = kc.clone()
+        q, k_out, v_out = probe.launch([qkv, pos, table, qw, kw, kc, vc, slots], donate=True)
+        assert k_out is kc and v_out is vc
+        eq, ek, _ = reference.prologue(
+            qkv, pos, table, qw, kw, num_heads=HQ, num_kv_heads=HKV, head_dim=D
+        )
+        assert compare(q, eq, head_dim=D).passed
+        expected, written = reference.cache_insert(k0, ek, slots)
+        assert compare(kc, expected, head_dim=D).passed
+        assert torch.equal(kc[~written].view(torch.int16), k0[~written].view(torch.int16))
+        keys.append(rec.keys[-1])
+    dense, ints, _aligned, _ = keys[0]
+    assert dense and BLOCKS * BS in ints and BS * HKV * D in ints
+    assert keys[0] != keys[1]
