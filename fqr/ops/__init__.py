@@ -6,6 +6,7 @@ emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add 
 """
 
 from ..core import Section
+from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
@@ -22,4 +23,6 @@ __all__ = [
     "rms_norm_p",
     "rope_p",
     "reduce_precision_p",
+    "mrope",
+    "mrope_p",
 ]
