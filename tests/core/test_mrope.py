@@ -247,3 +247,23 @@ def test_presets_carry_the_model_configs():
     assert q35.rope_theta == 1e7 and q35.weight_offset == 1.0
     assert q35.variant == "mrope-gate" and q35.params["mrope_section"] == (11, 11, 10)
     assert variant_of(q35).outputs == ("q", "k", "v", "gate")
+
+
+def test_torch_op_is_the_public_op_and_traces_with_a_symbolic_token_count(gen):
+    p = fqr.get_preset("qwen3.5-27b", 8)
+    variant, cache, x = call_inputs(gen, p, tokens=3)
+    kw = op_kwargs(p)
+    del kw["backend"]
+    args = (x["qkv"], x["positions"], cache, x["q_weight"], x["k_weight"], None, None)
+    statics = [kw[k] for k in ("num_heads", "num_kv_heads", "head_dim")]
+    statics += [list(kw["mrope_section"]), kw["mrope_interleaved"], 1e-6, True]
+    statics += [kw["weight_offset"], kw["output_gate"], "fused"]
+    got = torch.ops.fqr.split_qkv_rmsnorm_mrope(*args, *statics)
+    want = variant.run(p, x, cache, backend="reference")
+    assert len(got) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) if t is not None else None for t in args]
+        shapes = [o.shape for o in torch.ops.fqr.split_qkv_rmsnorm_mrope(*fake, *statics)]
+    assert shapes == [o.shape for o in want]
