@@ -77,7 +77,9 @@ def mrope(
 def _mrope_abstract(x: Aval, pt: Aval, ph: Aval, pw: Aval, cache: Aval, **params):
     for plane in (pt, ph, pw):
         _rope_abstract(x, plane, cache, d=params["d"], neox=params["neox"], round_to=None)
-    half = cache.shape[1] // 2
+    rotary_dim = cache.shape[1]
+    assert isinstance(rotary_dim, int)
+    half = rotary_dim // 2
     s_t, s_h, s_w = params["sections"]
     planes = frequency_planes(half, params["sections"], params["interleaved"])
     if min(params["sections"]) < 0 or [planes.count(p) for p in range(3)] != [s_t, s_h, s_w]:
