@@ -7,6 +7,7 @@ import torch
 import fqr
 from fqr import reference
 from fqr.backends import BACKENDS
+from fqr.bench.checks import poison_free_memory
 from fqr.inputs import random_inputs
 from fqr.lowering import lower
 from fqr.numerics import compare, compare_kind
@@ -52,12 +53,6 @@ def test_presets_against_float64(gen, name, dtype):
         assert c.passed, f"{n}: {c}"
 
 
-def _poison_allocator(device="cuda") -> None:
-    """Fill the caching allocator's free blocks with NaN, so an output the kernel leaves
-    unwritten (allocated by the public op from those blocks) cannot pass."""
-    torch.full((256 << 20,), float("nan"), dtype=torch.float32, device=device)
-
-
 @pytest.mark.parametrize("tokens", [1, 257, 4099])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("tp", [1, 8])
@@ -68,7 +63,7 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
     inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=tp == 8)
     exact = variant.expected(p, inputs, cache)
-    _poison_allocator()
+    poison_free_memory(256 << 20, torch.device("cuda"))  # unwritten outputs would show NaN
     cuda = {k: x.to("cuda") for k, x in inputs.items()}
     outs = variant.run(p, cuda, cache.to("cuda"), backend="triton")
     assert len(outs) == len(variant.outputs)
