@@ -75,3 +75,15 @@ def test_text_positions_give_the_rope_kernel_bits(gen, name):
         qkv, text, cache, inputs["q_weight"], inputs["k_weight"], **p.spec.kwargs()
     )[0]
     assert fqr.numerics.compare(got[0], q64, head_dim=p.head_dim).passed
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-8b", "qwen3.5-27b"])
+def test_unfused_kernel_is_the_models_eager_chain_bit_for_bit(gen, name):
+    p = fqr.get_preset(name, 8)
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(1024)
+    inputs = variant.draw(p, 3, torch.bfloat16, gen, max_position=1024)
+    got = variant.run(p, inputs, cache, numerics="unfused", backend="interpret")
+    eager = variant.eager(p, cache, torch.bfloat16)(inputs)
+    for n, a, b in zip(variant.outputs, got, eager):
+        assert torch.equal(a, b), n
