@@ -263,6 +263,17 @@ class MRoPE(Variant):
     def program(self, preset, dtype=torch.bfloat16, *, sharded_full_norm=False, **options):
         return mrope_preset_program(preset, dtype, output_gate=self.output_gate, **options)
 
+    def program_args(
+        self, inputs: dict[str, torch.Tensor], cos_sin_cache: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The arguments of :meth:`program`'s program, in its input order: the packed row, the
+        three position planes (the rows of ``positions [3, T]``; ``[T]`` positions on all
+        three), the table, the norm weights and biases."""
+        positions = inputs["positions"]
+        planes = positions.unbind(0) if positions.dim() == 2 else (positions,) * 3
+        vectors = [inputs[n] for n in ("q_weight", "k_weight", "q_bias", "k_bias") if n in inputs]
+        return [inputs["qkv"], *planes, cos_sin_cache, *vectors]
+
     def draw(
         self,
         preset,

@@ -14,12 +14,6 @@ from fqr import reference
 from fqr.variants import variant_of
 
 
-def _args(inputs):
-    planes = inputs["positions"].unbind(0)
-    rest = [inputs[k] for k in ("q_weight", "k_weight", "q_bias", "k_bias") if k in inputs]
-    return inputs["qkv"], planes, rest
-
-
 @pytest.mark.parametrize(
     "name, sections, interleaved, bias",
     [
@@ -35,12 +29,11 @@ def test_kernel_against_float64(gen, name, sections, interleaved, bias):
     cache = p.cos_sin_cache(1024)
     inputs = variant.draw(p, 5, torch.bfloat16, gen, max_position=1024, bias=bias)
     program = variant.program(p, torch.bfloat16, bias=bias)
-    qkv, planes, rest = _args(inputs)
     exact = variant.expected(p, inputs, cache)
     copies = [i for i, n in enumerate(variant.outputs) if n in variant.copies]
     check_reference_and_kernel(
         program,
-        [qkv, *planes, cache, *rest],
+        variant.program_args(inputs, cache),
         [exact[n] for n in variant.outputs],
         [p.head_dim] * len(variant.outputs),
         copies,
