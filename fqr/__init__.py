@@ -22,6 +22,7 @@ from .prologue import (
     attention_prologue,
     qk_rmsnorm_rope,
     split_qkv_index_rmsnorm_rope,
+    split_qkv_rmsnorm_mrope,
     split_qkv_rmsnorm_rope,
     split_qkv_rmsnorm_rope_cache,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "available_backends",
     "lower",
     "jit",
+    "split_qkv_rmsnorm_mrope",
     "split_qkv_index_rmsnorm_rope",
     "split_qkv_rmsnorm_rope_cache",
 ]

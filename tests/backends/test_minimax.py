@@ -100,7 +100,7 @@ def cache_preset(cache_dtype: str):
     return replace(p, variant_params=(("block_size", 128), ("cache_dtype", cache_dtype)))
 
 
-@pytest.mark.parametrize("cache_dtype", ["bf16", "fp8e4m3"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8e4m3"])
 def test_cache_insert_updates_the_callers_caches_in_place(gen, cache_dtype):
     preset = cache_preset(cache_dtype)
     inputs, table = draw(KV_CACHE, preset, gen, 11)
@@ -150,7 +150,7 @@ def test_cache_insert_unfused_is_the_model_chain(gen):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("cache_dtype", ["bf16", "fp8e4m3"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8e4m3"])
 def test_cache_insert_kernel_donates_the_caches(gen, cache_dtype):
     preset = cache_preset(cache_dtype)
     inputs, table = draw(KV_CACHE, preset, gen, 4)
@@ -206,7 +206,7 @@ def cache_call(inputs, table, **overrides):
 
 
 def test_cache_insert_argument_errors_name_the_argument(gen):
-    preset = cache_preset("bf16")
+    preset = cache_preset("auto")
     inputs, table = draw(KV_CACHE, preset, gen, 5)
     kc = inputs["key_cache"]
     rows = kc.shape[0] * kc.shape[1]
@@ -258,7 +258,7 @@ def test_index_heads_argument_errors_name_the_argument(gen):
 
 
 def test_torch_ops_registrations(gen):
-    preset = cache_preset("bf16")
+    preset = cache_preset("auto")
     inputs, table = draw(KV_CACHE, preset, gen, 3)
     expected = KV_CACHE.run(preset, inputs, table, backend="reference")
     schema = str(torch.ops.fqr.split_qkv_rmsnorm_rope_cache.default._schema)
