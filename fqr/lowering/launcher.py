@@ -70,6 +70,11 @@ class DirectLauncher:
         rt = self._runtime
         return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
 
+    def bound(self, device: int, key) -> tuple | None:
+        """``(c_launcher, function, packed_metadata)`` of the kernel bound for ``key`` on
+        ``device`` (None before its first launch): what a generated host function calls."""
+        return self._bound.get((device, key))
+
     def launch(self, grid: tuple[int, int], args: list, constexprs: dict[str, Any], key) -> None:
         device = self._device()
         bound = self._bound.get((device, key))

@@ -56,6 +56,11 @@ class Target:
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return max(1, cdiv(tokens, tile))
 
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        """:meth:`grid` as a Python expression of ``T`` (T >= 1) for the generated host
+        function (:mod:`fqr.lowering.host`); None: it calls :meth:`grid`."""
+        return None
+
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
         return {}
 
@@ -112,6 +117,11 @@ class CudaTarget(Target):
         tiles = max(1, cdiv(tokens, tile))
         cap = options.get("max_programs")
         return min(tiles, int(cap)) if cap else tiles
+
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        tiles = "T" if tile == 1 else f"(T + {tile - 1}) // {tile}"
+        cap = options.get("max_programs")
+        return f"min({tiles}, {int(cap)})" if cap else tiles
 
     def token_buckets(
         self, plan: KernelPlan, **options: Any
@@ -180,6 +190,9 @@ class InterpretTarget(CudaTarget):
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, tile)))
+
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        return super().grid_expression(tile, max_programs=int(options.get("max_programs", 3)))
 
     def token_buckets(
         self, plan: KernelPlan, **options: Any
