@@ -13,8 +13,16 @@
    first pass missed: 1,024 / 4,096 tokens on six presets, fp16 and bf16 at 16,384 / 65,536 on
    the 1-warp presets, Qwen3.5-27B at 16,384 / 65,536.
 
-Logs and ``host-sweep.json`` under ``$OUT`` (default a temp dir); short tables last. Without
-CUDA it says so and exits 0 (the CPU tests cover the host function under the interpreter).
+``MODE=bench``: instead, the final measurement with the chosen tuning: every (preset, dtype)
+kernel variant compiled in parallel first, then one ``fqr bench`` run (device, wall and
+dispatch tables; bf16 and fp16; the issue's presets and token counts) and the host table above
+(host function against the general path) for every preset:
+
+    MODE=bench FQR_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 scripts/launch_floor_host.py
+
+Logs and ``host-sweep.json`` (``bench.json``, ``host-dispatch.json`` in bench mode) under
+``$OUT`` (default a temp dir); short tables last. Without CUDA it says so and exits 0 (the CPU
+tests cover the host function under the interpreter).
 """
 
 from __future__ import annotations
@@ -129,15 +137,17 @@ def host_us(call, calls=1000, rounds=7):
     return sorted(per)[len(per) // 2]
 
 
-def dispatch() -> list[dict]:
+def dispatch(presets=(("qwen3-8b", "bf16"), ("qwen3-32b", "fp16"))) -> list[dict]:
     from launch_floor_sweep import setup
 
     import fqr.prologue as prologue
     from fqr.bench.run import dispatch_callables
+    from fqr.core import dtype_of
     from fqr.presets import get_preset
 
     rows = []
-    for name, dtype in (("qwen3-8b", torch.bfloat16), ("qwen3-32b", torch.float16)):
+    for name, dtype_name in presets:
+        dtype = dtype_of(dtype_name)
         calls = dispatch_callables(get_preset(name), dtype, "fused")
         for tokens in (1, 16, 1024):
             _, (inp,) = setup(name, tokens, dtype=dtype)
@@ -279,11 +289,64 @@ def sweep(ceil: float) -> list[dict]:
     return results
 
 
+BENCH_PRESETS = [*MIDDLE, "glm4-9b"]
+BENCH_TOKENS = [1, 16, 1024, 4096, 16384, 65536]
+
+
+def print_host_table(rows) -> None:
+    for r in rows:
+        log(
+            f"{r['preset']:16s} {r['dtype'][6:]:9s} T={r['T']:5d} public {r['public op']:6.1f} "
+            f"general {r['public op, general path']:6.1f} custom {r['torch.ops.fqr']:6.1f} "
+            f"rms_norm {r['F.rms_norm']:5.1f} triton {r['triton launch']:5.1f} | "
+            f"public/aten {r['public / aten']:.2f} custom/aten {r['custom op / aten']:.2f} "
+            f"general/aten {r['general / aten']:.2f}"
+        )
+
+
+def bench_main() -> int:
+    from launch_floor_gpu import print_report, warm
+
+    from fqr import bench
+    from fqr.bench.report import dispatch_table, results_table
+    from fqr.presets import get_preset
+
+    t0 = time.time()
+    errors = warm([(n, d, {}) for n in BENCH_PRESETS for d in ("bf16", "fp16")])
+    for e in errors:
+        log("compile failed:", e)
+    log(f"compiled in {time.time() - t0:.0f}s")
+    cfg = bench.BenchConfig(
+        presets=[get_preset(n) for n in BENCH_PRESETS],
+        tokens=BENCH_TOKENS,
+        dtypes=[torch.bfloat16, torch.float16],
+        compare=[],
+        rep_ms=20.0,
+        warmup_ms=5.0,
+    )
+    doc = bench.run_bench(cfg, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    bench.save_document(doc, f"{OUT}/bench.json")
+    log(f"bench done in {time.time() - t0:.0f}s")
+    rows = dispatch([(n, d) for n in BENCH_PRESETS[:4] for d in ("bf16", "fp16")])
+    with open(f"{OUT}/host-dispatch.json", "w") as f:
+        json.dump(rows, f, indent=1)
+    print_report(results_table(doc))
+    table = dispatch_table(doc)
+    if table is not None:
+        print_report(table)
+    log("\nhost us per call: host function against the general path (median of 7 x 1000)")
+    print_host_table(rows)
+    log(f"done in {time.time() - t0:.0f}s, numerics {'passed' if doc['passed'] else 'FAILED'}")
+    return 0 if doc["passed"] else 1
+
+
 def main() -> int:
     os.makedirs(OUT, exist_ok=True)
     if not torch.cuda.is_available():
         log("no CUDA device: skipped (the CPU tests cover the host function)")
         return 0
+    if os.environ.get("MODE") == "bench":
+        return bench_main()
     import triton
 
     from fqr.bench.timers import CudaTimers
@@ -301,14 +364,7 @@ def main() -> int:
     sweep(ceil)
     save()
     log(f"\nhost us per call (median of 7 x 1000), ceiling {ceil:.0f} GB/s")
-    for r in rows:
-        log(
-            f"{r['preset']:10s} {r['dtype'][6:]:9s} T={r['T']:5d} public {r['public op']:6.1f} "
-            f"general {r['public op, general path']:6.1f} custom {r['torch.ops.fqr']:6.1f} "
-            f"rms_norm {r['F.rms_norm']:5.1f} triton {r['triton launch']:5.1f} | "
-            f"public/aten {r['public / aten']:.2f} custom/aten {r['custom op / aten']:.2f} "
-            f"general/aten {r['general / aten']:.2f}"
-        )
+    print_host_table(rows)
     log(open(profile_path()).read()[:3000] if os.path.exists(profile_path()) else "")
     log(f"done in {time.time() - t0:.0f}s; checks {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1

@@ -56,7 +56,8 @@ class DirectLauncher:
             from triton.runtime import driver
 
             runtime, stream = knobs.runtime, driver.active.get_current_stream
-            device = torch.cuda.current_device
+            # torch.cuda.current_device without its lazy-init check (CUDA is up by now)
+            device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         self.fn = fn
         self.options = options
         self._bound: dict[tuple, tuple] = {}
