@@ -157,21 +157,32 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
             lines.append("        return None")
         out_proxies: list[Any] = [_Arg(n, o) for n, o in zip(onames, out)]
     else:
-        itemsize = [torch.empty(0, dtype=d).element_size() for d in dtypes]
-        one_buffer = len(set(dtypes)) == 1 and all(
-            w * s % 16 == 0 for w, s in zip(widths, itemsize)
+        # An output that updates an input (a paged cache) is that input, donated as the
+        # general path's backends donate it; the others are allocated, once.
+        aliases = getattr(first, "aliases", None) or {}
+        for i, j in aliases.items():
+            lines.append(f"    {onames[i]} = {names[j]}")
+        fresh = [i for i in range(len(widths)) if i not in aliases]
+        itemsize = {i: torch.empty(0, dtype=dtypes[i]).element_size() for i in fresh}
+        one_buffer = len({dtypes[i] for i in fresh}) == 1 and all(
+            widths[i] * itemsize[i] % 16 == 0 for i in fresh
         )
-        if one_buffer and len(widths) > 1:
-            ns["DT"] = dtypes[0]
-            sizes = ", ".join(f"T * {w}" for w in widths)
-            lines.append(f"    buf = EMPTY(T * {sum(widths)}, dtype=DT, device=DEVICE)")
-            lines.append(f"    {', '.join(onames)}, = buf.split_with_sizes([{sizes}])")
-            for n, w in zip(onames, widths):
-                lines.append(f"    {n} = {n}.view(T, {w})")
+        if one_buffer and len(fresh) > 1:
+            ns["DT"] = dtypes[fresh[0]]
+            sizes = ", ".join(f"T * {widths[i]}" for i in fresh)
+            total = sum(widths[i] for i in fresh)
+            lines.append(f"    buf = EMPTY(T * {total}, dtype=DT, device=DEVICE)")
+            lines.append(
+                f"    {', '.join(onames[i] for i in fresh)}, = buf.split_with_sizes([{sizes}])"
+            )
+            for i in fresh:
+                lines.append(f"    {onames[i]} = {onames[i]}.view(T, {widths[i]})")
         else:
-            for j, (n, w, d) in enumerate(zip(onames, widths, dtypes)):
-                ns[f"DT{j}"] = d
-                lines.append(f"    {n} = EMPTY((T, {w}), dtype=DT{j}, device=DEVICE)")
+            for i in fresh:
+                ns[f"DT{i}"] = dtypes[i]
+                lines.append(
+                    f"    {onames[i]} = EMPTY((T, {widths[i]}), dtype=DT{i}, device=DEVICE)"
+                )
         out_proxies = [_Placeholder(n, w) for n, w in zip(onames, widths)]
     result = f"({', '.join(onames)},)"
     covered = []

@@ -248,3 +248,51 @@ def test_grid_expressions_equal_the_targets_grid(name):
         for tokens in (1, 2, 3, 7, 8, 9, 100, 65537):
             got = eval(expression, {"T": tokens})  # noqa: S307  (the generated expression)
             assert got == target.grid(tokens, tile, torch.device("cpu"), **options)
+
+
+def test_paged_cache_outputs_are_donated_inputs(gen):
+    """A program that updates a paged cache (output aliases an input): the host function
+    returns the cache input itself, written in place, as the general path (``donate``)."""
+    from fqr import ops
+    from fqr.core import Aval, trace
+    from fqr.rope_cache import rope_cos_sin_cache
+
+    hq, hkv, d, blocks, bs, t = 2, 1, 32, 3, 4, 5
+
+    def composition(qkv, pos, table, qw, kw, kc, vc, slots):
+        q, k, v = ops.split_qkv(qkv, hq, hkv, d)
+        q = ops.rope(ops.rms_norm(q, qw, eps=1e-6, group_size=d), pos, table, head_dim=d)
+        k = ops.rope(ops.rms_norm(k, kw, eps=1e-6, group_size=d), pos, table, head_dim=d)
+        return q, ops.cache_insert(kc, k, slots, None), ops.cache_insert(vc, v, slots, None)
+
+    cache = Aval(("B", bs, hkv, d), torch.bfloat16)
+    program = trace(
+        composition,
+        Aval(("T", (hq + 2 * hkv) * d), torch.bfloat16),
+        Aval(("T",), torch.int64),
+        Aval(("P", d), torch.float32),
+        Aval((d,), torch.bfloat16),
+        Aval((d,), torch.bfloat16),
+        cache,
+        cache,
+        Aval(("T",), torch.int64),
+    )
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
+    pos = torch.randint(0, 64, (t,), generator=gen)
+    table = rope_cos_sin_cache(d, 64, 1e6)
+    qw, kw = ((1 + torch.randn(d, generator=gen) * 0.3).to(torch.bfloat16) for _ in range(2))
+    slots = torch.randperm(blocks * bs, generator=gen)[:t]
+    poison = torch.full((blocks, bs, hkv, d), float("nan")).to(torch.bfloat16)
+
+    def args():
+        return [qkv, pos, table, qw, kw, poison.clone(), poison.clone(), slots]
+
+    variants = lowering.KernelsByTokens(program, "interpret")
+    general_args = args()
+    general = variants.launch(general_args, donate=True)
+    fast = host.host_function(variants, general_args)
+    assert fast is not None and fast.source.count("EMPTY(") == 1
+    mine_args = args()
+    mine = fast.fn(mine_args)
+    assert mine[1] is mine_args[5] and mine[2] is mine_args[6]
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(mine, general))
