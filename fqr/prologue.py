@@ -476,8 +476,12 @@ def _checked_call(key, program: Program, backend: str, device: torch.device) -> 
     """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
     for its metadata key."""
     resolved = resolve_backend(backend, device)
-    call = CheckedCall(program, resolved.bind(program), device.type == "cpu", resolved)
-    if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
+    kept = key is not None and len(_CALLS) < MAX_CHECKED_CALLS
+    # a call that is not kept runs once: no host function for it
+    call = CheckedCall(
+        program, resolved.bind(program), device.type == "cpu", resolved if kept else None
+    )
+    if kept:
         _CALLS[key] = call
     return call
 
