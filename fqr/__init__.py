@@ -17,7 +17,13 @@ from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .presets import PRESETS, get_preset
-from .prologue import NormStats, attention_prologue, qk_rmsnorm_rope, split_qkv_rmsnorm_rope
+from .prologue import (
+    NormStats,
+    attention_prologue,
+    qk_rmsnorm_rope,
+    split_qkv_rmsnorm_mrope,
+    split_qkv_rmsnorm_rope,
+)
 from .rope_cache import rope_cos_sin_cache
 
 __all__ = [
@@ -42,6 +48,7 @@ __all__ = [
     "available_backends",
     "lower",
     "jit",
+    "split_qkv_rmsnorm_mrope",
 ]
 
 
