@@ -10,6 +10,7 @@ from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
 from .split import split_heads, split_heads_p, split_qkv
+from .temperature import attn_temperature, attn_temperature_p
 
 __all__ = [
     "Section",
@@ -22,4 +23,6 @@ __all__ = [
     "rms_norm_p",
     "rope_p",
     "reduce_precision_p",
+    "attn_temperature",
+    "attn_temperature_p",
 ]
