@@ -17,7 +17,14 @@ from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .presets import PRESETS, get_preset
-from .prologue import NormStats, attention_prologue, qk_rmsnorm_rope, split_qkv_rmsnorm_rope
+from .prologue import (
+    NormStats,
+    attention_prologue,
+    qk_rmsnorm_rope,
+    split_qkv_rmsnorm_rope,
+    split_qkv_rmsnorm_rope_vnorm,
+    split_qkv_rope_l2norm,
+)
 from .rope_cache import rope_cos_sin_cache
 
 __all__ = [
@@ -25,6 +32,8 @@ __all__ = [
     "split_qkv_rmsnorm_rope",
     "qk_rmsnorm_rope",
     "attention_prologue",
+    "split_qkv_rmsnorm_rope_vnorm",
+    "split_qkv_rope_l2norm",
     "NormStats",
     "ops",
     "presets",
