@@ -78,6 +78,20 @@ class Variant(ABC):
         """The head width ``output`` is compared head by head with."""
         return preset.head_dim
 
+    reads_table: ClassVar[bool] = True  # whether the program takes the RoPE table
+
+    def program_args(
+        self, inputs: dict[str, torch.Tensor], cos_sin_cache: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The arguments of :meth:`program`'s program, in its input order: the packed row, the
+        positions, the table (when :attr:`reads_table`), then the norm vectors and any other
+        input in the order :meth:`draw` returns them."""
+        first = ["qkv", "positions"] + (["cos_sin_cache"] if self.reads_table else [])
+        named = dict(inputs, cos_sin_cache=cos_sin_cache)
+        vectors = [n for n in ("q_weight", "k_weight", "q_bias", "k_bias") if n in inputs]
+        rest = [n for n in inputs if n not in first and n not in vectors]
+        return [named[n] for n in first + vectors + rest if n in named]
+
     @abstractmethod
     def program(
         self,
@@ -371,6 +385,10 @@ class RopeL2Norm(Variant):
 
     name = "rope-l2norm"
     rotates = True  # False: a NoPE layer (no rotation, no norm)
+
+    @property
+    def reads_table(self) -> bool:  # type: ignore[override]
+        return self.rotates
 
     def _layer(self, preset) -> dict:
         """The keyword arguments of the layer kind besides the spec (NoPE: the temperature)."""

@@ -53,9 +53,9 @@ def _temperature_abstract(x: Aval, positions: Aval, *, floor_scale, attn_scale):
 
 @attn_temperature_p.def_impl
 def _temperature_impl(x, positions, *, floor_scale, attn_scale):
-    p = positions.to(torch.float32)  # the models' fp32 statistic
+    p = positions.to(x.dtype)  # the compute dtype: fp32 as the models (float64 in checks)
     s = torch.log(torch.floor((p + 1.0) / floor_scale) + 1.0) * attn_scale + 1.0
-    return x * s.to(x.dtype)[:, None]
+    return x * s[:, None]
 
 
 @attn_temperature_p.def_facts
