@@ -9,8 +9,9 @@ from fqr import reference
 from fqr.backends import BACKENDS
 from fqr.inputs import random_inputs
 from fqr.lowering import lower
-from fqr.numerics import compare
+from fqr.numerics import compare, compare_kind
 from fqr.prologue import preset_program
+from fqr.variants import variant_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,22 +29,60 @@ def preset_problem(gen, name, tokens, dtype, bias=False):
     return p, random_inputs(p.spec, tokens, dtype, gen, cache, bias=bias)
 
 
+def _check_variant_kernel(gen, p, tokens, dtype, bias=False):
+    """The preset's own program (its variant: fqr.variants) as the CUDA kernel into poisoned
+    outputs, every output against the variant's float64 expectation under its tolerance."""
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    drawn = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=bias)
+    exact = variant.expected(p, drawn, cache)
+    program = variant.program(p, dtype, bias=bias)
+    kernel = lower(program, "cuda")
+    outs = [
+        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype, device="cuda")
+        for v in program.outputs
+    ]
+    on_gpu = {n: x.to("cuda") for n, x in drawn.items()}
+    kernel(*variant.program_args(on_gpu, cache.to("cuda")), out=outs)
+    for n, o in zip(variant.outputs, outs):
+        c = compare_kind(variant.tolerance(n), o.cpu(), exact[n], head_dim=variant.head_dim(p, n))
+        assert c.passed, f"{p.label} T={tokens} {n}: {c}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(fqr.PRESETS))
 def test_presets_against_float64(gen, name, dtype):
-    p, pb = preset_problem(gen, name, 301, dtype, bias=name == "qwen3-8b")
-    exact = reference.prologue(*pb.args(), **pb.kwargs())
-    pb = pb.to("cuda")
-    program = preset_program(p, dtype, bias=pb.q_bias is not None)
-    kernel = lower(program, "cuda")
-    outs = [
-        torch.full((301, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
-        for v in program.outputs
-    ]
-    kernel(*pb.operands(), out=outs)
-    for n, o, e in zip("qkv", outs, exact):
-        c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")
-        assert c.passed, f"{n}: {c}"
+    _check_variant_kernel(gen, fqr.get_preset(name), 301, dtype, bias=name == "qwen3-8b")
+
+
+NORM_VARIANT_PRESETS = [
+    "gemma4-31b-sliding",
+    "gemma4-31b-full",
+    "llama4-scout",
+    "llama4-scout-nope",
+]
+
+
+@pytest.mark.parametrize("tokens", [1, 257, 4099])
+@pytest.mark.parametrize("tp", [1, 8])
+@pytest.mark.parametrize("name", NORM_VARIANT_PRESETS)
+def test_norm_variant_presets_kernel_and_public_op(gen, name, tp, tokens):
+    """Issue 15's norm variants at realistic T, whole model and a TP-8 rank: the kernel, and
+    the public op (backend triton, fused and unfused) through the variant."""
+    p = fqr.get_preset(name, tp)
+    _check_variant_kernel(gen, p, tokens, torch.bfloat16)
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    drawn = variant.draw(p, tokens, torch.bfloat16, gen, max_position=cache.shape[0])
+    exact = variant.expected(p, drawn, cache)
+    on_gpu = {n: x.to("cuda") for n, x in drawn.items()}
+    for numerics in ("fused", "unfused"):
+        outs = variant.run(p, on_gpu, cache.to("cuda"), numerics=numerics, backend="triton")
+        for n, o in zip(variant.outputs, outs):
+            c = compare_kind(
+                variant.tolerance(n), o.cpu(), exact[n], head_dim=p.head_dim, numerics=numerics
+            )
+            assert c.passed, f"{p.label} T={tokens} {numerics} {n}: {c}"
 
 
 def _compiled_variants(fn) -> int:
