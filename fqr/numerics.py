@@ -15,6 +15,8 @@ fused       fp32                ``|err| <= 2^-16 * max|head|`` (head-relative, ~
 unfused     bf16                ``|err| <= 2^-5  * max|head|`` (8 x bf16 epsilon)
 unfused     fp16                ``|err| <= 2^-8  * max|head|`` (8 x fp16 epsilon)
 unfused     fp32                as fused fp32
+any         float8_e4m3fn       within 1 E4M3 ULP of the float64 value clamped to +-448 and
+                                correctly rounded (the clamp is the FP8 store's saturation)
 any         any                 NaN or Inf in an output never passes
 ==========  ==================  ==============================================================
 
@@ -61,7 +63,13 @@ HEAD_RELATIVE_BOUND = {
     ("unfused", torch.bfloat16): 2.0**-5,
     ("unfused", torch.float16): 2.0**-8,
 }
-_INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_INT_OF = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float8_e4m3fn: torch.int8,
+}
+FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
 def contract_of(numerics: str) -> str:
@@ -71,6 +79,8 @@ def contract_of(numerics: str) -> str:
 
 
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
+    if dtype == torch.float8_e4m3fn:
+        return "<=1 e4m3 ulp"
     numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         return "<=1 ulp"
@@ -112,8 +122,9 @@ def round_nearest(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     is_best = err == best
     even = (ordered_bits(cands.reshape(-1)).reshape(cands.shape) % 2) == 0
     choice = torch.where(is_best & even, 0, torch.where(is_best, 1, 2)).argmin(dim=0)
-    picked = cands.gather(0, choice.unsqueeze(0)).squeeze(0)
-    return torch.where(torch.isfinite(ref), picked, approx)
+    ints = cands.view(_INT_OF[dtype])  # on the bits: torch has no fp8 gather/where
+    picked = ints.gather(0, choice.unsqueeze(0)).squeeze(0)
+    return torch.where(torch.isfinite(ref), picked, approx.view(_INT_OF[dtype])).view(dtype)
 
 
 @dataclass
@@ -157,13 +168,18 @@ def compare(
     rel = err / head_max
     max_abs, max_rel = float(err.max()), float(rel.max())
     max_ulp = None
-    if dtype in (torch.bfloat16, torch.float16):
+    if dtype == torch.float8_e4m3fn:  # the store saturates: compare with the clamped value
+        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX))
+    if dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         nearest = round_nearest(exact64, dtype)
         ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
         max_ulp = int(ulp.max())
     if bitwise:
         tol = "bit-exact"
         ok = err == 0
+    elif dtype == torch.float8_e4m3fn:
+        tol = "<=1 e4m3 ulp"
+        ok = ulp <= 1
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         tol = "<=1 ulp"
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)
