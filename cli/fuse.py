@@ -79,6 +79,11 @@ def fuse(
         p = get_preset(preset.lower())
     except ValueError as e:
         raise UsageError(f"--preset: {e}") from None
+    if p.variant != "split-qkv":
+        raise UsageError(
+            f"--preset: {p.name} runs the {p.variant!r} prologue; the fusion patterns cover "
+            f"split_qkv_rmsnorm_rope (variant 'split-qkv')"
+        )
     if p.norm != "head":
         raise UsageError(
             f"--preset: {p.name} has norm={p.norm!r}; the fusion patterns cover the per-head "

@@ -11,7 +11,7 @@ import torch
 import fqr
 from fqr import reference
 from fqr.numerics import compare
-from fqr.peers import gemma4_prologue, llama4_prologue
+from fqr.peers import gemma4_prologue
 from fqr.presets import get_preset
 from fqr.variants import variant_of
 
