@@ -1,6 +1,8 @@
 """The triton backend on a CUDA GPU (skipped without one): every preset and dtype against the
 float64 formulation, poisoned outputs, and no recompilation for a new token count."""
 
+from functools import lru_cache
+
 import pytest
 import torch
 
@@ -29,11 +31,18 @@ def preset_problem(gen, name, tokens, dtype, bias=False):
     return p, random_inputs(p.spec, tokens, dtype, gen, cache, bias=bias)
 
 
+@lru_cache(maxsize=4)
+def _table(name: str) -> torch.Tensor:
+    """The preset's real table, at most 2^17 rows (built once per preset: TP views share it)."""
+    p = fqr.get_preset(name)
+    return p.cos_sin_cache(min(p.max_position, 1 << 17))
+
+
 def _check_variant_kernel(gen, p, tokens, dtype, bias=False):
     """The preset's own program (its variant: fqr.variants) as the CUDA kernel into poisoned
     outputs, every output against the variant's float64 expectation under its tolerance."""
     variant = variant_of(p)
-    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    cache = _table(p.name)
     drawn = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=bias)
     exact = variant.expected(p, drawn, cache)
     program = variant.program(p, dtype, bias=bias)
@@ -72,7 +81,7 @@ def test_norm_variant_presets_kernel_and_public_op(gen, name, tp, tokens):
     p = fqr.get_preset(name, tp)
     _check_variant_kernel(gen, p, tokens, torch.bfloat16)
     variant = variant_of(p)
-    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    cache = _table(p.name)
     drawn = variant.draw(p, tokens, torch.bfloat16, gen, max_position=cache.shape[0])
     exact = variant.expected(p, drawn, cache)
     on_gpu = {n: x.to("cuda") for n, x in drawn.items()}
