@@ -655,6 +655,11 @@ def split_qkv_rmsnorm_rope_vnorm(
         )
         if cos_sin_cache is None:
             raise ValueError("cos_sin_cache is required (Gemma 4 rotates every layer)")
+        if numerics == "unfused-hf":
+            raise ValueError(
+                "numerics 'unfused-hf' is not defined for the v-norm prologue: 'unfused' rounds "
+                "as vLLM's Gemma4Attention does"
+            )
         check_prologue_args(*tensors, None, None, None, norm="head", backend=backend, **static)
         static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
         avals = (Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"))

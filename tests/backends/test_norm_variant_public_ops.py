@@ -178,6 +178,8 @@ def test_bad_arguments_are_named_before_any_kernel():
         )
     with pytest.raises(ValueError, match="numerics"):
         _l2(qkv, pos, cache, numerics="fast")
+    with pytest.raises(ValueError, match="unfused-hf"):
+        _vnorm(qkv, pos, cache, w, numerics="unfused-hf")
     with pytest.raises(ValueError, match="floor_scale"):
         _l2(qkv, pos, None, floor_scale=-1.0)
     with pytest.raises(TypeError, match="attn_scale"):
