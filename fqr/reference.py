@@ -21,7 +21,10 @@ float64, on any device:
   with its own head count, head_dim, offset and head stride), by index arithmetic;
 * :func:`prologue` -- the op of :func:`fqr.split_qkv_rmsnorm_rope`: split, norm q and k, rotate
   them, copy v bit for bit; :func:`qk_prologue` -- the no-split op of
-  :func:`fqr.qk_rmsnorm_rope`.
+  :func:`fqr.qk_rmsnorm_rope`;
+* :func:`vnorm_prologue` (Gemma 4: v normalised without weight) and
+  :func:`rope_l2norm_prologue` (Llama 4: rotate, then the weightless norm; NoPE layers' q times
+  :func:`attn_temperature`).
 
 A variant of the prologue is a new composition of these pieces (its own sections, the norm
 before or after the rotation, another source of angle rows such as mRoPE's three planes).
