@@ -4,9 +4,9 @@ temperature): run on the device machine as
     PYTHONPATH=. python3 scripts/norm_variants_gpu.py
 
 1. Checks: ``fqr verify --backend triton`` on the variants' golden cases, then
-   ``pytest tests/gpu/test_gpu.py -k norm_variant`` (each preset, whole model and TP 8, at
-   T = 1, 257, 4099: the CUDA kernel into NaN-poisoned outputs and the public op, fused and
-   unfused, against the float64 reference).
+   ``pytest tests/gpu/test_gpu.py -k "norm_variant and 4099"`` (each preset, whole model and
+   TP 8, at T = 4099: the CUDA kernel into NaN-poisoned outputs and the public op, fused and
+   unfused, against the float64 reference; ``pytest tests/gpu`` runs T = 1 and 257 too).
 2. Timings: ``fqr bench`` of the four presets, bf16, T = 1,024 / 16,384 / 65,536, against the
    models' unfused eager chains and torch.compile of them, same run; JSON saved under $OUT.
 
@@ -31,6 +31,7 @@ OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="fqr-norm-variants-"
 PRESETS = "gemma4-31b-sliding,gemma4-31b-full,llama4-scout,llama4-scout-nope"
 CASES = ("gemma4-*", "llama4-*")
 CUDA = torch.cuda.is_available()
+START = time.perf_counter()
 
 
 def run(name: str, args: list[str], env: dict | None = None) -> int:
@@ -70,7 +71,9 @@ def main() -> int:
             != 0
         )
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
-    rc = run("pytest-gpu", [*pytest, "tests/gpu/test_gpu.py", "-k", "norm_variant"], env)
+    # T = 4099 of each preset, whole model and TP 8 (the full T matrix: pytest tests/gpu)
+    selected = "norm_variant and 4099"
+    rc = run("pytest-gpu", [*pytest, "tests/gpu/test_gpu.py", "-k", selected], env)
     failed += rc not in (0, 5)  # 5: nothing collected
     if not CUDA:
         print("no CUDA device: the timings (fqr bench) are skipped")
@@ -91,7 +94,7 @@ def main() -> int:
         str(saved),
     ]
     failed += run("bench", bench, env) != 0
-    print(f"logs and {saved.name} under {OUT}")
+    print(f"logs and {saved.name} under {OUT}; {time.perf_counter() - START:.0f} s in all")
     print((OUT / "bench.log").read_text())
     return int(failed > 0)
 
