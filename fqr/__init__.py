@@ -21,6 +21,7 @@ from .prologue import (
     NormStats,
     attention_prologue,
     qk_rmsnorm_rope,
+    split_qkv_rmsnorm_mrope,
     split_qkv_rmsnorm_rope,
     split_qkv_rmsnorm_rope_vnorm,
     split_qkv_rope_l2norm,
@@ -51,6 +52,7 @@ __all__ = [
     "available_backends",
     "lower",
     "jit",
+    "split_qkv_rmsnorm_mrope",
 ]
 
 

@@ -30,7 +30,9 @@ on a rounding boundary of ``x * rstd``, about 2^-16 of them, can land one ULP aw
 
 1. norm, offset 0: ``n = round(round(x * rstd) * w)``; offset 1 (Gemma): ``n = round(x * rstd *
    (1 + w))``; a bias: ``n = round(n + b)``;
-2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)``;
+2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)`` (mRoPE: each
+   frequency's row from its position plane, vLLM's ``MRotaryEmbedding.forward_native``, which
+   then rotates as ``RotaryEmbedding`` does);
 3. each rotated pair: ``round(round(n1*c) - round(n2*s))``, ``round(round(n2*c) + round(n1*s))``.
 
 Its bound follows from those points (u = 2^-8 bf16, 2^-11 fp16 unit roundoff): a product carries

@@ -360,6 +360,111 @@ def index_prologue(
     return out[0], out[1], v, out[2], out[3]
 
 
+def mrope_cos_sin_rows(
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    mrope_section: Sequence[int],
+    *,
+    interleaved: bool,
+) -> torch.Tensor:
+    """float64 angle rows ``[T, R]`` of multimodal RoPE: ``positions [3, T]`` (temporal,
+    height, width; ``[T]``: the same position on all three planes), each plane's row
+    ``cos_sin_cache[positions[p]]``, and each frequency's cos and sin taken from one plane as
+    vLLM's ``MRotaryEmbedding`` writes it: contiguous sections ``torch.cat`` of the plane-``p``
+    part of section ``p``; interleaved (Qwen3-VL's ``apply_interleaved_mrope``) the t rows with
+    frequencies ``1::3`` below ``3*s_h`` from h and ``2::3`` below ``3*s_w`` from w."""
+    if positions.dim() == 1:
+        positions = positions.expand(3, -1)
+    planes = [cos_sin_rows(cos_sin_cache, positions[p]) for p in range(3)]
+    r = planes[0].shape[1]
+    halves = [(rows[:, : r // 2], rows[:, r // 2 :]) for rows in planes]
+    out = []
+    for part in range(2):  # cos, then sin
+        t, h, w = (halves[p][part] for p in range(3))
+        if interleaved:
+            chosen = t.clone()
+            s_h, s_w = mrope_section[1], mrope_section[2]
+            chosen[:, 1 : 3 * s_h : 3] = h[:, 1 : 3 * s_h : 3]
+            chosen[:, 2 : 3 * s_w : 3] = w[:, 2 : 3 * s_w : 3]
+        else:
+            pieces = [m.split(list(mrope_section), dim=-1)[i] for i, m in enumerate((t, h, w))]
+            chosen = torch.cat(pieces, dim=-1)
+        out.append(chosen)
+    return torch.cat(out, dim=-1)
+
+
+def mrope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    head_dim: int,
+    mrope_section: Sequence[int],
+    interleaved: bool = False,
+    is_neox: bool = True,
+) -> torch.Tensor:
+    """float64 multimodal RoPE of ``x [T, H*head_dim]`` (:func:`mrope_cos_sin_rows`)."""
+    rows = mrope_cos_sin_rows(cos_sin_cache, positions, mrope_section, interleaved=interleaved)
+    return rotate(x, rows, head_dim=head_dim, is_neox=is_neox)
+
+
+def gated_qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
+    """The packed row of Qwen3.5's / Qwen3-Next's gated attention, ``[q_0 g_0 q_1 g_1 ... | k |
+    v]`` (vLLM ``Qwen3NextAttention``: ``q_gate`` viewed ``[T, Hq, 2*D]`` and chunked in two):
+    the sections q, k, v, gate."""
+    d = head_dim
+    q_end = 2 * num_heads * d
+    return (
+        Section(num_heads, d, 0, 2 * d),
+        Section(num_kv_heads, d, q_end),
+        Section(num_kv_heads, d, q_end + num_kv_heads * d),
+        Section(num_heads, d, d, 2 * d),
+    )
+
+
+def mrope_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mrope_section: Sequence[int],
+    mrope_interleaved: bool = False,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    output_gate: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """The prologue of :func:`fqr.split_qkv_rmsnorm_mrope` by its formulas: split the row
+    (:func:`gated_qkv_sections` with ``output_gate``, else ``[q | k | v]``), per-head RMSNorm
+    of q and k, multimodal RoPE of both; float64 ``q, k``, and ``v`` (and the gate) copied in
+    qkv's dtype."""
+    if output_gate:
+        sections = gated_qkv_sections(num_heads, num_kv_heads, head_dim)
+    else:
+        sections = qkv_sections(num_heads, num_kv_heads, head_dim)
+    q, k, v, *gate = split_row(qkv, sections)
+    rows = mrope_cos_sin_rows(
+        cos_sin_cache, positions, mrope_section, interleaved=mrope_interleaved
+    )
+    q, k = (
+        rotate(
+            rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),
+            rows,
+            head_dim=head_dim,
+            is_neox=is_neox,
+        )
+        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
+    )
+    return (q, k, v, *gate)
+
+
 def vnorm_prologue(
     qkv: torch.Tensor,
     positions: torch.Tensor,

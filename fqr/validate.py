@@ -83,6 +83,30 @@ def check_rotary_dim(rotary_dim: int, head_dim: int, what: str = "rotary_dim") -
         raise ValueError(f"{what} {rotary_dim} exceeds head_dim {head_dim}")
 
 
+def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> None:
+    """Three non-negative ints ``(t, h, w)`` summing to ``rotary_dim / 2`` (the frequencies);
+    interleaved, the h and w sections take every third frequency from 1 and 2, which must
+    exist (``3*h - 2`` and ``3*w - 1`` below ``rotary_dim / 2``; :mod:`fqr.ops.mrope`)."""
+    if not isinstance(mrope_interleaved, bool):
+        raise TypeError(f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}")
+    if not isinstance(mrope_section, (tuple, list)) or len(mrope_section) != 3:
+        raise ValueError(f"mrope_section must be three ints (t, h, w), got {mrope_section!r}")
+    for s in mrope_section:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise ValueError(
+                f"mrope_section must be three non-negative ints, got {list(mrope_section)}"
+            )
+    half = rotary_dim // 2
+    if sum(mrope_section) != half:
+        raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {half}")
+    _, s_h, s_w = mrope_section
+    if mrope_interleaved and ((s_h and 3 * s_h - 2 >= half) or (s_w and 3 * s_w - 1 >= half)):
+        raise ValueError(
+            f"mrope_section {list(mrope_section)} does not fit {half} interleaved frequencies "
+            f"(h takes 1, 4, ... below 3*h, w takes 2, 5, ... below 3*w)"
+        )
+
+
 def check_spec_params(
     *, num_heads, num_kv_heads, head_dim, rotary_dim, eps, is_neox, weight_offset, norm
 ) -> None:
@@ -356,6 +380,93 @@ def check_prologue_args(
                 "inplace=True cannot write into qkv while an input requires grad (autograd "
                 "needs the values it read); use inplace=False or torch.no_grad()"
             )
+
+
+def check_mrope_positions(positions, tokens: int) -> None:
+    """``positions [3, T]`` (temporal, height, width) or ``[T]`` (text: one position for all
+    three planes), int32/int64, each plane contiguous along T."""
+    _tensor("positions", positions)
+    if positions.dtype not in POSITION_DTYPES:
+        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    if positions.dim() == 1:
+        check_positions(positions, tokens)
+        return
+    if positions.dim() != 2 or positions.shape != (3, tokens):
+        raise ValueError(
+            f"positions must be [3, T] or [T] with T = {tokens} (qkv rows), "
+            f"got shape {list(positions.shape)}"
+        )
+    if tokens > 1 and positions.stride(1) != 1:
+        raise ValueError(
+            f"positions must be contiguous along T (stride 1), got stride {positions.stride(1)};"
+            f" pass positions.contiguous()"
+        )
+
+
+def check_mrope_args(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    mrope_section,
+    mrope_interleaved,
+    eps,
+    is_neox,
+    weight_offset,
+    output_gate,
+    numerics,
+    backend,
+) -> None:
+    """The arguments of :func:`fqr.split_qkv_rmsnorm_mrope`."""
+    check_head_counts(num_heads, num_kv_heads)
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    _check_call_options(numerics, backend)
+    if not isinstance(output_gate, bool):
+        raise TypeError(f"output_gate must be a bool, got {type(output_gate).__name__}")
+    check_activation("qkv", qkv)
+    q_cols = (2 if output_gate else 1) * num_heads
+    width = (q_cols + 2 * num_kv_heads) * head_dim
+    if qkv.shape[1] != width:
+        gate = "2*" if output_gate else ""
+        raise ValueError(
+            f"qkv width {qkv.shape[1]} != ({gate}num_heads + 2*num_kv_heads) * head_dim = "
+            f"({gate}{num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+            + (" (each q head followed by its gate head)" if output_gate else "")
+        )
+    check_row_stride("qkv", qkv, width)
+    check_mrope_positions(positions, qkv.shape[0])
+    rotary_dim = check_cos_sin_cache(cos_sin_cache, head_dim)
+    check_mrope_section(mrope_section, mrope_interleaved, rotary_dim)
+    check_norm_vectors(
+        (
+            ("q_weight", q_weight, head_dim),
+            ("k_weight", k_weight, head_dim),
+            ("q_bias", q_bias, head_dim),
+            ("k_bias", k_bias, head_dim),
+        ),
+        norm="head",
+        what="head_dim",
+    )
+    check_same_device(
+        "qkv",
+        qkv.device,
+        (
+            ("positions", positions),
+            ("cos_sin_cache", cos_sin_cache),
+            ("q_weight", q_weight),
+            ("k_weight", k_weight),
+            ("q_bias", q_bias),
+            ("k_bias", k_bias),
+        ),
+    )
+    check_positions_in_range(positions, cos_sin_cache.shape[0])
 
 
 def check_qk_args(

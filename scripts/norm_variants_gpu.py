@@ -4,9 +4,10 @@ temperature): run on the device machine as
     PYTHONPATH=. python3 scripts/norm_variants_gpu.py
 
 1. Checks: ``fqr verify --backend triton`` on the variants' golden cases, then
-   ``pytest tests/gpu/test_gpu.py -k "norm_variant and 4099"`` (each preset, whole model and
-   TP 8, at T = 4099: the CUDA kernel into NaN-poisoned outputs and the public op, fused and
-   unfused, against the float64 reference; ``pytest tests/gpu`` runs T = 1 and 257 too).
+   ``pytest tests/gpu/test_gpu.py -k "(gemma4 or llama4) and 4099"`` (each preset, whole
+   model and TP 8, at T = 4099: the public op on the CUDA kernel into NaN-poisoned memory,
+   fused bf16/fp16 and unfused, against the float64 reference; ``pytest tests/gpu`` runs
+   T = 1 and 257 too).
 2. Timings: ``fqr bench`` of the four presets, bf16, T = 1,024 / 16,384 / 65,536, against the
    models' unfused eager chains and torch.compile of them, same run; JSON saved under $OUT.
 
@@ -72,7 +73,7 @@ def main() -> int:
         )
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
     # T = 4099 of each preset, whole model and TP 8 (the full T matrix: pytest tests/gpu)
-    selected = "norm_variant and 4099"
+    selected = "(gemma4 or llama4) and 4099"
     rc = run("pytest-gpu", [*pytest, "tests/gpu/test_gpu.py", "-k", selected], env)
     failed += rc not in (0, 5)  # 5: nothing collected
     if not CUDA:

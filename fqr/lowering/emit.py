@@ -550,6 +550,11 @@ class KernelBuilder:
         padded = next_pow2(head_chunk)
         self.head_tile = str(padded)
         if chunked:
+            # The loops below reassign hh / hvalid / hmask: give them the loop's types first (an
+            # earlier chain may have left other shapes, and Triton keeps loop-carried types).
+            self.emit(f"hh = tl.arange(0, {padded})[None, :, None]")
+            self.emit(f"hvalid = hh < {chain.heads}")
+            self.emit("hmask = tmask[:, None, None] & hvalid")
             self._emit_row_prepass(chain, head_chunk, padded)
             self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
             self.indent += 1

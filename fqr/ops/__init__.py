@@ -8,6 +8,7 @@ emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add 
 from ..core import Section
 from .cache import cache_insert, cache_insert_p
 from .fp8 import quantize_fp8, quantize_fp8_p
+from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
@@ -27,6 +28,8 @@ __all__ = [
     "rms_norm_p",
     "rope_p",
     "reduce_precision_p",
+    "mrope",
+    "mrope_p",
     "quantize_fp8_p",
     "cache_insert_p",
     "attn_temperature",

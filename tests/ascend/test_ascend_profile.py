@@ -30,7 +30,7 @@ def all_preset_views():
 
 
 def plan_of(preset, dtype=torch.bfloat16, bias=False):
-    # the preset's own program (its variant's composition: fqr.variants)
+    """The plan of the preset's own prologue (its variant's program)."""
     return plan_program(program_of(preset, dtype, bias=bias, sharded_full_norm=preset.tp > 1))
 
 
