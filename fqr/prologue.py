@@ -20,7 +20,6 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -571,21 +570,36 @@ _MROPE_STATICS = (
 # ------------------------------------------------------------------- the per-call path
 
 
-@dataclass(frozen=True)
 class CheckedCall:
     """What a call whose arguments passed the checks once needs on every later call with the
     same metadata (:func:`fqr.validate.call_metadata`): its traced program, the launch of its
-    backend (:meth:`fqr.backends.Backend.bind`), and whether the positions' range must be
-    checked on the host (CPU tensors)."""
+    backend (:meth:`fqr.backends.Backend.bind`), whether the positions' range must be checked
+    on the host (CPU tensors), and -- for generated kernels -- the generated host function of
+    this metadata (:mod:`fqr.lowering.host`; one for ``out=None``, one for ``out``), made after
+    the first call and remade when a new kernel variant is bound."""
 
-    program: Program
-    launch: Callable[..., list]
-    host_positions: bool
+    __slots__ = ("program", "launch", "host_positions", "backend", "host", "_host_builds")
+
+    MAX_HOST_BUILDS = 8  # regenerations per checked call (each bound variant makes one)
+
+    def __init__(self, program: Program, launch, host_positions: bool, backend=None):
+        self.program = program
+        self.launch = launch
+        self.host_positions = host_positions
+        self.backend = backend if backend is not None and backend.has_kernels else None
+        self.host: list = [None, None]  # HostFunction for out=None, for out
+        self._host_builds = 0
 
     def run(self, args: list, out: list[torch.Tensor] | None = None) -> tuple:
         """Run on ``args`` (first: the token rows), into ``out`` when given (``[T, width]``
         tensors whose rows may be strided, e.g. views into the packed input); no tokens: empty
-        outputs, no launch."""
+        outputs, no launch. The generated host function runs the call where it covers it,
+        else the general path does (and a newly bound kernel variant regenerates it)."""
+        host = self.host[out is not None]
+        if host is not None:
+            outs = host.fn(args) if out is None else host.fn(args, out)
+            if outs is not None:
+                return outs
         rows = args[0]
         if rows.shape[0] == 0:
             if out is not None:
@@ -594,7 +608,13 @@ class CheckedCall:
                 torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
                 for v in self.program.outputs
             )
-        return tuple(self.launch(args) if out is None else self.launch(args, out))
+        outs = tuple(self.launch(args) if out is None else self.launch(args, out))
+        if self.backend is not None and self._host_builds < self.MAX_HOST_BUILDS:
+            bound = self.backend.bound_kernels(self.program)
+            if host is None or host.bound != bound:
+                self._host_builds += 1
+                self.host[out is not None] = self.backend.host_function(self.program, args, out)
+        return outs
 
 
 _CALLS: dict[tuple, CheckedCall] = {}
@@ -604,10 +624,13 @@ MAX_CHECKED_CALLS = 4096  # distinct argument metadata kept (a full table stops 
 def _checked_call(key, program: Program, backend: str, device: torch.device) -> CheckedCall:
     """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
     for its metadata key."""
+    resolved = resolve_backend(backend, device)
+    kept = key is not None and len(_CALLS) < MAX_CHECKED_CALLS
+    # a call that is not kept runs once: no host function for it
     call = CheckedCall(
-        program, resolve_backend(backend, device).bind(program), device.type == "cpu"
+        program, resolved.bind(program), device.type == "cpu", resolved if kept else None
     )
-    if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
+    if kept:
         _CALLS[key] = call
     return call
 
