@@ -25,6 +25,8 @@ from .prologue import (
     split_qkv_rmsnorm_mrope,
     split_qkv_rmsnorm_rope,
     split_qkv_rmsnorm_rope_cache,
+    split_qkv_rmsnorm_rope_vnorm,
+    split_qkv_rope_l2norm,
 )
 from .rope_cache import rope_cos_sin_cache
 
@@ -33,6 +35,10 @@ __all__ = [
     "split_qkv_rmsnorm_rope",
     "qk_rmsnorm_rope",
     "attention_prologue",
+    "split_qkv_rmsnorm_rope_vnorm",
+    "split_qkv_rope_l2norm",
+    "split_qkv_index_rmsnorm_rope",
+    "split_qkv_rmsnorm_rope_cache",
     "NormStats",
     "ops",
     "presets",
@@ -51,8 +57,6 @@ __all__ = [
     "lower",
     "jit",
     "split_qkv_rmsnorm_mrope",
-    "split_qkv_index_rmsnorm_rope",
-    "split_qkv_rmsnorm_rope_cache",
 ]
 
 
