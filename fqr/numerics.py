@@ -86,8 +86,17 @@ def contract_of(numerics: str) -> str:
     return "unfused" if numerics.startswith("unfused") else numerics
 
 
+# An FP8 output of an unfused chain is the E4M3 of a value already rounded to the model dtype
+# between the ops (vllm-ascend's clamp + cast of the bf16 result): within one E4M3 step, or
+# within the model dtype's unfused bound where that bound is wider (elements small in their
+# head, where E4M3's steps are finer than the bf16 chain's error).
+FP8_UNFUSED_RELATIVE_BOUND = HEAD_RELATIVE_BOUND[("unfused", torch.bfloat16)]
+
+
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
     if dtype == torch.float8_e4m3fn:
+        if contract_of(numerics) == "unfused":
+            return f"<=1 e4m3 ulp or <={FP8_UNFUSED_RELATIVE_BOUND:.2g} x head max"
         return "<=1 e4m3 ulp"
     numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
@@ -186,8 +195,10 @@ def compare(
         tol = "bit-exact"
         ok = err == 0
     elif dtype == torch.float8_e4m3fn:
-        tol = "<=1 e4m3 ulp"
+        tol = tolerance_text(numerics, dtype)
         ok = ulp <= 1
+        if numerics == "unfused":
+            ok = ok | (rel <= FP8_UNFUSED_RELATIVE_BOUND)
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         tol = "<=1 ulp"
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)

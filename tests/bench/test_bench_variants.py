@@ -101,3 +101,19 @@ def test_the_compile_peer_of_a_variant_on_gpu():
     doc = fb.run_bench(cfg, device="cuda", timers=FixedClock([10.0, 30.0, 20.0]))
     assert doc["passed"] is True, report.failure_lines(doc)
     assert all(r["impls"]["compile"]["check"]["passed"] for r in doc["rows"])
+
+
+@pytest.mark.parametrize("name", ["minimax-m3-fp8", "minimax-m3-kvcache-fp8"])
+def test_minimax_presets_bench_and_check_their_caches_whole(name):
+    """MiniMax-M3: FP8 outputs (the eager chain's bf16-then-E4M3 under the unfused contract)
+    and paged caches, compared whole against the whole call's expectation (the caches are
+    not [T, ...] rows)."""
+    preset = get_preset(name, 8)
+    doc = fb.run_bench(_config(preset, compare=["eager"]), device="cpu", timers=FixedClock([10.0]))
+    assert doc["passed"] is True, report.failure_lines(doc)
+    if preset.variant != "kv-cache":
+        return
+    for row in doc["rows"]:
+        assert row["impls"]["fqr"]["check"]["key_cache"]["passed"]
+    whole = variant_cells.per_call_outputs(variant_cells.variant_of(preset), preset, torch.bfloat16)
+    assert whole == {"key_cache", "value_cache"}

@@ -161,3 +161,19 @@ def test_cache_insert_shape_rule_names_the_argument():
         run(cache, x, Aval(("T", 2), torch.int64))
     with pytest.raises(TypeError, match="cache must be bf16, fp16, fp32 or float8_e4m3fn"):
         run(Aval(("B", 16, 2, 64), torch.int8), x, slots)
+
+
+def test_unfused_fp8_outputs_get_the_model_dtypes_bound_where_it_is_wider():
+    """An unfused chain's FP8 output is E4M3 of a bf16-rounded value: an element small in its
+    head may sit several E4M3 steps off (those steps are finer than the chain's bf16 error);
+    the fused contract stays one E4M3 step."""
+    from fqr.numerics import compare
+
+    exact = torch.tensor([[100.0, 0.011, -3.0, 0.5]], dtype=torch.float64)
+    out = exact.to(torch.float8_e4m3fn).clone()
+    out.view(torch.int8)[0, 1] += 3  # 3 E4M3 steps off, 2e-5 of the head's max
+    assert not compare(out, exact, head_dim=4).passed
+    c = compare(out, exact, head_dim=4, numerics="unfused")
+    assert c.passed and c.tolerance == "<=1 e4m3 ulp or <=0.031 x head max"
+    out.view(torch.int8)[0, 0] += 2  # 100 two steps off: 16 / 100 > 2^-5
+    assert not compare(out, exact, head_dim=4, numerics="unfused").passed
