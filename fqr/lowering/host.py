@@ -12,12 +12,14 @@ token buckets and each variant's grid as integer expressions), compiled once wit
 * checks what the metadata key cannot hold: T > 0, no input that requires grad under grad mode,
   every pointer 16-byte aligned, the current device the tensors' device, no launch hook
   installed,
-* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views, split from one
-  buffer, while every output offset stays 16-byte aligned; else one allocation per output), or
-  writes into the caller's ``out``,
-* calls the variant's bound C launcher (``CompiledKernel.run``, as
-  :class:`.launcher.DirectLauncher` does) with the precomputed argument order, or, where Triton
-  has no bound launcher (the interpreter), ``fn[grid]`` with the same arguments.
+* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views of one
+  buffer made by ``as_strided``, while every output offset stays 16-byte aligned; else one
+  allocation per output), or writes into the caller's ``out``,
+* calls the C function under the variant's bound Triton launcher
+  (:func:`.launcher.inner_c_launch`: what ``CudaLauncher.__call__`` would call, without its
+  Python), else the bound launcher (``CompiledKernel.run``, as
+  :class:`.launcher.DirectLauncher` does), with the precomputed argument order, or, where
+  Triton has no bound launcher (the interpreter), ``fn[grid]`` with the same arguments.
 
 It returns None whenever one of those checks fails or a variant has not been bound yet: the
 caller then takes the general path (:meth:`.kernel.Kernel.launch`), which binds the variant, and
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from .kernel import Kernel
+from .launcher import inner_c_launch
 
 BUILDS = 0  # host functions generated in this process (tests count them)
 
@@ -168,15 +171,20 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
             widths[i] * itemsize[i] % 16 == 0 for i in fresh
         )
         if one_buffer and len(fresh) > 1:
+            # one buffer, each output a contiguous [T, width] view at its offset (T times
+            # the widths before it): the bytes and strides ``split_with_sizes`` + ``view``
+            # gave, in one ``as_strided`` per output
             ns["DT"] = dtypes[fresh[0]]
-            sizes = ", ".join(f"T * {widths[i]}" for i in fresh)
             total = sum(widths[i] for i in fresh)
             lines.append(f"    buf = EMPTY(T * {total}, dtype=DT, device=DEVICE)")
-            lines.append(
-                f"    {', '.join(onames[i] for i in fresh)}, = buf.split_with_sizes([{sizes}])"
-            )
+            before = 0
             for i in fresh:
-                lines.append(f"    {onames[i]} = {onames[i]}.view(T, {widths[i]})")
+                offset = f"T * {before}" if before else "0"
+                lines.append(
+                    f"    {onames[i]} = buf.as_strided((T, {widths[i]}), ({widths[i]}, 1), "
+                    f"{offset})"
+                )
+                before += widths[i]
         else:
             for i in fresh:
                 ns[f"DT{i}"] = dtypes[i]
@@ -256,10 +264,25 @@ def _variant_body(
     if bound is None:
         return None
     run, function, packed = bound
-    ns[f"RUN{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = run, function, packed
     constants = ", ".join(repr(v) for v in constexprs.values())
+    stream = f"STREAM({device.index!r})"
+    inner = inner_c_launch(run)
+    if inner is not None:
+        # the C function under Triton's launcher, called as its ``__call__`` calls it
+        launch, cooperative, pdl, annotations, signature = inner
+        ns[f"LAUNCH{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = launch, function, packed
+        ns[f"ANNOTATIONS{i}"], ns[f"SIGNATURE{i}"] = annotations, signature
+        ns[f"COOPERATIVE{i}"], ns[f"PDL{i}"] = cooperative, pdl
+        everything = ", ".join(p for p in (", ".join(params), constants) if p)
+        lines.append(
+            f"LAUNCH{i}(g, {kernel.grid_blocks}, 1, {stream}, FUNCTION{i}, COOPERATIVE{i}, "
+            f"PDL{i}, PACKED{i}, None, None, None, None, None, ANNOTATIONS{i}, SIGNATURE{i}, "
+            f"({everything},))"
+        )
+        return lines
+    ns[f"RUN{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = run, function, packed
     lines.append(
-        f"RUN{i}(g, {kernel.grid_blocks}, 1, STREAM({device.index!r}), FUNCTION{i}, PACKED{i}, "
+        f"RUN{i}(g, {kernel.grid_blocks}, 1, {stream}, FUNCTION{i}, PACKED{i}, "
         f"None, None, None, {', '.join(params)}, {constants})"
     )
     return lines
