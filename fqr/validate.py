@@ -599,10 +599,9 @@ MAX_REMEMBERED = 4096
 
 
 def _push_guard(guard) -> None:
-    if guard in _GUARDS:
-        _GUARDS.remove(guard)
-    _GUARDS.insert(0, guard)
-    del _GUARDS[MAX_GUARDS:]
+    # a new list, bound at once: a thread iterating the old one is not disturbed
+    global _GUARDS
+    _GUARDS = [guard, *(g for g in _GUARDS if g is not guard)][:MAX_GUARDS]
 
 
 def remember_checked_key(key: tuple) -> None:
@@ -617,7 +616,8 @@ def remember_checked_key(key: tuple) -> None:
 
 def forget_checked_keys() -> None:
     """Drop every guard (the next calls build their keys)."""
-    _GUARDS.clear()
+    global _GUARDS
+    _GUARDS = []
     _GUARD_OF.clear()
 
 
@@ -638,16 +638,27 @@ def key_guard(key: tuple):
     entries = key[3:]
     token_entries = [e for e in entries if e is not None and len(e) == 5]
     other_entries = entries[len(token_entries) :]
-    ns: dict = {"KEY": key, "STATICS": statics, "TYPES": types, "TENSOR": torch.Tensor}
-    lines = [
-        "def guard(token_tensors, tensors, statics):",
-        # the types first: with them equal, ``==`` of each static is its recorded type's own
-        "    if tuple(map(type, statics)) != TYPES or not (statics == STATICS):",
-        "        return None",
+    ns: dict = {"KEY": key, "STATICS": statics, "TENSOR": torch.Tensor}
+    lines = ["def guard(token_tensors, tensors, statics):"]
+    # the statics' types first, one by one: with them equal, ``==`` of each static is its
+    # recorded type's own, so an odd argument (a tensor for eps) cannot raise here
+    lines.append(f"    if not isinstance(statics, tuple) or len(statics) != {len(statics)}:")
+    lines.append("        return None")
+    if statics:
+        names = [f"s{i}" for i in range(len(statics))]
+        lines.append(f"    {', '.join(names)}, = statics")
+        for i, kind in enumerate(types):
+            ns[f"TYPE{i}"] = kind
+        checks = " or ".join(f"type({n}) is not TYPE{i}" for i, n in enumerate(names))
+        lines.append(f"    if {checks}:")
+        lines.append("        return None")
+    lines.append("    if not (statics == STATICS):")
+    lines.append("        return None")
+    lines.append(
         f"    if len(token_tensors) != {len(token_entries)} or len(tensors) != "
-        f"{len(other_entries)}:",
-        "        return None",
-    ]
+        f"{len(other_entries)}:"
+    )
+    lines.append("        return None")
 
     def tensor_lines(name: str, j: str, dtype, device, stride) -> None:
         ns[f"DT{j}"], ns[f"DEV{j}"], ns[f"ST{j}"] = dtype, device, stride
