@@ -171,7 +171,8 @@ def test_inner_c_launch_gets_what_triton_launcher_passes_it(gen, triton_launcher
     """The host function calls the C function (no ``CudaLauncher.__call__``) with exactly the
     arguments Triton's ``__call__`` passes it on the general path (``DirectLauncher`` ->
     bound launcher): grid, stream, function, cooperative / PDL flags, metadata, no scratch, the
-    annotations, the signature and every parameter, constexprs included."""
+    annotations, the signature and every parameter, constexprs included, each tensor as its
+    address (an int, which the C function takes as the address itself)."""
     p = make_problem(gen, tokens=6, num_heads=4, num_kv_heads=2, head_dim=32)
     program = prologue.preset_program(SimpleNamespace(spec=p.spec), p.qkv.dtype)
     kernel = dataclasses.replace(lowering.lower(program, "interpret"), fn=FakeJitCuda())
@@ -193,9 +194,20 @@ def test_inner_c_launch_gets_what_triton_launcher_passes_it(gen, triton_launcher
     called = kernel.fn.log[-1]
     assert len(kernel.fn.log) == 2 and len(kernel.fn.jit) == 1
     assert called[:15] == general[:15] and general[3] == 77
-    swapped = tuple(next((m for o, m in zip(outs, mine) if x is o), x) for x in general[15])
-    assert len(called[15]) == len(swapped)
-    assert all(x is y if torch.is_tensor(y) else x == y for x, y in zip(called[15], swapped))
+    # the general path's tensors (its outputs swapped for the host function's), as addresses
+    swapped = [next((m for o, m in zip(outs, mine) if x is o), x) for x in general[15]]
+    expected = tuple(x.data_ptr() if torch.is_tensor(x) else x for x in swapped)
+    assert called[15] == expected and all(type(x) is not torch.Tensor for x in called[15])
+    # into the caller's ``out``: those stay tensors (the C function checks them)
+    given = [torch.empty_like(o) for o in outs]
+    kernel.launch(ops, given)
+    into = host.host_function(variants, ops, given)
+    assert into is not None and "LAUNCH0(" in into.source
+    assert into.fn(ops, given) == tuple(given)
+    passed = kernel.fn.log[-1][15]
+    assert [x for x in passed if torch.is_tensor(x)] == given
+    addresses = [x for x in passed if type(x) is int]
+    assert all(o.data_ptr() in addresses for o in ops)
 
 
 @pytest.mark.parametrize(
