@@ -228,3 +228,28 @@ def test_other_launchers_keep_the_bound_launcher(triton_launcher, fields, versio
     assert inner_c_launch(plain, "3.9.0") is not None
     assert inner_c_launch(runner, version or "3.9.0") is None
     assert inner_c_launch(lambda *a: None, "3.9.0") is None  # not a CudaLauncher
+
+
+def test_public_op_repeats_hit_their_guards(gen, monkeypatch):
+    """Through the public op (any op that calls ``call_metadata`` and ``_checked_call``):
+    every kept key has its guard, and repeated calls with two metadata in turn (T = 1 and
+    T > 1) get back the kept key object itself, not a rebuilt tuple."""
+    import fqr
+    import fqr.validate as validate
+
+    prologue._CALLS.clear()
+    validate.forget_checked_keys()
+    returned = []
+    real = prologue.call_metadata
+
+    def spy(*args):
+        returned.append(real(*args))
+        return returned[-1]
+
+    monkeypatch.setattr(prologue, "call_metadata", spy)
+    problems = [make_problem(gen, tokens=t, num_heads=2, num_kv_heads=1) for t in (1, 3)]
+    for p in problems * 3:
+        fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(), backend="reference")
+    assert len(prologue._CALLS) == 2 and set(validate._GUARD_OF) == set(prologue._CALLS)
+    kept = list(prologue._CALLS)
+    assert all(any(key is k for k in kept) for key in returned[2:])
