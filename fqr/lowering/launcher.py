@@ -124,8 +124,10 @@ def inner_c_launch(run: Any, version: str | None = None) -> tuple | None:
     GSan is off and ``self.launch`` is the C function itself (no tensor-descriptor wrapper),
     that one call is all it does: the generated host function makes it with the constants
     returned here and Nones for the scratch buffers, the hooks and the launch metadata (the
-    host function runs only without hooks, as :class:`DirectLauncher`). Any other launcher
-    class, Triton version or attribute layout: None."""
+    host function runs only without hooks, as :class:`DirectLauncher`). The class's
+    ``__call__`` must also read those attributes (its code object's names), so a release that
+    renamed them or calls something else is not taken for this one. Any other launcher class,
+    Triton version or attribute layout: None."""
     if version is None:
         try:
             import triton
@@ -151,7 +153,16 @@ def inner_c_launch(run: Any, version: str | None = None) -> tuple | None:
         return None
     if not plain or not isinstance(launch, C_FUNCTION_TYPES):
         return None
+    # and ``__call__`` itself reads what the call above passes (its code object's names)
+    call = getattr(type(run).__call__, "__code__", None)
+    if call is None or not _CALL_READS <= set(call.co_names):
+        return None
     return (launch, *constants)
+
+
+_CALL_READS = frozenset(
+    ("launch", "launch_cooperative_grid", "launch_pdl", "arg_annotations", "kernel_signature")
+)
 
 
 def direct_launcher(fn: Any, options: dict[str, Any]) -> DirectLauncher | None:

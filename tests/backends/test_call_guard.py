@@ -229,6 +229,14 @@ def test_other_launchers_keep_the_bound_launcher(triton_launcher, fields, versio
     assert inner_c_launch(runner, version or "3.9.0") is None
     assert inner_c_launch(lambda *a: None, "3.9.0") is None  # not a CudaLauncher
 
+    class CudaLauncher:  # same name and fields, a ``__call__`` that passes other things
+        def __call__(self, *args):
+            return self.launch(*args)
+
+    other = CudaLauncher()
+    other.__dict__.update(vars(plain))
+    assert inner_c_launch(other, "3.9.0") is None
+
 
 def test_public_op_repeats_hit_their_guards(gen, monkeypatch):
     """Through the public op (any op that calls ``call_metadata`` and ``_checked_call``):
