@@ -114,7 +114,8 @@ def inner_c_launch(run: Any, version: str | None = None) -> tuple | None:
     ``(launch, cooperative_grid, pdl, arg_annotations, kernel_signature)``, where calling it
     directly is what ``__call__`` does; else None (call ``run`` itself).
 
-    Read in Triton 3.6 and 3.9 (``triton/backends/nvidia/driver.py``, ``CudaLauncher``):
+    Read in Triton 3.9's installed ``triton/backends/nvidia/driver.py`` (``CudaLauncher``;
+    the 3.6 layout from published excerpts of the same class, without GSan):
     ``__call__(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
     exit_hook, *args)`` allocates the global and profile scratch buffers (None where their
     sizes are 0), adds GSan's arguments when GSan is on, and calls ``self.launch(gx, gy, gz,
