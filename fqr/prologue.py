@@ -39,6 +39,7 @@ from .validate import (
     check_prologue_args,
     check_qk_args,
     check_slots_in_range,
+    remember_checked_key,
 )
 
 
@@ -636,6 +637,7 @@ def _checked_call(key, program: Program, backend: str, device: torch.device) -> 
     )
     if kept:
         _CALLS[key] = call
+        remember_checked_key(key)
     return call
 
 
