@@ -17,7 +17,7 @@ from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .logger import configure_from_env
-from .presets import PRESETS, get_preset
+from .presets import PRESETS, Preset, get_preset
 from .prologue import NormStats, attention_prologue, qk_rmsnorm_rope, split_qkv_rmsnorm_rope
 from .rope_cache import rope_cos_sin_cache
 
@@ -32,6 +32,7 @@ __all__ = [
     "ops",
     "presets",
     "PRESETS",
+    "Preset",
     "get_preset",
     "trace",
     "spec",

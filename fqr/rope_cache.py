@@ -4,7 +4,9 @@
 ``f_i = 1 / theta^(2i / R)`` (R = rotary_dim), as vLLM's ``RotaryEmbedding._compute_cos_sin_cache``
 builds it. The angles are computed in float64 and rounded once to ``dtype``, so the table is the
 correctly rounded real table, not an fp32 approximation of it. ``scaling={"rope_type": "llama3",
-...}`` applies Llama 3.1's frequency scaling (vLLM ``Llama3RotaryEmbedding``).
+...}`` applies Llama 3.1's frequency scaling (vLLM ``Llama3RotaryEmbedding``),
+``{"rope_type": "linear", "factor": f}`` divides every position by ``f`` (vLLM
+``LinearScalingRotaryEmbedding``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = No
         mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(is_mid, mid, scaled)
+    elif scaling and scaling.get("rope_type") == "linear":
+        # positions divided by the factor (vLLM LinearScalingRotaryEmbedding; Gemma 3 27B)
+        inv_freq = inv_freq / scaling["factor"]
     elif scaling:
         raise ValueError(f"unsupported rope scaling {scaling!r}")
     return inv_freq
