@@ -186,7 +186,10 @@ def bench(
         ),
     ] = None,
     plot: Annotated[
-        Path | None, typer.Option("--plot", help="write a GB/s-vs-tokens PNG here (matplotlib)")
+        Path | None,
+        typer.Option(
+            "--plot", help="write a PNG here: % of the copy ceiling vs tokens, small-T latency"
+        ),
     ] = None,
     from_json: Annotated[
         list[Path] | None,
