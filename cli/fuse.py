@@ -97,10 +97,10 @@ def fuse(
         p = get_preset(preset.lower())
     except ValueError as e:
         raise UsageError(f"--preset: {e}") from None
-    if p.norm != "head":
+    if p.norm != "head" or p.variant != "split-qkv":
         raise UsageError(
-            f"--preset: {p.name} has norm={p.norm!r}; the fusion patterns cover the per-head "
-            f"QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)"
+            f"--preset: {p.name} has norm={p.norm!r}, variant {p.variant!r}; the fusion patterns "
+            f"cover the split-qkv per-head QK-norm prologue (norm='head': Qwen3, Gemma 3)"
         )
     if device == "cuda":
         _fuse_cuda(

@@ -18,7 +18,13 @@ from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .logger import configure_from_env
 from .presets import PRESETS, Preset, get_preset
-from .prologue import NormStats, attention_prologue, qk_rmsnorm_rope, split_qkv_rmsnorm_rope
+from .prologue import (
+    NormStats,
+    attention_prologue,
+    qk_rmsnorm_rope,
+    split_qkv_rmsnorm_mrope,
+    split_qkv_rmsnorm_rope,
+)
 from .rope_cache import rope_cos_sin_cache
 
 configure_from_env()
@@ -46,6 +52,7 @@ __all__ = [
     "available_backends",
     "lower",
     "jit",
+    "split_qkv_rmsnorm_mrope",
 ]
 
 

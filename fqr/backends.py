@@ -104,7 +104,7 @@ class Backend:
                 return list(DifferentiableRun.apply(runner, program, *args))
             if kernels_of is None:
                 return runner(program, args) if out is None else runner(program, args, out)
-            return kernels_of(program).launch(args, out)
+            return kernels_of(program).launch(args, out, donate=True)
 
         return launch
 
@@ -114,7 +114,9 @@ class Backend:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
         ``out``: ``[T, width]`` tensors (rows may be strided, e.g. views into the packed input
-        for an in-place call) the outputs are written into and returned as.
+        for an in-place call) the outputs are written into and returned as. An input the
+        program updates (:meth:`fqr.core.Program.aliases`: a paged cache) is donated: it is
+        updated in place, and the output is that tensor.
 
         Under grad mode, with an input that requires grad, the outputs carry a ``grad_fn``
         (:class:`DifferentiableRun`): the same policy on every backend (not with ``out``)."""
@@ -240,7 +242,7 @@ def _run_reference(program: Program, args: list, out: list | None = None) -> lis
     chunk's rows are read before they are written, so ``out`` may alias the inputs' rows)."""
     slices = token_slices(program, args)
     if slices is None:
-        part = eval_program(program, args, torch.float32)
+        part = _donate(program, args, eval_program(program, args, torch.float32))
         if out is None:
             return part
         for o, p in zip(out, part):
@@ -255,6 +257,16 @@ def _run_reference(program: Program, args: list, out: list | None = None) -> lis
             ]
         for o, p in zip(outs, part):
             o[rows] = p
+    return outs
+
+
+def _donate(program: Program, args: list, outs: list) -> list:
+    """Write each output that updates an input (a paged cache) into that input's buffer and
+    return the buffer: every backend updates a donated input in place (the kernels store into
+    it; here the functional result is copied back)."""
+    for i, j in program.aliases().items():
+        args[j].copy_(outs[i])
+        outs[i] = args[j]
     return outs
 
 
@@ -339,7 +351,7 @@ def _kernel_runner(target: str, register: Callable[[], object] | None = None):
         return found
 
     def run(program: Program, args: list, out: list | None = None) -> list:
-        return kernels_of(program).launch(args, out)
+        return kernels_of(program).launch(args, out, donate=True)
 
     run.kernels_of = kernels_of  # type: ignore[attr-defined]
     return run

@@ -139,6 +139,23 @@ class Program:
     def __str__(self) -> str:
         return ProgramPrinter(self).render()
 
+    def aliases(self) -> dict[int, int]:
+        """Output index -> input index, for each output that is an updated copy of an input
+        (a :class:`PagedStore`'s cache): a kernel writes it in place into that input's buffer."""
+        if "_aliases" in self.__dict__:
+            return dict(self.__dict__["_aliases"])
+        inputs = {id(v): i for i, v in enumerate(self.inputs)}
+        aliased: dict[int, int] = {}
+        for e, facts in self.eqn_facts():
+            if isinstance(facts, PagedStore):
+                cache = e.inputs[facts.cache_operand]
+                if cache is not None and id(cache) in inputs:
+                    for i, out in enumerate(self.outputs):
+                        if out is e.outputs[0]:
+                            aliased[i] = inputs[id(cache)]
+        self.__dict__["_aliases"] = aliased
+        return dict(aliased)
+
     def eqn_facts(self) -> list[tuple[Eqn, Views | HeadOp | None]]:
         """Each equation with its primitive's lowering facts."""
         return [(e, e.facts()) for e in self.eqns]
@@ -267,8 +284,10 @@ class Role(enum.Enum):
     HEAD_VECTOR = "head vector"  # [D]: the same vector for every head (QK-norm weight)
     ROW_VECTOR = "row vector"  # [H*D]: one entry per feature of the whole row (OLMo2's weight)
     TOKEN_VALUE = "token value"  # [T] float: one number per token (an all-reduced statistic)
-    INDEX = "index"  # [T] int: one row number per token (positions)
+    INDEX = "index"  # [T] int: one row number per token (positions, a slot mapping)
     TABLE = "table"  # [rows, width]: rows gathered by an INDEX operand (cos_sin_cache)
+    SCALAR = "scalar"  # [1] float: one number for the whole call (a per-tensor scale)
+    CACHE = "cache"  # [blocks, block_size, heads, head_dim]: a paged cache written by slot
 
 
 class Reduction(enum.Enum):
@@ -326,6 +345,32 @@ class HeadOp:
         return index
 
 
+@dataclass(frozen=True)
+class PagedStore(HeadOp):
+    """Facts of a primitive that writes the heads of its VALUE operand into a paged cache: a
+    functional update (``cache.at[slots].set(value)``, as in JAX) whose one output is the
+    updated cache.
+
+    ``operands`` gives exactly one :attr:`Role.CACHE` (``[blocks, block_size, heads,
+    head_dim]``, a program input), one :attr:`Role.INDEX` (the slot mapping ``[T]``: token
+    ``t`` goes to block ``slot // block_size``, row ``slot % block_size``; a negative slot
+    writes nothing, as vLLM's padding slots) and the VALUE; the value's heads are the cache's
+    heads. The output aliases the cache input (:meth:`Program.aliases`): the lowering stores
+    in place into the buffer it is given, which the caller donates or copies first; the
+    emit rule hands the rows to store to :meth:`EmitContext.scatter_rows`.
+    """
+
+    @property
+    def cache_operand(self) -> int:
+        (index,) = [i for i, r in enumerate(self.operands) if r is Role.CACHE]
+        return index
+
+    @property
+    def slots_operand(self) -> int:
+        (index,) = [i for i, r in enumerate(self.operands) if r is Role.INDEX]
+        return index
+
+
 class EmitContext(Protocol):
     """What an emit rule (``prim.lower(b, eqn)``) may ask of the kernel being written.
 
@@ -357,6 +402,16 @@ class EmitContext(Protocol):
         count]`` tile (padded to a power of two; ``name`` prefixes its variable), loaded once per
         token tile and shared by every value; an index outside the table reads NaN, never out of
         bounds."""
+        ...
+
+    def scalar(self, var: Var) -> str:
+        """A SCALAR ``[1]`` operand as an fp32 scalar (loaded once, before the token loop)."""
+        ...
+
+    def scatter_rows(self, cache: Var, slots: Var, pieces: dict[str, str]) -> None:
+        """Store ``pieces`` (fp32, the layout of the value being transformed) as the rows of
+        the paged ``cache`` at ``slots[t]``, rounded to the cache's dtype; a token with a
+        negative slot (or past T) stores nothing."""
         ...
 
     def sum_squares(self, var: Var, over: Reduction) -> str:

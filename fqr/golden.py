@@ -149,8 +149,9 @@ CASES: tuple[CaseSpec, ...] = (
     CaseSpec("gemma3-1b", "fp32", 257, tp=2, max_position=POS_2_18),
     CaseSpec("gemma3-27b", "bf16", 257, "unfused", tp=16),
     CaseSpec("gemma3-27b", "fp16", 1),
+    # Qwen3.5: its gated attention with interleaved mRoPE (variant mrope-gate)
     CaseSpec("qwen3.5-27b", "bf16", 7),
-    CaseSpec("qwen3.5-27b", "fp16", 257, tp=8, bias=True),
+    CaseSpec("qwen3.5-27b", "fp16", 7, tp=8, bias=True),
     CaseSpec("qwen3.5-27b", "fp32", 1, "unfused"),
     CaseSpec("olmo2-7b", "bf16", 7),
     CaseSpec("olmo2-7b", "fp16", 7, bias=True, row_pad=32),
@@ -180,9 +181,18 @@ PEER_CASES: tuple[CaseSpec, ...] = (
     CaseSpec("qwen3-0.6b", "bf16", 7, tp=2, peer="vheads"),
     CaseSpec("qwen3-8b", "fp16", 7, tp=8, row_pad=8, peer="padded"),
     CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, row_pad=16, peer="inplace"),
-    CaseSpec("qwen3.5-27b", "bf16", 1, "unfused", tp=8, is_neox=False, peer="inplace"),
+    # partial rotary and GPT-J pairs written in place (was qwen3.5-27b's, now a gated variant)
+    CaseSpec("glm4-9b", "bf16", 1, "unfused", tp=8, peer="inplace"),
 )
 CASES += PEER_CASES
+
+# Multimodal RoPE (variant mrope, issue 15): interleaved sections, text and image tokens, TP
+# views, unfused numerics, int32 positions, bias.
+CASES += (
+    CaseSpec("qwen3-vl-8b", "bf16", 7),
+    CaseSpec("qwen3-vl-8b", "fp16", 5, "unfused", tp=2),
+    CaseSpec("qwen3-vl-8b", "bf16", 3, tp=8, bias=True, positions_dtype="int32"),
+)
 
 
 def peer_kwargs(entry: dict) -> dict:

@@ -15,6 +15,8 @@ fused       fp32                ``|err| <= 2^-16 * max|head|`` (head-relative, ~
 unfused     bf16                ``|err| <= 2^-5  * max|head|`` (8 x bf16 epsilon)
 unfused     fp16                ``|err| <= 2^-8  * max|head|`` (8 x fp16 epsilon)
 unfused     fp32                as fused fp32
+any         float8_e4m3fn       within 1 E4M3 ULP of the float64 value clamped to +-448 and
+                                correctly rounded (the clamp is the FP8 store's saturation)
 any         any                 NaN or Inf in an output never passes
 ==========  ==================  ==============================================================
 
@@ -28,7 +30,9 @@ on a rounding boundary of ``x * rstd``, about 2^-16 of them, can land one ULP aw
 
 1. norm, offset 0: ``n = round(round(x * rstd) * w)``; offset 1 (Gemma): ``n = round(x * rstd *
    (1 + w))``; a bias: ``n = round(n + b)``;
-2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)``;
+2. the table row gathered and rounded: ``c = round(cos)``, ``s = round(sin)`` (mRoPE: each
+   frequency's row from its position plane, vLLM's ``MRotaryEmbedding.forward_native``, which
+   then rotates as ``RotaryEmbedding`` does);
 3. each rotated pair: ``round(round(n1*c) - round(n2*s))``, ``round(round(n2*c) + round(n1*s))``.
 
 Its bound follows from those points (u = 2^-8 bf16, 2^-11 fp16 unit roundoff): a product carries
@@ -61,7 +65,13 @@ HEAD_RELATIVE_BOUND = {
     ("unfused", torch.bfloat16): 2.0**-5,
     ("unfused", torch.float16): 2.0**-8,
 }
-_INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_INT_OF = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float8_e4m3fn: torch.int8,
+}
+FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
 def contract_of(numerics: str) -> str:
@@ -71,6 +81,8 @@ def contract_of(numerics: str) -> str:
 
 
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
+    if dtype == torch.float8_e4m3fn:
+        return "<=1 e4m3 ulp"
     numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         return "<=1 ulp"
@@ -112,8 +124,9 @@ def round_nearest(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     is_best = err == best
     even = (ordered_bits(cands.reshape(-1)).reshape(cands.shape) % 2) == 0
     choice = torch.where(is_best & even, 0, torch.where(is_best, 1, 2)).argmin(dim=0)
-    picked = cands.gather(0, choice.unsqueeze(0)).squeeze(0)
-    return torch.where(torch.isfinite(ref), picked, approx)
+    ints = cands.view(_INT_OF[dtype])  # on the bits: torch has no fp8 gather/where
+    picked = ints.gather(0, choice.unsqueeze(0)).squeeze(0)
+    return torch.where(torch.isfinite(ref), picked, approx.view(_INT_OF[dtype])).view(dtype)
 
 
 @dataclass
@@ -160,7 +173,9 @@ def compare(
     rel = err / head_max
     max_abs, max_rel = float(err.max()), float(rel.max())
     max_ulp = None
-    if dtype in (torch.bfloat16, torch.float16):
+    if dtype == torch.float8_e4m3fn:  # the store saturates: compare with the clamped value
+        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX))
+    if dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         nearest = round_nearest(exact64, dtype)
         ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
         max_ulp = int(ulp.max())
@@ -168,6 +183,10 @@ def compare(
         tol = "bit-exact"
         ok = err == 0
         ratio = 0.0 if bool(ok.all()) else float("inf")
+    elif dtype == torch.float8_e4m3fn:
+        tol = "<=1 e4m3 ulp"
+        ok = ulp <= 1
+        ratio = float(ulp.max())
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         tol = "<=1 ulp"
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)

@@ -226,7 +226,12 @@ PRESETS: dict[str, Preset] = {
         # Gemma 3 global-attention layers (theta 1e6); Gemma norms scale by (1 + w).
         Preset("gemma3-1b", "google/gemma-3-1b-it", 4, 1, 256, 1e6, 32768, weight_offset=1.0),
         Preset("gemma3-27b", "google/gemma-3-27b-it", 32, 16, 128, 1e6, 131072, weight_offset=1.0),
-        # Qwen3.5 full-attention layers: head_dim 256, a quarter of it rotated, (1 + w) norms.
+        # Qwen3.5 full-attention layers (Qwen/Qwen3.5-27B config.json, text_config):
+        # num_attention_heads 24, num_key_value_heads 4, head_dim 256, rms_norm_eps 1e-6,
+        # max_position_embeddings 262144, attn_output_gate true (each q head followed by its
+        # gate head: vLLM Qwen3NextAttention), rope_parameters: rope_theta 1e7,
+        # partial_rotary_factor 0.25 (rotary 64 of 256), mrope_section [11, 11, 10],
+        # mrope_interleaved true; (1 + w) norms (Qwen3NextRMSNorm / vLLM GemmaRMSNorm).
         Preset(
             "qwen3.5-27b",
             "Qwen/Qwen3.5-27B",
@@ -237,6 +242,8 @@ PRESETS: dict[str, Preset] = {
             262144,
             weight_offset=1.0,
             partial_rotary_factor=0.25,
+            variant="mrope-gate",
+            variant_params=(("mrope_section", (11, 11, 10)), ("mrope_interleaved", True)),
         ),
         Preset("olmo2-7b", "allenai/OLMo-2-1124-7B", 32, 32, 128, 5e5, 4096, norm="full"),
         Preset(
@@ -263,6 +270,22 @@ PRESETS: dict[str, Preset] = {
             eps=1.5625e-7,
             partial_rotary_factor=0.5,
             is_neox=False,
+        ),
+        # Qwen/Qwen3-VL-8B-Instruct config.json, text_config: num_attention_heads 32,
+        # num_key_value_heads 8, head_dim 128, rms_norm_eps 1e-6, rope_theta 5e6,
+        # max_position_embeddings 262144, rope_scaling: mrope_section [24, 20, 20],
+        # mrope_interleaved true (vLLM Qwen3VLForConditionalGeneration: Qwen3 attention with
+        # MRotaryEmbedding; per-head RMSNorm, offset 0).
+        Preset(
+            "qwen3-vl-8b",
+            "Qwen/Qwen3-VL-8B-Instruct",
+            32,
+            8,
+            128,
+            5e6,
+            262144,
+            variant="mrope",
+            variant_params=(("mrope_section", (24, 20, 20)), ("mrope_interleaved", True)),
         ),
     ]
 }

@@ -28,9 +28,10 @@ import torch
 
 from . import ops
 from .backends import resolve_backend
-from .core import Aval, Program, trace
+from .core import Aval, Program, Section, trace
 from .validate import (
     call_metadata,
+    check_mrope_args,
     check_out_buffers,
     check_positions_in_range,
     check_prologue_args,
@@ -205,6 +206,62 @@ def qk_norm_rope_prologue(
     return (q,) if k is None else (q, k)
 
 
+def mrope_attention_prologue(
+    qkv,
+    positions_t,
+    positions_h,
+    positions_w,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    mrope_section,
+    mrope_interleaved,
+    eps,
+    is_neox,
+    weight_offset,
+    output_gate,
+    numerics,
+):
+    """Qwen3-VL / Qwen3.5 (traced into one program): split the row (with ``output_gate``,
+    each q head followed by its gate head, ``[q_0 g_0 q_1 g_1 ... | k | v]``), per-head
+    RMSNorm of q and k, multimodal RoPE of both from the three position planes; returns
+    ``(q, k, v)`` or ``(q, k, v, gate)``, v and the gate copies of the row."""
+    d = head_dim
+    q_end = (2 if output_gate else 1) * num_heads * d
+    sections = [
+        Section(num_heads, d, 0, 2 * d if output_gate else d),
+        Section(num_kv_heads, d, q_end),
+        Section(num_kv_heads, d, q_end + num_kv_heads * d),
+    ]
+    if output_gate:
+        sections.append(Section(num_heads, d, d, 2 * d))
+    q, k, v, *gate = ops.split_heads(qkv, sections)
+    round_to = qkv.dtype if numerics.startswith("unfused") else None
+    planes = (positions_t, positions_h, positions_w)
+    q, k = (
+        ops.mrope(
+            ops.rms_norm(
+                x, w, eps=eps, group_size=d, bias=b, weight_offset=weight_offset, round_to=round_to
+            ),
+            *planes,
+            cos_sin_cache,
+            head_dim=d,
+            mrope_section=mrope_section,
+            mrope_interleaved=mrope_interleaved,
+            is_neox=is_neox,
+            round_to=round_to,
+        )
+        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
+    )
+    return (q, k, v, *gate)
+
+
 # ------------------------------------------------------------------------------ programs
 
 
@@ -222,6 +279,11 @@ def prologue_program(signature: tuple) -> Program:
 def qk_program(signature: tuple) -> Program:
     """:func:`qk_norm_rope_prologue` traced for one ``(avals, static)`` signature."""
     return _traced(qk_norm_rope_prologue, signature)
+
+
+def mrope_program(signature: tuple) -> Program:
+    """:func:`mrope_attention_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(mrope_attention_prologue, signature)
 
 
 def program_signature(
@@ -438,6 +500,87 @@ def qk_rmsnorm_rope(
     return (outs[0], None) if k is None else outs
 
 
+def split_qkv_rmsnorm_mrope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mrope_section: tuple[int, int, int] | list[int],
+    mrope_interleaved: bool = False,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    output_gate: bool = False,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, ...]:
+    """Split the packed row, RMS-normalise q and k per head, rotate them by multimodal RoPE;
+    return new ``q, k, v`` (and ``gate`` with ``output_gate``). vllm-ascend's
+    ``split_qkv_rmsnorm_mrope`` (Qwen3-VL, Qwen3.5), with fqr's argument names and numerics.
+
+    ``qkv [T, (Hq + 2*Hkv)*D]``, or with ``output_gate=True`` Qwen3.5's gated attention row
+    ``[T, (2*Hq + 2*Hkv)*D]`` where each q head is followed by its gate head
+    (``[q_0 g_0 q_1 g_1 ... | k | v]``, vLLM's ``Qwen3NextAttention``); ``positions [3, T]``
+    (temporal, height, width planes; ``[T]`` for text: the same position on every plane, which
+    is plain RoPE bit for bit), int32/int64; ``cos_sin_cache [max_position, R]`` (vLLM layout);
+    ``mrope_section (t, h, w)`` summing to ``R/2``, contiguous or ``mrope_interleaved``
+    (Qwen3-VL, Qwen3.5; :mod:`fqr.ops.mrope` states which plane each frequency reads);
+    weights (and optional biases) ``[D]``, scaled by ``weight_offset + w`` (1.0: Qwen3.5's
+    ``(1 + w)`` norms). Returns contiguous ``q [T, Hq*D]``, ``k``, ``v [T, Hkv*D]`` and
+    ``gate [T, Hq*D]`` in qkv's dtype, v and the gate copied bit for bit.
+
+    Math per head: ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``, then the
+    rotation of the first R features by each frequency's plane angle; the reference it matches
+    is :func:`fqr.reference.mrope_prologue`. ``numerics`` as :func:`split_qkv_rmsnorm_rope`
+    (``"unfused"`` rounds where vLLM's ``RMSNorm`` / ``GemmaRMSNorm`` and
+    ``MRotaryEmbedding.forward_native`` round).
+    """
+    section = tuple(mrope_section) if isinstance(mrope_section, (tuple, list)) else mrope_section
+    statics = (num_heads, num_kv_heads, head_dim, section, mrope_interleaved, eps, is_neox)
+    statics += (weight_offset, output_gate, numerics, backend)
+    tensors = (cos_sin_cache, q_weight, k_weight, q_bias, k_bias)
+    # positions [3, T] is keyed as its [T, 3] view (T first, as every token tensor)
+    planar = isinstance(positions, torch.Tensor) and positions.dim() == 2
+    rows = (qkv, positions.mT if planar else positions)
+    keyed = isinstance(section, tuple) and all(type(s) is int for s in section)
+    key = call_metadata(rows, tensors, statics) if keyed else None
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        static = dict(zip(_MROPE_STATICS, statics[:-1]))
+        check_mrope_args(qkv, positions, *tensors[:3], q_bias, k_bias, backend=backend, **static)
+        static.update(eps=float(eps), weight_offset=float(weight_offset), mrope_section=section)
+        plane = Aval.of(positions[0] if planar else positions, "T")
+        avals = (Aval.of(qkv, "T"), plane, plane, plane, Aval.of(cos_sin_cache, "P"))
+        avals += tuple(Aval.of(t) for t in tensors[1:])
+        program = mrope_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    planes = positions.unbind(0) if planar else (positions, positions, positions)
+    return call.run([qkv, *planes, *(t for t in tensors if t is not None)])
+
+
+_MROPE_STATICS = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "mrope_section",
+    "mrope_interleaved",
+    "eps",
+    "is_neox",
+    "weight_offset",
+    "output_gate",
+    "numerics",
+)
+
+
 # ------------------------------------------------------------------- the per-call path
 
 
@@ -524,3 +667,45 @@ def preset_program(
         d = spec.head_dim
         static.update(q_count=preset.total_heads * d, k_count=preset.total_kv_heads * d)
     return prologue_program((avals, tuple(sorted(static.items()))))
+
+
+def mrope_preset_program(
+    preset,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    numerics: str = "fused",
+    bias: bool = False,
+    positions_dtype: torch.dtype = torch.int64,
+    cache_dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype | None = None,
+    output_gate: bool = False,
+) -> Program:
+    """The traced :func:`split_qkv_rmsnorm_mrope` program of a preset of an mRoPE variant
+    (its TP view; the variant fields ``mrope_section``, ``mrope_interleaved``), with or without
+    the gate, as a call with those dtypes traces it."""
+    spec, wdt, fields = preset.spec, weight_dtype or dtype, preset.params
+    gate = bool(output_gate)
+    width = ((2 if gate else 1) * spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    plane = Aval(("T",), positions_dtype)
+    vec = Aval((spec.head_dim,), wdt)
+    avals = (
+        Aval(("T", width), dtype),
+        plane,
+        plane,
+        plane,
+        Aval(("P", spec.rotary_dim), cache_dtype),
+    )
+    avals += (vec, vec, vec if bias else None, vec if bias else None)
+    static = dict(
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        mrope_section=tuple(fields["mrope_section"]),
+        mrope_interleaved=bool(fields["mrope_interleaved"]),
+        eps=float(spec.eps),
+        is_neox=spec.is_neox,
+        weight_offset=float(spec.weight_offset),
+        output_gate=gate,
+        numerics=numerics,
+    )
+    return mrope_program((avals, tuple(sorted(static.items()))))

@@ -257,3 +257,206 @@ def qk_prologue(
         )
         for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
     )
+
+
+# ----------------------------------------------------------------- FP8 and the paged cache
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn: 1.75 * 2^8
+E4M3_MANTISSA_BITS = 3
+E4M3_MIN_NORMAL_EXPONENT = -6  # below 2^-6 the spacing stays 2^-9 (subnormals)
+
+
+def saturate_fp8(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``clamp(x / scale, -448, 448)``: the value an FP8 E4M3 store rounds (NaN stays
+    NaN; ``scale`` a per-tensor ``[1]`` scale, default 1)."""
+    y = _f64(x)
+    if scale is not None:
+        y = y / _f64(scale).reshape(())
+    return torch.where(torch.isnan(y), y, y.clamp(-E4M3_MAX, E4M3_MAX))
+
+
+def e4m3_round(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float64, within +-448) rounded to the nearest float8_e4m3fn value, ties to even,
+    as float64: by its binade, ``q = 2^(max(floor(log2|x|), -6) - 3)`` and ``round(x / q) * q``
+    (exact in float64: ``q`` is a power of two, ``torch.round`` ties to even)."""
+    x = _f64(x)
+    if bool((x.abs() > E4M3_MAX).any()):
+        raise ValueError("e4m3_round takes values within +-448 (saturate_fp8 first)")
+    mag = x.abs()
+    exponent = torch.floor(torch.log2(torch.where(mag > 0, mag, torch.ones_like(mag))))
+    # log2 of a value just below a power of two can round up to it: take the binade exactly.
+    exponent = torch.where(torch.exp2(exponent) > mag, exponent - 1, exponent)
+    exponent = exponent.clamp_min(E4M3_MIN_NORMAL_EXPONENT)
+    quantum = torch.exp2(exponent - E4M3_MANTISSA_BITS)
+    return torch.round(x / quantum) * quantum
+
+
+def cache_insert(
+    cache: torch.Tensor,
+    x: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paged-cache write of :func:`fqr.ops.cache_insert` by index arithmetic, float64.
+
+    Returns ``(expected, written)``: ``expected`` is ``cache`` as float64 with each token's
+    heads (``x [T, H*D]``) at slot ``s = slot_mapping[t] >= 0`` (block ``s // block_size``,
+    row ``s % block_size``), unrounded (saturated to +-448 by ``x / scale`` for an FP8
+    cache); ``written`` is a bool ``[blocks, block_size]`` of the rows written. Rows not
+    written hold the cache's own values (compare them bit for bit)."""
+    blocks, block_size, heads, head_dim = cache.shape
+    expected = _f64(cache).clone()
+    written = torch.zeros(blocks, block_size, dtype=torch.bool)
+    values = _f64(x).reshape(x.shape[0], heads, head_dim)
+    if cache.dtype == torch.float8_e4m3fn:
+        values = saturate_fp8(values, scale)
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, row = divmod(slot, block_size)
+        expected[block, row] = values[t]
+        written[block, row] = True
+    return expected, written
+
+
+def index_prologue(
+    packed: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_index_heads: int,
+    index_head_dim: int,
+    eps: float,
+    weight_offset: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    """MiniMax-M3's prologue with indexer heads, float64: the packed row ``[q | k | v |
+    index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
+    index_k each RMS-normalised per head with its own weight (``weights``, in that order;
+    ``(1 + w)`` Gemma norms) and rotated by the same angle rows (the first R = table width
+    features of each head; R <= index_head_dim), v copied. Returns ``(q, k, v, index_q,
+    index_k)``: float64 but v (the row's dtype)."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    iq_at = q_size + 2 * kv_size
+    sections = qkv_sections(num_heads, num_kv_heads, head_dim) + (
+        Section(num_index_heads, index_head_dim, iq_at),
+        Section(1, index_head_dim, iq_at + num_index_heads * index_head_dim),
+    )
+    q, k, v, iq, ik = split_row(packed, sections)
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    out = []
+    dims = (head_dim, head_dim, index_head_dim, index_head_dim)
+    for x, w, d in zip((q, k, iq, ik), weights, dims):
+        normed = rms_norm(x, w, eps=eps, group_size=d, weight_offset=weight_offset)
+        out.append(rotate(normed, rows, head_dim=d, is_neox=is_neox))
+    return out[0], out[1], v, out[2], out[3]
+
+
+def mrope_cos_sin_rows(
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    mrope_section: Sequence[int],
+    *,
+    interleaved: bool,
+) -> torch.Tensor:
+    """float64 angle rows ``[T, R]`` of multimodal RoPE: ``positions [3, T]`` (temporal,
+    height, width; ``[T]``: the same position on all three planes), each plane's row
+    ``cos_sin_cache[positions[p]]``, and each frequency's cos and sin taken from one plane as
+    vLLM's ``MRotaryEmbedding`` writes it: contiguous sections ``torch.cat`` of the plane-``p``
+    part of section ``p``; interleaved (Qwen3-VL's ``apply_interleaved_mrope``) the t rows with
+    frequencies ``1::3`` below ``3*s_h`` from h and ``2::3`` below ``3*s_w`` from w."""
+    if positions.dim() == 1:
+        positions = positions.expand(3, -1)
+    planes = [cos_sin_rows(cos_sin_cache, positions[p]) for p in range(3)]
+    r = planes[0].shape[1]
+    halves = [(rows[:, : r // 2], rows[:, r // 2 :]) for rows in planes]
+    out = []
+    for part in range(2):  # cos, then sin
+        t, h, w = (halves[p][part] for p in range(3))
+        if interleaved:
+            chosen = t.clone()
+            s_h, s_w = mrope_section[1], mrope_section[2]
+            chosen[:, 1 : 3 * s_h : 3] = h[:, 1 : 3 * s_h : 3]
+            chosen[:, 2 : 3 * s_w : 3] = w[:, 2 : 3 * s_w : 3]
+        else:
+            pieces = [m.split(list(mrope_section), dim=-1)[i] for i, m in enumerate((t, h, w))]
+            chosen = torch.cat(pieces, dim=-1)
+        out.append(chosen)
+    return torch.cat(out, dim=-1)
+
+
+def mrope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    head_dim: int,
+    mrope_section: Sequence[int],
+    interleaved: bool = False,
+    is_neox: bool = True,
+) -> torch.Tensor:
+    """float64 multimodal RoPE of ``x [T, H*head_dim]`` (:func:`mrope_cos_sin_rows`)."""
+    rows = mrope_cos_sin_rows(cos_sin_cache, positions, mrope_section, interleaved=interleaved)
+    return rotate(x, rows, head_dim=head_dim, is_neox=is_neox)
+
+
+def gated_qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
+    """The packed row of Qwen3.5's / Qwen3-Next's gated attention, ``[q_0 g_0 q_1 g_1 ... | k |
+    v]`` (vLLM ``Qwen3NextAttention``: ``q_gate`` viewed ``[T, Hq, 2*D]`` and chunked in two):
+    the sections q, k, v, gate."""
+    d = head_dim
+    q_end = 2 * num_heads * d
+    return (
+        Section(num_heads, d, 0, 2 * d),
+        Section(num_kv_heads, d, q_end),
+        Section(num_kv_heads, d, q_end + num_kv_heads * d),
+        Section(num_heads, d, d, 2 * d),
+    )
+
+
+def mrope_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mrope_section: Sequence[int],
+    mrope_interleaved: bool = False,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    output_gate: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """The prologue of :func:`fqr.split_qkv_rmsnorm_mrope` by its formulas: split the row
+    (:func:`gated_qkv_sections` with ``output_gate``, else ``[q | k | v]``), per-head RMSNorm
+    of q and k, multimodal RoPE of both; float64 ``q, k``, and ``v`` (and the gate) copied in
+    qkv's dtype."""
+    if output_gate:
+        sections = gated_qkv_sections(num_heads, num_kv_heads, head_dim)
+    else:
+        sections = qkv_sections(num_heads, num_kv_heads, head_dim)
+    q, k, v, *gate = split_row(qkv, sections)
+    rows = mrope_cos_sin_rows(
+        cos_sin_cache, positions, mrope_section, interleaved=mrope_interleaved
+    )
+    q, k = (
+        rotate(
+            rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),
+            rows,
+            head_dim=head_dim,
+            is_neox=is_neox,
+        )
+        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
+    )
+    return (q, k, v, *gate)

@@ -83,6 +83,30 @@ def check_rotary_dim(rotary_dim: int, head_dim: int, what: str = "rotary_dim") -
         raise ValueError(f"{what} {rotary_dim} exceeds head_dim {head_dim}")
 
 
+def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> None:
+    """Three non-negative ints ``(t, h, w)`` summing to ``rotary_dim / 2`` (the frequencies);
+    interleaved, the h and w sections take every third frequency from 1 and 2, which must
+    exist (``3*h - 2`` and ``3*w - 1`` below ``rotary_dim / 2``; :mod:`fqr.ops.mrope`)."""
+    if not isinstance(mrope_interleaved, bool):
+        raise TypeError(f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}")
+    if not isinstance(mrope_section, (tuple, list)) or len(mrope_section) != 3:
+        raise ValueError(f"mrope_section must be three ints (t, h, w), got {mrope_section!r}")
+    for s in mrope_section:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise ValueError(
+                f"mrope_section must be three non-negative ints, got {list(mrope_section)}"
+            )
+    half = rotary_dim // 2
+    if sum(mrope_section) != half:
+        raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {half}")
+    _, s_h, s_w = mrope_section
+    if mrope_interleaved and ((s_h and 3 * s_h - 2 >= half) or (s_w and 3 * s_w - 1 >= half)):
+        raise ValueError(
+            f"mrope_section {list(mrope_section)} does not fit {half} interleaved frequencies "
+            f"(h takes 1, 4, ... below 3*h, w takes 2, 5, ... below 3*w)"
+        )
+
+
 def check_spec_params(
     *, num_heads, num_kv_heads, head_dim, rotary_dim, eps, is_neox, weight_offset, norm
 ) -> None:
@@ -358,6 +382,93 @@ def check_prologue_args(
             )
 
 
+def check_mrope_positions(positions, tokens: int) -> None:
+    """``positions [3, T]`` (temporal, height, width) or ``[T]`` (text: one position for all
+    three planes), int32/int64, each plane contiguous along T."""
+    _tensor("positions", positions)
+    if positions.dtype not in POSITION_DTYPES:
+        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    if positions.dim() == 1:
+        check_positions(positions, tokens)
+        return
+    if positions.dim() != 2 or positions.shape != (3, tokens):
+        raise ValueError(
+            f"positions must be [3, T] or [T] with T = {tokens} (qkv rows), "
+            f"got shape {list(positions.shape)}"
+        )
+    if tokens > 1 and positions.stride(1) != 1:
+        raise ValueError(
+            f"positions must be contiguous along T (stride 1), got stride {positions.stride(1)};"
+            f" pass positions.contiguous()"
+        )
+
+
+def check_mrope_args(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    mrope_section,
+    mrope_interleaved,
+    eps,
+    is_neox,
+    weight_offset,
+    output_gate,
+    numerics,
+    backend,
+) -> None:
+    """The arguments of :func:`fqr.split_qkv_rmsnorm_mrope`."""
+    check_head_counts(num_heads, num_kv_heads)
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    _check_call_options(numerics, backend)
+    if not isinstance(output_gate, bool):
+        raise TypeError(f"output_gate must be a bool, got {type(output_gate).__name__}")
+    check_activation("qkv", qkv)
+    q_cols = (2 if output_gate else 1) * num_heads
+    width = (q_cols + 2 * num_kv_heads) * head_dim
+    if qkv.shape[1] != width:
+        gate = "2*" if output_gate else ""
+        raise ValueError(
+            f"qkv width {qkv.shape[1]} != ({gate}num_heads + 2*num_kv_heads) * head_dim = "
+            f"({gate}{num_heads} + 2*{num_kv_heads}) * {head_dim} = {width}"
+            + (" (each q head followed by its gate head)" if output_gate else "")
+        )
+    check_row_stride("qkv", qkv, width)
+    check_mrope_positions(positions, qkv.shape[0])
+    rotary_dim = check_cos_sin_cache(cos_sin_cache, head_dim)
+    check_mrope_section(mrope_section, mrope_interleaved, rotary_dim)
+    check_norm_vectors(
+        (
+            ("q_weight", q_weight, head_dim),
+            ("k_weight", k_weight, head_dim),
+            ("q_bias", q_bias, head_dim),
+            ("k_bias", k_bias, head_dim),
+        ),
+        norm="head",
+        what="head_dim",
+    )
+    check_same_device(
+        "qkv",
+        qkv.device,
+        (
+            ("positions", positions),
+            ("cos_sin_cache", cos_sin_cache),
+            ("q_weight", q_weight),
+            ("k_weight", k_weight),
+            ("q_bias", q_bias),
+            ("k_bias", k_bias),
+        ),
+    )
+    check_positions_in_range(positions, cos_sin_cache.shape[0])
+
+
 def check_qk_args(
     q,
     k,
@@ -459,6 +570,141 @@ def call_metadata(token_tensors, tensors, statics: tuple) -> tuple | None:
         else:
             return None
     return tuple(key)
+
+
+FP8_E4M3 = torch.float8_e4m3fn
+CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_E4M3)
+
+
+def check_fp8_scale(name: str, scale, device: torch.device) -> None:
+    """A per-tensor FP8 scale: a float32 tensor of shape [1] on ``device`` (vLLM's k_scale)."""
+    _tensor(name, scale)
+    if scale.shape != (1,) or scale.dtype != torch.float32:
+        raise ValueError(
+            f"{name} must be a float32 tensor of shape [1], got {scale.dtype} {list(scale.shape)}"
+        )
+    check_same_device("qkv", device, ((name, scale),))
+
+
+def check_index_prologue_args(
+    qkv,
+    positions,
+    cos_sin_cache,
+    weights,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    num_index_heads,
+    index_head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    attn_fp8,
+    index_fp8,
+    numerics,
+    backend,
+) -> None:
+    """The arguments of :func:`fqr.split_qkv_index_rmsnorm_rope` (``weights``: ``(name,
+    tensor, length)`` for q_weight, k_weight, index_q_weight, index_k_weight)."""
+    check_head_counts(num_heads, num_kv_heads)
+    check_head_params(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    check_positive_int("num_index_heads", num_index_heads)
+    check_positive_int("index_head_dim", index_head_dim)
+    for name, flag in (("attn_fp8", attn_fp8), ("index_fp8", index_fp8)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    _check_call_options(numerics, backend)
+    width = (num_heads + 2 * num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim
+    check_activation("qkv", qkv, what="[T, q | k | v | index_q | index_k]")
+    if qkv.shape[1] != width:
+        raise ValueError(
+            f"qkv width {qkv.shape[1]} != (num_heads + 2*num_kv_heads) * head_dim + "
+            f"(num_index_heads + 1) * index_head_dim = ({num_heads} + 2*{num_kv_heads}) * "
+            f"{head_dim} + ({num_index_heads} + 1) * {index_head_dim} = {width}"
+        )
+    check_row_stride("qkv", qkv, width)
+    check_positions(positions, qkv.shape[0])
+    check_cos_sin_cache(cos_sin_cache, min(head_dim, index_head_dim))
+    check_norm_vectors(weights, norm="head", what="its head_dim")
+    check_same_device(
+        "qkv",
+        qkv.device,
+        (("positions", positions), ("cos_sin_cache", cos_sin_cache))
+        + tuple((name, t) for name, t, _ in weights),
+    )
+    check_positions_in_range(positions, cos_sin_cache.shape[0])
+
+
+def check_cache_args(
+    qkv,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    k_scale,
+    v_scale,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+) -> None:
+    """The paged caches of :func:`fqr.split_qkv_rmsnorm_rope_cache` (the rest of its arguments
+    are :func:`check_prologue_args`'): ``[num_blocks, block_size, num_kv_heads, head_dim]``,
+    one dtype (qkv's, or float8_e4m3fn with optional float32 ``[1]`` scales), contiguous last
+    dim; ``slot_mapping [T]`` int32/int64 (negative: padding), on qkv's device."""
+    device = qkv.device
+    want = [None, None, num_kv_heads, head_dim]
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _tensor(name, cache)
+        if cache.dim() != 4 or list(cache.shape[2:]) != want[2:]:
+            raise ValueError(
+                f"{name} must be [num_blocks, block_size, num_kv_heads={num_kv_heads}, "
+                f"head_dim={head_dim}], got shape {list(cache.shape)}"
+            )
+        if cache.shape[0] < 1 or cache.shape[1] < 1:
+            raise ValueError(f"{name} has no rows (shape {list(cache.shape)})")
+        if cache.dtype not in (qkv.dtype, FP8_E4M3):
+            raise TypeError(
+                f"{name} must be qkv's dtype {DTYPE_NAMES.get(qkv.dtype)} or fp8e4m3, "
+                f"got {DTYPE_NAMES.get(cache.dtype, cache.dtype)}"
+            )
+        if cache.stride(3) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (head_dim)")
+        check_same_device("qkv", device, ((name, cache),))
+    if value_cache.dtype != key_cache.dtype or value_cache.shape[:2] != key_cache.shape[:2]:
+        raise ValueError(
+            f"value_cache ({DTYPE_NAMES.get(value_cache.dtype)} {list(value_cache.shape)}) must "
+            f"match key_cache ({DTYPE_NAMES.get(key_cache.dtype)} {list(key_cache.shape)})"
+        )
+    if key_cache.data_ptr() == value_cache.data_ptr() and key_cache.numel():
+        raise ValueError("key_cache and value_cache must be different buffers")
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            continue
+        if key_cache.dtype != FP8_E4M3:
+            raise ValueError(
+                f"{name} applies only to a float8_e4m3fn cache, not to a "
+                f"{DTYPE_NAMES.get(key_cache.dtype)} cache"
+            )
+        check_fp8_scale(name, scale, device)
+    _tensor("slot_mapping", slot_mapping)
+    if slot_mapping.dtype not in POSITION_DTYPES:
+        raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != qkv.shape[0]:
+        raise ValueError(
+            f"slot_mapping must be [T] with T = {qkv.shape[0]} (qkv rows), "
+            f"got shape {list(slot_mapping.shape)}"
+        )
+    check_unit_stride("slot_mapping", slot_mapping)
+    check_same_device("qkv", device, (("slot_mapping", slot_mapping),))
+    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
+        rows = key_cache.shape[0] * key_cache.shape[1]
+        top = int(slot_mapping.max())
+        if top >= rows:
+            raise ValueError(
+                f"slot_mapping names slot {top}, past the caches' {key_cache.shape[0]} blocks x "
+                f"{key_cache.shape[1]} rows"
+            )
+    # On an accelerator (no host sync) the kernel stores nothing for a slot past the cache.
 
 
 def check_out_buffers(out, qkv: torch.Tensor, widths: tuple[int, ...], inputs) -> None:

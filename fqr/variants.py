@@ -26,6 +26,8 @@ kernels and the Ascend sweep go through this registry, so a new variant needs no
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -34,7 +36,12 @@ from . import reference
 from .core import Program
 from .inputs import random_norm_params, random_positions, random_qkv
 from .presets import Preset
-from .prologue import preset_program, split_qkv_rmsnorm_rope
+from .prologue import (
+    mrope_preset_program,
+    preset_program,
+    split_qkv_rmsnorm_mrope,
+    split_qkv_rmsnorm_rope,
+)
 
 
 class Variant(ABC):
@@ -209,3 +216,197 @@ class SplitQKV(Variant):
 
 
 SPLIT_QKV = register_variant(SplitQKV())
+
+
+# ------------------------------------------------------------------------------- mrope
+
+
+class MRoPE(Variant):
+    """:func:`fqr.split_qkv_rmsnorm_mrope` without the gate (Qwen3-VL): split ``[q | k | v]``,
+    per-head RMSNorm of q and k, multimodal RoPE from ``positions [3, T]``
+    (:func:`fqr.reference.mrope_prologue`). Fields: ``mrope_section`` (t, h, w) and
+    ``mrope_interleaved``, as the model's ``rope_scaling`` / ``rope_parameters`` name them."""
+
+    name = "mrope"
+    params = ("mrope_section", "mrope_interleaved")
+    output_gate: ClassVar[bool] = False
+
+    def check(self, preset):
+        super().check(preset)
+        from .validate import check_mrope_section
+
+        fields = preset.params
+        try:
+            check_mrope_section(
+                list(fields["mrope_section"]), fields["mrope_interleaved"], preset.rotary_dim
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"preset {preset.name}: {e}") from None
+        if preset.norm != "head":
+            raise ValueError(f"preset {preset.name}: variant {self.name!r} needs norm='head'")
+
+    def _kwargs(self, preset, **extra) -> dict:
+        spec, fields = preset.spec, preset.params
+        return dict(
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            mrope_section=tuple(fields["mrope_section"]),
+            mrope_interleaved=bool(fields["mrope_interleaved"]),
+            eps=spec.eps,
+            is_neox=spec.is_neox,
+            weight_offset=spec.weight_offset,
+            output_gate=self.output_gate,
+            **extra,
+        )
+
+    def program(self, preset, dtype=torch.bfloat16, *, sharded_full_norm=False, **options):
+        return mrope_preset_program(preset, dtype, output_gate=self.output_gate, **options)
+
+    def program_args(
+        self, inputs: dict[str, torch.Tensor], cos_sin_cache: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The arguments of :meth:`program`'s program, in its input order: the packed row, the
+        three position planes (the rows of ``positions [3, T]``; ``[T]`` positions on all
+        three), the table, the norm weights and biases."""
+        positions = inputs["positions"]
+        planes = positions.unbind(0) if positions.dim() == 2 else (positions,) * 3
+        vectors = [inputs[n] for n in ("q_weight", "k_weight", "q_bias", "k_bias") if n in inputs]
+        return [inputs["qkv"], *planes, cos_sin_cache, *vectors]
+
+    def draw(
+        self,
+        preset,
+        tokens,
+        dtype,
+        generator,
+        *,
+        max_position,
+        positions_dtype=torch.int64,
+        bias=False,
+    ):
+        """The packed row (with the gate heads when the variant has them), positions
+        ``[3, T]`` where every third token is text (three equal planes) and the others image
+        tokens (three planes drawn apart; token 0 reads the table's last row), the norm
+        weights (and biases)."""
+        spec = preset.spec
+        heads = replace(spec, num_heads=2 * spec.num_heads) if self.output_gate else spec
+        qkv = random_qkv(heads, tokens, dtype, generator)
+        planes = [
+            random_positions(
+                tokens, max_position, generator, dtype=positions_dtype, cover_ends=p == 0
+            )
+            for p in range(3)
+        ]
+        positions = torch.stack(planes)
+        positions[1:, ::3] = positions[0, ::3]  # text tokens
+        names = ("q_weight", "k_weight", "q_bias", "k_bias")
+        norm = random_norm_params(spec, dtype, generator, bias=bias)
+        drawn = {"qkv": qkv, "positions": positions}
+        drawn.update((n, x) for n, x in zip(names, norm) if x is not None)
+        return drawn
+
+    def expected(self, preset, inputs, cos_sin_cache):
+        outs = reference.mrope_prologue(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs["q_weight"],
+            inputs["k_weight"],
+            **self._kwargs(preset, q_bias=inputs.get("q_bias"), k_bias=inputs.get("k_bias")),
+        )
+        return dict(zip(self.outputs, outs))
+
+    def run(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
+        return split_qkv_rmsnorm_mrope(
+            inputs["qkv"],
+            inputs["positions"],
+            cos_sin_cache,
+            inputs["q_weight"],
+            inputs["k_weight"],
+            **self._kwargs(
+                preset,
+                q_bias=inputs.get("q_bias"),
+                k_bias=inputs.get("k_bias"),
+                numerics=numerics,
+                backend=backend,
+            ),
+        )
+
+    def eager(
+        self, preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype
+    ) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
+        """The model's own unfused chain, as vLLM's Qwen3-VL / Qwen3.5 attention writes it
+        (written from vLLM's code, independently of :mod:`fqr.ops`): ``qkv.split`` (and for
+        the gate ``q_gate.view(T, H, 2*D)`` chunked in two), ``q_norm`` / ``k_norm`` per head
+        (``RMSNorm.forward_static``, or ``GemmaRMSNorm``'s ``(1 + w)`` in fp32), then
+        ``MRotaryEmbedding.forward_native``: the table cast to the model dtype,
+        ``cos_sin_cache[positions]`` per plane, the sections joined (``torch.cat`` or
+        ``apply_interleaved_rope``), ``apply_rotary_emb`` on the first R features."""
+        kw = self._kwargs(preset)
+        hq, hkv, d = kw["num_heads"], kw["num_kv_heads"], kw["head_dim"]
+        section, interleaved, eps = kw["mrope_section"], kw["mrope_interleaved"], kw["eps"]
+        gemma, neox, gated = kw["weight_offset"] == 1.0, kw["is_neox"], self.output_gate
+        if kw["weight_offset"] not in (0.0, 1.0):
+            raise ValueError(f"weight_offset {kw['weight_offset']}: vLLM's norms have 0 or 1")
+        table = cos_sin_cache.to(dtype)
+        rotary_dim = table.shape[-1]
+
+        def norm(x, weight):
+            shape, x = x.shape, x.reshape(x.shape[0], -1, d)
+            orig = x.dtype
+            x = x.float()
+            x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+            x = (x * (1.0 + weight.float())).to(orig) if gemma else x.to(orig) * weight
+            return x.reshape(shape)
+
+        def join(x):  # [3, T, R/2] -> [T, R/2]
+            if interleaved:
+                out = x[0].clone()
+                out[..., 1 : section[1] * 3 : 3] = x[1, ..., 1 : section[1] * 3 : 3]
+                out[..., 2 : section[2] * 3 : 3] = x[2, ..., 2 : section[2] * 3 : 3]
+                return out
+            return torch.cat([m[i] for i, m in enumerate(x.split(list(section), dim=-1))], -1)
+
+        def rotate(x, cos, sin):
+            shape, x = x.shape, x.view(x.shape[0], -1, d)
+            rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+            x1, x2 = torch.chunk(rot, 2, dim=-1) if neox else (rot[..., ::2], rot[..., 1::2])
+            o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+            rot = torch.cat((o1, o2), -1) if neox else torch.stack((o1, o2), -1).flatten(-2)
+            return torch.cat((rot, rest), dim=-1).reshape(shape)
+
+        def chain(inputs):
+            qkv, positions = inputs["qkv"], inputs["positions"]
+            t = qkv.shape[0]
+            if gated:
+                q_gate, k, v = qkv.split([2 * hq * d, hkv * d, hkv * d], dim=-1)
+                q, gate = torch.chunk(q_gate.view(t, hq, 2 * d), 2, dim=-1)
+                q, gate = q.reshape(t, -1), gate.reshape(t, -1)
+            else:
+                q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k = norm(q, inputs["q_weight"]), norm(k, inputs["k_weight"])
+            cos, sin = table[positions if positions.dim() == 2 else positions.expand(3, -1)].chunk(
+                2, dim=-1
+            )
+            cos, sin = join(cos), join(sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            return (q, k, v, gate) if gated else (q, k, v)
+
+        return chain
+
+
+class MRoPEGate(MRoPE):
+    """:func:`fqr.split_qkv_rmsnorm_mrope` with ``output_gate`` (Qwen3.5 / Qwen3-Next gated
+    attention): each q head followed by its gate head in the row, the gate a fourth output
+    copied bit for bit."""
+
+    name = "mrope-gate"
+    outputs = ("q", "k", "v", "gate")
+    copies = frozenset({"v", "gate"})
+    output_gate = True
+
+
+MROPE = register_variant(MRoPE())
+MROPE_GATE = register_variant(MRoPEGate())

@@ -38,8 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from support.vllm_native import vllm_native_case  # noqa: E402
+
 import fqr  # noqa: E402
-from fqr.fusion.unfused import vllm_qk_norm_rope  # noqa: E402
 from fqr.golden import list_cases, load_case  # noqa: E402
 from fqr.numerics import ordered_bits  # noqa: E402
 from fqr.presets import get_preset  # noqa: E402
@@ -111,36 +112,22 @@ def vllm_rows(gen: torch.Generator) -> list[list]:
         for ratio in (1.0, 0.5, 0.25):
             for is_neox in (True, False):
                 r = int(d * ratio)
-                heads, kv_heads, tokens = 8, 2, 257
-                table = rope_cos_sin_cache(r, 8192, 1e6).to(torch.bfloat16).to(DEVICE)
-                qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen) * 2
-                qkv = qkv.to(DEVICE, torch.bfloat16)
-                pos = torch.randint(0, 8192, (tokens,), generator=gen).to(DEVICE)
-                qw = (1 + 0.2 * torch.randn(d, generator=gen)).to(DEVICE, torch.bfloat16)
-                kw = (1 + 0.2 * torch.randn(d, generator=gen)).to(DEVICE, torch.bfloat16)
-                want_q, want_k, _ = vllm_qk_norm_rope(
-                    qkv,
-                    pos,
-                    table,
-                    qw,
-                    kw,
-                    q_size=heads * d,
-                    kv_size=kv_heads * d,
-                    eps=1e-6,
+                native = vllm_native_case(
+                    gen,
+                    torch.bfloat16,
+                    d,
+                    r,
                     is_neox=is_neox,
+                    table_in_dtype=True,
+                    heads=8,
+                    kv_heads=2,
+                    tokens=257,
+                    max_position=8192,
+                    device=DEVICE,
                 )
+                want_q, want_k = native.vllm()
                 q, k, _ = fqr.split_qkv_rmsnorm_rope(
-                    qkv,
-                    pos,
-                    table,
-                    qw,
-                    kw,
-                    num_heads=heads,
-                    num_kv_heads=kv_heads,
-                    head_dim=d,
-                    is_neox=is_neox,
-                    numerics="unfused",
-                    backend=BACKEND,
+                    *native.args, **native.fqr_kwargs(backend=BACKEND)
                 )
                 (sq, uq), (sk, uk) = bit_stats(q, want_q), bit_stats(k, want_k)
                 tol_ok = all(

@@ -67,7 +67,7 @@ if __name__ == "__main__":
         sys.exit("gpu_smoke.py needs a CUDA GPU (checks and timings run the compiled kernel)")
     ok = True
     if "--checks" in sys.argv:
-        for name in ["qwen3-8b", "qwen3.5-27b", "glm4-9b"]:
+        for name in ["qwen3-8b", "gemma3-1b", "glm4-9b"]:
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 ok &= check(name, 1, dtype, 1037)
         ok &= check("qwen3-8b", 1, torch.bfloat16, 513, numerics="unfused")
@@ -82,7 +82,7 @@ if __name__ == "__main__":
         ("qwen3-32b", torch.bfloat16, 65536),
         ("qwen3-235b-a22b", torch.bfloat16, 65536),
         ("gemma3-27b", torch.bfloat16, 65536),
-        ("qwen3.5-27b", torch.bfloat16, 65536),
+        ("gemma3-1b", torch.bfloat16, 65536),
         ("qwen3-0.6b", torch.bfloat16, 65536),
         ("qwen3-8b", torch.float32, 65536),
     ]

@@ -155,7 +155,7 @@ def time_kernels(rows):
 
     ceiling = copy_ceiling()
     log(f"copy ceiling {ceiling:.0f} GB/s")
-    for name in ("qwen3-8b", "qwen3-32b", "qwen3.5-27b", "glm4-9b", "gemma3-27b"):
+    for name in ("qwen3-8b", "qwen3-32b", "gemma3-1b", "glm4-9b", "gemma3-27b"):
         p = get_preset(name)
         tokens, dtype = 65536, torch.bfloat16
         program = preset_program(p, dtype)

@@ -5,9 +5,12 @@
                                   form); :func:`fqr.split_qkv_rmsnorm_rope`
 ``fqr::qk_rmsnorm_rope``          separate ``q [T, Hq*D]``, ``k [T, Hkv*D]`` -> new ``q, k``
                                   (Hugging Face form); :func:`fqr.qk_rmsnorm_rope`
+``fqr::split_qkv_rmsnorm_mrope``  packed row (with Qwen3.5's gate heads) and ``positions
+                                  [3, T]`` -> ``[q, k, v]`` or ``[q, k, v, gate]`` (a list);
+                                  :func:`fqr.split_qkv_rmsnorm_mrope`
 ================================  ===========================================================
 
-Both are functional (no argument is mutated, outputs never alias inputs) and dispatch with
+All are functional (no argument is mutated, outputs never alias inputs) and dispatch with
 ``backend="auto"``: the generated Triton kernel for CUDA tensors, Triton-Ascend for NPU
 tensors, the reference program interpreter on CPU. Their fake implementations only compute
 output shapes, so they trace under ``torch.compile`` with a symbolic token count.
@@ -28,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_rope
+from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_mrope, split_qkv_rmsnorm_rope
 
 LIBRARY = torch.library.Library("fqr", "DEF")
 # The devices the op runs on: the reference rules on CPU, the kernels on CUDA and on NPUs
@@ -168,3 +171,86 @@ def _qk_rmsnorm_rope_fake(
 
 _register("split_qkv_rmsnorm_rope", split_qkv_rmsnorm_rope_op, _split_qkv_rmsnorm_rope_fake)
 _register("qk_rmsnorm_rope", qk_rmsnorm_rope_op, _qk_rmsnorm_rope_fake)
+
+
+def split_qkv_rmsnorm_mrope_op(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    q_bias: Optional[Tensor],
+    k_bias: Optional[Tensor],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mrope_section: list[int],
+    mrope_interleaved: bool,
+    eps: float,
+    is_neox: bool,
+    weight_offset: float,
+    output_gate: bool,
+    numerics: str,
+) -> list[Tensor]:
+    """:func:`fqr.split_qkv_rmsnorm_mrope` with ``backend="auto"``: ``[q, k, v]``, and the
+    gate last with ``output_gate``."""
+    return list(
+        split_qkv_rmsnorm_mrope(
+            qkv,
+            positions,
+            cos_sin_cache,
+            q_weight,
+            k_weight,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            mrope_section=tuple(mrope_section),
+            mrope_interleaved=mrope_interleaved,
+            eps=eps,
+            is_neox=is_neox,
+            q_bias=q_bias,
+            k_bias=k_bias,
+            weight_offset=weight_offset,
+            output_gate=output_gate,
+            numerics=numerics,
+            backend="auto",
+        )
+    )
+
+
+def _split_qkv_rmsnorm_mrope_fake(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    mrope_section,
+    mrope_interleaved,
+    eps,
+    is_neox,
+    weight_offset,
+    output_gate,
+    numerics,
+):
+    width = ((2 if output_gate else 1) * num_heads + 2 * num_kv_heads) * head_dim
+    torch._check(
+        qkv.dim() == 2 and qkv.shape[1] == width,
+        lambda: f"qkv must be [T, {width}], got {list(qkv.shape)}",
+    )
+    tokens = qkv.shape[0]
+    outs = [
+        qkv.new_empty(tokens, num_heads * head_dim),
+        qkv.new_empty(tokens, num_kv_heads * head_dim),
+        qkv.new_empty(tokens, num_kv_heads * head_dim),
+    ]
+    if output_gate:
+        outs.append(qkv.new_empty(tokens, num_heads * head_dim))
+    return outs
+
+
+_register("split_qkv_rmsnorm_mrope", split_qkv_rmsnorm_mrope_op, _split_qkv_rmsnorm_mrope_fake)

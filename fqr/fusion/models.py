@@ -46,10 +46,11 @@ class AttentionShape:
     def from_preset(
         cls, preset: Preset, *, bias: bool = False, max_position: int = 4096
     ) -> AttentionShape:
-        if preset.norm != "head":
+        if preset.norm != "head" or preset.variant != "split-qkv":
             raise ValueError(
-                f"preset {preset.name} has norm={preset.norm!r}; the fusion patterns cover the "
-                f"per-head QK-norm prologue (norm='head': Qwen3, Gemma 3, Qwen3.5)"
+                f"preset {preset.name} has norm={preset.norm!r}, variant {preset.variant!r}; the "
+                f"fusion patterns cover the split-qkv per-head QK-norm prologue (norm='head': "
+                f"Qwen3, Gemma 3)"
             )
         return cls(
             preset.spec,

@@ -138,13 +138,13 @@ class KernelsByTokens:
         """The variants lowered so far."""
         return [k for k in self._kernels if k is not None]
 
-    def launch(self, args, out=None) -> list[torch.Tensor]:
+    def launch(self, args, out=None, donate: bool = False) -> list[torch.Tensor]:
         """:meth:`Kernel.launch` of the variant for ``args[0]``'s token count."""
-        return self.kernel_for(args[0].shape[0]).launch(args, out)
+        return self.kernel_for(args[0].shape[0]).launch(args, out, donate)
 
-    def __call__(self, *args: torch.Tensor, out=None) -> list[torch.Tensor]:
+    def __call__(self, *args: torch.Tensor, out=None, donate: bool = False) -> list[torch.Tensor]:
         """Checked call (:meth:`Kernel.__call__`) of the variant for the token count."""
-        return self.kernel_for(args[0].shape[0])(*args, out=out)
+        return self.kernel_for(args[0].shape[0])(*args, out=out, donate=donate)
 
 
 _BY_TOKENS: dict[tuple, KernelsByTokens] = {}

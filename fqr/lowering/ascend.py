@@ -90,6 +90,32 @@ CHIPS: dict[str, AscendChip] = {
 DEFAULT_CHIP = "A2"
 
 
+class UnsupportedOnChip(ValueError):
+    """The program needs something the chip does not have (the message says what)."""
+
+
+FP8_STORES = (torch.float8_e4m3fn,)
+
+
+def check_store_dtypes(plan: KernelPlan, chip: AscendChip) -> None:
+    """Refuse FP8 stores before the 950: the A2/A3 vector units have no FP8 type, and
+    Triton-Ascend 3.2.0 compiles ``tl.float8e4nv`` only for Ascend910_95 (its compile options
+    carry ``allow_fp8e4nv=False``); vllm-ascend likewise runs FP8 KV caches on A5 only."""
+    stores = [(f"output {i}", v.aval.dtype) for i, v in enumerate(plan.program.outputs)]
+    stores += [
+        (f"input {i} (a paged cache)", v.aval.dtype)
+        for i, v in enumerate(plan.program.inputs)
+        if plan.input_role(v) is Role.CACHE
+    ]
+    fp8 = [(what, dtype) for what, dtype in stores if dtype in FP8_STORES]
+    if fp8 and not chip.compile_on_910_95:
+        what, dtype = fp8[0]
+        raise UnsupportedOnChip(
+            f"{what} is {dtype}: FP8 stores need an Ascend 950 (chip='950'); {chip.summary} "
+            f"has no FP8 (Triton-Ascend compiles float8e4nv only for Ascend910_95)"
+        )
+
+
 class TileDoesNotFit(ValueError):
     """Even the smallest tile (:data:`MIN_BLOCK_T` tokens of one head) exceeds the UB budget."""
 
@@ -289,6 +315,7 @@ def ascend_tiling(
     (head chunks are still chosen to fit it).
     """
     chip = chip or get_chip()
+    check_store_dtypes(plan, chip)
     budget = ub_budget(chip, ub_bytes)
     shapes = [ChainShape.of(c, plan) for c in plan.chains]
     mb = chip.multibuffer

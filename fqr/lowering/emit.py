@@ -43,7 +43,9 @@ class Tiling:
 
     block_t: int  # tokens per tile
     head_chunks: tuple[int, ...]  # heads per chunk, one entry per chain (== heads: no chunking)
-    bf16_rounding: str = "native"  # how fp32 -> bf16 is rounded: native | bits (see ROUND_TO_BF16)
+    # How fp32 is rounded to bf16 and to float8_e4m3fn: native (the hardware conversion) | bits
+    # (on the bits; an interpreter's casts are wrong): ROUND_TO_BF16, ROUND_TO_FP8E4M3.
+    bf16_rounding: str = "native"
     # How a chain wider than its chunk is covered: "loop" (a runtime loop over equal chunks, the
     # last one masked), "unroll" (static power-of-two chunks, no masking) or "grid" (each static
     # chunk is its own program along grid axis 1; a chain with a reduction over its whole row
@@ -104,6 +106,45 @@ ROUND_TO_BF16 = {
 }
 
 
+FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+ROUND_TO_FP8E4M3 = {
+    # Hardware conversion (cvt.rn.satfinite.e4m3x2.f32 on NVIDIA sm89+): nearest even, after a
+    # clamp to +-448 that keeps NaN.
+    "native": (
+        "@triton.jit",
+        "def round_to_fp8e4m3(x):",
+        '    """fp32 -> float8_e4m3fn: clamp to +-448 (NaN kept), round to nearest even."""',
+        f"    y = tl.minimum(tl.maximum(x, {-FP8_E4M3_MAX!r}), {FP8_E4M3_MAX!r})",
+        "    return tl.where(x != x, x, y).to(tl.float8e4nv)",
+        "",
+        "",
+    ),
+    # Triton's interpreter converts fp32 -> fp8 with a round-half-up that loses the carry into
+    # the exponent (31.5 -> 16); encode the E4M3 bits here instead: normals round to 3
+    # mantissa bits on the fp32 bits (nearest even, the carry moves the exponent), subnormals
+    # (|x| < 2^-6) to multiples of 2^-9 by the 2^23 trick, then a bit cast.
+    "bits": (
+        "@triton.jit",
+        "def round_to_fp8e4m3(x):",
+        '    """fp32 -> float8_e4m3fn: clamp to +-448 (NaN kept), round to nearest even, '
+        'encoded on the bits."""',
+        "    nan = x != x",
+        f"    y = tl.minimum(tl.maximum(x, {-FP8_E4M3_MAX!r}), {FP8_E4M3_MAX!r})",
+        "    sign = (y.to(tl.uint32, bitcast=True) >> 24) & 0x80",
+        "    a = tl.abs(y)",
+        "    bits = a.to(tl.uint32, bitcast=True)",
+        "    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000",
+        "    normal = (((bits >> 23) - 120) << 3) | ((bits >> 20) & 7)",
+        "    subnormal = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.uint32)",
+        "    code = tl.where(a < 0.015625, subnormal, normal)",
+        "    code = tl.where(nan, 0x7F, code) | sign",
+        "    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)",
+        "",
+        "",
+    ),
+}
+
+
 class KernelBuilder:
     """Writes one kernel; emit rules see it as a :class:`fqr.core.EmitContext`."""
 
@@ -126,6 +167,8 @@ class KernelBuilder:
         self.src_base = ""
         self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
+        self.uses_round_fp8 = False
+        self.aliases = plan.program.aliases()  # output index -> the input it updates in place
         self.head_tile = "1"  # heads in the current chunk's tiles (a literal)
         self.param_list: list[str] = []
         self.dense_strides: list[tuple[str, int]] = []  # (stride parameter, its row width)
@@ -170,9 +213,13 @@ class KernelBuilder:
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
+            if role is Role.CACHE:  # block, row-in-block and head strides; rows in all blocks
+                name = self.var_name(v)
+                self.param_list += [f"{name}_s0", f"{name}_s1", f"{name}_s2", f"{name}_rows"]
         for i, o in enumerate(self.plan.program.outputs):
-            self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
-            self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
+            if i not in self.aliases:  # an updated input is written through that input
+                self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
+                self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
         self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
@@ -180,6 +227,9 @@ class KernelBuilder:
         if dtype == torch.bfloat16:
             self.uses_round_bf16 = True
             return f"round_to_bf16({expr})"
+        if dtype == torch.float8_e4m3fn:
+            self.uses_round_fp8 = True
+            return f"round_to_fp8e4m3({expr})"
         return f"({expr}).to({TL_DTYPES[dtype]})"
 
     # -------------------------------------------------------------- index vectors
@@ -342,6 +392,38 @@ class KernelBuilder:
             self._tile[key] = out
         return str(self._tile[key])
 
+    def scalar(self, var: Var) -> str:
+        key = ("scalar", id(var))
+        if key not in self._hoisted:
+            name = self.fresh("scalar")
+            self.emit_pre(f"{name} = tl.load({self.arg_names[id(var)]}).to(tl.float32)")
+            self._hoisted[key] = name
+        return str(self._hoisted[key])
+
+    def scatter_rows(self, cache: Var, slots: Var, pieces: dict[str, str]) -> None:
+        """Store ``pieces`` as rows of the paged ``cache`` at ``slots[t]`` (see
+        :meth:`fqr.core.EmitContext.scatter_rows`); the row address is computed once per token
+        tile, the head offset per chunk."""
+        key = ("slotrow", id(cache), id(slots))
+        if key not in self._tile:
+            slot = self._index(slots)
+            c = self.var_name(cache)
+            block_size = cache.aval.shape[1]
+            s64, ok, row = self.fresh("slot"), self.fresh("slotok"), self.fresh(f"{c}row")
+            self.emit_tile(f"{s64} = {slot}.to(tl.int64)")
+            # A negative slot is padding; one past the cache would be out of bounds: no store.
+            self.emit_tile(f"{ok} = (tmask & ({s64} >= 0) & ({s64} < {c}_rows))[:, None, None]")
+            self.emit_tile(
+                f"{row} = ({c}_ptr + ({s64} // {block_size}) * {c}_s0 + ({s64} % {block_size})"
+                f" * {c}_s1)[:, None, None]"
+            )
+            self._tile[key] = (ok, row)
+        ok, row = self._tile[key]  # type: ignore[misc]
+        mask, base = self.fresh("smask"), self.fresh("sbase")
+        self.emit(f"{mask} = hmask & {ok}")
+        self.emit(f"{base} = {row} + hh * {self.var_name(cache)}_s2")
+        self._store_slots(base, mask, self.chain.head_layout, pieces, cache.aval.dtype)
+
     # -------------------------------------------------------------- chain values
     def pieces(self, var: Var) -> dict[str, str]:
         if id(var) not in self.values:
@@ -468,6 +550,11 @@ class KernelBuilder:
         padded = next_pow2(head_chunk)
         self.head_tile = str(padded)
         if chunked:
+            # The loops below reassign hh / hvalid / hmask: give them the loop's types first (an
+            # earlier chain may have left other shapes, and Triton keeps loop-carried types).
+            self.emit(f"hh = tl.arange(0, {padded})[None, :, None]")
+            self.emit(f"hvalid = hh < {chain.heads}")
+            self.emit("hmask = tmask[:, None, None] & hvalid")
             self._emit_row_prepass(chain, head_chunk, padded)
             self.emit(f"for h0 in range(0, {chain.heads}, {head_chunk}):")
             self.indent += 1
@@ -536,7 +623,7 @@ class KernelBuilder:
     def _store_if_output(self, var: Var) -> None:
         outs = self.plan.program.outputs
         for i, o in enumerate(outs):
-            if o is var:
+            if o is var and i not in self.aliases:
                 chain = self.chain
                 base = self.fresh("obase")
                 self.emit(
@@ -582,6 +669,9 @@ class KernelBuilder:
             "",
             "",
             *(ROUND_TO_BF16[self.tiling.bf16_rounding] if self.uses_round_bf16 else ()),
+            # A target whose bf16 conversion is not trusted (an interpreter) gets the bit-exact
+            # fp8 encoder too: both casts are wrong in the same interpreters.
+            *(ROUND_TO_FP8E4M3[self.tiling.bf16_rounding] if self.uses_round_fp8 else ()),
             '@triton.jit(do_not_specialize=["T"])',
             f"def {self.kernel_name}(\n    {params},\n):",
             "    pid = tl.program_id(0)",

@@ -32,6 +32,8 @@ class Kernel:
     def __post_init__(self) -> None:
         self._roles = [self.plan.input_role(v) for v in self.program.inputs]
         self._out_widths = [int(v.aval.shape[1]) for v in self.program.outputs]
+        # Output -> the input it is an updated copy of (a paged cache): written in place.
+        self.aliases = self.program.aliases()
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
         self._launch = self.target.launch_options(self.plan, **self.options)
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
@@ -41,11 +43,18 @@ class Kernel:
         self._direct: Any = False  # not yet made (None: the installed triton has none)
 
     def __call__(
-        self, *args: torch.Tensor, out: list[torch.Tensor] | None = None
+        self,
+        *args: torch.Tensor,
+        out: list[torch.Tensor] | None = None,
+        donate: bool = False,
     ) -> list[torch.Tensor]:
         """Check ``args`` (and ``out``: ``[T, width]`` tensors whose rows may be strided, e.g.
-        views into a wider buffer) against the program, then :meth:`launch`."""
+        views into a wider buffer) against the program, then :meth:`launch`. ``donate``: an
+        output that updates an input (:attr:`aliases`) is written into that input's buffer
+        (else into a copy of it)."""
         prog = self.program
+        if out is not None and self.aliases:
+            raise TypeError("out= cannot be given to a program that updates an input in place")
         if len(args) != len(prog.inputs):
             raise TypeError(f"kernel takes {len(prog.inputs)} tensors, got {len(args)}")
         tokens = None
@@ -80,26 +89,36 @@ class Kernel:
                         f"out[{i}] must be a {v.aval} tensor with T={tokens}, contiguous in its "
                         f"last dim"
                     )
-        return self.launch(args, out)
+        return self.launch(args, out, donate=donate)
 
     def launch(
         self,
         args: list[torch.Tensor] | tuple[torch.Tensor, ...],
         out: list[torch.Tensor] | None = None,
+        donate: bool = False,
         *,
         direct: bool = True,
     ) -> list[torch.Tensor]:
         """Allocate the outputs (unless given) and launch; no argument checks (the hot path).
-        ``direct=False`` launches through Triton's ``fn[grid]`` even where the compiled kernel
-        is bound (:mod:`.launcher`): what the bench compares the bound launch with."""
+        An output that updates an input is that input's buffer when ``donate`` (the kernel
+        stores into it in place), else a copy of it. ``direct=False`` launches through
+        Triton's ``fn[grid]`` even where the compiled kernel is bound (:mod:`.launcher`): what
+        the bench compares the bound launch with."""
         tokens = args[0].shape[0]
         device = args[0].device
+        if self.aliases:
+            args = list(args)
+            for j in self.aliases.values():
+                if not donate:
+                    args[j] = args[j].clone()
         outs = (
             out
             if out is not None
             else [
-                torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
-                for v, width in zip(self.program.outputs, self._out_widths)
+                args[self.aliases[i]]
+                if i in self.aliases
+                else torch.empty((tokens, width), dtype=v.aval.dtype, device=device)
+                for i, (v, width) in enumerate(zip(self.program.outputs, self._out_widths))
             ]
         )
         if tokens == 0:
@@ -119,7 +138,13 @@ class Kernel:
             if role is Role.TABLE:
                 flat.append(a.shape[0])
                 ints.append(a.shape[0])
-        for o, width in zip(outs, self._out_widths):
+            if role is Role.CACHE:  # its strides and rows are specialised ints too
+                cache_ints = [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
+                flat += cache_ints
+                ints += cache_ints
+        for i, (o, width) in enumerate(zip(outs, self._out_widths)):
+            if i in self.aliases:  # stored through the input it updates
+                continue
             stride = o.stride(0)
             flat += [o, stride]
             ints.append(stride)

@@ -13,7 +13,11 @@ The plan knows no primitive: it reads each equation's lowering facts (``fqr.core
   operands take their :class:`~fqr.core.Role` (vectors, per-token values, index, table), its
   ``head_dim`` must be the chain's, its ``layout`` request decides how the chain's heads are
   held, its ``reduction`` over the whole row is recorded on the chain (when the row is
-  processed in head chunks, the emitter sums it in a first pass).
+  processed in head chunks, the emitter sums it in a first pass);
+* :class:`~fqr.core.PagedStore` -- a HeadOp whose output is not a per-head value but its
+  CACHE operand updated (rows written through a slot mapping): it joins its value's chain
+  (the rows are stored where the value is in registers) and its output aliases the cache
+  input (:meth:`~fqr.core.Program.aliases`), recorded in :attr:`KernelPlan.stores`.
 
 How a head is held (its :class:`Layout`), from the chain's layout request:
 
@@ -33,7 +37,19 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..core import TOKENS, Eqn, HeadLayout, HeadOp, Program, Reduction, Role, Section, Var, Views
+from ..core import (
+    TOKENS,
+    Eqn,
+    HeadLayout,
+    HeadOp,
+    PagedStore,
+    Program,
+    Reduction,
+    Role,
+    Section,
+    Var,
+    Views,
+)
 
 # Pass-through in runs as wide as the rotated halves only while that takes at most this many
 # pieces (Qwen3.5: D=256, R=64 -> 6 runs of 32); beyond it, power-of-two runs.
@@ -176,6 +192,7 @@ class KernelPlan:
     chains: list[Chain]
     chain_of: dict[int, Chain]  # id(var) -> chain holding it
     roles: dict[int, Role]  # id(program input) -> how the kernel reads it
+    stores: dict[int, Chain] = field(default_factory=dict)  # id(paged store output) -> chain
 
     def input_role(self, var: Var) -> Role | None:
         """How the kernel reads a program input (None: an input nothing reads)."""
@@ -190,6 +207,7 @@ def plan_program(program: Program) -> KernelPlan:
     chains: list[Chain] = []
     chain_of: dict[int, Chain] = {}
     roles: dict[int, Role] = {}
+    stores: dict[int, Chain] = {}
     input_ids = {id(v) for v in program.inputs}
     printer_names = {id(v): f"input {i}" for i, v in enumerate(program.inputs)}
 
@@ -246,7 +264,10 @@ def plan_program(program: Program) -> KernelPlan:
             chain.row_reductions.append(e)
         chain.eqns.append(e)
         for out in e.outputs:
-            chain_of[id(out)] = chain
+            if isinstance(facts, PagedStore):
+                stores[id(out)] = chain  # the updated cache: written by the rule, not a value
+            else:
+                chain_of[id(out)] = chain
 
     for c in chains:
         requests: set[HeadLayout] = set()
@@ -266,9 +287,9 @@ def plan_program(program: Program) -> KernelPlan:
         else:
             c.layout = Layout(c.head_dim, 0, "plain")
     for v in program.outputs:
-        if id(v) not in chain_of:
+        if id(v) not in chain_of and id(v) not in stores:
             raise PlanError("every program output must be a per-head value computed in the kernel")
-    return KernelPlan(program, chains, chain_of, roles)
+    return KernelPlan(program, chains, chain_of, roles, stores)
 
 
 def _infer_head_dim(program: Program, start: Var, width: int) -> int:

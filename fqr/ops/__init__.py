@@ -6,6 +6,9 @@ emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add 
 """
 
 from ..core import Section
+from .cache import cache_insert, cache_insert_p
+from .fp8 import quantize_fp8, quantize_fp8_p
+from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
@@ -18,8 +21,14 @@ __all__ = [
     "rms_norm",
     "rope",
     "reduce_precision",
+    "quantize_fp8",
+    "cache_insert",
     "split_heads_p",
     "rms_norm_p",
     "rope_p",
     "reduce_precision_p",
+    "mrope",
+    "mrope_p",
+    "quantize_fp8_p",
+    "cache_insert_p",
 ]

@@ -79,12 +79,20 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
 
 @rope_p.def_impl
 def _rope_impl(x, positions, cache, *, d, neox, round_to):
+    rows = cache.index_select(0, positions.long())
+    return rotate_by_rows(x, rows, d=d, neox=neox, round_to=round_to)
+
+
+def rotate_by_rows(x, rows, *, d: int, neox: bool, round_to):
+    """The rotation of ``x [T, H*d]`` by per-token table rows ``[T, R]`` (cos | sin, in the
+    table's stored dtype: cast to x's here), as the module docstring states it; shared with
+    the ops that pick each token's rows otherwise (``fqr.ops.mrope``)."""
     rnd = (lambda v: v.to(round_to).to(x.dtype)) if round_to is not None else (lambda v: v)
     t, n = x.shape
-    r = cache.shape[1]
+    r = rows.shape[1]
     heads = x.reshape(t, n // d, d)
     rot, passthrough = heads[..., :r], heads[..., r:]
-    cs = cache.index_select(0, positions.long()).to(x.dtype)
+    cs = rows.to(x.dtype)
     cos = rnd(cs[:, None, : r // 2])
     sin = rnd(cs[:, None, r // 2 :])
     if neox:
@@ -119,6 +127,13 @@ def _rope_lowering(b: EmitContext, eqn: Eqn) -> None:
     half = rotary_dim // 2
     cos = b.gather(cache_var, pos_var, 0, half, name="cos")
     sin = b.gather(cache_var, pos_var, half, half, name="sin")
+    emit_rotation(b, eqn, x, cos, sin)
+
+
+def emit_rotation(b: EmitContext, eqn: Eqn, x: dict[str, str], cos: str, sin: str) -> None:
+    """The rotation's lines for the value pieces ``x`` (layout pieces ``a``, ``b``) by the
+    ``[BLOCK_T, 1, R/2]`` tiles ``cos`` and ``sin``, rounding as ``eqn.params["round_to"]``
+    says; binds ``eqn.outputs[0]``. Shared with ``fqr.ops.mrope``."""
     rt = eqn.params["round_to"]
     if rt is not None:
 

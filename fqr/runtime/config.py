@@ -149,6 +149,11 @@ class RunConfig:
 
     def check(self) -> None:
         preset = get_preset(self.preset, self.tp)  # unknown preset / tp not dividing heads
+        if preset.variant != "split-qkv":
+            raise ValueError(
+                f"--preset: {self.preset} runs the {preset.variant!r} variant of the prologue; "
+                f"the runtime's attention layer is fqr.split_qkv_rmsnorm_rope (split-qkv presets)"
+            )
         check_choice("--device", self.device, DEVICE_TYPES)
         check_choice("--dtype", self.dtype, ACTIVATION_DTYPE_NAMES)
         check_choice("--numerics", self.numerics, NUMERICS)

@@ -54,6 +54,8 @@ pytestmark = [
         ("gemma3-27b", 1, torch.bfloat16, {"chip": "950"}),
         ("qwen3-235b-a22b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024}),  # vllm-ascend's budget
         ("qwen3.5-27b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024, "chunk_mode": "loop"}),
+        ("qwen3.5-27b", 8, torch.bfloat16, {}),  # gated row, interleaved mRoPE, 3 q heads
+        ("qwen3-vl-8b", 1, torch.float16, {"bias": True}),  # mRoPE (24, 20, 20) interleaved
     ],
     ids=lambda v: (
         str(v).replace("torch.", "")

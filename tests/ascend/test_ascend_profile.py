@@ -15,6 +15,7 @@ from fqr.lowering.plan import plan_program
 from fqr.lowering.targets import cdiv, get_target
 from fqr.presets import PRESETS, get_preset
 from fqr.prologue import preset_program
+from fqr.variants import program_of
 
 VLLM_ASCEND_UB = 85 * 1024  # the hard-coded budget of vllm-ascend's split_qkv_rmsnorm_rope
 
@@ -29,7 +30,8 @@ def all_preset_views():
 
 
 def plan_of(preset, dtype=torch.bfloat16, bias=False):
-    return plan_program(preset_program(preset, dtype, bias=bias, sharded_full_norm=preset.tp > 1))
+    """The plan of the preset's own prologue (its variant's program)."""
+    return plan_program(program_of(preset, dtype, bias=bias, sharded_full_norm=preset.tp > 1))
 
 
 def whole_row_bytes(plan, chip, block_t):

@@ -17,17 +17,18 @@ import fqr
 from fqr.ascend_on_cuda import DEFAULT_PROGRAMS, NAME, generated_body, register_target
 from fqr.backends import BACKENDS
 from fqr.lowering import kernel_source, tiling_of
-from fqr.prologue import preset_program
+from fqr.variants import program_of
 
 REPO = Path(__file__).resolve().parents[2]
 # One preset per kind of kernel the ascend profile emits: whole rows, head chunks (Qwen3.5:
-# 24 heads of 256), Gemma's (1 + w) norm, GPT-J partial rotary, the full-width norm, no norm.
+# 24 heads of 256, with its gate and interleaved mRoPE), Gemma's (1 + w) norm, GPT-J partial
+# rotary, the full-width norm, no norm.
 COMPILE_PRESETS = ["qwen3-8b", "qwen3.5-27b", "gemma3-27b", "glm4-9b", "olmo2-7b", "llama3-8b"]
 
 
 @pytest.mark.parametrize("name", COMPILE_PRESETS)
 def test_runs_the_ascend_source_itself(name):
-    program = preset_program(fqr.get_preset(name), torch.bfloat16)
+    program = program_of(fqr.get_preset(name), torch.bfloat16)
     register_target()
     ours, ascend = kernel_source(program, NAME), kernel_source(program, "ascend")
     assert "fqr_ascend_on_cuda_" in ours and "fqr_ascend_on_cuda_" not in ascend
@@ -59,10 +60,10 @@ def test_ascend_source_compiles_with_upstream_triton_for_sm90():
     code = (
         "import json, torch, fqr\n"
         "from fqr.ascend_on_cuda import compile_offline\n"
-        "from fqr.prologue import preset_program\n"
+        "from fqr.variants import program_of\n"
         "out = {}\n"
         f"for name in {COMPILE_PRESETS!r}:\n"
-        "    r = compile_offline(preset_program(fqr.get_preset(name), torch.bfloat16))\n"
+        "    r = compile_offline(program_of(fqr.get_preset(name), torch.bfloat16))\n"
         "    out[name] = [r.stages, r.block_t, r.grid]\n"
         "print(json.dumps(out))\n"
     )

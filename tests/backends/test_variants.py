@@ -88,9 +88,10 @@ def test_a_variant_case_round_trips_through_the_golden_files(tmp_path, test_vari
     assert again[0]["sha256"] == entry["sha256"]
 
 
-def test_split_qkv_entries_record_their_variant():
+def test_entries_record_their_variant():
     for e in golden.list_cases():
-        assert e["variant"] == SPLIT_QKV.name
+        assert e["variant"] == PRESETS[e["preset"]].variant
+    assert {e["variant"] for e in golden.list_cases()} >= {SPLIT_QKV.name, "mrope", "mrope-gate"}
 
 
 def test_a_wrong_preset_field_is_refused_as_a_preset():

@@ -135,7 +135,7 @@ def test_traffic_model_per_head_norm():
     [
         ("olmo2-7b", torch.float16, (32 + 32) * 128, 128),  # full-width norm weights
         ("llama3-8b", torch.float32, 0, 128),  # no QK norm
-        ("qwen3.5-27b", torch.bfloat16, 2 * 256, 64),  # partial rotary: a quarter of D
+        ("gemma3-1b", torch.bfloat16, 2 * 256, 256),  # head_dim 256, (1 + w)
         ("glm4-9b", torch.bfloat16, 0, 64),
     ],
 )

@@ -77,6 +77,11 @@ def _file(d: Path) -> Path:
 
 # (row id, arguments built in tmp_path, text the one error line must contain)
 MISUSE = [
+    (
+        "run a variant preset",
+        lambda d: ["run", "--preset", "qwen3-vl-8b", "--requests", "2", "--prompt-len", "4..8"],
+        "runs the 'mrope' variant",
+    ),
     ("lower -o a directory", lambda d: ["lower", "--preset", "qwen3-8b", "-o", str(d)], "-o"),
     (
         "lower -o in a missing directory",

@@ -31,20 +31,28 @@ def test_verify_reference_passes_every_case():
 
 
 def test_verify_json_is_one_parseable_document():
-    r = fqr("verify", "--backend", "reference", "--case", "qwen3.5-*", "--json")
+    r = fqr("verify", "--backend", "reference", "--case", "glm4-9b-*", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    names = [e["name"] for e in list_cases(pattern="qwen3.5-*")]
-    assert (
-        doc["schema"] == "fqr.verify/1" and doc["ok"] is True and doc["backends"] == ["reference"]
-    )
+    names = [e["name"] for e in list_cases(pattern="glm4-9b-*")]
+    assert doc["schema"] == "fqr.verify/1" and doc["ok"] is True
+    assert doc["backends"] == ["reference"]
     assert [row["case"] for row in doc["results"]] == names
-    inplace = {e["name"] for e in list_cases(pattern="qwen3.5-*") if "inplace" in peer_kwargs(e)}
+    inplace = {e["name"] for e in list_cases(pattern="glm4-9b-*") if "inplace" in peer_kwargs(e)}
+    assert inplace
     for row in doc["results"]:
         # an in-place case also checks every byte of the row outside q and k
         outputs = {"q", "k", "v"} | ({"qkv"} if row["case"] in inplace else set())
         assert row["status"] == "pass" and set(row["outputs"]) == outputs
         assert row["outputs"]["v"]["max_abs"] == 0.0
+
+
+def test_verify_json_names_a_variant_case_outputs():
+    r = fqr("verify", "--backend", "reference", "--case", "qwen3.5-27b-bf16-*", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["results"]
+    assert row["status"] == "pass" and set(row["outputs"]) == {"q", "k", "v", "gate"}
+    assert row["outputs"]["v"]["max_abs"] == row["outputs"]["gate"]["max_abs"] == 0.0
 
 
 def test_tampered_golden_file_is_reported_corrupt(tmp_path):

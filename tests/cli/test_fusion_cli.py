@@ -25,6 +25,7 @@ def fqr(*args: str) -> subprocess.CompletedProcess:
     "args,message",
     [
         (("--preset", "llama3-8b"), "norm='none'"),
+        (("--preset", "qwen3.5-27b"), "variant 'mrope-gate'"),
         (("--preset", "nope"), "Invalid value for '--preset': 'nope' is not one of"),
         (("--layers", "0"), "--layers"),
         (("--dtype", "int8"), "--dtype"),

@@ -19,11 +19,11 @@ from __future__ import annotations
 import pytest
 import torch
 from support.hf_models import hf_attention_case
+from support.vllm_native import vllm_native_case
 
 import fqr
 from fqr.backends import BACKENDS
-from fqr.fusion.unfused import vllm_qk_norm_rope, vllm_rms_norm, vllm_rotary_embedding
-from fqr.rope_cache import rope_cos_sin_cache
+from fqr.fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,48 +95,21 @@ VLLM_CASES = [
 @pytest.mark.parametrize("case", VLLM_CASES, ids=lambda c: str(c))
 def test_unfused_equals_vllm_native_bitwise(gen, case, backend):
     dtype, d, r, is_neox, gemma, table_in_dtype = case
-    gen = inputs_for(backend, gen)
-    heads, kv_heads, tokens, max_pos = 3, 1, 6, 4096
-    table = rope_cos_sin_cache(r, max_pos, 1e4 if r < d else 1e6)
-    if table_in_dtype:
-        table = table.to(dtype)  # vLLM keeps its cache in the model dtype
-    scale = 0.5 + 3.0 * torch.rand(heads + 2 * kv_heads, 1, generator=gen)
-    qkv = torch.randn(tokens, heads + 2 * kv_heads, d, generator=gen) * scale
-    qkv = qkv.reshape(tokens, -1).to(dtype)
-    positions = torch.randint(0, max_pos, (tokens,), generator=gen)
-    centre = 0.0 if gemma else 1.0
-    qw = (centre + 0.2 * torch.randn(d, generator=gen)).to(dtype)
-    kw = (centre + 0.2 * torch.randn(d, generator=gen)).to(dtype)
-    want_q, want_k, _ = vllm_qk_norm_rope(
-        qkv,
-        positions,
-        table,
-        qw,
-        kw,
-        q_size=heads * d,
-        kv_size=kv_heads * d,
-        eps=1e-6,
+    native = vllm_native_case(
+        inputs_for(backend, gen),
+        dtype,
+        d,
+        r,
         is_neox=is_neox,
         gemma=gemma,
+        table_in_dtype=table_in_dtype,
+        base=1e4 if r < d else 1e6,
     )
-    q, k, v = fqr.split_qkv_rmsnorm_rope(
-        qkv,
-        positions,
-        table,
-        qw,
-        kw,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=d,
-        eps=1e-6,
-        is_neox=is_neox,
-        weight_offset=1.0 if gemma else 0.0,
-        numerics="unfused",
-        backend=backend,
-    )
+    want_q, want_k = native.vllm()
+    q, k, v = fqr.split_qkv_rmsnorm_rope(*native.args, **native.fqr_kwargs(backend=backend))
     assert_bitwise(q, want_q, "q")
     assert_bitwise(k, want_k, "k")
-    assert_bitwise(v, qkv[:, (heads + kv_heads) * d :], "v")
+    assert_bitwise(v, native.v, "v")
 
 
 def test_olmo2_is_where_hf_and_vllm_round_differently(gen):

@@ -7,10 +7,12 @@ import torch
 import fqr
 from fqr import reference
 from fqr.backends import BACKENDS
+from fqr.bench.checks import poison_free_memory
 from fqr.inputs import random_inputs
 from fqr.lowering import lower
-from fqr.numerics import compare
+from fqr.numerics import compare, compare_kind
 from fqr.prologue import preset_program
+from fqr.variants import variant_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,8 +30,13 @@ def preset_problem(gen, name, tokens, dtype, bias=False):
     return p, random_inputs(p.spec, tokens, dtype, gen, cache, bias=bias)
 
 
+SPLIT_QKV_PRESETS = [n for n, p in fqr.PRESETS.items() if p.variant == "split-qkv"]
+# Every other preset runs its variant (fqr.variants): its own inputs, public op and float64.
+VARIANT_PRESETS = [n for n, p in fqr.PRESETS.items() if p.variant != "split-qkv"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(fqr.PRESETS))
+@pytest.mark.parametrize("name", SPLIT_QKV_PRESETS)
 def test_presets_against_float64(gen, name, dtype):
     p, pb = preset_problem(gen, name, 301, dtype, bias=name == "qwen3-8b")
     exact = reference.prologue(*pb.args(), **pb.kwargs())
@@ -44,6 +51,60 @@ def test_presets_against_float64(gen, name, dtype):
     for n, o, e in zip("qkv", outs, exact):
         c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")
         assert c.passed, f"{n}: {c}"
+
+
+@pytest.mark.parametrize("tokens", [1, 257, 4099])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("tp", [1, 8])
+@pytest.mark.parametrize("name", VARIANT_PRESETS)
+def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
+    p = fqr.get_preset(name, tp)
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=tp == 8)
+    exact = variant.expected(p, inputs, cache)
+    poison_free_memory(256 << 20, torch.device("cuda"))  # unwritten outputs would show NaN
+    cuda = {k: x.to("cuda") for k, x in inputs.items()}
+    outs = variant.run(p, cuda, cache.to("cuda"), backend="triton")
+    assert len(outs) == len(variant.outputs)
+    for n, o in zip(variant.outputs, outs):
+        c = compare_kind(variant.tolerance(n), o.cpu(), exact[n], head_dim=variant.head_dim(p, n))
+        assert c.passed, f"{name} tp={tp} T={tokens} {n}: {c}"
+
+
+@pytest.mark.parametrize("tokens", [1, 257, 4099])
+@pytest.mark.parametrize("name", ["qwen3-vl-8b", "qwen3.5-27b"])
+def test_text_only_mrope_is_plain_rope_bit_for_bit(gen, name, tokens):
+    """Three equal position planes (and 1-D positions) give the rope kernel's bits exactly."""
+    p = fqr.get_preset(name)
+    gated = p.variant == "mrope-gate"
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(1 << 17).cuda()
+    inputs = {
+        k: x.cuda()
+        for k, x in variant.draw(p, tokens, torch.bfloat16, gen, max_position=1 << 17).items()
+    }
+    text = inputs["positions"][0]
+    qkv = inputs["qkv"]
+    if gated:  # the plain op on the same q, k, v heads, the gate columns left out
+        d, hq = p.head_dim, p.num_heads
+        q_cols = qkv[:, : 2 * hq * d].view(tokens, hq, 2, d)[:, :, 0].reshape(tokens, -1)
+        qkv_plain = torch.cat([q_cols, qkv[:, 2 * hq * d :]], dim=1)
+    else:
+        qkv_plain = qkv
+    plain = fqr.split_qkv_rmsnorm_rope(
+        qkv_plain,
+        text,
+        cache,
+        inputs["q_weight"],
+        inputs["k_weight"],
+        **p.spec.kwargs(),
+        backend="triton",
+    )
+    for positions in (text, text.expand(3, -1).contiguous()):
+        outs = variant.run(p, dict(inputs, positions=positions), cache, backend="triton")
+        for n, a, b in zip("qkv", outs, plain):
+            assert torch.equal(a, b), f"{name} T={tokens} {n}"
 
 
 def _compiled_variants(fn) -> int:

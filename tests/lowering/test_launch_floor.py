@@ -26,6 +26,7 @@ from fqr.lowering.targets import (
 from fqr.presets import PRESETS
 from fqr.prologue import preset_program
 from fqr.reference import prologue as reference_prologue
+from fqr.variants import program_of
 
 
 class FakeCompiled:
@@ -170,7 +171,6 @@ def test_cuda_profile_tunes_every_bench_preset_by_token_bucket():
         "qwen3-32b",
         "qwen3-235b-a22b",
         "gemma3-27b",
-        "qwen3.5-27b",
         "glm4-9b",
     ):
         plan = lowering.plan_program(preset_program(PRESETS[name]))
@@ -178,6 +178,13 @@ def test_cuda_profile_tunes_every_bench_preset_by_token_bucket():
         buckets = target.token_buckets(plan)
         assert [limit for limit, _ in buckets] == list(TOKEN_BUCKETS)
         assert buckets[0][1]["chunk_mode"] == "grid"  # decode spreads heads over programs
+    # qwen3.5-27b's gated mRoPE row (four chains) is not in the H200 sweep yet: untuned
+    # variants; qwen3-vl-8b's chains have qwen3-8b's shape, whose tuning they take.
+    plan = lowering.plan_program(program_of(PRESETS["qwen3.5-27b"]))
+    assert shape_key(plan) not in TUNED
+    assert [b[1]["chunk_mode"] for b in target.token_buckets(plan)] == [c[3] for c in UNTUNED]
+    vl = lowering.plan_program(program_of(PRESETS["qwen3-vl-8b"]))
+    assert shape_key(vl) == shape_key(lowering.plan_program(preset_program(PRESETS["qwen3-8b"])))
     plan = lowering.plan_program(preset_program(PRESETS["qwen3-8b"].shard(2)))
     assert [b[1]["chunk_mode"] for b in target.token_buckets(plan)] == [c[3] for c in UNTUNED]
     assert target.token_buckets(plan, num_warps=4) == ((None, {"num_warps": 4}),)

@@ -1,0 +1,85 @@
+"""quantize_fp8: saturate a value to the FP8 E4M3 range and declare it stored as E4M3.
+
+Per element, with an optional per-tensor ``scale`` (a ``[1]`` float32 tensor; vLLM's
+convention for FP8 tensors: the stored number times ``scale`` is the value)::
+
+    y = clamp(x / scale, -448, 448)          stored as float8_e4m3fn
+
+448 is E4M3's largest finite value (``torch.finfo(torch.float8_e4m3fn).max``). This is
+MiniMax-M3's FP8 path (vllm-ascend ``split_qkv_index_rmsnorm_rope``: ``clamp(y, -448, 448)
+.to(float8_e4m3fn)``; vLLM's ``storeElemsFp8``: ``fminf(fmaxf(y, -448), 448)`` then a
+saturating E4M3 conversion) and vLLM's ``scaled_convert`` (``__nv_cvt_float_to_fp8(x / scale,
+__NV_SATFINITE, __NV_E4M3)``). NaN stays NaN (E4M3 has no infinity; +-Inf saturate to +-448).
+
+Like every op, the value stays in fp32 inside a program: the rounding to E4M3 happens once,
+where the output is stored (round to nearest, ties to even, on every target; the reference
+backend's ``Tensor.to(float8_e4m3fn)`` of the clamped value). The reference it matches is
+:func:`fqr.reference.fp8_e4m3`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
+
+FP8_E4M3 = torch.float8_e4m3fn
+FP8_E4M3_MAX = float(torch.finfo(FP8_E4M3).max)  # 448.0
+
+quantize_fp8_p = primitive("quantize_fp8")
+
+
+def quantize_fp8(x, scale=None):
+    """See the module docstring."""
+    return quantize_fp8_p.bind(x, scale)
+
+
+def check_scale(scale: Aval | None, name: str = "scale") -> None:
+    """A per-tensor scale is a float32 tensor of shape [1]."""
+    if scale is not None and (scale.shape != (1,) or scale.dtype != torch.float32):
+        raise ValueError(f"{name} must be a float32 tensor of shape [1], got {scale}")
+
+
+@quantize_fp8_p.def_abstract
+def _quantize_abstract(x: Aval, scale: Aval | None):
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    check_scale(scale)
+    return Aval(x.shape, FP8_E4M3)
+
+
+@quantize_fp8_p.def_impl
+def _quantize_impl(x, scale):
+    y = x if scale is None else x / scale.to(x.dtype)
+    return y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
+
+
+@quantize_fp8_p.def_facts
+def _quantize_facts(x: Aval, scale: Aval | None) -> HeadOp:
+    return HeadOp((Role.VALUE, Role.SCALAR if scale is not None else None))  # elementwise
+
+
+def saturate_lines(b: EmitContext, value: str, scale: str | None, prefix: str) -> str:
+    """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name."""
+    y = b.fresh(prefix)
+    scaled = value if scale is None else f"({value} / {scale})"
+    b.emit(
+        f"{y} = tl.where({scaled} != {scaled}, {scaled}, "
+        f"tl.minimum(tl.maximum({scaled}, {-FP8_E4M3_MAX!r}), {FP8_E4M3_MAX!r}))"
+    )
+    return y
+
+
+@quantize_fp8_p.def_lowering
+def _quantize_lowering(b: EmitContext, eqn: Eqn) -> None:
+    x_var, scale_var = eqn.inputs
+    assert x_var is not None
+    scale = b.scalar(scale_var) if scale_var is not None else None
+    name = b.var_name(eqn.outputs[0])
+    out = {
+        piece: saturate_lines(b, v, scale, f"{name}_{piece}_")
+        for piece, v in b.pieces(x_var).items()
+    }
+    b.set(eqn.outputs[0], out)
