@@ -313,6 +313,7 @@ class HFFamily:
     weight_offset: float = 0.0
     is_neox: bool = True
     note: str = ""
+    variant: str = "split-qkv"  # mrope / mrope-gate: mrope_section read from the RoPE settings
 
 
 # transformers ``model_type`` (of the text config) -> the family's prologue facts.
@@ -320,11 +321,14 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen3": HFFamily("head", note="Qwen3: per-head q_norm / k_norm"),
     "qwen3_moe": HFFamily("head", note="Qwen3-MoE: as Qwen3"),
     "gemma3_text": HFFamily("head", 1.0, note="Gemma 3: (1 + w) norms, the global layers"),
-    "qwen3_5_text": HFFamily("head", 1.0, note="Qwen3.5 full attention: (1 + w) norms"),
-    "qwen3_next": HFFamily("head", 1.0, note="Qwen3-Next full attention: (1 + w) norms"),
-    "qwen3_5_moe_text": HFFamily("head", 1.0, note="Qwen3.5-MoE full attention: as Qwen3.5"),
-    "qwen3_vl_text": HFFamily("head", note="Qwen3-VL: as Qwen3 (text tokens: mRoPE is RoPE)"),
-    "qwen3_vl_moe_text": HFFamily("head", note="Qwen3-VL-MoE: as Qwen3-VL"),
+    "qwen3_5_text": HFFamily(
+        "head", 1.0, variant="mrope-gate", note="Qwen3.5 full attention: gated q, (1 + w) norms"
+    ),
+    "qwen3_5_moe_text": HFFamily(
+        "head", 1.0, variant="mrope-gate", note="Qwen3.5-MoE full attention: as Qwen3.5"
+    ),
+    "qwen3_vl_text": HFFamily("head", variant="mrope", note="Qwen3-VL: Qwen3 with mRoPE"),
+    "qwen3_vl_moe_text": HFFamily("head", variant="mrope", note="Qwen3-VL-MoE: as Qwen3-VL"),
     "llama": HFFamily("none", note="Llama 3: no QK norm"),
     "olmo2": HFFamily("full", note="OLMo 2: one norm over the whole q and the whole k"),
     "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
@@ -335,6 +339,7 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split_qkv_rmsnorm_rope_vnorm variant)",
     "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (rope-then-L2)",
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
+    "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
 # RoPE scalings fqr.rope_cache builds, with the config keys each reads.
 HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -375,10 +380,11 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     (else ``hidden_size / num_attention_heads``), ``rms_norm_eps``, ``max_position_embeddings``
     and the RoPE settings (transformers 5 ``rope_parameters``, or 4.x ``rope_theta`` /
     ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
-    fqr builds (:data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type). mRoPE
-    sections (Qwen3.5) are not read: for text tokens all three position planes are equal and
-    mRoPE is RoPE; the mRoPE variant (:mod:`fqr.variants`) is not built from a config yet.
-    From the family: the norm kind, its weight offset and the RoPE pairing. ``name``
+    fqr builds (:data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an
+    mRoPE family (Qwen3-VL: ``mrope``, Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its
+    ``mrope_section`` and ``mrope_interleaved``. From the family: the norm kind, its weight
+    offset, the RoPE pairing and the variant. Families whose prologue is another variant
+    (:data:`HF_VARIANT_FAMILIES`) are refused. ``name``
     defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` -> ``qwen3-8b``),
     else its model type.
     """
@@ -412,6 +418,14 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         if rope_type != "default"
         else ()
     )
+    variant_params: tuple = ()
+    if family.variant.startswith("mrope"):
+        if rope.get("mrope_section") is None:
+            raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
+        variant_params = (
+            ("mrope_section", tuple(int(n) for n in rope["mrope_section"])),
+            ("mrope_interleaved", bool(rope.get("mrope_interleaved", False))),
+        )
     checkpoint = getattr(config, "name_or_path", "") or ""
     return Preset(
         name=name or (checkpoint.rstrip("/").rsplit("/", 1)[-1].lower() or model_type),
@@ -427,4 +441,6 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
         is_neox=family.is_neox,
         rope_scaling=scaling,
+        variant=family.variant,
+        variant_params=variant_params,
     )

@@ -1,8 +1,9 @@
-"""``Preset.from_hf_config`` (issue 13): every preset whose config transformers can build
-offline is rebuilt from a config made of the preset's own numbers with the family's config
-class (no network), and comes back field for field; a RoPE scaling fqr cannot build, an
-unknown family and a variant preset are refused by name. The table of a ``linear`` scaling
-(Gemma 3 27B) is checked against its definition in float64."""
+"""``Preset.from_hf_config`` (issue 13): every preset (split-qkv, and the mRoPE variants of
+Qwen3-VL and Qwen3.5) whose config transformers can build offline is rebuilt from a config made
+of the preset's own numbers with the family's config class (no network), and comes back field
+for field; a RoPE scaling fqr cannot build, an unknown family and a family whose prologue is
+another variant are refused by name. The table of a ``linear`` scaling (Gemma 3 27B) is checked
+against its definition in float64."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ CONFIG_CLASS = {
     "qwen3-30b-a3b": "Qwen3MoeConfig",
     "qwen3-235b-a22b": "Qwen3MoeConfig",
     "qwen3.5-": "Qwen3_5TextConfig",
+    "qwen3-vl-": "Qwen3VLTextConfig",
     "qwen3-": "Qwen3Config",
     "gemma3-": "Gemma3TextConfig",
     "olmo2-": "Olmo2Config",
@@ -37,6 +39,8 @@ def config_of(preset: Preset):
     rope = {"rope_type": "default", "rope_theta": preset.rope_theta} | dict(preset.rope_scaling)
     if preset.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = preset.partial_rotary_factor
+    if preset.variant.startswith("mrope"):
+        rope |= {k: list(v) if isinstance(v, tuple) else v for k, v in preset.variant_params}
     if cls_name == "Gemma3TextConfig":
         rope = {
             "full_attention": rope,
@@ -57,8 +61,8 @@ def config_of(preset: Preset):
 
 @pytest.mark.parametrize("preset", PRESETS.values(), ids=lambda p: p.name)
 def test_preset_comes_back_from_its_config(preset):
-    if preset.variant != "split-qkv":
-        pytest.skip(f"{preset.variant}: presets of variants are not built from a config yet")
+    if preset.variant not in ("split-qkv", "mrope", "mrope-gate"):
+        pytest.skip(f"{preset.variant}: presets of this variant are not built from a config yet")
     built = Preset.from_hf_config(config_of(preset), name=preset.name)
     for f in fields(Preset):
         assert getattr(built, f.name) == getattr(preset, f.name), f.name
@@ -83,7 +87,13 @@ def test_rope_scaling_fqr_cannot_build_is_named(rope_type):
         Preset.from_hf_config(config)
 
 
-@pytest.mark.parametrize("model_type", ["gemma4", "llama4"])
+def test_mrope_family_needs_its_sections():
+    config = transformers.Qwen3VLTextConfig()
+    with pytest.raises(ValueError, match="qwen3_vl_text runs mRoPE but has no mrope_section"):
+        Preset.from_hf_config(config)
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "llama4", "qwen3_next"])
 def test_variant_family_is_refused(model_type):
     config = transformers.AutoConfig.for_model(model_type)
     with pytest.raises(ValueError, match="variants are not built from a config yet"):
