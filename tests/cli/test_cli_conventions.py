@@ -155,3 +155,15 @@ def test_info_log_names_the_lowered_kernel(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "lowered fqr_interpret_" in err and " for interpret: " in err and str(kernel.path) in err
     assert "kernel cache miss, written" in err or "kernel cache hit" in err
+
+
+def test_ascend_advice_fits_the_install(monkeypatch, tmp_path):
+    """``make ascend-env`` only in a source checkout; a wheel install is told the extra."""
+    from fqr import backends
+
+    assert "make ascend-env" in backends._ascend_env_advice()  # this checkout
+    installed = tmp_path / "site-packages" / "fqr"
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(backends, "__file__", str(installed / "backends.py"))
+    advice = backends._ascend_env_advice()
+    assert "make" not in advice and "'fqr[npu]'" in advice
