@@ -169,7 +169,7 @@ AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
 @app.command(
     epilog=example(
         "fqr run --preset qwen3-8b --tp 2 --dp 2 --requests 4",
-        "torchrun --nproc-per-node 4 -m fqr run --launcher torchrun --tp 2 --device cuda",
+        "torchrun --standalone --nproc-per-node 4 -m fqr run --launcher torchrun --dp 2 --tp 2",
     )
 )
 def run(
