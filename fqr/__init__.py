@@ -24,6 +24,8 @@ from .prologue import (
     qk_rmsnorm_rope,
     split_qkv_rmsnorm_mrope,
     split_qkv_rmsnorm_rope,
+    split_qkv_rmsnorm_rope_vnorm,
+    split_qkv_rope_l2norm,
 )
 from .rope_cache import rope_cos_sin_cache
 
@@ -34,6 +36,8 @@ __all__ = [
     "split_qkv_rmsnorm_rope",
     "qk_rmsnorm_rope",
     "attention_prologue",
+    "split_qkv_rmsnorm_rope_vnorm",
+    "split_qkv_rope_l2norm",
     "NormStats",
     "ops",
     "presets",

@@ -108,6 +108,31 @@ class Backend:
 
         return launch
 
+    @property
+    def has_kernels(self) -> bool:
+        """Whether it runs generated kernels (which have a generated host function)."""
+        return hasattr(self._runner, "kernels_of")
+
+    def host_function(self, program: Program, args: list, out: list[torch.Tensor] | None = None):
+        """The generated host function (:func:`fqr.lowering.host.host_function`) of
+        ``program``'s kernels for calls with ``args``' metadata, or None (no kernel, or a call
+        it does not cover)."""
+        kernels_of = getattr(self._runner, "kernels_of", None)
+        if kernels_of is None:
+            return None
+        from .lowering.host import host_function
+
+        return host_function(kernels_of(program), args, out)
+
+    def bound_kernels(self, program: Program) -> int:
+        """:func:`fqr.lowering.host.bound_keys` of ``program``'s kernels (0 without any)."""
+        kernels_of = getattr(self._runner, "kernels_of", None)
+        if kernels_of is None:
+            return 0
+        from .lowering.host import bound_keys
+
+        return bound_keys(kernels_of(program))
+
     def launch(
         self, program: Program, args: list, out: list[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:

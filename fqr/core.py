@@ -283,7 +283,7 @@ class Role(enum.Enum):
     VALUE = "value"  # the [T, H*D] value it transforms, held as per-head register tiles
     HEAD_VECTOR = "head vector"  # [D]: the same vector for every head (QK-norm weight)
     ROW_VECTOR = "row vector"  # [H*D]: one entry per feature of the whole row (OLMo2's weight)
-    TOKEN_VALUE = "token value"  # [T] float: one number per token (an all-reduced statistic)
+    TOKEN_VALUE = "token value"  # [T] number read as fp32: a statistic, or positions as numbers
     INDEX = "index"  # [T] int: one row number per token (positions, a slot mapping)
     TABLE = "table"  # [rows, width]: rows gathered by an INDEX operand (cos_sin_cache)
     SCALAR = "scalar"  # [1] float: one number for the whole call (a per-tensor scale)

@@ -193,6 +193,22 @@ CASES += (
     CaseSpec("qwen3-vl-8b", "fp16", 5, "unfused", tp=2),
     CaseSpec("qwen3-vl-8b", "bf16", 3, tp=8, bias=True, positions_dtype="int32"),
 )
+# Issue 15, the norm variants: Gemma 4's v norm (head_dim 256 sliding, 512 full with the
+# proportional table), Llama 4's rope-then-L2 (GPT-J pairs, llama3 scaling) and its NoPE layers'
+# attention temperature (positions up to 2^18: floor((p + 1) / 8192) from 0 to 32).
+NORM_VARIANT_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("gemma4-31b-sliding", "bf16", 7, tp=8),
+    CaseSpec("gemma4-31b-sliding", "fp16", 1, "unfused", tp=8),
+    CaseSpec("gemma4-31b-full", "bf16", 7, tp=8, max_position=POS_2_18),
+    CaseSpec("gemma4-31b-full", "bf16", 1, "unfused", tp=8),
+    CaseSpec("llama4-scout", "bf16", 7, tp=8, max_position=POS_2_18),
+    CaseSpec(
+        "llama4-scout", "fp16", 7, "unfused", tp=8, max_position=POS_2_18, positions_dtype="int32"
+    ),
+    CaseSpec("llama4-scout-nope", "bf16", 7, tp=8, max_position=POS_2_18),
+    CaseSpec("llama4-scout-nope", "fp32", 1, tp=4, max_position=POS_2_18),
+)
+CASES += NORM_VARIANT_CASES
 
 
 def peer_kwargs(entry: dict) -> dict:

@@ -48,6 +48,12 @@ once, ``round(n1*c - n2*s)`` (vLLM's OLMo2 uses ``RMSNorm`` and its rotary embed
 ``unfused``). Per-head norms, no norm and their RoPE round the same in both (HF Qwen3 / Gemma 3
 / Llama = vLLM), so there the two modes are one.
 
+The norm variants (issue 15): a norm without weight rounds once, ``n = round(x * rstd)``
+(vLLM's ``RMSNorm(has_weight=False)``: Gemma 4's v norm, Llama 4's ``qk_norm`` on ``q.float()``;
+HF's ``Llama4TextL2Norm``); Llama 4 rotates first (vLLM's rounding points 2 and 3 above, or
+under ``unfused-hf`` HF's ``apply_rotary_emb``: the fp32 complex product rounded once) and then
+norms; its NoPE temperature ``round(q * s(p))`` (``s`` in fp32) is one rounding in every mode.
+
 ``v`` is a copy and must match bit for bit. ULPs are counted on the bit patterns (bit-cast in
 torch; numpy has no bf16), so +0 and -0 are the same value and neighbours are 1 apart.
 """

@@ -177,3 +177,58 @@ def build_peer(
         return compiled(qkv, positions, cache, q_weight, k_weight, spec)
 
     return compiled_prologue
+
+
+# ------------------------------------------- the variants' unfused chains, as vLLM writes them
+
+
+def vllm_weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM ``RMSNorm(has_weight=False).forward_static``: the statistic and the product in fp32,
+    rounded once to x's dtype."""
+    orig_dtype = x.dtype
+    x = x.float()
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    return (x * torch.rsqrt(variance + eps)).to(orig_dtype)
+
+
+def gemma4_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    spec: PrologueSpec,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's ``Gemma4Attention.forward`` up to attention: ``q_norm``, ``k_norm`` and
+    ``rotary_emb`` as :func:`vllm_prologue`, then ``v_norm`` (no weight) on each head of v."""
+    q, k, v = vllm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, spec)
+    d = spec.head_dim
+    v = vllm_weightless_rms_norm(v.unflatten(-1, (v.shape[-1] // d, d)), spec.eps).flatten(-2)
+    return q, k, v
+
+
+def llama4_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    spec: PrologueSpec,
+    floor_scale: float | None = None,
+    attn_scale: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's ``Llama4Attention.forward`` up to attention: on RoPE layers ``rotary_emb``, then
+    ``qk_norm(q.float())`` (``RMSNorm(head_dim, has_weight=False)``) cast back to the model
+    dtype; on NoPE layers (``cos_sin_cache`` None) with temperature tuning ``q = (q *
+    _get_attn_scale(positions)).to(q.dtype)``. v is the view of qkv vLLM hands on."""
+    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    d = spec.head_dim
+    if cos_sin_cache is not None:
+        q, k = vllm_rotary_embedding(positions, q, k, d, cos_sin_cache, spec.is_neox)
+        q = vllm_weightless_rms_norm(q.reshape(-1, d).float(), spec.eps)
+        q = q.reshape(-1, spec.q_size).to(qkv.dtype)
+        k = vllm_weightless_rms_norm(k.reshape(-1, d).float(), spec.eps)
+        k = k.reshape(-1, spec.kv_size).to(qkv.dtype)
+    if floor_scale is not None:
+        floor = torch.floor((positions + 1.0) / floor_scale)
+        scale = (torch.log(floor + 1.0) * attn_scale + 1.0).unsqueeze(-1)
+        q = (q * scale).to(q.dtype)
+    return q, k, v

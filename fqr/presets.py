@@ -215,6 +215,14 @@ _LLAMA3_SCALING = (
     ("original_max_position_embeddings", 8192),
 )
 
+_LLAMA4_SCALING = (
+    ("rope_type", "llama3"),
+    ("factor", 16.0),
+    ("low_freq_factor", 1.0),
+    ("high_freq_factor", 1.0),
+    ("original_max_position_embeddings", 8192),
+)
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
@@ -286,6 +294,75 @@ PRESETS: dict[str, Preset] = {
             262144,
             variant="mrope",
             variant_params=(("mrope_section", (24, 20, 20)), ("mrope_interleaved", True)),
+        ),
+        # Gemma 4 31B (google/gemma-4-31B-it config.json, text_config): num_attention_heads 32,
+        # head_dim 256, num_key_value_heads 16, rms_norm_eps 1e-6, max_position_embeddings 262144;
+        # sliding_attention layers: rope_parameters rope_theta 1e4, rope_type default (whole
+        # head). q_norm/k_norm are vLLM's RMSNorm (x * w, offset 0), v_norm has no weight
+        # (vllm/model_executor/models/gemma4.py, Gemma4Attention).
+        Preset(
+            "gemma4-31b-sliding",
+            "google/gemma-4-31B-it",
+            32,
+            16,
+            256,
+            1e4,
+            262144,
+            variant="split-qkv-vnorm",
+        ),
+        # Gemma 4 31B full_attention layers: global_head_dim 512, num_global_key_value_heads 4
+        # (attention_k_eq_v: v's slot holds k's weights, the row stays [q | k | v]);
+        # rope_parameters.full_attention: rope_theta 1e6, rope_type proportional,
+        # partial_rotary_factor 0.25 -- a full-width table whose last 3/4 frequencies are 0
+        # (vLLM Gemma4RotaryEmbedding; fqr.rope_cache).
+        Preset(
+            "gemma4-31b-full",
+            "google/gemma-4-31B-it",
+            32,
+            4,
+            512,
+            1e6,
+            262144,
+            rope_scaling=(("rope_type", "proportional"), ("partial_rotary_factor", 0.25)),
+            variant="split-qkv-vnorm",
+        ),
+        # Llama 4 Scout RoPE layers (meta-llama/Llama-4-Scout-17B-16E-Instruct config.json,
+        # text_config): num_attention_heads 40, num_key_value_heads 8, head_dim 128, rope_theta
+        # 5e5, rms_norm_eps 1e-5 (the L2 norm's eps), max_position_embeddings 10485760,
+        # rope_scaling llama3 (factor 16, low/high_freq_factor 1, original 8192). Hugging Face's
+        # layout: interleaved GPT-J pairs (complex multiplication); vLLM permutes q/k at load
+        # and rotates NeoX halves (vllm/model_executor/models/llama4.py).
+        Preset(
+            "llama4-scout",
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            40,
+            8,
+            128,
+            5e5,
+            10485760,
+            norm="none",
+            eps=1e-5,
+            is_neox=False,
+            rope_scaling=_LLAMA4_SCALING,
+            variant="rope-l2norm",
+        ),
+        # Llama 4 Scout NoPE layers (no_rope_layers: every 4th layer): no RoPE, no QK norm, q
+        # scaled by the attention temperature (config attn_temperature_tuning, floor_scale 8192,
+        # attn_scale 0.1; vLLM Llama4Attention._get_attn_scale).
+        Preset(
+            "llama4-scout-nope",
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            40,
+            8,
+            128,
+            5e5,
+            10485760,
+            norm="none",
+            eps=1e-5,
+            is_neox=False,
+            rope_scaling=_LLAMA4_SCALING,
+            variant="nope-temperature",
+            variant_params=(("floor_scale", 8192.0), ("attn_scale", 0.1)),
         ),
     ]
 }

@@ -20,7 +20,6 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` -> :func:`attention_prologue` tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,6 +30,7 @@ from .backends import resolve_backend
 from .core import Aval, Program, Section, trace
 from .validate import (
     call_metadata,
+    check_finite_scalar,
     check_mrope_args,
     check_out_buffers,
     check_positions_in_range,
@@ -584,21 +584,36 @@ _MROPE_STATICS = (
 # ------------------------------------------------------------------- the per-call path
 
 
-@dataclass(frozen=True)
 class CheckedCall:
     """What a call whose arguments passed the checks once needs on every later call with the
     same metadata (:func:`fqr.validate.call_metadata`): its traced program, the launch of its
-    backend (:meth:`fqr.backends.Backend.bind`), and whether the positions' range must be
-    checked on the host (CPU tensors)."""
+    backend (:meth:`fqr.backends.Backend.bind`), whether the positions' range must be checked
+    on the host (CPU tensors), and -- for generated kernels -- the generated host function of
+    this metadata (:mod:`fqr.lowering.host`; one for ``out=None``, one for ``out``), made after
+    the first call and remade when a new kernel variant is bound."""
 
-    program: Program
-    launch: Callable[..., list]
-    host_positions: bool
+    __slots__ = ("program", "launch", "host_positions", "backend", "host", "_host_builds")
+
+    MAX_HOST_BUILDS = 8  # regenerations per checked call (each bound variant makes one)
+
+    def __init__(self, program: Program, launch, host_positions: bool, backend=None):
+        self.program = program
+        self.launch = launch
+        self.host_positions = host_positions
+        self.backend = backend if backend is not None and backend.has_kernels else None
+        self.host: list = [None, None]  # HostFunction for out=None, for out
+        self._host_builds = 0
 
     def run(self, args: list, out: list[torch.Tensor] | None = None) -> tuple:
         """Run on ``args`` (first: the token rows), into ``out`` when given (``[T, width]``
         tensors whose rows may be strided, e.g. views into the packed input); no tokens: empty
-        outputs, no launch."""
+        outputs, no launch. The generated host function runs the call where it covers it,
+        else the general path does (and a newly bound kernel variant regenerates it)."""
+        host = self.host[out is not None]
+        if host is not None:
+            outs = host.fn(args) if out is None else host.fn(args, out)
+            if outs is not None:
+                return outs
         rows = args[0]
         if rows.shape[0] == 0:
             if out is not None:
@@ -607,7 +622,13 @@ class CheckedCall:
                 torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
                 for v in self.program.outputs
             )
-        return tuple(self.launch(args) if out is None else self.launch(args, out))
+        outs = tuple(self.launch(args) if out is None else self.launch(args, out))
+        if self.backend is not None and self._host_builds < self.MAX_HOST_BUILDS:
+            bound = self.backend.bound_kernels(self.program)
+            if host is None or host.bound != bound:
+                self._host_builds += 1
+                self.host[out is not None] = self.backend.host_function(self.program, args, out)
+        return outs
 
 
 _CALLS: dict[tuple, CheckedCall] = {}
@@ -617,10 +638,13 @@ MAX_CHECKED_CALLS = 4096  # distinct argument metadata kept (a full table stops 
 def _checked_call(key, program: Program, backend: str, device: torch.device) -> CheckedCall:
     """Resolve the backend (a bad or unavailable one is refused at any T) and keep the call
     for its metadata key."""
+    resolved = resolve_backend(backend, device)
+    kept = key is not None and len(_CALLS) < MAX_CHECKED_CALLS
+    # a call that is not kept runs once: no host function for it
     call = CheckedCall(
-        program, resolve_backend(backend, device).bind(program), device.type == "cpu"
+        program, resolved.bind(program), device.type == "cpu", resolved if kept else None
     )
-    if key is not None and len(_CALLS) < MAX_CHECKED_CALLS:
+    if kept:
         _CALLS[key] = call
     return call
 
@@ -709,3 +733,254 @@ def mrope_preset_program(
         numerics=numerics,
     )
     return mrope_program((avals, tuple(sorted(static.items()))))
+
+
+# --------------------------------------------------- variants: Gemma 4 v norm, Llama 4 L2 norm
+
+
+def vnorm_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Gemma 4: split, norm + RoPE of q and k (:func:`attention_prologue`'s per-head form),
+    and v normalised per head without weight (traced into one program)."""
+    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    q, k = _norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (None, None),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+    round_to = qkv.dtype if numerics.startswith("unfused") else None
+    v = ops.rms_norm(v, None, eps=eps, group_size=head_dim, round_to=round_to)
+    return q, k, v
+
+
+def rope_l2norm_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    numerics,
+    floor_scale=None,
+    attn_scale=0.1,
+):
+    """Llama 4: split; on RoPE layers (a ``cos_sin_cache``) rotate q and k, then L2-normalise
+    each head without weight; on NoPE layers (None) neither, and with ``floor_scale`` q scaled
+    by the attention temperature (traced into one program). Unfused, vLLM rounds after the
+    rotation (``rope``'s ``round_to``) and once after the norm (fp32 ``qk_norm(q.float())``);
+    Hugging Face rotates in fp32 and rounds once (``unfused-hf``: the rotation exact, then one
+    ``reduce_precision``)."""
+    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    round_to = qkv.dtype if numerics.startswith("unfused") else None
+    if cos_sin_cache is not None:
+        hf = numerics == "unfused-hf"
+        rotated = [
+            ops.rope(
+                x,
+                positions,
+                cos_sin_cache,
+                head_dim=head_dim,
+                is_neox=is_neox,
+                round_to=None if hf else round_to,
+            )
+            for x in (q, k)
+        ]
+        if hf:
+            rotated = [ops.reduce_precision(x, qkv.dtype) for x in rotated]
+        q, k = (
+            ops.rms_norm(x, None, eps=eps, group_size=head_dim, round_to=round_to) for x in rotated
+        )
+    if floor_scale is not None:
+        q = ops.attn_temperature(q, positions, floor_scale=floor_scale, attn_scale=attn_scale)
+    return q, k, v
+
+
+def vnorm_program(signature: tuple) -> Program:
+    """:func:`vnorm_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(vnorm_prologue, signature)
+
+
+def rope_l2norm_program(signature: tuple) -> Program:
+    """:func:`rope_l2norm_prologue` traced for one ``(avals, static)`` signature."""
+    return _traced(rope_l2norm_prologue, signature)
+
+
+def split_qkv_rmsnorm_rope_vnorm(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    weight_offset: float = 0.0,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gemma 4's prologue: split the packed row, RMS-normalise and rotate q and k, and
+    RMS-normalise v per head without weight; return new q, k, v.
+
+    Arguments as :func:`split_qkv_rmsnorm_rope` with ``norm="head"`` (weights ``[D]``). Per head
+    (``fqr.ops``): ``q, k = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` and
+    ``v = v * rsqrt(mean(v^2) + eps)``, the same ``eps`` (the model's ``rms_norm_eps``). This is
+    vLLM's ``Gemma4Attention.forward`` (``q_norm``, ``k_norm``, ``rotary_emb``, ``v_norm =
+    RMSNorm(head_dim, has_weight=False)``) and vllm-ascend's ``split_qkv_rmsnorm_rope_vnorm``;
+    the reference it matches is :func:`fqr.reference.vnorm_prologue`. Gemma 4's full-attention
+    layers (head_dim 512) take their proportional RoPE table as a full-width ``cos_sin_cache``
+    (:mod:`fqr.rope_cache`); their ``attention_k_eq_v`` checkpoints load k's weights into v's
+    slot, so the row keeps its ``[q | k | v]`` layout. ``numerics="unfused"`` rounds where vLLM's
+    native modules do (the v norm once, fp32 inside).
+    """
+    statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset, numerics)
+    statics += (backend, "vnorm")
+    tensors = (qkv, positions, cos_sin_cache, q_weight, k_weight)
+    key = call_metadata((qkv, positions), tensors[2:], statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        static = dict(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            eps=eps,
+            is_neox=is_neox,
+            weight_offset=weight_offset,
+            numerics=numerics,
+        )
+        if cos_sin_cache is None:
+            raise ValueError("cos_sin_cache is required (Gemma 4 rotates every layer)")
+        if numerics == "unfused-hf":
+            raise ValueError(
+                "numerics 'unfused-hf' is not defined for the v-norm prologue: 'unfused' rounds "
+                "as vLLM's Gemma4Attention does"
+            )
+        check_prologue_args(*tensors, None, None, None, norm="head", backend=backend, **static)
+        static["eps"], static["weight_offset"] = float(eps), float(weight_offset)
+        avals = (Aval.of(qkv, "T"), Aval.of(positions, "T"), Aval.of(cos_sin_cache, "P"))
+        avals += (Aval.of(q_weight), Aval.of(k_weight))
+        program = vnorm_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, qkv.device)
+    elif call.host_positions:
+        check_positions_in_range(positions, cos_sin_cache.shape[0])
+    return call.run(list(tensors))
+
+
+MAX_TEMPERATURE_POSITION = 1 << 24  # positions are exact as fp32 numbers below this
+
+
+def split_qkv_rope_l2norm(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-5,
+    is_neox: bool = False,
+    floor_scale: float | None = None,
+    attn_scale: float = 0.1,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Llama 4's prologue: split the packed row; rotate q and k, then L2-normalise each head
+    without weight; return new q, k, v (v a copy).
+
+    ``qkv [T, (Hq + 2*Hkv)*D]``, ``positions [T]``, ``cos_sin_cache [max_position, R]`` (vLLM
+    layout). Per head: ``y = rope(x) * rsqrt(mean(rope(x)^2) + eps)`` -- HF
+    ``Llama4TextL2Norm`` (``eps = rms_norm_eps``) after ``apply_rotary_emb``, vLLM's ``qk_norm
+    = RMSNorm(head_dim, has_weight=False)`` after ``rotary_emb``. ``is_neox=False`` (default):
+    Hugging Face's layout, whose rotation is a complex multiplication of interleaved pairs
+    ``(2i, 2i+1)``; vLLM permutes the checkpoint's q/k rows at load
+    (``permute_qk_weight_for_rotary``) and rotates NeoX halves, ``is_neox=True``.
+
+    ``cos_sin_cache=None`` is a NoPE layer (every fourth layer of Llama 4): no rotation and no
+    norm (vLLM: ``use_qk_norm and not nope``); ``floor_scale`` (the config's, 8192) then scales q
+    by the attention temperature ``log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1``
+    (vLLM ``Llama4Attention._get_attn_scale``, on with ``attn_temperature_tuning``;
+    :mod:`fqr.ops.temperature`), positions below 2^24. The reference it matches is
+    :func:`fqr.reference.rope_l2norm_prologue`. ``numerics="unfused"`` rounds as vLLM's code
+    (the rotation in the model dtype, the norm once), ``"unfused-hf"`` as Hugging Face's (the
+    rotation in fp32, rounded once, then the norm once).
+    """
+    statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, floor_scale, attn_scale)
+    statics += (numerics, backend, "rope-l2norm")
+    reads_positions = cos_sin_cache is not None or floor_scale is not None
+    rows = (qkv, positions) if reads_positions else (qkv,)
+    key = call_metadata(rows, (cos_sin_cache,), statics)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        if floor_scale is not None:
+            check_finite_scalar("floor_scale", floor_scale, positive=True)
+            check_finite_scalar("attn_scale", attn_scale)
+            if positions is None:
+                raise ValueError("positions is required with floor_scale (the temperature)")
+        check_prologue_args(
+            qkv,
+            positions,
+            cos_sin_cache,
+            None,
+            None,
+            None,
+            None,
+            None,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            eps=eps,
+            is_neox=is_neox,
+            weight_offset=0.0,
+            norm="none",
+            numerics=numerics,
+            backend=backend,
+        )
+        static = dict(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            eps=float(eps),
+            is_neox=is_neox,
+            numerics=numerics,
+        )
+        if floor_scale is not None:
+            static.update(floor_scale=float(floor_scale), attn_scale=float(attn_scale))
+        avals = (
+            Aval.of(qkv, "T"),
+            Aval.of(positions, "T") if reads_positions else None,
+            Aval.of(cos_sin_cache, "P"),
+        )
+        program = rope_l2norm_program((avals, tuple(sorted(static.items()))))
+        call = _checked_call(key, program, backend, qkv.device)
+    if call.host_positions and reads_positions:
+        limit = MAX_TEMPERATURE_POSITION if cos_sin_cache is None else cos_sin_cache.shape[0]
+        check_positions_in_range(positions, limit)
+    args = [*rows] if cos_sin_cache is None else [*rows, cos_sin_cache]
+    return call.run(args)

@@ -21,7 +21,10 @@ float64, on any device:
   with its own head count, head_dim, offset and head stride), by index arithmetic;
 * :func:`prologue` -- the op of :func:`fqr.split_qkv_rmsnorm_rope`: split, norm q and k, rotate
   them, copy v bit for bit; :func:`qk_prologue` -- the no-split op of
-  :func:`fqr.qk_rmsnorm_rope`.
+  :func:`fqr.qk_rmsnorm_rope`;
+* :func:`vnorm_prologue` (Gemma 4: v normalised without weight) and
+  :func:`rope_l2norm_prologue` (Llama 4: rotate, then the weightless norm; NoPE layers' q times
+  :func:`attn_temperature`).
 
 A variant of the prologue is a new composition of these pieces (its own sections, the norm
 before or after the rotation, another source of angle rows such as mRoPE's three planes).
@@ -460,3 +463,74 @@ def mrope_prologue(
         for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
     )
     return (q, k, v, *gate)
+
+
+def vnorm_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gemma 4's prologue (:func:`fqr.split_qkv_rmsnorm_rope_vnorm`): float64 q and k each head
+    normalised with its weight, then rotated; v each head normalised without weight
+    (``v / sqrt(mean(v^2) + eps)``, no rotation). vLLM ``Gemma4Attention.forward``."""
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    q, k = (
+        rotate(
+            rms_norm(x, w, eps=eps, group_size=head_dim, weight_offset=weight_offset),
+            rows,
+            head_dim=head_dim,
+            is_neox=is_neox,
+        )
+        for x, w in ((q, q_weight), (k, k_weight))
+    )
+    return q, k, rms_norm(v, eps=eps, group_size=head_dim)
+
+
+def attn_temperature(positions: torch.Tensor, *, floor_scale: float, attn_scale: float):
+    """float64 ``[T]`` scales ``log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1`` (Llama
+    4's NoPE-layer temperature, :mod:`fqr.ops.temperature`)."""
+    p = positions.to(F64)
+    return torch.log(torch.floor((p + 1.0) / floor_scale) + 1.0) * attn_scale + 1.0
+
+
+def rope_l2norm_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-5,
+    is_neox: bool = False,
+    floor_scale: float | None = None,
+    attn_scale: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Llama 4's prologue (:func:`fqr.split_qkv_rope_l2norm`), float64: with a
+    ``cos_sin_cache`` (RoPE layers) q and k rotated, then each head L2-normalised without
+    weight (``x / sqrt(mean(x^2) + eps)``); without one (NoPE layers) q and k as split, and
+    with ``floor_scale`` q times :func:`attn_temperature`. v copied in qkv's dtype."""
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    q, k = _f64(q), _f64(k)
+    if cos_sin_cache is not None:
+        rows = cos_sin_rows(cos_sin_cache, positions)
+        q, k = (
+            rms_norm(
+                rotate(x, rows, head_dim=head_dim, is_neox=is_neox), eps=eps, group_size=head_dim
+            )
+            for x in (q, k)
+        )
+    if floor_scale is not None:
+        scale = attn_temperature(positions, floor_scale=floor_scale, attn_scale=attn_scale)
+        q = q * scale[:, None]
+    return q, k, v

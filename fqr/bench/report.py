@@ -130,9 +130,10 @@ def failure_lines(doc: dict) -> list[str]:
             if r["error"]:
                 lines.append(f"{where}: {r['error']}")
             elif r["check"] and not r["check"]["passed"]:
-                bad = []
-                for o in "qkv":
-                    c = r["check"].get(o, {})
+                bad = [r["check"]["error"]] if r["check"].get("error") else []
+                outputs = [o for o, c in r["check"].items() if isinstance(c, dict)]
+                for o in outputs:  # q, k, v and any other output of a variant
+                    c = r["check"][o]
                     if c.get("passed", True):
                         continue
                     detail = c.get("error") or (

@@ -27,6 +27,12 @@ from .environment import environment, require_gpu
 from .measurements import DISPATCH_TOKENS, MEASUREMENTS
 from .timers import CudaTimers
 from .traffic import Traffic, rotation_sets, traffic_bytes
+from .variant_cells import (
+    is_variant_preset,
+    make_variant_cell,
+    variant_implementations,
+    variant_table,
+)
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Cell:
     traffic: Traffic
     ceiling_gbps: float
     device: torch.device
+    # check(outputs, exact, rows, numerics) -> report; None: split-qkv's (q, k, v) check. A
+    # variant preset's cell checks through its variant (fqr.bench.variant_cells).
+    check: Callable[..., dict] | None = None
 
     @property
     def label(self) -> str:
@@ -166,9 +175,18 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
         poison_free_memory(2 * cell.traffic.total, cell.device)
         outputs = impl.call(cell.sets[0])
         _synchronize(cell.device)
-        result["check"] = check_outputs(
-            outputs, cell.exact, cell.rows, cell.preset.spec, impl.numerics, cell.tokens, cell.dtype
-        )
+        if cell.check is not None:
+            result["check"] = cell.check(outputs, cell.exact, cell.rows, impl.numerics)
+        else:
+            result["check"] = check_outputs(
+                outputs,
+                cell.exact,
+                cell.rows,
+                cell.preset.spec,
+                impl.numerics,
+                cell.tokens,
+                cell.dtype,
+            )
         del outputs
     except Exception as e:  # a failing implementation is reported, the run goes on
         result["error"] = error_text(e)
@@ -312,11 +330,14 @@ def run_bench(
     advance()
     doc = new_document(cfg.settings(), env, ceiling)
     for preset in cfg.presets:
-        cache = preset.cos_sin_cache().to(device)
+        variant = is_variant_preset(preset)  # another member of the family: its own cells
+        cache = (variant_table(preset) if variant else preset.cos_sin_cache()).to(device)
+        build_impls = variant_implementations if variant else implementations
+        build_cell = make_variant_cell if variant else make_cell
         for dtype in cfg.dtypes:
             torch._dynamo.reset()  # each (preset, dtype) compiles its own compile peer afresh
-            impls = implementations(cfg, preset, dtype, cache, doc["skipped"])
-            if cfg.backend == "triton" and cfg.dispatch:
+            impls = build_impls(cfg, preset, dtype, cache, doc["skipped"])
+            if cfg.backend == "triton" and cfg.dispatch and not variant:
                 progress(f"{preset.name} {dtype_name(dtype)}: dispatch")
                 try:
                     doc.setdefault("dispatch", []).extend(
@@ -325,7 +346,7 @@ def run_bench(
                 except Exception as e:  # the cells' own checks report a broken kernel
                     doc["skipped"][f"dispatch/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
             for tokens in cfg.tokens:
-                cell = make_cell(cfg, preset, dtype, tokens, cache, env, ceiling["gbps"], device)
+                cell = build_cell(cfg, preset, dtype, tokens, cache, env, ceiling["gbps"], device)
                 add_row(doc, measure_cell(cell, impls, cfg, timers, progress))
                 del cell
                 on_row(doc)

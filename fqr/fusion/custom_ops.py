@@ -8,6 +8,10 @@
 ``fqr::split_qkv_rmsnorm_mrope``  packed row (with Qwen3.5's gate heads) and ``positions
                                   [3, T]`` -> ``[q, k, v]`` or ``[q, k, v, gate]`` (a list);
                                   :func:`fqr.split_qkv_rmsnorm_mrope`
+``fqr::split_qkv_rmsnorm_rope_    Gemma 4: split, norm + RoPE of q and k, v normalised per
+vnorm``                           head without weight; :func:`fqr.split_qkv_rmsnorm_rope_vnorm`
+``fqr::split_qkv_rope_l2norm``    Llama 4: rotate, then L2-normalise q and k (NoPE layers:
+                                  the attention temperature); :func:`fqr.split_qkv_rope_l2norm`
 ================================  ===========================================================
 
 All are functional (no argument is mutated, outputs never alias inputs) and dispatch with
@@ -31,7 +35,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..prologue import qk_rmsnorm_rope, split_qkv_rmsnorm_mrope, split_qkv_rmsnorm_rope
+from ..prologue import (
+    qk_rmsnorm_rope,
+    split_qkv_rmsnorm_mrope,
+    split_qkv_rmsnorm_rope,
+    split_qkv_rmsnorm_rope_vnorm,
+    split_qkv_rope_l2norm,
+)
 
 LIBRARY = torch.library.Library("fqr", "DEF")
 # The devices the op runs on: the reference rules on CPU, the kernels on CUDA and on NPUs
@@ -254,3 +264,123 @@ def _split_qkv_rmsnorm_mrope_fake(
 
 
 _register("split_qkv_rmsnorm_mrope", split_qkv_rmsnorm_mrope_op, _split_qkv_rmsnorm_mrope_fake)
+
+
+# ------------------------------------------- issue 15: Gemma 4's v norm, Llama 4's L2 norm
+
+
+def split_qkv_rmsnorm_rope_vnorm_op(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+    weight_offset: float,
+    numerics: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`fqr.split_qkv_rmsnorm_rope_vnorm` with ``backend="auto"``."""
+    return split_qkv_rmsnorm_rope_vnorm(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+        backend="auto",
+    )
+
+
+def _packed_outputs(qkv, num_heads, num_kv_heads, head_dim):
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    torch._check(
+        qkv.dim() == 2 and qkv.shape[1] == width,
+        lambda: f"qkv must be [T, {width}], got {list(qkv.shape)}",
+    )
+    tokens = qkv.shape[0]
+    return (
+        qkv.new_empty(tokens, num_heads * head_dim),
+        qkv.new_empty(tokens, num_kv_heads * head_dim),
+        qkv.new_empty(tokens, num_kv_heads * head_dim),
+    )
+
+
+def _split_qkv_rmsnorm_rope_vnorm_fake(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    return _packed_outputs(qkv, num_heads, num_kv_heads, head_dim)
+
+
+def split_qkv_rope_l2norm_op(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Optional[Tensor],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+    floor_scale: Optional[float],
+    attn_scale: float,
+    numerics: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`fqr.split_qkv_rope_l2norm` with ``backend="auto"``."""
+    return split_qkv_rope_l2norm(
+        qkv,
+        positions,
+        cos_sin_cache,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        floor_scale=floor_scale,
+        attn_scale=attn_scale,
+        numerics=numerics,
+        backend="auto",
+    )
+
+
+def _split_qkv_rope_l2norm_fake(
+    qkv,
+    positions,
+    cos_sin_cache,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    floor_scale,
+    attn_scale,
+    numerics,
+):
+    return _packed_outputs(qkv, num_heads, num_kv_heads, head_dim)
+
+
+_register(
+    "split_qkv_rmsnorm_rope_vnorm",
+    split_qkv_rmsnorm_rope_vnorm_op,
+    _split_qkv_rmsnorm_rope_vnorm_fake,
+)
+_register("split_qkv_rope_l2norm", split_qkv_rope_l2norm_op, _split_qkv_rope_l2norm_fake)

@@ -123,6 +123,27 @@ class Kernel:
         )
         if tokens == 0:
             return outs
+        flat, constexprs, key = self.launch_arguments(args, outs, tokens, out is None)
+        grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
+        bound = self._direct
+        if bound is False:
+            bound = self._direct = direct_launcher(self.fn, self._launch)
+        if bound is not None and direct:
+            bound.launch(grid, flat, constexprs, key)
+        else:
+            self.fn[grid](*flat, **constexprs, **self._launch)
+        return outs
+
+    def launch_arguments(
+        self, args, outs, tokens: Any, allocated: bool
+    ) -> tuple[list[Any], dict[str, Any], tuple]:
+        """The kernel's parameters for one launch, in signature order: each input, followed by
+        its row stride (values and tables) and its rows (tables); each output and its row
+        stride; then ``tokens``. Also the constexprs (``BLOCK_T``, ``DENSE``: every row stride
+        equals its row width) and the specialisation key of :class:`.launcher.DirectLauncher`
+        (DENSE, the specialised ints, each pointer's address modulo 16 -- outputs fqr
+        ``allocated`` are aligned -- and ``allocated``). The one home of the argument order:
+        :meth:`launch` and the generated host function (:mod:`.host`) both read it."""
         flat: list[Any] = []
         ints: list[int] = []  # the specialised ints (row strides, table rows)
         aligned: list[int] = []  # each input's address modulo 16
@@ -148,18 +169,9 @@ class Kernel:
             stride = o.stride(0)
             flat += [o, stride]
             ints.append(stride)
-            if out is not None:  # outputs fqr allocates are aligned
+            if not allocated:
                 aligned.append(o.data_ptr() & 15)
             dense = dense and stride == width
         flat.append(tokens)
-        grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
-        bound = self._direct
-        if bound is False:
-            bound = self._direct = direct_launcher(self.fn, self._launch)
-        if bound is not None and direct:
-            key = (dense, tuple(ints), tuple(aligned), out is None)
-            bound.launch(grid, flat, constexprs, key)
-        else:
-            self.fn[grid](*flat, **constexprs, **self._launch)
-        return outs
+        return flat, constexprs, (dense, tuple(ints), tuple(aligned), allocated)

@@ -59,7 +59,8 @@ class DirectLauncher:
             from triton.runtime import driver
 
             runtime, stream = knobs.runtime, driver.active.get_current_stream
-            device = torch.cuda.current_device
+            # torch.cuda.current_device without its lazy-init check (CUDA is up by now)
+            device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         self.fn = fn
         self.options = options
         self._bound: dict[tuple, tuple] = {}
@@ -72,6 +73,11 @@ class DirectLauncher:
         """A launch hook (a profiler such as proton) wants Triton's own launch path."""
         rt = self._runtime
         return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
+
+    def bound(self, device: int, key) -> tuple | None:
+        """``(c_launcher, function, packed_metadata)`` of the kernel bound for ``key`` on
+        ``device`` (None before its first launch): what a generated host function calls."""
+        return self._bound.get((device, key))
 
     def launch(self, grid: tuple[int, int], args: list, constexprs: dict[str, Any], key) -> None:
         device = self._device()

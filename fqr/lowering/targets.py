@@ -56,6 +56,11 @@ class Target:
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return max(1, cdiv(tokens, tile))
 
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        """:meth:`grid` as a Python expression of ``T`` (T >= 1) for the generated host
+        function (:mod:`fqr.lowering.host`); None: it calls :meth:`grid`."""
+        return None
+
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
         return {}
 
@@ -113,6 +118,11 @@ class CudaTarget(Target):
         cap = options.get("max_programs")
         return min(tiles, int(cap)) if cap else tiles
 
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        tiles = "T" if tile == 1 else f"(T + {tile - 1}) // {tile}"
+        cap = options.get("max_programs")
+        return f"min({tiles}, {int(cap)})" if cap else tiles
+
     def token_buckets(
         self, plan: KernelPlan, **options: Any
     ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
@@ -121,7 +131,7 @@ class CudaTarget(Target):
         :data:`UNTUNED` for shapes not in the table); any option given pins one variant."""
         if any(k in options for k in TILING_OPTIONS):
             return ((None, dict(options)),)
-        tuned = TUNED.get(shape_key(plan), UNTUNED)
+        tuned = tuned_variants(plan)
         return tuple(
             (limit, {**dict(zip(TILING_OPTIONS, cfg)), **options})
             for limit, cfg in zip(TOKEN_BUCKETS, tuned)
@@ -132,6 +142,15 @@ class CudaTarget(Target):
 TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode")
 TOKEN_BUCKETS = (256, 8192, None)  # the upper T of each variant (None: any T)
 Config = tuple[int, int, int, str]
+
+
+def tuned_variants(plan: KernelPlan) -> tuple[Config, Config, Config]:
+    """The (decode, middle, large) variants :data:`TUNED` holds for ``plan``: its entry for
+    the shape and the outputs' dtype where one was measured apart, else the shape's entry,
+    else :data:`UNTUNED`."""
+    shape = shape_key(plan)
+    dtype = plan.program.outputs[0].aval.dtype if plan.program.outputs else None
+    return TUNED.get((shape, dtype)) or TUNED.get(shape, UNTUNED)
 
 
 def shape_key(plan: KernelPlan) -> tuple:
@@ -156,6 +175,7 @@ def _qk(q: int, kv: int, d: int = 128, rot: str = "neox128") -> tuple:
 
 # Measured per shape on the H200, bf16, T = 1 .. 65,536, device time of CUDA-graph replays
 # over rotating inputs (docs/PERFORMANCE.md, "Tuning"; docs/results/launch-floor-sweep.json).
+# Keys: a shape (:func:`shape_key`), or ``(shape, dtype)`` for a dtype measured apart.
 TUNED: dict[tuple, tuple[Config, Config, Config]] = {
     _qk(16, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-0.6B
     _qk(32, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-8B
@@ -164,6 +184,11 @@ TUNED: dict[tuple, tuple[Config, Config, Config]] = {
     _qk(32, 16): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Gemma 3 27B
     _qk(24, 4, 256, "neox64"): (_DECODE, (1, 1, 2048, "grid"), (2, 1, 2048, "unroll")),  # Qwen3.5
     _qk(32, 2, 128, "gptj64"): ((4, 1, 2048, "grid"), _LARGE_2W, _LARGE_2W),  # GLM-4-9B
+    # fp16 measured apart (second pass, docs/results/launch-floor-2-sweep.json): on the 1-warp
+    # large variants two tokens per program gain 1-2 points in fp16 (Qwen3-8B 65,536 tokens
+    # 93.8 -> 94.7%, 16,384 89.4 -> 90.8%) and lose 2-3 in bf16, so the entries are per dtype.
+    (_qk(16, 8), torch.float16): (_DECODE, _MIDDLE, (1, 2, 2048, "unroll")),  # Qwen3-0.6B
+    (_qk(32, 8), torch.float16): (_DECODE, _MIDDLE, (1, 2, 4096, "unroll")),  # Qwen3-8B
 }
 
 
@@ -180,6 +205,9 @@ class InterpretTarget(CudaTarget):
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, tile)))
+
+    def grid_expression(self, tile: int, **options: Any) -> str | None:
+        return super().grid_expression(tile, max_programs=int(options.get("max_programs", 3)))
 
     def token_buckets(
         self, plan: KernelPlan, **options: Any

@@ -13,6 +13,7 @@ from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
 from .split import split_heads, split_heads_p, split_qkv
+from .temperature import attn_temperature, attn_temperature_p
 
 __all__ = [
     "Section",
@@ -31,4 +32,6 @@ __all__ = [
     "mrope_p",
     "quantize_fp8_p",
     "cache_insert_p",
+    "attn_temperature",
+    "attn_temperature_p",
 ]

@@ -10,6 +10,11 @@ Hugging Face's ``Qwen3RMSNorm`` / vLLM's ``RMSNorm`` (offset 0) and ``Gemma3RMSN
 ``GemmaRMSNorm`` (offset 1). With ``round_to=None`` (the ``fused`` contract) it is computed
 without intermediate rounding.
 
+``weight=None`` is a norm without weight, ``y = x * rsqrt(mean(x^2) + eps)`` (offset 0, no
+bias): vLLM's ``RMSNorm(has_weight=False)``, Gemma 4's v norm (HF ``Gemma4RMSNorm(with_scale=
+False)``) and Llama 4's QK norm (HF ``Llama4TextL2Norm``); unfused it rounds once,
+``y = round(x * rstd)``, as those modules do (fp32 compute, one cast back).
+
 ``round_to`` (a dtype: the ``unfused`` contract) rounds where those modules round, the statistic
 ``rstd = rsqrt(sum(x^2) / group + eps)`` staying in fp32 (``round`` = round to nearest even to
 ``round_to``):
@@ -98,6 +103,8 @@ def _norm_abstract(
         raise ValueError(f"eps must be > 0, got {eps}")
     if group < 1 or x.shape[1] % group:
         raise ValueError(f"group_size {group} does not divide the width {x.shape[1]}")
+    if w is None and (b is not None or offset != 0.0):
+        raise ValueError("a norm without weight takes no bias and weight_offset 0")
     for name, t in (("weight", w), ("bias", b)):
         if t is None:
             continue
@@ -135,7 +142,7 @@ def _norm_impl(
         ms = g.square().mean(dim=-1, keepdim=True)
     else:
         ms = (sum_sq.to(x.dtype) / count).reshape(t, 1, 1)
-    w = w.to(x.dtype)
+    w = torch.ones((), dtype=x.dtype) if w is None else w.to(x.dtype)
     if round_to is None:
         y = g * torch.rsqrt(ms + eps) * (offset + w)
         if b is not None:
@@ -147,6 +154,7 @@ def _norm_impl(
 
     normed = g * torch.rsqrt(ms + eps)
     before = _rounds_before_weight(dict(offset=offset, round_before_weight=round_before_weight))
+    # without a weight w is 1: round(round(normed) * 1) is one rounding, as the modules do
     y = rnd(rnd(normed) * (offset + w)) if before else rnd(normed * (offset + w))
     if b is not None:
         y = rnd(y + b.to(x.dtype))
@@ -158,7 +166,12 @@ def _norm_facts(x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, **params)
     group = params["group"]
     if group != x.shape[1]:  # per head (QK-norm): the group is one head
         return HeadOp(
-            (Role.VALUE, Role.HEAD_VECTOR, Role.HEAD_VECTOR if b is not None else None, None),
+            (
+                Role.VALUE,
+                Role.HEAD_VECTOR if w is not None else None,
+                Role.HEAD_VECTOR if b is not None else None,
+                None,
+            ),
             head_dim=group,
             reduction=Reduction.HEAD,
         )
@@ -166,7 +179,7 @@ def _norm_facts(x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, **params)
     return HeadOp(
         (
             Role.VALUE,
-            Role.ROW_VECTOR,
+            Role.ROW_VECTOR if w is not None else None,
             Role.ROW_VECTOR if b is not None else None,
             Role.TOKEN_VALUE if sum_sq is not None else None,
         ),
@@ -177,7 +190,7 @@ def _norm_facts(x: Aval, w: Aval, b: Aval | None, sum_sq: Aval | None, **params)
 @rms_norm_p.def_lowering
 def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
     x_var, w_var, bias_var, sumsq_var = eqn.inputs
-    assert x_var is not None and w_var is not None
+    assert x_var is not None
     facts = eqn.facts()
     assert isinstance(facts, HeadOp)
     p = eqn.params
@@ -190,10 +203,9 @@ def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
         assert facts.reduction is not None
         stat = b.sum_squares(x_var, facts.reduction)
         b.emit(f"{r} = tl.rsqrt({stat} / {p['count']} + {p['eps']!r}){b.keepdims(facts.reduction)}")
-    weight_role = facts.operands[1]
-    assert weight_role is not None
-    w = b.vector(w_var, weight_role)
-    bias = b.vector(bias_var, weight_role) if bias_var is not None else None
+    weight_role, bias_role = facts.operands[1], facts.operands[2]
+    w = b.vector(w_var, weight_role) if w_var is not None and weight_role is not None else None
+    bias = b.vector(bias_var, bias_role) if bias_var is not None and bias_role else None
     round_to = p.get("round_to")
 
     def rnd(e: str) -> str:
@@ -201,9 +213,16 @@ def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
 
     out = {}
     for name, v in x.items():
-        scale = w[name] if p["offset"] == 0.0 else f"({p['offset']!r} + {w[name]})"
+        if w is None:
+            scale = None
+        elif p["offset"] == 0.0:
+            scale = w[name]
+        else:
+            scale = f"({p['offset']!r} + {w[name]})"
         y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
-        if round_to is None:
+        if scale is None:  # no weight: one rounding in either contract
+            b.emit(f"{y} = " + rnd(f"{v} * {r}"))
+        elif round_to is None:
             b.emit(f"{y} = {v} * {r} * {scale}" + (f" + {bias[name]}" if bias else ""))
         else:  # the unfused rounding points (module docstring)
             normed = rnd(f"{v} * {r}") if _rounds_before_weight(p) else f"{v} * {r}"

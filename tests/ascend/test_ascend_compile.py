@@ -56,6 +56,8 @@ pytestmark = [
         ("qwen3.5-27b", 1, torch.bfloat16, {"ub_bytes": 85 * 1024, "chunk_mode": "loop"}),
         ("qwen3.5-27b", 8, torch.bfloat16, {}),  # gated row, interleaved mRoPE, 3 q heads
         ("qwen3-vl-8b", 1, torch.float16, {"bias": True}),  # mRoPE (24, 20, 20) interleaved
+        ("gemma4-31b-full", 1, torch.bfloat16, {}),  # D=512, weightless v norm (issue 15)
+        ("llama4-scout-nope", 8, torch.bfloat16, {}),  # positions as numbers: the temperature
     ],
     ids=lambda v: (
         str(v).replace("torch.", "")

@@ -26,7 +26,7 @@ LAYERS = {
     "fqr.ascend_on_cuda": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
-    "fqr.variants": 5,
+    "fqr.variants": 6,  # each variant's eager chain is the models' unfused code (fqr.peers)
     "fqr.golden": 6,
     "fqr.bench": 6,
     "fqr.peers": 6,

@@ -61,7 +61,8 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     p = fqr.get_preset(name, tp)
     variant = variant_of(p)
     cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
-    inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=tp == 8)
+    bias = tp == 8 and variant.has_bias
+    inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=bias)
     exact = variant.expected(p, inputs, cache)
     poison_free_memory(256 << 20, torch.device("cuda"))  # unwritten outputs would show NaN
     cuda = {k: x.to("cuda") for k, x in inputs.items()}
@@ -70,6 +71,35 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     for n, o in zip(variant.outputs, outs):
         c = compare_kind(variant.tolerance(n), o.cpu(), exact[n], head_dim=variant.head_dim(p, n))
         assert c.passed, f"{name} tp={tp} T={tokens} {n}: {c}"
+
+
+NORM_VARIANT_PRESETS = [
+    "gemma4-31b-sliding",
+    "gemma4-31b-full",
+    "llama4-scout",
+    "llama4-scout-nope",
+]
+
+
+@pytest.mark.parametrize("tokens", [257, 4099])
+@pytest.mark.parametrize("tp", [1, 8])
+@pytest.mark.parametrize("name", NORM_VARIANT_PRESETS)
+def test_norm_variant_presets_unfused(gen, name, tp, tokens):
+    """Issue 15's norm variants under the unfused contract (rounding where vLLM's Gemma 4 /
+    Llama 4 code rounds) on the CUDA kernel, into poisoned memory."""
+    p = fqr.get_preset(name, tp)
+    variant = variant_of(p)
+    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    inputs = variant.draw(p, tokens, torch.bfloat16, gen, max_position=cache.shape[0])
+    exact = variant.expected(p, inputs, cache)
+    poison_free_memory(256 << 20, torch.device("cuda"))
+    cuda = {k: x.to("cuda") for k, x in inputs.items()}
+    outs = variant.run(p, cuda, cache.to("cuda"), numerics="unfused", backend="triton")
+    for n, o in zip(variant.outputs, outs):
+        c = compare_kind(
+            variant.tolerance(n), o.cpu(), exact[n], head_dim=p.head_dim, numerics="unfused"
+        )
+        assert c.passed, f"{name} tp={tp} T={tokens} unfused {n}: {c}"
 
 
 @pytest.mark.parametrize("tokens", [1, 257, 4099])

@@ -1,0 +1,200 @@
+"""Cells of a preset whose prologue is another member of the family (:mod:`fqr.variants`):
+the same run loop, columns and document rows as the split-qkv presets, with every part taken
+from the preset's :class:`~fqr.variants.Variant`:
+
+==============  ============================================================================
+inputs          :meth:`Variant.draw` (fresh per cell, rotated like the split-qkv sets)
+expectation     :meth:`Variant.expected` (float64) on the checked rows
+fqr             :meth:`Variant.run`, the public op, under the run's numerics; on triton its
+                bare launcher is the variant program's kernel (:meth:`Variant.program_args`)
+eager/compile   :meth:`Variant.eager`, the model's own unfused chain, and
+                ``torch.compile(fullgraph=True)`` of it (token dimension dynamic), ``unfused``
+check           each output under its tolerance kind (:meth:`Variant.tolerance`), finite on
+                every row
+traffic         bytes of every input read once (the table: one row per token) plus every
+                output written once (the variant program's output widths)
+==============  ============================================================================
+
+Liger and the dispatch table are split-qkv's own (Liger has no kernel for these chains; the
+dispatch table times the split-qkv entry points); a variant preset reports them as skipped.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import partial
+
+import torch
+
+from ..core import dtype_name
+from ..numerics import compare_kind
+from ..presets import Preset
+from ..variants import Variant, variant_of
+from .checks import check_row_index
+from .config import BenchConfig
+from .document import FQR
+from .traffic import Traffic, rotation_sets
+
+# The bench reads positions below this (the tables of Llama 4 and Gemma 4 are 5 and 0.5 GB at
+# their configs' max_position_embeddings; a row gather costs the same at any position).
+MAX_TABLE_ROWS = 1 << 18
+
+
+def variant_table(preset: Preset) -> torch.Tensor:
+    """The preset's real fp32 table, at most :data:`MAX_TABLE_ROWS` rows."""
+    return preset.cos_sin_cache(min(preset.max_position, MAX_TABLE_ROWS))
+
+
+def is_variant_preset(preset: Preset) -> bool:
+    return preset.variant != "split-qkv"
+
+
+def _token_rows(x: torch.Tensor, rows: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``x`` at the checked rows when it is a per-token input (``[T, ...]`` rows, ``[T]`` or
+    ``[planes, T]`` integer positions); a per-call input (a weight vector) as it is."""
+    if x.ndim >= 2 and x.shape[0] == tokens:
+        return x.index_select(0, rows)
+    if not x.is_floating_point() and x.shape[-1] == tokens:
+        return x.index_select(x.ndim - 1, rows)
+    return x
+
+
+def variant_traffic(
+    variant: Variant, preset: Preset, inputs: dict, cache: torch.Tensor, dtype: torch.dtype
+) -> Traffic:
+    """Bytes of the inputs read and the outputs written, once each (module docstring)."""
+    tokens = inputs["qkv"].shape[0]
+    program = variant.program(preset, dtype, positions_dtype=inputs["positions"].dtype)
+    written = sum(
+        tokens * v.aval.shape[1] * (torch.finfo(v.aval.dtype).bits // 8) for v in program.outputs
+    )
+    per_token = [x for n, x in inputs.items() if n != "positions" and x.shape[0] == tokens]
+    per_call = [x for n, x in inputs.items() if n != "positions" and x.shape[0] != tokens]
+    table = tokens * cache.shape[1] * cache.element_size() if variant.reads_table else 0
+    return Traffic(
+        qkv_read=sum(x.nbytes for x in per_token),
+        qkv_written=written,
+        positions=inputs["positions"].nbytes,
+        cos_sin=table,
+        weights=sum(x.nbytes for x in per_call),
+    )
+
+
+def check_variant_outputs(
+    variant: Variant,
+    preset: Preset,
+    outputs,
+    exact: dict,
+    rows: torch.Tensor,
+    numerics: str,
+    tokens: int,
+) -> dict:
+    """Each output on the sampled rows under its tolerance kind, and finite on every row."""
+    report = {"passed": True, "rows": int(rows.numel()), "numerics": numerics}
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != len(variant.outputs):
+        got = len(outputs) if isinstance(outputs, (tuple, list)) else type(outputs).__name__
+        return report | {"passed": False, "error": f"{got} outputs, expected {variant.outputs}"}
+    for name, out in zip(variant.outputs, outputs):
+        want = exact[name]
+        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != tokens:
+            got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            report[name] = {"passed": False, "error": f"got {got}, expected [{tokens}, ...]"}
+            report["passed"] = False
+            continue
+        nonfinite = int((~torch.isfinite(out.float())).sum())
+        c = compare_kind(
+            variant.tolerance(name),
+            out.index_select(0, rows),
+            want,
+            head_dim=variant.head_dim(preset, name),
+            numerics=numerics,
+        ).to_dict()
+        c["nonfinite_all_rows"] = nonfinite
+        c["passed"] = bool(c["passed"] and nonfinite == 0)
+        report[name] = c
+        report["passed"] = report["passed"] and c["passed"]
+    return report
+
+
+def make_variant_cell(
+    cfg: BenchConfig,
+    preset: Preset,
+    dtype: torch.dtype,
+    tokens: int,
+    cache: torch.Tensor,
+    env: dict,
+    ceiling_gbps: float,
+    device: torch.device,
+):
+    """A :class:`fqr.bench.run.Cell` of a variant preset (seeded per cell, as split-qkv's)."""
+    from .run import Cell
+
+    variant = variant_of(preset)
+    label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
+    seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def draw():
+        return variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
+
+    first = draw()
+    traffic = variant_traffic(variant, preset, first, cache, dtype)
+    n_sets = rotation_sets(traffic.total, env["l2_bytes"])
+    sets = [first] + [draw() for _ in range(n_sets - 1)]
+    rows = check_row_index(tokens, cfg.check_rows, torch.Generator().manual_seed(seed), "cpu")
+    rows = rows.to(device)
+    sample = {n: _token_rows(x, rows, tokens) for n, x in first.items()}
+    exact = variant.expected(preset, sample, cache)
+    check = partial(check_variant_outputs, variant, preset, tokens=tokens)
+    return Cell(preset, dtype, tokens, sets, rows, exact, traffic, ceiling_gbps, device, check)
+
+
+def _compiled(chain):
+    """``torch.compile(fullgraph=True)`` of an eager chain, the token dimension dynamic (as
+    vLLM marks it; sizes 0 and 1 are always specialised)."""
+    compiled = torch.compile(chain, fullgraph=True)
+
+    def run(inputs: dict):
+        tokens = inputs["qkv"].shape[0]
+        if tokens >= 2:
+            for x in inputs.values():
+                for dim, size in enumerate(x.shape):
+                    if size == tokens:
+                        torch._dynamo.mark_dynamic(x, dim)
+        return compiled(inputs)
+
+    return run
+
+
+def variant_implementations(
+    cfg: BenchConfig, preset: Preset, dtype: torch.dtype, cache: torch.Tensor, skipped: dict
+) -> list:
+    """fqr (the variant's public op), then the peers the variant has (module docstring)."""
+    from .run import Implementation
+
+    variant = variant_of(preset)
+
+    def ours(inputs: dict):
+        return variant.run(preset, inputs, cache, numerics=cfg.numerics, backend=cfg.backend)
+
+    fqr = Implementation(FQR, ours, cfg.numerics)
+    if cfg.backend == "triton":
+        from ..lowering import lower_by_tokens
+
+        program = variant.program(preset, dtype, numerics=cfg.numerics)
+        kernels = lower_by_tokens(program, target="cuda")
+        fqr.launcher = lambda x: kernels.launch(variant.program_args(x, cache))
+    impls = [fqr]
+    for peer in cfg.compare:
+        if peer not in ("eager", "compile"):
+            skipped[f"{peer}/{preset.name}"] = f"{peer} has no {variant.name} chain"
+            continue
+        chain = variant.eager(preset, cache, dtype)
+        impls.append(
+            Implementation(peer, chain if peer == "eager" else _compiled(chain), "unfused")
+        )
+    if cfg.backend == "triton" and cfg.dispatch:
+        skipped[f"dispatch/{preset.name}/{dtype_name(dtype)}"] = (
+            "the dispatch table times split_qkv_rmsnorm_rope's entry points"
+        )
+    return impls

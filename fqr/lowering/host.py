@@ -1,0 +1,265 @@
+"""The host path at the launch floor: one generated Python function per checked call.
+
+A call whose arguments passed the checks once (``fqr.prologue.CheckedCall``) has fixed
+argument metadata: dtypes, devices, every size but T, every stride, the table rows. What is left
+per call is T, the pointers, the grad mode and the current device and stream. :func:`host_function`
+writes a function for exactly that: its source is built from the kernel variants' facts (the
+argument order of :meth:`.kernel.Kernel.launch_arguments`, the strides and rows as literals, the
+token buckets and each variant's grid as integer expressions), compiled once with ``compile`` /
+``exec`` into a fresh namespace (never written to disk), and it
+
+* picks the variant for T by integer comparisons (the buckets of ``Target.token_buckets``),
+* checks what the metadata key cannot hold: T > 0, no input that requires grad under grad mode,
+  every pointer 16-byte aligned, the current device the tensors' device, no launch hook
+  installed,
+* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views, split from one
+  buffer, while every output offset stays 16-byte aligned; else one allocation per output), or
+  writes into the caller's ``out``,
+* calls the variant's bound C launcher (``CompiledKernel.run``, as
+  :class:`.launcher.DirectLauncher` does) with the precomputed argument order, or, where Triton
+  has no bound launcher (the interpreter), ``fn[grid]`` with the same arguments.
+
+It returns None whenever one of those checks fails or a variant has not been bound yet: the
+caller then takes the general path (:meth:`.kernel.Kernel.launch`), which binds the variant, and
+regenerates the function once something new was bound (:func:`bound_keys`). T never reaches
+Triton's specialisation, so no T compiles anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .kernel import Kernel
+
+BUILDS = 0  # host functions generated in this process (tests count them)
+
+
+@dataclass(frozen=True)
+class HostFunction:
+    """A generated host function: ``fn(args)`` (``fn(args, out)`` when built for ``out``)
+    returns the outputs as a tuple, or None where the general path must run the call.
+    ``source``: its text; ``covered``: the bucket indices it launches itself; ``bound``: the
+    :func:`bound_keys` count it was built at."""
+
+    fn: Callable[..., tuple | None]
+    source: str
+    covered: tuple[int, ...]
+    bound: int
+
+
+def bound_keys(variants) -> int:
+    """How many (variant, specialisation) pairs are ready to launch without Triton's
+    ``JITFunction.run``: grows when the general path binds one, the cue to regenerate."""
+    total = 0
+    for kernel in variants.kernels:
+        direct = kernel._direct
+        if direct is None:
+            total += 1  # launched through fn[grid]: ready once lowered
+        elif direct is not False:
+            total += len(direct._bound)
+    return total
+
+
+class _Arg:
+    """Stands for argument ``name`` while the argument order is recorded: reads the real
+    tensor's strides and sizes, and is found again by identity."""
+
+    def __init__(self, name: str, tensor: torch.Tensor):
+        self.name, self._t = name, tensor
+        self.shape = tensor.shape
+
+    def stride(self, dim: int) -> int:
+        return self._t.stride(dim)
+
+    def data_ptr(self) -> int:
+        return self._t.data_ptr()
+
+
+class _Tokens:
+    """Stands for T in the recorded argument order."""
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, _Arg):
+        return value.name
+    if isinstance(value, _Tokens):
+        return "T"
+    if type(value) is int or type(value) is bool:
+        return repr(value)
+    raise _Unsupported(f"argument kind {type(value).__name__}")
+
+
+def host_function(variants, args: list, out: list | None = None) -> HostFunction | None:
+    """Generate the host function of ``variants`` (a :class:`fqr.lowering.KernelsByTokens`) for
+    calls with ``args``' metadata (and ``out``'s strides when given); None where a call of this
+    kind is not covered (an argument that is not a tensor, an argument kind the generator does
+    not know, outputs of several dtypes into ``out=None`` with misaligned offsets is still
+    covered). Only the variants lowered and bound so far are launched by it."""
+    global BUILDS
+    if not args or not all(isinstance(a, torch.Tensor) for a in args):
+        return None
+    if out is not None and not all(isinstance(o, torch.Tensor) for o in out):
+        return None
+    kernels: list[Kernel | None] = list(variants._kernels)
+    lowered = [k for k in kernels if k is not None]
+    if not lowered:
+        return None
+    first = lowered[0]
+    program = first.program
+    device = args[0].device
+    names = [f"a{i}" for i in range(len(args))]
+    proxies = [_Arg(n, a) for n, a in zip(names, args)]
+    widths = [int(v.aval.shape[1]) for v in program.outputs]
+    dtypes = [v.aval.dtype for v in program.outputs]
+    onames = [f"o{j}" for j in range(len(widths))]
+    ns: dict[str, Any] = {
+        "EMPTY": torch.empty,
+        "GRAD": torch.is_grad_enabled,
+        "DEVICE": device,
+    }
+    lines = [f"def run(args{', out' if out is not None else ''}):"]
+    lines.append(f"    {', '.join(names)}, = args")
+    lines.append("    T = a0.shape[0]")
+    lines.append("    if T == 0:")
+    lines.append("        return None")
+    requires = " or ".join(f"{n}.requires_grad" for n in names)
+    lines.append(f"    if GRAD() and ({requires}):")
+    lines.append("        return None")
+    direct_any = any(k._direct not in (None, False) for k in lowered)
+    if direct_any:
+        pointers = [f"{n}.data_ptr()" for n in names]
+        if out is not None:
+            pointers += [f"out[{j}].data_ptr()" for j in range(len(widths))]
+        lines.append(f"    if ({' | '.join(pointers)}) & 15:")
+        lines.append("        return None")
+        launcher = next(k._direct for k in lowered if k._direct not in (None, False))
+        ns["ENTER"] = launcher._runtime.launch_enter_hook
+        ns["EXIT"] = launcher._runtime.launch_exit_hook
+        ns["CURRENT"] = launcher._device
+        ns["STREAM"] = launcher._stream
+        lines.append("    if ENTER.calls or EXIT.calls:")
+        lines.append("        return None")
+        lines.append(f"    if CURRENT() != {device.index!r}:")
+        lines.append("        return None")
+    # the outputs
+    if out is not None:
+        lines.append(f"    {', '.join(onames)}, = out")
+        for j, o in enumerate(out):
+            lines.append(f"    if {onames[j]}.stride(0) != {o.stride(0)}:")
+            lines.append("        return None")
+        out_proxies: list[Any] = [_Arg(n, o) for n, o in zip(onames, out)]
+    else:
+        # An output that updates an input (a paged cache) is that input, donated as the
+        # general path's backends donate it; the others are allocated, once.
+        aliases = getattr(first, "aliases", None) or {}
+        for i, j in aliases.items():
+            lines.append(f"    {onames[i]} = {names[j]}")
+        fresh = [i for i in range(len(widths)) if i not in aliases]
+        itemsize = {i: torch.empty(0, dtype=dtypes[i]).element_size() for i in fresh}
+        one_buffer = len({dtypes[i] for i in fresh}) == 1 and all(
+            widths[i] * itemsize[i] % 16 == 0 for i in fresh
+        )
+        if one_buffer and len(fresh) > 1:
+            ns["DT"] = dtypes[fresh[0]]
+            sizes = ", ".join(f"T * {widths[i]}" for i in fresh)
+            total = sum(widths[i] for i in fresh)
+            lines.append(f"    buf = EMPTY(T * {total}, dtype=DT, device=DEVICE)")
+            lines.append(
+                f"    {', '.join(onames[i] for i in fresh)}, = buf.split_with_sizes([{sizes}])"
+            )
+            for i in fresh:
+                lines.append(f"    {onames[i]} = {onames[i]}.view(T, {widths[i]})")
+        else:
+            for i in fresh:
+                ns[f"DT{i}"] = dtypes[i]
+                lines.append(
+                    f"    {onames[i]} = EMPTY((T, {widths[i]}), dtype=DT{i}, device=DEVICE)"
+                )
+        out_proxies = [_Placeholder(n, w) for n, w in zip(onames, widths)]
+    result = f"({', '.join(onames)},)"
+    covered = []
+    tokens = _Tokens()
+    for i, kernel in enumerate(kernels):
+        limit = variants._limits[i]
+        indent = "    "
+        if limit is not None:
+            lines.append(f"    if T <= {limit}:")
+            indent = "        "
+        body = _variant_body(i, kernel, proxies, out_proxies, tokens, out is None, device, ns)
+        if body is None:
+            lines.append(f"{indent}return None")
+        else:
+            covered.append(i)
+            lines += [indent + b for b in body]
+            lines.append(f"{indent}return {result}")
+        if limit is None:
+            break
+    if not covered:
+        return None
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<fqr host function>", "exec"), ns)
+    BUILDS += 1
+    return HostFunction(ns["run"], source, tuple(covered), bound_keys(variants))
+
+
+class _Placeholder(_Arg):
+    """An output fqr allocates: contiguous rows of ``width``, 16-byte aligned."""
+
+    def __init__(self, name: str, width: int):
+        self.name, self._width = name, width
+
+    def stride(self, dim: int) -> int:
+        return self._width if dim == 0 else 1
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def _variant_body(
+    i: int,
+    kernel: Kernel | None,
+    proxies: list,
+    out_proxies: list,
+    tokens: Any,
+    allocated: bool,
+    device: torch.device,
+    ns: dict[str, Any],
+) -> list[str] | None:
+    """The lines that launch variant ``i``, or None where it cannot be launched from here yet."""
+    if kernel is None or kernel._direct is False:
+        return None
+    try:
+        flat, constexprs, key = kernel.launch_arguments(proxies, out_proxies, tokens, allocated)
+        params = [_literal(v) for v in flat]
+    except _Unsupported:
+        return None
+    grid = kernel.target.grid_expression(kernel._block_t, **kernel.options)
+    if grid is None:
+        ns[f"GRID{i}"] = kernel.target.grid
+        ns[f"OPTIONS{i}"] = dict(kernel.options)
+        grid = f"GRID{i}(T, {kernel._block_t}, DEVICE, **OPTIONS{i})"
+    lines = [f"g = {grid}"]
+    if kernel._direct is None:
+        ns[f"FN{i}"], ns[f"KW{i}"] = kernel.fn, {**constexprs, **kernel._launch}
+        lines.append(f"FN{i}[(g, {kernel.grid_blocks})]({', '.join(params)}, **KW{i})")
+        return lines
+    dense, ints, aligned, _ = key
+    bound = kernel._direct.bound(device.index, (dense, ints, (0,) * len(aligned), allocated))
+    if bound is None:
+        return None
+    run, function, packed = bound
+    ns[f"RUN{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = run, function, packed
+    constants = ", ".join(repr(v) for v in constexprs.values())
+    lines.append(
+        f"RUN{i}(g, {kernel.grid_blocks}, 1, STREAM({device.index!r}), FUNCTION{i}, PACKED{i}, "
+        f"None, None, None, {', '.join(params)}, {constants})"
+    )
+    return lines

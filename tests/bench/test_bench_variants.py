@@ -1,0 +1,103 @@
+"""``fqr bench`` on a variant preset (issue 15, part 4), driven on CPU as tests/bench/test_bench.py
+drives split-qkv presets: inputs from the variant's draw, checked against its float64
+expectation, fqr = its public op, the eager peer = the model's own unfused chain, traffic = the
+bytes of the inputs read and the outputs written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_bench import FixedClock
+
+import fqr.bench as fb
+import fqr.bench.variant_cells as variant_cells
+from fqr.bench import report
+from fqr.presets import get_preset
+
+NAMES = ["gemma4-31b-full", "llama4-scout", "llama4-scout-nope"]
+
+
+@pytest.fixture(autouse=True)
+def small_tables(monkeypatch):
+    monkeypatch.setattr(variant_cells, "MAX_TABLE_ROWS", 1 << 12)  # CPU: tables built fast
+
+
+def _config(preset, **kw):
+    base = dict(
+        presets=[preset],
+        tokens=[1, 6],
+        dtypes=[torch.bfloat16],
+        compare=["eager", "liger"],
+        backend="reference",
+        check_rows=4,
+    )
+    return fb.BenchConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_variant_preset_runs_through_its_variant(name):
+    preset = get_preset(name, 8)
+    doc = fb.run_bench(_config(preset), device="cpu", timers=FixedClock([10.0, 40.0]))
+    assert doc["passed"] is True, report.failure_lines(doc)
+    assert doc["skipped"] == {f"liger/{name}": f"liger has no {preset.variant} chain"}
+    for row in doc["rows"]:
+        t = row["tokens"]
+        s = preset.spec
+        ours, eager = row["impls"]["fqr"], row["impls"]["eager"]
+        assert set(ours["check"]) >= {"q", "k", "v"} and ours["check"]["passed"]
+        assert eager["check"]["numerics"] == "unfused" and eager["check"]["passed"]
+        # traffic: the row and positions read, q, k, v written, one table row per token
+        # where the variant rotates, the norm weights once
+        elt = 2
+        rotates = preset.variant != "nope-temperature"
+        weights = 2 * s.head_dim * elt if preset.variant == "split-qkv-vnorm" else 0
+        want = 2 * t * s.qkv_width * elt + 8 * t + weights
+        want += t * s.rotary_dim * 4 if rotates else 0
+        assert row["bytes"] == want
+        assert row["speedup"] == {"eager": pytest.approx(4.0)}
+        assert ours["us"] == 10.0 and ours["graph_us"] == 2.5
+    json.dumps(doc)
+
+
+def test_a_wrong_variant_output_is_reported_not_timed(monkeypatch):
+    preset = get_preset("gemma4-31b-sliding", 8)
+    real = variant_cells.variant_implementations
+
+    def broken(*args):
+        impls = real(*args)
+        run = impls[0].call
+
+        def wrong(x):
+            q, k, v = run(x)
+            return q, k, v * 1.01  # the v norm off by 1%
+
+        impls[0].call = wrong
+        return impls
+
+    monkeypatch.setattr(fb.run, "variant_implementations", broken)
+    clock = FixedClock([20.0])
+    doc = fb.run_bench(_config(preset, tokens=[5]), device="cpu", timers=clock)
+    ours = doc["rows"][0]["impls"]["fqr"]
+    assert doc["passed"] is False and ours["us"] is None
+    assert ours["check"]["v"]["passed"] is False and ours["check"]["q"]["passed"]
+    assert clock.timed == 1  # the eager peer only
+    (line,) = report.failure_lines(doc)
+    assert line.startswith("fqr gemma4-31b-sliding bf16 T=5 is wrong") and "v:" in line
+
+
+def test_variant_tables_stop_at_max_table_rows():
+    assert variant_cells.variant_table(get_preset("llama4-scout")).shape == (1 << 12, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compile_peer_of_a_variant_on_gpu():
+    # torch.compile(fullgraph=True) of the eager chain, token dimension dynamic; the GPU run
+    # (on CPU, Inductor's C++ build of the chain alone takes ~30 s of CI time)
+    preset = get_preset("llama4-scout", 8)
+    cfg = _config(preset, compare=["eager", "compile"], tokens=[3, 300], backend="triton")
+    doc = fb.run_bench(cfg, device="cuda", timers=FixedClock([10.0, 30.0, 20.0]))
+    assert doc["passed"] is True, report.failure_lines(doc)
+    assert all(r["impls"]["compile"]["check"]["passed"] for r in doc["rows"])
