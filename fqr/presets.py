@@ -413,8 +413,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
 }
 # Families whose prologue is a variant (fqr.variants), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
-    "gemma4_text": "Gemma 4 also normalises v (the split_qkv_rmsnorm_rope_vnorm variant)",
-    "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (rope-then-L2)",
+    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
+    "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (the rope-l2norm variant)",
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
