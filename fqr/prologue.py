@@ -36,6 +36,7 @@ from .validate import (
     check_positions_in_range,
     check_prologue_args,
     check_qk_args,
+    remember_checked_key,
 )
 
 
@@ -646,6 +647,7 @@ def _checked_call(key, program: Program, backend: str, device: torch.device) -> 
     )
     if kept:
         _CALLS[key] = call
+        remember_checked_key(key)
     return call
 
 

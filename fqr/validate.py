@@ -546,7 +546,27 @@ def call_metadata(token_tensors, tensors, statics: tuple) -> tuple | None:
     exactly these, so two calls with one key pass or fail the checks alike, and a call whose
     key was checked once costs this tuple and one dict lookup (:func:`fqr.prologue`'s ops
     keep the keys that passed). Values (the positions' range on CPU) are not in the key: the
-    caller checks them on every call."""
+    caller checks them on every call.
+
+    Keys that passed the checks (:func:`remember_checked_key`) have a generated guard
+    (:func:`key_guard`): the arguments are first compared against the last few of them in
+    straight-line code, and a guard that matches returns its key object itself, equal to the
+    key built below (the guard compares exactly the fields the key holds, with the key's own
+    equality), so no tuple is built on the hot path. No guard matching: the key is built."""
+    for guard in _GUARDS:
+        key = guard(token_tensors, tensors, statics)
+        if key is not None:
+            return key
+    key = metadata_key(token_tensors, tensors, statics)
+    if key is not None and _GUARD_OF:
+        guard = _GUARD_OF.get(key)
+        if guard is not None:  # checked before, its guard pushed out since: back in front
+            _push_guard(guard)
+    return key
+
+
+def metadata_key(token_tensors, tensors, statics: tuple) -> tuple | None:
+    """The key of :func:`call_metadata`, always built (no guard)."""
     rows = token_tensors[0]
     if not isinstance(rows, torch.Tensor):
         return None
@@ -570,6 +590,117 @@ def call_metadata(token_tensors, tensors, statics: tuple) -> tuple | None:
         else:
             return None
     return tuple(key)
+
+
+MAX_GUARDS = 4  # guards tried before the key is built (most recently checked or used first)
+_GUARDS: list = []
+_GUARD_OF: dict = {}  # key -> its guard, for every key remembered
+MAX_REMEMBERED = 4096
+
+
+def _push_guard(guard) -> None:
+    # a new list, bound at once: a thread iterating the old one is not disturbed
+    global _GUARDS
+    _GUARDS = [guard, *(g for g in _GUARDS if g is not guard)][:MAX_GUARDS]
+
+
+def remember_checked_key(key: tuple) -> None:
+    """``key`` (a :func:`call_metadata` key) passed the checks: guard later calls with it."""
+    guard = _GUARD_OF.get(key)
+    if guard is None:
+        if len(_GUARD_OF) >= MAX_REMEMBERED:
+            return
+        guard = _GUARD_OF[key] = key_guard(key)
+    _push_guard(guard)
+
+
+def forget_checked_keys() -> None:
+    """Drop every guard (the next calls build their keys)."""
+    global _GUARDS
+    _GUARDS = []
+    _GUARD_OF.clear()
+
+
+def key_guard(key: tuple):
+    """A generated function ``guard(token_tensors, tensors, statics)`` that returns ``key``
+    itself when :func:`metadata_key` of those arguments would equal ``key``, else None.
+
+    Read from the key's layout (T's class, the statics, their types, one 5-tuple per token
+    tensor, then one 4-tuple or None per other tensor), it compares field by field what
+    ``==`` of two keys compares: the statics' types by identity, then the statics as one tuple
+    (the same element equality, identity first, as the key's; with the types equal it is each
+    recorded type's own ``==``, so an odd argument cannot raise here), for each tensor
+    ``isinstance``, dtype (``torch.dtype`` equality is identity), device (``==``), rank and
+    every size (the token tensors' first size equal to the first one's T, T in the key's class
+    0, 1 or >= 2) and the stride tuple (``==``). Its source is compiled in memory, never
+    written to disk."""
+    tokens_class, statics, types = key[0], key[1], key[2]
+    entries = key[3:]
+    token_entries = [e for e in entries if e is not None and len(e) == 5]
+    other_entries = entries[len(token_entries) :]
+    ns: dict = {"KEY": key, "STATICS": statics, "TENSOR": torch.Tensor}
+    lines = ["def guard(token_tensors, tensors, statics):"]
+    # the statics' types first, one by one: with them equal, ``==`` of each static is its
+    # recorded type's own, so an odd argument (a tensor for eps) cannot raise here
+    lines.append(f"    if not isinstance(statics, tuple) or len(statics) != {len(statics)}:")
+    lines.append("        return None")
+    if statics:
+        names = [f"s{i}" for i in range(len(statics))]
+        lines.append(f"    {', '.join(names)}, = statics")
+        for i, kind in enumerate(types):
+            ns[f"TYPE{i}"] = kind
+        checks = " or ".join(f"type({n}) is not TYPE{i}" for i, n in enumerate(names))
+        lines.append(f"    if {checks}:")
+        lines.append("        return None")
+    lines.append("    if not (statics == STATICS):")
+    lines.append("        return None")
+    lines.append(
+        f"    if len(token_tensors) != {len(token_entries)} or len(tensors) != "
+        f"{len(other_entries)}:"
+    )
+    lines.append("        return None")
+
+    def tensor_lines(name: str, j: str, dtype, device, stride) -> None:
+        ns[f"DT{j}"], ns[f"DEV{j}"], ns[f"ST{j}"] = dtype, device, stride
+        lines.append(f"    if {name}.dtype is not DT{j} or {name}.device != DEV{j}:")
+        lines.append("        return None")
+        lines.append(f"    if {name}.stride() != ST{j}:")
+        lines.append("        return None")
+
+    for i, (dtype, device, rank, sizes, stride) in enumerate(token_entries):
+        name = f"r{i}"
+        lines.append(f"    {name} = token_tensors[{i}]")
+        lines.append(f"    if not isinstance({name}, TENSOR):")
+        lines.append("        return None")
+        lines.append(f"    sh = {name}.shape")
+        lines.append(f"    if len(sh) != {rank}:")
+        lines.append("        return None")
+        if i == 0:
+            lines.append("    T = sh[0]")
+            test = {0: "T != 0", 1: "T != 1"}.get(tokens_class, "T < 2")
+            lines.append(f"    if {test}:")
+        else:
+            lines.append("    if sh[0] != T:")
+        lines.append("        return None")
+        for d, size in enumerate(sizes, start=1):
+            lines.append(f"    if sh[{d}] != {int(size)}:")
+            lines.append("        return None")
+        tensor_lines(name, f"r{i}", dtype, device, stride)
+    for i, entry in enumerate(other_entries):
+        name = f"t{i}"
+        lines.append(f"    {name} = tensors[{i}]")
+        if entry is None:
+            lines.append(f"    if {name} is not None:")
+            lines.append("        return None")
+            continue
+        dtype, device, shape, stride = entry
+        ns[f"SH{i}"] = shape
+        lines.append(f"    if not isinstance({name}, TENSOR) or {name}.shape != SH{i}:")
+        lines.append("        return None")
+        tensor_lines(name, f"t{i}", dtype, device, stride)
+    lines.append("    return KEY")
+    exec(compile("\n".join(lines) + "\n", "<fqr call guard>", "exec"), ns)
+    return ns["guard"]
 
 
 FP8_E4M3 = torch.float8_e4m3fn

@@ -16,7 +16,10 @@
 ``MODE=bench``: instead, the final measurement with the chosen tuning: every (preset, dtype)
 kernel variant compiled in parallel first, then one ``fqr bench`` run (device, wall and
 dispatch tables; bf16 and fp16; the issue's presets and token counts) and the host table above
-(host function against the general path) for every preset:
+(host function against the general path, and against the third pass's parts switched off:
+the ``call_metadata`` key instead of the call guard, then also Triton's
+``CudaLauncher.__call__`` instead of the inner C launch, i.e. the second pass's path) for
+every preset:
 
     MODE=bench FQR_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 scripts/launch_floor_host.py
 
@@ -155,6 +158,8 @@ def dispatch(presets=(("qwen3-8b", "bf16"), ("qwen3-32b", "fp16"))) -> list[dict
             with torch.inference_mode():
                 for label, fn in calls.items():
                     r[label] = host_us(lambda fn=fn, x=inp: fn(x))
+                # the third pass's parts switched off one by one, same run
+                r.update(previous_paths(calls["public op"], inp))
                 # the general path: the same op with its checked calls' host functions off
                 saved = prologue.CheckedCall.MAX_HOST_BUILDS
                 prologue.CheckedCall.MAX_HOST_BUILDS = 0
@@ -168,10 +173,46 @@ def dispatch(presets=(("qwen3-8b", "bf16"), ("qwen3-32b", "fp16"))) -> list[dict
             r["public / aten"] = r["public op"] / base
             r["custom op / aten"] = r["torch.ops.fqr"] / base
             r["general / aten"] = r["public op, general path"] / base
+            r["second pass / aten"] = r[SECOND_PASS] / base
             rows.append(r)
             log("dispatch", {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
     JSON["dispatch"] = rows
     return rows
+
+
+NO_GUARD = "public op, key instead of guard"
+SECOND_PASS = "public op, key + CudaLauncher.__call__ (second pass)"
+
+
+def previous_paths(public_op, inp) -> dict[str, float]:
+    """Host µs of the public op without the third pass's call guard (the ``call_metadata``
+    key built and hashed on every call), then also without the inner C launch (the host
+    functions regenerated to call Triton's bound ``CudaLauncher``, as the second pass did;
+    the outputs still ``as_strided`` views)."""
+    import fqr.lowering.host as host
+    import fqr.prologue as prologue
+    import fqr.validate as validate
+
+    def regenerate():
+        for c in prologue._CALLS.values():
+            c.host[0] = c.host[1] = None
+            c._host_builds = 0
+
+    out = {}
+    guards, guard_of, limit = validate._GUARDS, dict(validate._GUARD_OF), validate.MAX_GUARDS
+    validate.MAX_GUARDS = 0
+    validate.forget_checked_keys()
+    out[NO_GUARD] = host_us(lambda: public_op(inp))
+    inner = host.inner_c_launch
+    host.inner_c_launch = lambda run: None
+    regenerate()
+    out[SECOND_PASS] = host_us(lambda: public_op(inp))
+    host.inner_c_launch = inner
+    regenerate()
+    validate.MAX_GUARDS = limit
+    validate._GUARDS = guards
+    validate._GUARD_OF.update(guard_of)
+    return out
 
 
 def profile() -> str:
@@ -300,7 +341,8 @@ def print_host_table(rows) -> None:
             f"general {r['public op, general path']:6.1f} custom {r['torch.ops.fqr']:6.1f} "
             f"rms_norm {r['F.rms_norm']:5.1f} triton {r['triton launch']:5.1f} | "
             f"public/aten {r['public / aten']:.2f} custom/aten {r['custom op / aten']:.2f} "
-            f"general/aten {r['general / aten']:.2f}"
+            f"general/aten {r['general / aten']:.2f} | no guard {r[NO_GUARD]:6.1f} "
+            f"second pass {r[SECOND_PASS]:6.1f} second/aten {r['second pass / aten']:.2f}"
         )
 
 

@@ -12,12 +12,14 @@ token buckets and each variant's grid as integer expressions), compiled once wit
 * checks what the metadata key cannot hold: T > 0, no input that requires grad under grad mode,
   every pointer 16-byte aligned, the current device the tensors' device, no launch hook
   installed,
-* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views, split from one
-  buffer, while every output offset stays 16-byte aligned; else one allocation per output), or
-  writes into the caller's ``out``,
-* calls the variant's bound C launcher (``CompiledKernel.run``, as
-  :class:`.launcher.DirectLauncher` does) with the precomputed argument order, or, where Triton
-  has no bound launcher (the interpreter), ``fn[grid]`` with the same arguments.
+* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views of one
+  buffer made by ``as_strided``, while every output offset stays 16-byte aligned; else one
+  allocation per output), or writes into the caller's ``out``,
+* calls the C function under the variant's bound Triton launcher
+  (:func:`.launcher.inner_c_launch`: what ``CudaLauncher.__call__`` would call, without its
+  Python), else the bound launcher (``CompiledKernel.run``, as
+  :class:`.launcher.DirectLauncher` does), with the precomputed argument order, or, where
+  Triton has no bound launcher (the interpreter), ``fn[grid]`` with the same arguments.
 
 It returns None whenever one of those checks fails or a variant has not been bound yet: the
 caller then takes the general path (:meth:`.kernel.Kernel.launch`), which binds the variant, and
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from .kernel import Kernel
+from .launcher import inner_c_launch
 
 BUILDS = 0  # host functions generated in this process (tests count them)
 
@@ -135,9 +138,14 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     lines.append("        return None")
     direct_any = any(k._direct not in (None, False) for k in lowered)
     if direct_any:
-        pointers = [f"{n}.data_ptr()" for n in names]
+        # every pointer read once: checked here, passed as an int to the C launch
+        pointers = [f"P_{n}" for n in names]
+        for n in names:
+            lines.append(f"    P_{n} = {n}.data_ptr()")
         if out is not None:
-            pointers += [f"out[{j}].data_ptr()" for j in range(len(widths))]
+            for j in range(len(widths)):
+                lines.append(f"    P_{onames[j]} = out[{j}].data_ptr()")
+                pointers.append(f"P_{onames[j]}")
         lines.append(f"    if ({' | '.join(pointers)}) & 15:")
         lines.append("        return None")
         launcher = next(k._direct for k in lowered if k._direct not in (None, False))
@@ -162,29 +170,45 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
         aliases = getattr(first, "aliases", None) or {}
         for i, j in aliases.items():
             lines.append(f"    {onames[i]} = {names[j]}")
+            if direct_any:
+                lines.append(f"    P_{onames[i]} = P_{names[j]}")
         fresh = [i for i in range(len(widths)) if i not in aliases]
         itemsize = {i: torch.empty(0, dtype=dtypes[i]).element_size() for i in fresh}
         one_buffer = len({dtypes[i] for i in fresh}) == 1 and all(
             widths[i] * itemsize[i] % 16 == 0 for i in fresh
         )
         if one_buffer and len(fresh) > 1:
+            # one buffer, each output a contiguous [T, width] view at its offset (T times
+            # the widths before it): the bytes and strides ``split_with_sizes`` + ``view``
+            # gave, in one ``as_strided`` per output
             ns["DT"] = dtypes[fresh[0]]
-            sizes = ", ".join(f"T * {widths[i]}" for i in fresh)
             total = sum(widths[i] for i in fresh)
             lines.append(f"    buf = EMPTY(T * {total}, dtype=DT, device=DEVICE)")
-            lines.append(
-                f"    {', '.join(onames[i] for i in fresh)}, = buf.split_with_sizes([{sizes}])"
-            )
+            if direct_any:
+                lines.append("    P_buf = buf.data_ptr()")
+            before = 0
             for i in fresh:
-                lines.append(f"    {onames[i]} = {onames[i]}.view(T, {widths[i]})")
+                offset = f"T * {before}" if before else "0"
+                lines.append(
+                    f"    {onames[i]} = buf.as_strided((T, {widths[i]}), ({widths[i]}, 1), "
+                    f"{offset})"
+                )
+                if direct_any:
+                    start = f" + T * {before * itemsize[i]}" if before else ""
+                    lines.append(f"    P_{onames[i]} = P_buf{start}")
+                before += widths[i]
         else:
             for i in fresh:
                 ns[f"DT{i}"] = dtypes[i]
                 lines.append(
                     f"    {onames[i]} = EMPTY((T, {widths[i]}), dtype=DT{i}, device=DEVICE)"
                 )
+                if direct_any:
+                    lines.append(f"    P_{onames[i]} = {onames[i]}.data_ptr()")
         out_proxies = [_Placeholder(n, w) for n, w in zip(onames, widths)]
     result = f"({', '.join(onames)},)"
+    # the tensors passed to a C launch by address: the inputs and the outputs fqr allocates
+    addressed = frozenset(names + (onames if out is None else []))
     covered = []
     tokens = _Tokens()
     for i, kernel in enumerate(kernels):
@@ -193,7 +217,9 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
         if limit is not None:
             lines.append(f"    if T <= {limit}:")
             indent = "        "
-        body = _variant_body(i, kernel, proxies, out_proxies, tokens, out is None, device, ns)
+        body = _variant_body(
+            i, kernel, proxies, out_proxies, tokens, out is None, device, ns, addressed
+        )
         if body is None:
             lines.append(f"{indent}return None")
         else:
@@ -232,6 +258,7 @@ def _variant_body(
     allocated: bool,
     device: torch.device,
     ns: dict[str, Any],
+    addressed: frozenset[str] = frozenset(),
 ) -> list[str] | None:
     """The lines that launch variant ``i``, or None where it cannot be launched from here yet."""
     if kernel is None or kernel._direct is False:
@@ -256,10 +283,35 @@ def _variant_body(
     if bound is None:
         return None
     run, function, packed = bound
-    ns[f"RUN{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = run, function, packed
     constants = ", ".join(repr(v) for v in constexprs.values())
+    stream = f"STREAM({device.index!r})"
+    inner = inner_c_launch(run)
+    if inner is not None:
+        # the C function under Triton's launcher, called as its ``__call__`` calls it
+        # the inputs' and allocated outputs' pointers as the ints read above: the C function
+        # takes an int as the address itself (of a tensor it asks ``data_ptr()`` and then
+        # ``cuPointerGetAttribute``, which gives that same address for memory torch allocated
+        # on this CUDA device, where the key and the device check put every input)
+        # (the caller's ``out`` tensors stay tensors: the key does not hold their device, so
+        # the C function's check of each stays in place)
+        params = [
+            f"P_{v.name}" if isinstance(v, _Arg) and v.name in addressed else _literal(v)
+            for v in flat
+        ]
+        launch, cooperative, pdl, annotations, signature = inner
+        ns[f"LAUNCH{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = launch, function, packed
+        ns[f"ANNOTATIONS{i}"], ns[f"SIGNATURE{i}"] = annotations, signature
+        ns[f"COOPERATIVE{i}"], ns[f"PDL{i}"] = cooperative, pdl
+        everything = ", ".join(p for p in (", ".join(params), constants) if p)
+        lines.append(
+            f"LAUNCH{i}(g, {kernel.grid_blocks}, 1, {stream}, FUNCTION{i}, COOPERATIVE{i}, "
+            f"PDL{i}, PACKED{i}, None, None, None, None, None, ANNOTATIONS{i}, SIGNATURE{i}, "
+            f"({everything},))"
+        )
+        return lines
+    ns[f"RUN{i}"], ns[f"FUNCTION{i}"], ns[f"PACKED{i}"] = run, function, packed
     lines.append(
-        f"RUN{i}(g, {kernel.grid_blocks}, 1, STREAM({device.index!r}), FUNCTION{i}, PACKED{i}, "
+        f"RUN{i}(g, {kernel.grid_blocks}, 1, {stream}, FUNCTION{i}, PACKED{i}, "
         f"None, None, None, {', '.join(params)}, {constants})"
     )
     return lines

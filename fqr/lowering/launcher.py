@@ -26,6 +26,7 @@ None and the kernel launches through ``fn[grid]`` as before.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 import torch
@@ -110,6 +111,68 @@ class DirectLauncher:
             *args,
             *constexprs.values(),
         )
+
+
+# What a Triton launcher's inner ``launch`` must be to be called without its ``__call__``: the
+# C function of the launcher module (a wrapper, e.g. for tensor descriptors, is Python).
+C_FUNCTION_TYPES: tuple[type, ...] = (types.BuiltinFunctionType,)
+
+
+def inner_c_launch(run: Any, version: str | None = None) -> tuple | None:
+    """The C function under a bound Triton launcher and the constants its ``__call__`` adds,
+    ``(launch, cooperative_grid, pdl, arg_annotations, kernel_signature)``, where calling it
+    directly is what ``__call__`` does; else None (call ``run`` itself).
+
+    Read in Triton 3.9's installed ``triton/backends/nvidia/driver.py`` (``CudaLauncher``;
+    the 3.6 layout from published excerpts of the same class, without GSan):
+    ``__call__(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
+    exit_hook, *args)`` allocates the global and profile scratch buffers (None where their
+    sizes are 0), adds GSan's arguments when GSan is on, and calls ``self.launch(gx, gy, gz,
+    stream, function, self.launch_cooperative_grid, self.launch_pdl, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
+    self.arg_annotations, self.kernel_signature, args)``. So where both scratch sizes are 0,
+    GSan is off and ``self.launch`` is the C function itself (no tensor-descriptor wrapper),
+    that one call is all it does: the generated host function makes it with the constants
+    returned here and Nones for the scratch buffers, the hooks and the launch metadata (the
+    host function runs only without hooks, as :class:`DirectLauncher`). The class's
+    ``__call__`` must also read those attributes (its code object's names), so a release that
+    renamed them or calls something else is not taken for this one. Any other launcher class,
+    Triton version or attribute layout: None."""
+    if version is None:
+        try:
+            import triton
+        except ImportError:  # pragma: no cover
+            return None
+        version = triton.__version__
+    if not triton_supports_direct_launch(version) or type(run).__name__ != "CudaLauncher":
+        return None
+    try:
+        launch = run.launch
+        plain = (
+            run.global_scratch_size == 0
+            and run.profile_scratch_size == 0
+            and not getattr(run, "gsan_enabled", False)
+        )
+        constants = (
+            run.launch_cooperative_grid,
+            run.launch_pdl,
+            run.arg_annotations,
+            run.kernel_signature,
+        )
+    except AttributeError:
+        return None
+    if not plain or not isinstance(launch, C_FUNCTION_TYPES):
+        return None
+    # and ``__call__`` itself reads what the call above passes (its code object's names)
+    call = getattr(type(run).__call__, "__code__", None)
+    if call is None or not _CALL_READS <= set(call.co_names):
+        return None
+    return (launch, *constants)
+
+
+_CALL_READS = frozenset(
+    ("launch", "launch_cooperative_grid", "launch_pdl", "arg_annotations", "kernel_signature")
+)
 
 
 def direct_launcher(fn: Any, options: dict[str, Any]) -> DirectLauncher | None:

@@ -19,6 +19,7 @@ import fqr
 import fqr.lowering as lowering
 import fqr.lowering.host as host
 import fqr.prologue as prologue
+import fqr.validate as validate
 from fqr.lowering.launcher import DirectLauncher
 from fqr.lowering.targets import InterpretTarget, get_target, register_target
 from fqr.reference import prologue as reference_prologue
@@ -106,13 +107,28 @@ def test_in_place_calls_use_the_host_function_for_out(gen):
 
 @pytest.fixture(scope="module")
 def warm_calls():
-    """The checked calls (with their host functions) of one valid interpreted call."""
+    """The checked calls (with their host functions) and the call guards of one valid
+    interpreted call."""
     g = torch.Generator().manual_seed(1234)
     p = make_problem(g, tokens=7)
     prologue._CALLS.clear()
+    validate.forget_checked_keys()
     _call(p, backend="interpret")
-    assert _only_call().host[0] is not None
-    return p, dict(prologue._CALLS)
+    assert _only_call().host[0] is not None and len(validate._GUARDS) == 1
+    return p, dict(prologue._CALLS), list(validate._GUARDS), dict(validate._GUARD_OF)
+
+
+def _warm(calls, guards, guard_of) -> None:
+    prologue._CALLS.clear()
+    prologue._CALLS.update(calls)
+    validate._GUARDS = list(guards)
+    validate._GUARD_OF.clear()
+    validate._GUARD_OF.update(guard_of)
+
+
+def _cold() -> None:
+    prologue._CALLS.clear()
+    validate.forget_checked_keys()
 
 
 def _refusal(call):
@@ -123,19 +139,33 @@ def _refusal(call):
 
 @pytest.mark.parametrize("name,argument,override", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_refused_as_on_the_general_path(warm_calls, name, argument, override):
-    """Every validation case: with the host function in place, the same type and message as
+    """Every validation case: with the host function and the call guard in place (the valid
+    call's key comes back from its guard, the identical object), the same type and message as
     on a cold cache, where the full checks run."""
-    p, calls = warm_calls
+    p, *state = warm_calls
 
     def bad():
         return _call(p, **{"backend": "interpret", **override(p)})
 
-    prologue._CALLS.clear()
+    _cold()
     cold = _refusal(bad)
-    prologue._CALLS.clear()
-    prologue._CALLS.update(calls)
+    _warm(*state)
+    (key,) = prologue._CALLS
+    assert validate.call_metadata(*_guard_arguments(p, "interpret")) is key  # a guard hit
     warm = _refusal(bad)
     assert warm == cold, name
+
+
+def _guard_arguments(p, backend):
+    """What ``split_qkv_rmsnorm_rope`` passes ``call_metadata`` for ``_call(p)``."""
+    kw = dict(p.kwargs())
+    names = ("eps", "is_neox", "weight_offset", "norm", "numerics")
+    defaults = dict(eps=1e-6, is_neox=True, weight_offset=0.0, norm="head", numerics="fused")
+    statics = (kw["num_heads"], kw["num_kv_heads"], kw["head_dim"])
+    statics += tuple(kw.get(n, defaults[n]) for n in names)
+    statics += (None, None, None, False, backend)
+    qkv, positions, cache, qw, kw_ = p.args()
+    return (qkv, positions), (cache, qw, kw_, None, None), statics
 
 
 def test_fallbacks_grad_and_empty(gen):
