@@ -49,8 +49,16 @@ from fqr.bench.report import (
 from fqr.peers import PEER_NAMES
 from fqr.presets import get_preset
 
-from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, parse_csv
-from .options import ACTIVATION_DTYPES_HELP, parse_dtypes
+from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, parse_csv
+from .options import (
+    ACTIVATION_DTYPES_HELP,
+    BackendName,
+    Numerics,
+    complete_csv,
+    complete_dtypes,
+    complete_presets,
+    parse_dtypes,
+)
 from .render import print_table, progress_bar, rich_table
 
 # The H200 target set of docs/PERFORMANCE.md: Qwen3 0.6B/8B/32B/235B-A22B, Gemma 3 27B,
@@ -107,7 +115,13 @@ def _check_backend(name: str) -> None:
         )
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "fqr bench --preset qwen3-8b --tokens 1,16,4096,65536 --compare eager,compile --json"
+        " > b.json",
+        "fqr bench --from-json docs/results/bench-h200-16bit.json --plot bench.png",
+    )
+)
 def bench(
     preset: Annotated[
         list[str] | None,
@@ -115,6 +129,7 @@ def bench(
             "--preset",
             "-p",
             help=f"preset name(s); repeatable or comma list (default: {','.join(DEFAULT_PRESETS)})",
+            autocompletion=complete_presets,
         ),
     ] = None,
     tokens: Annotated[
@@ -127,22 +142,27 @@ def bench(
     ] = None,
     dtype: Annotated[
         str | None,
-        typer.Option("--dtype", help=f"{ACTIVATION_DTYPES_HELP}, comma list (default: bf16)"),
+        typer.Option(
+            "--dtype",
+            help=f"{ACTIVATION_DTYPES_HELP}, comma list (default: bf16)",
+            autocompletion=complete_dtypes,
+        ),
     ] = None,
     compare: Annotated[
         str | None,
         typer.Option(
             "--compare",
-            help="peers: eager,compile,liger or none (default: all three; liger only where "
+            help=f"peers: {','.join(PEER_NAMES)} or none (default: all; liger only where "
             "installed)",
+            autocompletion=complete_csv(lambda: (*PEER_NAMES, "none")),
         ),
     ] = None,
     backend: Annotated[
-        str, typer.Option("--backend", help="fqr backend that runs the kernel")
-    ] = "triton",
+        BackendName, typer.Option("--backend", help="fqr backend that runs the kernel")
+    ] = BackendName.triton,
     numerics: Annotated[
-        str, typer.Option("--numerics", help="fused or unfused contract for fqr")
-    ] = "fused",
+        Numerics, typer.Option("--numerics", help="numerics contract for fqr")
+    ] = Numerics.fused,
     check_rows: Annotated[
         int,
         typer.Option("--check-rows", help="rows checked against float64 before timing (0 = all)"),
@@ -166,7 +186,10 @@ def bench(
         ),
     ] = None,
     plot: Annotated[
-        Path | None, typer.Option("--plot", help="write a GB/s-vs-tokens PNG here (matplotlib)")
+        Path | None,
+        typer.Option(
+            "--plot", help="write a PNG here: % of the copy ceiling vs tokens, small-T latency"
+        ),
     ] = None,
     from_json: Annotated[
         list[Path] | None,
@@ -199,8 +222,8 @@ def bench(
                 tokens,
                 dtype,
                 compare,
-                backend,
-                numerics,
+                backend.value,
+                numerics.value,
                 check_rows,
                 rep_ms,
                 warmup_ms,
@@ -281,5 +304,5 @@ def _report(doc: dict, json_out: bool, plot: Path | None, from_json: bool) -> No
             if from_json:
                 raise
             err.print(f"[yellow]no plot:[/yellow] {escape(str(e))}", highlight=False)
-    if not doc["passed"]:
+    if not doc["ok"]:
         raise typer.Exit(EXIT_FAILED)

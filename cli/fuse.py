@@ -28,29 +28,48 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from fqr.fusion.models import MODELS
 from fqr.presets import get_preset
 
-from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
-from .options import parse_dtype
+from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
+from .options import Dtype, PresetName, choice_enum, parse_dtype
+from .render import add_plain_row
+
+FuseDevice = choice_enum("FuseDevice", ("cpu", "cuda"))
+FuseModel = choice_enum("FuseModel", MODELS)
 
 PROFILE_MIN_TOKENS = 4096
 
 
-@app.command()
+def fuse_document(report) -> dict:
+    """The ``--json`` document of a fuse report (CPU or CUDA): schema, ``ok``, the report."""
+    body = report.to_dict()
+    return {"schema": schema("fuse"), "ok": body.pop("passed")} | body
+
+
+@app.command(
+    epilog=example(
+        "fqr fuse --preset qwen3-8b --layers 2 --tokens 16 --json",
+        "fqr fuse --device cuda --model hf-qwen3 --decode 1,16",
+    )
+)
 def fuse(
     preset: Annotated[
-        str, typer.Option("--preset", help="model preset (per-head QK-norm)")
-    ] = "qwen3-8b",
+        PresetName, typer.Option("--preset", help="model preset (per-head QK-norm)")
+    ] = PresetName["qwen3-8b"],
     layers: Annotated[int, typer.Option("--layers", help="layers in the model")] = 2,
     tokens: Annotated[
         int | None,
         typer.Option("--tokens", help="tokens of the numerics check (default: 16 cpu, 512 cuda)"),
     ] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32")] = "bf16",
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
+    device: Annotated[FuseDevice, typer.Option("--device", help="where it runs")] = FuseDevice.cpu,
     model: Annotated[
-        str, typer.Option("--model", help="cuda: vllm (the preset's shapes) or hf-qwen3")
-    ] = "vllm",
+        FuseModel,
+        typer.Option(
+            "--model", help="cuda: vllm (the preset's shapes) or hf-qwen3 (transformers' Qwen3)"
+        ),
+    ] = FuseModel.vllm,
     prefill: Annotated[
         str, typer.Option("--prefill", help="cuda: prefill token counts")
     ] = "512,2048,4096,16384",
@@ -66,14 +85,13 @@ def fuse(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ):
     """Fuse a model's attention prologues; compare with the model compiled without the pass."""
+    preset, device, model = preset.value, device.value, model.value
     if layers < 1:
         raise UsageError(f"--layers must be >= 1, got {layers}")
     if tokens is not None and tokens < (2 if device == "cuda" else 1):
         raise UsageError(f"--tokens must be >= {2 if device == 'cuda' else 1}, got {tokens}")
     if runs < 1:
         raise UsageError(f"--runs must be >= 1, got {runs}")
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
     torch_dtype = parse_dtype(dtype)
     try:
         p = get_preset(preset.lower())
@@ -99,10 +117,10 @@ def fuse(
         device=device,
         seed=seed,
         runs=runs,
-        log=lambda msg: err.print(f"[dim]{msg}...[/dim]"),
+        log=lambda msg: err.print(f"{msg}...", style="dim", highlight=False, markup=False),
     )
     if json_out:
-        out.print_json(json.dumps(report.to_dict()))
+        out.print_json(json.dumps(fuse_document(report)))
     else:
         _print_table(report)
     if not report.passed:
@@ -112,10 +130,8 @@ def fuse(
 def _fuse_cuda(p, layers, tokens, dtype, model, prefill, decode, profile, seed, json_out):
     import torch
 
-    from fqr.fusion.compiled import MODELS, compare_compiled, comparison_tables
+    from fqr.fusion.compiled import compare_compiled, comparison_tables
 
-    if model not in MODELS:
-        raise UsageError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
     if model == "hf-qwen3":
         from fqr.fusion.hf_models import transformers_missing
 
@@ -141,17 +157,17 @@ def _fuse_cuda(p, layers, tokens, dtype, model, prefill, decode, profile, seed, 
         check_tokens=tokens,
         preset=p.name,
         seed=seed,
-        log=lambda msg: err.print(f"[dim]{msg}...[/dim]"),
+        log=lambda msg: err.print(f"{msg}...", style="dim", highlight=False, markup=False),
     )
     if json_out:
-        out.print_json(json.dumps(result.to_dict()))
+        out.print_json(json.dumps(fuse_document(result)))
     else:
         for title, header, rows in comparison_tables(result):
             table = Table(title=title)
             for h in header:
                 table.add_column(h)
             for row in rows:
-                table.add_row(*row)
+                add_plain_row(table, *row)
             out.print(table)
     if not result.passed:
         raise typer.Exit(EXIT_FAILED)

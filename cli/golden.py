@@ -11,11 +11,12 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from fqr.golden import GOLDEN_DIR, list_cases, regen
 
-from .common import EXIT_FAILED, UsageError, app, err, out
-from .render import print_table
+from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
+from .render import add_plain_row, print_table
 
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
 app.add_typer(golden_app, name="golden")
@@ -28,7 +29,7 @@ CaseOption = Annotated[
 ]
 
 
-@golden_app.command("list")
+@golden_app.command("list", epilog=example("fqr golden list --case 'gemma3*' --json"))
 def golden_list(
     directory: DirOption = GOLDEN_DIR,
     case: CaseOption = None,
@@ -45,8 +46,9 @@ def golden_list(
         err.print(f"corrupt: {c['name']}: {c['reason']}", highlight=False, markup=False)
     if json_out:
         doc = {
-            "golden_dir": str(directory),
+            "schema": schema("golden.list"),
             "ok": not corrupt,
+            "golden_dir": str(directory),
             "cases": entries,
             "corrupt": corrupt,
         }
@@ -54,7 +56,7 @@ def golden_list(
         if corrupt:
             raise typer.Exit(EXIT_FAILED)
         return
-    table = Table(title=f"golden cases ({directory})")
+    table = Table(title=Text(f"golden cases ({directory})"))
     for col in (
         "case",
         "preset",
@@ -76,7 +78,8 @@ def golden_list(
             no_wrap=col == "case",
         )
     for e in entries:
-        table.add_row(
+        add_plain_row(
+            table,
             e["name"],
             e["preset"],
             str(e["tp"]),
@@ -94,17 +97,23 @@ def golden_list(
     print_table(table)
     err.print(
         f"{len(entries)} cases, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB"
-        + (f", {len(corrupt)} corrupt" if corrupt else "")
+        + (f", {len(corrupt)} corrupt" if corrupt else ""),
+        highlight=False,
+        markup=False,
     )
     if corrupt:
         raise typer.Exit(EXIT_FAILED)
 
 
-@golden_app.command("regen")
+@golden_app.command(
+    "regen", epilog=example("fqr golden regen --dir ./my-goldens --case 'qwen3-8b*'")
+)
 def golden_regen(directory: DirOption = GOLDEN_DIR, case: CaseOption = None):
     """Rebuild the case files (all, or those matching --case) and the manifest; deterministic."""
     written = regen(directory, case)
     total = sum(e["bytes"] for e in written)
     err.print(
-        f"wrote {len(written)} cases ({total / 1e6:.1f} MB) and {directory / 'manifest.json'}"
+        f"wrote {len(written)} cases ({total / 1e6:.1f} MB) and {directory / 'manifest.json'}",
+        highlight=False,
+        markup=False,
     )

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from fqr.backends import BACKENDS
-from fqr.validate import NUMERICS, check_choice
+from fqr.lowering.ascend import CHIPS
 
-from .common import EXIT_FAILED, UsageError, app, err, out
-from .options import ACTIVATION_DTYPES_HELP, parse_dtype
-from .render import print_table
+from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
+from .options import Dtype, Numerics, PresetName, TargetName, choice_enum, parse_dtype
+from .render import add_plain_row, print_table
 
-# The lowering targets a backend runs (fqr.backends), in the registry's order.
-TARGET_NAMES = tuple(b.target for b in BACKENDS.values() if b.target is not None)
+Chip = choice_enum("Chip", CHIPS)
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "fqr lower --preset qwen3-8b --ir",
+        "fqr lower --preset gemma3-27b --target ascend --check --json",
+    )
+)
 def lower(
     preset: Annotated[
-        str | None,
+        PresetName | None,
         typer.Option(
             "--preset", help="model preset, e.g. qwen3-8b (--check: default every preset)"
         ),
@@ -34,13 +39,13 @@ def lower(
             "4, 8 the preset allows)",
         ),
     ] = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help=f"activation dtype: {ACTIVATION_DTYPES_HELP}")
-    ] = "bf16",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
     target: Annotated[
-        str, typer.Option("--target", help=f"one of {', '.join(TARGET_NAMES)}")
-    ] = "cuda",
-    numerics: Annotated[str, typer.Option("--numerics", help="fused | unfused")] = "fused",
+        TargetName, typer.Option("--target", help="the lowering target")
+    ] = TargetName.cuda,
+    numerics: Annotated[
+        Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
+    ] = Numerics.fused,
     bias: Annotated[bool, typer.Option("--bias", help="norm with a bias term")] = False,
     ir: Annotated[bool, typer.Option("--ir", help="print the traced program (jaxpr-like)")] = False,
     output: Annotated[
@@ -62,13 +67,18 @@ def lower(
         ),
     ] = None,
     chip: Annotated[
-        str | None, typer.Option("--chip", help="ascend: A2, A3 or 950 (UB budget, arch)")
+        Chip | None, typer.Option("--chip", help="ascend: the chip (UB budget, arch)")
     ] = None,
     ub_bytes: Annotated[
         int | None, typer.Option("--ub-bytes", help="ascend: override the chip's UB size")
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="--check: print the reports as JSON")
+        bool,
+        typer.Option(
+            "--json",
+            help="print one JSON document: the program, the kernel source (or the file written)"
+            " and its options; with --check the compile reports",
+        ),
     ] = False,
 ):
     """Trace the prologue of PRESET and emit its fused Triton kernel for TARGET."""
@@ -76,8 +86,9 @@ def lower(
     from fqr.lowering import kernel_source
     from fqr.variants import program_of
 
-    check_choice("--target", target, TARGET_NAMES)
-    check_choice("--numerics", numerics, NUMERICS)
+    preset_name = None if preset is None else preset.value
+    target, numerics = target.value, numerics.value
+    chip = None if chip is None else chip.value
     ascend = {
         k: v
         for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_vectorcore", num_vectorcore))
@@ -90,16 +101,16 @@ def lower(
             raise UsageError(
                 f"--check compiles for an NPU: it needs --target ascend, got {target!r}"
             )
-        _ascend_check(preset, tp, parse_dtype(dtype), numerics, bias, ascend, json_out)
+        _ascend_check(preset_name, tp, parse_dtype(dtype), numerics, bias, ascend, json_out)
         return
-    if preset is None:
+    if preset_name is None:
         raise UsageError("--preset is required (e.g. --preset qwen3-8b)")
     tp = 1 if tp is None else tp
-    p = get_preset(preset, tp)
+    p = get_preset(preset_name, tp)
     program = program_of(
         p, parse_dtype(dtype), numerics=numerics, bias=bias, sharded_full_norm=tp > 1
     )
-    if ir:
+    if ir and not json_out:
         out.print(str(program), highlight=False, markup=False)
     source = kernel_source(program, target, **ascend)
     if output is not None:
@@ -107,15 +118,32 @@ def lower(
             output.write_text(source)
         except OSError as e:
             raise UsageError(f"-o {output}: cannot write the kernel source: {e.strerror}") from None
-        err.print(f"wrote {output} ({len(source.splitlines())} lines, target {target})")
-    elif not ir:
+        err.print(
+            f"wrote {output} ({len(source.splitlines())} lines, target {target})",
+            highlight=False,
+            markup=False,
+        )
+    if json_out:
+        doc = {
+            "schema": schema("lower"),
+            "ok": True,
+            "preset": p.name,
+            "tp": tp,
+            "dtype": dtype.value,
+            "target": target,
+            "numerics": numerics,
+            "bias": bias,
+            "options": ascend,
+            "program": str(program),
+        }
+        doc |= {"output": str(output)} if output is not None else {"source": source}
+        out.print_json(json.dumps(doc))
+    elif output is None and not ir:
         out.print(source, highlight=False, markup=False)
 
 
 def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     """``--target ascend --check``: one row per (preset, TP); exit 1 when a stage fails."""
-    import json
-
     from rich.table import Table
 
     from fqr.lowering.ascend_compile import NEEDS_CANN
@@ -125,11 +153,16 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
     results = []
     for name, size in preset_tp_pairs(preset, tp):
         r = check_preset(name, size, dtype, numerics=numerics, bias=bias, **options)
-        err.print(f"{r.label}: {r.report.summary}", highlight=False)
+        err.print(f"{r.label}: {r.report.summary}", highlight=False, markup=False)
         results.append(r)
     failed = [r for r in results if not r.report.passed]
     if json_out:
-        out.print_json(json.dumps({"passed": not failed, "checks": [r.to_dict() for r in results]}))
+        doc = {
+            "schema": schema("lower.check"),
+            "ok": not failed,
+            "checks": [r.to_dict() for r in results],
+        }
+        out.print_json(json.dumps(doc))
     else:
         archs = ", ".join(sorted({r.report.arch for r in results}))
         table = Table(title=f"ascend compile check ({archs})")
@@ -138,7 +171,8 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
             table.add_column(col, no_wrap=True)
         for r in results:
             st = {s.name: s.status for s in r.report.stages}
-            table.add_row(
+            add_plain_row(
+                table,
                 r.label,
                 r.tiling.chip.name,
                 str(r.tiling.tiling.block_t),
@@ -149,7 +183,10 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
         print_table(table)
     for r in failed:
         bad = next(s for s in r.report.stages if s.status == "failed")
-        err.print(f"[red]FAILED[/red] {r.label} at {bad.name}: {bad.detail}", highlight=False)
+        err.print(
+            f"[red]FAILED[/red] {escape(f'{r.label} at {bad.name}: {bad.detail}')}",
+            highlight=False,
+        )
     if any(s.status == NEEDS_CANN for r in results for s in r.report.stages):
         err.print(
             "note: the last step (bishengir-compile: HIVM -> NPU binary) needs the CANN "
@@ -157,6 +194,8 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
             "through Triton-Ascend's own stages.",
             highlight=False,
         )
-    err.print(f"{len(results) - len(failed)} passed, {len(failed)} failed", highlight=False)
+    err.print(
+        f"{len(results) - len(failed)} passed, {len(failed)} failed", highlight=False, markup=False
+    )
     if failed:
         raise typer.Exit(EXIT_FAILED)

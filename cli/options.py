@@ -1,15 +1,56 @@
-"""Option parsing shared by the commands: dtypes named in fqr's one vocabulary
-(:data:`fqr.core.DTYPES`; torch's own names are accepted too)."""
+"""Option parsing shared by the commands.
+
+Choices are :class:`enum.StrEnum` types built from where each choice is defined (fqr's dtype
+names :data:`fqr.core.ACTIVATION_DTYPE_NAMES`, :data:`fqr.validate.NUMERICS`, the backend
+registry :data:`fqr.backends.BACKENDS`, :data:`fqr.presets.PRESETS` ...): Typer lists their
+values in ``--help`` and completes them in the shell. Options that take a comma list of choices
+(``--backend a,b``) complete each item through :func:`complete_csv`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+
 import torch
 
+from fqr.backends import BACKENDS
 from fqr.core import ACTIVATION_DTYPE_NAMES, dtype_of
+from fqr.presets import PRESETS
+from fqr.runtime.device import DEVICE_TYPES
+from fqr.validate import NUMERICS
 
 from .common import UsageError, parse_csv
 
 ACTIVATION_DTYPES_HELP = ", ".join(ACTIVATION_DTYPE_NAMES)
+
+
+def choice_enum(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """A :class:`StrEnum` whose members are ``values`` (member name = value), for Typer."""
+    return StrEnum(name, {v: v for v in values})  # type: ignore[return-value]
+
+
+Dtype = choice_enum("Dtype", ACTIVATION_DTYPE_NAMES)
+Numerics = choice_enum("Numerics", NUMERICS)
+BackendName = choice_enum("BackendName", ("auto", *BACKENDS))
+PresetName = choice_enum("PresetName", PRESETS)
+DeviceType = choice_enum("DeviceType", DEVICE_TYPES)
+# The lowering targets a backend runs (fqr.backends), in the registry's order.
+TargetName = choice_enum(
+    "TargetName", dict.fromkeys(b.target for b in BACKENDS.values() if b.target is not None)
+)
+
+
+def complete_csv(choices: Callable[[], Iterable[str]]) -> Callable[[str], list[str]]:
+    """Shell completion of a comma list: the items typed so far, then each choice not yet
+    given that starts with the last, partial item."""
+
+    def complete(incomplete: str) -> list[str]:
+        *done, last = incomplete.split(",")
+        head = "".join(d + "," for d in done)
+        return [head + c for c in choices() if c not in done and c.startswith(last)]
+
+    return complete
 
 
 def _activation_name(text: str) -> str | None:
@@ -23,7 +64,7 @@ def _activation_name(text: str) -> str | None:
 
 def parse_dtype(text: str, option: str = "--dtype") -> torch.dtype:
     """One activation dtype (``bf16``, ``fp16``, ``fp32``)."""
-    name = _activation_name(text)
+    name = _activation_name(str(text))
     if name is None:
         raise UsageError(f"{option} must be one of {ACTIVATION_DTYPES_HELP}, got {text!r}")
     return dtype_of(name)
@@ -33,3 +74,8 @@ def parse_dtypes(text: str, option: str = "--dtype") -> list[torch.dtype]:
     """A comma list of activation dtypes, each once, in the order given."""
     names = parse_csv(text, option.removeprefix("--"))
     return list(dict.fromkeys(parse_dtype(n, option) for n in names))
+
+
+complete_dtypes = complete_csv(lambda: ACTIVATION_DTYPE_NAMES)
+complete_backends = complete_csv(lambda: BACKENDS)
+complete_presets = complete_csv(lambda: PRESETS)

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .common import err, out
 
@@ -43,3 +44,8 @@ def rich_table(report, failed: tuple[str, ...] = ()) -> Table:
     for row in report.rows:
         table.add_row(*(f"[red]{c}[/red]" if c in failed else escape(c) for c in row))
     return table
+
+
+def add_plain_row(table: Table, *cells: str) -> None:
+    """Add a row whose cells are shown as written (names, paths, messages: never Rich markup)."""
+    table.add_row(*(Text(c) for c in cells))

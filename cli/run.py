@@ -13,14 +13,17 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from fqr.backends import AUTO_BACKENDS, BACKENDS
-from fqr.core import ACTIVATION_DTYPE_NAMES
-from fqr.runtime.device import DEVICE_TYPES
-from fqr.validate import NUMERICS
+from fqr.backends import AUTO_BACKENDS
+from fqr.runtime.config import LAUNCHERS
 
-from .common import EXIT_FAILED, app, err, out
+from .common import EXIT_FAILED, app, err, example, out, schema
+from .options import BackendName, DeviceType, Dtype, Numerics, PresetName, choice_enum
+
+Launcher = choice_enum("Launcher", LAUNCHERS)
 
 _MIB = 1 << 20
 
@@ -70,6 +73,7 @@ def summary_dict(cfg, result, ready_info: dict, totals: dict, failure: str | Non
             }
         )
     res = {
+        "schema": schema("run"),
         "ok": bool(result and result.ok and failure is None),
         "failure": failure,
         "config": cfg.to_dict(),
@@ -102,9 +106,11 @@ def result_verification(result, rank: int) -> dict:
 
 def _print_tables(summary: dict) -> None:
     t = Table(
-        title=f"fqr run: {summary['config']['preset']} dp={summary['config']['dp']} "
-        f"tp={summary['config']['tp']} {summary['config']['device']} "
-        f"{summary['config']['backend']}"
+        title=Text(
+            f"fqr run: {summary['config']['preset']} dp={summary['config']['dp']} "
+            f"tp={summary['config']['tp']} {summary['config']['device']} "
+            f"{summary['config']['backend']}"
+        )
     )
     for col in (
         "rank",
@@ -153,36 +159,43 @@ def _print_tables(summary: dict) -> None:
             f"{summary['verified_steps']} steps verified, requests per DP rank "
             f"{summary['requests_per_dp']}{overlap}",
             highlight=False,
+            markup=False,
         )
 
 
 AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "fqr run --preset qwen3-8b --tp 2 --dp 2 --requests 4",
+        "torchrun --standalone --nproc-per-node 4 -m fqr run --launcher torchrun --dp 2 --tp 2",
+    )
+)
 def run(
     preset: Annotated[
-        str, typer.Option("--preset", help="model preset (see fqr.presets)")
-    ] = "qwen3-8b",
+        PresetName, typer.Option("--preset", help="model preset (fqr.presets)")
+    ] = PresetName["qwen3-8b"],
     dp: Annotated[
         int | None,
         typer.Option("--dp", help="data-parallel replicas (default 1; torchrun: world / tp)"),
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size")] = 1,
-    device: Annotated[str, typer.Option("--device", help=" | ".join(DEVICE_TYPES))] = "cpu",
+    device: Annotated[
+        DeviceType, typer.Option("--device", help="device type of the ranks")
+    ] = DeviceType.cpu,
     backend: Annotated[
-        str,
-        typer.Option(
-            "--backend", help=f"auto ({AUTO_HELP}, else reference) | {' | '.join(BACKENDS)}"
-        ),
-    ] = "auto",
-    dtype: Annotated[
-        str, typer.Option("--dtype", help=" | ".join(ACTIVATION_DTYPE_NAMES))
-    ] = "bf16",
-    numerics: Annotated[str, typer.Option("--numerics", help=" | ".join(NUMERICS))] = "fused",
+        BackendName,
+        typer.Option("--backend", help=f"fqr backend; auto: {AUTO_HELP}, else reference"),
+    ] = BackendName.auto,
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
+    numerics: Annotated[
+        Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
+    ] = Numerics.fused,
     launcher: Annotated[
-        str, typer.Option("--launcher", help="mp (fqr spawns the workers) | torchrun")
-    ] = "mp",
+        Launcher,
+        typer.Option("--launcher", help="mp: fqr spawns the workers; torchrun: torchrun did"),
+    ] = Launcher.mp,
     requests: Annotated[int, typer.Option("--requests", help="synthetic requests")] = 8,
     prompt_len: Annotated[
         str, typer.Option("--prompt-len", help="prompt length range A..B")
@@ -220,6 +233,8 @@ def run(
     """Run the fused op across DP x TP ranks as vLLM's workers do, verifying every step."""
     from fqr.runtime.config import RunConfig
 
+    preset, device, backend = preset.value, device.value, backend.value
+    dtype, numerics, launcher = dtype.value, numerics.value, launcher.value
     if launcher == "torchrun" and dp is None:
         from fqr.runtime.torchrun import world_size_from_env
 
@@ -267,6 +282,7 @@ def _run_mp(cfg) -> dict:
         f"fqr run: starting {cfg.layout.world_size} workers "
         f"(dp={cfg.dp} x tp={cfg.tp}, {cfg.device}, {cfg.backend})",
         highlight=False,
+        markup=False,
     )
     try:
         executor.start()
@@ -274,6 +290,7 @@ def _run_mp(cfg) -> dict:
             err.print(
                 f"  {cfg.layout.describe(rank)}: pid {info['pid']} on {info['device']}",
                 highlight=False,
+                markup=False,
             )
         with Live(console=err, refresh_per_second=4, transient=True) as live:
             result = Engine(cfg, executor).run(lambda p: live.update(_live_table(p)))
@@ -292,7 +309,7 @@ def _run_torchrun(cfg) -> dict | None:
         with Live(console=err, refresh_per_second=4, transient=True) as live:
             outcome = run_torchrun(cfg, lambda p: live.update(_live_table(p)))
     except RunFailed as e:
-        err.print(f"[red]run failed:[/red] {e}", highlight=False)
+        err.print(f"[red]run failed:[/red] {escape(str(e))}", highlight=False)
         sys.exit(EXIT_FAILED)
     if outcome is None:
         return None
@@ -302,10 +319,10 @@ def _run_torchrun(cfg) -> dict | None:
 
 def _report(summary: dict, json_out: bool) -> None:
     if summary["failure"]:
-        err.print(f"[red]run failed:[/red] {summary['failure']}", highlight=False)
+        err.print(f"[red]run failed:[/red] {escape(summary['failure'])}", highlight=False)
     failures = summary.get("verification_failures", [])
     for line in failures[:10]:
-        err.print(f"[red]verification failed:[/red] {line}", highlight=False)
+        err.print(f"[red]verification failed:[/red] {escape(line)}", highlight=False)
     if len(failures) > 10:
         err.print(f"... and {len(failures) - 10} more (see --json)")
     if summary.get("verification_failures"):

@@ -4,7 +4,9 @@ For every case (``--case`` glob) and backend (``--backend``, default every avail
 case's inputs go to the backend's device (CPU for reference / interpret / ascend-interpret, CUDA
 for triton / ascend-on-cuda, NPU for ascend), :func:`fqr.split_qkv_rmsnorm_rope` runs, and q, k
 are compared with the float64 expectations (:func:`fqr.numerics.compare`, per the case's
-numerics), v bit for bit.
+numerics), v bit for bit. Each row shows the worst ULP count and ``err/tol``, the worst
+element's error as a fraction of what its tolerance allows (<= 1 passes): an unfused case's ULP
+count far inside its bound reads as what it is.
 Status per row: ``pass``, ``FAIL`` (outside tolerance, or NaN/Inf), ``error`` (the backend
 raised), ``corrupt`` (the golden file's sha256 does not match the manifest). Exit 0 when every
 row passes, 1 otherwise, 2 on bad usage.
@@ -17,12 +19,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 
-from .common import EXIT_FAILED, UsageError, app, err, out, parse_csv
+from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
+from .options import complete_backends
 from .render import print_table, progress_bar
 
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
@@ -55,41 +59,55 @@ def verify_one(case, backend: str) -> dict:
             "status": "error",
             "max_ulp": None,
             "max_abs": None,
+            "error_ratio": None,
             "detail": f"{type(e).__name__}: {e}",
         }
     ulps = [c.max_ulp for c in checks.values() if c.max_ulp is not None]
+    ratios = [c.error_ratio for c in checks.values() if c.error_ratio is not None]
     passed = all(c.passed for c in checks.values())
     return row | {
         "status": "pass" if passed else "FAIL",
         "max_ulp": max(ulps) if ulps else None,
         "max_abs": max(c.max_abs for c in checks.values()),
+        "error_ratio": max(ratios) if ratios else None,
         "outputs": {name: c.to_dict() for name, c in checks.items()},
     }
 
 
 def _table(rows: list[dict]) -> Table:
     table = Table(title="fqr verify")
-    for col in ("case", "backend", "max ULP", "max abs err", "status"):
+    for col in ("case", "backend", "max ULP", "err/tol", "max abs err", "status"):
         table.add_column(
-            col, justify="right" if col.startswith("max") else "left", no_wrap=col == "case"
+            col,
+            justify="left" if col in ("case", "backend", "status") else "right",
+            no_wrap=col == "case",
         )
     for r in rows:
         style = STATUS_STYLE[r["status"]]
         table.add_row(
-            r["case"],
-            r["backend"],
+            escape(r["case"]),
+            escape(r["backend"]),
             "-" if r["max_ulp"] is None else str(r["max_ulp"]),
+            "-" if r["error_ratio"] is None else f"{r['error_ratio']:.2g}",
             "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
             f"[{style}]{r['status']}[/{style}]",
         )
     return table
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "fqr verify --backend reference,interpret --case 'qwen3-8b*'",
+    )
+)
 def verify(
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="comma list of backends (default: every available one)"),
+        typer.Option(
+            "--backend",
+            help=f"comma list of {', '.join(BACKENDS)} (default: every available one)",
+            autocompletion=complete_backends,
+        ),
     ] = None,
     case: Annotated[
         str, typer.Option("--case", help="only cases whose name matches this glob")
@@ -119,6 +137,7 @@ def verify(
                         "status": "corrupt",
                         "max_ulp": None,
                         "max_abs": None,
+                        "error_ratio": None,
                         "detail": str(e),
                     }
                     for b in backends
@@ -126,7 +145,7 @@ def verify(
                 progress.advance(task, len(backends))
                 continue
             for name in backends:
-                progress.update(task, description=f"{entry['name']} [{name}]")
+                progress.update(task, description=escape(f"{entry['name']} [{name}]"))
                 rows.append(verify_one(loaded, name))
                 progress.advance(task)
 
@@ -136,9 +155,10 @@ def verify(
         out.print_json(
             json.dumps(
                 {
+                    "schema": schema("verify"),
+                    "ok": ok,
                     "golden_dir": str(golden_dir),
                     "backends": backends,
-                    "passed": ok,
                     "counts": counts,
                     "results": rows,
                 }
@@ -157,6 +177,7 @@ def verify(
     err.print(
         f"{len(entries)} cases x {len(backends)} backends ({', '.join(backends)}): {summary}",
         highlight=False,
+        markup=False,
     )
     if not ok:
         raise typer.Exit(EXIT_FAILED)

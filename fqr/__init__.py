@@ -16,7 +16,8 @@ from . import (
 from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
-from .presets import PRESETS, get_preset
+from .logger import configure_from_env
+from .presets import PRESETS, Preset, get_preset
 from .prologue import (
     NormStats,
     attention_prologue,
@@ -29,6 +30,8 @@ from .prologue import (
     split_qkv_rope_l2norm,
 )
 from .rope_cache import rope_cos_sin_cache
+
+configure_from_env()
 
 __all__ = [
     "__version__",
@@ -43,6 +46,7 @@ __all__ = [
     "ops",
     "presets",
     "PRESETS",
+    "Preset",
     "get_preset",
     "trace",
     "spec",

@@ -33,6 +33,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -202,9 +203,18 @@ def _reason_triton() -> str | None:
     return _mode_conflict(interpret=False)
 
 
+def _ascend_env_advice() -> str:
+    """How to get triton-ascend here: ``make ascend-env`` in a source checkout (its Makefile
+    and script sit beside the package), else the ``npu`` extra in an environment of its own."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "Makefile").is_file() and (checkout / "scripts" / "ascend-env.sh").is_file():
+        return "use the Ascend environment: make ascend-env"
+    return "install 'fqr[npu]' into an environment of its own, without upstream triton"
+
+
 def _reason_ascend() -> str | None:
     if _triton_flavour() != "ascend":
-        return "triton-ascend is not installed (use the Ascend environment: make ascend-env)"
+        return f"triton-ascend is not installed ({_ascend_env_advice()})"
     if importlib.util.find_spec("torch_npu") is None:
         return "torch_npu is not installed"
     if not _npu_present():
@@ -214,7 +224,7 @@ def _reason_ascend() -> str | None:
 
 def _reason_ascend_interpret() -> str | None:
     if _triton_flavour() != "ascend":
-        return "triton-ascend is not installed (use the Ascend environment: make ascend-env)"
+        return f"triton-ascend is not installed ({_ascend_env_advice()})"
     return _mode_conflict(interpret=True)
 
 

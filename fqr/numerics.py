@@ -153,6 +153,9 @@ class Comparison:
     nonfinite: int
     passed: bool
     tolerance: str
+    # The worst element's error as a fraction of what the tolerance allows it (<= 1 passes):
+    # a large ULP count far below the bound of an unfused contract reads as what it is.
+    error_ratio: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -177,7 +180,7 @@ def compare(
     nonfinite = int((~torch.isfinite(out64)).sum())
     t = out.shape[0]
     if out.numel() == 0:
-        return Comparison(0, 0.0, 0.0, 0, 0, True, "empty")
+        return Comparison(0, 0.0, 0.0, 0, 0, True, "empty", 0.0)
     heads64 = exact64.reshape(t, -1, head_dim)
     head_max = heads64.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     err = (out64.reshape(heads64.shape) - heads64).abs()
@@ -194,21 +197,28 @@ def compare(
     if bitwise:
         tol = "bit-exact"
         ok = err == 0
+        ratio = 0.0 if bool(ok.all()) else float("inf")
     elif dtype == torch.float8_e4m3fn:
         tol = tolerance_text(numerics, dtype)
         ok = ulp <= 1
+        ratio_each = ulp.to(torch.float64)
         if numerics == "unfused":
             ok = ok | (rel <= FP8_UNFUSED_RELATIVE_BOUND)
+            ratio_each = torch.minimum(ratio_each, rel / FP8_UNFUSED_RELATIVE_BOUND)
+        ratio = float(ratio_each.max())
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         tol = "<=1 ulp"
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)
+        # an element passes on either bound: its ratio is the kinder of the two
+        ratio = float(torch.minimum(ulp.to(torch.float64), rel / COMPUTE_FLOOR).max())
     else:
         bound = HEAD_RELATIVE_BOUND[(numerics, dtype)]
         tol = f"<={bound:.2g} x head max"
         ok = rel <= bound
+        ratio = max_rel / bound
     bad = int((~ok).sum()) + 0
     passed = bad == 0 and nonfinite == 0
-    return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol)
+    return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol, ratio)
 
 
 # The tolerance kinds an output of a prologue variant is held to (``Variant.tolerance``): the

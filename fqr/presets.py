@@ -127,6 +127,12 @@ class Preset:
         if not self.total_kv_heads:
             object.__setattr__(self, "total_kv_heads", self.num_kv_heads)
 
+    @classmethod
+    def from_hf_config(cls, config, *, name: str | None = None) -> Preset:
+        """The preset of a Hugging Face transformers config of a supported family (see
+        :func:`preset_from_hf_config`)."""
+        return preset_from_hf_config(config, name=name)
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
@@ -413,3 +419,149 @@ def get_preset(name: str, tp: int = 1) -> Preset:
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
     return preset.shard(tp) if tp != 1 else preset
+
+
+# ------------------------------------------------------------------- from a transformers config
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """What a model family's attention code does that its config does not say: the QK-norm
+    kind, the norm's weight offset (1.0: ``(1 + w)``) and the RoPE pairing, as vLLM's model
+    code for the family has them."""
+
+    norm: str
+    weight_offset: float = 0.0
+    is_neox: bool = True
+    note: str = ""
+    variant: str = "split-qkv"  # mrope / mrope-gate: mrope_section read from the RoPE settings
+
+
+# transformers ``model_type`` (of the text config) -> the family's prologue facts.
+HF_FAMILIES: dict[str, HFFamily] = {
+    "qwen3": HFFamily("head", note="Qwen3: per-head q_norm / k_norm"),
+    "qwen3_moe": HFFamily("head", note="Qwen3-MoE: as Qwen3"),
+    "gemma3_text": HFFamily("head", 1.0, note="Gemma 3: (1 + w) norms, the global layers"),
+    "qwen3_5_text": HFFamily(
+        "head", 1.0, variant="mrope-gate", note="Qwen3.5 full attention: gated q, (1 + w) norms"
+    ),
+    "qwen3_5_moe_text": HFFamily(
+        "head", 1.0, variant="mrope-gate", note="Qwen3.5-MoE full attention: as Qwen3.5"
+    ),
+    "qwen3_vl_text": HFFamily("head", variant="mrope", note="Qwen3-VL: Qwen3 with mRoPE"),
+    "qwen3_vl_moe_text": HFFamily("head", variant="mrope", note="Qwen3-VL-MoE: as Qwen3-VL"),
+    "llama": HFFamily("none", note="Llama 3: no QK norm"),
+    "olmo2": HFFamily("full", note="OLMo 2: one norm over the whole q and the whole k"),
+    "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
+    "glm4": HFFamily("none", is_neox=False, note="GLM-4-0414: GPT-J pairs, no QK norm"),
+}
+# Families whose prologue is a variant (fqr.variants), not the split-qkv op: why.
+HF_VARIANT_FAMILIES: dict[str, str] = {
+    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
+    "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (the rope-l2norm variant)",
+    "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
+    "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
+}
+# RoPE scalings fqr.rope_cache builds, with the config keys each reads.
+HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": (
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ),
+}
+
+
+def _rope_parameters(config) -> dict:
+    """The RoPE settings of the layers the prologue runs in: transformers 5's
+    ``rope_parameters`` (per layer type for Gemma 3: the ``full_attention`` ones), else
+    4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
+    params = dict(params or {})
+    if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
+        params["rope_theta"] = config.rope_theta
+    scaling = getattr(config, "rope_scaling", None)
+    if isinstance(scaling, dict) and "rope_type" not in params:
+        params |= scaling
+    if getattr(config, "partial_rotary_factor", None) is not None:
+        params.setdefault("partial_rotary_factor", config.partial_rotary_factor)
+    return params
+
+
+def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
+    """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
+    :data:`HF_FAMILIES` (a multimodal config gives its text config's).
+
+    Read from the config: ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``
+    (else ``hidden_size / num_attention_heads``), ``rms_norm_eps``, ``max_position_embeddings``
+    and the RoPE settings (transformers 5 ``rope_parameters``, or 4.x ``rope_theta`` /
+    ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
+    fqr builds (:data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an
+    mRoPE family (Qwen3-VL: ``mrope``, Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its
+    ``mrope_section`` and ``mrope_interleaved``. From the family: the norm kind, its weight
+    offset, the RoPE pairing and the variant. Families whose prologue is another variant
+    (:data:`HF_VARIANT_FAMILIES`) are refused. ``name``
+    defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` -> ``qwen3-8b``),
+    else its model type.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text, "model_type", None)
+    family = HF_FAMILIES.get(model_type)
+    if model_type in HF_VARIANT_FAMILIES:
+        raise ValueError(
+            f"config: {model_type}: {HF_VARIANT_FAMILIES[model_type]}; presets of the "
+            f"prologue's variants are not built from a config yet"
+        )
+    if family is None:
+        raise ValueError(
+            f"config: model_type {model_type!r} is not a family fqr builds presets for; "
+            f"supported: {', '.join(HF_FAMILIES)}"
+        )
+    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    rope = _rope_parameters(text)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in HF_ROPE_SCALINGS:
+        raise ValueError(
+            f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
+            f"supported: {', '.join(HF_ROPE_SCALINGS)}"
+        )
+    missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
+    scaling = (
+        (("rope_type", rope_type), *((k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]))
+        if rope_type != "default"
+        else ()
+    )
+    variant_params: tuple = ()
+    if family.variant.startswith("mrope"):
+        if rope.get("mrope_section") is None:
+            raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
+        variant_params = (
+            ("mrope_section", tuple(int(n) for n in rope["mrope_section"])),
+            ("mrope_interleaved", bool(rope.get("mrope_interleaved", False))),
+        )
+    checkpoint = getattr(config, "name_or_path", "") or ""
+    return Preset(
+        name=name or (checkpoint.rstrip("/").rsplit("/", 1)[-1].lower() or model_type),
+        hf_id=checkpoint,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=float(rope["rope_theta"]),
+        max_position=text.max_position_embeddings,
+        norm=family.norm,
+        eps=float(text.rms_norm_eps),
+        weight_offset=family.weight_offset,
+        partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+        is_neox=family.is_neox,
+        rope_scaling=scaling,
+        variant=family.variant,
+        variant_params=variant_params,
+    )

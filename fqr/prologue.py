@@ -35,6 +35,7 @@ from .validate import (
     check_finite_scalar,
     check_index_prologue_args,
     check_mrope_args,
+    check_out_buffers,
     check_positions_in_range,
     check_prologue_args,
     check_qk_args,
@@ -344,6 +345,7 @@ def split_qkv_rmsnorm_rope(
     inplace: bool = False,
     numerics: str = "fused",
     backend: str = "auto",
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the packed QKV row, RMS-normalise q and k, rotate them; return new q, k, v.
 
@@ -375,6 +377,11 @@ def split_qkv_rmsnorm_rope(
       ``qkv`` where they were read (vLLM's / vllm-ascend's in-place ops), nothing else in
       ``qkv`` is written; returns views ``(q, k, v)`` of ``qkv``. Needs heads back to back
       (``head_stride`` None) and no input that requires grad.
+    * ``out=(q, k, v)``: caller buffers written instead of new tensors (as vLLM's kernels take
+      their output buffers), returned as given: ``[T, Hq*D]``, ``[T, Hkv*D]``, ``[T, Hv*Dv]``
+      in qkv's dtype on its device, unit stride in the last dim (rows may be strided, e.g.
+      views into one wider buffer), overlapping neither ``qkv`` nor each other, no input
+      that requires grad (:func:`fqr.validate.check_out_buffers`, every call).
     """
     statics = (num_heads, num_kv_heads, head_dim, eps, is_neox, weight_offset, norm, numerics)
     statics += (num_v_heads, v_head_dim, head_stride, inplace, backend)
@@ -405,6 +412,13 @@ def split_qkv_rmsnorm_rope(
     args = [t for t in tensors if t is not None]
     if stats is not None:
         args += stats
+    if out is not None:
+        if inplace:
+            raise ValueError("out= and inplace=True both say where q and k go: give one")
+        v_width = (num_v_heads or num_kv_heads) * (v_head_dim or head_dim)
+        widths = (num_heads * head_dim, num_kv_heads * head_dim, v_width)
+        check_out_buffers(out, qkv, widths, tensors)
+        return call.run(args, out=list(out))
     if not inplace:
         return call.run(args)
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim

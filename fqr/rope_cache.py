@@ -11,6 +11,8 @@ RoPE (vLLM ``Gemma4RotaryEmbedding``, HF ``_compute_proportional_rope_parameters
 spans the whole head (``rotary_dim = head_dim``), its first ``int(head_dim * f) // 2``
 frequencies are ``1 / theta^(2i / head_dim)`` and the rest are 0 (cos 1, sin 0: those pairs pass
 through unrotated).
+``{"rope_type": "linear", "factor": f}`` divides every position by ``f`` (vLLM
+``LinearScalingRotaryEmbedding``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = No
         mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(is_mid, mid, scaled)
+    elif scaling and scaling.get("rope_type") == "linear":
+        # positions divided by the factor (vLLM LinearScalingRotaryEmbedding; Gemma 3 27B)
+        inv_freq = inv_freq / scaling["factor"]
     elif scaling and scaling.get("rope_type") == "proportional":
         rotated = int(rotary_dim * scaling["partial_rotary_factor"]) // 2
         inv_freq[rotated:] = 0.0

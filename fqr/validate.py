@@ -848,3 +848,79 @@ def check_distinct_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) ->
     their metadata, not their addresses)."""
     if key_cache.data_ptr() == value_cache.data_ptr() and key_cache.numel():
         raise ValueError("key_cache and value_cache must be different buffers")
+
+
+def check_out_buffers(out, qkv: torch.Tensor, widths: tuple[int, ...], inputs) -> None:
+    """``out=`` of :func:`fqr.split_qkv_rmsnorm_rope`: one caller buffer per output, each a
+    ``[T, width]`` tensor (``widths``: q, k, v) in qkv's dtype on qkv's device, unit stride in
+    its last dim (rows may be strided: views into a wider buffer), not overlapping ``qkv``
+    (``inplace=True`` is the form that writes into it) nor another buffer, and no input that
+    requires grad (autograd does not record writes into caller buffers)."""
+    names = ("q", "k", "v")[: len(widths)]
+    if not isinstance(out, (tuple, list)) or len(out) != len(widths):
+        raise TypeError(
+            f"out must be a tuple of {len(widths)} tensors ({', '.join(names)}), "
+            f"got {type(out).__name__}"
+            + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+        )
+    tokens = qkv.shape[0]
+    for i, (buf, width, name) in enumerate(zip(out, widths, names)):
+        what = f"out[{i}] ({name})"
+        if not isinstance(buf, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(buf).__name__}")
+        if tuple(buf.shape) != (tokens, width):
+            raise ValueError(f"{what} must have shape [{tokens}, {width}], got {list(buf.shape)}")
+        if buf.dtype != qkv.dtype:
+            raise TypeError(f"{what} must be {qkv.dtype} (qkv's dtype), got {buf.dtype}")
+        if buf.device != qkv.device:
+            raise ValueError(f"{what} is on {buf.device}, qkv on {qkv.device}")
+        if buf.numel() and buf.stride(1) != 1:
+            raise ValueError(
+                f"{what} must have unit stride in its last dim, got strides {list(buf.stride())}"
+            )
+        if buf.numel() and buf.stride(0) < width:
+            raise ValueError(f"{what} rows overlap: row stride {buf.stride(0)} < width {width}")
+    for i, buf in enumerate(out):
+        for j, other in enumerate([qkv, *out[:i]]):
+            if _overlaps(buf, other):
+                what = f"out[{j - 1}]" if j else "qkv (inplace=True writes q and k there)"
+                raise ValueError(f"out[{i}] ({names[i]}) overlaps {what}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        raise ValueError(
+            "out= cannot record gradients (an input requires grad); use torch.no_grad() or no out="
+        )
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share an element. Exact for row-strided ``[T, width]`` views of
+    one buffer with the same row stride (``q = buf[:, :4096]``, ``k = buf[:, 4096:5120]``
+    do not overlap), else whether their spans (first to last element) intersect."""
+    if not a.numel() or not b.numel():
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    row = a.stride(0) if a.dim() == 2 else None
+    if (
+        b.dim() == 2
+        and row == b.stride(0)
+        and a.stride(1) == b.stride(1) == 1
+        and a.dtype == b.dtype
+        and max(a.shape[1], b.shape[1]) <= row
+    ):
+        # b's first element sits `rows` rows and `col` columns after a's; its columns are
+        # [col, col + wb) of a's row grid, wrapping into the next row past the stride.
+        rows, col = divmod(b.storage_offset() - a.storage_offset(), row)
+        (ta, wa), (tb, wb) = a.shape, b.shape
+
+        def rows_meet(first: int) -> bool:  # b's rows first .. first+tb-1 against a's 0..ta-1
+            return first < ta and first + tb > 0
+
+        return (col < wa and rows_meet(rows)) or (col + wb > row and rows_meet(rows + 1))
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.data_ptr()
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1

@@ -107,7 +107,7 @@ def main() -> int:
             f"(target 1.5), torch.ops.fqr {x['torch.ops.fqr']:.2f}x (target 2.0)"
         )
     print(f"done in {time.time() - start:.0f}s, numerics {'passed' if doc['passed'] else 'FAILED'}")
-    return 0 if doc["passed"] else 1
+    return 0 if doc["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 merged to render runs made elsewhere.
 
 ``{"schema", "environment", "settings", "ceiling": {bytes, us, gbps}, "rows": [...],
-"skipped": {what: why}, "passed", "complete"}``; a row is one (preset, dtype, tokens) cell:
+"skipped": {what: why}, "ok", "complete"}`` (``ok``: every implementation passed its check, the
+CLI's one pass/fail key); documents of the previous schema (``fqr-bench/1``, ``passed``) load
+as this one; a row is one (preset, dtype, tokens) cell:
 ``{"preset", "dtype", "tokens", "bytes", "traffic", "input_sets", "impls": {name: result},
 "speedup": {peer: peer us / fqr us}}``, and a result holds ``check`` (the numerics check),
 ``error``, one value per measurement (:mod:`fqr.bench.measurements`), ``gbps`` and
@@ -17,7 +19,8 @@ from pathlib import Path
 
 from .measurements import MEASUREMENTS
 
-SCHEMA = "fqr-bench/1"
+SCHEMA = "fqr.bench/2"
+LEGACY_SCHEMAS = {"fqr-bench/1": {"passed": "ok"}}  # old schema -> its renamed keys
 FQR = "fqr"  # fqr's own entry in a row's "impls"
 
 
@@ -29,7 +32,7 @@ def new_document(settings: dict, environment: dict, ceiling: dict) -> dict:
         "ceiling": ceiling,
         "rows": [],
         "skipped": {},
-        "passed": True,
+        "ok": True,
         "complete": False,
     }
 
@@ -43,7 +46,7 @@ def row_passed(row: dict) -> bool:
 
 def add_row(doc: dict, row: dict) -> None:
     doc["rows"].append(row)
-    doc["passed"] = doc["passed"] and row_passed(row)
+    doc["ok"] = doc["ok"] and row_passed(row)
 
 
 def save_document(doc: dict, path) -> None:
@@ -63,9 +66,21 @@ def load_document(path) -> dict:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"--from-json {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    doc = upgrade_document(doc)
     problem = document_problem(doc)
     if problem is not None:
         raise ValueError(f"--from-json {path}: {problem}")
+    return doc
+
+
+def upgrade_document(doc):
+    """A document of a :data:`LEGACY_SCHEMAS` schema as a :data:`SCHEMA` one (keys renamed);
+    anything else unchanged."""
+    renames = LEGACY_SCHEMAS.get(doc.get("schema")) if isinstance(doc, dict) else None
+    if renames is None:
+        return doc
+    doc = {renames.get(k, k): v for k, v in doc.items()}
+    doc["schema"] = SCHEMA
     return doc
 
 
@@ -82,7 +97,7 @@ def document_problem(doc) -> str | None:
         ("settings", dict),
         ("ceiling", dict),
         ("rows", list),
-        ("passed", bool),
+        ("ok", bool),
     ):
         if key not in doc:
             return f"no {key!r}"
@@ -130,6 +145,6 @@ def merge_documents(docs: list[dict]) -> dict:
         merged["skipped"].update(d.get("skipped", {}))
         if d.get("dispatch"):
             merged.setdefault("dispatch", []).extend(d["dispatch"])
-        merged["passed"] = merged["passed"] and d.get("passed", False)
+        merged["ok"] = merged["ok"] and d.get("ok", False)
         merged["complete"] = merged["complete"] and d.get("complete", True)
     return merged

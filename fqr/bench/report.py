@@ -176,9 +176,35 @@ def _tokens_label(t: int) -> str:
     return f"{t // 1024}k" if t >= 1024 and t % 1024 == 0 else str(t)
 
 
-def plot_document(doc: dict, path: Path) -> None:
-    """GB/s against tokens (log x), one line per implementation, one panel per (preset, dtype),
-    the copy ceiling as a horizontal line."""
+PLOT_COLOURS = {FQR: "C0", "eager": "C1", "compile": "C2", "liger": "C3"}
+PLOT_LINESTYLES = {"bf16": "-", "fp16": "--", "fp32": ":"}
+PLOT_COLUMNS = 3
+LATENCY_TICKS = (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+
+
+def _pct_of_ceiling(row: dict, impl: dict, doc: dict) -> float | None:
+    """An implementation's achieved bandwidth as % of its own run's copy ceiling."""
+    if impl.get("pct_ceiling") is not None:
+        return impl["pct_ceiling"]
+    gbps, ceiling = impl.get("gbps"), row.get("ceiling_gbps", doc["ceiling"]["gbps"])
+    return 100 * gbps / ceiling if gbps and ceiling else None
+
+
+def _latency_preset(presets: list[str]) -> str:
+    """The preset whose small-T latency is drawn: Qwen3-8B when present (the running example
+    of the docs), else the first."""
+    return "qwen3-8b" if "qwen3-8b" in presets else presets[0]
+
+
+def plot_document(doc: dict, path: Path) -> list[str]:
+    """Draw ``doc`` to ``path`` (PNG); return the panel titles, in order.
+
+    One panel per preset: each implementation's bandwidth as % of the same-run copy ceiling
+    (100% dashed) against tokens (log x), colour and marker per implementation, line style per
+    dtype. Then one latency panel: the CUDA-graph replay time (µs, log y) of every implementation at
+    small token counts (T <= :data:`GRAPH_MAX_TOKENS`) for one preset, where % of the ceiling
+    says little (launch-bound). One legend for the figure; no panel without data.
+    """
     reason = matplotlib_missing()
     if reason:
         raise MissingPlotter(reason)
@@ -186,53 +212,111 @@ def plot_document(doc: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
+    rows = sorted(doc["rows"], key=lambda r: r["tokens"])
     presets = list(dict.fromkeys(r["preset"] for r in doc["rows"]))
-    dtypes = list(dict.fromkeys(r["dtype"] for r in doc["rows"]))
     if not presets:
         raise ValueError("--plot: the document has no rows to plot")
-    fig, axes = plt.subplots(
-        len(presets),
-        len(dtypes),
-        squeeze=False,
-        sharex=True,
-        figsize=(5.2 * len(dtypes), 3.4 * len(presets)),
+    dtypes = list(dict.fromkeys(r["dtype"] for r in doc["rows"]))
+    impls = list(dict.fromkeys(n for r in rows for n in r["impls"]))
+
+    def series(preset, dtype, name, value):
+        return [
+            (r["tokens"], v)
+            for r in rows
+            if r["preset"] == preset and r["dtype"] == dtype and name in r["impls"]
+            for v in [value(r, r["impls"][name])]
+            if v is not None
+        ]
+
+    def style(name, dtype):
+        return dict(
+            color=PLOT_COLOURS.get(name),
+            marker=PLOT_MARKERS.get(name, "."),
+            linestyle=PLOT_LINESTYLES.get(dtype, "-."),
+            markersize=4,
+            linewidth=1.3,
+        )
+
+    def token_axis(ax, tokens):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(tokens, [_tokens_label(t) for t in tokens], fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("tokens", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, alpha=0.3)
+
+    panels: list[tuple[str, list]] = []
+    for preset in presets:
+        lines = [
+            (name, dtype, pts)
+            for dtype in dtypes
+            for name in impls
+            if (pts := series(preset, dtype, name, lambda r, i: _pct_of_ceiling(r, i, doc)))
+        ]
+        if lines:
+            panels.append((preset, lines))
+    small = _latency_preset(presets)
+    latency = [
+        (name, dtype, pts)
+        for dtype in dtypes
+        for name in impls
+        if (
+            pts := [
+                (t, us)
+                for t, us in series(small, dtype, name, lambda r, i: i.get("graph_us"))
+                if t <= GRAPH_MAX_TOKENS
+            ]
+        )
+    ]
+    count = len(panels) + bool(latency)
+    cols = min(PLOT_COLUMNS, count)
+    grid_rows = -(-count // cols)
+    fig, axes = plt.subplots(grid_rows, cols, squeeze=False, figsize=(4.6 * cols, 3.3 * grid_rows))
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        fig.delaxes(ax)
+    titles = []
+    for ax, (preset, lines) in zip(flat, panels):
+        for name, dtype, pts in lines:
+            ax.plot(*zip(*pts), **style(name, dtype))
+        ax.axhline(100, color="black", linestyle="--", linewidth=0.9)
+        token_axis(ax, sorted({t for _, _, pts in lines for t, _ in pts}))
+        top = max(v for _, _, pts in lines for _, v in pts)
+        ax.set_ylim(0, max(110, 1.05 * top))
+        ax.set_ylabel("% of copy ceiling", fontsize=8)
+        ax.set_title(preset, fontsize=9)
+        titles.append(preset)
+    if latency:
+        ax = flat[len(panels)]
+        for name, dtype, pts in latency:
+            ax.plot(*zip(*pts), **style(name, dtype))
+        token_axis(ax, sorted({t for _, _, pts in latency for t, _ in pts}))
+        ax.set_yscale("log")  # launch-bound kernels and eager chains differ tenfold
+        values = [us for _, _, pts in latency for _, us in pts]
+        ticks = [v for v in LATENCY_TICKS if min(values) / 1.6 <= v <= max(values) * 1.6]
+        ax.set_yticks(ticks, [f"{v:g}" for v in ticks], fontsize=7)
+        ax.minorticks_off()
+        ax.set_ylabel("CUDA-graph replay µs (log)", fontsize=8)
+        title = f"{small}: latency, T <= {GRAPH_MAX_TOKENS}"
+        ax.set_title(title, fontsize=9)
+        titles.append(title)
+    handles = [
+        Line2D([], [], color=PLOT_COLOURS.get(n), marker=PLOT_MARKERS.get(n, "."), label=n)
+        for n in impls
+    ]
+    handles += [
+        Line2D([], [], color="grey", linestyle=PLOT_LINESTYLES.get(d, "-."), label=d)
+        for d in dtypes
+    ]
+    handles.append(
+        Line2D([], [], color="black", linestyle="--", linewidth=0.9, label="copy ceiling")
     )
-    for i, preset in enumerate(presets):
-        for j, dtype in enumerate(dtypes):
-            ax = axes[i][j]
-            rows = sorted(
-                (r for r in doc["rows"] if r["preset"] == preset and r["dtype"] == dtype),
-                key=lambda r: r["tokens"],
-            )
-            names = list(dict.fromkeys(n for r in rows for n in r["impls"]))
-            for name in names:
-                pts = [
-                    (r["tokens"], r["impls"][name]["gbps"])
-                    for r in rows
-                    if r["impls"].get(name, {}).get("gbps")
-                ]
-                if pts:
-                    ax.plot(*zip(*pts), marker=PLOT_MARKERS.get(name, "."), label=name)
-            ceilings = {r.get("ceiling_gbps", doc["ceiling"]["gbps"]) for r in rows}
-            for c in sorted(ceilings):
-                ax.axhline(
-                    c,
-                    color="black",
-                    linestyle="--",
-                    linewidth=1,
-                    label=f"copy ceiling {c:.0f} GB/s",
-                )
-            ax.set_xscale("log", base=2)
-            ticks = [r["tokens"] for r in rows]
-            ax.set_xticks(ticks, [_tokens_label(t) for t in ticks], fontsize=7)
-            ax.set_title(f"{preset} {dtype}")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel("GB/s (minimal traffic)")
-            ax.set_ylim(bottom=0)
-            ax.grid(True, which="major", alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.suptitle(f"fqr bench on {doc['environment'].get('gpu', '?')}")
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    gpu = doc["environment"].get("gpu", "?")
+    fig.suptitle(f"fqr bench on {gpu}: bandwidth as % of the same-run copy ceiling", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return titles

@@ -49,10 +49,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import reference
+from ..core import dtype_name
 from ..numerics import compare
 from .fusion_pass import FusionBackend, fusion_patterns
+from .models import MODELS
 
-MODELS = ("hf-qwen3", "vllm")
 PREFILL_TOKENS = (512, 2048, 4096, 16384)
 DECODE_TOKENS = (1, 2, 4, 8, 16)
 PROFILE_TOKENS = (4096, 16384)
@@ -619,7 +620,7 @@ def compare_compiled(
     return Comparison(
         model=model,
         layers=layers,
-        dtype=str(dtype).replace("torch.", ""),
+        dtype=dtype_name(dtype),
         device=str(dev),
         cudagraphs=cudagraphs,
         sites=min((g.sites for g in fusion.stats.graphs), default=0),

@@ -19,6 +19,7 @@ static arguments) and runs the lowered kernel.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ from .kernel import Kernel
 from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
 from .targets import TARGETS, Target, get_target
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "lower",
@@ -94,6 +97,15 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
         program, plan, tgt, tiling, source, loaded.path, loaded.cache_hit, loaded.fn, dict(options)
     )
     _KERNELS[memo] = kernel
+    log.info(
+        "lowered %s for %s: %s, %s; source %s (%s)",
+        kernel_name,
+        target,
+        tiling,
+        ", ".join(f"{k}={v}" for k, v in sorted(options.items())) or "default options",
+        loaded.path,
+        "kernel cache hit" if loaded.cache_hit else "new in the kernel cache",
+    )
     return kernel
 
 

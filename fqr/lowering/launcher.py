@@ -25,10 +25,13 @@ None and the kernel launches through ``fn[grid]`` as before.
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # Triton releases whose launcher convention this module was written against.
 SUPPORTED_TRITON = ("3.6", "3.9")
@@ -87,6 +90,12 @@ class DirectLauncher:
             run = kernel.run  # loads the module: binds function and launcher
             self._bound[(device, key)] = (run, kernel.function, kernel.packed_metadata)
             self.compiles += 1
+            log.info(
+                "compiled %s for device %s, launch key %s",
+                getattr(self.fn, "__name__", self.fn),
+                device,
+                key,
+            )
             return
         run, function, packed = bound
         run(

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("fqr")
+log = logging.getLogger(__name__)
 INTERPRETER_LOCK = threading.Lock()
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, bool], LoadedKernel] = {}
@@ -190,6 +190,7 @@ def load_kernel(key: str, source: str, kernel_name: str, *, interpret: bool) -> 
                 _write_entry(dfd, name, path, data)
         finally:
             os.close(dfd)
+        log.debug("kernel cache %s: %s", "hit" if hit else "miss, written", path)
         require_triton_mode(interpret)
         fn = _exec_source(source, path, kernel_name, interpret)
         loaded = _LOADED[(key, interpret)] = LoadedKernel(

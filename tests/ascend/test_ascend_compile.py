@@ -155,7 +155,7 @@ def test_cli_check_json_and_usage_errors():
     )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["passed"] and [c["tp"] for c in report["checks"]] == [8]
+    assert report["ok"] and [c["tp"] for c in report["checks"]] == [8]
     assert (
         "needs the CANN toolkit" in r.stderr or report["checks"][0]["stages"][2]["status"] == "ok"
     )

@@ -234,7 +234,7 @@ def _config(**kw):
 def test_bookkeeping_of_a_cpu_run():
     clock = FixedClock([10.0, 30.0])  # fqr, then eager, each cell
     doc = fb.run_bench(_config(), device="cpu", timers=clock)
-    assert doc["schema"] == fb.SCHEMA and doc["passed"] is True
+    assert doc["schema"] == fb.SCHEMA and doc["ok"] is True
     assert [r["tokens"] for r in doc["rows"]] == [1, 300]
     for row in doc["rows"]:
         p = get_preset(row["preset"])
@@ -276,7 +276,7 @@ def test_a_wrong_implementation_is_reported_not_timed(monkeypatch):
     clock = FixedClock([20.0])
     doc = fb.run_bench(_config(tokens=[5]), device="cpu", timers=clock)
     fqr = doc["rows"][0]["impls"]["fqr"]
-    assert doc["passed"] is False
+    assert doc["ok"] is False
     assert fqr["check"]["passed"] is False and fqr["check"]["q"]["bad"] > 0
     assert fqr["check"]["k"]["passed"] and fqr["check"]["v"]["passed"]
     assert fqr["us"] is None and fqr["gbps"] is None
@@ -297,7 +297,7 @@ def test_a_raising_implementation_is_reported(monkeypatch):
     doc = fb.run_bench(_config(tokens=[3]), device="cpu", timers=FixedClock([1.0]))
     fqr = doc["rows"][0]["impls"]["fqr"]
     assert fqr["error"] == "RuntimeError: kernel launch failed" and fqr["us"] is None
-    assert doc["passed"] is False
+    assert doc["ok"] is False
 
 
 # ------------------------------------------------------------------ JSON -> table / plot
@@ -330,7 +330,7 @@ def test_failed_document_exits_1(monkeypatch, capsys, tmp_path):
     doc["rows"][0]["impls"]["fqr"].update(
         us=None, check=dict(doc["rows"][0]["impls"]["fqr"]["check"], passed=False)
     )
-    doc["passed"] = False
+    doc["ok"] = False
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     code, out, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
@@ -372,7 +372,7 @@ def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
     path = tmp_path / "other.json"
     path.write_text(json.dumps({"schema": "fqr-golden/1"}))
     code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
-    assert code == 2 and "not an fqr-bench/1 document" in err
+    assert code == 2 and f"not an {fb.SCHEMA} document" in err
 
 
 def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
@@ -437,7 +437,7 @@ def test_bench_end_to_end_on_gpu(monkeypatch, capsys, tmp_path):
     )
     assert code == 0, err
     doc = json.loads(out)
-    assert doc == fb.load_document(saved) and doc["complete"] and doc["passed"]
+    assert doc == fb.load_document(saved) and doc["complete"] and doc["ok"]
     assert 500 < doc["ceiling"]["gbps"] < 20_000
     for row in doc["rows"]:
         fqr = row["impls"]["fqr"]

@@ -212,7 +212,7 @@ def test_verify_reports_a_malformed_case_as_corrupt_in_one_json_document(
     doc = json.loads(out)
     (row,) = doc["results"]
     assert row["status"] == "corrupt" and row["detail"]
-    assert doc["passed"] is False and doc["counts"]["corrupt"] == 1
+    assert doc["ok"] is False and doc["counts"]["corrupt"] == 1
     assert "Traceback" not in err and "root:" not in out  # /etc/passwd never read
 
 

@@ -35,7 +35,8 @@ def test_verify_json_is_one_parseable_document():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     names = [e["name"] for e in list_cases(pattern="glm4-9b-*")]
-    assert doc["passed"] is True and doc["backends"] == ["reference"]
+    assert doc["schema"] == "fqr.verify/1" and doc["ok"] is True
+    assert doc["backends"] == ["reference"]
     assert [row["case"] for row in doc["results"]] == names
     inplace = {e["name"] for e in list_cases(pattern="glm4-9b-*") if "inplace" in peer_kwargs(e)}
     assert inplace

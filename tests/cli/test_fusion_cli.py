@@ -26,13 +26,13 @@ def fqr(*args: str) -> subprocess.CompletedProcess:
     [
         (("--preset", "llama3-8b"), "norm='none'"),
         (("--preset", "qwen3.5-27b"), "variant 'mrope-gate'"),
-        (("--preset", "nope"), "unknown preset"),
+        (("--preset", "nope"), "Invalid value for '--preset': 'nope' is not one of"),
         (("--layers", "0"), "--layers"),
         (("--dtype", "int8"), "--dtype"),
-        (("--device", "cuda", "--model", "gpt2"), "--model must be one of"),
+        (("--device", "cuda", "--model", "gpt2"), "Invalid value for '--model'"),
         (("--device", "cuda", "--decode", "1,x"), "--decode: cannot parse"),
         (("--device", "cuda", "--model", "hf-qwen3", "--preset", "qwen3-32b"), "Qwen3-8B"),
-        (("--device", "tpu"), "--device must be cpu or cuda"),
+        (("--device", "tpu"), "Invalid value for '--device': 'tpu' is not one of 'cpu', 'cuda'"),
     ],
 )
 def test_fuse_bad_usage_is_one_line_exit_2(args, message):
@@ -66,7 +66,8 @@ def test_fuse_json_reports_every_layer_fused():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
-    assert doc["passed"] is True and doc["sites"] == 2 and doc["layers"] == 2
+    assert doc["schema"] == "fqr.fuse/1" and doc["ok"] is True and doc["dtype"] == "fp32"
+    assert doc["sites"] == 2 and doc["layers"] == 2
     assert doc["unfused_ops_left"] == {}
     assert doc["contract"]["passed"] and all(c["v_exact"] for c in doc["layer_checks"])
     for side in ("unfused", "fused"):

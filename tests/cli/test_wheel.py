@@ -82,7 +82,7 @@ def test_wheel_installs_and_verifies_from_anywhere(tmp_path):
     )
     assert verified.returncode == 0, verified.stderr[-2000:]
     result = json.loads(verified.stdout)
-    assert result["passed"] and result["counts"]["pass"] == len(shipped)
+    assert result["ok"] and result["counts"]["pass"] == len(shipped)
 
     # Nothing is ever written into site-packages: regen there is refused, naming --dir.
     regen = subprocess.run(

@@ -13,6 +13,7 @@ FQR = Path(__file__).resolve().parents[2] / "fqr"
 
 LAYERS = {
     "fqr._version": 1,  # the version string, imports nothing
+    "fqr.logger": 1,  # the fqr logger and FQR_LOG_LEVEL, imports nothing of fqr
     "fqr.core": 1,
     "fqr.ops": 2,
     "fqr.lowering": 3,

@@ -38,6 +38,7 @@ def test_dp2_tp2_runs_and_verifies(seed):
     )
     assert rc == 0, err
     s = json.loads(out)
+    assert s["schema"] == "fqr.run/1" and s["ok"] is True
     check_verified(s, 4)
     assert sum(s["requests_per_dp"]) == 3 and min(s["requests_per_dp"]) >= 1
     ranks = s["ranks"]

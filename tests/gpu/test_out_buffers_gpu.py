@@ -1,0 +1,45 @@
+"""``out=(q, k, v)`` on the triton backend (skipped without a CUDA GPU): real preset shapes, the
+outputs written into NaN-poisoned views of one wider buffer (strided rows), against float64;
+nothing outside the views written."""
+
+import pytest
+import torch
+
+import fqr
+from fqr import reference
+from fqr.backends import BACKENDS
+from fqr.inputs import random_inputs
+from fqr.numerics import compare
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
+    ),
+]
+GAP = 8  # poisoned columns after each view
+
+
+@pytest.mark.parametrize("tokens", [1, 77, 4099])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["qwen3-8b", "gemma3-27b", "olmo2-7b", "glm4-9b"])
+def test_out_views_on_triton(gen, name, dtype, tokens):
+    p = fqr.get_preset(name)
+    inputs = random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache(1 << 16))
+    exact = reference.prologue(*inputs.args(), **inputs.kwargs())
+    inputs = inputs.to("cuda")
+    widths = (p.spec.q_size, p.spec.kv_size, p.spec.kv_size)
+    buffer = torch.full((tokens, sum(widths) + 3 * GAP), float("nan"), dtype=dtype, device="cuda")
+    views, start, written = [], 0, torch.zeros(buffer.shape[1], dtype=torch.bool)
+    for w in widths:
+        views.append(buffer[:, start : start + w])
+        written[start : start + w] = True
+        start += w + GAP
+    got = fqr.split_qkv_rmsnorm_rope(
+        *inputs.args(), **inputs.kwargs(backend="triton"), out=tuple(views)
+    )
+    assert all(g is v for g, v in zip(got, views))
+    for n, o, e in zip("qkv", views, exact):
+        c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")
+        assert c.passed, f"{n}: {c}"
+    assert buffer[:, ~written.cuda()].isnan().all()
