@@ -184,6 +184,14 @@ TUNED: dict[tuple, tuple[Config, Config, Config]] = {
     _qk(32, 16): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Gemma 3 27B
     _qk(24, 4, 256, "neox64"): (_DECODE, (1, 1, 2048, "grid"), (2, 1, 2048, "unroll")),  # Qwen3.5
     _qk(32, 2, 128, "gptj64"): ((4, 1, 2048, "grid"), _LARGE_2W, _LARGE_2W),  # GLM-4-9B
+    # Qwen3.5-27B as the model runs it (its gate chain after v): the variants of its q/k/v
+    # shape above, so that text-only mRoPE positions tile, reduce and round as plain RoPE does
+    # (bit-identical on the H200, scripts/mrope_gpu.py; untuned variants differed at T = 4,099)
+    _qk(24, 4, 256, "neox64") + ((24, 256, "plain", True),): (
+        _DECODE,
+        (1, 1, 2048, "grid"),
+        (2, 1, 2048, "unroll"),
+    ),
     # fp16 measured apart (second pass, docs/results/launch-floor-2-sweep.json): on the 1-warp
     # large variants two tokens per program gain 1-2 points in fp16 (Qwen3-8B 65,536 tokens
     # 93.8 -> 94.7%, 16,384 89.4 -> 90.8%) and lose 2-3 in bf16, so the entries are per dtype.
