@@ -179,16 +179,18 @@ def make_variant_cell(
 
 def _compiled(chain):
     """``torch.compile(fullgraph=True)`` of an eager chain, the token dimension dynamic (as
-    vLLM marks it; sizes 0 and 1 are always specialised)."""
+    vLLM marks it; sizes 0 and 1 are always specialised): in each input the first dim of T
+    rows (``[T, ...]`` rows, ``[3, T]`` mRoPE positions), never a later one that happens to
+    equal T (Gemma 4's qkv row is 16,384 wide: marking it too is a constraint violation)."""
     compiled = torch.compile(chain, fullgraph=True)
 
     def run(inputs: dict):
         tokens = inputs["qkv"].shape[0]
         if tokens >= 2:
             for x in inputs.values():
-                for dim, size in enumerate(x.shape):
-                    if size == tokens:
-                        torch._dynamo.mark_dynamic(x, dim)
+                token_dim = next((d for d, size in enumerate(x.shape) if size == tokens), None)
+                if token_dim is not None:
+                    torch._dynamo.mark_dynamic(x, token_dim)
         return compiled(inputs)
 
     return run
