@@ -711,17 +711,19 @@ def _with_outliers(x: torch.Tensor, columns: slice, generator: torch.Generator) 
     x = x.clone()
     width = columns.stop - columns.start
     for value in OUTLIERS:
-        t = int(torch.randint(0, x.shape[0], (1,), generator=generator))
-        c = columns.start + int(torch.randint(0, width, (1,), generator=generator))
+        t = int(torch.randint(0, x.shape[0], (1,), generator=generator, device=generator.device))
+        c = columns.start + int(
+            torch.randint(0, width, (1,), generator=generator, device=generator.device)
+        )
         x[t, c] = value
     return x
 
 
 def _random_heads(tokens, heads, head_dim, dtype, generator) -> torch.Tensor:
     """``[tokens, heads*head_dim]`` drawn as :func:`fqr.inputs.random_qkv` draws its heads."""
-    f64 = torch.float64
-    scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=f64)
-    x = torch.randn(tokens, heads, head_dim, generator=generator, dtype=f64)
+    f64, device = torch.float64, generator.device
+    scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=f64, device=device)
+    x = torch.randn(tokens, heads, head_dim, generator=generator, dtype=f64, device=device)
     return (x * scale[:, None]).reshape(tokens, heads * head_dim).to(dtype)
 
 
@@ -1043,10 +1045,12 @@ class KVCacheInsert(Variant):
         blocks = -(-2 * tokens // bs) + 1  # twice the rows the tokens need, plus a block
         shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
         caches = [
-            torch.randn(shape, generator=generator, dtype=torch.float64).to(cache_dtype)
+            torch.randn(
+                shape, generator=generator, dtype=torch.float64, device=generator.device
+            ).to(cache_dtype)
             for _ in range(2)
         ]
-        slots = torch.randperm(blocks * bs, generator=generator)[:tokens]
+        slots = torch.randperm(blocks * bs, generator=generator, device=generator.device)[:tokens]
         if tokens > 1:
             slots[1::3] = -1  # padding tokens: nothing stored
         drawn = {
@@ -1059,7 +1063,9 @@ class KVCacheInsert(Variant):
             "slot_mapping": slots,
         }
         if cache_dtype == FP8_E4M3:
-            scales = 0.25 + 0.75 * torch.rand(2, generator=generator, dtype=torch.float64)
+            scales = 0.25 + 0.75 * torch.rand(
+                2, generator=generator, dtype=torch.float64, device=generator.device
+            )
             drawn["k_scale"] = scales[:1].float()
             drawn["v_scale"] = scales[1:].float()
         return drawn

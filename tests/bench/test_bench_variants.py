@@ -40,7 +40,7 @@ def _config(preset, **kw):
 def test_a_variant_preset_runs_through_its_variant(name):
     preset = get_preset(name, 8)
     doc = fb.run_bench(_config(preset), device="cpu", timers=FixedClock([10.0, 40.0]))
-    assert doc["passed"] is True, report.failure_lines(doc)
+    assert doc["ok"] is True, report.failure_lines(doc)
     assert doc["skipped"] == {f"liger/{name}": f"liger has no {preset.variant} chain"}
     for row in doc["rows"]:
         t = row["tokens"]
@@ -80,7 +80,7 @@ def test_a_wrong_variant_output_is_reported_not_timed(monkeypatch):
     clock = FixedClock([20.0])
     doc = fb.run_bench(_config(preset, tokens=[5]), device="cpu", timers=clock)
     ours = doc["rows"][0]["impls"]["fqr"]
-    assert doc["passed"] is False and ours["us"] is None
+    assert doc["ok"] is False and ours["us"] is None
     assert ours["check"]["v"]["passed"] is False and ours["check"]["q"]["passed"]
     assert clock.timed == 1  # the eager peer only
     (line,) = report.failure_lines(doc)
@@ -99,7 +99,7 @@ def test_the_compile_peer_of_a_variant_on_gpu():
     preset = get_preset("llama4-scout", 8)
     cfg = _config(preset, compare=["eager", "compile"], tokens=[3, 300], backend="triton")
     doc = fb.run_bench(cfg, device="cuda", timers=FixedClock([10.0, 30.0, 20.0]))
-    assert doc["passed"] is True, report.failure_lines(doc)
+    assert doc["ok"] is True, report.failure_lines(doc)
     assert all(r["impls"]["compile"]["check"]["passed"] for r in doc["rows"])
 
 
@@ -110,7 +110,7 @@ def test_minimax_presets_bench_and_check_their_caches_whole(name):
     not [T, ...] rows)."""
     preset = get_preset(name, 8)
     doc = fb.run_bench(_config(preset, compare=["eager"]), device="cpu", timers=FixedClock([10.0]))
-    assert doc["passed"] is True, report.failure_lines(doc)
+    assert doc["ok"] is True, report.failure_lines(doc)
     if preset.variant != "kv-cache":
         return
     for row in doc["rows"]:

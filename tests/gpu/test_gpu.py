@@ -158,3 +158,14 @@ def test_new_token_counts_do_not_recompile(gen):
         kernel = lower(preset_program(p, torch.bfloat16), "cuda")
         counts.append(_compiled_variants(kernel.fn))
     assert counts == [1] * len(counts)
+
+
+@pytest.mark.parametrize("name", VARIANT_PRESETS)
+def test_variant_draws_on_the_generators_device(name):
+    """``fqr bench`` draws its inputs with a CUDA generator: every variant's ``draw`` puts each
+    input on the generator's device (MiniMax-M3's draws once asked a CUDA generator for CPU
+    tensors)."""
+    p = fqr.get_preset(name)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    drawn = variant_of(p).draw(p, 7, torch.bfloat16, gen, max_position=4096)
+    assert {x.device.type for x in drawn.values()} == {"cuda"}, name
