@@ -364,12 +364,13 @@ PRESETS: dict[str, Preset] = {
             variant="nope-temperature",
             variant_params=(("floor_scale", 8192.0), ("attn_scale", 0.1)),
         ),
-        # MiniMax-M3's sparse-attention layers (MiniMaxAI/MiniMax-M3 config.json:
-        # num_attention_heads 64, num_key_value_heads 4, head_dim 128, rotary_dim 64, rope_theta
-        # 5e6, rms_norm_eps 1e-6, max_position_embeddings 1048576; sparse_attention_config:
-        # sparse_num_index_heads 4 (== num_key_value_heads, asserted and sharded alike by
-        # vllm-ascend's MiniMaxM3SparseAttention), sparse_index_dim 128). q, k, index q and
-        # index k use GemmaRMSNorm, (1 + w) (vllm_ascend/models/minimax_m3/minimax_m3.py).
+        # MiniMax-M3's sparse-attention layers: heads 64 / kv 4, head_dim 128, rotary_dim 64,
+        # index heads 4 (== kv heads, asserted and sharded alike by vllm-ascend's
+        # MiniMaxM3SparseAttention) of sparse_index_dim 128, q / k / index q / index k under
+        # GemmaRMSNorm, (1 + w) (vllm_ascend/models/minimax_m3/minimax_m3.py and its tests);
+        # max_position_embeddings 1048576 (release notes). rope_theta 5e6 and rms_norm_eps
+        # 1e-6 come from a third-party copy of the config, NOT yet checked against
+        # MiniMaxAI/MiniMax-M3's config.json (unreachable from here).
         *(
             Preset(
                 name,
