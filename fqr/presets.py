@@ -83,6 +83,12 @@ class PrologueSpec:
     def kwargs(self, **extra) -> dict:
         """Keyword arguments of :func:`fqr.split_qkv_rmsnorm_rope` (and of
         :func:`fqr.reference.prologue`), with ``extra`` (``numerics=``, ``backend=``, ...)."""
+        return self.head_kwargs(norm=self.norm, **extra)
+
+    def head_kwargs(self, **extra) -> dict:
+        """The keywords every per-head prologue op takes (heads, head_dim, eps, rotary pairing,
+        norm weight offset: the variants' public ops, references and traced programs), with
+        ``extra``."""
         return (
             dict(
                 num_heads=self.num_heads,
@@ -91,7 +97,6 @@ class PrologueSpec:
                 eps=self.eps,
                 is_neox=self.is_neox,
                 weight_offset=self.weight_offset,
-                norm=self.norm,
             )
             | extra
         )

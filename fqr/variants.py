@@ -296,16 +296,10 @@ class MRoPE(Variant):
             raise ValueError(f"preset {preset.name}: variant {self.name!r} needs norm='head'")
 
     def _kwargs(self, preset, **extra) -> dict:
-        spec, fields = preset.spec, preset.params
-        return dict(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
+        fields = preset.params
+        return preset.spec.head_kwargs(
             mrope_section=tuple(fields["mrope_section"]),
             mrope_interleaved=bool(fields["mrope_interleaved"]),
-            eps=spec.eps,
-            is_neox=spec.is_neox,
-            weight_offset=spec.weight_offset,
             output_gate=self.output_gate,
             **extra,
         )
@@ -506,15 +500,7 @@ class VNorm(Variant):
             Aval((spec.head_dim,), dtype),
             Aval((spec.head_dim,), dtype),
         )
-        static = dict(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            eps=spec.eps,
-            is_neox=spec.is_neox,
-            weight_offset=spec.weight_offset,
-            numerics=numerics,
-        )
+        static = spec.head_kwargs(numerics=numerics)
         return vnorm_program((avals, tuple(sorted(static.items()))))
 
     def draw(
@@ -543,15 +529,7 @@ class VNorm(Variant):
         )
 
     def _kwargs(self, preset) -> dict:
-        spec = preset.spec
-        return dict(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            eps=spec.eps,
-            is_neox=spec.is_neox,
-            weight_offset=spec.weight_offset,
-        )
+        return preset.spec.head_kwargs()
 
     def expected(self, preset, inputs, cos_sin_cache):
         q, k, v = reference.vnorm_prologue(
@@ -798,16 +776,9 @@ class IndexHeads(Variant):
                 raise ValueError(f"preset {preset.name}: {flag} must be a bool")
 
     def _kwargs(self, preset) -> dict:
-        spec, p = preset.spec, preset.params
-        return dict(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            num_index_heads=spec.num_kv_heads,
-            index_head_dim=p["index_head_dim"],
-            eps=spec.eps,
-            is_neox=spec.is_neox,
-            weight_offset=spec.weight_offset,
+        spec = preset.spec
+        return spec.head_kwargs(
+            num_index_heads=spec.num_kv_heads, index_head_dim=preset.params["index_head_dim"]
         )
 
     def head_dim(self, preset, output):
@@ -1008,15 +979,7 @@ class KVCacheInsert(Variant):
             scale,
             scale,
         )
-        static = dict(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            eps=spec.eps,
-            is_neox=spec.is_neox,
-            weight_offset=spec.weight_offset,
-            numerics=numerics,
-        )
+        static = spec.head_kwargs(numerics=numerics)
         return cache_program((avals, tuple(sorted(static.items()))))
 
     def draw(

@@ -132,6 +132,14 @@ def _spawned_workers(parent: int) -> list[int]:
     return pids
 
 
+def as_from_a_terminal() -> None:
+    """The child starts as a shell's foreground command does: SIGINT at its default and not
+    blocked, whatever this test process inherited or an earlier test left (an ignored or
+    blocked SIGINT passes through exec, and the run would then never see the Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.slow
 def test_workers_ignore_sigint_while_they_import():
     """Ctrl-C reaches every process of the foreground group; workers importing torch must not
@@ -144,6 +152,7 @@ def test_workers_ignore_sigint_while_they_import():
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 60
