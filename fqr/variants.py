@@ -145,6 +145,32 @@ class Variant(ABC):
     ) -> tuple[torch.Tensor, ...]:
         """The public op on ``inputs``: the outputs in :attr:`outputs` order."""
 
+    # Inputs the op updates in place (a paged cache): :meth:`run` works on copies of them,
+    # :meth:`run_in_place` on them, as a serving engine calls the op.
+    donated: ClassVar[frozenset[str]] = frozenset()
+
+    def run_in_place(
+        self,
+        preset: Preset,
+        inputs: dict[str, torch.Tensor],
+        cos_sin_cache: torch.Tensor,
+        *,
+        numerics: str = "fused",
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, ...]:
+        """:meth:`run` with the :attr:`donated` inputs updated in place instead of copied
+        first (what ``fqr bench`` times); the same as :meth:`run` where nothing is donated."""
+        return self.run(preset, inputs, cos_sin_cache, numerics=numerics, backend=backend)
+
+    def bytes_written(self, program: Program, inputs: dict[str, torch.Tensor]) -> int:
+        """Bytes one call on ``inputs`` stores: every ``[T, width]`` output of ``program``
+        (this variant's :meth:`program`) once."""
+        tokens = inputs["qkv"].shape[0]
+        return sum(
+            tokens * v.aval.shape[1] * (torch.finfo(v.aval.dtype).bits // 8)
+            for v in program.outputs
+        )
+
     @abstractmethod
     def eager(
         self, preset: Preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype
@@ -923,6 +949,17 @@ class KVCacheInsert(Variant):
     copies = frozenset()
     params = ("block_size", "cache_dtype")
     has_bias = False
+    donated = frozenset({"key_cache", "value_cache"})
+
+    def bytes_written(self, program, inputs):
+        """q's rows, then one k row and one v row per stored slot (``slot >= 0``) in the
+        cache's dtype: the caches' other rows are not touched."""
+        q, key_cache, _ = program.outputs
+        tokens, stored = inputs["qkv"].shape[0], int((inputs["slot_mapping"] >= 0).sum())
+        cache_row = key_cache.aval.shape[2] * key_cache.aval.shape[3]
+        itemsize = torch.finfo(key_cache.aval.dtype).bits // 8
+        q_bytes = tokens * q.aval.shape[1] * (torch.finfo(q.aval.dtype).bits // 8)
+        return q_bytes + 2 * stored * cache_row * itemsize
 
     def check(self, preset):
         super().check(preset)
@@ -1055,7 +1092,15 @@ class KVCacheInsert(Variant):
     def run(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
         """The op on copies of the drawn caches (it updates them in place): ``(q, key_cache,
         value_cache)``."""
-        key_cache, value_cache = inputs["key_cache"].clone(), inputs["value_cache"].clone()
+        copies = {n: inputs[n].clone() for n in self.donated}
+        return self.run_in_place(
+            preset, dict(inputs, **copies), cos_sin_cache, numerics=numerics, backend=backend
+        )
+
+    def run_in_place(self, preset, inputs, cos_sin_cache, *, numerics="fused", backend="auto"):
+        """The op storing into the given caches (a second call on the same inputs stores the
+        same rows again): ``(q, key_cache, value_cache)``."""
+        key_cache, value_cache = inputs["key_cache"], inputs["value_cache"]
         q = split_qkv_rmsnorm_rope_cache(
             inputs["qkv"],
             inputs["positions"],

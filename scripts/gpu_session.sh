@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
-# Usage (on the device machine, repo root): bash scripts/gpu_session.sh checks|bench
+# Usage (on the device machine, repo root): bash scripts/gpu_session.sh checks|bench|dispatch|minimax
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
 export PYTHONPATH="$PWD:/tmp/fqr_path"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export FQR_CACHE_DIR=${FQR_CACHE_DIR:-/tmp/fqr-kernels}   # the image has no platformdirs
+mkdir -p -m 700 "$FQR_CACHE_DIR"
 fqr() { python3 -m fqr "$@"; }
 summary=()
 step() { local name=$1; shift; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$name rc=$rc"); tail -n "${TAILN:-25}" "$OUT/$name.log"; }
@@ -30,6 +32,10 @@ dispatch)
   step pytest_gpu python3 -m pytest -q -p no:cacheprovider tests/gpu -m gpu
   TAILN=20 step bench_dispatch fqr bench --preset qwen3-8b --tokens 1,16,128,1024,4096,65536 --dtype bf16 --compare none --save "$OUT/bench_dispatch.json"
   step fuse_cuda fqr fuse --preset qwen3-8b --device cuda --tokens 256
+  ;;
+minimax)
+  # MiniMax-M3's indexer heads and KV-cache insert (bf16 / FP8): device, wall and peers, one run
+  TAILN=30 step bench_minimax fqr bench --preset minimax-m3-kvcache,minimax-m3,minimax-m3-kvcache-fp8,minimax-m3-fp8 --tokens 16384,65536 --dtype bf16 --compare eager,compile --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_minimax.json"
   ;;
 esac
 printf '%s\n' "${summary[@]}"

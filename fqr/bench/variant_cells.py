@@ -5,14 +5,17 @@ from the preset's :class:`~fqr.variants.Variant`:
 ==============  ============================================================================
 inputs          :meth:`Variant.draw` (fresh per cell, rotated like the split-qkv sets)
 expectation     :meth:`Variant.expected` (float64) on the checked rows
-fqr             :meth:`Variant.run`, the public op, under the run's numerics; on triton its
-                bare launcher is the variant program's kernel (:meth:`Variant.program_args`)
+fqr             :meth:`Variant.run_in_place`, the public op, under the run's numerics (a
+                donated KV cache updated in place, as vLLM passes it: every call on a set
+                stores the same rows); on triton its bare launcher is the variant program's
+                kernel (:meth:`Variant.program_args`)
 eager/compile   :meth:`Variant.eager`, the model's own unfused chain, and
                 ``torch.compile(fullgraph=True)`` of it (token dimension dynamic), ``unfused``
 check           each output under its tolerance kind (:meth:`Variant.tolerance`), finite on
                 every row
-traffic         bytes of every input read once (the table: one row per token) plus every
-                output written once (the variant program's output widths)
+traffic         bytes of every input read once (the table: one row per token; a donated
+                cache is not read) plus every output written once
+                (:meth:`Variant.bytes_written`: a cache only at its stored slots)
 ==============  ============================================================================
 
 Liger and the dispatch table are split-qkv's own (Liger has no kernel for these chains; the
@@ -62,18 +65,17 @@ def _token_rows(x: torch.Tensor, rows: torch.Tensor, tokens: int) -> torch.Tenso
 def variant_traffic(
     variant: Variant, preset: Preset, inputs: dict, cache: torch.Tensor, dtype: torch.dtype
 ) -> Traffic:
-    """Bytes of the inputs read and the outputs written, once each (module docstring)."""
+    """Bytes of the inputs read and the outputs written, once each (module docstring); a
+    donated cache counts only the rows the call stores (:meth:`Variant.bytes_written`)."""
     tokens = inputs["qkv"].shape[0]
     program = variant.program(preset, dtype, positions_dtype=inputs["positions"].dtype)
-    written = sum(
-        tokens * v.aval.shape[1] * (torch.finfo(v.aval.dtype).bits // 8) for v in program.outputs
-    )
-    per_token = [x for n, x in inputs.items() if n != "positions" and x.shape[0] == tokens]
-    per_call = [x for n, x in inputs.items() if n != "positions" and x.shape[0] != tokens]
+    read = {n: x for n, x in inputs.items() if n != "positions" and n not in variant.donated}
+    per_token = [x for x in read.values() if x.shape[0] == tokens]
+    per_call = [x for x in read.values() if x.shape[0] != tokens]
     table = tokens * cache.shape[1] * cache.element_size() if variant.reads_table else 0
     return Traffic(
         qkv_read=sum(x.nbytes for x in per_token),
-        qkv_written=written,
+        qkv_written=variant.bytes_written(program, inputs),
         positions=inputs["positions"].nbytes,
         cos_sin=table,
         weights=sum(x.nbytes for x in per_call),
@@ -204,8 +206,10 @@ def variant_implementations(
 
     variant = variant_of(preset)
 
-    def ours(inputs: dict):
-        return variant.run(preset, inputs, cache, numerics=cfg.numerics, backend=cfg.backend)
+    def ours(inputs: dict):  # a donated cache as a serving engine passes it: updated in place
+        return variant.run_in_place(
+            preset, inputs, cache, numerics=cfg.numerics, backend=cfg.backend
+        )
 
     fqr = Implementation(FQR, ours, cfg.numerics)
     if cfg.backend == "triton":

@@ -117,3 +117,37 @@ def test_minimax_presets_bench_and_check_their_caches_whole(name):
         assert row["impls"]["fqr"]["check"]["key_cache"]["passed"]
     whole = variant_cells.per_call_outputs(variant_cells.variant_of(preset), preset, torch.bfloat16)
     assert whole == {"key_cache", "value_cache"}
+
+
+@pytest.mark.parametrize("name", ["minimax-m3-kvcache", "minimax-m3-kvcache-fp8"])
+def test_a_kv_cache_cell_counts_the_stored_rows_not_the_cache(name):
+    """The paged caches are donated: the op reads none of them and writes one k row and one
+    v row per stored slot (padding tokens, slot -1, store nothing), so the bytes of a call
+    do not grow with the cache's size. The timed call updates the drawn caches in place."""
+    preset = get_preset(name, 8)
+    s = preset.spec
+    cache_elt = 1 if name.endswith("fp8") else 2
+    doc = fb.run_bench(_config(preset, compare=[]), device="cpu", timers=FixedClock([10.0]))
+    assert doc["ok"] is True, report.failure_lines(doc)
+    for row in doc["rows"]:
+        t = row["tokens"]
+        stored = t - len(range(1, t, 3))  # the draw pads every third token from the second
+        read = t * s.qkv_width * 2 + 8 * t + 8 * t + t * s.rotary_dim * 4 + 2 * s.head_dim * 2
+        read += 2 * 4 if cache_elt == 1 else 0  # the per-tensor scales of an FP8 cache
+        written = t * s.q_size * 2 + 2 * stored * s.kv_size * cache_elt
+        assert row["bytes"] == read + written
+
+
+def test_run_in_place_stores_into_the_given_caches_and_run_into_copies():
+    preset = get_preset("minimax-m3-kvcache", 8)
+    variant = variant_cells.variant_of(preset)
+    table = variant_cells.variant_table(preset)
+    inputs = variant.draw(
+        preset, 5, torch.bfloat16, torch.Generator().manual_seed(3), max_position=table.shape[0]
+    )
+    before = inputs["key_cache"].clone()
+    _, key_cache, _ = variant.run(preset, inputs, table, backend="reference")
+    assert key_cache is not inputs["key_cache"] and torch.equal(inputs["key_cache"], before)
+    assert not torch.equal(key_cache, before)
+    _, in_place, _ = variant.run_in_place(preset, inputs, table, backend="reference")
+    assert in_place is inputs["key_cache"] and torch.equal(in_place, key_cache)
