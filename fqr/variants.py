@@ -825,8 +825,7 @@ class IndexHeads(Variant):
         positions_dtype=torch.int64,
         sharded_full_norm=False,
     ):
-        if bias:
-            raise ValueError(f"variant {self.name} has no biases")
+        _no_bias(self, bias)
         kw, p = self._kwargs(preset), preset.params
         d, di = kw["head_dim"], kw["index_head_dim"]
         width = (kw["num_heads"] + 2 * kw["num_kv_heads"]) * d + (kw["num_index_heads"] + 1) * di
@@ -853,8 +852,7 @@ class IndexHeads(Variant):
         positions_dtype=torch.int64,
         bias=False,
     ):
-        if bias:
-            raise ValueError(f"variant {self.name} has no biases")
+        _no_bias(self, bias)
         kw = self._kwargs(preset)
         spec, di = preset.spec, kw["index_head_dim"]
         main = random_qkv(spec, tokens, dtype, generator)
@@ -997,8 +995,7 @@ class KVCacheInsert(Variant):
         positions_dtype=torch.int64,
         sharded_full_norm=False,
     ):
-        if bias:
-            raise ValueError(f"variant {self.name} has no biases")
+        _no_bias(self, bias)
         spec, cache_dtype = preset.spec, self.cache_dtype(preset, dtype)
         cache = Aval(
             ("B", preset.params["block_size"], spec.num_kv_heads, spec.head_dim), cache_dtype
@@ -1030,8 +1027,7 @@ class KVCacheInsert(Variant):
         positions_dtype=torch.int64,
         bias=False,
     ):
-        if bias:
-            raise ValueError(f"variant {self.name} has no biases")
+        _no_bias(self, bias)
         spec, bs = preset.spec, preset.params["block_size"]
         cache_dtype = self.cache_dtype(preset, dtype)
         v_at = spec.q_size + spec.kv_size
