@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
@@ -20,53 +20,20 @@ from ..core import dtype_name
 from ..inputs import PrologueInputs, random_inputs
 from ..peers import build_peer, peer_unavailable_reason
 from ..presets import Preset
+from .cell import Cell, Implementation
 from .checks import check_outputs, check_row_index, poison_free_memory
 from .config import BenchConfig
 from .document import FQR, add_row, new_document
 from .environment import environment, require_gpu
 from .measurements import DISPATCH_TOKENS, MEASUREMENTS
 from .timers import CudaTimers
-from .traffic import Traffic, rotation_sets, traffic_bytes
+from .traffic import rotation_sets, traffic_bytes
 from .variant_cells import (
     is_variant_preset,
     make_variant_cell,
     variant_implementations,
     variant_table,
 )
-
-
-@dataclass
-class Implementation:
-    """One contender: ``call(inputs) -> (q, k, v)``, held to ``numerics``; fqr on triton also
-    has its bare kernel ``launcher``."""
-
-    name: str
-    call: Callable[[PrologueInputs], tuple]
-    numerics: str
-    launcher: Callable[[PrologueInputs], object] | None = None
-
-
-@dataclass
-class Cell:
-    """One (preset, dtype, tokens) cell: its input sets, the checked rows and their float64
-    expectation, and the bytes one call moves."""
-
-    preset: Preset
-    dtype: torch.dtype
-    tokens: int
-    sets: list[PrologueInputs]
-    rows: torch.Tensor
-    exact: tuple
-    traffic: Traffic
-    ceiling_gbps: float
-    device: torch.device
-    # check(outputs, exact, rows, numerics) -> report; None: split-qkv's (q, k, v) check. A
-    # variant preset's cell checks through its variant (fqr.bench.variant_cells).
-    check: Callable[..., dict] | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.preset.name} {dtype_name(self.dtype)} T={self.tokens}"
 
 
 def error_text(e: BaseException) -> str:

@@ -33,6 +33,7 @@ from ..core import TOKENS, dtype_name
 from ..numerics import compare_kind
 from ..presets import Preset
 from ..variants import Variant, variant_of
+from .cell import Cell, Implementation
 from .checks import check_row_index
 from .config import BenchConfig
 from .document import FQR
@@ -153,8 +154,6 @@ def make_variant_cell(
     device: torch.device,
 ):
     """A :class:`fqr.bench.run.Cell` of a variant preset (seeded per cell, as split-qkv's)."""
-    from .run import Cell
-
     variant = variant_of(preset)
     label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
     seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
@@ -202,8 +201,6 @@ def variant_implementations(
     cfg: BenchConfig, preset: Preset, dtype: torch.dtype, cache: torch.Tensor, skipped: dict
 ) -> list:
     """fqr (the variant's public op), then the peers the variant has (module docstring)."""
-    from .run import Implementation
-
     variant = variant_of(preset)
 
     def ours(inputs: dict):  # a donated cache as a serving engine passes it: updated in place
