@@ -374,8 +374,11 @@ PRESETS: dict[str, Preset] = {
         # MiniMaxM3SparseAttention) of sparse_index_dim 128, q / k / index q / index k under
         # GemmaRMSNorm, (1 + w) (vllm_ascend/models/minimax_m3/minimax_m3.py and its tests);
         # max_position_embeddings 1048576 (release notes). rope_theta 5e6 and rms_norm_eps
-        # 1e-6 come from a third-party copy of the config, NOT yet checked against
-        # MiniMaxAI/MiniMax-M3's config.json (unreachable from here).
+        # 1e-6 as the released text_config pinned in an SGLang fork's MiniMax-M3 layer
+        # benchmark (FrankLeeeee/sglang benchmarks/minimax_m3_sparse_attn/bench_layer.py,
+        # FALLBACK_TEXT_CONFIG, which also gives rotary_dim 64, index heads 4 of 128) and
+        # other public test configs; MiniMaxAI/MiniMax-M3's config.json itself was not read
+        # (unreachable from here).
         *(
             Preset(
                 name,
