@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 
 from . import reference
-from .core import Aval, Program
+from .core import TOKENS, Aval, Program
 from .inputs import random_norm_params, random_positions, random_qkv
 from .peers import gemma4_prologue, llama4_prologue, vllm_prologue
 from .presets import Preset
@@ -164,11 +164,13 @@ class Variant(ABC):
 
     def bytes_written(self, program: Program, inputs: dict[str, torch.Tensor]) -> int:
         """Bytes one call on ``inputs`` stores: every ``[T, width]`` output of ``program``
-        (this variant's :meth:`program`) once."""
+        (this variant's :meth:`program`) once; a donated output (not ``[T, ...]`` rows) is
+        the overriding variant's to count."""
         tokens = inputs["qkv"].shape[0]
         return sum(
-            tokens * v.aval.shape[1] * (torch.finfo(v.aval.dtype).bits // 8)
+            tokens * v.aval.shape[1] * v.aval.dtype.itemsize
             for v in program.outputs
+            if v.aval.shape[0] == TOKENS
         )
 
     @abstractmethod
@@ -952,12 +954,11 @@ class KVCacheInsert(Variant):
     def bytes_written(self, program, inputs):
         """q's rows, then one k row and one v row per stored slot (``slot >= 0``) in the
         cache's dtype: the caches' other rows are not touched."""
-        q, key_cache, _ = program.outputs
-        tokens, stored = inputs["qkv"].shape[0], int((inputs["slot_mapping"] >= 0).sum())
-        cache_row = key_cache.aval.shape[2] * key_cache.aval.shape[3]
-        itemsize = torch.finfo(key_cache.aval.dtype).bits // 8
-        q_bytes = tokens * q.aval.shape[1] * (torch.finfo(q.aval.dtype).bits // 8)
-        return q_bytes + 2 * stored * cache_row * itemsize
+        _, key_cache, _ = program.outputs
+        stored = int((inputs["slot_mapping"] >= 0).sum())
+        _, _, heads, head_dim = key_cache.aval.shape
+        cache_rows = 2 * stored * heads * head_dim * key_cache.aval.dtype.itemsize
+        return super().bytes_written(program, inputs) + cache_rows
 
     def check(self, preset):
         super().check(preset)
