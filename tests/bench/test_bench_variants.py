@@ -120,18 +120,25 @@ def test_minimax_presets_bench_and_check_their_caches_whole(name):
 
 
 @pytest.mark.parametrize("name", ["minimax-m3-kvcache", "minimax-m3-kvcache-fp8"])
-def test_a_kv_cache_cell_counts_the_stored_rows_not_the_cache(name):
+def test_a_kv_cache_cell_counts_the_stored_rows_not_the_cache(name, monkeypatch):
     """The paged caches are donated: the op reads none of them and writes one k row and one
     v row per stored slot (padding tokens, slot -1, store nothing), so the bytes of a call
-    do not grow with the cache's size. The timed call updates the drawn caches in place."""
+    do not grow with the cache's size. The bench calls the op on the drawn caches in place,
+    never through the copying ``run``."""
     preset = get_preset(name, 8)
     s = preset.spec
     cache_elt = 1 if name.endswith("fp8") else 2
+
+    def copying_run(*args, **kwargs):
+        raise AssertionError("the bench timed the op on copies of the caches")
+
+    monkeypatch.setattr(type(variant_cells.variant_of(preset)), "run", copying_run)
     doc = fb.run_bench(_config(preset, compare=[]), device="cpu", timers=FixedClock([10.0]))
     assert doc["ok"] is True, report.failure_lines(doc)
     for row in doc["rows"]:
         t = row["tokens"]
         stored = t - len(range(1, t, 3))  # the draw pads every third token from the second
+        # the row, int64 positions and slot_mapping, one table row per token, two weights
         read = t * s.qkv_width * 2 + 8 * t + 8 * t + t * s.rotary_dim * 4 + 2 * s.head_dim * 2
         read += 2 * 4 if cache_elt == 1 else 0  # the per-tensor scales of an FP8 cache
         written = t * s.q_size * 2 + 2 * stored * s.kv_size * cache_elt
