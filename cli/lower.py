@@ -84,7 +84,7 @@ def lower(
     """Trace the prologue of PRESET and emit its fused Triton kernel for TARGET."""
     from fqr import get_preset
     from fqr.lowering import kernel_source
-    from fqr.variants import program_of
+    from fqr.prologue import program_of
 
     preset_name = None if preset is None else preset.value
     target, numerics = target.value, numerics.value

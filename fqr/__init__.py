@@ -9,7 +9,7 @@ Follow one call: :func:`split_qkv_rmsnorm_rope` (``fqr/prologue.py``) -> :func:`
 """
 
 from . import (
-    fusion,  # noqa: F401  (registers torch.ops.fqr.*: fqr/fusion/custom_ops.py)
+    fusion,  # noqa: F401  (the Inductor pass; fqr.prologue registers torch.ops.fqr.*)
     ops,
     presets,
 )

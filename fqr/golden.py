@@ -39,10 +39,10 @@ from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, DTYPES, dtype_of
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
 from .presets import PrologueSpec, get_preset
-from .prologue import NormStats
+from .prologue import VARIANTS, CaseSpec, NormStats, get_variant, golden_cases
+from .prologue.split_qkv import SPLIT_QKV
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
-from .variants import SPLIT_QKV, VARIANTS, get_variant
 
 
 def _bundled_golden_dir() -> Path:
@@ -74,152 +74,21 @@ class GoldenManifestError(ValueError):
 # ----------------------------------------------------------------------------- the cases
 
 
-@dataclass(frozen=True)
-class CaseSpec:
-    """One golden case: a preset (at TP size ``tp``), an input dtype and a token count, plus
-    the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
-    ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
-    row (row stride > width)."""
-
-    preset: str
-    dtype: str
-    tokens: int
-    numerics: str = "fused"
-    tp: int = 1
-    bias: bool = False
-    is_neox: bool | None = None
-    max_position: int | None = None
-    positions_dtype: str = "int64"
-    row_pad: int = 0
-    # A peer layout or form (PEER_FORMS): the keyword arguments it adds to the call.
-    peer: str | None = None
-    variant: str | None = None  # None: the preset's own (fqr.variants)
-
-    @property
-    def variant_name(self) -> str:
-        return self.variant or get_preset(self.preset).variant
-
-    @property
-    def name(self) -> str:
-        parts = [
-            self.preset if self.tp == 1 else f"{self.preset}-tp{self.tp}",
-            self.dtype,
-            f"t{self.tokens}",
-            self.numerics,
-        ]
-        if self.bias:
-            parts.append("bias")
-        if self.is_neox is False:
-            parts.append("gptj")
-        if self.max_position:
-            parts.append(f"pos{self.max_position.bit_length() - 1}")
-        if self.positions_dtype == "int32":
-            parts.append("i32")
-        if self.row_pad:
-            parts.append("strided")
-        if self.peer:
-            parts.append(self.peer)
-        if self.variant is not None and self.variant != get_preset(self.preset).variant:
-            parts.append(self.variant)
-        return "-".join(parts)
-
-    @property
-    def seed(self) -> int:
-        """Deterministic per case, independent of the case's position in the list."""
-        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
+# Each variant declares its golden cases (fqr.prologue, ``Variant.golden``); CASES is all of
+# them, in the order the variants register.
+CASES: tuple[CaseSpec, ...] = golden_cases()
 
 
-POS_2_18 = 1 << 18
-# Every preset; bf16/fp16/fp32; T = 1, 7, 257 (TP-sharded views keep the 257-token cases
-# small); bias; NeoX and GPT-J; partial rotary (qwen3.5, glm4); (1+w) (gemma3, qwen3.5);
-# full-width norm (olmo2, also sharded with all-reduced statistics); no norm (llama3, glm4);
-# fused and unfused numerics; positions up to 2^18; int32 positions; row stride > width.
-CASES: tuple[CaseSpec, ...] = (
-    CaseSpec("qwen3-0.6b", "bf16", 7),
-    CaseSpec("qwen3-0.6b", "fp16", 7, bias=True),
-    CaseSpec("qwen3-0.6b", "fp32", 7),
-    CaseSpec("qwen3-0.6b", "bf16", 257, "unfused", tp=8),
-    CaseSpec("qwen3-8b", "bf16", 1),
-    CaseSpec("qwen3-8b", "bf16", 257, tp=8, positions_dtype="int32", row_pad=64),
-    CaseSpec("qwen3-8b", "fp16", 7, "unfused"),
-    CaseSpec("qwen3-32b", "bf16", 7, tp=8, bias=True, is_neox=False),
-    CaseSpec("qwen3-30b-a3b", "fp16", 257, tp=8),
-    CaseSpec("qwen3-235b-a22b", "bf16", 7, tp=8, bias=True),
-    CaseSpec("gemma3-1b", "bf16", 7),
-    CaseSpec("gemma3-1b", "fp32", 257, tp=2, max_position=POS_2_18),
-    CaseSpec("gemma3-27b", "bf16", 257, "unfused", tp=16),
-    CaseSpec("gemma3-27b", "fp16", 1),
-    # Qwen3.5: its gated attention with interleaved mRoPE (variant mrope-gate)
-    CaseSpec("qwen3.5-27b", "bf16", 7),
-    CaseSpec("qwen3.5-27b", "fp16", 7, tp=8, bias=True),
-    CaseSpec("qwen3.5-27b", "fp32", 1, "unfused"),
-    CaseSpec("olmo2-7b", "bf16", 7),
-    CaseSpec("olmo2-7b", "fp16", 7, bias=True, row_pad=32),
-    CaseSpec("olmo2-7b", "fp32", 1, "unfused"),
-    CaseSpec("olmo2-7b", "bf16", 7, tp=4),
-    CaseSpec("llama3-8b", "bf16", 7, max_position=POS_2_18),
-    CaseSpec("llama3-8b", "fp16", 257, "unfused", tp=8),
-    CaseSpec("llama3-8b", "fp32", 1),
-    CaseSpec("glm4-9b", "bf16", 7),
-    CaseSpec("glm4-9b", "bf16", 257, tp=8, max_position=POS_2_18, positions_dtype="int32"),
-    CaseSpec("glm4-9b", "fp16", 7, "unfused"),
-)
-
-
-# The peer layouts and forms (issue 18): the keyword arguments of fqr.split_qkv_rmsnorm_rope each
-# adds, as stored in a manifest entry's "peer" (absent: none). "rope": False is a layer without
-# RoPE (cos_sin_cache=None); v_heads/v_dim scale v's head count and head_dim against k's.
+# The peer layouts and forms of the split-qkv cases (CaseSpec.peer): the keyword arguments of
+# fqr.split_qkv_rmsnorm_rope each adds, as stored in a manifest entry's "peer" (absent: none).
+# "rope": False is a layer without RoPE (cos_sin_cache=None); v_heads/v_dim scale v's head count
+# and head_dim against k's.
 PEER_FORMS: dict[str, dict] = {
     "nope": {"rope": False},
     "vheads": {"v_heads": 0.5, "v_dim": 1.5},
     "padded": {"head_pad": 16},
     "inplace": {"inplace": True},
 }
-PEER_CASES: tuple[CaseSpec, ...] = (
-    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, peer="nope"),
-    CaseSpec("gemma3-1b", "fp16", 1, "unfused", peer="nope"),
-    CaseSpec("qwen3-0.6b", "bf16", 7, tp=2, peer="vheads"),
-    CaseSpec("qwen3-8b", "fp16", 7, tp=8, row_pad=8, peer="padded"),
-    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, row_pad=16, peer="inplace"),
-    # partial rotary and GPT-J pairs written in place (was qwen3.5-27b's, now a gated variant)
-    CaseSpec("glm4-9b", "bf16", 1, "unfused", tp=8, peer="inplace"),
-)
-CASES += PEER_CASES
-
-# Multimodal RoPE (variant mrope, issue 15): interleaved sections, text and image tokens, TP
-# views, unfused numerics, int32 positions, bias.
-CASES += (
-    CaseSpec("qwen3-vl-8b", "bf16", 7),
-    CaseSpec("qwen3-vl-8b", "fp16", 5, "unfused", tp=2),
-    CaseSpec("qwen3-vl-8b", "bf16", 3, tp=8, bias=True, positions_dtype="int32"),
-)
-# Issue 15, the norm variants: Gemma 4's v norm (head_dim 256 sliding, 512 full with the
-# proportional table), Llama 4's rope-then-L2 (GPT-J pairs, llama3 scaling) and its NoPE layers'
-# attention temperature (positions up to 2^18: floor((p + 1) / 8192) from 0 to 32).
-NORM_VARIANT_CASES: tuple[CaseSpec, ...] = (
-    CaseSpec("gemma4-31b-sliding", "bf16", 7, tp=8),
-    CaseSpec("gemma4-31b-sliding", "fp16", 1, "unfused", tp=8),
-    CaseSpec("gemma4-31b-full", "bf16", 7, tp=8, max_position=POS_2_18),
-    CaseSpec("gemma4-31b-full", "bf16", 1, "unfused", tp=8),
-    CaseSpec("llama4-scout", "bf16", 7, tp=8, max_position=POS_2_18),
-    CaseSpec(
-        "llama4-scout", "fp16", 7, "unfused", tp=8, max_position=POS_2_18, positions_dtype="int32"
-    ),
-    CaseSpec("llama4-scout-nope", "bf16", 7, tp=8, max_position=POS_2_18),
-    CaseSpec("llama4-scout-nope", "fp32", 1, tp=4, max_position=POS_2_18),
-)
-CASES += NORM_VARIANT_CASES
-
-# MiniMax-M3 (issue 15): the indexer heads (bf16 and FP8 E4M3 outputs, v with outliers past
-# +-448) and the KV-cache insert (bf16 and FP8 caches, every third slot negative).
-MINIMAX_CASES: tuple[CaseSpec, ...] = (
-    CaseSpec("minimax-m3", "bf16", 7, tp=8),
-    CaseSpec("minimax-m3", "bf16", 1, "unfused", tp=4),
-    CaseSpec("minimax-m3-fp8", "bf16", 7, tp=8),
-    CaseSpec("minimax-m3-kvcache", "bf16", 7, tp=8),
-    CaseSpec("minimax-m3-kvcache-fp8", "bf16", 7, tp=8),
-)
-CASES += MINIMAX_CASES
 
 
 def peer_kwargs(entry: dict) -> dict:

@@ -154,3 +154,32 @@ def random_inputs(
     )
     norm = random_norm_params(spec, dtype, generator, bias=bias)
     return PrologueInputs(spec, qkv, positions, cos_sin_cache.to(generator.device), *norm)
+
+
+def random_heads(
+    tokens: int, heads: int, head_dim: int, dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
+    """``[tokens, heads*head_dim]`` drawn as :func:`random_qkv` draws its heads."""
+    device = generator.device
+    scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=F64, device=device)
+    x = torch.randn(tokens, heads, head_dim, generator=generator, dtype=F64, device=device)
+    return (x * scale[:, None]).reshape(tokens, heads * head_dim).to(dtype)
+
+
+OUTLIERS = (-1000.0, 600.0, 449.0, -448.5)  # v entries past E4M3's +-448: the clamp is exercised
+
+
+def with_outliers(x: torch.Tensor, columns: slice, generator: torch.Generator) -> torch.Tensor:
+    """``x`` with :data:`OUTLIERS` written at random tokens of ``columns`` (a v section):
+    activations real models produce now and then, and what an FP8 store must saturate."""
+    if not x.shape[0]:
+        return x
+    x = x.clone()
+    width = columns.stop - columns.start
+    for value in OUTLIERS:
+        t = int(torch.randint(0, x.shape[0], (1,), generator=generator, device=generator.device))
+        c = columns.start + int(
+            torch.randint(0, width, (1,), generator=generator, device=generator.device)
+        )
+        x[t, c] = value
+    return x

@@ -232,3 +232,170 @@ def llama4_prologue(
         scale = (torch.log(floor + 1.0) * attn_scale + 1.0).unsqueeze(-1)
         q = (q * scale).to(q.dtype)
     return q, k, v
+
+
+def vllm_mrope_prologue(
+    inputs: dict,
+    cos_sin_cache: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    mrope_section,
+    mrope_interleaved: bool,
+    eps: float,
+    is_neox: bool,
+    weight_offset: float,
+    output_gate: bool,
+):
+    """The model's own unfused chain, as vLLM's Qwen3-VL / Qwen3.5 attention writes it:
+    ``qkv.split`` (and for the gate ``q_gate.view(T, H, 2*D)`` chunked in two), ``q_norm`` /
+    ``k_norm`` per head (``RMSNorm.forward_static``, or ``GemmaRMSNorm``'s ``(1 + w)`` in
+    fp32), then ``MRotaryEmbedding.forward_native``: ``cos_sin_cache`` (held in the model
+    dtype) gathered per plane, the sections joined (``torch.cat`` or
+    ``apply_interleaved_rope``), ``apply_rotary_emb`` on the first R features."""
+    hq, hkv, d = num_heads, num_kv_heads, head_dim
+    section, interleaved = mrope_section, mrope_interleaved
+    gemma = weight_offset == 1.0
+    if weight_offset not in (0.0, 1.0):
+        raise ValueError(f"weight_offset {weight_offset}: vLLM's norms have 0 or 1")
+    table = cos_sin_cache
+    rotary_dim = table.shape[-1]
+
+    def norm(x, weight):
+        shape, x = x.shape, x.reshape(x.shape[0], -1, d)
+        orig = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+        x = (x * (1.0 + weight.float())).to(orig) if gemma else x.to(orig) * weight
+        return x.reshape(shape)
+
+    def join(x):  # [3, T, R/2] -> [T, R/2]
+        if interleaved:
+            out = x[0].clone()
+            out[..., 1 : section[1] * 3 : 3] = x[1, ..., 1 : section[1] * 3 : 3]
+            out[..., 2 : section[2] * 3 : 3] = x[2, ..., 2 : section[2] * 3 : 3]
+            return out
+        return torch.cat([m[i] for i, m in enumerate(x.split(list(section), dim=-1))], -1)
+
+    def rotate(x, cos, sin):
+        shape, x = x.shape, x.view(x.shape[0], -1, d)
+        rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        x1, x2 = torch.chunk(rot, 2, dim=-1) if is_neox else (rot[..., ::2], rot[..., 1::2])
+        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        rot = torch.cat((o1, o2), -1) if is_neox else torch.stack((o1, o2), -1).flatten(-2)
+        return torch.cat((rot, rest), dim=-1).reshape(shape)
+
+    qkv, positions = inputs["qkv"], inputs["positions"]
+    t = qkv.shape[0]
+    if output_gate:
+        q_gate, k, v = qkv.split([2 * hq * d, hkv * d, hkv * d], dim=-1)
+        q, gate = torch.chunk(q_gate.view(t, hq, 2 * d), 2, dim=-1)
+        q, gate = q.reshape(t, -1), gate.reshape(t, -1)
+    else:
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = norm(q, inputs["q_weight"]), norm(k, inputs["k_weight"])
+    planes = positions if positions.dim() == 2 else positions.expand(3, -1)
+    cos, sin = table[planes].chunk(2, dim=-1)
+    cos, sin = join(cos), join(sin)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    return (q, k, v, gate) if output_gate else (q, k, v)
+
+
+# ------------------------------------------- MiniMax-M3, as vllm-ascend's fallback writes it
+
+
+def vllm_head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float):
+    """vLLM's per-head norms: ``GemmaRMSNorm.forward_static`` (offset 1: ``(1 + w)`` in fp32,
+    one rounding) or ``RMSNorm.forward_native`` (offset 0: rounded, then ``* w`` in x's
+    dtype)."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if offset == 0.0:
+        return h.to(dtype) * weight
+    return (h * (offset + weight.float())).to(dtype)
+
+
+def vllm_rotary_native(positions, x, head_dim, cos_sin_cache, is_neox):
+    """vLLM's ``RotaryEmbedding.forward_native`` on one tensor ``[T, H*head_dim]``: the first
+    R (the table width) features of each head rotated in x's dtype, the rest passed."""
+    t = positions.shape[0]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    heads = x.view(t, -1, head_dim)
+    rot, rest = heads[..., : cos.shape[-1] * 2], heads[..., cos.shape[-1] * 2 :]
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    if is_neox:
+        x1, x2 = torch.chunk(rot, 2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., ::2], rot[..., 1::2]
+        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rot, rest), dim=-1).reshape(x.shape)
+
+
+def vllm_norm_rope(x, weight, positions, cos_sin_cache, head_dim, spec: PrologueSpec):
+    """A per-head norm (:func:`vllm_head_rms_norm`) then ``rotary_emb`` of one tensor."""
+    t = x.shape[0]
+    normed = vllm_head_rms_norm(
+        x.reshape(t, -1, head_dim), weight, spec.eps, spec.weight_offset
+    ).reshape(t, -1)
+    return vllm_rotary_native(positions, normed, head_dim, cos_sin_cache, spec.is_neox)
+
+
+def fp8_store(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """vllm-ascend's ``clamp(y, -448, 448).to(float8_e4m3fn)`` (with vLLM's ``x / scale``)."""
+    if scale is not None:
+        x = x.float() / scale
+    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def minimax_index_prologue(
+    inputs: dict,
+    cos_sin_cache: torch.Tensor,
+    spec: PrologueSpec,
+    *,
+    num_index_heads: int,
+    index_head_dim: int,
+    attn_fp8: bool,
+    index_fp8: bool,
+):
+    """MiniMax-M3's own unfused chain (vllm-ascend ``MiniMaxM3SparseAttention.
+    _sparse_prepare`` fallback: ``narrow`` x 5, ``GemmaRMSNorm`` x 4, ``rotary_emb`` x 2,
+    ``clamp`` + cast for FP8), in the model dtype with the table held in it."""
+    d, di, hi = spec.head_dim, index_head_dim, num_index_heads
+    sizes = [spec.q_size, spec.kv_size, spec.kv_size, hi * di, di]
+    pos = inputs["positions"]
+    q, k, v, iq, ik = inputs["qkv"].split(sizes, dim=-1)
+    q = vllm_norm_rope(q, inputs["q_weight"], pos, cos_sin_cache, d, spec)
+    k = vllm_norm_rope(k, inputs["k_weight"], pos, cos_sin_cache, d, spec)
+    iq = vllm_norm_rope(iq, inputs["index_q_weight"], pos, cos_sin_cache, di, spec)
+    ik = vllm_norm_rope(ik, inputs["index_k_weight"], pos, cos_sin_cache, di, spec)
+    v = v.contiguous()
+    attn = [fp8_store(x) for x in (q, k, v)] if attn_fp8 else [q, k, v]
+    index = [fp8_store(x) for x in (iq, ik)] if index_fp8 else [iq, ik]
+    return (*attn, *index)
+
+
+def minimax_cache_prologue(inputs: dict, cos_sin_cache: torch.Tensor, spec: PrologueSpec):
+    """The model's unfused chain with the cache insert: split, ``GemmaRMSNorm`` on q and k,
+    ``rotary_emb``, then vLLM's ``reshape_and_cache_flash`` as an ``index_put`` on the valid
+    slots (FP8: ``x / scale`` clamped and cast); updates the given caches in place, returns
+    ``(q, key_cache, value_cache)``."""
+    d = spec.head_dim
+
+    def store(cache, x, slots, scale):
+        rows = cache.view(-1, spec.num_kv_heads, d)
+        keep = slots >= 0
+        x = x.view(-1, spec.num_kv_heads, d)[keep]
+        rows[slots[keep]] = fp8_store(x, scale) if cache.dtype == torch.float8_e4m3fn else x
+        return cache
+
+    pos, slots = inputs["positions"], inputs["slot_mapping"]
+    q, k, v = inputs["qkv"].split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    q = vllm_norm_rope(q, inputs["q_weight"], pos, cos_sin_cache, d, spec)
+    k = vllm_norm_rope(k, inputs["k_weight"], pos, cos_sin_cache, d, spec)
+    key_cache = store(inputs["key_cache"], k, slots, inputs.get("k_scale"))
+    value_cache = store(inputs["value_cache"], v, slots, inputs.get("v_scale"))
+    return q, key_cache, value_cache

@@ -324,10 +324,13 @@ def cache_insert(
 
 
 def index_prologue(
-    packed: torch.Tensor,
+    qkv: torch.Tensor,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
-    weights: Sequence[torch.Tensor],
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    index_q_weight: torch.Tensor,
+    index_k_weight: torch.Tensor,
     *,
     num_heads: int,
     num_kv_heads: int,
@@ -337,27 +340,77 @@ def index_prologue(
     eps: float,
     weight_offset: float = 1.0,
     is_neox: bool = True,
+    attn_fp8: bool = False,
+    index_fp8: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """MiniMax-M3's prologue with indexer heads, float64: the packed row ``[q | k | v |
     index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
-    index_k each RMS-normalised per head with its own weight (``weights``, in that order;
-    ``(1 + w)`` Gemma norms) and rotated by the same angle rows (the first R = table width
-    features of each head; R <= index_head_dim), v copied. Returns ``(q, k, v, index_q,
-    index_k)``: float64 but v (the row's dtype)."""
+    index_k each RMS-normalised per head with its own weight (``(1 + w)`` Gemma norms) and
+    rotated by the same angle rows (the first R = table width features of each head; R <=
+    index_head_dim), v copied. Returns ``(q, k, v, index_q, index_k)``: float64 but v (the
+    row's dtype); ``attn_fp8`` / ``index_fp8``: q, k, v / index_q, index_k saturated to
+    +-448 (:func:`saturate_fp8`: what an FP8 E4M3 store rounds)."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     iq_at = q_size + 2 * kv_size
     sections = qkv_sections(num_heads, num_kv_heads, head_dim) + (
         Section(num_index_heads, index_head_dim, iq_at),
         Section(1, index_head_dim, iq_at + num_index_heads * index_head_dim),
     )
-    q, k, v, iq, ik = split_row(packed, sections)
+    q, k, v, iq, ik = split_row(qkv, sections)
     rows = cos_sin_rows(cos_sin_cache, positions)
     out = []
+    weights = (q_weight, k_weight, index_q_weight, index_k_weight)
     dims = (head_dim, head_dim, index_head_dim, index_head_dim)
     for x, w, d in zip((q, k, iq, ik), weights, dims):
         normed = rms_norm(x, w, eps=eps, group_size=d, weight_offset=weight_offset)
         out.append(rotate(normed, rows, head_dim=d, is_neox=is_neox))
-    return out[0], out[1], v, out[2], out[3]
+    attn = [out[0], out[1], v]
+    index = [out[2], out[3]]
+    if attn_fp8:
+        attn = [saturate_fp8(x) for x in attn]
+    if index_fp8:
+        index = [saturate_fp8(x) for x in index]
+    return (*attn, *index)
+
+
+def cache_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+    weight_offset: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The KV-cache prologue, float64: q and k of :func:`prologue` (per-head norm, RoPE), k
+    and v written into the paged caches by :func:`cache_insert`. Returns ``(q, expected
+    key_cache, expected value_cache)``."""
+    q, k, v = prologue(
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+    )
+    key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
+    value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
+    return q, key, value
 
 
 def mrope_cos_sin_rows(

@@ -19,7 +19,7 @@ from fqr.bench import CudaTimers, traffic_bytes
 from fqr.inputs import random_inputs
 from fqr.lowering import lower
 from fqr.numerics import compare
-from fqr.prologue import preset_program
+from fqr.prologue import program_of
 
 
 def inputs(p, tokens, dtype, bias=False):
@@ -29,7 +29,7 @@ def inputs(p, tokens, dtype, bias=False):
 
 def check(name, tp, dtype, tokens, numerics="fused", bias=False):
     p = fqr.get_preset(name, tp if fqr.get_preset(name).norm != "full" else 1)
-    prog = preset_program(p, dtype, numerics=numerics, bias=bias)
+    prog = program_of(p, dtype, numerics=numerics, bias=bias)
     x = inputs(p, tokens, dtype, bias)
     outs = [
         torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
@@ -52,7 +52,7 @@ def check(name, tp, dtype, tokens, numerics="fused", bias=False):
 
 def bench(timers, name, dtype, tokens, **opts):
     p = fqr.get_preset(name)
-    prog = preset_program(p, dtype)
+    prog = program_of(p, dtype)
     operands = inputs(p, tokens, dtype).operands()
     kernel = lower(prog, "cuda", **opts)
     outs = [

@@ -34,10 +34,10 @@ def _warm(job: tuple[str, str, dict]) -> str | None:
         from fqr.inputs import random_inputs
         from fqr.lowering import lower_by_tokens
         from fqr.presets import get_preset
-        from fqr.prologue import preset_program
+        from fqr.prologue import program_of
 
         preset, dtype = get_preset(name), dtype_of(dtype_name)
-        variants = lower_by_tokens(preset_program(preset, dtype), "cuda", **options)
+        variants = lower_by_tokens(program_of(preset, dtype), "cuda", **options)
         cache = preset.cos_sin_cache().cuda()
         g = torch.Generator("cuda").manual_seed(0)
         for tokens in BUCKET_TOKENS:

@@ -253,11 +253,11 @@ def _warm(job):
     name, cfg = job
     import fqr.lowering as L
     from fqr.presets import get_preset
-    from fqr.prologue import preset_program
+    from fqr.prologue import program_of
 
     try:
         preset = get_preset(name)
-        k = L.lower(preset_program(preset, torch.bfloat16), "cuda", **cfg)
+        k = L.lower(program_of(preset, torch.bfloat16), "cuda", **cfg)
         _, (inp,) = setup(name, 64)
         k.launch(inp.operands())
         torch.cuda.synchronize()
@@ -291,7 +291,7 @@ def sweep(ceil):
     import fqr.lowering as L
     from fqr.bench import handwritten
     from fqr.presets import get_preset
-    from fqr.prologue import preset_program
+    from fqr.prologue import program_of
 
     jobs = [(n, c) for n in PRESETS for c in CONFIGS]
     jobs += [(n, d, None) for n in WARM_BENCH for d in ("bf16", "fp16")]
@@ -305,7 +305,7 @@ def sweep(ceil):
     results = []
     for name in PRESETS:
         preset = get_preset(name)
-        program = preset_program(preset, torch.bfloat16)
+        program = program_of(preset, torch.bfloat16)
         kernels = {}
         for i, cfg in enumerate(CONFIGS):
             try:

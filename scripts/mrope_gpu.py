@@ -33,7 +33,7 @@ import torch
 import fqr
 from fqr.golden import list_cases, load_case
 from fqr.numerics import compare_kind
-from fqr.variants import variant_of
+from fqr.prologue import variant_of
 
 PRESETS = ("qwen3-vl-8b", "qwen3.5-27b")
 TOKENS_CHECK = (1, 257, 4099)

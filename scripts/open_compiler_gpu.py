@@ -39,7 +39,7 @@ from fqr.lowering import lower  # noqa: E402
 from fqr.lowering.loader import load_kernel  # noqa: E402
 from fqr.numerics import compare  # noqa: E402
 from fqr.presets import get_preset  # noqa: E402
-from fqr.prologue import preset_program  # noqa: E402
+from fqr.prologue import program_of  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 TARGET = "cuda" if CUDA else "interpret"
@@ -158,7 +158,7 @@ def time_kernels(rows):
     for name in ("qwen3-8b", "qwen3-32b", "gemma3-1b", "glm4-9b", "gemma3-27b"):
         p = get_preset(name)
         tokens, dtype = 65536, torch.bfloat16
-        program = preset_program(p, dtype)
+        program = program_of(p, dtype)
         args = inputs(p, tokens, dtype)
         kernel = lower(program, "cuda")
         variant = constant_stride_variant(kernel)
@@ -195,7 +195,7 @@ def main() -> int:
     else:
         # What the timing compares, run once under the interpreter: identical outputs.
         p = get_preset("qwen3-8b")
-        program = preset_program(p, torch.bfloat16)
+        program = program_of(p, torch.bfloat16)
         args = inputs(p, 4, torch.bfloat16)
         kernel = lower(program, "interpret")
         variant = constant_stride_variant(kernel)

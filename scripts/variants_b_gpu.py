@@ -32,7 +32,7 @@ import torch
 import fqr
 from fqr.golden import CASES, load_case
 from fqr.numerics import compare_kind
-from fqr.variants import variant_of
+from fqr.prologue import variant_of
 
 PRESETS = ("minimax-m3", "minimax-m3-fp8", "minimax-m3-kvcache", "minimax-m3-kvcache-fp8")
 CHECK_TOKENS = (1, 257, 4099)

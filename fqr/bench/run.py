@@ -55,9 +55,9 @@ def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str):
     ``fqr.lowering.lower_by_tokens``), without the public op's argument checks: its dispatch
     cost, beside the public op's, splits host time between them."""
     from ..lowering import lower_by_tokens
-    from ..prologue import preset_program
+    from ..prologue import program_of
 
-    variants = lower_by_tokens(preset_program(preset, dtype, numerics=numerics), target="cuda")
+    variants = lower_by_tokens(program_of(preset, dtype, numerics=numerics), target="cuda")
     return lambda x: variants.launch(x.operands())
 
 
@@ -212,33 +212,36 @@ def measure_cell(
     return row
 
 
-def dispatch_callables(preset: Preset, dtype: torch.dtype, numerics: str) -> dict:
-    """What the dispatch table times, each ``call(inputs)`` on the same inputs: the public op,
-    its torch custom op (``torch.ops.fqr``, what a compiled graph calls), one aten op
-    (``F.rms_norm`` over every head of qkv: the host cost of a plain torch op on the same
-    tensor) and a bare Triton launch (fqr's generated kernel through ``JITFunction``'s own
-    launch path, outputs allocated as the op does)."""
+def dispatch_callables(preset: Preset, dtype: torch.dtype, numerics: str, inputs: dict, cache):
+    """What the dispatch table times, each a ``call()`` on ``inputs`` (one call's arguments by
+    name, drawn by the preset's variant): the public op, its torch custom op (``torch.ops.fqr``,
+    what a compiled graph calls), one aten op (``F.rms_norm`` over every head of the packed
+    row: the host cost of a plain torch op on the same tensor) and a bare Triton launch (fqr's
+    generated kernel through ``JITFunction``'s own launch path, outputs allocated as the op
+    does). Every argument list is built once, outside the timed calls, for any member of the
+    family (:class:`fqr.prologue.Variant`)."""
     import torch.nn.functional as F
 
-    from .. import fusion  # noqa: F401  (registers torch.ops.fqr)
     from ..lowering import lower_by_tokens
-    from ..prologue import preset_program, split_qkv_rmsnorm_rope
+    from ..prologue import variant_of
 
-    spec = preset.spec
-    variants = lower_by_tokens(preset_program(preset, dtype, numerics=numerics), target="cuda")
-    op = torch.ops.fqr.split_qkv_rmsnorm_rope.default
-    statics = (spec.num_heads, spec.num_kv_heads, spec.head_dim, float(spec.eps), spec.is_neox)
-    statics += (float(spec.weight_offset), spec.norm, numerics)
-
-    def rms_norm(x: PrologueInputs):
-        heads = x.qkv.view(x.tokens, -1, spec.head_dim)
-        return F.rms_norm(heads, (spec.head_dim,), x.q_weight, spec.eps)
-
+    variant = variant_of(preset)
+    decl = variant.declaration
+    kernels = lower_by_tokens(variant.program(preset, dtype, numerics=numerics), target="cuda")
+    public = variant.arguments(preset, inputs, cache, numerics=numerics)
+    op, op_args = variant.torch_op(preset, inputs, cache, numerics)
+    operands = variant.program_args(preset, inputs, cache)
+    rows = inputs[decl.tensor_params[0].name]
+    tokens, width = rows.shape
+    d = preset.head_dim if width % preset.head_dim == 0 else width
+    heads = rows.view(tokens, width // d, d)
+    weight = torch.ones(d, dtype=rows.dtype, device=rows.device)
+    kernel = kernels.kernel_for(tokens)
     return {
-        "public op": lambda x: split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(numerics=numerics)),
-        "torch.ops.fqr": lambda x: op(*x.args(), x.q_bias, x.k_bias, *statics),
-        "F.rms_norm": rms_norm,
-        "triton launch": lambda x: variants.kernel_for(x.tokens).launch(x.operands(), direct=False),
+        "public op": lambda: decl.function(**public),
+        "torch.ops.fqr": lambda: op(*op_args),
+        "F.rms_norm": lambda: F.rms_norm(heads, (d,), weight, preset.eps),
+        "triton launch": lambda: kernel.launch(operands, direct=False),
     }
 
 
@@ -246,15 +249,16 @@ def dispatch_rows(preset: Preset, dtype: torch.dtype, cfg: BenchConfig, timers, 
     """Host µs per call of each :func:`dispatch_callables` entry at :data:`DISPATCH_TOKENS`
     tokens, under ``torch.inference_mode`` as a serving engine calls them; per row also each
     entry's ratio to ``F.rms_norm``."""
-    callables = dispatch_callables(preset, dtype, cfg.numerics)
+    from ..prologue import variant_of
+
+    variant = variant_of(preset)
     rows = []
     for tokens in DISPATCH_TOKENS:
         generator = torch.Generator(device=device).manual_seed(cfg.seed + tokens)
-        x = random_inputs(preset.spec, tokens, dtype, generator, cache)
+        inputs = variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
+        callables = dispatch_callables(preset, dtype, cfg.numerics, inputs, cache)
         with torch.inference_mode():
-            host = {
-                name: timers.dispatch_us(lambda f=f, x=x: f(x)) for name, f in callables.items()
-            }
+            host = {name: timers.dispatch_us(f) for name, f in callables.items()}
         base = host["F.rms_norm"]
         rows.append(
             {
@@ -304,7 +308,7 @@ def run_bench(
         for dtype in cfg.dtypes:
             torch._dynamo.reset()  # each (preset, dtype) compiles its own compile peer afresh
             impls = build_impls(cfg, preset, dtype, cache, doc["skipped"])
-            if cfg.backend == "triton" and cfg.dispatch and not variant:
+            if cfg.backend == "triton" and cfg.dispatch:
                 progress(f"{preset.name} {dtype_name(dtype)}: dispatch")
                 try:
                     doc.setdefault("dispatch", []).extend(

@@ -18,8 +18,8 @@ traffic         bytes of every input read once (the table: one row per token; a 
                 (:meth:`Variant.bytes_written`: a cache only at its stored slots)
 ==============  ============================================================================
 
-Liger and the dispatch table are split-qkv's own (Liger has no kernel for these chains; the
-dispatch table times the split-qkv entry points); a variant preset reports them as skipped.
+Liger is split-qkv's own (it has no kernel for these chains): a variant preset reports it as
+skipped. The dispatch table (:func:`fqr.bench.run.dispatch_rows`) takes every preset's variant.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from ..core import TOKENS, dtype_name
 from ..numerics import compare_kind
 from ..presets import Preset
-from ..variants import Variant, variant_of
+from ..prologue import Variant, variant_of
 from .cell import Cell, Implementation
 from .checks import check_row_index
 from .config import BenchConfig
@@ -214,7 +214,7 @@ def variant_implementations(
 
         program = variant.program(preset, dtype, numerics=cfg.numerics)
         kernels = lower_by_tokens(program, target="cuda")
-        fqr.launcher = lambda x: kernels.launch(variant.program_args(x, cache))
+        fqr.launcher = lambda x: kernels.launch(variant.program_args(preset, x, cache))
     impls = [fqr]
     for peer in cfg.compare:
         if peer not in ("eager", "compile"):
@@ -223,9 +223,5 @@ def variant_implementations(
         chain = variant.eager(preset, cache, dtype)
         impls.append(
             Implementation(peer, chain if peer == "eager" else _compiled(chain), "unfused")
-        )
-    if cfg.backend == "triton" and cfg.dispatch:
-        skipped[f"dispatch/{preset.name}/{dtype_name(dtype)}"] = (
-            "the dispatch table times split_qkv_rmsnorm_rope's entry points"
         )
     return impls

@@ -1,8 +1,9 @@
 """Graph fusion: the fused prologue as torch custom ops, and an Inductor pass that puts them
 into real model code.
 
-* ``torch.ops.fqr.split_qkv_rmsnorm_rope`` / ``torch.ops.fqr.qk_rmsnorm_rope``
-  (:mod:`fqr.fusion.custom_ops`), registered when ``fqr`` is imported;
+* ``torch.ops.fqr.split_qkv_rmsnorm_rope`` / ``torch.ops.fqr.qk_rmsnorm_rope`` (and every
+  other member of the family): derived from the ops' declarations (:mod:`fqr.prologue.declare`),
+  registered when ``fqr`` is imported;
 * :func:`qk_rmsnorm_rope`: the no-split prologue for models with separate q/k projections
   (defined beside the split one in :mod:`fqr.prologue`, importable from here too);
 * :func:`backend` / :class:`FusionPass` (:mod:`fqr.fusion.fusion_pass`): rewrite vLLM- and
@@ -25,10 +26,8 @@ The pattern and backend modules import Inductor; they load on first use.
 """
 
 from ..prologue import qk_norm_rope_prologue, qk_rmsnorm_rope
-from . import custom_ops
 
 __all__ = [
-    "custom_ops",
     "qk_rmsnorm_rope",
     "qk_norm_rope_prologue",
     "backend",

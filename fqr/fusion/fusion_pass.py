@@ -38,7 +38,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.pattern_matcher import PatternMatcherPass, stable_topological_sort
 
-from . import custom_ops  # noqa: F401  (torch.ops.fqr.*)
+from .. import prologue  # noqa: F401  (registers torch.ops.fqr.*)
 from .coalesce import coalesce_splits
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,15 @@ UNFUSED_OPS = (
 
 _SOURCES = tuple(
     os.path.join(os.path.dirname(__file__), f)
-    for f in ("patterns.py", "unfused.py", "fusion_pass.py", "custom_ops.py", "coalesce.py")
+    for f in (
+        "patterns.py",
+        "unfused.py",
+        "fusion_pass.py",
+        "coalesce.py",
+        "../prologue/declare.py",  # torch.ops.fqr.* and their fakes
+        "../prologue/split_qkv.py",
+        "../prologue/qk.py",
+    )
 )
 
 

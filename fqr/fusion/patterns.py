@@ -55,10 +55,8 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-from . import (
-    custom_ops,  # noqa: F401  (registers torch.ops.fqr.*)
-    unfused,
-)
+from .. import prologue  # noqa: F401  (registers torch.ops.fqr.*)
+from . import unfused
 from .coalesce import coalesce_splits
 
 aten = torch.ops.aten

@@ -25,7 +25,7 @@ from ..lowering.ascend import AscendTarget, AscendTiling
 from ..lowering.ascend_compile import CheckReport, check_kernel, triton_ascend_missing
 from ..lowering.targets import get_target
 from ..presets import PRESETS, get_preset
-from ..variants import program_of
+from ..prologue import program_of
 
 
 class AscendToolchainMissing(BackendUnavailable):

@@ -12,7 +12,7 @@ import torch
 
 from ..lowering import kernel_source
 from ..presets import get_preset
-from ..variants import program_of
+from ..prologue import program_of
 
 # (file stem, preset, tp, dtype, numerics, target)
 GOLDEN_KERNELS = [

@@ -24,14 +24,13 @@ from fqr.lowering import ascend as A
 from fqr.lowering import lower
 from fqr.lowering.targets import cdiv
 from fqr.numerics import compare
-from fqr.prologue import program_signature, prologue_program
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 
 pytestmark = ASCEND_INTERPRET_MARKS
 
 
 def run_ascend_interpret(pr, numerics="fused", **options):
     """Lower the problem's program for ascend-interpret and run it on NaN-poisoned outputs."""
-    static = pr.spec.kwargs(numerics=numerics)
     tensors = (
         pr.qkv,
         pr.positions,
@@ -41,7 +40,7 @@ def run_ascend_interpret(pr, numerics="fused", **options):
         pr.q_bias,
         pr.k_bias,
     )
-    program = prologue_program(program_signature(*tensors, None, **static))
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*pr.args(), **pr.kwargs(numerics=numerics))
     kernel = lower(program, "ascend-interpret", num_vectorcore=CORES, **options)
     outs = [
         torch.full((pr.qkv.shape[0], v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)

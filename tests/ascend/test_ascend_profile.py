@@ -14,8 +14,7 @@ from fqr.lowering import ascend as A
 from fqr.lowering.plan import plan_program
 from fqr.lowering.targets import cdiv, get_target
 from fqr.presets import PRESETS, get_preset
-from fqr.prologue import preset_program
-from fqr.variants import program_of
+from fqr.prologue import program_of
 
 VLLM_ASCEND_UB = 85 * 1024  # the hard-coded budget of vllm-ascend's split_qkv_rmsnorm_rope
 
@@ -198,7 +197,7 @@ def test_token_count_is_a_runtime_argument_only():
     from fqr.lowering import lower
     from fqr.lowering.ascend_compile import launch_arguments
 
-    program = preset_program(get_preset("qwen3-8b", 2))
+    program = program_of(get_preset("qwen3-8b", 2))
     kernel = lower(program, "ascend-interpret", num_vectorcore=20)
     assert kernel.tiling.block_t == get_target("ascend").tiling(kernel.plan).block_t
     bt = kernel.tiling.block_t
@@ -245,7 +244,7 @@ def test_positions_are_read_as_a_vector_of_the_tile(preset, tp):
     from fqr.core import ProgramPrinter
     from fqr.lowering import kernel_source
 
-    program = preset_program(get_preset(preset, tp), sharded_full_norm=tp > 1)
+    program = program_of(get_preset(preset, tp), sharded_full_norm=tp > 1)
     source = kernel_source(program, "ascend")
     printer = ProgramPrinter(program)
     pos_ptr = [printer.name(v) for v in program.inputs][1] + "_ptr"  # as the printed program

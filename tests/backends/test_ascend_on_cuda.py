@@ -17,7 +17,7 @@ import fqr
 from fqr.ascend_on_cuda import DEFAULT_PROGRAMS, NAME, generated_body, register_target
 from fqr.backends import BACKENDS
 from fqr.lowering import kernel_source, tiling_of
-from fqr.variants import program_of
+from fqr.prologue import program_of
 
 REPO = Path(__file__).resolve().parents[2]
 # One preset per kind of kernel the ascend profile emits: whole rows, head chunks (Qwen3.5:
@@ -60,7 +60,7 @@ def test_ascend_source_compiles_with_upstream_triton_for_sm90():
     code = (
         "import json, torch, fqr\n"
         "from fqr.ascend_on_cuda import compile_offline\n"
-        "from fqr.variants import program_of\n"
+        "from fqr.prologue import program_of\n"
         "out = {}\n"
         f"for name in {COMPILE_PRESETS!r}:\n"
         "    r = compile_offline(program_of(fqr.get_preset(name), torch.bfloat16))\n"

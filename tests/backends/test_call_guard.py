@@ -1,6 +1,6 @@
-"""Issue 12, third pass. The generated call guards (``fqr.validate.key_guard``): a guard made
-from a checked call's key matches exactly the arguments whose key equals it and returns that
-key object itself. The C launch under Triton's launcher (``fqr.lowering.launcher.
+"""The per-call fast path of the declared ops (``fqr.prologue.declare.CheckedCall``): a call
+takes a kept call exactly when the full checks would give it the same result. The C launch under
+Triton's launcher (``fqr.lowering.launcher.
 inner_c_launch``): the host function passes the C function what Triton's own
 ``CudaLauncher.__call__`` passes it, and keeps the bound launcher wherever that is not known to
 be the same (another Triton version, scratch buffers, GSan, a Python wrapper)."""
@@ -17,57 +17,86 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_host_function import FakeJit, _poisoning
 
+import fqr
 import fqr.lowering as lowering
 import fqr.lowering.host as host
 import fqr.lowering.launcher as launcher
-import fqr.prologue as prologue
 from fqr.lowering.launcher import DirectLauncher, inner_c_launch
-from fqr.validate import key_guard, metadata_key
+from fqr.prologue import checked_calls, forget_checked_calls
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 
-# ------------------------------------------------------------------ the guards
+# ------------------------------------------------------------------ the fast path
 
 # one call's arguments as choices: (field, options); a second call redraws a few fields
 FIELDS = {
     "tokens": (0, 1, 2, 3),
     "dtype": (torch.float32, torch.bfloat16),
-    "width": (8, 16),
     "row_pad": (0, 8),  # qkv rows strided when > 0
-    "positions": ("int64", "int32", "planes", "rows+1", "number"),
-    "weight": ("none", "w8", "w16", "w8-half", "w8-strided", "w8-meta", "number"),
-    "bias": ("none", "w8"),
-    "static0": (1, True, 1.0, 2),
-    "static1": (1e-6, 1e-5, 0.0, -0.0, "head", None),
-    "static2": ("fused", "unfused", False),
-    "static_count": (2, 3),
+    "positions": ("int64", "int32", "planes", "rows+1", "strided", "number"),
+    "weight": ("d", "d-half", "2d", "strided", "meta", "number", "none"),
+    "bias": ("none", "d"),
+    "eps": (1e-6, 1e-5, 0.0, float("nan"), True, "x", [1e-6]),
+    "num_heads": (2, True, 2.0, 4),
+    "norm": ("head", "none", "full", "layer"),
+    "numerics": ("fused", "unfused", False),
 }
+D, KV = 8, 1
 
 
 def _build(choice: dict):
-    tokens, dtype, width = choice["tokens"], choice["dtype"], choice["width"]
-    rows = torch.empty(tokens, width + choice["row_pad"], dtype=dtype)[:, :width]
-    kind = choice["positions"]
+    """The arguments of one ``split_qkv_rmsnorm_rope`` call (valid or not) from the choices."""
+    tokens, dtype = choice["tokens"], choice["dtype"]
+    width = (2 + 2 * KV) * D
+    qkv = torch.randn(tokens, width + choice["row_pad"], dtype=torch.float64).to(dtype)[:, :width]
     positions: object = {
-        "int64": lambda: torch.zeros(tokens, dtype=torch.int64),
-        "int32": lambda: torch.zeros(tokens, dtype=torch.int32),
-        "planes": lambda: torch.zeros(3, tokens, dtype=torch.int64).mT,
+        "int64": lambda: torch.arange(tokens, dtype=torch.int64) % 4,
+        "int32": lambda: torch.arange(tokens, dtype=torch.int32) % 4,
+        "planes": lambda: torch.zeros(3, tokens, dtype=torch.int64),
         "rows+1": lambda: torch.zeros(tokens + 1, dtype=torch.int64),
+        "strided": lambda: torch.zeros(tokens, 2, dtype=torch.int64)[:, 0],
         "number": lambda: 3,
-    }[kind]()
+    }[choice["positions"]]()
 
-    def tensor(name):
+    def vector():
         return {
-            "none": lambda: None,
-            "w8": lambda: torch.empty(8, dtype=dtype),
-            "w16": lambda: torch.empty(16, dtype=dtype),
-            "w8-half": lambda: torch.empty(8, dtype=torch.float16),
-            "w8-strided": lambda: torch.empty(16, dtype=dtype)[::2],
-            "w8-meta": lambda: torch.empty(8, dtype=dtype, device="meta"),
+            "d": lambda: 1 + torch.randn(D, dtype=torch.float64).to(dtype),
+            "d-half": lambda: torch.ones(D, dtype=torch.float16),
+            "2d": lambda: torch.ones(2 * D, dtype=dtype),
+            "strided": lambda: torch.ones(2 * D, dtype=dtype)[::2],
+            "meta": lambda: torch.empty(D, dtype=dtype, device="meta"),
             "number": lambda: 1.0,
-        }[name]()
+            "none": lambda: None,
+        }[choice["weight"]]()
 
-    statics = (choice["static0"], choice["static1"], choice["static2"])
-    statics = statics[: choice["static_count"]]
-    return (rows, positions), (tensor(choice["weight"]), tensor(choice["bias"])), statics
+    table = torch.randn(4, D, dtype=torch.float64).float()
+    bias = None if choice["bias"] == "none" else torch.zeros(D, dtype=dtype)
+    args = (qkv, positions, table, vector(), vector())
+    kwargs = dict(
+        num_heads=choice["num_heads"],
+        num_kv_heads=KV,
+        head_dim=D,
+        eps=choice["eps"],
+        q_bias=bias,
+        k_bias=None if bias is None else bias.clone(),
+        norm=choice["norm"],
+        numerics=choice["numerics"],
+        backend="reference",
+    )
+    return args, kwargs
+
+
+def _outcome(args, kwargs):
+    """What a call gives: its outputs, or the type and message of its refusal."""
+    try:
+        return tuple(o.clone() for o in fqr.split_qkv_rmsnorm_rope(*args, **kwargs))
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a[0], type) or isinstance(b[0], type):
+        return a == b
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @st.composite
@@ -76,35 +105,38 @@ def two_calls(draw):
     second = dict(first)
     for field in draw(st.lists(st.sampled_from(sorted(FIELDS)), max_size=2)):
         second[field] = draw(st.sampled_from(FIELDS[field]))
-    return _build(first), _build(second)
+    return first, second
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(two_calls())
-def test_guard_hits_exactly_when_the_keys_are_equal(calls):
-    """Two argument sets share a guard hit iff they share a key: the guard made from one
-    call's key returns that key object for the other call exactly when the other's key is
-    equal (and None otherwise: the key is then built and looked up as before)."""
+def test_the_fast_path_gives_what_the_full_checks_give(calls):
+    """After a first call (kept when it passed), a second call with other arguments gives
+    exactly what it gives on a cold table: the same outputs or the same refusal. So the fast
+    path (the kept call's key and ``TensorGuards``) never takes a call the checks would refuse,
+    nor changes a result."""
     first, second = calls
-    key = metadata_key(*first)
-    if key is None:
-        return
-    guard = key_guard(key)
-    assert guard(*first) is key
-    other = metadata_key(*second)
-    hit = guard(*second)
-    assert (hit is not None) == (other == key)
-    assert hit is None or hit is key
+    args2, kwargs2 = _build(second)
+    forget_checked_calls()
+    cold = _outcome(args2, kwargs2)
+    forget_checked_calls()
+    _outcome(*_build(first))
+    warm = _outcome(args2, kwargs2)
+    assert _same(warm, cold), (first, second)
 
 
-def test_guard_refuses_odd_statics_without_raising():
-    """A tensor where the key holds a float (a bad ``eps``): no match, no exception (the
-    types are compared before the values)."""
-    args = _build({f: options[0] for f, options in FIELDS.items()} | {"static1": 1e-6})
-    guard = key_guard(metadata_key(*args))
-    rows, tensors, statics = args
-    assert guard(rows, tensors, (statics[0], torch.tensor([1e-6, 2e-6]))) is None
-    assert guard(rows, tensors, list(statics)) is None
+def test_repeats_take_the_kept_call(gen, monkeypatch):
+    """Repeated calls with two metadata in turn (T = 1 and T > 1) check, trace and bind once
+    each: two kept calls, and no more validation after them."""
+    decl = SPLIT_QKV_RMSNORM_ROPE
+    forget_checked_calls()
+    validations = []
+    real = decl.validate
+    monkeypatch.setattr(decl, "validate", lambda call, **k: validations.append(1) or real(call))
+    problems = [make_problem(gen, tokens=t, num_heads=2, num_kv_heads=1) for t in (1, 3)]
+    for p in problems * 3:
+        fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(), backend="reference")
+    assert len(checked_calls(decl)) == 2 and len(validations) == 2
 
 
 # ------------------------------------------------------------ the C launch
@@ -174,7 +206,7 @@ def test_inner_c_launch_gets_what_triton_launcher_passes_it(gen, triton_launcher
     annotations, the signature and every parameter, constexprs included, each tensor as its
     address (an int, which the C function takes as the address itself)."""
     p = make_problem(gen, tokens=6, num_heads=4, num_kv_heads=2, head_dim=32)
-    program = prologue.preset_program(SimpleNamespace(spec=p.spec), p.qkv.dtype)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
     kernel = dataclasses.replace(lowering.lower(program, "interpret"), fn=FakeJitCuda())
     runtime = SimpleNamespace(
         launch_enter_hook=SimpleNamespace(calls=[]), launch_exit_hook=SimpleNamespace(calls=[])
@@ -236,28 +268,3 @@ def test_other_launchers_keep_the_bound_launcher(triton_launcher, fields, versio
     other = CudaLauncher()
     other.__dict__.update(vars(plain))
     assert inner_c_launch(other, "3.9.0") is None
-
-
-def test_public_op_repeats_hit_their_guards(gen, monkeypatch):
-    """Through the public op (any op that calls ``call_metadata`` and ``_checked_call``):
-    every kept key has its guard, and repeated calls with two metadata in turn (T = 1 and
-    T > 1) get back the kept key object itself, not a rebuilt tuple."""
-    import fqr
-    import fqr.validate as validate
-
-    prologue._CALLS.clear()
-    validate.forget_checked_keys()
-    returned = []
-    real = prologue.call_metadata
-
-    def spy(*args):
-        returned.append(real(*args))
-        return returned[-1]
-
-    monkeypatch.setattr(prologue, "call_metadata", spy)
-    problems = [make_problem(gen, tokens=t, num_heads=2, num_kv_heads=1) for t in (1, 3)]
-    for p in problems * 3:
-        fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(), backend="reference")
-    assert len(prologue._CALLS) == 2 and set(validate._GUARD_OF) == set(prologue._CALLS)
-    kept = list(prologue._CALLS)
-    assert all(any(key is k for k in kept) for key in returned[2:])

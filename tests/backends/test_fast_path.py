@@ -10,8 +10,9 @@ from conftest import make_problem
 from test_validation import BAD_INPUTS, _call
 
 import fqr
-import fqr.prologue as prologue
 from fqr.numerics import compare
+from fqr.prologue import checked_calls, forget_checked_calls
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
 
 
@@ -26,10 +27,10 @@ def test_warm_fast_path_refuses_what_the_slow_path_refuses(gen, name, argument, 
     """Same problem shape as the bad call, checked and kept first: the bad call must still
     raise, with the same type and message as on a cold cache (where the full checks run)."""
     p = make_problem(gen, tokens=7)
-    prologue._CALLS.clear()
+    forget_checked_calls()
     cold = _refusal(lambda: _call(p, **override(p)))
     _call(p)  # the valid call: its metadata is kept
-    assert prologue._CALLS, "the valid call was not kept"
+    assert checked_calls(SPLIT_QKV_RMSNORM_ROPE), "the valid call was not kept"
     warm = _refusal(lambda: _call(p, **override(p)))
     assert warm == cold, name
 
@@ -38,7 +39,7 @@ def test_warm_fast_path_refuses_what_the_slow_path_refuses(gen, name, argument, 
 def test_bad_input_refused_at_every_token_count(gen, tokens):
     """T = 0 / 1 / more are separate keys (checks read them): each still refuses bad input."""
     p = make_problem(gen, tokens=tokens)
-    prologue._CALLS.clear()
+    forget_checked_calls()
     _call(p)
     bad_width = p.qkv.new_empty(tokens, p.qkv.shape[1] - 128)
     assert "qkv width" in _refusal(lambda: _call(p, qkv=bad_width))[1]
@@ -48,7 +49,7 @@ def test_bad_input_refused_at_every_token_count(gen, tokens):
 
 def test_strided_positions_refused_after_a_contiguous_call(gen):
     p = make_problem(gen, tokens=6)
-    prologue._CALLS.clear()
+    forget_checked_calls()
     _call(p)
     strided = torch.stack([p.positions, p.positions], 1)[:, 0]
     assert "positions must be contiguous" in _refusal(lambda: _call(p, positions=strided))[1]
@@ -75,7 +76,7 @@ def test_qk_op_warm_refusals_match_cold(gen):
             q, k, p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, numerics="x", **good
         ),
     }
-    prologue._CALLS.clear()
+    forget_checked_calls()
     cold = {name: _refusal(call) for name, call in bad_calls.items()}
     fqr.qk_rmsnorm_rope(q, k, p.positions, p.cos_sin_cache, p.q_weight, p.k_weight, **good)
     warm = {name: _refusal(call) for name, call in bad_calls.items()}
@@ -86,7 +87,8 @@ def test_new_token_counts_skip_checks_and_tracing(gen, monkeypatch):
     """Once T > 1 has been checked, other T > 1 cost no check and no trace; results stay
     right (against float64) on each fresh input."""
     calls = {"check": 0, "trace": 0}
-    check, trace = prologue.check_prologue_args, prologue.prologue_program
+    decl = SPLIT_QKV_RMSNORM_ROPE
+    check, trace = decl.validate, decl.program
 
     def counting_check(*a, **k):
         calls["check"] += 1
@@ -96,9 +98,9 @@ def test_new_token_counts_skip_checks_and_tracing(gen, monkeypatch):
         calls["trace"] += 1
         return trace(*a, **k)
 
-    monkeypatch.setattr(prologue, "check_prologue_args", counting_check)
-    monkeypatch.setattr(prologue, "prologue_program", counting_trace)
-    prologue._CALLS.clear()
+    monkeypatch.setattr(decl, "validate", counting_check)
+    monkeypatch.setattr(decl, "program", counting_trace)
+    forget_checked_calls()
     for tokens in (3, 17, 64, 5):
         p = make_problem(gen, tokens=tokens)
         q, k, v = _call(p)
@@ -115,7 +117,7 @@ def test_full_norm_stats_calls_are_keyed_with_their_counts(gen):
     t = p.qkv.shape[0]
     sums = torch.rand(t, generator=gen) * 100 + 1
     good = fqr.NormStats(sums, sums.clone(), 4 * 128 * 2, 2 * 128 * 2)
-    prologue._CALLS.clear()
+    forget_checked_calls()
     _call(p, norm_stats=good)
     small = fqr.NormStats(sums, sums.clone(), 4, 2 * 128 * 2)
     assert "count" in _refusal(lambda: _call(p, norm_stats=small))[1]

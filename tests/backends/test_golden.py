@@ -98,7 +98,9 @@ def test_expectations_agree_with_the_ops_in_float64(name):
             case.preset, torch.float64, positions_dtype=case.inputs["positions"].dtype
         )
         inputs = {n: x.double() if x.is_floating_point() else x for n, x in case.inputs.items()}
-        outs = fqr.eval_program(program, case.variant.program_args(inputs, case.cos_sin_cache))
+        outs = fqr.eval_program(
+            program, case.variant.program_args(case.preset, inputs, case.cos_sin_cache)
+        )
         for out_name, out in zip(e["outputs"], outs):
             want = case.expected[out_name]
             if e["tolerance_kinds"][out_name] == "bitwise":

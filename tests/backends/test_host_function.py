@@ -18,10 +18,10 @@ from test_validation import BAD_INPUTS, _call
 import fqr
 import fqr.lowering as lowering
 import fqr.lowering.host as host
-import fqr.prologue as prologue
-import fqr.validate as validate
 from fqr.lowering.launcher import DirectLauncher
 from fqr.lowering.targets import InterpretTarget, get_target, register_target
+from fqr.prologue import CheckedCall, checked_calls, forget_checked_calls
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
 
 
@@ -35,8 +35,8 @@ def _poisoning(fn):
     fn.__globals__["EMPTY"] = full
 
 
-def _only_call() -> prologue.CheckedCall:
-    (call,) = prologue._CALLS.values()
+def _only_call() -> CheckedCall:
+    (call,) = checked_calls(SPLIT_QKV_RMSNORM_ROPE)
     return call
 
 
@@ -44,7 +44,7 @@ def test_host_function_matches_general_path_and_float64(gen, monkeypatch):
     """T = 7: the first call takes the general path and makes the host function; later calls
     (T = 7, 5, 13) go through it alone (the general launch is not entered), into poisoned
     outputs, equal to the general path's outputs bit for bit and right against float64."""
-    prologue._CALLS.clear()
+    forget_checked_calls()
     p = make_problem(gen, tokens=7)
     general = fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(), backend="interpret")
     call = _only_call()
@@ -67,7 +67,7 @@ def test_host_function_matches_general_path_and_float64(gen, monkeypatch):
 
 
 def test_new_token_counts_generate_and_compile_nothing(gen, monkeypatch):
-    prologue._CALLS.clear()
+    forget_checked_calls()
     lowered = []
     real = lowering.lower
 
@@ -90,7 +90,7 @@ def test_new_token_counts_generate_and_compile_nothing(gen, monkeypatch):
 
 
 def test_in_place_calls_use_the_host_function_for_out(gen):
-    prologue._CALLS.clear()
+    forget_checked_calls()
     p = make_problem(gen, tokens=6)
     exact = reference_prologue(*p.args(), **p.kwargs())
     kw = dict(p.kwargs(), backend="interpret", inplace=True)
@@ -107,28 +107,13 @@ def test_in_place_calls_use_the_host_function_for_out(gen):
 
 @pytest.fixture(scope="module")
 def warm_calls():
-    """The checked calls (with their host functions) and the call guards of one valid
-    interpreted call."""
+    """The checked call (with its host function) of one valid interpreted call."""
     g = torch.Generator().manual_seed(1234)
     p = make_problem(g, tokens=7)
-    prologue._CALLS.clear()
-    validate.forget_checked_keys()
+    forget_checked_calls()
     _call(p, backend="interpret")
-    assert _only_call().host[0] is not None and len(validate._GUARDS) == 1
-    return p, dict(prologue._CALLS), list(validate._GUARDS), dict(validate._GUARD_OF)
-
-
-def _warm(calls, guards, guard_of) -> None:
-    prologue._CALLS.clear()
-    prologue._CALLS.update(calls)
-    validate._GUARDS = list(guards)
-    validate._GUARD_OF.clear()
-    validate._GUARD_OF.update(guard_of)
-
-
-def _cold() -> None:
-    prologue._CALLS.clear()
-    validate.forget_checked_keys()
+    assert _only_call().host[0] is not None
+    return p, dict(SPLIT_QKV_RMSNORM_ROPE._calls)
 
 
 def _refusal(call):
@@ -139,38 +124,26 @@ def _refusal(call):
 
 @pytest.mark.parametrize("name,argument,override", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_refused_as_on_the_general_path(warm_calls, name, argument, override):
-    """Every validation case: with the host function and the call guard in place (the valid
-    call's key comes back from its guard, the identical object), the same type and message as
-    on a cold cache, where the full checks run."""
-    p, *state = warm_calls
+    """Every validation case: with the kept call and its host function in place (the valid
+    call takes it), the same type and message as on a cold table, where the full checks
+    run."""
+    p, kept = warm_calls
 
     def bad():
         return _call(p, **{"backend": "interpret", **override(p)})
 
-    _cold()
+    forget_checked_calls()
     cold = _refusal(bad)
-    _warm(*state)
-    (key,) = prologue._CALLS
-    assert validate.call_metadata(*_guard_arguments(p, "interpret")) is key  # a guard hit
+    SPLIT_QKV_RMSNORM_ROPE._calls.update(kept)
+    _call(p, backend="interpret")
+    assert checked_calls(SPLIT_QKV_RMSNORM_ROPE) == [c for v in kept.values() for c in v]
     warm = _refusal(bad)
     assert warm == cold, name
 
 
-def _guard_arguments(p, backend):
-    """What ``split_qkv_rmsnorm_rope`` passes ``call_metadata`` for ``_call(p)``."""
-    kw = dict(p.kwargs())
-    names = ("eps", "is_neox", "weight_offset", "norm", "numerics")
-    defaults = dict(eps=1e-6, is_neox=True, weight_offset=0.0, norm="head", numerics="fused")
-    statics = (kw["num_heads"], kw["num_kv_heads"], kw["head_dim"])
-    statics += tuple(kw.get(n, defaults[n]) for n in names)
-    statics += (None, None, None, False, backend)
-    qkv, positions, cache, qw, kw_ = p.args()
-    return (qkv, positions), (cache, qw, kw_, None, None), statics
-
-
 def test_fallbacks_grad_and_empty(gen):
     """Inputs that require grad under grad mode, and T = 0, take the general path."""
-    prologue._CALLS.clear()
+    forget_checked_calls()
     p = make_problem(gen, tokens=4, dtype=torch.float32)
     fqr.split_qkv_rmsnorm_rope(*p.args(), **p.kwargs(), backend="interpret")
     assert _only_call().host[0] is not None
@@ -196,7 +169,7 @@ def test_unbound_variant_falls_back_then_regenerates(gen):
     if "test-host-two-buckets" not in lowering.TARGETS:
         register_target(TwoBucketTarget("test-host-two-buckets", interpret=True))
     p = make_problem(gen, tokens=3, num_heads=2, num_kv_heads=1, head_dim=32)
-    program = prologue.preset_program(SimpleNamespace(spec=p.spec), p.qkv.dtype)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
     variants = lowering.KernelsByTokens(program, "test-host-two-buckets")
     variants.launch(p.operands())
     fast = host.host_function(variants, p.operands())
@@ -240,7 +213,7 @@ def test_bound_c_launcher_called_as_the_general_path_calls_it(gen):
     every parameter in order, constexprs); an installed launch hook sends the call back to the
     general path; a misaligned input too."""
     p = make_problem(gen, tokens=6, num_heads=4, num_kv_heads=2, head_dim=32)
-    program = prologue.preset_program(SimpleNamespace(spec=p.spec), p.qkv.dtype)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
     kernel = dataclasses.replace(lowering.lower(program, "interpret"), fn=FakeJit())
     enter, exit_ = SimpleNamespace(calls=[]), SimpleNamespace(calls=[])
     runtime = SimpleNamespace(launch_enter_hook=enter, launch_exit_hook=exit_)

@@ -14,7 +14,8 @@ import fqr
 from fqr import reference
 from fqr.backends import BACKENDS
 from fqr.numerics import compare
-from fqr.variants import INDEX_HEADS, KV_CACHE
+from fqr.prologue.index_heads import INDEX_HEADS
+from fqr.prologue.kv_cache import KV_CACHE
 
 E4M3 = torch.float8_e4m3fn
 MAX_POSITION = 1 << 14  # the real table's first rows (the full one is 2^20 rows)
@@ -48,7 +49,7 @@ def test_index_heads_against_float64(gen, attn_fp8, index_fp8):
         inputs["qkv"],
         inputs["positions"],
         table,
-        weights,
+        *weights,
         num_heads=8,
         num_kv_heads=1,
         head_dim=128,
@@ -262,7 +263,7 @@ def test_torch_ops_registrations(gen):
     inputs, table = draw(KV_CACHE, preset, gen, 3)
     expected = KV_CACHE.run(preset, inputs, table, backend="reference")
     schema = str(torch.ops.fqr.split_qkv_rmsnorm_rope_cache.default._schema)
-    assert "Tensor(a5!) key_cache" in schema and "Tensor(a6!) value_cache" in schema
+    assert "Tensor(a!) key_cache" in schema and "Tensor(b!) value_cache" in schema
     q = torch.ops.fqr.split_qkv_rmsnorm_rope_cache(
         inputs["qkv"],
         inputs["positions"],

@@ -13,7 +13,7 @@ from fqr import reference
 from fqr.numerics import compare
 from fqr.peers import gemma4_prologue
 from fqr.presets import get_preset
-from fqr.variants import variant_of
+from fqr.prologue import variant_of
 
 T = 5
 MAX_POS = 1 << 14

@@ -11,20 +11,21 @@ import torch
 from fqr import golden, reference
 from fqr.golden import CaseSpec, load_case, regen
 from fqr.presets import PRESETS, Preset
-from fqr.variants import SPLIT_QKV, VARIANTS, SplitQKV, get_variant, program_of, variant_of
-
-
-class CopyV(SplitQKV):
-    """split-qkv whose k output is held bit for bit (to see the tolerance kind reach the
-    manifest and the check)."""
-
-    name = "test-split-qkv-copied"
-    params = ("tag",)
+from fqr.prologue import (
+    VARIANTS,
+    checked_calls,
+    forget_checked_calls,
+    get_variant,
+    program_of,
+    variant_of,
+)
+from fqr.prologue.split_qkv import SPLIT_QKV, SPLIT_QKV_RMSNORM_ROPE
 
 
 @pytest.fixture
 def test_variant(monkeypatch):
-    variant = CopyV()
+    """split-qkv under another name with a field of its own: a variant made outside fqr."""
+    variant = replace(SPLIT_QKV, name="test-split-qkv-tagged", params=("tag",), golden=())
     monkeypatch.setitem(VARIANTS, variant.name, variant)
     preset = replace(
         PRESETS["qwen3-0.6b"],
@@ -51,11 +52,19 @@ def test_variant_fields_are_checked_by_name():
         get_variant("nope")
 
 
-def test_split_qkv_program_is_the_preset_program():
-    from fqr.prologue import preset_program
-
-    p = PRESETS["qwen3-8b"]
-    assert str(program_of(p)) == str(preset_program(p))
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3.5-27b", "minimax-m3-kvcache", "olmo2-7b"])
+def test_the_preset_program_is_the_program_the_public_op_runs(gen, name):
+    """What ``fqr lower``, the golden kernels and the Ascend sweep show (program_of) is the
+    program a real call of the preset's public op traces and runs."""
+    p = PRESETS[name]
+    variant = variant_of(p)
+    table = p.cos_sin_cache(64)
+    inputs = variant.draw(p, 5, torch.bfloat16, gen, max_position=64)
+    forget_checked_calls()
+    variant.run(p, inputs, table, backend="reference")
+    (call,) = checked_calls(variant.declaration)
+    assert str(call.program) == str(program_of(p))
+    assert variant.declaration is not SPLIT_QKV_RMSNORM_ROPE or name in ("qwen3-8b", "olmo2-7b")
 
 
 def test_a_variant_case_round_trips_through_the_golden_files(tmp_path, test_variant):

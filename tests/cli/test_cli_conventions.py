@@ -146,12 +146,12 @@ def test_info_log_names_the_lowered_kernel(monkeypatch, tmp_path, capsys):
     from fqr import lowering
     from fqr.logger import configure
     from fqr.presets import get_preset
-    from fqr.prologue import preset_program
+    from fqr.prologue import program_of
 
     monkeypatch.setenv("FQR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "_KERNELS", {})
     configure("DEBUG")
-    kernel = lowering.lower(preset_program(get_preset("qwen3-0.6b")), "interpret")
+    kernel = lowering.lower(program_of(get_preset("qwen3-0.6b")), "interpret")
     err = capsys.readouterr().err
     assert "lowered fqr_interpret_" in err and " for interpret: " in err and str(kernel.path) in err
     assert "kernel cache miss, written" in err or "kernel cache hit" in err

@@ -11,7 +11,7 @@ from conftest import real_table
 import fqr
 from fqr import ops, reference
 from fqr.numerics import compare
-from fqr.variants import variant_of
+from fqr.prologue import variant_of
 
 F64 = torch.float64
 

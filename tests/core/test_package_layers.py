@@ -24,12 +24,14 @@ LAYERS = {
     "fqr.presets": 4,
     "fqr.inputs": 4,
     "fqr.ascend_on_cuda": 4,
+    # the models' own unfused torch code, as vLLM / Hugging Face write it: formulations beside
+    # the float64 reference that the declarations' variants name as their eager chain
+    "fqr.peers": 4,
+    "fqr.fusion.unfused": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
-    "fqr.variants": 6,  # each variant's eager chain is the models' unfused code (fqr.peers)
     "fqr.golden": 6,
     "fqr.bench": 6,
-    "fqr.peers": 6,
     "fqr.runtime": 6,
     "fqr.fusion": 6,
     "fqr.tools": 6,

@@ -55,10 +55,10 @@ def test_program_prints_like_a_jaxpr():
 
 def test_unfused_numerics_rounds_in_the_norm_and_the_rope():
     p = fqr.get_preset("qwen3-8b")
-    from fqr.prologue import preset_program
+    from fqr.prologue import program_of
 
-    fused = preset_program(p, torch.bfloat16)
-    unfused = preset_program(p, torch.bfloat16, numerics="unfused")
+    fused = program_of(p, torch.bfloat16)
+    unfused = program_of(p, torch.bfloat16, numerics="unfused")
     assert "round_to" not in "".join(ln for ln in str(fused).splitlines() if "rms_norm" in ln)
     assert "round_to=None" in str(fused)  # rope's
     norms = [ln for ln in str(unfused).splitlines() if "rms_norm[" in ln]

@@ -19,7 +19,7 @@ from fqr.ascend_on_cuda import NAME, generated_body, lower_ascend_on_cuda
 from fqr.backends import BACKENDS
 from fqr.golden import list_cases, load_case
 from fqr.numerics import compare
-from fqr.prologue import preset_program
+from fqr.prologue import program_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,7 +48,7 @@ def test_large_batches_against_float64(gen, name, tokens, programs):
     p, pb = preset_problem(gen, name, tokens, torch.bfloat16)
     exact = reference.prologue(*pb.args(), **pb.kwargs())
     pb = pb.to("cuda")
-    program = preset_program(p, torch.bfloat16)
+    program = program_of(p, torch.bfloat16)
     kernel = lower_ascend_on_cuda(program, num_vectorcore=programs)
     tiles = -(-tokens // kernel.tiling.block_t)
     assert (
@@ -79,6 +79,6 @@ def test_golden_cases(entry):
 def test_backend_is_the_ascend_source():
     from fqr.lowering import kernel_source
 
-    program = preset_program(fqr.get_preset("qwen3-8b"), torch.bfloat16)
+    program = program_of(fqr.get_preset("qwen3-8b"), torch.bfloat16)
     ascend = kernel_source(program, "ascend")
     assert generated_body(lower_ascend_on_cuda(program).source) == generated_body(ascend)

@@ -11,8 +11,7 @@ from fqr.bench.checks import poison_free_memory
 from fqr.inputs import random_inputs
 from fqr.lowering import lower
 from fqr.numerics import compare, compare_kind
-from fqr.prologue import preset_program
-from fqr.variants import variant_of
+from fqr.prologue import program_of, variant_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,7 +40,7 @@ def test_presets_against_float64(gen, name, dtype):
     p, pb = preset_problem(gen, name, 301, dtype, bias=name == "qwen3-8b")
     exact = reference.prologue(*pb.args(), **pb.kwargs())
     pb = pb.to("cuda")
-    program = preset_program(p, dtype, bias=pb.q_bias is not None)
+    program = program_of(p, dtype, bias=pb.q_bias is not None)
     kernel = lower(program, "cuda")
     outs = [
         torch.full((301, v.aval.shape[1]), float("nan"), dtype=dtype, device="cuda")
@@ -155,7 +154,7 @@ def test_new_token_counts_do_not_recompile(gen):
         pb = pb.to("cuda")
         q, k, v = fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(backend="triton"))
         assert compare(q, exact[0], head_dim=p.head_dim).passed
-        kernel = lower(preset_program(p, torch.bfloat16), "cuda")
+        kernel = lower(program_of(p, torch.bfloat16), "cuda")
         counts.append(_compiled_variants(kernel.fn))
     assert counts == [1] * len(counts)
 

@@ -25,7 +25,7 @@ from support.contract import assert_contract
 import fqr.lowering
 from fqr.backends import BACKENDS
 from fqr.lowering import loader, lower
-from fqr.prologue import program_signature, prologue_program
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 
 pytestmark = pytest.mark.skipif(
     not BACKENDS["interpret"].available, reason=BACKENDS["interpret"].unavailable_reason() or ""
@@ -46,9 +46,7 @@ def _problem(gen):
     pb = make_problem(gen, tokens=3, num_heads=2, num_kv_heads=1, head_dim=16)
     kwargs = pb.kwargs(eps=1e-6 * (1 + random.random()))
     call = SimpleNamespace(args=pb.args(), kwargs=kwargs)
-    q_bias, k_bias = kwargs.pop("q_bias"), kwargs.pop("k_bias")
-    signature = program_signature(*call.args, q_bias, k_bias, None, numerics="fused", **kwargs)
-    return call, prologue_program(signature)
+    return call, SPLIT_QKV_RMSNORM_ROPE.program_for(*call.args, **kwargs)
 
 
 def _run(call, program):

@@ -24,9 +24,9 @@ from fqr.lowering.targets import (
     shape_key,
 )
 from fqr.presets import PRESETS
-from fqr.prologue import preset_program
+from fqr.prologue import program_of
+from fqr.prologue.split_qkv import SPLIT_QKV, SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
-from fqr.variants import program_of
 
 
 class FakeCompiled:
@@ -117,7 +117,7 @@ def test_direct_launch_only_on_checked_triton_versions(version, ok):
 
 def _spec_program(gen, tokens):
     p = make_problem(gen, tokens=tokens, num_heads=4, num_kv_heads=2, head_dim=32)
-    program = preset_program(SimpleNamespace(spec=p.spec), p.qkv.dtype)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
     return p, program
 
 
@@ -173,7 +173,7 @@ def test_cuda_profile_tunes_every_bench_preset_by_token_bucket():
         "gemma3-27b",
         "glm4-9b",
     ):
-        plan = lowering.plan_program(preset_program(PRESETS[name]))
+        plan = lowering.plan_program(program_of(PRESETS[name]))
         assert shape_key(plan) in TUNED, name
         buckets = target.token_buckets(plan)
         assert [limit for limit, _ in buckets] == list(TOKEN_BUCKETS)
@@ -181,12 +181,13 @@ def test_cuda_profile_tunes_every_bench_preset_by_token_bucket():
     # qwen3.5-27b's gated mRoPE row (four chains) takes the variants of its q/k/v shape, so
     # text-only positions run plain RoPE's tiling; qwen3-vl-8b's chains have qwen3-8b's shape.
     plan = lowering.plan_program(program_of(PRESETS["qwen3.5-27b"]))
-    plain = lowering.plan_program(preset_program(PRESETS["qwen3.5-27b"]))
+    # the same preset's plain q/k/v row (the split op's program for its spec)
+    plain = lowering.plan_program(SPLIT_QKV.program(PRESETS["qwen3.5-27b"]))
     assert shape_key(plan) != shape_key(plain)
     assert target.token_buckets(plan) == target.token_buckets(plain)
     vl = lowering.plan_program(program_of(PRESETS["qwen3-vl-8b"]))
-    assert shape_key(vl) == shape_key(lowering.plan_program(preset_program(PRESETS["qwen3-8b"])))
-    plan = lowering.plan_program(preset_program(PRESETS["qwen3-8b"].shard(2)))
+    assert shape_key(vl) == shape_key(lowering.plan_program(program_of(PRESETS["qwen3-8b"])))
+    plan = lowering.plan_program(program_of(PRESETS["qwen3-8b"].shard(2)))
     assert [b[1]["chunk_mode"] for b in target.token_buckets(plan)] == [c[3] for c in UNTUNED]
     assert target.token_buckets(plan, num_warps=4) == ((None, {"num_warps": 4}),)
 
@@ -235,8 +236,7 @@ def test_gptj_pairs_read_as_contiguous_rows_match_float64(gen, norm, chunk_mode)
         gen, tokens=11, num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16, is_neox=False,
         norm=norm,
     )  # fmt: skip
-    preset = SimpleNamespace(spec=p.spec, total_heads=4, total_kv_heads=2)
-    program = preset_program(preset, p.qkv.dtype)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
     kernel = lowering.lower(
         program, "interpret", pair_access="reshape", tile_elems=64, chunk_mode=chunk_mode
     )

@@ -20,7 +20,7 @@ from fqr import reference
 from fqr.backends import BACKENDS
 from fqr.lowering import kernel_source, lower, tiling_of
 from fqr.numerics import compare
-from fqr.prologue import program_signature, prologue_program
+from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 
 pytestmark = pytest.mark.skipif(
     not BACKENDS["interpret"].available, reason=BACKENDS["interpret"].unavailable_reason() or ""
@@ -28,19 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def program_of(pb, numerics="fused"):
-    return prologue_program(
-        program_signature(
-            pb.qkv,
-            pb.positions,
-            pb.cos_sin_cache,
-            pb.q_weight,
-            pb.k_weight,
-            pb.q_bias,
-            pb.k_bias,
-            None,
-            **pb.spec.kwargs(numerics=numerics),
-        )
-    )
+    return SPLIT_QKV_RMSNORM_ROPE.program_for(*pb.args(), **pb.kwargs(numerics=numerics))
 
 
 def run_kernel(pb, numerics="fused", **options):
@@ -223,9 +211,9 @@ def test_new_token_count_reuses_program_and_kernel(gen):
 
 
 def test_kernel_source_is_readable_and_token_count_is_runtime():
-    from fqr.prologue import preset_program
+    from fqr.prologue import program_of
 
-    src = kernel_source(preset_program(fqr.get_preset("qwen3-8b")), "cuda")
+    src = kernel_source(program_of(fqr.get_preset("qwen3-8b")), "cuda")
     assert src.splitlines()[3].startswith("# { lambda a:bf16[T,6144]")
     assert '@triton.jit(do_not_specialize=["T"])' in src
     assert "\n    T,\n" in src and "\n    T: tl.constexpr" not in src
@@ -236,8 +224,8 @@ def test_cache_is_reused_across_processes(tmp_path):
     script = textwrap.dedent("""
         import fqr, torch
         from fqr.lowering import lower
-        from fqr.prologue import preset_program
-        k = lower(preset_program(fqr.get_preset("gemma3-1b")), "interpret")
+        from fqr.prologue import program_of
+        k = lower(program_of(fqr.get_preset("gemma3-1b")), "interpret")
         print(k.cache_hit, k.path)
     """)
     env = dict(os.environ, FQR_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")

@@ -11,7 +11,7 @@ from support.programs import check_reference_and_kernel
 
 import fqr
 from fqr import reference
-from fqr.variants import variant_of
+from fqr.prologue import variant_of
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_kernel_against_float64(gen, name, sections, interleaved, bias):
     copies = [i for i, n in enumerate(variant.outputs) if n in variant.copies]
     check_reference_and_kernel(
         program,
-        variant.program_args(inputs, cache),
+        variant.program_args(p, inputs, cache),
         [exact[n] for n in variant.outputs],
         [p.head_dim] * len(variant.outputs),
         copies,
@@ -49,7 +49,7 @@ def test_text_positions_give_the_rope_kernel_bits(gen, name):
     text = inputs["positions"][0].contiguous()
     got = variant.run(p, dict(inputs, positions=text), cache, backend="interpret")
     qkv = inputs["qkv"]
-    if variant.output_gate:  # the same q, k, v heads without the gate columns
+    if variant.pins["output_gate"]:  # the same q, k, v heads without the gate columns
         d, hq = p.head_dim, p.num_heads
         q = qkv[:, : 2 * hq * d].reshape(3, hq, 2, d)[:, :, 0].reshape(3, -1)
         qkv = torch.cat([q, qkv[:, 2 * hq * d :]], dim=1)

@@ -1,0 +1,1096 @@
+"""A member of the prologue family is declared once; everything else is derived from it.
+
+A :class:`Declaration` is one public fused op: its composition of :mod:`fqr.ops` (the function
+that gets traced), its parameters with their kinds, its float64 reference
+(:mod:`fqr.reference`) and its outputs. From that one record fqr derives, as JAX derives
+``jit``/``bind``/abstract evaluation from one primitive and vLLM's ``direct_register_custom_op``
+a torch op from one function:
+
+=========================  ======================================================================
+the public function        :attr:`Declaration.function`: the signature (an ``inspect``
+                           signature, defaults included), the docstring (the declaration's,
+                           with the parameter list and the backends appended), binding by
+                           position or keyword
+validation                 every parameter's kind checks its argument (type, dtype, shape,
+                           strides, device), errors naming the parameter, then the
+                           declaration's relational checks, before any kernel runs
+the fast path              a call whose argument metadata passed the checks once
+                           (:class:`CheckedCall`, kept per static arguments and guarded by
+                           torch's C++ ``TensorGuards``: dtype, device, sizes and strides but
+                           the token dimension) skips the checks, the trace and the backend
+                           lookup; the kernel backends add the generated host function
+                           (:mod:`fqr.lowering.host`, the one code generator on the hot path)
+``torch.ops.fqr.<name>``   the schema from the parameters (tensors first, then the static
+                           arguments; ``out=``/``inplace``/``backend`` stay public-only), the
+                           implementation the public function with ``backend="auto"``, the fake
+                           the traced program's output avals (:func:`fqr.core.trace` is the
+                           abstract evaluation); donated caches are ``Tensor(a!)``
+golden cases, bench cells  through a :class:`Variant` (:mod:`fqr.prologue.variant`): a preset
+lowering, Ascend sweep     bound to the declaration
+=========================  ======================================================================
+
+A declaration file (``fqr/prologue/<op>.py``) holds the composition, the :func:`declare` call and
+the variants; adding a member of the family is a new file there (ARCHITECTURE.md, "How to add a
+variant").
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from ..backends import AUTO_BACKENDS, BACKENDS, resolve_backend
+from ..core import Aval, Program, trace
+from ..validate import (
+    POSITION_DTYPES,
+    check_activation,
+    check_choice,
+    check_cos_sin_cache,
+    check_finite_scalar,
+    check_positions,
+    check_positions_in_range,
+    check_positive_int,
+    check_row_stride,
+    check_slots_in_range,
+    check_tensor,
+    check_unit_stride,
+    check_vector,
+)
+
+MISSING = inspect.Parameter.empty
+
+# ------------------------------------------------------------------------------ parameters
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a public op: its name, default (``MISSING``: required), whether it is
+    keyword-only, the annotation the signature shows, and one line of documentation."""
+
+    name: str
+    default: Any = MISSING
+    keyword: bool = True
+    annotation: str = ""
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+
+@dataclass(frozen=True)
+class Static(Param):
+    """A scalar argument: checked by ``check(name, value)``, given to the composition as
+    ``normalize(value)`` when ``program`` (a static of the traced program, part of its
+    signature), to the torch op when ``torch_op`` (schema type ``schema``)."""
+
+    check: Callable[[str, Any], None] = lambda name, value: None
+    normalize: Callable[[Any], Any] = lambda value: value
+    program: bool = True
+    torch_op: bool = True
+    schema: str = ""
+    key: Callable[[Any], Any] | None = None  # a hashable stand-in in the call's key (a list)
+
+
+@dataclass(frozen=True)
+class Tensor(Param):
+    """A tensor argument (``optional``: may be None). ``kind`` says what it is, how it is
+    checked and how it enters the program (:class:`TensorKind`); ``donated``: the op updates it
+    in place (a paged cache), its updated value is an output of the program that is not
+    returned."""
+
+    kind: TensorKind = field(default=None)  # type: ignore[assignment]
+    optional: bool = False
+    donated: bool = False
+    torch_op: bool = True
+
+    def __post_init__(self):
+        if self.kind is None:
+            raise TypeError(f"{self.name}: a Tensor parameter needs a kind")
+
+
+@dataclass(frozen=True)
+class Form(Param):
+    """A public-only argument (``out=``, ``inplace``, ``backend``): not a program input, not in
+    the torch op; the declaration's hooks read it."""
+
+    check: Callable[[str, Any], None] = lambda name, value: None
+    keyed: bool = True  # False: only whether it is given is part of the call's key (out=)
+
+
+# ------------------------------------------------------------------------- tensor kinds
+
+
+class TensorKind:
+    """How one tensor argument is checked and passed. Subclasses set :attr:`leading` (the
+    symbol of its first dim in the program: ``"T"`` tokens, ``"P"`` table rows, ``"B"`` cache
+    blocks, ``None`` a per-call tensor) and :attr:`token_dim`, and override the hooks."""
+
+    leading: str | None = None
+    token_dim: int | None = None  # the dim of T, for a token-indexed argument
+    program_inputs: int = 1  # how many program inputs the argument gives
+    used: Callable[[Call], bool] | None = None  # whether the program reads it (None: always)
+
+    def check(self, name: str, x, call: Call) -> None:
+        """Raise a ValueError/TypeError naming ``name`` when ``x`` is not acceptable."""
+
+    def operands(self, x) -> tuple:
+        """The program inputs this argument gives (the tensor itself by default)."""
+        return (x,)
+
+    def avals(self, x) -> tuple:
+        leading = (self.leading,) if self.leading else ()
+        return tuple(Aval.of(o, *leading) for o in self.operands(x))
+
+    def per_call(self, name: str, x, call: Call) -> None:
+        """Checks of values (not metadata) that run on every call (a CPU tensor's range)."""
+
+    def guard_tensors(self, x) -> tuple:
+        """The tensors of the argument the fast path's guard compares (itself by default)."""
+        return (x,)
+
+    def key(self, x):
+        """What of a non-tensor argument joins the call's key (None: nothing)."""
+        return None
+
+    def guard_entries(self, x) -> list[tuple]:
+        """``(tensor, sizes, strides, token_dim)`` of each of :meth:`guard_tensors`: sizes and
+        strides None where they may change from call to call without changing the checks (the
+        token dim)."""
+        sizes: list = list(x.shape)
+        if self.token_dim is not None:
+            sizes[self.token_dim] = None
+        return [(x, sizes, list(x.stride()), self.token_dim)]
+
+
+def _token_count(call: Call) -> int:
+    return call._tokens
+
+
+@dataclass(frozen=True)
+class Rows(TensorKind):
+    """``[T, width]`` activation rows (bf16/fp16/fp32), unit stride along a row, rows not
+    overlapping. ``width(call)``: ``(expected width, how it is made)`` for the message, or
+    None; ``multiple_of``: a static name the width must be a multiple of; ``like``: another
+    rows argument whose dtype and token count this one shares."""
+
+    what: str = "[T, width]"
+    width: Callable[[Call], tuple[int, str] | None] | None = None
+    multiple_of: str | None = None
+    like: str | None = None
+    leading = "T"
+    token_dim = 0
+
+    def check(self, name, x, call):
+        check_activation(name, x, self.what)
+        if self.like is not None:
+            other = getattr(call, self.like)
+            if x.dtype != other.dtype:
+                raise TypeError(
+                    f"{name} must have {self.like}'s dtype {other.dtype}, got {x.dtype}"
+                )
+            if x.shape[0] != other.shape[0]:
+                raise ValueError(
+                    f"{name} has {x.shape[0]} tokens but {self.like} has {other.shape[0]}"
+                )
+        width = x.shape[1]
+        if self.width is not None:
+            expected = self.width(call)
+            if expected is not None:
+                width, layout = expected
+                if x.shape[1] != width:
+                    raise ValueError(f"{name} width {x.shape[1]} != {layout}")
+        if self.multiple_of is not None:
+            unit = getattr(call, self.multiple_of)
+            if x.shape[1] % unit:
+                raise ValueError(
+                    f"{name} width {x.shape[1]} is not a multiple of {self.multiple_of} {unit}"
+                )
+        check_row_stride(name, x, width)
+
+
+@dataclass(frozen=True)
+class Positions(TensorKind):
+    """``positions [T]`` int32/int64, unit stride; with ``planes`` also ``[planes, T]`` (mRoPE:
+    one row per plane, each contiguous along T), given to the program as ``planes`` inputs
+    (a ``[T]`` tensor on every plane). ``table``: the table argument whose rows the positions
+    index (range-checked on the host for CPU tensors; ``limit`` instead when there is no
+    table). ``used(call)``: whether the program reads them (else checked and dropped)."""
+
+    rows_of: str = "qkv"
+    planes: int = 0
+    table: str | None = "cos_sin_cache"
+    limit: Callable[[Call], int | None] | None = None
+    used: Callable[[Call], bool] | None = None
+    leading = "T"
+    token_dim = 0
+
+    @property
+    def program_inputs(self) -> int:  # type: ignore[override]
+        return max(self.planes, 1)
+
+    def check(self, name, x, call):
+        tokens = _token_count(call)
+        if self.planes and isinstance(x, torch.Tensor) and x.dim() == 2:
+            if x.dtype not in POSITION_DTYPES:
+                raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+            if x.shape != (self.planes, tokens):
+                raise ValueError(
+                    f"{name} must be [{self.planes}, T] or [T] with T = {tokens} "
+                    f"({self.rows_of} rows), got shape {list(x.shape)}"
+                )
+            if tokens > 1 and x.stride(1) != 1:
+                raise ValueError(
+                    f"{name} must be contiguous along T (stride 1), got stride {x.stride(1)};"
+                    f" pass {name}.contiguous()"
+                )
+            return
+        if self.planes and isinstance(x, torch.Tensor) and x.dim() != 1:
+            raise ValueError(
+                f"{name} must be [{self.planes}, T] or [T] with T = {tokens} "
+                f"({self.rows_of} rows), got shape {list(x.shape)}"
+            )
+        check_positions(x, tokens, rows_of=self.rows_of)
+
+    def operands(self, x):
+        if not self.planes:
+            return (x,)
+        return tuple(x.unbind(0)) if x.dim() == 2 else (x,) * self.planes
+
+    def avals(self, x):
+        plane = Aval.of(x[0] if self.planes and x.dim() == 2 else x, "T")
+        return (plane,) * max(self.planes, 1)
+
+    def guard_entries(self, x):
+        if x.dim() == 2:  # [planes, T]: the plane stride is T's business, not the checks'
+            return [(x, [x.shape[0], None], [None, x.stride(1)], 1)]
+        return [(x, [None], [x.stride(0)], 0)]
+
+    def range_limit(self, call) -> int | None:
+        if self.table is not None and getattr(call, self.table) is not None:
+            return getattr(call, self.table).shape[0]
+        return self.limit(call) if self.limit is not None else None
+
+    def per_call(self, name, x, call):
+        limit = self.range_limit(call)
+        if limit is not None and x.device.type == "cpu":
+            check_positions_in_range(x, limit)
+
+
+@dataclass(frozen=True)
+class Table(TensorKind):
+    """``cos_sin_cache [max_position, rotary_dim]`` (vLLM layout), floating, unit stride along
+    a row; ``rotary_dim`` even and at most ``head_dim(call)``."""
+
+    head_dim: Callable[[Call], int] = lambda call: call.head_dim
+    leading = "P"
+
+    def check(self, name, x, call):
+        check_cos_sin_cache(x, self.head_dim(call))
+
+
+@dataclass(frozen=True)
+class Vector(TensorKind):
+    """A per-call ``[length]`` floating vector, contiguous (a norm weight or bias);
+    ``length(call)`` and ``what`` (the message's name for that length)."""
+
+    length: Callable[[Call], int] = lambda call: call.head_dim
+    what: str | Callable[[Call], str] = "head_dim"
+
+    def check(self, name, x, call):
+        what = self.what if isinstance(self.what, str) else self.what(call)
+        check_vector(name, x, self.length(call), what)
+
+
+@dataclass(frozen=True)
+class Cache(TensorKind):
+    """A paged cache, updated in place: ``shape(call)`` the sizes after the blocks (with the
+    message's description), dtypes ``dtypes(call)``, contiguous last dim."""
+
+    shape: Callable[[Call], tuple[tuple[int, ...], str]] = None  # type: ignore[assignment]
+    dtypes: Callable[[Call], tuple[torch.dtype, ...]] = None  # type: ignore[assignment]
+    dtype_text: Callable[[Call], str] = lambda call: ""
+    last: str = "head_dim"  # what the last dim is called in the message
+    leading = "B"
+
+    def check(self, name, x, call):
+        check_tensor(name, x)
+        dims, text = self.shape(call)
+        if x.dim() != len(dims) + 1 or tuple(x.shape[1:]) != tuple(
+            d if d is not None else x.shape[i + 1] for i, d in enumerate(dims)
+        ):
+            raise ValueError(f"{name} must be {text}, got shape {list(x.shape)}")
+        if x.shape[0] < 1 or any(n < 1 for n in x.shape[1:]):
+            raise ValueError(f"{name} has no rows (shape {list(x.shape)})")
+        if x.dtype not in self.dtypes(call):
+            raise TypeError(f"{name} must be {self.dtype_text(call)}, got {_dtype_text(x.dtype)}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim ({self.last})")
+
+    def avals(self, x):
+        return (Aval(("B", *x.shape[1:]), x.dtype),)
+
+
+@dataclass(frozen=True)
+class Slots(TensorKind):
+    """``slot_mapping [T]`` int32/int64, unit stride (negative: padding); the slots of the
+    ``cache`` argument are range-checked on the host for CPU tensors."""
+
+    cache: str = "key_cache"
+    rows_of: str = "qkv"
+    leading = "T"
+    token_dim = 0
+
+    def check(self, name, x, call):
+        check_tensor(name, x)
+        if x.dtype not in POSITION_DTYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+        tokens = _token_count(call)
+        if x.dim() != 1 or x.shape[0] != tokens:
+            raise ValueError(
+                f"{name} must be [T] with T = {tokens} ({self.rows_of} rows), "
+                f"got shape {list(x.shape)}"
+            )
+        check_unit_stride(name, x)
+
+    def per_call(self, name, x, call):
+        check_slots_in_range(x, getattr(call, self.cache))
+
+
+@dataclass(frozen=True)
+class Scale(TensorKind):
+    """A per-tensor FP8 scale: float32 ``[1]``."""
+
+    def check(self, name, x, call):
+        check_tensor(name, x)
+        if x.shape != (1,) or x.dtype != torch.float32:
+            raise ValueError(
+                f"{name} must be a float32 tensor of shape [1], got {x.dtype} {list(x.shape)}"
+            )
+
+
+def _dtype_text(dtype: torch.dtype) -> str:
+    from ..core import DTYPE_NAMES
+
+    return DTYPE_NAMES.get(dtype, str(dtype))
+
+
+# ------------------------------------------------------------------ common static kinds
+
+
+def positive_int(name: str, value) -> None:
+    check_positive_int(name, value)
+
+
+def optional_positive_int(name: str, value) -> None:
+    if value is not None:
+        check_positive_int(name, value)
+
+
+def real(name: str, value) -> None:
+    check_finite_scalar(name, value)
+
+
+def positive_real(name: str, value) -> None:
+    check_finite_scalar(name, value, positive=True)
+
+
+def flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def choice(*options: str) -> Callable[[str, Any], None]:
+    def check(name: str, value) -> None:
+        check_choice(name, value, options)
+
+    return check
+
+
+NUMERICS = ("fused", "unfused", "unfused-hf")
+
+
+def _check_backend(name: str, value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+
+
+def numerics(default: str = "fused", modes: tuple[str, ...] = NUMERICS) -> Static:
+    return Static(
+        "numerics",
+        default,
+        annotation="str",
+        check=choice(*modes),
+        schema="str",
+        doc=f"numerics contract: {', '.join(modes)} (fqr.numerics)",
+    )
+
+
+BACKEND = Form(
+    "backend",
+    "auto",
+    annotation="str",
+    check=_check_backend,
+    doc="where it runs: auto ("
+    + ", ".join(f"{BACKENDS[b].name} on {d}" for d, b in AUTO_BACKENDS.items())
+    + ", reference elsewhere) or one of "
+    + ", ".join(BACKENDS),
+)
+
+
+# ------------------------------------------------------------------------------ outputs
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the program: ``copy`` (a bit-for-bit copy of input values, compared
+    bitwise), ``head_dim(statics)`` the head width it is compared head by head with (default
+    the ``head_dim`` static), ``present(call)`` whether the call has it (default always)."""
+
+    name: str
+    copy: bool = False
+    head_dim: Callable[[dict], int] | None = None
+    present: Callable[[Call], bool] | None = None
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+class Call:
+    """The bound arguments of one call, by name (``call.qkv``), without copying them."""
+
+    __slots__ = ("_values", "_index", "_tokens")
+
+    def __init__(self, index: dict[str, int], values: list):
+        self._index, self._values = index, values
+        self._tokens = 0
+
+    def __getattr__(self, name: str):
+        try:
+            return self._values[self._index[name]]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Declaration:
+    """One public fused op of the prologue family (module docstring).
+
+    ``composition(*program inputs, **statics)``: the function traced into the op's program
+    (operands in parameter order, an absent optional tensor as None; statics by keyword);
+    ``params``: the public signature, in order; ``outputs``: the program's outputs;
+    ``reference``: the float64 formulation (:mod:`fqr.reference`), called with the same
+    argument names (a parameter it does not take is left out); ``static_checks`` and
+    ``checks``: relational checks over the bound arguments (a :class:`Call`), after the
+    scalar arguments' own and after every tensor's own; ``value_checks``: ``(when, check)``
+    pairs, checks of addresses or grad mode that run on every call they apply to (``when``:
+    read from the call's key; distinct caches, ``out=`` buffers);
+    ``returns(call, outputs)``: what the public function returns from the outputs that are not
+    donated updates (default: those, a single one bare); ``out(call)``: caller buffers the
+    outputs are written into (``out=``, ``inplace``), or None; ``program_statics(call)``:
+    static arguments of the composition that no parameter gives directly; ``doc``: the
+    public docstring.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        composition: Callable,
+        params: Sequence[Param],
+        outputs: Sequence[Output],
+        *,
+        reference: Callable,
+        doc: str,
+        checks: Sequence[Callable[[Call], None]] = (),
+        static_checks: Sequence[Callable[[Call], None]] = (),
+        value_checks: Sequence[tuple[Callable[[Call], bool], Callable[[Call], None]]] = (),
+        returns: Callable[[Call, tuple], Any] | None = None,
+        out: Callable[[Call], list | None] | None = None,
+        program_statics: Callable[[Call], dict] | None = None,
+        torch_op: bool = True,
+    ):
+        self.name = name
+        self.composition = composition
+        self.params = tuple(params)
+        self.outputs = tuple(outputs)
+        self.reference = reference
+        self.checks = tuple(checks)
+        self.static_checks = tuple(static_checks)
+        self.value_checks = tuple(value_checks)
+        self._returns = returns
+        self._out = out
+        self._program_statics = program_statics
+        self.doc = inspect.cleandoc(doc)
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name}: parameter names repeat: {names}")
+        self.index = {p.name: i for i, p in enumerate(self.params)}
+        self.tensor_params = [p for p in self.params if isinstance(p, Tensor)]
+        self.static_params = [p for p in self.params if isinstance(p, Static)]
+        self._tensor_at = [self.index[p.name] for p in self.tensor_params]
+        # the key of a call: every scalar argument (forms included) with its type, and which
+        # tensors (and unkeyed forms such as out=) are given
+        self._keyed_at = [
+            i
+            for i, p in enumerate(self.params)
+            if isinstance(p, Static) or (isinstance(p, Form) and p.keyed)
+        ]
+        self._key_of = tuple(
+            (j, p.key)
+            for j, p in enumerate(self.params[i] for i in self._keyed_at)
+            if isinstance(p, Static) and p.key is not None
+        )
+        self._presence_at = [
+            i
+            for i, p in enumerate(self.params)
+            if isinstance(p, Tensor) or (isinstance(p, Form) and not p.keyed)
+        ]
+        # tensor arguments whose guard tensors are not the argument itself (fqr.NormStats)
+        self._complex = tuple(
+            (self.index[p.name], p.kind)
+            for p in self.tensor_params
+            if type(p.kind).guard_tensors is not TensorKind.guard_tensors
+        )
+        self._positional = [p.name for p in self.params if not p.keyword]
+        self._defaults = [p.default for p in self.params]
+        self._anchor = next(
+            p.name for p in self.tensor_params if p.kind.token_dim is not None
+        )  # the first token-indexed argument: T is its first size
+        self._calls: dict[tuple, list[CheckedCall]] = {}
+        self._lock = threading.Lock()
+        self.function = self._make_function()
+        self.torch_op_name = name if torch_op else None
+        if torch_op:
+            _register_torch_op(self)
+
+    def __repr__(self) -> str:
+        return f"Declaration({self.name})"
+
+    # -------------------------------------------------------------- the signature
+    def signature(self) -> inspect.Signature:
+        params = []
+        for p in self.params:
+            kind = (
+                inspect.Parameter.KEYWORD_ONLY
+                if p.keyword
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+            params.append(
+                inspect.Parameter(
+                    p.name, kind, default=p.default, annotation=p.annotation or MISSING
+                )
+            )
+        return inspect.Signature(params)
+
+    def _make_function(self) -> Callable:
+        decl = self
+
+        def op(*args, **kwargs):
+            return decl.call(decl.bind(args, kwargs))
+
+        op.__name__ = op.__qualname__ = self.name
+        op.__module__ = "fqr"
+        op.__doc__ = self.docstring()
+        op.__signature__ = self.signature()  # type: ignore[attr-defined]
+        op.declaration = self  # type: ignore[attr-defined]
+        return op
+
+    def docstring(self) -> str:
+        lines = [self.doc, "", "Parameters:", ""]
+        for p in self.params:
+            default = "" if p.required else f" = {p.default!r}"
+            lines.append(f"* ``{p.name}``{default}: {p.doc}")
+        return "\n".join(lines)
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        """The arguments in parameter order, defaults filled in (``TypeError`` as Python
+        raises it for a bad call)."""
+        n = len(args)
+        if n > len(self._positional):
+            raise TypeError(
+                f"{self.name}() takes {len(self._positional)} positional arguments but {n} "
+                f"were given"
+            )
+        values = [*args, *self._defaults[n:]]
+        index = self.index
+        for key, value in kwargs.items():
+            i = index.get(key)
+            if i is None:
+                raise TypeError(f"{self.name}() got an unexpected keyword argument {key!r}")
+            if i < n:
+                raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
+            values[i] = value
+        if MISSING in values:
+            missing = [p.name for p, v in zip(self.params, values) if v is MISSING]
+            raise TypeError(f"{self.name}() missing required argument: {missing[0]!r}")
+        return values
+
+    def bound(self, values: list) -> Call:
+        return Call(self.index, values)
+
+    # -------------------------------------------------------------- validation
+    def validate(self, call: Call, *, values_too: bool = True) -> None:
+        """Every check of the op, before anything runs: the scalar arguments, the relations
+        among them, each tensor's kind, the relations among the tensors, every tensor on the
+        first token-indexed one's device, then (``values_too``) the checks of values."""
+        for p in self.params:
+            if isinstance(p, (Static, Form)):
+                p.check(p.name, getattr(call, p.name))
+        for check in self.static_checks:
+            check(call)
+        anchor = getattr(call, self._anchor)
+        check_tensor(self._anchor, anchor)
+        call._tokens = anchor.shape[0] if anchor.dim() else 0
+        for p in self.tensor_params:
+            x = getattr(call, p.name)
+            if x is None:
+                if not p.optional:
+                    raise ValueError(f"{p.name} is required")
+                continue
+            p.kind.check(p.name, x, call)
+        for check in self.checks:
+            check(call)
+        device = anchor.device
+        for p in self.tensor_params:
+            x = getattr(call, p.name)
+            for t in () if x is None else p.kind.guard_tensors(x):
+                if t.device != device:
+                    raise ValueError(f"{p.name} is on {t.device} but {self._anchor} is on {device}")
+        if values_too:
+            self.per_call(call)
+
+    def per_call(self, call: Call) -> None:
+        """The checks that read values (ranges of CPU positions and slots) or addresses
+        (distinct caches, ``out=`` buffers): the fast path runs them on every call."""
+        for p in self.tensor_params:
+            if self.used(p, call):
+                p.kind.per_call(p.name, getattr(call, p.name), call)
+        for when, check in self.value_checks:
+            if when(call):
+                check(call)
+
+    # -------------------------------------------------------------- the program
+    def statics(self, call: Call) -> dict:
+        """The composition's static arguments for a validated call."""
+        statics = {
+            p.name: p.normalize(getattr(call, p.name)) for p in self.static_params if p.program
+        }
+        if self._program_statics is not None:
+            statics.update(self._program_statics(call))
+        return statics
+
+    def used(self, p: Tensor, call: Call) -> bool:
+        """Whether the program reads argument ``p`` (given, and its kind's ``used(call)``)."""
+        used = p.kind.used
+        return getattr(call, p.name) is not None and (used is None or used(call))
+
+    def avals(self, call: Call) -> tuple:
+        avals: list = []
+        for p in self.tensor_params:
+            if self.used(p, call):
+                avals.extend(p.kind.avals(getattr(call, p.name)))
+            else:
+                avals.extend((None,) * p.kind.program_inputs)
+        return tuple(avals)
+
+    def program(self, call: Call) -> Program:
+        """The op's program for a validated call (traced once per signature). Sizes that are
+        symbolic under ``torch.compile`` (the fake) are specialised, but the token count and
+        the table's rows, which the program keeps symbolic."""
+        avals = tuple(
+            None if a is None else Aval(tuple(_static_size(n) for n in a.shape), a.dtype)
+            for a in self.avals(call)
+        )
+        static = tuple(sorted(self.statics(call).items()))
+        return _traced(self.composition, (avals, static))
+
+    def program_for(self, *args, **kwargs) -> Program:
+        """The program a call with these arguments runs (their metadata checked as the call
+        checks it; the values, which do not shape the program, are not read)."""
+        call = self.bound(self.bind(args, kwargs))
+        self.validate(call, values_too=False)
+        return self.program(call)
+
+    def operands(self, call: Call) -> list:
+        """The program's input tensors of a call, in order."""
+        ops: list = []
+        for p in self.tensor_params:
+            if self.used(p, call):
+                ops.extend(p.kind.operands(getattr(call, p.name)))
+        return ops
+
+    # -------------------------------------------------------------- the call
+    def call(self, values: list) -> Any:
+        """Run one call: the fast path when its static arguments and tensor metadata passed
+        the checks before, else the full checks, the trace and the backend's binding."""
+        try:
+            statics = tuple(values[i] for i in self._keyed_at)
+            if self._key_of:
+                listed = list(statics)
+                for j, key_of in self._key_of:
+                    listed[j] = key_of(listed[j])
+                statics = tuple(listed)
+            key = (
+                statics,
+                tuple(map(type, statics)),
+                tuple(values[i] is None for i in self._presence_at),
+            )
+            if self._complex:
+                key += tuple(kind.key(values[i]) for i, kind in self._complex)
+            kept = self._calls.get(key)
+        except TypeError:  # an unhashable argument: the checks name it
+            key, kept = None, None
+        if kept:
+            present = self.guard_tensors(values)
+            for checked in kept:
+                if checked.matches(present):
+                    return checked.finish(self, values)
+        call = self.bound(values)
+        self.validate(call)
+        program = self.program(call)
+        backend = getattr(call, "backend", "auto")
+        resolved = resolve_backend(backend, getattr(call, self._anchor).device)
+        checked = CheckedCall(self, program, resolved, call)
+        if key is not None:
+            checked.keep(self, key)
+        return checked.finish(self, values, checked_now=True)
+
+    def guard_tensors(self, values: list) -> list:
+        """The tensors the fast path's guard compares, in order."""
+        if not self._complex:
+            return [values[i] for i in self._tensor_at if values[i] is not None]
+        present: list = []
+        for p, i in zip(self.tensor_params, self._tensor_at):
+            if values[i] is not None:
+                present.extend(p.kind.guard_tensors(values[i]))
+        return present
+
+    def returns(self, call: Call, outs: tuple) -> Any:
+        """What the public function returns from the outputs that are not donated updates."""
+        if self._returns is not None:
+            return self._returns(call, outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def out(self, call: Call) -> list | None:
+        return None if self._out is None else self._out(call)
+
+    def reference_kwargs(self, values: dict) -> dict:
+        """``values`` restricted to the parameters the reference takes."""
+        accepted = inspect.signature(self.reference).parameters
+        return {k: v for k, v in values.items() if k in accepted}
+
+
+def _static_size(n):
+    return n if isinstance(n, (int, str)) else int(n)
+
+
+@lru_cache(maxsize=512)
+def _traced(fn, signature: tuple) -> Program:
+    avals, static = signature
+    return trace(fn, *avals, **dict(static))
+
+
+# ------------------------------------------------------------------------- checked calls
+
+MAX_CHECKED_CALLS = 4096  # argument metadata kept across every op (a full table adds no more)
+MAX_PER_KEY = 8  # metadata kept per static arguments (the most recent first)
+_KEPT = [0]
+
+
+class CheckedCall:
+    """What a call whose arguments passed the checks needs on every later call with the same
+    static arguments and tensor metadata: the guard of that metadata (torch's C++
+    ``TensorGuards``: dispatch keys, dtype, device, sizes and strides, the token dimension
+    free), the program, the backend's launch, the operands' recipe, whether values are
+    checked every call, and for kernel backends the generated host function of this metadata
+    (:mod:`fqr.lowering.host`; one for new outputs, one for caller buffers), made after the
+    first launch and remade when a new kernel variant is bound."""
+
+    __slots__ = (
+        "program",
+        "launch",
+        "backend",
+        "per_call",
+        "host",
+        "_host_builds",
+        "_guard",
+        "_tokens_class",
+        "_token_dims",
+        "_donated",
+        "_recipe",
+        "_anchor_at",
+    )
+
+    MAX_HOST_BUILDS = 8
+
+    def __init__(self, decl: Declaration, program: Program, backend, call: Call):
+        self.program = program
+        self.launch = backend.bind(program)
+        self.backend = backend if backend.has_kernels else None
+        present = [
+            (p, getattr(call, p.name))
+            for p in decl.tensor_params
+            if getattr(call, p.name) is not None
+        ]
+        on_host = any(t.device.type == "cpu" for _, t in present)
+        reads_values = any(type(p.kind).per_call is not TensorKind.per_call for p, _ in present)
+        # the checks of values run every call where the values are on the host (CPU positions
+        # and slots); the address and grad-mode checks (distinct caches, out= buffers) on every
+        # call of the calls they apply to
+        self.per_call = (on_host and reads_values) or any(
+            when(call) for when, _ in decl.value_checks
+        )
+        self.host: list = [None, None]
+        self._host_builds = 0
+        self._tokens_class = min(call._tokens, 2)
+        entries = [e for p, t in present for e in p.kind.guard_entries(t)]
+        self._token_dims = tuple((i, e[3]) for i, e in enumerate(entries) if e[3] is not None)
+        self._anchor_at = decl.index[decl._anchor]
+        self._donated = frozenset(program.aliases())
+        # each program operand: the argument it comes from and the kind that expands it
+        # (None: the argument itself)
+        self._recipe = tuple(
+            (decl.index[p.name], None if _passes_through(p.kind) else p.kind)
+            for p in decl.tensor_params
+            if decl.used(p, call)
+        )
+        from torch._C._dynamo.guards import TensorGuards
+
+        self._guard = TensorGuards(
+            *(e[0] for e in entries),
+            dynamic_dims_sizes=[e[1] for e in entries],
+            dynamic_dims_strides=[e[2] for e in entries],
+        )
+
+    def keep(self, decl: Declaration, key: tuple) -> None:
+        with decl._lock:
+            if _KEPT[0] >= MAX_CHECKED_CALLS:
+                return
+            kept = decl._calls.get(key, [])
+            decl._calls[key] = [self, *kept][:MAX_PER_KEY]
+            _KEPT[0] += 1
+
+    def matches(self, present: list) -> bool:
+        """Whether tensors with these metadata passed the checks when this call did: the
+        guard, then the token counts (each token-indexed tensor's T equal to the first one's,
+        T in the class -- 0, 1, more -- the checks saw)."""
+        try:
+            if not self._guard.check(*present):
+                return False
+        except (TypeError, RuntimeError):  # not tensors where tensors were
+            return False
+        tokens = -1
+        for i, dim in self._token_dims:
+            n = present[i].shape[dim]
+            if tokens < 0:
+                tokens = n
+                if min(n, 2) != self._tokens_class:
+                    return False
+            elif n != tokens:
+                return False
+        return True
+
+    def finish(self, decl: Declaration, values: list, checked_now: bool = False) -> Any:
+        """The per-call checks (unless the full ones just ran), the run, the return value."""
+        call = None
+        if self.per_call and not checked_now:
+            call = decl.bound(values)
+            call._tokens = values[self._anchor_at].shape[0]
+            decl.per_call(call)
+        args = []
+        for i, kind in self._recipe:
+            if kind is None:
+                args.append(values[i])
+            else:
+                args.extend(kind.operands(values[i]))
+        if decl._out is not None or decl._returns is not None:
+            call = call or decl.bound(values)
+        out = None if decl._out is None else decl._out(call)
+        outs = self.run(args, out)
+        if self._donated:
+            outs = tuple(o for i, o in enumerate(outs) if i not in self._donated)
+        if decl._returns is not None:
+            return decl._returns(call, outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def run(self, args: list, out: list | None = None) -> tuple:
+        """Run on ``args`` (first: the token rows), into ``out`` when given; no tokens: empty
+        outputs, no launch. The generated host function runs the call where it covers it,
+        else the general path does (and a newly bound kernel variant regenerates it)."""
+        host = self.host[out is not None]
+        if host is not None:
+            outs = host.fn(args) if out is None else host.fn(args, out)
+            if outs is not None:
+                return outs
+        rows = args[0]
+        if rows.shape[0] == 0:
+            if out is not None:
+                return tuple(out)
+            aliases = self.program.aliases()
+            return tuple(
+                args[aliases[i]]
+                if i in aliases
+                else torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
+                for i, v in enumerate(self.program.outputs)
+            )
+        outs = tuple(self.launch(args) if out is None else self.launch(args, out))
+        if self.backend is not None and self._host_builds < self.MAX_HOST_BUILDS:
+            bound = self.backend.bound_kernels(self.program)
+            if host is None or host.bound != bound:
+                self._host_builds += 1
+                self.host[out is not None] = self.backend.host_function(self.program, args, out)
+        return outs
+
+
+def _passes_through(kind: TensorKind) -> bool:
+    return type(kind).operands is TensorKind.operands
+
+
+def forget_checked_calls() -> None:
+    """Drop every kept call of every op (the next calls check, trace and bind again)."""
+    for decl in DECLARATIONS.values():
+        with decl._lock:
+            decl._calls.clear()
+    _KEPT[0] = 0
+
+
+def checked_calls(decl: Declaration) -> list[CheckedCall]:
+    """The calls of ``decl`` kept so far (most recent first for each key)."""
+    return [c for kept in decl._calls.values() for c in kept]
+
+
+# ----------------------------------------------------------------------------- registry
+
+DECLARATIONS: dict[str, Declaration] = {}
+
+
+def declare(
+    name: str, composition: Callable, params: Sequence[Param], outputs, **kw
+) -> Declaration:
+    """Declare the public op ``name`` (:class:`Declaration`), register it (and its
+    ``torch.ops.fqr`` op) and return it; ``declaration.function`` is the public function."""
+    if name in DECLARATIONS:
+        raise ValueError(f"op {name!r} is already declared")
+    decl = Declaration(name, composition, params, outputs, **kw)
+    DECLARATIONS[name] = decl
+    return decl
+
+
+# ------------------------------------------------------------------------ torch.ops.fqr
+
+LIBRARY = torch.library.Library("fqr", "DEF")
+# The devices the op runs on: the reference rules on CPU, the kernels on CUDA and on NPUs
+# (torch_npu's tensors dispatch as PrivateUse1).
+DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
+
+
+def _schema_type(p: Param) -> str:
+    if isinstance(p, Tensor):
+        return "Tensor(a!)" if p.donated else ("Tensor?" if p.optional else "Tensor")
+    assert isinstance(p, Static)
+    return p.schema
+
+
+def torch_op_params(decl: Declaration) -> list[Param]:
+    """The parameters of ``torch.ops.fqr.<name>``, in schema order: the tensors, then the
+    static arguments the op takes (``Static.torch_op``)."""
+    tensors = [p for p in decl.tensor_params if p.torch_op]
+    statics = [p for p in decl.static_params if p.torch_op]
+    return [*tensors, *statics]
+
+
+def _schema(decl: Declaration) -> str:
+    params = torch_op_params(decl)
+    aliases = iter("abcdefghijklmnopqrstuvwxyz")
+    # defaults for the trailing run of parameters that have one (a schema allows no other)
+    first_default = len(params)
+    while first_default and not params[first_default - 1].required:
+        first_default -= 1
+    parts = []
+    for i, p in enumerate(params):
+        kind = _schema_type(p)
+        if kind == "Tensor(a!)":
+            kind = f"Tensor({next(aliases)}!)"
+        default = ""
+        if i >= first_default:
+            default = "=" + ("None" if p.default is None else _schema_default(p.default))
+        parts.append(f"{kind} {p.name}{default}")
+    returns = _schema_returns(decl)
+    return f"({', '.join(parts)}) -> {returns}"
+
+
+def _schema_default(value) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _schema_returns(decl: Declaration) -> str:
+    fixed = [o for o in decl.outputs if o.present is None]
+    if len(fixed) != len(decl.outputs):
+        return "Tensor[]"
+    returned = [o for o in decl.outputs if not _is_donated_output(decl, o)]
+    if len(returned) == 1:
+        return "Tensor"
+    return "(" + ", ".join("Tensor" for _ in returned) + ")"
+
+
+def _is_donated_output(decl: Declaration, output: Output) -> bool:
+    return any(p.donated and output.name == p.name for p in decl.tensor_params)
+
+
+def _torch_impl(decl: Declaration):
+    params = torch_op_params(decl)
+    names = [p.name for p in params]
+    list_out = _schema_returns(decl) == "Tensor[]"
+
+    def impl(*args):
+        result = decl.function(**dict(zip(names, args)), backend="auto")
+        return list(r for r in result if r is not None) if list_out else result
+
+    return impl
+
+
+def _torch_fake(decl: Declaration):
+    params = torch_op_params(decl)
+    names = [p.name for p in params]
+    list_out = _schema_returns(decl) == "Tensor[]"
+
+    def fake(*args):
+        values = decl.bind((), dict(zip(names, args)))
+        call = decl.bound(values)
+        decl.validate(call, values_too=False)
+        program = decl.program(call)
+        rows = getattr(call, decl._anchor)
+        tokens = rows.shape[0]
+        donated = program.aliases()
+        outs = tuple(
+            rows.new_empty(tokens, v.aval.shape[1], dtype=v.aval.dtype)
+            for i, v in enumerate(program.outputs)
+            if i not in donated
+        )
+        result = decl.returns(call, outs)
+        if list_out:
+            return [r for r in result if r is not None]
+        return result
+
+    return fake
+
+
+def _register_torch_op(decl: Declaration) -> None:
+    """``torch.ops.fqr.<name>`` (vLLM's ``direct_register_custom_op``: ``Library.define`` with
+    the derived schema, the public function for every dispatch key, the fake for tracing). The
+    ops are inference ops, as vLLM's are: no autograd kernel is registered (the public functions
+    carry the autograd policy, :class:`fqr.backends.DifferentiableRun`)."""
+    LIBRARY.define(decl.name + _schema(decl))
+    impl = _torch_impl(decl)
+    for key in DISPATCH_KEYS:
+        LIBRARY.impl(decl.name, impl, key)
+    LIBRARY._register_fake(decl.name, _torch_fake(decl))

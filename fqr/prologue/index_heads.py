@@ -1,0 +1,313 @@
+"""``split_qkv_index_rmsnorm_rope``: MiniMax-M3's sparse-attention prologue with its
+lightning-indexer heads (vllm-ascend's ``split_qkv_index_rmsnorm_rope``), FP8 E4M3 outputs
+when asked.
+
+The composition (:func:`index_heads_prologue`) is ``split_heads`` in five -> per-head norm +
+RoPE of q, k, index_q and index_k -> ``quantize_fp8`` where asked; the float64 reference is
+:func:`fqr.reference.index_prologue`. The variant ``index-heads`` binds MiniMax-M3's presets
+(:mod:`.variants`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .. import ops, reference
+from ..inputs import (
+    random_heads,
+    random_norm_params,
+    random_positions,
+    random_qkv,
+    with_outliers,
+)
+from ..peers import minimax_index_prologue
+from .blocks import norm_then_rope
+from .declare import (
+    BACKEND,
+    Call,
+    Output,
+    Rows,
+    Static,
+    Table,
+    Vector,
+    declare,
+    flag,
+    numerics,
+    positive_int,
+)
+from .params import (
+    COS_SIN_CACHE,
+    EPS,
+    HEAD_DIM,
+    IS_NEOX,
+    K_WEIGHT,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    POSITIONS,
+    Q_WEIGHT,
+    QKV,
+    WEIGHT_OFFSET,
+    heads_divide,
+    weight,
+    with_default,
+)
+from .variant import CaseSpec, Variant, register_variant
+
+
+def index_heads_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    index_q_weight,
+    index_k_weight,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    num_index_heads,
+    index_head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    attn_fp8,
+    index_fp8,
+    numerics,
+):
+    """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
+    | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head, index_q
+    and the one index_k head per ``index_head_dim`` head, all four rotated by the same table;
+    ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
+    as E4M3."""
+    iq_at = (num_heads + 2 * num_kv_heads) * head_dim
+    q, k, v, iq, ik = ops.split_heads(
+        qkv,
+        (
+            ops.Section(num_heads, head_dim, 0),
+            ops.Section(num_kv_heads, head_dim, num_heads * head_dim),
+            ops.Section(num_kv_heads, head_dim, (num_heads + num_kv_heads) * head_dim),
+            ops.Section(num_index_heads, index_head_dim, iq_at),
+            ops.Section(1, index_head_dim, iq_at + num_index_heads * index_head_dim),
+        ),
+    )
+    common = dict(eps=eps, is_neox=is_neox, weight_offset=weight_offset, numerics=numerics)
+    q, k = norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        **common,
+    )
+    iq, ik = norm_then_rope(
+        iq,
+        ik,
+        positions,
+        cos_sin_cache,
+        (index_q_weight, index_k_weight),
+        groups=(index_head_dim, index_head_dim),
+        head_dim=index_head_dim,
+        **common,
+    )
+    attn, index = [q, k, v], [iq, ik]
+    if attn_fp8:
+        attn = [ops.quantize_fp8(x) for x in attn]
+    if index_fp8:
+        index = [ops.quantize_fp8(x) for x in index]
+    return (*attn, *index)
+
+
+def index_width(call: Call) -> tuple[int, str]:
+    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
+    hi, di = call.num_index_heads, call.index_head_dim
+    width = (hq + 2 * hkv) * d + (hi + 1) * di
+    return width, (
+        f"(num_heads + 2*num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim = "
+        f"({hq} + 2*{hkv}) * {d} + ({hi} + 1) * {di} = {width}"
+    )
+
+
+def _index_weight(name: str, of: str):
+    return replace(
+        weight(name, of),
+        kind=Vector(length=lambda call: call.index_head_dim, what="its head_dim"),
+        doc=f"``[index_head_dim]`` RMSNorm weight of {of}",
+    )
+
+
+_HEAD_WEIGHT = Vector(what="its head_dim")
+
+SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
+    "split_qkv_index_rmsnorm_rope",
+    index_heads_prologue,
+    (
+        replace(
+            QKV,
+            kind=Rows(what="[T, q | k | v | index_q | index_k]", width=index_width),
+            doc="``[T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]``: the packed row ``[q | k | v | index_q | "
+            "index_k]``, Hi indexer q heads and ONE indexer k head shared by them, both Di wide",
+        ),
+        POSITIONS,
+        replace(
+            COS_SIN_CACHE,
+            kind=Table(head_dim=lambda call: min(call.head_dim, call.index_head_dim)),
+        ),
+        replace(Q_WEIGHT, kind=_HEAD_WEIGHT),
+        replace(K_WEIGHT, kind=_HEAD_WEIGHT),
+        _index_weight("index_q_weight", "index_q"),
+        _index_weight("index_k_weight", "index_k"),
+        NUM_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        Static(
+            "num_index_heads",
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="indexer q heads (MiniMax-M3: as many as kv heads)",
+        ),
+        Static(
+            "index_head_dim",
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="features per indexer head",
+        ),
+        EPS,
+        IS_NEOX,
+        with_default(WEIGHT_OFFSET, 1.0),
+        Static(
+            "attn_fp8",
+            False,
+            annotation="bool",
+            check=flag,
+            schema="bool",
+            doc="q, k, v returned as float8_e4m3fn, clamp(y, -448, 448) rounded to nearest even",
+        ),
+        Static(
+            "index_fp8",
+            False,
+            annotation="bool",
+            check=flag,
+            schema="bool",
+            doc="index_q, index_k returned as float8_e4m3fn likewise",
+        ),
+        numerics(),
+        BACKEND,
+    ),
+    (
+        Output("q"),
+        Output("k"),
+        Output("v"),  # a copy, but an FP8 one saturates: compared like the others
+        Output("index_q", head_dim=lambda s: s["index_head_dim"]),
+        Output("index_k", head_dim=lambda s: s["index_head_dim"]),
+    ),
+    reference=reference.index_prologue,
+    static_checks=(heads_divide,),
+    doc="""
+    MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
+    ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.
+
+    Per head of q and k (width D) and of index_q and index_k (width Di), with its own weight
+    (``[D]``, ``[D]``, ``[Di]``, ``[Di]``)::
+
+        y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)      # Gemma (1 + w) by default
+
+    then NeoX (or GPT-J) RoPE of the first R features of every head of all four, R the
+    ``cos_sin_cache`` width (R <= min(D, Di)), from the same rows ``cos_sin_cache[positions]``
+    (MiniMax-M3's one ``rotary_emb`` for both); v is copied. ``attn_fp8``: q, k and v are
+    returned as ``float8_e4m3fn``, ``clamp(y, -448, 448)`` rounded to nearest-even E4M3;
+    ``index_fp8`` the same for index_q and index_k. The scale is 1, as vllm-ascend's kernel
+    writes it (``clamp(y, -448, 448).to(float8_e4m3fn)``, no scale argument). Otherwise the
+    outputs are in qkv's dtype: q ``[T, Hq*D]``, k and v ``[T, Hkv*D]``, index_q ``[T,
+    Hi*Di]``, index_k ``[T, Di]``.
+
+    The reference it matches is :func:`fqr.reference.index_prologue`. ``numerics`` as
+    :func:`fqr.split_qkv_rmsnorm_rope` (``unfused``: vLLM's ``GemmaRMSNorm`` then
+    ``RotaryEmbedding.forward_native`` in the model dtype, then clamp and cast for FP8).
+    """,
+)
+
+split_qkv_index_rmsnorm_rope = SPLIT_QKV_INDEX_RMSNORM_ROPE.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def _check_preset(variant: Variant, preset) -> None:
+    p = preset.params
+    if not isinstance(p["index_head_dim"], int) or p["index_head_dim"] < preset.rotary_dim:
+        raise ValueError(
+            f"preset {preset.name}: index_head_dim must be an int >= rotary_dim "
+            f"{preset.rotary_dim}, got {p['index_head_dim']!r}"
+        )
+    for name in ("attn_fp8", "index_fp8"):
+        if not isinstance(p[name], bool):
+            raise ValueError(f"preset {preset.name}: {name} must be a bool")
+
+
+def _kwargs(preset) -> dict:
+    """MiniMax-M3 has as many indexer q heads as kv heads and shards them alike (vllm-ascend
+    ``MiniMaxM3SparseAttention``); the one index_k head is on every rank."""
+    spec, p = preset.spec, preset.params
+    return spec.head_kwargs(
+        num_index_heads=spec.num_kv_heads,
+        index_head_dim=p["index_head_dim"],
+        attn_fp8=p["attn_fp8"],
+        index_fp8=p["index_fp8"],
+    )
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    kw = _kwargs(preset)
+    spec, di = preset.spec, kw["index_head_dim"]
+    main = random_qkv(spec, tokens, dtype, generator)
+    index = random_heads(tokens, kw["num_index_heads"] + 1, di, dtype, generator)
+    v_at = spec.q_size + spec.kv_size
+    qkv = with_outliers(
+        torch.cat([main, index], dim=1), slice(v_at, v_at + spec.kv_size), generator
+    )
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
+    index_spec = replace(spec, num_heads=1, num_kv_heads=1, head_dim=di, rotary_dim=di)
+    iq_weight, ik_weight, _, _ = random_norm_params(index_spec, dtype, generator)
+    return {
+        "qkv": qkv,
+        "positions": positions,
+        "q_weight": q_weight,
+        "k_weight": k_weight,
+        "index_q_weight": iq_weight,
+        "index_k_weight": ik_weight,
+    }
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    kw = {k: v for k, v in _kwargs(preset).items() if "index" in k or "fp8" in k}
+    table = cos_sin_cache.to(dtype)
+    return lambda inputs: minimax_index_prologue(inputs, table, preset.spec, **kw)
+
+
+# MiniMax-M3's indexer heads: bf16 and FP8 E4M3 outputs (v with outliers past +-448).
+INDEX_HEADS = register_variant(
+    Variant(
+        "index-heads",
+        SPLIT_QKV_INDEX_RMSNORM_ROPE,
+        kwargs=_kwargs,
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=("index_head_dim", "attn_fp8", "index_fp8"),
+        check_preset=_check_preset,
+        golden=(
+            CaseSpec("minimax-m3", "bf16", 7, tp=8),
+            CaseSpec("minimax-m3", "bf16", 1, "unfused", tp=4),
+            CaseSpec("minimax-m3-fp8", "bf16", 7, tp=8),
+        ),
+    )
+)

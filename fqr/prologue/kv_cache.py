@@ -1,0 +1,290 @@
+"""``split_qkv_rmsnorm_rope_cache``: norm + RoPE of q and k, then k and v written into the
+paged KV cache by slot (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
+``reshape_and_cache_flash`` fused in); returns q.
+
+The composition (:func:`cache_prologue`) is the split op's per-head form followed by two
+``cache_insert``: functional updates of the caches, which the public op donates so the kernel
+stores in place. The float64 reference is :func:`fqr.reference.cache_prologue`. The variant
+``kv-cache`` binds MiniMax-M3's presets (:mod:`.variants`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops, reference
+from ..core import DTYPE_NAMES
+from ..inputs import random_norm_params, random_positions, random_qkv, with_outliers
+from ..ops.fp8 import FP8_E4M3
+from ..peers import minimax_cache_prologue
+from .blocks import norm_then_rope
+from .declare import BACKEND, Cache, Call, Output, Scale, Slots, Tensor, declare, numerics
+from .params import (
+    COS_SIN_CACHE,
+    EPS,
+    HEAD_DIM,
+    IS_NEOX,
+    K_WEIGHT,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    OPTIONAL_TENSOR,
+    POSITIONS,
+    Q_WEIGHT,
+    QKV,
+    TENSOR,
+    WEIGHT_OFFSET,
+    heads_divide,
+)
+from .variant import CaseSpec, Variant, register_variant
+
+
+def cache_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    k_scale,
+    v_scale,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Norm + RoPE of q and k, then k and v written into the paged caches by slot (traced into
+    one program): returns ``(q, new key_cache, new value_cache)``, the caches functional
+    updates (:func:`fqr.ops.cache_insert`) that the kernel stores in place when donated."""
+    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    q, k = norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
+    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
+    return q, key_cache, value_cache
+
+
+def _cache_shape(call: Call):
+    hkv, d = call.num_kv_heads, call.head_dim
+    return (None, hkv, d), (f"[num_blocks, block_size, num_kv_heads={hkv}, head_dim={d}]")
+
+
+def _cache_dtypes(call: Call):
+    return (call.qkv.dtype, FP8_E4M3)
+
+
+def _cache_dtype_text(call: Call) -> str:
+    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
+
+
+_CACHE = Cache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text)
+
+
+def _caches_agree(call: Call) -> None:
+    key, value = call.key_cache, call.value_cache
+    if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
+        raise ValueError(
+            f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
+            f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
+        )
+    for name in ("k_scale", "v_scale"):
+        if getattr(call, name) is not None and key.dtype != FP8_E4M3:
+            raise ValueError(
+                f"{name} applies only to a float8_e4m3fn cache, not to a "
+                f"{DTYPE_NAMES.get(key.dtype)} cache"
+            )
+
+
+def _distinct_caches(call: Call) -> None:
+    """The two caches are different buffers (every call: the key holds their metadata, not
+    their addresses)."""
+    if call.key_cache.data_ptr() == call.value_cache.data_ptr() and call.key_cache.numel():
+        raise ValueError("key_cache and value_cache must be different buffers")
+
+
+def _cache(name: str, what: str) -> Tensor:
+    return Tensor(
+        name,
+        keyword=False,
+        annotation=TENSOR,
+        kind=_CACHE,
+        donated=True,
+        doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
+        "strides with a contiguous last dim) in qkv's dtype or float8_e4m3fn; updated in place",
+    )
+
+
+def _scale(name: str, of: str) -> Tensor:
+    return Tensor(
+        name,
+        None,
+        annotation=OPTIONAL_TENSOR,
+        kind=Scale(),
+        optional=True,
+        doc=f"float32 ``[1]`` per-tensor scale of an FP8 {of} cache (default 1): stored "
+        "``e4m3(clamp(x / scale, -448, 448))``, vLLM's convention",
+    )
+
+
+SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
+    "split_qkv_rmsnorm_rope_cache",
+    cache_prologue,
+    (
+        QKV,
+        POSITIONS,
+        COS_SIN_CACHE,
+        Q_WEIGHT,
+        K_WEIGHT,
+        _cache("key_cache", "key"),
+        _cache("value_cache", "value"),
+        Tensor(
+            "slot_mapping",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Slots(),
+            doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
+            "``s % block_size``; negative: padding, nothing stored",
+        ),
+        NUM_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        EPS,
+        IS_NEOX,
+        WEIGHT_OFFSET,
+        _scale("k_scale", "key"),
+        _scale("v_scale", "value"),
+        numerics(),
+        BACKEND,
+    ),
+    (Output("q"), Output("key_cache"), Output("value_cache")),
+    reference=reference.cache_prologue,
+    static_checks=(heads_divide,),
+    checks=(_caches_agree, _distinct_caches),
+    value_checks=((lambda call: True, _distinct_caches),),
+    doc="""
+    Split the packed QKV row, RMS-normalise and rotate q and k, and write k and v into the
+    paged KV cache (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
+    ``reshape_and_cache_flash`` fused in); returns the new ``q [T, Hq*D]`` only.
+
+    q and k: the math of :func:`fqr.split_qkv_rmsnorm_rope` (per-head norm, ``(weight_offset +
+    w)``, RoPE of the first R features). Then for every token ``t`` with ``s =
+    slot_mapping[t] >= 0``, block ``s // block_size``, row ``s % block_size``::
+
+        key_cache[s // bs, s % bs, h, :]   = store(k[t, h])
+        value_cache[s // bs, s % bs, h, :] = store(v[t, h])
+
+    ``store`` rounds to the cache's dtype; an FP8 cache stores ``e4m3(clamp(x / scale, -448,
+    448))`` with the float32 ``[1]`` ``k_scale`` / ``v_scale``, default 1 (vLLM's FP8 KV-cache
+    convention). A negative slot (padding) writes nothing; rows no slot names are left as they
+    are; two tokens naming one slot is the caller's error (vLLM's scheduler never does it) and
+    leaves either row.
+
+    **The caches are updated in place**, as vLLM's cache ops update the caller's cache: the
+    composition is functional (:func:`fqr.ops.cache_insert` returns the new cache) and the
+    public op donates the caller's buffers, so the kernel stores straight into them (the
+    reference backend copies the functional result back). The reference it matches is
+    :func:`fqr.reference.cache_prologue`. ``numerics="unfused"`` rounds k to qkv's dtype before
+    the cache store, as the model's ``k_norm`` / ``rotary_emb`` / ``reshape_and_cache`` chain
+    does.
+    """,
+)
+
+split_qkv_rmsnorm_rope_cache = SPLIT_QKV_RMSNORM_ROPE_CACHE.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}  # auto: the model dtype (vLLM's)
+
+
+def _check_preset(variant: Variant, preset) -> None:
+    p = preset.params
+    if not isinstance(p["block_size"], int) or p["block_size"] < 1:
+        raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
+    if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
+        raise ValueError(
+            f"preset {preset.name}: cache_dtype must be one of "
+            f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
+        )
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """The row (v with outliers past +-448), positions, weights, caches of twice the rows the
+    tokens need holding random values (a row written where no slot names it shows), slots with
+    every third one negative (padding), random per-tensor scales for an FP8 cache."""
+    spec, bs = preset.spec, preset.params["block_size"]
+    cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    v_at = spec.q_size + spec.kv_size
+    qkv = with_outliers(
+        random_qkv(spec, tokens, dtype, generator), slice(v_at, v_at + spec.kv_size), generator
+    )
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
+    blocks = -(-2 * tokens // bs) + 1  # twice the rows the tokens need, plus a block
+    shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
+    caches = [
+        torch.randn(shape, generator=generator, dtype=torch.float64, device=generator.device).to(
+            cache_dtype
+        )
+        for _ in range(2)
+    ]
+    slots = torch.randperm(blocks * bs, generator=generator, device=generator.device)[:tokens]
+    if tokens > 1:
+        slots[1::3] = -1  # padding tokens: nothing stored
+    drawn = {
+        "qkv": qkv,
+        "positions": positions,
+        "q_weight": q_weight,
+        "k_weight": k_weight,
+        "key_cache": caches[0],
+        "value_cache": caches[1],
+        "slot_mapping": slots,
+    }
+    if cache_dtype == FP8_E4M3:
+        scales = 0.25 + 0.75 * torch.rand(
+            2, generator=generator, dtype=torch.float64, device=generator.device
+        )
+        drawn["k_scale"] = scales[:1].float()
+        drawn["v_scale"] = scales[1:].float()
+    return drawn
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    table = cos_sin_cache.to(dtype)
+    return lambda inputs: minimax_cache_prologue(inputs, table, preset.spec)
+
+
+# MiniMax-M3's KV-cache insert: bf16 and FP8 caches, every third slot negative.
+KV_CACHE = register_variant(
+    Variant(
+        "kv-cache",
+        SPLIT_QKV_RMSNORM_ROPE_CACHE,
+        kwargs=lambda preset: preset.spec.head_kwargs(),
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=("block_size", "cache_dtype"),
+        check_preset=_check_preset,
+        golden=(
+            CaseSpec("minimax-m3-kvcache", "bf16", 7, tp=8),
+            CaseSpec("minimax-m3-kvcache-fp8", "bf16", 7, tp=8),
+        ),
+    )
+)

@@ -1,0 +1,148 @@
+"""``qk_rmsnorm_rope``: per-head RMSNorm + RoPE of separate q and k (Hugging Face's separate
+projections; the no-split sibling of ``split_qkv_rmsnorm_rope``).
+
+The composition (:func:`qk_norm_rope_prologue`) is ``rms_norm`` -> ``rope`` of q and of k; the
+float64 reference is :func:`fqr.reference.qk_prologue`. ``k=None`` is q alone (vLLM's
+``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft layers
+run it). This module has no preset variant: the fusion pass and the drop-in examples call it.
+"""
+
+from __future__ import annotations
+
+from .. import reference
+from .blocks import norm_then_rope
+from .declare import BACKEND, MISSING, Call, Output, Rows, Tensor, Vector, declare, numerics
+from .params import (
+    COS_SIN_CACHE,
+    EPS,
+    HEAD_DIM,
+    IS_NEOX,
+    K_BIAS,
+    OPTIONAL_TENSOR,
+    POSITIONS,
+    Q_BIAS,
+    Q_WEIGHT,
+    TENSOR,
+    WEIGHT_OFFSET,
+)
+
+
+def qk_norm_rope_prologue(
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    *,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Per-head norm + RoPE of separate q and k (traced into one program); ``k`` None: q
+    alone, the output ``(q,)``."""
+    q, k = norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (q_bias, k_bias),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+    return (q,) if k is None else (q, k)
+
+
+def _q_alone(call: Call) -> None:
+    if call.k is None:
+        for other in ("k_weight", "k_bias"):
+            if getattr(call, other) is not None:
+                raise ValueError(f"{other} must be None when k is None (q alone)")
+    elif call.k_weight is None:
+        raise ValueError("k_weight is required when norm='head'")
+    if call.q_bias is not None and call.k is not None and call.k_bias is None:
+        raise ValueError("q_bias and k_bias must be given together")
+    if call.k_bias is not None and call.q_bias is None:
+        raise ValueError("q_bias and k_bias must be given together")
+
+
+def _returns(call: Call, outs: tuple):
+    return (outs[0], None) if call.k is None else tuple(outs)
+
+
+_ROWS = Rows(what="[T, heads*head_dim]", multiple_of="head_dim")
+
+QK_RMSNORM_ROPE = declare(
+    "qk_rmsnorm_rope",
+    qk_norm_rope_prologue,
+    (
+        Tensor(
+            "q",
+            keyword=False,
+            annotation=TENSOR,
+            kind=_ROWS,
+            doc="``[T, Hq*D]`` q rows (bf16/fp16/fp32)",
+        ),
+        Tensor(
+            "k",
+            MISSING,
+            keyword=False,
+            annotation=OPTIONAL_TENSOR,
+            kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim", like="q"),
+            optional=True,
+            doc="``[T, Hkv*D]`` k rows in q's dtype, or None: q alone",
+        ),
+        Tensor(
+            "positions",
+            keyword=False,
+            annotation=TENSOR,
+            kind=type(POSITIONS.kind)(rows_of="q"),
+            doc=POSITIONS.doc,
+        ),
+        COS_SIN_CACHE,
+        Q_WEIGHT,
+        Tensor(
+            "k_weight",
+            MISSING,
+            keyword=False,
+            annotation=OPTIONAL_TENSOR,
+            kind=Vector(),
+            optional=True,
+            doc="``[head_dim]`` RMSNorm weight of k (None with k None)",
+        ),
+        HEAD_DIM,
+        EPS,
+        IS_NEOX,
+        Q_BIAS,
+        K_BIAS,
+        WEIGHT_OFFSET,
+        numerics(),
+        BACKEND,
+    ),
+    (Output("q"), Output("k", present=lambda call: call.k is not None)),
+    reference=reference.qk_prologue,
+    static_checks=(_q_alone,),
+    returns=_returns,
+    doc="""
+    RMS-normalise each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]``, then rotate them.
+
+    Same math, arguments and numerics modes as :func:`fqr.split_qkv_rmsnorm_rope` with
+    ``norm="head"``, minus the split (reference: :func:`fqr.reference.qk_prologue`). Returns
+    new contiguous ``q`` and ``k`` in q's dtype.
+
+    ``k=None`` (with ``k_weight``/``k_bias`` None): q alone, returned as ``(q, None)`` -- vLLM's
+    ``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft
+    layers run it (their keys come from another layer's cache).
+    """,
+)
+
+qk_rmsnorm_rope = QK_RMSNORM_ROPE.function

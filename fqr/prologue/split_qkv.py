@@ -1,0 +1,590 @@
+"""``split_qkv_rmsnorm_rope``: split vLLM's packed QKV row, RMS-normalise q and k, rotate them.
+
+The composition (:func:`attention_prologue`) is ``split_qkv`` -> ``rms_norm`` of q and of k (per
+head, over the whole width as OLMo2, or none) -> ``rope`` of both; v is a copy. Its float64
+reference is :func:`fqr.reference.prologue`. The declaration below derives the public function
+(``fqr.split_qkv_rmsnorm_rope``), its checks and fast path, and ``torch.ops.fqr.
+split_qkv_rmsnorm_rope``; the variant ``split-qkv`` binds the presets to it (:mod:`.variants`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .. import ops, reference
+from ..core import Aval
+from ..inputs import random_norm_params, random_positions, random_qkv
+from ..peers import vllm_prologue
+from ..validate import (
+    NORM_KINDS,
+    check_norm_stats,
+    check_out_buffers,
+    check_positive_int,
+    check_tensor,
+    check_unit_stride,
+)
+from .blocks import norm_then_rope
+from .declare import (
+    BACKEND,
+    Call,
+    Form,
+    Output,
+    Rows,
+    Static,
+    Tensor,
+    TensorKind,
+    choice,
+    declare,
+    flag,
+    numerics,
+    optional_positive_int,
+)
+from .params import (
+    COS_SIN_CACHE,
+    EPS,
+    HEAD_DIM,
+    IS_NEOX,
+    K_BIAS,
+    K_WEIGHT,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    OPTIONAL_TENSOR,
+    POSITIONS,
+    Q_BIAS,
+    Q_WEIGHT,
+    QKV,
+    WEIGHT_OFFSET,
+    biases_together,
+    heads_divide,
+    qkv_width,
+)
+from .variant import CaseSpec, Variant, register_variant
+
+
+@dataclass(frozen=True)
+class NormStats:
+    """All-reduced statistics of a full-width norm whose q/k width is split over TP ranks.
+
+    ``q_sum_sq``/``k_sum_sq``: float32 ``[T]`` sums of squares over the whole (unsharded) q/k
+    projection; ``q_count``/``k_count``: the unsharded widths (``total_heads * head_dim``).
+    """
+
+    q_sum_sq: torch.Tensor
+    k_sum_sq: torch.Tensor
+    q_count: int
+    k_count: int
+
+
+# ------------------------------------------------------------------------ the composition
+
+
+def attention_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    q_bias,
+    k_bias,
+    q_sum_sq,
+    k_sum_sq,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    norm,
+    numerics,
+    q_count=None,
+    k_count=None,
+    num_v_heads=None,
+    v_head_dim=None,
+    head_stride=None,
+    with_v=True,
+):
+    """Split the packed row, then norm + RoPE q and k (traced into one program); without a
+    ``cos_sin_cache`` no RoPE; ``with_v=False`` returns ``(q, k)`` only (the in-place form,
+    where v stays where it is in the packed row)."""
+    q, k, v = ops.split_qkv(
+        qkv,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        num_v_heads=num_v_heads,
+        v_head_dim=v_head_dim,
+        head_stride=head_stride,
+    )
+    groups = {
+        "none": None,
+        "head": (head_dim, head_dim),
+        "full": (num_heads * head_dim, num_kv_heads * head_dim),
+    }[norm]
+    q, k = norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        (q_bias, k_bias),
+        groups=groups,
+        sums=(q_sum_sq, k_sum_sq),
+        counts=(q_count, k_count),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+        full_norm=norm == "full",
+    )
+    return (q, k, v) if with_v else (q, k)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _v_heads(call: Call) -> tuple[int, int]:
+    hv = call.num_kv_heads if call.num_v_heads is None else call.num_v_heads
+    dv = call.head_dim if call.v_head_dim is None else call.v_head_dim
+    return hv, dv
+
+
+def packed_width(call: Call) -> tuple[int, str]:
+    """The width of the packed row the layout arguments describe, and how it is made."""
+    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
+    hv, dv = _v_heads(call)
+    if call.head_stride is not None:
+        s = call.head_stride
+        width = (hq + hkv + hv) * s
+        return width, (
+            f"(num_heads + num_kv_heads + num_v_heads) * head_stride = "
+            f"({hq} + {hkv} + {hv}) * {s} = {width}"
+        )
+    if call.num_v_heads is None and call.v_head_dim is None:
+        return qkv_width(call)
+    width = (hq + hkv) * d + hv * dv
+    return width, (
+        f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = "
+        f"{hq}*{d} + {hkv}*{d} + {hv}*{dv} = {width}"
+    )
+
+
+def _layout(call: Call) -> None:
+    """Head counts, the padded layout's stride, the in-place form's needs."""
+    heads_divide(call)
+    if call.head_stride is not None:
+        check_positive_int("head_stride", call.head_stride)
+        if call.head_stride < max(call.head_dim, _v_heads(call)[1]):
+            raise ValueError(
+                f"head_stride {call.head_stride} is smaller than a head "
+                f"(head_dim {call.head_dim}, v_head_dim {_v_heads(call)[1]})"
+            )
+        if call.inplace:
+            raise ValueError(
+                "inplace=True needs heads back to back (head_stride None): the in-place form "
+                "writes q and k as contiguous blocks of the row"
+            )
+
+
+def _norm_lengths(call: Call, which: str) -> int:
+    if call.norm == "head":
+        return call.head_dim
+    return (call.num_heads if which == "q" else call.num_kv_heads) * call.head_dim
+
+
+def _norm_what(call: Call) -> str:
+    return "head_dim" if call.norm == "head" else "the full q/k width"
+
+
+def _presence(call: Call) -> None:
+    """Weights with a norm (biases optional, together), nothing without one; positions with a
+    table."""
+    for name in ("q_weight", "k_weight", "q_bias", "k_bias"):
+        t = getattr(call, name)
+        if call.norm == "none":
+            if t is not None:
+                raise ValueError(f"{name} must be None when norm='none'")
+        elif t is None and name.endswith("weight"):
+            raise ValueError(f"{name} is required when norm={call.norm!r}")
+    biases_together(call)
+    if call.cos_sin_cache is not None and call.positions is None:
+        raise ValueError("positions is required with a cos_sin_cache (None only without RoPE)")
+    if call.norm_stats is not None and call.norm != "full":
+        raise ValueError("norm_stats is only meaningful with norm='full'")
+
+
+@dataclass(frozen=True)
+class Stats(TensorKind):
+    """``norm_stats``: a :class:`NormStats` (or anything with its fields) of a full-width norm
+    sharded over TP ranks; gives the program its two ``[T]`` float32 sums, its counts join the
+    program's statics (and the call's key)."""
+
+    leading = "T"
+    token_dim = 0
+
+    def check(self, name, x, call):
+        check_norm_stats(x)
+        for which, t, count in (("q", x.q_sum_sq, x.q_count), ("k", x.k_sum_sq, x.k_count)):
+            field = f"{name}.{which}_sum_sq"
+            check_tensor(field, t)
+            if t.dtype != torch.float32 or t.shape != (call._tokens,):
+                raise ValueError(
+                    f"{field} must be float32 [T={call._tokens}], got {t.dtype} {list(t.shape)}"
+                )
+            check_unit_stride(field, t)
+            qkv = call.qkv
+            if t.device != qkv.device:
+                raise ValueError(f"{field} is on {t.device} but qkv is on {qkv.device}")
+            local = _norm_lengths(call, which)
+            if count < local:
+                raise ValueError(
+                    f"{name}.{which}_count {count} is smaller than the local width {local}"
+                )
+
+    def operands(self, x):
+        return (x.q_sum_sq, x.k_sum_sq)
+
+    def avals(self, x):
+        return (Aval(("T",), torch.float32),) * 2
+
+    def guard_tensors(self, x):
+        return (x.q_sum_sq, x.k_sum_sq) if type(x) is NormStats else (x,)
+
+    def key(self, x):
+        return (type(x), x.q_count, x.k_count) if type(x) is NormStats else type(x)
+
+    def guard_entries(self, x):
+        return [(t, [None], [t.stride(0)], 0) for t in (x.q_sum_sq, x.k_sum_sq)]
+
+    program_inputs = 2
+
+
+def _program_statics(call: Call) -> dict:
+    statics: dict = {}
+    if call.inplace:
+        statics["with_v"] = False
+    if call.norm_stats is not None:
+        statics.update(q_count=call.norm_stats.q_count, k_count=call.norm_stats.k_count)
+    return statics
+
+
+def _widths(call: Call) -> tuple[int, int, int]:
+    hv, dv = _v_heads(call)
+    return call.num_heads * call.head_dim, call.num_kv_heads * call.head_dim, hv * dv
+
+
+def _inplace_views(call: Call) -> tuple:
+    q_size, kv_size, _ = _widths(call)
+    qkv = call.qkv
+    return qkv[:, :q_size], qkv[:, q_size : q_size + kv_size], qkv[:, q_size + kv_size :]
+
+
+def _out(call: Call) -> list | None:
+    if call.out is not None:
+        return list(call.out)
+    if call.inplace:
+        return list(_inplace_views(call)[:2])
+    return None
+
+
+def _returns(call: Call, outs: tuple):
+    if call.inplace and call.out is None:
+        return _inplace_views(call)
+    return tuple(outs)
+
+
+def _check_out(call: Call) -> None:
+    if call.inplace:
+        raise ValueError("out= and inplace=True both say where q and k go: give one")
+    tensors = (
+        call.qkv,
+        call.positions,
+        call.cos_sin_cache,
+        call.q_weight,
+        call.k_weight,
+        call.q_bias,
+        call.k_bias,
+    )
+    check_out_buffers(call.out, call.qkv, _widths(call), tensors)
+
+
+def _check_inplace_grad(call: Call) -> None:
+    tensors = (
+        call.qkv,
+        call.positions,
+        call.cos_sin_cache,
+        call.q_weight,
+        call.k_weight,
+        call.q_bias,
+        call.k_bias,
+    )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise ValueError(
+            "inplace=True cannot write into qkv while an input requires grad (autograd "
+            "needs the values it read); use inplace=False or torch.no_grad()"
+        )
+
+
+# ----------------------------------------------------------------------- the declaration
+
+SPLIT_QKV_RMSNORM_ROPE = declare(
+    "split_qkv_rmsnorm_rope",
+    attention_prologue,
+    (
+        replace(QKV, kind=Rows(width=packed_width)),
+        Tensor(
+            "positions",
+            keyword=False,
+            annotation=OPTIONAL_TENSOR,
+            kind=type(POSITIONS.kind)(used=lambda call: call.cos_sin_cache is not None),
+            optional=True,
+            doc=POSITIONS.doc + " (None only without a cos_sin_cache)",
+        ),
+        Tensor(
+            "cos_sin_cache",
+            keyword=False,
+            annotation=OPTIONAL_TENSOR,
+            kind=COS_SIN_CACHE.kind,
+            optional=True,
+            doc=COS_SIN_CACHE.doc + "; None: a layer without RoPE (the norm alone)",
+        ),
+        *(
+            Tensor(
+                p.name,
+                keyword=False,
+                annotation=OPTIONAL_TENSOR,
+                kind=type(p.kind)(
+                    length=lambda call, w=p.name[0]: _norm_lengths(call, w), what=_norm_what
+                ),
+                optional=True,
+                doc=f"RMSNorm weight of {p.name[0]}: ``[D]`` (norm='head'), ``[H*D]`` of its "
+                "heads (norm='full'), None (norm='none')",
+            )
+            for p in (Q_WEIGHT, K_WEIGHT)
+        ),
+        NUM_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        EPS,
+        IS_NEOX,
+        *(
+            Tensor(
+                p.name,
+                None,
+                annotation=OPTIONAL_TENSOR,
+                kind=type(p.kind)(
+                    length=lambda call, w=p.name[0]: _norm_lengths(call, w), what=_norm_what
+                ),
+                optional=True,
+                doc=p.doc,
+            )
+            for p in (Q_BIAS, K_BIAS)
+        ),
+        WEIGHT_OFFSET,
+        Static(
+            "norm",
+            "head",
+            annotation="str",
+            check=choice(*NORM_KINDS),
+            schema="str",
+            doc="'head': per-head QK norm (Qwen3, Gemma 3); 'full': one norm over the whole q "
+            "and the whole k (OLMo2); 'none': split + RoPE only (Llama 3, GLM-4)",
+        ),
+        Tensor(
+            "norm_stats",
+            None,
+            annotation="NormStats | None",
+            kind=Stats(),
+            optional=True,
+            torch_op=False,  # a graph passes the statistics' tensors through the public op
+            doc="all-reduced statistics of a full-width norm sharded over TP ranks (fqr.NormStats)",
+        ),
+        Static(
+            "num_v_heads",
+            None,
+            torch_op=False,  # a layout of the public op's callers
+            annotation="int | None",
+            check=optional_positive_int,
+            schema="int?",
+            doc="v's own head count (default num_kv_heads): the row is [q | k | v] with "
+            "num_v_heads*v_head_dim columns of v",
+        ),
+        Static(
+            "v_head_dim",
+            None,
+            torch_op=False,  # a layout of the public op's callers
+            annotation="int | None",
+            check=optional_positive_int,
+            schema="int?",
+            doc="v's own head width (default head_dim)",
+        ),
+        Static(
+            "head_stride",
+            None,
+            torch_op=False,  # a layout of the public op's callers
+            annotation="int | None",
+            check=lambda name, v: None,  # the layout check names it (it reads head_dim too)
+            schema="int?",
+            doc="every head of the row starts head_stride >= head_dim columns after the previous "
+            "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
+            "written); the outputs are contiguous",
+        ),
+        Form(
+            "inplace",
+            False,
+            annotation="bool",
+            check=flag,
+            doc="write q and k back into qkv where they were read (vLLM's in-place ops; nothing "
+            "else of qkv is written) and return views (q, k, v) of qkv; needs heads back to back "
+            "and no input that requires grad",
+        ),
+        numerics(),
+        BACKEND,
+        Form(
+            "out",
+            None,
+            annotation="tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None",
+            keyed=False,
+            doc="caller buffers (q, k, v) written instead of new tensors (as vLLM's kernels take "
+            "their output buffers) and returned as given: [T, Hq*D], [T, Hkv*D], [T, Hv*Dv] in "
+            "qkv's dtype on its device, unit stride in the last dim (rows may be strided), "
+            "overlapping neither qkv nor each other",
+        ),
+    ),
+    (Output("q"), Output("k"), Output("v", copy=True)),
+    reference=reference.prologue,
+    static_checks=(_layout, _presence),
+    value_checks=(
+        (lambda call: call.out is not None, _check_out),
+        (lambda call: call.inplace and call.out is None, _check_inplace_grad),
+    ),
+    program_statics=_program_statics,
+    out=_out,
+    returns=_returns,
+    doc="""
+    Split the packed QKV row, RMS-normalise q and k, rotate them; return new q, k, v.
+
+    Math per head (see ``fqr.ops``): ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``
+    then RoPE on the first R features (R = the ``cos_sin_cache`` width); v is copied bit for bit.
+    Returns contiguous ``q [T, Hq*D]``, ``k [T, Hkv*D]``, ``v [T, Hkv*D]`` in qkv's dtype. The
+    reference it matches is :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32
+    and rounds once at the store; ``"unfused"`` rounds where vLLM's native code and Hugging Face's
+    Qwen3 / Gemma 3 modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it
+    rounds otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`).
+
+    Example::
+
+        preset = fqr.get_preset("qwen3-8b")
+        table = preset.cos_sin_cache()                      # [40960, 128] float32
+        q, k, v = fqr.split_qkv_rmsnorm_rope(
+            qkv, positions, table, q_weight, k_weight, **preset.spec.kwargs()
+        )
+    """,
+)
+
+split_qkv_rmsnorm_rope = SPLIT_QKV_RMSNORM_ROPE.function
+
+
+# --------------------------------------------------------------------- the golden cases
+
+POS_2_18 = 1 << 18
+# Every preset; bf16/fp16/fp32; T = 1, 7, 257 (TP-sharded views keep the 257-token cases
+# small); bias; NeoX and GPT-J; partial rotary (glm4); (1+w) (gemma3); full-width norm (olmo2,
+# also sharded with all-reduced statistics); no norm (llama3, glm4); fused and unfused
+# numerics; positions up to 2^18; int32 positions; row stride > width.
+CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7),
+    CaseSpec("qwen3-0.6b", "fp16", 7, bias=True),
+    CaseSpec("qwen3-0.6b", "fp32", 7),
+    CaseSpec("qwen3-0.6b", "bf16", 257, "unfused", tp=8),
+    CaseSpec("qwen3-8b", "bf16", 1),
+    CaseSpec("qwen3-8b", "bf16", 257, tp=8, positions_dtype="int32", row_pad=64),
+    CaseSpec("qwen3-8b", "fp16", 7, "unfused"),
+    CaseSpec("qwen3-32b", "bf16", 7, tp=8, bias=True, is_neox=False),
+    CaseSpec("qwen3-30b-a3b", "fp16", 257, tp=8),
+    CaseSpec("qwen3-235b-a22b", "bf16", 7, tp=8, bias=True),
+    CaseSpec("gemma3-1b", "bf16", 7),
+    CaseSpec("gemma3-1b", "fp32", 257, tp=2, max_position=POS_2_18),
+    CaseSpec("gemma3-27b", "bf16", 257, "unfused", tp=16),
+    CaseSpec("gemma3-27b", "fp16", 1),
+    CaseSpec("olmo2-7b", "bf16", 7),
+    CaseSpec("olmo2-7b", "fp16", 7, bias=True, row_pad=32),
+    CaseSpec("olmo2-7b", "fp32", 1, "unfused"),
+    CaseSpec("olmo2-7b", "bf16", 7, tp=4),
+    CaseSpec("llama3-8b", "bf16", 7, max_position=POS_2_18),
+    CaseSpec("llama3-8b", "fp16", 257, "unfused", tp=8),
+    CaseSpec("llama3-8b", "fp32", 1),
+    CaseSpec("glm4-9b", "bf16", 7),
+    CaseSpec("glm4-9b", "bf16", 257, tp=8, max_position=POS_2_18, positions_dtype="int32"),
+    CaseSpec("glm4-9b", "fp16", 7, "unfused"),
+)
+# The peer layouts and forms (fqr.golden.PEER_FORMS): a layer without RoPE, v with its own heads,
+# padded heads, the in-place form.
+PEER_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, peer="nope"),
+    CaseSpec("gemma3-1b", "fp16", 1, "unfused", peer="nope"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=2, peer="vheads"),
+    CaseSpec("qwen3-8b", "fp16", 7, tp=8, row_pad=8, peer="padded"),
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=4, row_pad=16, peer="inplace"),
+    # partial rotary and GPT-J pairs written in place
+    CaseSpec("glm4-9b", "bf16", 1, "unfused", tp=8, peer="inplace"),
+)
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    spec = preset.spec
+    qkv = random_qkv(spec, tokens, dtype, generator)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    names = ("q_weight", "k_weight", "q_bias", "k_bias")
+    norm = random_norm_params(spec, dtype, generator, bias=bias)
+    drawn = {"qkv": qkv, "positions": positions}
+    drawn.update((n, x) for n, x in zip(names, norm) if x is not None)
+    return drawn
+
+
+def _sharded_stats(preset, inputs: dict) -> dict:
+    """A full-width norm at tp > 1 takes the all-reduced sums of squares (:class:`NormStats`)."""
+    if preset.spec.norm != "full":
+        return inputs
+    tokens, d = inputs["qkv"].shape[0], preset.head_dim
+    sums = torch.ones(tokens)
+    stats = NormStats(sums, sums, preset.total_heads * d, preset.total_kv_heads * d)
+    return dict(inputs, norm_stats=stats)
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    spec, table = preset.spec, cos_sin_cache.to(dtype)  # vLLM holds the table in the dtype
+
+    def run(inputs):
+        return vllm_prologue(
+            inputs["qkv"],
+            inputs["positions"],
+            table,
+            inputs.get("q_weight"),
+            inputs.get("k_weight"),
+            spec,
+        )
+
+    return run
+
+
+SPLIT_QKV = register_variant(
+    Variant(
+        "split-qkv",
+        SPLIT_QKV_RMSNORM_ROPE,
+        kwargs=lambda preset: preset.spec.kwargs(),
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        has_bias=True,
+        sharded_stats=_sharded_stats,
+        golden=CASES + PEER_CASES,
+    )
+)

@@ -1,0 +1,365 @@
+"""A preset bound to a declaration: what fqr needs to prove one member of the family right.
+
+A :class:`Variant` names a member of the family as presets name it (``Preset.variant``:
+``split-qkv``, ``mrope-gate``, ...), the :class:`~fqr.prologue.declare.Declaration` it runs,
+the preset fields it reads (``Preset.variant_params``) and three things of its own: how a
+preset gives the op's static arguments (``kwargs``), how one call's inputs are drawn (``draw``,
+from :mod:`fqr.inputs`), and the model's own unfused chain (``eager``, :mod:`fqr.peers`). The
+rest is derived from the declaration:
+
+==================  =========================================================================
+``program``         the program the public op traces for the preset (its TP view): what the
+                    golden kernels snapshot, ``fqr lower`` and the Ascend sweep compile, the
+                    bench lowers
+``expected``        the declaration's float64 reference on the inputs, by output name
+``run``             the public op on the inputs (donated caches copied first: ``run_in_place``
+                    updates them, as a serving engine calls the op)
+``program_args``    the program's operands of those inputs (the bench's bare launcher)
+``torch_op``        ``torch.ops.fqr.<op>`` and its arguments (the bench's dispatch table)
+``bytes_written``   what one call stores (the bench's traffic)
+``golden``          the variant's golden cases (:mod:`fqr.golden` collects them)
+==================  =========================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core import TOKENS, Program
+from ..presets import Preset, get_preset
+from .declare import Declaration, Slots, torch_op_params
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One golden case: a preset (at TP size ``tp``), an input dtype and a token count, plus
+    the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
+    ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
+    row (row stride > width); ``peer`` a layout or form of the split op (:data:`fqr.golden.
+    PEER_FORMS`); ``variant`` another member of the family than the preset's own."""
+
+    preset: str
+    dtype: str
+    tokens: int
+    numerics: str = "fused"
+    tp: int = 1
+    bias: bool = False
+    is_neox: bool | None = None
+    max_position: int | None = None
+    positions_dtype: str = "int64"
+    row_pad: int = 0
+    peer: str | None = None
+    variant: str | None = None
+
+    @property
+    def variant_name(self) -> str:
+        return self.variant or get_preset(self.preset).variant
+
+    @property
+    def name(self) -> str:
+        parts = [
+            self.preset if self.tp == 1 else f"{self.preset}-tp{self.tp}",
+            self.dtype,
+            f"t{self.tokens}",
+            self.numerics,
+        ]
+        if self.bias:
+            parts.append("bias")
+        if self.is_neox is False:
+            parts.append("gptj")
+        if self.max_position:
+            parts.append(f"pos{self.max_position.bit_length() - 1}")
+        if self.positions_dtype == "int32":
+            parts.append("i32")
+        if self.row_pad:
+            parts.append("strided")
+        if self.peer:
+            parts.append(self.peer)
+        if self.variant is not None and self.variant != get_preset(self.preset).variant:
+            parts.append(self.variant)
+        return "-".join(parts)
+
+    @property
+    def seed(self) -> int:
+        """Deterministic per case, independent of the case's position in the list."""
+        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
+
+
+@dataclass(eq=False)
+class Variant:
+    """One member of the prologue family as presets name it (module docstring).
+
+    ``kwargs(preset)``: the public op's static arguments for the preset (not ``numerics`` /
+    ``backend``); ``draw(variant, preset, tokens, dtype, generator, *, max_position,
+    positions_dtype, bias)``: one call's tensor arguments by parameter name (``positions``
+    among them; not the table); ``eager(variant, preset, cos_sin_cache, dtype)``: the model's
+    unfused chain over those inputs; ``params``: the preset fields it reads (all required);
+    ``check_preset``: more checks of a preset's fields; ``copies``: outputs compared bit for
+    bit besides the declaration's copies; ``pins``: static arguments that decide which
+    outputs it has (``output_gate``)."""
+
+    name: str
+    declaration: Declaration
+    kwargs: Callable[[Preset], dict]
+    draw_inputs: Callable[..., dict]
+    eager_chain: Callable[..., Callable]
+    params: tuple[str, ...] = ()
+    check_preset: Callable[[Variant, Preset], None] | None = None
+    copies_too: frozenset[str] = frozenset()
+    pins: dict = field(default_factory=dict)
+    golden: tuple[CaseSpec, ...] = ()
+    has_bias: bool = False
+    reads_table: bool = True
+    sharded_stats: Callable[[Preset, dict], dict] | None = None  # a TP shard's norm statistics
+
+    # -------------------------------------------------------------- what it is
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs a call of this variant has, in order."""
+        decl = self.declaration
+        pinned = _Pinned(self.pins)
+        return tuple(o.name for o in decl.outputs if o.present is None or o.present(pinned))
+
+    @property
+    def copies(self) -> frozenset[str]:
+        own = {o.name for o in self.declaration.outputs if o.copy}
+        return frozenset(own | self.copies_too) & frozenset(self.outputs)
+
+    @property
+    def donated(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.declaration.tensor_params if p.donated)
+
+    def tolerance(self, output: str) -> str:
+        """The tolerance kind of ``output`` (:data:`fqr.numerics.TOLERANCE_KINDS`)."""
+        return "bitwise" if output in self.copies else "contract"
+
+    def head_dim(self, preset: Preset, output: str) -> int:
+        """The head width ``output`` is compared head by head with."""
+        (spec,) = [o for o in self.declaration.outputs if o.name == output]
+        if spec.head_dim is None:
+            return preset.head_dim
+        return spec.head_dim(self.kwargs(preset))
+
+    def check(self, preset: Preset) -> None:
+        """Raise a ``ValueError`` naming the preset and field when its variant fields do not
+        fit this variant."""
+        have = preset.params
+        unknown = sorted(set(have) - set(self.params))
+        if unknown:
+            raise ValueError(
+                f"preset {preset.name}: variant {self.name!r} has no field {unknown[0]!r}"
+                f" (fields: {', '.join(self.params) or 'none'})"
+            )
+        missing = [p for p in self.params if p not in have]
+        if missing:
+            raise ValueError(f"preset {preset.name}: variant {self.name!r} needs {missing[0]!r}")
+        if self.check_preset is not None:
+            self.check_preset(self, preset)
+
+    # -------------------------------------------------------------- one call
+    def draw(
+        self,
+        preset: Preset,
+        tokens: int,
+        dtype: torch.dtype,
+        generator: torch.Generator,
+        *,
+        max_position: int,
+        positions_dtype: torch.dtype = torch.int64,
+        bias: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """The tensor arguments of one call, by parameter name, in the order drawn."""
+        if bias and not self.has_bias:
+            raise ValueError(f"variant {self.name!r} has no norm bias")
+        return self.draw_inputs(
+            self,
+            preset,
+            tokens,
+            dtype,
+            generator,
+            max_position=max_position,
+            positions_dtype=positions_dtype,
+            bias=bias,
+        )
+
+    def arguments(
+        self, preset: Preset, inputs: dict, cos_sin_cache: torch.Tensor | None, **extra
+    ) -> dict:
+        """The public op's keyword arguments for ``inputs`` of ``preset``."""
+        table = cos_sin_cache if self.reads_table else None
+        absent = {p.name: None for p in self.declaration.tensor_params if p.optional}
+        return {**absent, **inputs, "cos_sin_cache": table, **self.kwargs(preset), **extra}
+
+    def run(
+        self,
+        preset: Preset,
+        inputs: dict,
+        cos_sin_cache: torch.Tensor,
+        *,
+        numerics: str = "fused",
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, ...]:
+        """The public op on ``inputs`` (the donated ones copied first): every output in
+        :attr:`outputs` order, a donated cache as its updated copy."""
+        copies = {n: inputs[n].clone() for n in self.donated if n in inputs}
+        return self.run_in_place(
+            preset, dict(inputs, **copies), cos_sin_cache, numerics=numerics, backend=backend
+        )
+
+    def run_in_place(
+        self,
+        preset: Preset,
+        inputs: dict,
+        cos_sin_cache: torch.Tensor,
+        *,
+        numerics: str = "fused",
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, ...]:
+        """:meth:`run` with the donated inputs updated in place (what ``fqr bench`` times)."""
+        result = self.declaration.function(
+            **self.arguments(preset, inputs, cos_sin_cache, numerics=numerics, backend=backend)
+        )
+        returned = result if isinstance(result, tuple) else (result,)
+        returned = tuple(r for r in returned if r is not None)
+        donated = [inputs[n] for n in self.outputs if n in self.donated]
+        return (*returned, *donated)
+
+    def expected(
+        self, preset: Preset, inputs: dict, cos_sin_cache: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """float64 expectation of every output by name (copies in the input dtype): the
+        declaration's reference on the same arguments."""
+        decl = self.declaration
+        values = self.arguments(preset, inputs, cos_sin_cache)
+        outs = decl.reference(**decl.reference_kwargs(values))
+        outs = tuple(o for o in outs if o is not None)
+        return dict(zip(self.outputs, outs))
+
+    def program(
+        self,
+        preset: Preset,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        numerics: str = "fused",
+        bias: bool = False,
+        positions_dtype: torch.dtype = torch.int64,
+        sharded_full_norm: bool = False,
+    ) -> Program:
+        """The program the public op traces for ``preset`` (its TP view) with ``dtype``
+        activations: the declaration traced on a one-token call drawn for it."""
+        inputs = self.example(
+            preset, dtype, positions_dtype=positions_dtype, bias=bias, stats=sharded_full_norm
+        )
+        table = torch.zeros(1, preset.rotary_dim) if self.reads_table else None
+        decl = self.declaration
+        values = decl.bind((), self.arguments(preset, inputs, table, numerics=numerics))
+        call = decl.bound(values)
+        decl.validate(call)
+        return decl.program(call)
+
+    def example(self, preset, dtype, *, positions_dtype, bias, stats=False) -> dict:
+        """A one-token call's inputs (positions 0), for tracing; ``stats``: with a TP shard's
+        norm statistics where the variant has them."""
+        inputs = self.draw(
+            preset,
+            1,
+            dtype,
+            torch.Generator().manual_seed(0),
+            max_position=1,
+            positions_dtype=positions_dtype,
+            bias=bias,
+        )
+        if stats and self.sharded_stats is not None:
+            inputs = self.sharded_stats(preset, inputs)
+        return inputs
+
+    def program_args(self, preset: Preset, inputs: dict, cos_sin_cache) -> list[torch.Tensor]:
+        """The operands of :meth:`program`'s program for ``inputs``, in its input order (a
+        donated cache is updated by a kernel launched on them: pass copies to keep it)."""
+        decl = self.declaration
+        values = decl.bind((), self.arguments(preset, inputs, cos_sin_cache))
+        return decl.operands(decl.bound(values))
+
+    def torch_op(self, preset: Preset, inputs: dict, cos_sin_cache, numerics: str = "fused"):
+        """``(torch.ops.fqr.<op>.default, its positional arguments)`` for ``inputs``."""
+        decl = self.declaration
+        values = self.arguments(preset, inputs, cos_sin_cache, numerics=numerics)
+        bound = decl.bind((), values)
+        args = [bound[decl.index[p.name]] for p in torch_op_params(decl)]
+        return getattr(torch.ops.fqr, decl.name).default, args
+
+    def bytes_written(self, program: Program, inputs: dict[str, torch.Tensor]) -> int:
+        """Bytes one call on ``inputs`` stores: every ``[T, width]`` output once, and for a
+        donated cache one entry per stored slot (``slot >= 0``): its other rows are not
+        touched."""
+        tokens = next(iter(inputs.values())).shape[0]
+        total = sum(
+            tokens * v.aval.shape[1] * v.aval.dtype.itemsize
+            for v in program.outputs
+            if v.aval.shape[0] == TOKENS
+        )
+        slots = [p for p in self.declaration.tensor_params if isinstance(p.kind, Slots)]
+        if not slots:
+            return total
+        stored = int((inputs[slots[0].name] >= 0).sum())
+        for name in self.donated:
+            cache = inputs[name]
+            total += stored * cache[0, 0].numel() * cache.element_size()
+        return total
+
+    def eager(self, preset: Preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+        """The model's own unfused torch chain over the inputs :meth:`draw` returns (vLLM's /
+        Hugging Face's model code, :mod:`fqr.peers`), the outputs in :attr:`outputs` order;
+        ``cos_sin_cache`` the fp32 table (the chain holds it as the model does)."""
+        return self.eager_chain(self, preset, cos_sin_cache, dtype)
+
+
+class _Pinned:
+    """The static arguments a variant pins, read as a call is (anything else is absent)."""
+
+    def __init__(self, pins: dict):
+        self._pins = pins
+
+    def __getattr__(self, name: str):
+        return self._pins.get(name)
+
+
+# ----------------------------------------------------------------------------- registry
+
+VARIANTS: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant) -> Variant:
+    """Add ``variant`` to :data:`VARIANTS` under its name (once)."""
+    if not variant.name or variant.name in VARIANTS:
+        raise ValueError(f"variant name {variant.name!r} is empty or already registered")
+    VARIANTS[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}") from None
+
+
+def variant_of(preset: Preset) -> Variant:
+    """The preset's variant, its fields checked."""
+    variant = get_variant(preset.variant)
+    variant.check(preset)
+    return variant
+
+
+def program_of(preset: Preset, dtype: torch.dtype = torch.bfloat16, **options) -> Program:
+    """The traced prologue of ``preset`` (any variant; options as :meth:`Variant.program`)."""
+    return variant_of(preset).program(preset, dtype, **options)
+
+
+def golden_cases() -> tuple[CaseSpec, ...]:
+    """Every variant's golden cases, in registration order."""
+    return tuple(c for v in VARIANTS.values() for c in v.golden)

@@ -1,0 +1,165 @@
+"""``split_qkv_rmsnorm_rope_vnorm``: Gemma 4's prologue, v normalised per head without weight.
+
+The composition (:func:`vnorm_prologue`) is the split op's per-head form (norm + RoPE of q and
+k) plus ``rms_norm`` of v without weight; the float64 reference is
+:func:`fqr.reference.vnorm_prologue`. The variant ``split-qkv-vnorm`` binds Gemma 4's presets
+(:mod:`.variants`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import ops, reference
+from ..inputs import random_norm_params, random_positions, random_qkv
+from ..peers import gemma4_prologue
+from .blocks import norm_then_rope, round_to
+from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
+from .params import (
+    COS_SIN_CACHE,
+    EPS,
+    HEAD_DIM,
+    IS_NEOX,
+    K_WEIGHT,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    POSITIONS,
+    Q_WEIGHT,
+    QKV,
+    WEIGHT_OFFSET,
+    heads_divide,
+)
+from .variant import CaseSpec, Variant, register_variant
+
+
+def vnorm_prologue(
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    eps,
+    is_neox,
+    weight_offset,
+    numerics,
+):
+    """Gemma 4: split, norm + RoPE of q and k (the split op's per-head form), and v normalised
+    per head without weight (traced into one program)."""
+    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    q, k = norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        groups=(head_dim, head_dim),
+        head_dim=head_dim,
+        eps=eps,
+        is_neox=is_neox,
+        weight_offset=weight_offset,
+        numerics=numerics,
+    )
+    v = ops.rms_norm(v, None, eps=eps, group_size=head_dim, round_to=round_to(qkv, numerics))
+    return q, k, v
+
+
+def _gemma4(call: Call) -> None:
+    if call.cos_sin_cache is None:
+        raise ValueError("cos_sin_cache is required (Gemma 4 rotates every layer)")
+    if call.numerics == "unfused-hf":
+        raise ValueError(
+            "numerics 'unfused-hf' is not defined for the v-norm prologue: 'unfused' rounds "
+            "as vLLM's Gemma4Attention does"
+        )
+
+
+SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
+    "split_qkv_rmsnorm_rope_vnorm",
+    vnorm_prologue,
+    (
+        QKV,
+        POSITIONS,
+        replace(COS_SIN_CACHE, optional=True),  # required: _gemma4 says why
+        Q_WEIGHT,
+        K_WEIGHT,
+        NUM_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        EPS,
+        IS_NEOX,
+        WEIGHT_OFFSET,
+        numerics("fused", NUMERICS),
+        BACKEND,
+    ),
+    (Output("q"), Output("k"), Output("v")),
+    reference=reference.vnorm_prologue,
+    static_checks=(heads_divide, _gemma4),
+    doc="""
+    Gemma 4's prologue: split the packed row, RMS-normalise and rotate q and k, and
+    RMS-normalise v per head without weight; return new q, k, v.
+
+    Arguments as :func:`fqr.split_qkv_rmsnorm_rope` with ``norm="head"`` (weights ``[D]``). Per
+    head (``fqr.ops``): ``q, k = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` and
+    ``v = v * rsqrt(mean(v^2) + eps)``, the same ``eps`` (the model's ``rms_norm_eps``). This is
+    vLLM's ``Gemma4Attention.forward`` (``q_norm``, ``k_norm``, ``rotary_emb``, ``v_norm =
+    RMSNorm(head_dim, has_weight=False)``) and vllm-ascend's ``split_qkv_rmsnorm_rope_vnorm``;
+    the reference it matches is :func:`fqr.reference.vnorm_prologue`. Gemma 4's full-attention
+    layers (head_dim 512) take their proportional RoPE table as a full-width ``cos_sin_cache``
+    (:mod:`fqr.rope_cache`); their ``attention_k_eq_v`` checkpoints load k's weights into v's
+    slot, so the row keeps its ``[q | k | v]`` layout. ``numerics="unfused"`` rounds where vLLM's
+    native modules do (the v norm once, fp32 inside).
+    """,
+)
+
+split_qkv_rmsnorm_rope_vnorm = SPLIT_QKV_RMSNORM_ROPE_VNORM.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def draw_row(preset, tokens, dtype, generator, max_position, positions_dtype) -> dict:
+    """The packed row and the positions (cover the table's ends) of one call."""
+    qkv = random_qkv(preset.spec, tokens, dtype, generator)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    return {"qkv": qkv, "positions": positions}
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    drawn = draw_row(preset, tokens, dtype, generator, max_position, positions_dtype)
+    q_weight, k_weight, _, _ = random_norm_params(preset.spec, dtype, generator)
+    return drawn | {"q_weight": q_weight, "k_weight": k_weight}
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    spec, table = preset.spec, cos_sin_cache.to(dtype)
+    keys = ("qkv", "positions", "q_weight", "k_weight")
+
+    def run(inputs):
+        qkv, positions, q_weight, k_weight = (inputs[k] for k in keys)
+        return gemma4_prologue(qkv, positions, table, q_weight, k_weight, spec)
+
+    return run
+
+
+# Gemma 4's v norm: head_dim 256 (sliding layers) and 512 (full layers, the proportional table).
+VNORM = register_variant(
+    Variant(
+        "split-qkv-vnorm",
+        SPLIT_QKV_RMSNORM_ROPE_VNORM,
+        kwargs=lambda preset: preset.spec.head_kwargs(),
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        golden=(
+            CaseSpec("gemma4-31b-sliding", "bf16", 7, tp=8),
+            CaseSpec("gemma4-31b-sliding", "fp16", 1, "unfused", tp=8),
+            CaseSpec("gemma4-31b-full", "bf16", 7, tp=8, max_position=1 << 18),
+            CaseSpec("gemma4-31b-full", "bf16", 1, "unfused", tp=8),
+        ),
+    )
+)
