@@ -33,6 +33,8 @@ TL_DTYPES = {
     torch.float16: "tl.float16",
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
+    torch.float8_e4m3fn: "tl.float8e4nv",
+    torch.uint8: "tl.uint8",
 }
 EMITTER_VERSION = "3"
 
@@ -213,9 +215,10 @@ class KernelBuilder:
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
-            if role is Role.CACHE:  # block, row-in-block and head strides; rows in all blocks
+            if role is Role.CACHE:  # block, row-in-block (and head) strides; rows in all blocks
                 name = self.var_name(v)
-                self.param_list += [f"{name}_s0", f"{name}_s1", f"{name}_s2", f"{name}_rows"]
+                strides = [f"{name}_s{i}" for i in range(v.aval.ndim - 1)]
+                self.param_list += [*strides, f"{name}_rows"]
         for i, o in enumerate(self.plan.program.outputs):
             if i not in self.aliases:  # an updated input is written through that input
                 self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
@@ -400,15 +403,15 @@ class KernelBuilder:
             self._hoisted[key] = name
         return str(self._hoisted[key])
 
-    def scatter_rows(self, cache: Var, slots: Var, pieces: dict[str, str]) -> None:
-        """Store ``pieces`` as rows of the paged ``cache`` at ``slots[t]`` (see
-        :meth:`fqr.core.EmitContext.scatter_rows`); the row address is computed once per token
-        tile, the head offset per chunk."""
-        key = ("slotrow", id(cache), id(slots))
+    def _slot_row(self, cache: Var, slots: Var) -> tuple[str, str]:
+        """(mask ``[BLOCK_T, 1, 1]`` of the tokens that store, address of their entries): the
+        entry address of ``slots[t]`` in the buffer ``cache`` updates, once per token tile."""
+        root = self.plan.cache_root(cache)
+        key = ("slotrow", id(root), id(slots))
         if key not in self._tile:
             slot = self._index(slots)
-            c = self.var_name(cache)
-            block_size = cache.aval.shape[1]
+            c = self.var_name(root)
+            block_size = root.aval.shape[1]
             s64, ok, row = self.fresh("slot"), self.fresh("slotok"), self.fresh(f"{c}row")
             self.emit_tile(f"{s64} = {slot}.to(tl.int64)")
             # A negative slot is padding; one past the cache would be out of bounds: no store.
@@ -419,10 +422,72 @@ class KernelBuilder:
             )
             self._tile[key] = (ok, row)
         ok, row = self._tile[key]  # type: ignore[misc]
+        return ok, row
+
+    def _entry_at(self, root: Var, row: str, offset: int, dtype: torch.dtype) -> str:
+        """The address of entry element ``offset`` of ``row``, as a ``dtype`` pointer."""
+        at = row if offset == 0 else f"({row} + {offset})"
+        if dtype == root.aval.dtype:
+            return at
+        return f"{at}.to(tl.pointer_type({TL_DTYPES[dtype]}))"
+
+    def scatter_rows(
+        self,
+        cache: Var,
+        slots: Var,
+        pieces: dict[str, str],
+        *,
+        offset: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Store ``pieces`` into the paged ``cache`` at ``slots[t]`` (see
+        :meth:`fqr.core.EmitContext.scatter_rows`); the entry address is computed once per
+        token tile, the head offset per chunk."""
+        root = self.plan.cache_root(cache)
+        dtype = root.aval.dtype if dtype is None else dtype
+        ok, row = self._slot_row(cache, slots)
+        mask, base = self.fresh("smask"), self.fresh("sbase")
+        c = self.var_name(root)
+        self.emit(f"{mask} = hmask & {ok}")
+        if root.aval.ndim == 4:
+            if offset or dtype != root.aval.dtype:
+                raise PlanError(f"a 4-D cache {root.aval} stores whole heads of its own dtype")
+            self.emit(f"{base} = {row} + hh * {c}_s2")
+        else:
+            self.emit(
+                f"{base} = {self._entry_at(root, row, offset, dtype)} + hh * {self.chain.head_dim}"
+            )
+        self._store_slots(base, mask, self.chain.head_layout, pieces, dtype)
+
+    def scatter_head_values(
+        self, cache: Var, slots: Var, value: str, *, offset: int, dtype: torch.dtype
+    ) -> None:
+        """Store one number per head (see :meth:`fqr.core.EmitContext.scatter_head_values`)."""
+        root = self.plan.cache_root(cache)
+        if root.aval.ndim != 3:
+            raise PlanError(f"per-head values are stored into a 3-D cache entry, not {root.aval}")
+        ok, row = self._slot_row(cache, slots)
         mask, base = self.fresh("smask"), self.fresh("sbase")
         self.emit(f"{mask} = hmask & {ok}")
-        self.emit(f"{base} = {row} + hh * {self.var_name(cache)}_s2")
-        self._store_slots(base, mask, self.chain.head_layout, pieces, cache.aval.dtype)
+        self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + hh")
+        self.emit(f"tl.store({base}, {self.cast(f'{value}[:, :, None]', dtype)}, mask={mask})")
+
+    def head_amax(self, var: Var) -> str:
+        """max |x| over each head's features, ``[BLOCK_T, heads]`` (layout padding left out)."""
+        pieces = self.pieces(var)
+        terms = []
+        for slot in self.chain.head_layout.slots:
+            for name in slot.names:
+                v = f"tl.abs({pieces[name]})"
+                if slot.padded != slot.count:
+                    v = f"tl.where({self.cols(slot.padded)} < {slot.count}, {v}, 0.0)"
+                terms.append(f"tl.max({v}, 2)")
+        out = self.fresh("amax")
+        expr = terms[0]
+        for t in terms[1:]:
+            expr = f"tl.maximum({expr}, {t})"
+        self.emit(f"{out} = {expr}")
+        return out
 
     # -------------------------------------------------------------- chain values
     def pieces(self, var: Var) -> dict[str, str]:

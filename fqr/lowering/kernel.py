@@ -160,7 +160,8 @@ class Kernel:
                 flat.append(a.shape[0])
                 ints.append(a.shape[0])
             if role is Role.CACHE:  # its strides and rows are specialised ints too
-                cache_ints = [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
+                strides = [a.stride(d) for d in range(len(a.shape) - 1)]
+                cache_ints = [*strides, a.shape[0] * a.shape[1]]
                 flat += cache_ints
                 ints += cache_ints
         for i, (o, width) in enumerate(zip(outs, self._out_widths)):
