@@ -274,24 +274,29 @@ class EntryComparison:
         return self.untouched_equal and all(c.passed for c in self.parts.values())
 
 
-def _float32_ulps(out: torch.Tensor, exact: torch.Tensor) -> Comparison:
-    """float32 ``out`` within 1 float32 ULP of the float64 ``exact`` (correctly rounded)."""
+def _float32_scales(out: torch.Tensor, exact: torch.Tensor) -> Comparison:
+    """float32 scales against float64 under the fp32 contract, relative to each scale:
+    ``|err| <= 2^-16 * |exact|``. A scale is a tile's max over values the kernel computes in
+    fp32 (a norm's ``x * rsqrt(mean(x^2) + eps) * w``: a sum of squares and an rsqrt away
+    from float64), so it lands a few fp32 ULPs from the float64 one, not one."""
+    bound = HEAD_RELATIVE_BOUND[("fused", torch.float32)]
     exact64 = exact.to(torch.float64)
     err = (out.to(torch.float64) - exact64).abs()
+    err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
+    rel = err / exact64.abs().clamp_min(torch.finfo(torch.float64).tiny)
     ulp = (ordered_bits(out) - ordered_bits(round_nearest(exact64, torch.float32))).abs()
     nonfinite = int((~torch.isfinite(out)).sum())
-    bad = int((ulp > 1).sum())
-    max_ulp = int(ulp.max()) if ulp.numel() else 0
-    rel = err / exact64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    bad = int((rel > bound).sum())
+    max_rel = float(rel.max()) if rel.numel() else 0.0
     return Comparison(
-        max_ulp,
+        int(ulp.max()) if ulp.numel() else 0,
         float(err.max()) if err.numel() else 0.0,
-        float(rel.max()) if rel.numel() else 0.0,
+        max_rel,
         bad,
         nonfinite,
         bad == 0 and nonfinite == 0,
-        "<=1 fp32 ulp",
-        float(max_ulp),
+        f"<={bound:.2g} x scale",
+        max_rel / bound,
     )
 
 
@@ -305,8 +310,10 @@ def compare_ds_mla_entry(
 
     * ``values`` (bytes ``[0, L)``, E4M3): within 1 E4M3 ULP of the float64 value divided by
       the float64 tile scale, clamped to +-448, correctly rounded;
-    * ``scales`` (``L / tile`` float32 at ``scale_offset``): within 1 float32 ULP of the float64
-      ``max(amax / 448, FLT_MIN)``;
+    * ``scales`` (``L / tile`` float32 at ``scale_offset``): the fp32 contract, ``|err| <=
+      2^-16 * scale`` against the float64 ``max(amax / 448, FLT_MIN)`` (not 1 fp32 ULP: the
+      tile's max is taken over fp32 norm outputs, a few ULPs from float64 in the reference
+      backend as in a kernel; the E4M3 values above absorb that difference);
     * ``rope`` (``R`` ``rope_dtype`` values at ``rope_offset``): the 16-bit ``fused`` contract
       (1 ULP, or the fp32 compute floor of the head);
     * every entry ``expected.written`` does not mark equals ``original``'s bytes.
@@ -329,7 +336,7 @@ def compare_ds_mla_entry(
     assert expected.rope_offset + width * size <= out.shape[-1]
     parts = {
         "values": compare(values, expected.values[written], head_dim=expected.tile),
-        "scales": _float32_ulps(scales, expected.scales[written]),
+        "scales": _float32_scales(scales, expected.scales[written]),
         "rope": compare(rope, expected.rope[written], head_dim=width),
     }
     untouched = bool(torch.equal(out[~written], original[~written]))
