@@ -218,9 +218,10 @@ def _tiles_lowering(b: EmitContext, eqn: Eqn) -> None:
     name = b.var_name(eqn.outputs[0])
     amax = b.head_amax(x_var)
     scale = b.fresh(f"{name}_scale")
-    b.emit(f"{scale} = tl.maximum({amax} / {FP8_E4M3_MAX!r}, {FLT_MIN!r})")
+    # IEEE divisions, as vLLM's CUDA code divides (Triton's fp32 "/" is div.full.f32 on NVIDIA)
+    b.emit(f"{scale} = tl.maximum(tl.math.div_rn({amax}, {FP8_E4M3_MAX!r}), {FLT_MIN!r})")
     quantized = {
-        piece: saturate_lines(b, v, f"{scale}[:, :, None]", f"{name}_{piece}_")
+        piece: saturate_lines(b, v, f"{scale}[:, :, None]", f"{name}_{piece}_", exact_division=True)
         for piece, v in b.pieces(x_var).items()
     }
     b.scatter_rows(cache_var, slots_var, quantized, offset=p["offset"], dtype=FP8_E4M3)
