@@ -103,7 +103,12 @@ def check_store_dtypes(plan: KernelPlan, chip: AscendChip) -> None:
     carry ``allow_fp8e4nv=False``); vllm-ascend likewise runs FP8 KV caches on A5 only."""
     stores = [(f"output {i}", v.aval.dtype) for i, v in enumerate(plan.program.outputs)]
     stores += [
-        (f"input {i} (a paged cache)", dtype)
+        (
+            f"input {i} (a paged cache)"
+            if dtype == v.aval.dtype
+            else f"a field of input {i} (a byte-layout paged cache)",
+            dtype,
+        )
         for i, v in enumerate(plan.program.inputs)
         if plan.input_role(v) is Role.CACHE
         for dtype in sorted(plan.stored_dtypes(v), key=str)
@@ -395,7 +400,13 @@ def ascend_tiling(
         if hc < s.heads
     )
     tiling = Tiling(
-        block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding, chunk_mode=chunk_mode
+        block_t=bt,
+        head_chunks=tuple(chunks),
+        bf16_rounding=bf16_rounding,
+        chunk_mode=chunk_mode,
+        # Triton-Ascend 3.2 refuses pointer casts between widths ("Casting pointers with
+        # unmatched bitwidth"): a bf16 / fp32 value goes into a byte entry byte by byte
+        byte_stores="bytes" if plan.wide_byte_fields else "cast",
     )
     return AscendTiling(tiling, chip, budget, total, tuple(per), chunked)
 

@@ -20,6 +20,7 @@ lazily, written at the tile's start), and the chain bodies (``emit``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ TL_DTYPES = {
 EMITTER_VERSION = "3"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Tiling:
     """How the emitted kernel tiles the work (chosen by the target profile)."""
 
@@ -57,6 +58,20 @@ class Tiling:
     # in registers) or "reshape" (the contiguous 2 * pairs features of the row, reshaped to
     # [.., pairs, 2] and split; the store joins and reshapes back).
     pair_access: str = "split"
+    # How a value wider than a byte is stored into a byte-layout (uint8) cache entry: "cast"
+    # (the byte address read as a typed pointer, ``ptr.to(tl.pointer_type(tl.float32))``) or
+    # "bytes" (the value's bits split into bytes, each stored through the uint8 pointer: for a
+    # compiler that refuses pointer casts between widths, Triton-Ascend 3.2). Shown in the
+    # repr (the kernel-cache key, the source header) only when not the default.
+    byte_stores: str = "cast"
+
+    def __repr__(self) -> str:
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name != "byte_stores" or self.byte_stores != "cast"
+        ]
+        return f"Tiling({', '.join(shown)})"
 
 
 def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
@@ -329,7 +344,11 @@ class KernelBuilder:
         layout: Layout,
         pieces: dict[str, str],
         dtype: torch.dtype | None,
+        byte_size: int = 0,
     ) -> None:
+        """Store ``pieces`` at ``base`` (rounded to ``dtype``; None: as they are). ``byte_size``:
+        ``base`` is a byte address and each value (``byte_size`` bytes) is stored byte by byte
+        (:meth:`_store`)."""
         cast = (lambda e: e) if dtype is None else (lambda e: self.cast(e, dtype))  # noqa: E731
         for slot in layout.slots:
             if slot.kind == "pairs" and self.tiling.pair_access == "reshape":
@@ -338,7 +357,7 @@ class KernelBuilder:
                 shape = f"[BLOCK_T, {self.head_tile}, {2 * slot.padded}]"
                 val = cast(f"tl.reshape({joined}, {shape})")
                 m = f"{mask} & {smask}" if smask else mask
-                self.emit(f"tl.store({base} + {off}, {val}, mask={m})")
+                self._store(base, off, val, m, byte_size)
                 continue
             off, smask, pair = self.slot_offsets(slot)
             m = f"{mask}[:, :, :, None]" if pair else mask
@@ -346,9 +365,24 @@ class KernelBuilder:
                 m = f"{m} & {smask}"
             if pair:
                 val = cast(f"tl.join({pieces[slot.names[0]]}, {pieces[slot.names[1]]})")
-                self.emit(f"tl.store({base}[:, :, :, None] + {off}, {val}, mask={m})")
+                self._store(f"{base}[:, :, :, None]", off, val, m, byte_size)
             else:
-                self.emit(f"tl.store({base} + {off}, {cast(pieces[slot.names[0]])}, mask={m})")
+                self._store(base, off, cast(pieces[slot.names[0]]), m, byte_size)
+
+    def _store(self, base: str, off: str, val: str, mask: str, byte_size: int = 0) -> None:
+        """``tl.store(base + off, val)``; with ``byte_size`` (the ``byte_stores="bytes"``
+        tiling), ``base`` is a uint8 address: ``val``'s bits, byte ``k`` (little-endian) to
+        ``base + byte_size * off + k``."""
+        if not byte_size:
+            at = base if off == "0" else f"{base} + {off}"
+            self.emit(f"tl.store({at}, {val}, mask={mask})")
+            return
+        bits = self.fresh("bits")
+        self.emit(f"{bits} = ({val}).to(tl.uint{8 * byte_size}, bitcast=True)")
+        for k in range(byte_size):
+            byte = f"({bits} >> {8 * k}) & 255" if k else f"{bits} & 255"
+            at = base if off == "0" else f"{base} + {byte_size} * {off}"
+            self.emit(f"tl.store({at}{f' + {k}' if k else ''}, ({byte}).to(tl.uint8), mask={mask})")
 
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
@@ -424,10 +458,18 @@ class KernelBuilder:
         ok, row = self._tile[key]  # type: ignore[misc]
         return ok, row
 
+    def _byte_size(self, root: Var, dtype: torch.dtype) -> int:
+        """The bytes of each ``dtype`` value stored one by one into ``root``'s entries (0: the
+        value is stored whole, through a ``dtype`` pointer): a value wider than a byte, into a
+        byte-layout entry, under the ``byte_stores="bytes"`` tiling."""
+        wider = root.aval.dtype == torch.uint8 and dtype.itemsize > 1
+        return dtype.itemsize if wider and self.tiling.byte_stores == "bytes" else 0
+
     def _entry_at(self, root: Var, row: str, offset: int, dtype: torch.dtype) -> str:
-        """The address of entry element ``offset`` of ``row``, as a ``dtype`` pointer."""
+        """The address of entry element ``offset`` of ``row``, as a ``dtype`` pointer (a byte
+        address where :meth:`_byte_size` stores byte by byte)."""
         at = row if offset == 0 else f"({row} + {offset})"
-        if dtype == root.aval.dtype:
+        if dtype == root.aval.dtype or self._byte_size(root, dtype):
             return at
         return f"{at}.to(tl.pointer_type({TL_DTYPES[dtype]}))"
 
@@ -454,9 +496,11 @@ class KernelBuilder:
                 raise PlanError(f"a 4-D cache {root.aval} stores whole heads of its own dtype")
             self.emit(f"{base} = {row} + hh * {c}_s2")
         else:
-            self.emit(
-                f"{base} = {self._entry_at(root, row, offset, dtype)} + hh * {self.chain.head_dim}"
-            )
+            size = self._byte_size(root, dtype)
+            head = self.chain.head_dim * max(size, 1)
+            self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + hh * {head}")
+            self._store_slots(base, mask, self.chain.head_layout, pieces, dtype, size)
+            return
         self._store_slots(base, mask, self.chain.head_layout, pieces, dtype)
 
     def scatter_head_values(
@@ -469,8 +513,10 @@ class KernelBuilder:
         ok, row = self._slot_row(cache, slots)
         mask, base = self.fresh("smask"), self.fresh("sbase")
         self.emit(f"{mask} = hmask & {ok}")
-        self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + hh")
-        self.emit(f"tl.store({base}, {self.cast(f'{value}[:, :, None]', dtype)}, mask={mask})")
+        size = self._byte_size(root, dtype)
+        head = f"hh * {size}" if size else "hh"
+        self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + {head}")
+        self._store(base, "0", self.cast(f"{value}[:, :, None]", dtype), mask, size)
 
     def head_amax(self, var: Var) -> str:
         """max |x| over each head's features, ``[BLOCK_T, heads]`` (layout padding left out)."""

@@ -41,6 +41,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+import torch
+
 from ..core import (
     TOKENS,
     EntryField,
@@ -210,6 +212,18 @@ class KernelPlan:
     def cache_root(self, var: Var) -> Var:
         """The program input (the buffer) a cache value updates: itself for an input."""
         return self.cache_roots.get(id(var), var)
+
+    @property
+    def wide_byte_fields(self) -> bool:
+        """Whether a store puts values wider than a byte into a byte-layout (``uint8``) cache
+        entry (a target whose compiler refuses pointer casts between widths stores them byte by
+        byte: ``Tiling.byte_stores``)."""
+        return any(
+            f.dtype.itemsize > 1
+            for v in self.program.inputs
+            if v.aval.dtype == torch.uint8
+            for f in self.cache_fields.get(id(v), ())
+        )
 
     def stored_dtypes(self, cache: Var) -> set:
         """The dtypes the kernel stores into the cache input ``cache`` (its own dtype, and

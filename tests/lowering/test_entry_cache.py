@@ -14,7 +14,7 @@ import torch
 from fqr import ops, reference
 from fqr.backends import BACKENDS
 from fqr.core import Aval, Section, trace
-from fqr.lowering import PlanError, lower, plan_program
+from fqr.lowering import PlanError, plan_program
 from fqr.numerics import compare
 from fqr.rope_cache import rope_cos_sin_cache
 
