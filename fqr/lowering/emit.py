@@ -165,8 +165,18 @@ ROUND_TO_FP8E4M3 = {
 class KernelBuilder:
     """Writes one kernel; emit rules see it as a :class:`fqr.core.EmitContext`."""
 
-    def __init__(self, plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str) -> None:
+    def __init__(
+        self,
+        plan: KernelPlan,
+        tiling: Tiling,
+        kernel_name: str,
+        header: str,
+        strided_outputs: bool = False,
+    ) -> None:
         self.plan, self.tiling, self.kernel_name, self.header = plan, tiling, kernel_name, header
+        # Each output takes its head stride as a parameter (``out{i}_hstride``): heads that sit
+        # at a stride in the caller's buffer (a [T, H, D] view of a wider [T, H, D'] row).
+        self.strided_outputs = strided_outputs
         self.printer = ProgramPrinter(plan.program)
         self.printer.render()  # name every variable in program order, as the comment shows it
         self.pre: list[str] = []  # before the token loop (hoisted)
@@ -238,6 +248,10 @@ class KernelBuilder:
             if i not in self.aliases:  # an updated input is written through that input
                 self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
                 self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
+                if self.strided_outputs:
+                    self.param_list.append(f"out{i}_hstride")
+                    head_dim = self.plan.chain_of[id(o)].head_dim
+                    self.dense_strides.append((f"out{i}_hstride", head_dim))
         self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
@@ -737,9 +751,10 @@ class KernelBuilder:
             if o is var and i not in self.aliases:
                 chain = self.chain
                 base = self.fresh("obase")
+                head_stride = f"out{i}_hstride" if self.strided_outputs else chain.head_dim
                 self.emit(
                     f"{base} = out{i}_ptr + tok64[:, None, None] * out{i}_stride"
-                    f" + hh * {chain.head_dim}"
+                    f" + hh * {head_stride}"
                 )
                 pieces = self.pieces(var)
                 native = chain.compute_free and var is chain.source
@@ -798,5 +813,10 @@ class KernelBuilder:
         return "\n".join(lines)
 
 
-def emit_source(plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str) -> str:
-    return KernelBuilder(plan, tiling, kernel_name, header).build()
+def emit_source(
+    plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str, strided_outputs: bool = False
+) -> str:
+    """The kernel's source; ``strided_outputs``: every output takes its head stride as a
+    parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
+    stride."""
+    return KernelBuilder(plan, tiling, kernel_name, header, strided_outputs).build()
