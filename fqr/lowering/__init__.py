@@ -101,7 +101,9 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
     """Lower ``program`` to one fused kernel for ``target`` (cuda, interpret, ascend, ...).
 
     ``options`` tune the target profile (e.g. ``block_t``, ``num_warps``, ``max_programs`` for
-    cuda; ``num_vectorcore``, ``chip``, ``buffer_bytes`` for ascend).
+    cuda; ``num_vectorcore``, ``chip``, ``buffer_bytes`` for ascend); ``strided_outputs=True``
+    gives each output its head stride as a parameter (the kernel ``Kernel.launch`` runs for
+    ``[T, H, D]`` output views, :meth:`Kernel.strided_variant`).
     """
     memo = (program.fingerprint(), target, tuple(sorted(options.items())))
     if memo in _KERNELS:
