@@ -184,3 +184,31 @@ def test_deepseek_v3_cuda_kernels_compile_for_sm90(tmp_path):
         # the tile scales and x / scale_j divide as vLLM's CUDA code: IEEE, round to nearest
         ["fp8_ds_mla", "True", "True", "True", "False"],
     ], r.stdout
+
+
+@pytest.mark.skipif(
+    not BACKENDS["interpret"].available, reason=BACKENDS["interpret"].unavailable_reason() or ""
+)
+def test_the_host_function_updates_the_callers_cache(gen):
+    """The generated host function (what a public op's later calls run) passes the 3-D byte
+    cache's strides and donates it: the caller's cache is updated in place."""
+    from fqr.lowering import lower_by_tokens
+    from fqr.lowering.host import host_function
+
+    prog = mla_program("fp8_ds_mla")
+    variants = lower_by_tokens(prog, "interpret")
+    first = draw(gen, "fp8_ds_mla", torch.bfloat16, Q_LORA)
+    variants.launch([a for a in first if a is not None], donate=True)
+    fast = host_function(variants, [a for a in first if a is not None])
+    assert fast is not None
+    kv_a, positions, table, q_w, kv_w, cache, slots, _ = draw(
+        gen, "fp8_ds_mla", torch.bfloat16, Q_LORA, 7
+    )
+    before = cache.clone()
+    q_c, out = fast.fn([kv_a, positions, table, q_w, kv_w, cache, slots])
+    assert out is cache
+    q64, kv_c, k_pe = reference.mla_kv(
+        kv_a, positions, table, q_w, kv_w, q_lora_rank=Q_LORA, kv_lora_rank=KV_LORA, eps=EPS
+    )
+    assert compare(q_c, q64, head_dim=Q_LORA).passed
+    check_cache("fp8_ds_mla", cache, before, kv_c, k_pe, slots, None, torch.bfloat16)
