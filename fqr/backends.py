@@ -139,7 +139,9 @@ class Backend:
         """Run ``program`` on ``args``, unchecked: for callers that resolved the backend
         (:func:`resolve_backend`) and validated their arguments (the per-call hot path).
         ``out``: ``[T, width]`` tensors (rows may be strided, e.g. views into the packed input
-        for an in-place call) the outputs are written into and returned as. An input the
+        for an in-place call), or ``[T, H, D]`` views whose heads sit at a stride (e.g.
+        ``q.view(T, H, 192)[:, :, 128:]``: the rope part of each head, rotated in place), the
+        outputs are written into and returned as. An input the
         program updates (:meth:`fqr.core.Program.aliases`: a paged cache) is donated: it is
         updated in place, and the output is that tensor.
 
@@ -264,14 +266,16 @@ def _run_reference(program: Program, args: list, out: list | None = None) -> lis
     """The primitives' impl rules in fp32, chunk by chunk over the tokens: only one chunk's
     fp32 intermediates live at a time, so the peak is the outputs plus a bounded working set
     (one whole-batch evaluation peaks near 8.5x the qkv bytes). ``out``: write there (each
-    chunk's rows are read before they are written, so ``out`` may alias the inputs' rows)."""
+    chunk's rows are read before they are written, so ``out`` may alias the inputs' rows); an
+    ``out`` entry may be ``[T, width]`` or a ``[T, H, D]`` view (heads at a stride: each row's
+    ``H * D`` values go to its heads)."""
     slices = token_slices(program, args)
     if slices is None:
         part = _donate(program, args, eval_program(program, args, torch.float32))
         if out is None:
             return part
         for o, p in zip(out, part):
-            o.copy_(p)
+            o.copy_(p.reshape(o.shape))
         return out
     tokens, outs = slices[-1].stop, out
     for rows in slices:
@@ -281,7 +285,7 @@ def _run_reference(program: Program, args: list, out: list | None = None) -> lis
                 torch.empty((tokens, *p.shape[1:]), dtype=p.dtype, device=p.device) for p in part
             ]
         for o, p in zip(outs, part):
-            o[rows] = p
+            o[rows] = p.reshape(p.shape[0], *o.shape[1:])
     return outs
 
 

@@ -55,6 +55,7 @@ DTYPES: dict[str, torch.dtype] = {
     "fp8e4m3": torch.float8_e4m3fn,
     "int32": torch.int32,
     "int64": torch.int64,
+    "uint8": torch.uint8,  # a byte-layout cache entry (``fqr.ops.byte_cache``)
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 ACTIVATION_DTYPE_NAMES = ("bf16", "fp16", "fp32")
@@ -141,20 +142,32 @@ class Program:
 
     def aliases(self) -> dict[int, int]:
         """Output index -> input index, for each output that is an updated copy of an input
-        (a :class:`PagedStore`'s cache): a kernel writes it in place into that input's buffer."""
+        (a :class:`PagedStore`'s cache): a kernel writes it in place into that input's buffer.
+        Stores chain: a store whose cache operand is the output of an earlier store updates
+        the same input (:meth:`store_roots`)."""
         if "_aliases" in self.__dict__:
             return dict(self.__dict__["_aliases"])
         inputs = {id(v): i for i, v in enumerate(self.inputs)}
+        roots = self.store_roots()
         aliased: dict[int, int] = {}
+        for i, out in enumerate(self.outputs):
+            root = roots.get(id(out))
+            if root is not None and id(root) in inputs:
+                aliased[i] = inputs[id(root)]
+        self.__dict__["_aliases"] = aliased
+        return dict(aliased)
+
+    def store_roots(self) -> dict[int, Var]:
+        """``id(var)`` -> the program input it is an updated copy of, for each output of a
+        :class:`PagedStore` (the cache it wrote into, followed back through earlier stores
+        to the input buffer they all update)."""
+        roots: dict[int, Var] = {}
         for e, facts in self.eqn_facts():
             if isinstance(facts, PagedStore):
                 cache = e.inputs[facts.cache_operand]
-                if cache is not None and id(cache) in inputs:
-                    for i, out in enumerate(self.outputs):
-                        if out is e.outputs[0]:
-                            aliased[i] = inputs[id(cache)]
-        self.__dict__["_aliases"] = aliased
-        return dict(aliased)
+                if cache is not None:
+                    roots[id(e.outputs[0])] = roots.get(id(cache), cache)
+        return roots
 
     def eqn_facts(self) -> list[tuple[Eqn, Views | HeadOp | None]]:
         """Each equation with its primitive's lowering facts."""
@@ -287,7 +300,7 @@ class Role(enum.Enum):
     INDEX = "index"  # [T] int: one row number per token (positions, a slot mapping)
     TABLE = "table"  # [rows, width]: rows gathered by an INDEX operand (cos_sin_cache)
     SCALAR = "scalar"  # [1] float: one number for the whole call (a per-tensor scale)
-    CACHE = "cache"  # [blocks, block_size, heads, head_dim]: a paged cache written by slot
+    CACHE = "cache"  # [blocks, block_size, heads, head_dim] or [blocks, block_size, entry]
 
 
 class Reduction(enum.Enum):
@@ -346,19 +359,52 @@ class HeadOp:
 
 
 @dataclass(frozen=True)
+class EntryField:
+    """A part of a paged cache's entry that a :class:`PagedStore` writes: ``count`` values of
+    ``dtype`` stored back to back from element ``offset`` of the entry (in the cache's own
+    elements: bytes for a ``uint8`` cache, whose entry then holds values of other dtypes at
+    byte offsets). It prints as ``dtype[count]@offset``."""
+
+    offset: int
+    dtype: torch.dtype
+    count: int
+
+    def byte_range(self, cache_itemsize: int) -> tuple[int, int]:
+        """``(first byte, one past the last)`` of the field within the entry."""
+        start = self.offset * cache_itemsize
+        return start, start + self.count * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{DTYPE_NAMES.get(self.dtype, str(self.dtype))}[{self.count}]@{self.offset}"
+
+
+@dataclass(frozen=True)
 class PagedStore(HeadOp):
     """Facts of a primitive that writes the heads of its VALUE operand into a paged cache: a
     functional update (``cache.at[slots].set(value)``, as in JAX) whose one output is the
     updated cache.
 
-    ``operands`` gives exactly one :attr:`Role.CACHE` (``[blocks, block_size, heads,
-    head_dim]``, a program input), one :attr:`Role.INDEX` (the slot mapping ``[T]``: token
-    ``t`` goes to block ``slot // block_size``, row ``slot % block_size``; a negative slot
-    writes nothing, as vLLM's padding slots) and the VALUE; the value's heads are the cache's
-    heads. The output aliases the cache input (:meth:`Program.aliases`): the lowering stores
-    in place into the buffer it is given, which the caller donates or copies first; the
-    emit rule hands the rows to store to :meth:`EmitContext.scatter_rows`.
+    ``operands`` gives exactly one :attr:`Role.CACHE`, one :attr:`Role.INDEX` (the slot
+    mapping ``[T]``: token ``t`` goes to block ``slot // block_size``, row ``slot %
+    block_size``; a negative slot writes nothing, as vLLM's padding slots) and the VALUE. The
+    cache is
+
+    * ``[blocks, block_size, heads, head_dim]`` (``fields`` empty): the value's heads are the
+      cache's heads, the whole entry is written;
+    * ``[blocks, block_size, entry]``: an entry per slot, of which the store writes the
+      :class:`EntryField` s in ``fields`` (the value's features at a column offset; values of
+      other dtypes at byte offsets of a ``uint8`` entry). Several stores may fill one entry:
+      a store's CACHE operand may be the output of an earlier store (the stores chain, and
+      all update one buffer), as long as their fields do not overlap.
+
+    The CACHE operand is a program input or the output of an earlier store. The output
+    aliases the input at the start of the chain (:meth:`Program.aliases`): the lowering
+    stores in place into the buffer it is given, which the caller donates or copies first;
+    the emit rule hands what it stores to :meth:`EmitContext.scatter_rows` (and
+    :meth:`EmitContext.scatter_head_values`).
     """
+
+    fields: tuple[EntryField, ...] = ()
 
     @property
     def cache_operand(self) -> int:
@@ -408,10 +454,37 @@ class EmitContext(Protocol):
         """A SCALAR ``[1]`` operand as an fp32 scalar (loaded once, before the token loop)."""
         ...
 
-    def scatter_rows(self, cache: Var, slots: Var, pieces: dict[str, str]) -> None:
-        """Store ``pieces`` (fp32, the layout of the value being transformed) as the rows of
-        the paged ``cache`` at ``slots[t]``, rounded to the cache's dtype; a token with a
-        negative slot (or past T) stores nothing."""
+    def scatter_rows(
+        self,
+        cache: Var,
+        slots: Var,
+        pieces: dict[str, str],
+        *,
+        offset: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Store ``pieces`` (fp32, the layout of the value being transformed) into the paged
+        ``cache`` at ``slots[t]``, rounded to ``dtype`` (default: the cache's dtype); a token
+        with a negative slot (or past T) stores nothing. A 4-D cache: head ``h`` of the value
+        is head ``h`` of the row (``offset`` 0). A 3-D cache ``[blocks, block_size, entry]``:
+        the value's features go back to back as ``dtype`` elements from entry element
+        ``offset`` (the cache's elements: a byte offset into a ``uint8`` entry, whose address
+        is then read as a ``dtype`` pointer), head ``h`` at ``offset`` + ``h * head_dim``
+        ``dtype`` elements. ``cache`` may be the output of an earlier store: the same buffer."""
+        ...
+
+    def scatter_head_values(
+        self, cache: Var, slots: Var, value: str, *, offset: int, dtype: torch.dtype
+    ) -> None:
+        """Store ``value``, an fp32 ``[BLOCK_T, heads]`` tile (one number per head of the value
+        being transformed, e.g. a per-head scale), into the 3-D paged ``cache`` at
+        ``slots[t]``: head ``h``'s number as the ``dtype`` element ``h`` counted from entry
+        element ``offset`` (as :meth:`scatter_rows` addresses it), rounded to ``dtype``."""
+        ...
+
+    def head_amax(self, var: Var) -> str:
+        """The largest ``|x|`` over each head's features of a value (``[BLOCK_T, heads]``; the
+        padding of the register layout is left out)."""
         ...
 
     def sum_squares(self, var: Var, over: Reduction) -> str:

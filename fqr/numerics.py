@@ -255,3 +255,89 @@ def kind_text(kind: str, numerics: str, dtype: torch.dtype) -> str:
         if kind == "contract"
         else {"bitwise": "bit-exact"}.get(kind, kind)
     )
+
+
+# ---------------------------------------------------------------- byte-layout cache entries
+
+
+@dataclass
+class EntryComparison:
+    """A byte-layout cache (``fp8_ds_mla``) against its float64 expectation, part by part
+    (:func:`compare_ds_mla_entry`): each written part's :class:`Comparison`, and whether every
+    entry no slot names kept its bytes."""
+
+    parts: dict[str, Comparison]
+    untouched_equal: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.untouched_equal and all(c.passed for c in self.parts.values())
+
+
+def _float32_scales(out: torch.Tensor, exact: torch.Tensor) -> Comparison:
+    """float32 scales against float64 under the fp32 contract, relative to each scale:
+    ``|err| <= 2^-16 * |exact|``. A scale is a tile's max over values the kernel computes in
+    fp32 (a norm's ``x * rsqrt(mean(x^2) + eps) * w``: a sum of squares and an rsqrt away
+    from float64), so it lands a few fp32 ULPs from the float64 one, not one."""
+    bound = HEAD_RELATIVE_BOUND[("fused", torch.float32)]
+    exact64 = exact.to(torch.float64)
+    err = (out.to(torch.float64) - exact64).abs()
+    err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
+    rel = err / exact64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    ulp = (ordered_bits(out) - ordered_bits(round_nearest(exact64, torch.float32))).abs()
+    nonfinite = int((~torch.isfinite(out)).sum())
+    bad = int((rel > bound).sum())
+    max_rel = float(rel.max()) if rel.numel() else 0.0
+    return Comparison(
+        int(ulp.max()) if ulp.numel() else 0,
+        float(err.max()) if err.numel() else 0.0,
+        max_rel,
+        bad,
+        nonfinite,
+        bad == 0 and nonfinite == 0,
+        f"<={bound:.2g} x scale",
+        max_rel / bound,
+    )
+
+
+def compare_ds_mla_entry(
+    out: torch.Tensor, original: torch.Tensor, expected, *, rope_dtype: torch.dtype
+) -> EntryComparison:
+    """Decode the ``uint8`` ``fp8_ds_mla`` cache ``out [blocks, block_size, entry]`` and hold
+    each part of the written entries to the contract against ``expected`` (a
+    :class:`fqr.reference.DsMlaEntry`: float64 ``values``, ``scales``, ``rope``, ``written``,
+    ``tile``, ``scale_offset``, ``rope_offset``):
+
+    * ``values`` (bytes ``[0, L)``, E4M3): within 1 E4M3 ULP of the float64 value divided by
+      the float64 tile scale, clamped to +-448, correctly rounded;
+    * ``scales`` (``L / tile`` float32 at ``scale_offset``): the fp32 contract, ``|err| <=
+      2^-16 * scale`` against the float64 ``max(amax / 448, FLT_MIN)`` (not 1 fp32 ULP: the
+      tile's max is taken over fp32 norm outputs, a few ULPs from float64 in the reference
+      backend as in a kernel; the E4M3 values above absorb that difference);
+    * ``rope`` (``R`` ``rope_dtype`` values at ``rope_offset``): the 16-bit ``fused`` contract
+      (1 ULP, or the fp32 compute floor of the head);
+    * every entry ``expected.written`` does not mark equals ``original``'s bytes.
+    """
+    out, original = out.detach().cpu(), original.detach().cpu()
+    written = expected.written
+    rows = out[written]  # [n, entry] bytes of the written entries
+    n, width = expected.values.shape[-1], expected.rope.shape[-1]
+    tiles = expected.scales.shape[-1]
+    size = torch.empty(0, dtype=rope_dtype).element_size()
+
+    def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        raw = rows[:, start : start + count * itemsize].contiguous()
+        return raw.view(dtype).reshape(rows.shape[0], count)
+
+    values = decode(0, n, torch.float8_e4m3fn)
+    scales = decode(expected.scale_offset, tiles, torch.float32)
+    rope = decode(expected.rope_offset, width, rope_dtype)
+    assert expected.rope_offset + width * size <= out.shape[-1]
+    parts = {
+        "values": compare(values, expected.values[written], head_dim=expected.tile),
+        "scales": _float32_scales(scales, expected.scales[written]),
+        "rope": compare(rope, expected.rope[written], head_dim=width),
+    }
+    untouched = bool(torch.equal(out[~written], original[~written]))
+    return EntryComparison(parts, untouched)

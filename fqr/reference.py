@@ -35,6 +35,7 @@ tolerance they are held to (:func:`fqr.numerics.compare`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -587,3 +588,149 @@ def rope_l2norm_prologue(
         scale = attn_temperature(positions, floor_scale=floor_scale, attn_scale=attn_scale)
         q = q * scale[:, None]
     return q, k, v
+
+
+# ------------------------------------------------------- Multi-head Latent Attention (MLA)
+#
+# vLLM's MLA layer (``vllm/model_executor/layers/mla.py``, DeepSeek-V2/V3/R1, V3.2, Kimi-K2):
+# the fused ``q_a`` / ``kv_a`` projection gives a row ``[q_c | kv_c | k_pe]`` (DeepSeek-V3:
+# 1536 + 512 + 64; without ``q_lora_rank``, V2-Lite, ``[kv_c | k_pe]``); ``q_c`` and ``kv_c``
+# each get an RMSNorm over their whole width, ``k_pe`` is one head rotated GPT-J style; then
+# ``concat_and_cache_mla`` / ``concat_and_cache_ds_mla`` (``csrc/cache_kernels.cu``) write
+# ``[kv_c | k_pe]`` into the paged cache at ``slot_mapping[t]`` (negative: nothing written).
+
+FLT_MIN = 2.0**-126  # the smallest normal float32: the floor of an fp8_ds_mla tile scale
+
+
+def mla_kv(
+    kv_a: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_a_weight: torch.Tensor | None,
+    kv_a_weight: torch.Tensor,
+    *,
+    q_lora_rank: int,
+    kv_lora_rank: int,
+    eps: float = 1e-6,
+    is_neox: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """float64 ``(q_c, kv_c, k_pe)`` of the MLA prologue: the row ``kv_a [T, q_lora_rank +
+    kv_lora_rank + R]`` (``q_lora_rank`` 0: no ``q_c``, then ``q_c`` is None) cut by column,
+    ``q_c`` and ``kv_c`` each divided by ``sqrt(mean(x^2) + eps)`` over their whole width and
+    scaled by their weight, ``k_pe`` (R = the table's width) one head rotated by the token's
+    angle row (GPT-J pairs unless ``is_neox``)."""
+    x = _f64(kv_a)
+    q_c = x[:, :q_lora_rank]
+    kv_c = x[:, q_lora_rank : q_lora_rank + kv_lora_rank]
+    k_pe = x[:, q_lora_rank + kv_lora_rank :]
+    if k_pe.shape[1] != cos_sin_cache.shape[1]:
+        raise ValueError(
+            f"the row leaves {k_pe.shape[1]} rope columns, the table is {cos_sin_cache.shape[1]} "
+            f"wide"
+        )
+
+    def norm(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return v / torch.sqrt((v * v).mean(dim=-1, keepdim=True) + eps) * _f64(w)
+
+    q_c_normed = norm(q_c, q_a_weight) if q_lora_rank else None
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    r = k_pe.shape[1]
+    if is_neox:
+        z = torch.complex(k_pe[:, : r // 2].contiguous(), k_pe[:, r // 2 :].contiguous())
+    else:
+        z = torch.complex(k_pe[:, 0::2].contiguous(), k_pe[:, 1::2].contiguous())
+    w = z * torch.complex(rows[:, : r // 2], rows[:, r // 2 :])
+    if is_neox:
+        rotated = torch.cat([w.real, w.imag], dim=-1)
+    else:
+        rotated = torch.stack([w.real, w.imag], dim=-1).flatten(-2)
+    return q_c_normed, norm(kv_c, kv_a_weight), rotated
+
+
+def mla_cache_entry(
+    cache: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``concat_and_cache_mla``'s write, float64: returns ``(expected, written)``.
+    ``expected`` is ``cache [blocks, block_size, L + R]`` as float64 with entry ``[kv_c[t] |
+    k_pe[t]]`` at slot ``s = slot_mapping[t] >= 0`` (block ``s // block_size``, row ``s %
+    block_size``), unrounded; for an FP8 cache each value is ``clamp(x / scale, +-448)``
+    (``scale`` the per-tensor ``[1]`` scale, default 1). ``written``: bool ``[blocks,
+    block_size]``, the entries written (the others hold the cache's own values: compare them
+    bit for bit)."""
+    blocks, block_size, width = cache.shape
+    entry = torch.cat([_f64(kv_c), _f64(k_pe)], dim=-1)
+    if entry.shape[1] != width:
+        raise ValueError(f"kv_c and k_pe are {entry.shape[1]} wide, the entry {width}")
+    if cache.dtype == torch.float8_e4m3fn:
+        entry = saturate_fp8(entry, scale)
+    expected = _f64(cache).clone()
+    written = torch.zeros(blocks, block_size, dtype=torch.bool)
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            expected[slot // block_size, slot % block_size] = entry[t]
+            written[slot // block_size, slot % block_size] = True
+    return expected, written
+
+
+@dataclass(frozen=True)
+class DsMlaEntry:
+    """The expected ``fp8_ds_mla`` cache (:func:`ds_mla_entry`), float64, unrounded:
+    ``values [blocks, block_size, L]`` (each ``kv_c`` value divided by its tile's scale,
+    clamped to +-448: what the E4M3 byte rounds), ``scales [blocks, block_size, L / tile]``,
+    ``rope [blocks, block_size, R]`` (what the 16-bit rope values round), ``written [blocks,
+    block_size]``; ``tile``, and the byte layout: values at byte 0, the float32 scales at
+    byte ``L``, the rope values from byte ``L + 4 * L / tile``."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    rope: torch.Tensor
+    written: torch.Tensor
+    tile: int
+
+    @property
+    def scale_offset(self) -> int:
+        return self.values.shape[-1]
+
+    @property
+    def rope_offset(self) -> int:
+        return self.scale_offset + 4 * self.scales.shape[-1]
+
+
+def ds_mla_entry(
+    cache: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    tile: int = 128,
+) -> DsMlaEntry:
+    """``concat_and_cache_ds_mla``'s write into the ``uint8`` ``fp8_ds_mla`` cache ``[blocks,
+    block_size, L + 4 * L / tile + 2 * R]``, float64: for each written token, ``kv_c [L]`` in
+    tiles of ``tile``, tile ``j``'s scale ``max(max|x_j| / 448, FLT_MIN)`` and its values
+    ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype by
+    the store). Tokens with a negative slot write nothing."""
+    blocks, block_size, entry_bytes = cache.shape
+    n, r = kv_c.shape[1], k_pe.shape[1]
+    if n % tile or entry_bytes != n + 4 * (n // tile) + 2 * r:
+        raise ValueError(
+            f"an fp8_ds_mla entry of {n} values in tiles of {tile} and {r} rope values is "
+            f"{n + 4 * (n // tile) + 2 * r} bytes, the cache's is {entry_bytes}"
+        )
+    tiles = _f64(kv_c).reshape(kv_c.shape[0], n // tile, tile)
+    scales = (tiles.abs().amax(dim=-1) / E4M3_MAX).clamp_min(FLT_MIN)
+    quantized = (tiles / scales[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(-1, n)
+    values = torch.zeros(blocks, block_size, n, dtype=F64)
+    scale_at = torch.zeros(blocks, block_size, n // tile, dtype=F64)
+    rope = torch.zeros(blocks, block_size, r, dtype=F64)
+    written = torch.zeros(blocks, block_size, dtype=torch.bool)
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            at = (slot // block_size, slot % block_size)
+            values[at], scale_at[at], rope[at] = quantized[t], scales[t], _f64(k_pe[t])
+            written[at] = True
+    return DsMlaEntry(values, scale_at, rope, written, tile)

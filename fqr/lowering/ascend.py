@@ -103,9 +103,15 @@ def check_store_dtypes(plan: KernelPlan, chip: AscendChip) -> None:
     carry ``allow_fp8e4nv=False``); vllm-ascend likewise runs FP8 KV caches on A5 only."""
     stores = [(f"output {i}", v.aval.dtype) for i, v in enumerate(plan.program.outputs)]
     stores += [
-        (f"input {i} (a paged cache)", v.aval.dtype)
+        (
+            f"input {i} (a paged cache)"
+            if dtype == v.aval.dtype
+            else f"a field of input {i} (a byte-layout paged cache)",
+            dtype,
+        )
         for i, v in enumerate(plan.program.inputs)
         if plan.input_role(v) is Role.CACHE
+        for dtype in sorted(plan.stored_dtypes(v), key=str)
     ]
     fp8 = [(what, dtype) for what, dtype in stores if dtype in FP8_STORES]
     if fp8 and not chip.compile_on_910_95:
@@ -126,9 +132,13 @@ def default_chip(plan: KernelPlan) -> AscendChip:
 
 
 def stores_fp8(plan: KernelPlan) -> bool:
-    """Whether the program stores an FP8 value (an output, or a paged cache it updates)."""
+    """Whether the program stores an FP8 value (an output, or into a paged cache it updates:
+    an FP8 cache, or an FP8 field of a byte-layout entry)."""
     return any(v.aval.dtype in FP8_STORES for v in plan.program.outputs) or any(
-        v.aval.dtype in FP8_STORES for v in plan.program.inputs if plan.input_role(v) is Role.CACHE
+        dtype in FP8_STORES
+        for v in plan.program.inputs
+        if plan.input_role(v) is Role.CACHE
+        for dtype in plan.stored_dtypes(v)
     )
 
 
@@ -390,7 +400,13 @@ def ascend_tiling(
         if hc < s.heads
     )
     tiling = Tiling(
-        block_t=bt, head_chunks=tuple(chunks), bf16_rounding=bf16_rounding, chunk_mode=chunk_mode
+        block_t=bt,
+        head_chunks=tuple(chunks),
+        bf16_rounding=bf16_rounding,
+        chunk_mode=chunk_mode,
+        # Triton-Ascend 3.2 refuses pointer casts between widths ("Casting pointers with
+        # unmatched bitwidth"): a bf16 / fp32 value goes into a byte entry byte by byte
+        byte_stores="bytes" if plan.wide_byte_fields else "cast",
     )
     return AscendTiling(tiling, chip, budget, total, tuple(per), chunked)
 

@@ -20,6 +20,7 @@ lazily, written at the tile's start), and the chain bodies (``emit``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,11 +34,13 @@ TL_DTYPES = {
     torch.float16: "tl.float16",
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
+    torch.float8_e4m3fn: "tl.float8e4nv",
+    torch.uint8: "tl.uint8",
 }
 EMITTER_VERSION = "3"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Tiling:
     """How the emitted kernel tiles the work (chosen by the target profile)."""
 
@@ -55,6 +58,20 @@ class Tiling:
     # in registers) or "reshape" (the contiguous 2 * pairs features of the row, reshaped to
     # [.., pairs, 2] and split; the store joins and reshapes back).
     pair_access: str = "split"
+    # How a value wider than a byte is stored into a byte-layout (uint8) cache entry: "cast"
+    # (the byte address read as a typed pointer, ``ptr.to(tl.pointer_type(tl.float32))``) or
+    # "bytes" (the value's bits split into bytes, each stored through the uint8 pointer: for a
+    # compiler that refuses pointer casts between widths, Triton-Ascend 3.2). Shown in the
+    # repr (the kernel-cache key, the source header) only when not the default.
+    byte_stores: str = "cast"
+
+    def __repr__(self) -> str:
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name != "byte_stores" or self.byte_stores != "cast"
+        ]
+        return f"Tiling({', '.join(shown)})"
 
 
 def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
@@ -148,8 +165,18 @@ ROUND_TO_FP8E4M3 = {
 class KernelBuilder:
     """Writes one kernel; emit rules see it as a :class:`fqr.core.EmitContext`."""
 
-    def __init__(self, plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str) -> None:
+    def __init__(
+        self,
+        plan: KernelPlan,
+        tiling: Tiling,
+        kernel_name: str,
+        header: str,
+        strided_outputs: bool = False,
+    ) -> None:
         self.plan, self.tiling, self.kernel_name, self.header = plan, tiling, kernel_name, header
+        # Each output takes its head stride as a parameter (``out{i}_hstride``): heads that sit
+        # at a stride in the caller's buffer (a [T, H, D] view of a wider [T, H, D'] row).
+        self.strided_outputs = strided_outputs
         self.printer = ProgramPrinter(plan.program)
         self.printer.render()  # name every variable in program order, as the comment shows it
         self.pre: list[str] = []  # before the token loop (hoisted)
@@ -213,13 +240,18 @@ class KernelBuilder:
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
-            if role is Role.CACHE:  # block, row-in-block and head strides; rows in all blocks
+            if role is Role.CACHE:  # block, row-in-block (and head) strides; rows in all blocks
                 name = self.var_name(v)
-                self.param_list += [f"{name}_s0", f"{name}_s1", f"{name}_s2", f"{name}_rows"]
+                strides = [f"{name}_s{i}" for i in range(v.aval.ndim - 1)]
+                self.param_list += [*strides, f"{name}_rows"]
         for i, o in enumerate(self.plan.program.outputs):
             if i not in self.aliases:  # an updated input is written through that input
                 self.param_list += [f"out{i}_ptr", f"out{i}_stride"]
                 self.dense_strides.append((f"out{i}_stride", int(o.aval.shape[1])))
+                if self.strided_outputs:
+                    self.param_list.append(f"out{i}_hstride")
+                    head_dim = self.plan.chain_of[id(o)].head_dim
+                    self.dense_strides.append((f"out{i}_hstride", head_dim))
         self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
@@ -326,7 +358,11 @@ class KernelBuilder:
         layout: Layout,
         pieces: dict[str, str],
         dtype: torch.dtype | None,
+        byte_size: int = 0,
     ) -> None:
+        """Store ``pieces`` at ``base`` (rounded to ``dtype``; None: as they are). ``byte_size``:
+        ``base`` is a byte address and each value (``byte_size`` bytes) is stored byte by byte
+        (:meth:`_store`)."""
         cast = (lambda e: e) if dtype is None else (lambda e: self.cast(e, dtype))  # noqa: E731
         for slot in layout.slots:
             if slot.kind == "pairs" and self.tiling.pair_access == "reshape":
@@ -335,7 +371,7 @@ class KernelBuilder:
                 shape = f"[BLOCK_T, {self.head_tile}, {2 * slot.padded}]"
                 val = cast(f"tl.reshape({joined}, {shape})")
                 m = f"{mask} & {smask}" if smask else mask
-                self.emit(f"tl.store({base} + {off}, {val}, mask={m})")
+                self._store(base, off, val, m, byte_size)
                 continue
             off, smask, pair = self.slot_offsets(slot)
             m = f"{mask}[:, :, :, None]" if pair else mask
@@ -343,9 +379,24 @@ class KernelBuilder:
                 m = f"{m} & {smask}"
             if pair:
                 val = cast(f"tl.join({pieces[slot.names[0]]}, {pieces[slot.names[1]]})")
-                self.emit(f"tl.store({base}[:, :, :, None] + {off}, {val}, mask={m})")
+                self._store(f"{base}[:, :, :, None]", off, val, m, byte_size)
             else:
-                self.emit(f"tl.store({base} + {off}, {cast(pieces[slot.names[0]])}, mask={m})")
+                self._store(base, off, cast(pieces[slot.names[0]]), m, byte_size)
+
+    def _store(self, base: str, off: str, val: str, mask: str, byte_size: int = 0) -> None:
+        """``tl.store(base + off, val)``; with ``byte_size`` (the ``byte_stores="bytes"``
+        tiling), ``base`` is a uint8 address: ``val``'s bits, byte ``k`` (little-endian) to
+        ``base + byte_size * off + k``."""
+        if not byte_size:
+            at = base if off == "0" else f"{base} + {off}"
+            self.emit(f"tl.store({at}, {val}, mask={mask})")
+            return
+        bits = self.fresh("bits")
+        self.emit(f"{bits} = ({val}).to(tl.uint{8 * byte_size}, bitcast=True)")
+        for k in range(byte_size):
+            byte = f"({bits} >> {8 * k}) & 255" if k else f"{bits} & 255"
+            at = base if off == "0" else f"{base} + {byte_size} * {off}"
+            self.emit(f"tl.store({at}{f' + {k}' if k else ''}, ({byte}).to(tl.uint8), mask={mask})")
 
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
@@ -400,15 +451,15 @@ class KernelBuilder:
             self._hoisted[key] = name
         return str(self._hoisted[key])
 
-    def scatter_rows(self, cache: Var, slots: Var, pieces: dict[str, str]) -> None:
-        """Store ``pieces`` as rows of the paged ``cache`` at ``slots[t]`` (see
-        :meth:`fqr.core.EmitContext.scatter_rows`); the row address is computed once per token
-        tile, the head offset per chunk."""
-        key = ("slotrow", id(cache), id(slots))
+    def _slot_row(self, cache: Var, slots: Var) -> tuple[str, str]:
+        """(mask ``[BLOCK_T, 1, 1]`` of the tokens that store, address of their entries): the
+        entry address of ``slots[t]`` in the buffer ``cache`` updates, once per token tile."""
+        root = self.plan.cache_root(cache)
+        key = ("slotrow", id(root), id(slots))
         if key not in self._tile:
             slot = self._index(slots)
-            c = self.var_name(cache)
-            block_size = cache.aval.shape[1]
+            c = self.var_name(root)
+            block_size = root.aval.shape[1]
             s64, ok, row = self.fresh("slot"), self.fresh("slotok"), self.fresh(f"{c}row")
             self.emit_tile(f"{s64} = {slot}.to(tl.int64)")
             # A negative slot is padding; one past the cache would be out of bounds: no store.
@@ -419,10 +470,84 @@ class KernelBuilder:
             )
             self._tile[key] = (ok, row)
         ok, row = self._tile[key]  # type: ignore[misc]
+        return ok, row
+
+    def _byte_size(self, root: Var, dtype: torch.dtype) -> int:
+        """The bytes of each ``dtype`` value stored one by one into ``root``'s entries (0: the
+        value is stored whole, through a ``dtype`` pointer): a value wider than a byte, into a
+        byte-layout entry, under the ``byte_stores="bytes"`` tiling."""
+        wider = root.aval.dtype == torch.uint8 and dtype.itemsize > 1
+        return dtype.itemsize if wider and self.tiling.byte_stores == "bytes" else 0
+
+    def _entry_at(self, root: Var, row: str, offset: int, dtype: torch.dtype) -> str:
+        """The address of entry element ``offset`` of ``row``, as a ``dtype`` pointer (a byte
+        address where :meth:`_byte_size` stores byte by byte)."""
+        at = row if offset == 0 else f"({row} + {offset})"
+        if dtype == root.aval.dtype or self._byte_size(root, dtype):
+            return at
+        return f"{at}.to(tl.pointer_type({TL_DTYPES[dtype]}))"
+
+    def scatter_rows(
+        self,
+        cache: Var,
+        slots: Var,
+        pieces: dict[str, str],
+        *,
+        offset: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Store ``pieces`` into the paged ``cache`` at ``slots[t]`` (see
+        :meth:`fqr.core.EmitContext.scatter_rows`); the entry address is computed once per
+        token tile, the head offset per chunk."""
+        root = self.plan.cache_root(cache)
+        dtype = root.aval.dtype if dtype is None else dtype
+        ok, row = self._slot_row(cache, slots)
+        mask, base = self.fresh("smask"), self.fresh("sbase")
+        c = self.var_name(root)
+        self.emit(f"{mask} = hmask & {ok}")
+        if root.aval.ndim == 4:
+            if offset or dtype != root.aval.dtype:
+                raise PlanError(f"a 4-D cache {root.aval} stores whole heads of its own dtype")
+            self.emit(f"{base} = {row} + hh * {c}_s2")
+        else:
+            size = self._byte_size(root, dtype)
+            head = self.chain.head_dim * max(size, 1)
+            self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + hh * {head}")
+            self._store_slots(base, mask, self.chain.head_layout, pieces, dtype, size)
+            return
+        self._store_slots(base, mask, self.chain.head_layout, pieces, dtype)
+
+    def scatter_head_values(
+        self, cache: Var, slots: Var, value: str, *, offset: int, dtype: torch.dtype
+    ) -> None:
+        """Store one number per head (see :meth:`fqr.core.EmitContext.scatter_head_values`)."""
+        root = self.plan.cache_root(cache)
+        if root.aval.ndim != 3:
+            raise PlanError(f"per-head values are stored into a 3-D cache entry, not {root.aval}")
+        ok, row = self._slot_row(cache, slots)
         mask, base = self.fresh("smask"), self.fresh("sbase")
         self.emit(f"{mask} = hmask & {ok}")
-        self.emit(f"{base} = {row} + hh * {self.var_name(cache)}_s2")
-        self._store_slots(base, mask, self.chain.head_layout, pieces, cache.aval.dtype)
+        size = self._byte_size(root, dtype)
+        head = f"hh * {size}" if size else "hh"
+        self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + {head}")
+        self._store(base, "0", self.cast(f"{value}[:, :, None]", dtype), mask, size)
+
+    def head_amax(self, var: Var) -> str:
+        """max |x| over each head's features, ``[BLOCK_T, heads]`` (layout padding left out)."""
+        pieces = self.pieces(var)
+        terms = []
+        for slot in self.chain.head_layout.slots:
+            for name in slot.names:
+                v = f"tl.abs({pieces[name]})"
+                if slot.padded != slot.count:
+                    v = f"tl.where({self.cols(slot.padded)} < {slot.count}, {v}, 0.0)"
+                terms.append(f"tl.max({v}, 2)")
+        out = self.fresh("amax")
+        expr = terms[0]
+        for t in terms[1:]:
+            expr = f"tl.maximum({expr}, {t})"
+        self.emit(f"{out} = {expr}")
+        return out
 
     # -------------------------------------------------------------- chain values
     def pieces(self, var: Var) -> dict[str, str]:
@@ -626,9 +751,10 @@ class KernelBuilder:
             if o is var and i not in self.aliases:
                 chain = self.chain
                 base = self.fresh("obase")
+                head_stride = f"out{i}_hstride" if self.strided_outputs else chain.head_dim
                 self.emit(
                     f"{base} = out{i}_ptr + tok64[:, None, None] * out{i}_stride"
-                    f" + hh * {chain.head_dim}"
+                    f" + hh * {head_stride}"
                 )
                 pieces = self.pieces(var)
                 native = chain.compute_free and var is chain.source
@@ -687,5 +813,10 @@ class KernelBuilder:
         return "\n".join(lines)
 
 
-def emit_source(plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str) -> str:
-    return KernelBuilder(plan, tiling, kernel_name, header).build()
+def emit_source(
+    plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str, strided_outputs: bool = False
+) -> str:
+    """The kernel's source; ``strided_outputs``: every output takes its head stride as a
+    parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
+    stride."""
+    return KernelBuilder(plan, tiling, kernel_name, header, strided_outputs).build()

@@ -58,7 +58,7 @@ def bound_keys(variants) -> int:
     """How many (variant, specialisation) pairs are ready to launch without Triton's
     ``JITFunction.run``: grows when the general path binds one, the cue to regenerate."""
     total = 0
-    for kernel in variants.kernels:
+    for kernel in variants.kernels + [k._strided for k in variants.kernels if k._strided]:
         direct = kernel._direct
         if direct is None:
             total += 1  # launched through fn[grid]: ready once lowered
@@ -74,6 +74,7 @@ class _Arg:
     def __init__(self, name: str, tensor: torch.Tensor):
         self.name, self._t = name, tensor
         self.shape = tensor.shape
+        self.ndim = tensor.dim()
 
     def stride(self, dim: int) -> int:
         return self._t.stride(dim)
@@ -112,6 +113,10 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     if out is not None and not all(isinstance(o, torch.Tensor) for o in out):
         return None
     kernels: list[Kernel | None] = list(variants._kernels)
+    if out is not None and any(o.dim() == 3 for o in out):
+        # [T, H, D] views run the kernels whose outputs take their head strides (each lowered
+        # by the general path's first such call)
+        kernels = [None if k is None else k._strided for k in kernels]
     lowered = [k for k in kernels if k is not None]
     if not lowered:
         return None
@@ -161,7 +166,8 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     if out is not None:
         lines.append(f"    {', '.join(onames)}, = out")
         for j, o in enumerate(out):
-            lines.append(f"    if {onames[j]}.stride(0) != {o.stride(0)}:")
+            # all strides at once: a [T, H, D] view (heads at a stride) is another call kind
+            lines.append(f"    if {onames[j]}.stride() != {tuple(o.stride())!r}:")
             lines.append("        return None")
         out_proxies: list[Any] = [_Arg(n, o) for n, o in zip(onames, out)]
     else:
@@ -241,6 +247,7 @@ class _Placeholder(_Arg):
 
     def __init__(self, name: str, width: int):
         self.name, self._width = name, width
+        self.ndim = 2
 
     def stride(self, dim: int) -> int:
         return self._width if dim == 0 else 1

@@ -28,10 +28,20 @@ class Kernel:
     cache_hit: bool
     fn: Any = field(repr=False)
     options: dict[str, Any] = field(default_factory=dict)
+    # lower(program, target, **options): how :meth:`strided_variant` lowers its sibling
+    relower: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._roles = [self.plan.input_role(v) for v in self.program.inputs]
         self._out_widths = [int(v.aval.shape[1]) for v in self.program.outputs]
+        # Each output's head width (None: an updated input, stored through that input).
+        self._out_head_dims = [
+            self.plan.chain_of[id(v)].head_dim if id(v) in self.plan.chain_of else None
+            for v in self.program.outputs
+        ]
+        # Whether each output takes its head stride (``[T, H, D]`` views, :meth:`launch`).
+        self.strided_outputs = bool(self.options.get("strided_outputs"))
+        self._strided: Kernel | None = None
         # Output -> the input it is an updated copy of (a paged cache): written in place.
         self.aliases = self.program.aliases()
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
@@ -49,9 +59,9 @@ class Kernel:
         donate: bool = False,
     ) -> list[torch.Tensor]:
         """Check ``args`` (and ``out``: ``[T, width]`` tensors whose rows may be strided, e.g.
-        views into a wider buffer) against the program, then :meth:`launch`. ``donate``: an
-        output that updates an input (:attr:`aliases`) is written into that input's buffer
-        (else into a copy of it)."""
+        views into a wider buffer, or ``[T, H, D]`` views whose heads are strided too) against
+        the program, then :meth:`launch`. ``donate``: an output that updates an input
+        (:attr:`aliases`) is written into that input's buffer (else into a copy of it)."""
         prog = self.program
         if out is not None and self.aliases:
             raise TypeError("out= cannot be given to a program that updates an input in place")
@@ -79,15 +89,17 @@ class Kernel:
             if len(out) != len(prog.outputs):
                 raise TypeError(f"out must hold {len(prog.outputs)} tensors, got {len(out)}")
             for i, (o, v) in enumerate(zip(out, prog.outputs)):
+                width, head_dim = int(v.aval.shape[1]), self._out_head_dims[i]
+                heads = (tokens, width // head_dim, head_dim) if head_dim else None
                 if (
                     not isinstance(o, torch.Tensor)
-                    or o.shape != (tokens, v.aval.shape[1])
+                    or (o.shape != (tokens, width) and o.shape != heads)
                     or o.dtype != v.aval.dtype
                     or (o.numel() and o.stride(-1) != 1)
                 ):
                     raise ValueError(
-                        f"out[{i}] must be a {v.aval} tensor with T={tokens}, contiguous in its "
-                        f"last dim"
+                        f"out[{i}] must be a {v.aval} tensor with T={tokens} (or a [T, heads, "
+                        f"head_dim] = {list(heads or ())} view), contiguous in its last dim"
                     )
         return self.launch(args, out, donate=donate)
 
@@ -103,7 +115,18 @@ class Kernel:
         An output that updates an input is that input's buffer when ``donate`` (the kernel
         stores into it in place), else a copy of it. ``direct=False`` launches through
         Triton's ``fn[grid]`` even where the compiled kernel is bound (:mod:`.launcher`): what
-        the bench compares the bound launch with."""
+        the bench compares the bound launch with.
+
+        ``out`` entries are ``[T, width]`` (rows at any stride) or ``[T, H, D]`` views with
+        strides ``(row, head_stride, 1)``: head ``h`` goes to ``h * head_stride`` of its row
+        (e.g. ``q.view(T, H, 192)[:, :, 128:]``, the rope part of each head). Such a call runs
+        :meth:`strided_variant`, the kernel whose outputs take their head strides."""
+        if (
+            out is not None
+            and not self.strided_outputs
+            and any(isinstance(o, torch.Tensor) and o.dim() == 3 for o in out)
+        ):
+            return self.strided_variant().launch(args, out, donate, direct=direct)
         tokens = args[0].shape[0]
         device = args[0].device
         if self.aliases:
@@ -134,13 +157,30 @@ class Kernel:
             self.fn[grid](*flat, **constexprs, **self._launch)
         return outs
 
+    def strided_variant(self) -> Kernel:
+        """This program's kernel on this target whose outputs take their head strides
+        (``lower(..., strided_outputs=True)``; lowered on first use): what :meth:`launch` runs
+        for ``[T, H, D]`` output views. Itself when it is that kernel."""
+        if self.strided_outputs:
+            return self
+        if self._strided is None:
+            if self.relower is None:
+                raise TypeError(
+                    "this kernel was not made by fqr.lowering.lower: it has no variant for "
+                    "[T, H, D] output views"
+                )
+            self._strided = self.relower(**{**self.options, "strided_outputs": True})
+        return self._strided
+
     def launch_arguments(
         self, args, outs, tokens: Any, allocated: bool
     ) -> tuple[list[Any], dict[str, Any], tuple]:
         """The kernel's parameters for one launch, in signature order: each input, followed by
         its row stride (values and tables) and its rows (tables); each output and its row
-        stride; then ``tokens``. Also the constexprs (``BLOCK_T``, ``DENSE``: every row stride
-        equals its row width) and the specialisation key of :class:`.launcher.DirectLauncher`
+        stride (and, in :meth:`strided_variant`, its head stride: the ``[T, H, D]`` view's
+        ``stride(1)``, else the head width); then ``tokens``. Also the constexprs
+        (``BLOCK_T``, ``DENSE``: every row stride equals its row width, every head stride its
+        head width) and the specialisation key of :class:`.launcher.DirectLauncher`
         (DENSE, the specialised ints, each pointer's address modulo 16 -- outputs fqr
         ``allocated`` are aligned -- and ``allocated``). The one home of the argument order:
         :meth:`launch` and the generated host function (:mod:`.host`) both read it."""
@@ -160,7 +200,8 @@ class Kernel:
                 flat.append(a.shape[0])
                 ints.append(a.shape[0])
             if role is Role.CACHE:  # its strides and rows are specialised ints too
-                cache_ints = [a.stride(0), a.stride(1), a.stride(2), a.shape[0] * a.shape[1]]
+                strides = [a.stride(d) for d in range(len(a.shape) - 1)]
+                cache_ints = [*strides, a.shape[0] * a.shape[1]]
                 flat += cache_ints
                 ints += cache_ints
         for i, (o, width) in enumerate(zip(outs, self._out_widths)):
@@ -172,6 +213,13 @@ class Kernel:
             if not allocated:
                 aligned.append(o.data_ptr() & 15)
             dense = dense and stride == width
+            if self.strided_outputs:
+                head_dim = self._out_head_dims[i]
+                assert head_dim is not None, "an output stored by the kernel has heads"
+                head_stride = o.stride(1) if o.ndim == 3 else head_dim
+                flat.append(head_stride)
+                ints.append(head_stride)
+                dense = dense and head_stride == head_dim
         flat.append(tokens)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
         return flat, constexprs, (dense, tuple(ints), tuple(aligned), allocated)

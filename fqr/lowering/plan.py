@@ -17,7 +17,11 @@ The plan knows no primitive: it reads each equation's lowering facts (``fqr.core
 * :class:`~fqr.core.PagedStore` -- a HeadOp whose output is not a per-head value but its
   CACHE operand updated (rows written through a slot mapping): it joins its value's chain
   (the rows are stored where the value is in registers) and its output aliases the cache
-  input (:meth:`~fqr.core.Program.aliases`), recorded in :attr:`KernelPlan.stores`.
+  input (:meth:`~fqr.core.Program.aliases`), recorded in :attr:`KernelPlan.stores`. A store
+  whose cache is the output of an earlier store writes into the same buffer
+  (:attr:`KernelPlan.cache_roots`); the stores into one buffer form a line (each cache value
+  updated once, only the last one an output) and write disjoint entry fields
+  (:attr:`KernelPlan.cache_fields`), so the order in which chains store does not matter.
 
 How a head is held (its :class:`Layout`), from the chain's layout request:
 
@@ -37,8 +41,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+import torch
+
 from ..core import (
     TOKENS,
+    EntryField,
     Eqn,
     HeadLayout,
     HeadOp,
@@ -193,10 +200,36 @@ class KernelPlan:
     chain_of: dict[int, Chain]  # id(var) -> chain holding it
     roles: dict[int, Role]  # id(program input) -> how the kernel reads it
     stores: dict[int, Chain] = field(default_factory=dict)  # id(paged store output) -> chain
+    # id(a cache value: a CACHE input or a store's output) -> the program input it updates
+    cache_roots: dict[int, Var] = field(default_factory=dict)
+    # id(cache input) -> the entry fields its stores write (empty: a 4-D cache's whole rows)
+    cache_fields: dict[int, tuple[EntryField, ...]] = field(default_factory=dict)
 
     def input_role(self, var: Var) -> Role | None:
         """How the kernel reads a program input (None: an input nothing reads)."""
         return self.roles.get(id(var))
+
+    def cache_root(self, var: Var) -> Var:
+        """The program input (the buffer) a cache value updates: itself for an input."""
+        return self.cache_roots.get(id(var), var)
+
+    @property
+    def wide_byte_fields(self) -> bool:
+        """Whether a store puts values wider than a byte into a byte-layout (``uint8``) cache
+        entry (a target whose compiler refuses pointer casts between widths stores them byte by
+        byte: ``Tiling.byte_stores``)."""
+        return any(
+            f.dtype.itemsize > 1
+            for v in self.program.inputs
+            if v.aval.dtype == torch.uint8
+            for f in self.cache_fields.get(id(v), ())
+        )
+
+    def stored_dtypes(self, cache: Var) -> set:
+        """The dtypes the kernel stores into the cache input ``cache`` (its own dtype, and
+        those of the fields a byte-layout entry holds)."""
+        fields = self.cache_fields.get(id(cache), ())
+        return {f.dtype for f in fields} if fields else {cache.aval.dtype}
 
 
 class PlanError(ValueError):
@@ -208,6 +241,9 @@ def plan_program(program: Program) -> KernelPlan:
     chain_of: dict[int, Chain] = {}
     roles: dict[int, Role] = {}
     stores: dict[int, Chain] = {}
+    cache_roots: dict[int, Var] = {}
+    cache_stores: dict[int, list[tuple[str, tuple[EntryField, ...]]]] = {}
+    updated: set[int] = set()  # cache values a store has already updated
     input_ids = {id(v) for v in program.inputs}
     printer_names = {id(v): f"input {i}" for i, v in enumerate(program.inputs)}
 
@@ -258,14 +294,24 @@ def plan_program(program: Program) -> KernelPlan:
                 f"{chain.width} for a reduction over the row)"
             )
         for v, role in zip(e.inputs, facts.operands):
-            if v is not None and role is not None and role is not Role.VALUE:
-                assign(v, role, name)
+            if v is None or role is None or role is Role.VALUE:
+                continue
+            if role is Role.CACHE and isinstance(facts, PagedStore):
+                root = _store_cache(v, name, facts, cache_roots, updated, stores)
+                if root is v:
+                    assign(v, role, name)
+                cache_stores.setdefault(id(root), []).append((name, facts.fields))
+                continue
+            assign(v, role, name)
         if facts.reduction is Reduction.ROW and chain.heads > 1:
             chain.row_reductions.append(e)
         chain.eqns.append(e)
         for out in e.outputs:
             if isinstance(facts, PagedStore):
                 stores[id(out)] = chain  # the updated cache: written by the rule, not a value
+                cache = e.inputs[facts.cache_operand]
+                assert cache is not None
+                cache_roots[id(out)] = cache_roots.get(id(cache), cache)
             else:
                 chain_of[id(out)] = chain
 
@@ -289,7 +335,74 @@ def plan_program(program: Program) -> KernelPlan:
     for v in program.outputs:
         if id(v) not in chain_of and id(v) not in stores:
             raise PlanError("every program output must be a per-head value computed in the kernel")
-    return KernelPlan(program, chains, chain_of, roles, stores)
+        if id(v) in updated:
+            raise PlanError(
+                "a cache that a later store updates cannot also be an output: the kernel "
+                "keeps one buffer per cache (return the last store's output)"
+            )
+    cache_fields = {}
+    for v in program.inputs:
+        if id(v) in cache_stores:
+            cache_fields[id(v)] = _check_fields(v, cache_stores[id(v)])
+    return KernelPlan(program, chains, chain_of, roles, stores, cache_roots, cache_fields)
+
+
+def _store_cache(
+    cache: Var,
+    prim: str,
+    facts: PagedStore,
+    roots: dict[int, Var],
+    updated: set[int],
+    stores: dict[int, Chain],
+) -> Var:
+    """The buffer a store writes: its CACHE operand, a program input, or the output of an
+    earlier store (then that store's buffer). Each cache value is updated once: a second store
+    of the same value would need a copy of the buffer."""
+    if id(cache) in updated:
+        raise PlanError(
+            f"{prim}: its cache was already updated by another store; chain the stores (each "
+            f"store's cache the previous store's output)"
+        )
+    updated.add(id(cache))
+    if id(cache) in stores:
+        return roots[id(cache)]
+    if cache.aval.ndim not in (3, 4):
+        raise PlanError(f"{prim}: a paged cache is 3-D or 4-D, got {cache.aval}")
+    return cache
+
+
+def _check_fields(
+    cache: Var, stores: list[tuple[str, tuple[EntryField, ...]]]
+) -> tuple[EntryField, ...]:
+    """The fields the stores into ``cache`` write: in the entry, each aligned to its dtype,
+    none overlapping another (a store without fields writes whole rows: it must be alone)."""
+    if len(stores) > 1 and any(not fields for _, fields in stores):
+        raise PlanError(
+            f"{len(stores)} stores write whole rows of one cache {cache.aval}: they would "
+            f"overlap (entry fields are for a [blocks, block_size, entry] cache)"
+        )
+    itemsize = cache.aval.dtype.itemsize
+    entry = cache.aval.shape[-1]
+    assert isinstance(entry, int)
+    spans = []
+    for prim, fields in stores:
+        for f in fields:
+            start, end = f.byte_range(itemsize)
+            if f.offset < 0 or f.count < 1 or end > entry * itemsize:
+                raise PlanError(
+                    f"{prim}: field {f} (bytes [{start}, {end})) is outside the "
+                    f"{entry * itemsize}-byte entry of {cache.aval}"
+                )
+            if start % f.dtype.itemsize:
+                raise PlanError(f"{prim}: field {f} starts at byte {start}, not {f.dtype} aligned")
+            spans.append((start, end, prim, f))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    for (_, end, p1, f1), (start, _, p2, f2) in zip(spans, spans[1:]):
+        if start < end:
+            raise PlanError(
+                f"{p1} ({f1}) and {p2} ({f2}) write overlapping bytes of one cache entry"
+            )
+    return tuple(f for *_, f in spans)
 
 
 def _infer_head_dim(program: Program, start: Var, width: int) -> int:

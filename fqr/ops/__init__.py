@@ -6,6 +6,12 @@ emit rule (``lower``: the lines of Triton source). ARCHITECTURE.md, "How to add 
 """
 
 from ..core import Section
+from .byte_cache import (
+    cache_insert_bytes,
+    cache_insert_bytes_p,
+    cache_insert_fp8_tiles,
+    cache_insert_fp8_tiles_p,
+)
 from .cache import cache_insert, cache_insert_p
 from .fp8 import quantize_fp8, quantize_fp8_p
 from .mrope import mrope, mrope_p
@@ -32,6 +38,10 @@ __all__ = [
     "mrope_p",
     "quantize_fp8_p",
     "cache_insert_p",
+    "cache_insert_bytes",
+    "cache_insert_bytes_p",
+    "cache_insert_fp8_tiles",
+    "cache_insert_fp8_tiles_p",
     "attn_temperature",
     "attn_temperature_p",
 ]

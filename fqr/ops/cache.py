@@ -20,17 +20,38 @@ default 1)::
 __NV_SATFINITE, __NV_E4M3)``). A 16-bit cache takes no scale (vLLM ignores it there; fqr
 refuses one rather than drop it).
 
+**Entry caches.** A 3-D ``cache [num_blocks, block_size, entry_width]`` holds one entry per
+slot, and ``column`` says where the value goes in it: ``x [T, w]`` is written at entry
+columns ``[column, column + w)``::
+
+    out[s // block_size, s % block_size, column : column + w] = store(x[t])   for s >= 0
+
+(the rest of the entry keeps its contents). Several inserts fill one entry: the second one's
+``cache`` is the first one's output, and in a fused kernel both write into the one buffer
+(the program stays functional; :meth:`fqr.core.Program.aliases` maps the last output to the
+cache input). This is vLLM's MLA cache, ``concat_and_cache_mla`` (``csrc/cache_kernels.cu``):
+``[kv_c_normed | k_pe]`` into ``[num_blocks, block_size, kv_lora_rank + rope_dim]``, in the
+model dtype or FP8 E4M3 with the per-tensor ``scale`` (``scaled_convert(src, *scale)``), as
+two inserts at columns 0 and ``kv_lora_rank``. One op serves both forms rather than a second
+primitive beside it: the math (``store``), the slot rules and the scale are the same, only
+where the values land in a row differs, and the emitter addresses both through
+:meth:`~fqr.core.EmitContext.scatter_rows`. The 4-D form prints and lowers exactly as it did
+(``column`` is a param of the 3-D form only). Entries holding values of several dtypes (a
+``uint8`` cache) are :mod:`fqr.ops.byte_cache`.
+
 Lowering: facts :class:`~fqr.core.PagedStore`: the output aliases the cache input, so the
 kernel stores the rows in place into the buffer it is given (the public op donates the
-caller's cache, as vLLM's cache kernels update it in place). The reference it matches is
-:func:`fqr.reference.cache_insert`.
+caller's cache, as vLLM's cache kernels update it in place); a 3-D cache declares the
+:class:`~fqr.core.EntryField` it writes (the planner refuses overlapping inserts into one
+entry). The reference it matches is :func:`fqr.reference.cache_insert` (4-D) and
+:func:`fqr.reference.mla_cache_entry` (the MLA entry).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core import Aval, EmitContext, Eqn, PagedStore, Role, primitive
+from ..core import Aval, EmitContext, EntryField, Eqn, PagedStore, Role, primitive
 from .fp8 import FP8_E4M3, FP8_E4M3_MAX, check_scale, saturate_lines
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_E4M3)
@@ -38,31 +59,58 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_E4M3)
 cache_insert_p = primitive("cache_insert")
 
 
-def cache_insert(cache, x, slot_mapping, scale=None):
-    """See the module docstring."""
-    return cache_insert_p.bind(cache, x, slot_mapping, scale, fp8=cache.dtype == FP8_E4M3)
+def cache_insert(cache, x, slot_mapping, scale=None, *, column: int | None = None):
+    """See the module docstring (``column``: the entry column of a 3-D cache, default 0)."""
+    params: dict = {"fp8": cache.dtype == FP8_E4M3}
+    if len(cache.shape) == 3:
+        params["column"] = 0 if column is None else column
+    elif column is not None:
+        raise ValueError(
+            f"column applies to a 3-D [num_blocks, block_size, entry] cache, not to a "
+            f"{len(cache.shape)}-D one"
+        )
+    return cache_insert_p.bind(cache, x, slot_mapping, scale, **params)
 
 
 @cache_insert_p.def_abstract
-def _insert_abstract(cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8) -> Aval:
-    if cache.ndim != 4:
+def _insert_abstract(
+    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None
+) -> Aval:
+    if cache.ndim not in (3, 4):
         raise ValueError(
-            f"cache must be 4-D [num_blocks, block_size, num_kv_heads, head_dim], got {cache}"
+            f"cache must be 4-D [num_blocks, block_size, num_kv_heads, head_dim] or 3-D "
+            f"[num_blocks, block_size, entry_width], got {cache}"
         )
     if cache.dtype not in CACHE_DTYPES:
         raise TypeError(f"cache must be bf16, fp16, fp32 or float8_e4m3fn, got {cache.dtype}")
-    _, block_size, heads, head_dim = cache.shape
-    for name, n in (("block_size", block_size), ("num_kv_heads", heads), ("head_dim", head_dim)):
+    for name, n in zip(("block_size", "num_kv_heads", "head_dim"), cache.shape[1:]):
+        if cache.ndim == 3:
+            name = {"num_kv_heads": "entry_width"}.get(name, name)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"the cache's {name} must be a static int >= 1, got {n!r}")
-    assert isinstance(heads, int) and isinstance(head_dim, int)
-    if x.ndim != 2 or x.shape[1] != heads * head_dim:
-        raise ValueError(
-            f"the value must be [T, num_kv_heads * head_dim] = [T, {heads}*{head_dim}] to match "
-            f"the cache {cache}, got {x}"
-        )
     if not x.dtype.is_floating_point:
         raise TypeError(f"the value must be a floating tensor, got {x.dtype}")
+    if cache.ndim == 4:
+        _, _, heads, head_dim = cache.shape
+        assert isinstance(heads, int) and isinstance(head_dim, int)
+        if x.ndim != 2 or x.shape[1] != heads * head_dim:
+            raise ValueError(
+                f"the value must be [T, num_kv_heads * head_dim] = [T, {heads}*{head_dim}] to "
+                f"match the cache {cache}, got {x}"
+            )
+        if column is not None:
+            raise ValueError("column applies to a 3-D cache only")
+    else:
+        entry = cache.shape[2]
+        assert isinstance(entry, int)
+        if not isinstance(column, int) or isinstance(column, bool) or column < 0:
+            raise ValueError(f"column must be an int >= 0, got {column!r}")
+        width = x.shape[1] if x.ndim == 2 else None
+        if not isinstance(width, int) or column + width > entry:
+            raise ValueError(
+                f"the value must be [T, w] with column + w <= entry_width: column {column}, "
+                f"value {x}, cache {cache}"
+            )
     if slots.ndim != 1 or slots.shape[0] != x.shape[0]:
         raise ValueError(f"slot_mapping must be [T] with T = {x.shape[0]}, got {slots}")
     if slots.dtype not in (torch.int32, torch.int64):
@@ -77,30 +125,45 @@ def _insert_abstract(cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, f
     return Aval(cache.shape, cache.dtype)
 
 
-@cache_insert_p.def_impl
-def _insert_impl(cache, x, slots, scale, *, fp8):
-    blocks, block_size, heads, head_dim = cache.shape
-    out = cache.clone()
-    rows = out.view(blocks * block_size, heads, head_dim)
+def written_slots(slots, blocks: int, block_size: int):
+    """``(keep, block, row)``: the tokens with a slot ``>= 0`` and where their slots are,
+    refusing a slot past the cache's last row (a bad slot mapping)."""
     keep = slots >= 0
     slot = slots[keep].long()
-    if slot.numel() and int(slot.max()) >= rows.shape[0]:
+    if slot.numel() and int(slot.max()) >= blocks * block_size:
         raise ValueError(
             f"slot_mapping names slot {int(slot.max())}, past the cache's "
             f"{blocks} blocks x {block_size} rows"
         )
-    value = x[keep].reshape(-1, heads, head_dim)
+    return keep, slot // block_size, slot % block_size
+
+
+@cache_insert_p.def_impl
+def _insert_impl(cache, x, slots, scale, *, fp8, column=None):
+    out = cache.clone()
+    blocks, block_size = cache.shape[:2]
+    keep, block, row = written_slots(slots, blocks, block_size)
+    value = x[keep]
     if scale is not None:
         value = value / scale.to(value.dtype)
     if fp8:
         value = value.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
-    rows[slot] = value.to(rows.dtype)
+    if cache.ndim == 4:
+        out[block, row] = value.reshape(-1, *cache.shape[2:]).to(out.dtype)
+    else:
+        out[block, row, column : column + x.shape[1]] = value.to(out.dtype)
     return out
 
 
 @cache_insert_p.def_facts
-def _insert_facts(cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8) -> PagedStore:
+def _insert_facts(
+    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None
+) -> PagedStore:
     roles = (Role.CACHE, Role.VALUE, Role.INDEX, Role.SCALAR if scale is not None else None)
+    if cache.ndim == 3:  # any head structure: the value's features go back to back
+        width = x.shape[1]
+        assert isinstance(width, int) and column is not None
+        return PagedStore(roles, fields=(EntryField(column, cache.dtype, width),))
     head_dim = cache.shape[3]
     assert isinstance(head_dim, int)
     return PagedStore(roles, head_dim=head_dim)
@@ -114,4 +177,4 @@ def _insert_lowering(b: EmitContext, eqn: Eqn) -> None:
     if eqn.params["fp8"]:
         scale = b.scalar(scale_var) if scale_var is not None else None
         x = {name: saturate_lines(b, v, scale, f"kv_{name}_") for name, v in x.items()}
-    b.scatter_rows(cache_var, slots_var, x)
+    b.scatter_rows(cache_var, slots_var, x, offset=eqn.params.get("column") or 0)

@@ -61,10 +61,19 @@ def _quantize_facts(x: Aval, scale: Aval | None) -> HeadOp:
     return HeadOp((Role.VALUE, Role.SCALAR if scale is not None else None))  # elementwise
 
 
-def saturate_lines(b: EmitContext, value: str, scale: str | None, prefix: str) -> str:
-    """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name."""
+def saturate_lines(
+    b: EmitContext, value: str, scale: str | None, prefix: str, *, exact_division: bool = False
+) -> str:
+    """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name.
+    ``exact_division``: divide with ``tl.math.div_rn`` (IEEE round to nearest; Triton's ``/``
+    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp)."""
     y = b.fresh(prefix)
-    scaled = value if scale is None else f"({value} / {scale})"
+    if scale is None:
+        scaled = value
+    elif exact_division:
+        scaled = f"tl.math.div_rn({value}, {scale})"
+    else:
+        scaled = f"({value} / {scale})"
     b.emit(
         f"{y} = tl.where({scaled} != {scaled}, {scaled}, "
         f"tl.minimum(tl.maximum({scaled}, {-FP8_E4M3_MAX!r}), {FP8_E4M3_MAX!r}))"

@@ -201,3 +201,67 @@ def test_fp8_presets_compile_for_the_950_only(preset, monkeypatch):
     assert core.is_compile_on_910_95 is False  # restored after the 950 compile
     with pytest.raises(UnsupportedOnChip, match="FP8 stores need an Ascend 950"):
         check_preset(preset, 8, chip="A2")
+
+
+@pytest.mark.parametrize(
+    "flavour, q_lora, chip",
+    [
+        ("auto", 1536, "A2"),  # DeepSeek-V3: q_c of 1536 in the row
+        ("auto", 0, "A2"),  # DeepSeek-V2-Lite: [kv_c | k_pe]
+        ("fp8", 1536, "950"),
+        ("fp8_ds_mla", 1536, "950"),
+        ("fp8_ds_mla", 0, "950"),
+    ],
+)
+def test_mla_kv_kernels_lower_to_ascend_linalg(flavour, q_lora, chip, monkeypatch):
+    """The MLA KV prologue (``tests/support/mla.py``, DeepSeek-V3's widths, bf16) through the
+    Ascend stages; an FP8 flavour is refused on the A2 before any compile. fp8_ds_mla's
+    float32 scales and bf16 rope values go into the uint8 entry byte by byte: the frontend
+    refuses ``ptr.to(tl.pointer_type(tl.float32))`` on a uint8 pointer ("Casting pointers with
+    unmatched bitwidth"); the E4M3 values keep their same-width pointer cast."""
+    from support.mla import mla_program
+
+    from fqr.lowering.ascend import UnsupportedOnChip
+
+    monkeypatch.delenv("FQR_ASCEND_CHIP", raising=False)
+    prog = mla_program(flavour, torch.bfloat16, q_lora=q_lora)
+    kernel = lower(prog, "ascend", chip=chip)
+    assert kernel.tiling.byte_stores == ("bytes" if flavour == "fp8_ds_mla" else "cast")
+    report = check_kernel(kernel)
+    stages = {s.name: s for s in report.stages}
+    assert report.passed, report.to_dict()
+    assert stages["ttir"].status == "ok" and stages["linalg"].status == "ok"
+    assert report.arch == get_chip(chip).arch
+    cache = "f_ptr" if q_lora else "e_ptr"  # the cache input (after a q_c weight, if any)
+    assert report.signature[cache] == {"auto": "*bf16", "fp8": "*fp8e4nv"}.get(flavour, "*u8")
+    if flavour != "auto":
+        with pytest.raises(UnsupportedOnChip, match="FP8 stores need an Ascend 950"):
+            lower(prog, "ascend", chip="A2")
+
+
+def test_byte_entry_pointer_casts_the_frontend_refuses():
+    """What Triton-Ascend 3.2's frontend does with typed stores into a byte entry: the
+    widening pointer cast fails in ``triton-adapter-opt`` (the reason for the
+    ``byte_stores="bytes"`` tiling), the byte-by-byte store and an 8-bit cast pass."""
+    from fqr.lowering.ascend_compile import compile_stages
+
+    @triton.jit
+    def typed(x_ptr, c_ptr, T, WIDE: tl.constexpr, BLOCK_T: tl.constexpr):
+        tok = tl.arange(0, BLOCK_T)
+        m = tok < T
+        x = tl.load(x_ptr + tok, mask=m, other=0.0)
+        row = c_ptr + tok * 16
+        if WIDE:
+            tl.store((row + 4).to(tl.pointer_type(tl.float32)), x, mask=m)
+        else:
+            bits = x.to(tl.uint32, bitcast=True)
+            for k in tl.static_range(4):
+                tl.store(row + 4 + k, ((bits >> (8 * k)) & 255).to(tl.uint8), mask=m)
+
+    signature = {"x_ptr": "*fp32", "c_ptr": "*u8", "T": "i32"}
+    for wide, linalg in ((1, "failed"), (0, "ok")):
+        sig = {**signature, "WIDE": "constexpr", "BLOCK_T": "constexpr"}
+        results, _ = compile_stages(typed, sig, {"WIDE": wide, "BLOCK_T": 8}, get_chip("950"))
+        assert [r.status for r in results][:2] == ["ok", linalg], [r.to_dict() for r in results]
+        if wide:
+            assert "Casting pointers with unmatched bitwidth" in results[1].detail

@@ -151,8 +151,10 @@ def test_cache_insert_shape_rule_names_the_argument():
     run(cache, x, slots)  # fine
     with pytest.raises(ValueError, match="a scale applies only to a float8_e4m3fn cache"):
         run(cache, x, slots, Aval((1,), torch.float32))
-    with pytest.raises(ValueError, match="cache must be 4-D"):
-        run(Aval(("B", 16, 128), torch.bfloat16), x, slots)
+    with pytest.raises(ValueError, match="cache must be 4-D .* or 3-D"):
+        run(Aval(("B", 16 * 128), torch.bfloat16), x, slots)
+    with pytest.raises(ValueError, match="column applies to a 3-D"):
+        trace(lambda c, v, s: ops.cache_insert(c, v, s, column=0), cache, x, slots)
     with pytest.raises(ValueError, match="num_kv_heads \\* head_dim"):
         run(cache, Aval(("T", 192), torch.bfloat16), slots)
     with pytest.raises(TypeError, match="slot_mapping must be int32 or int64"):
