@@ -6,6 +6,11 @@ rotary_dim (partial rotary), RoPE style and table (theta, scaling), the QK-norm 
 whole k projection as in OLMo2; "none": split + RoPE only, as in Llama 3 and GLM-4), its eps
 and weight offset (1.0 for Gemma-style ``(1 + w)`` weights).
 
+Multi-head Latent Attention presets (DeepSeek-V2/V3/V3.2, Kimi-K2; variant ``mla-kv``) take
+the rotated part as the head: ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, q heads =
+``num_attention_heads``, one kv head (the latent and its k_pe, which every TP rank holds),
+GPT-J pairs and DeepSeek's yarn table; the latent's sizes and the cache are variant params.
+
 ``preset.shard(tp)`` is what one tensor-parallel rank holds, as vLLM shards attention: q heads
 are divided by ``tp``; kv heads are divided when ``num_kv_heads >= tp`` and replicated (one per
 rank) otherwise, which needs ``tp % num_kv_heads == 0``.
@@ -228,6 +233,57 @@ _LLAMA4_SCALING = (
     ("original_max_position_embeddings", 8192),
 )
 
+# DeepSeek's YaRN (fqr.rope_cache, vLLM DeepseekScalingRotaryEmbedding): the config.json's
+# rope_scaling, keys in this order; mscale == mscale_all_dim, so cos/sin are not scaled.
+_DEEPSEEK_V3_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 40.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 32.0),
+    ("beta_slow", 1.0),
+    ("mscale", 1.0),
+    ("mscale_all_dim", 1.0),
+)
+
+_DEEPSEEK_V2_LITE_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 40.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 32.0),
+    ("beta_slow", 1.0),
+    ("mscale", 0.707),
+    ("mscale_all_dim", 0.707),
+)
+
+_KIMI_K2_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 32.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 1.0),
+    ("beta_slow", 1.0),
+    ("mscale", 1.0),
+    ("mscale_all_dim", 1.0),
+)
+
+
+def _mla_params(q_lora_rank: int, cache_dtype: str = "auto") -> tuple:
+    """The ``mla-kv`` variant's fields, in order: ``q_lora_rank`` (0: the model has none, q is
+    one ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` (512 / 128 / 128 in
+    every DeepSeek-V2/V3 and Kimi-K2 config), ``block_size`` 64 (vLLM's paged MLA cache: the
+    size vLLM forces for its FlashMLA and FlashMLA-sparse backends, the Hopper defaults;
+    CUTLASS MLA on Blackwell takes 128) and ``cache_dtype`` (vLLM's ``kv_cache_dtype``:
+    ``auto`` = the model dtype, ``fp8`` = E4M3 with a per-tensor scale, ``fp8_ds_mla`` = V3.2's
+    656-byte entry)."""
+    return (
+        ("q_lora_rank", q_lora_rank),
+        ("kv_lora_rank", 512),
+        ("qk_nope_head_dim", 128),
+        ("v_head_dim", 128),
+        ("block_size", 64),
+        ("cache_dtype", cache_dtype),
+    )
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
@@ -416,6 +472,106 @@ PRESETS: dict[str, Preset] = {
                     (("block_size", 128), ("cache_dtype", "fp8e4m3")),
                 ),
             )
+        ),
+        # Multi-head Latent Attention (DeepSeek-V2/V3/V3.2, Kimi-K2): the records the MLA op
+        # declarations mla-kv (the [kv_c | k_pe] row) and mla-q-rope (the rope part of each q
+        # head) read. The "head" of the spec is the rotated part: head_dim = qk_rope_head_dim
+        # 64, rotary_dim 64; q heads = num_attention_heads (TP divides them), one kv head (the
+        # latent and k_pe, replicated under TP). GPT-J pairs (vLLM deepseek_v2.py:
+        # get_rope(qk_rope_head_dim, is_neox_style=False)), the yarn table of vLLM's
+        # DeepseekScalingRotaryEmbedding (its rope_type "deepseek_yarn"), max_position_embeddings
+        # rows (= original_max_position_embeddings * factor, the rows vLLM's table has).
+        #
+        # deepseek-ai/DeepSeek-V3 config.json: num_attention_heads 128, q_lora_rank 1536,
+        # kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
+        # rms_norm_eps 1e-6, rope_theta 10000, max_position_embeddings 163840, rope_scaling
+        # {type yarn, factor 40, original_max_position_embeddings 4096, beta_fast 32,
+        # beta_slow 1, mscale 1.0, mscale_all_dim 1.0} (read from verbatim copies of the
+        # V3 / R1 config.json pinned in public test fixtures; the same numbers as
+        # deepseek-ai/DeepSeek-V3's inference/configs/config_671B.json and ModelArgs defaults
+        # of its inference/model.py: original_seq_len 4096, rope_factor 40, beta 32 / 1,
+        # mscale 1, RMSNorm eps 1e-6). Cache "auto": vLLM's default kv_cache_dtype; "fp8":
+        # kv_cache_dtype="fp8", E4M3 with a per-tensor scale (concat_and_cache_mla).
+        *(
+            Preset(
+                name,
+                "deepseek-ai/DeepSeek-V3",
+                128,
+                1,
+                64,
+                1e4,
+                163840,
+                is_neox=False,
+                rope_scaling=_DEEPSEEK_V3_YARN,
+                variant="mla-kv",
+                variant_params=_mla_params(1536, cache),
+            )
+            for name, cache in (("deepseek-v3", "auto"), ("deepseek-v3-fp8", "fp8"))
+        ),
+        # deepseek-ai/DeepSeek-V3.2-Exp: the attention dims and rope of V3 (transformers'
+        # DeepseekV32Config, whose defaults are that checkpoint's: heads 128, q_lora_rank
+        # 1536, kv_lora_rank 512, qk_rope 64, qk_nope 128, v_head 128, rms_norm_eps 1e-6,
+        # max_position_embeddings 163840; deepseek-ai/DeepSeek-V3.2-Exp's
+        # inference/config_671B_v3.2.json and model.py: the same dims, yarn 4096 x 40,
+        # beta 32 / 1, mscale 1, theta 1e4; its config.json's rope_scaling as V3's, read from
+        # public fixtures of it). Cache "fp8_ds_mla": vLLM's DeepseekV32ForCausalLM turns
+        # kv_cache_dtype "auto" (and "fp8*") into it (vllm/model_executor/models/config.py),
+        # the 656-byte entry of concat_and_cache_ds_mla. Its lightning indexer (index heads
+        # 64 x 128, a LayerNorm and RoPE of its own) is not part of this prologue.
+        Preset(
+            "deepseek-v3.2",
+            "deepseek-ai/DeepSeek-V3.2-Exp",
+            128,
+            1,
+            64,
+            1e4,
+            163840,
+            is_neox=False,
+            rope_scaling=_DEEPSEEK_V3_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(1536, "fp8_ds_mla"),
+        ),
+        # moonshotai/Kimi-K2-Instruct config.json (model_type "kimi_k2", architectures
+        # DeepseekV3ForCausalLM: MoonshotAI/Kimi-K2's deploy guidance says the model type is
+        # there so engines tell it from DeepSeek-V3, whose code runs it): num_attention_heads
+        # 64, q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128,
+        # v_head_dim 128, rms_norm_eps 1e-6, rope_theta 50000, max_position_embeddings 131072,
+        # rope_scaling {type yarn, factor 32, original_max_position_embeddings 4096, beta_fast
+        # 1.0, beta_slow 1.0, mscale 1.0, mscale_all_dim 1.0} (the config.json itself not read:
+        # the values several public copies of it agree on; heads 64 and 128K context also in
+        # MoonshotAI/Kimi-K2's README; Kimi-K2-Instruct-0905 differs: factor 64, 262144).
+        Preset(
+            "kimi-k2",
+            "moonshotai/Kimi-K2-Instruct",
+            64,
+            1,
+            64,
+            5e4,
+            131072,
+            is_neox=False,
+            rope_scaling=_KIMI_K2_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(1536),
+        ),
+        # deepseek-ai/DeepSeek-V2-Lite config.json: num_attention_heads 16, q_lora_rank null
+        # (q is one q_proj: 0 here), kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim
+        # 128, v_head_dim 128, rms_norm_eps 1e-6, rope_theta 10000, max_position_embeddings
+        # 163840, rope_scaling {type yarn, factor 40, original_max_position_embeddings 4096,
+        # beta_fast 32, beta_slow 1, mscale 0.707, mscale_all_dim 0.707} (a verbatim copy
+        # pinned in a public test; deepseek-ai/DeepSeek-V3's inference/configs/config_16B.json
+        # agrees: n_heads 16, q_lora_rank 0, mscale 0.707).
+        Preset(
+            "deepseek-v2-lite",
+            "deepseek-ai/DeepSeek-V2-Lite",
+            16,
+            1,
+            64,
+            1e4,
+            163840,
+            is_neox=False,
+            rope_scaling=_DEEPSEEK_V2_LITE_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(0),
         ),
     ]
 }

@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from fqr.presets import PRESETS
 from fqr.rope_cache import cos_sin_scale, inverse_frequencies, rope_cos_sin_cache
 
 R = 64  # qk_rope_head_dim of every MLA checkpoint
@@ -187,6 +188,16 @@ def test_fp32_table_is_the_float64_one_rounded_once(name, gen):
     pos = torch.randint(0, rows, (4096,), generator=gen)
     wide = rope_cos_sin_cache(R, rows, theta, scaling=sc, dtype=torch.float64, rows=pos)
     narrow = rope_cos_sin_cache(R, rows, theta, scaling=sc, dtype=torch.float32, rows=pos)
+    assert torch.equal(narrow, wide.to(torch.float32))
+
+
+def test_deepseek_v3_preset_table_is_the_float64_one_rounded_once():
+    """The whole 163840 x 64 table of the preset (``Preset.cos_sin_cache``)."""
+    preset = PRESETS["deepseek-v3"]
+    narrow = preset.cos_sin_cache()
+    assert narrow.shape == (163840, 64) and narrow.dtype == torch.float32
+    theta, sc, rows = CASES["deepseek-v3"]
+    wide = rope_cos_sin_cache(R, rows, theta, scaling=sc, dtype=torch.float64)
     assert torch.equal(narrow, wide.to(torch.float32))
 
 
