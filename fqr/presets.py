@@ -23,7 +23,7 @@ from functools import cached_property
 
 import torch
 
-from .rope_cache import rope_cos_sin_cache
+from .rope_cache import YARN_DEFAULTS, rope_cos_sin_cache
 from .validate import check_spec_params
 
 
@@ -592,15 +592,23 @@ def get_preset(name: str, tp: int = 1) -> Preset:
 @dataclass(frozen=True)
 class HFFamily:
     """What a model family's attention code does that its config does not say: the QK-norm
-    kind, the norm's weight offset (1.0: ``(1 + w)``) and the RoPE pairing, as vLLM's model
-    code for the family has them."""
+    kind, the norm's weight offset (1.0: ``(1 + w)``), the RoPE pairing and the RoPE scalings
+    vLLM builds for it the way :mod:`fqr.rope_cache` does, as vLLM's model code for the family
+    has them."""
 
     norm: str
     weight_offset: float = 0.0
     is_neox: bool = True
     note: str = ""
-    variant: str = "split-qkv"  # mrope / mrope-gate: mrope_section read from the RoPE settings
+    # mrope / mrope-gate: mrope_section read from the RoPE settings; mla-kv: the MLA dims
+    variant: str = "split-qkv"
+    scalings: tuple[str, ...] = ("default", "linear", "llama3")
 
+
+# DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
+# vllm/model_executor/models/deepseek_v2.py, which also runs Kimi-K2): GPT-J pairs, and any
+# non-default rope_type becomes "deepseek_yarn" (DeepseekScalingRotaryEmbedding).
+_MLA = {"norm": "head", "is_neox": False, "variant": "mla-kv", "scalings": ("default", "yarn")}
 
 # transformers ``model_type`` (of the text config) -> the family's prologue facts.
 HF_FAMILIES: dict[str, HFFamily] = {
@@ -619,6 +627,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "olmo2": HFFamily("full", note="OLMo 2: one norm over the whole q and the whole k"),
     "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
     "glm4": HFFamily("none", is_neox=False, note="GLM-4-0414: GPT-J pairs, no QK norm"),
+    "deepseek_v2": HFFamily(**_MLA, note="DeepSeek-V2: MLA, yarn"),
+    "deepseek_v3": HFFamily(**_MLA, note="DeepSeek-V3: MLA, yarn"),
+    # Kimi-K2's config.json says model_type "kimi_k2" with architectures
+    # DeepseekV3ForCausalLM (vLLM runs it as DeepSeek-V3).
+    "kimi_k2": HFFamily(**_MLA, note="Kimi-K2: DeepSeek-V3's attention"),
 }
 # Families whose prologue is a variant (fqr.variants), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
@@ -627,7 +640,7 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
-# RoPE scalings fqr.rope_cache builds, with the config keys each reads.
+# RoPE scalings fqr.rope_cache builds, with the config keys each requires.
 HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
@@ -637,7 +650,20 @@ HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
         "high_freq_factor",
         "original_max_position_embeddings",
     ),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }
+# Keys a scaling may leave out, with the value vLLM uses then (yarn: the defaults of vLLM's
+# DeepseekScalingRotaryEmbedding, fqr.rope_cache.YARN_DEFAULTS); the preset records them.
+HF_ROPE_DEFAULTS: dict[str, tuple[tuple[str, float], ...]] = {
+    "yarn": tuple(
+        (k, YARN_DEFAULTS[k]) for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+    ),
+}
+# Keys a scaling carries only when the config has them (vLLM passes them through).
+HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapolation_factor")}
+# Config settings with which Hugging Face builds another yarn table than vLLM's DeepSeek path
+# (which ignores them): refused rather than guessed; the value each may harmlessly have.
+_YARN_REFUSED = {"attention_factor": None, "truncate": True}
 
 
 def _rope_parameters(config) -> dict:
@@ -658,6 +684,47 @@ def _rope_parameters(config) -> dict:
     return params
 
 
+def _yarn_value(key: str, value):
+    return int(value) if key == "original_max_position_embeddings" else float(value)
+
+
+def _scaling(rope: dict, rope_type: str, model_type: str) -> tuple:
+    """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
+    (vLLM's default where the config has none), then the extras the config has."""
+    if rope_type == "default":
+        return ()
+    if rope_type == "yarn":
+        refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
+        if refused:
+            raise ValueError(
+                f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
+                f"Face builds another table than vLLM's DeepSeek yarn (the one fqr builds)"
+            )
+    pairs = [(k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]]
+    pairs += [
+        (k, rope[k] if rope.get(k) is not None else v)
+        for k, v in HF_ROPE_DEFAULTS.get(rope_type, ())
+    ]
+    pairs += [(k, rope[k]) for k in HF_ROPE_EXTRAS.get(rope_type, ()) if rope.get(k) is not None]
+    if rope_type == "yarn":
+        pairs = [(k, _yarn_value(k, v)) for k, v in pairs]
+    return (("rope_type", rope_type), *pairs)
+
+
+def _mla_variant_params(text, model_type: str) -> tuple:
+    """The ``mla-kv`` fields of a DeepSeek-style config (see :func:`preset_from_hf_config`)."""
+    dims = {k: getattr(text, k, None) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
+    missing = [k for k, v in dims.items() if v is None]
+    if missing:
+        raise ValueError(f"config: {model_type} (MLA) has no {', '.join(missing)}")
+    return (
+        ("q_lora_rank", int(getattr(text, "q_lora_rank", None) or 0)),
+        *((k, int(v)) for k, v in dims.items()),
+        ("block_size", 64),
+        ("cache_dtype", "auto"),
+    )
+
+
 def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
     :data:`HF_FAMILIES` (a multimodal config gives its text config's).
@@ -666,13 +733,31 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     (else ``hidden_size / num_attention_heads``), ``rms_norm_eps``, ``max_position_embeddings``
     and the RoPE settings (transformers 5 ``rope_parameters``, or 4.x ``rope_theta`` /
     ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
-    fqr builds (:data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an
-    mRoPE family (Qwen3-VL: ``mrope``, Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its
-    ``mrope_section`` and ``mrope_interleaved``. From the family: the norm kind, its weight
-    offset, the RoPE pairing and the variant. Families whose prologue is another variant
-    (:data:`HF_VARIANT_FAMILIES`) are refused. ``name``
-    defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` -> ``qwen3-8b``),
-    else its model type.
+    fqr builds for the family (:attr:`HFFamily.scalings`, keys in :data:`HF_ROPE_SCALINGS`;
+    another is a ValueError naming its type); for an mRoPE family (Qwen3-VL: ``mrope``,
+    Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its ``mrope_section`` and
+    ``mrope_interleaved``. From the family: the norm kind, its weight offset, the RoPE pairing
+    and the variant. Families whose prologue is another variant (:data:`HF_VARIANT_FAMILIES`)
+    are refused.
+
+    Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``: the ``mla-kv``
+    variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads`` is
+    ``num_attention_heads``, ``num_kv_heads`` 1 (the one latent / k_pe head, whatever
+    ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J pairs,
+    and the variant's ``q_lora_rank`` (None: 0, a model with one ``q_proj``), ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``v_head_dim`` from the config, with ``block_size`` 64 and
+    ``cache_dtype`` ``"auto"``, what vLLM runs these models with by default (its FlashMLA
+    backend forces blocks of 64; ``kv_cache_dtype`` defaults to the model dtype). Their RoPE is
+    ``default`` or ``yarn`` (vLLM turns any other type into DeepSeek's yarn too: refused here).
+    A yarn scaling records ``factor``, ``original_max_position_embeddings`` (both required),
+    ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` (missing: vLLM's
+    ``DeepseekScalingRotaryEmbedding`` defaults 32, 1, 1, 0) and ``attn_factor`` /
+    ``extrapolation_factor`` where the config has them; ``attention_factor`` and
+    ``truncate: false`` (Hugging Face's, which vLLM's DeepSeek path ignores) are refused
+    (:mod:`fqr.rope_cache` says how the two differ).
+
+    ``name`` defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` ->
+    ``qwen3-8b``), else its model type.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None)
@@ -687,24 +772,29 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             f"config: model_type {model_type!r} is not a family fqr builds presets for; "
             f"supported: {', '.join(HF_FAMILIES)}"
         )
-    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     rope = _rope_parameters(text)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in HF_ROPE_SCALINGS:
+    if rope_type not in family.scalings:
         raise ValueError(
             f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
-            f"supported: {', '.join(HF_ROPE_SCALINGS)}"
+            f"supported: {', '.join(family.scalings)}"
         )
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
         raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
-    scaling = (
-        (("rope_type", rope_type), *((k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]))
-        if rope_type != "default"
-        else ()
-    )
+    scaling = _scaling(rope, rope_type, model_type)
+    heads = text.num_attention_heads
+    partial_rotary_factor = float(rope.get("partial_rotary_factor", 1.0))
     variant_params: tuple = ()
+    if family.variant == "mla-kv":
+        kv_heads, head_dim = 1, getattr(text, "qk_rope_head_dim", None)
+        if head_dim is None:
+            raise ValueError(f"config: {model_type} (MLA) has no qk_rope_head_dim")
+        partial_rotary_factor = 1.0
+        variant_params = _mla_variant_params(text, model_type)
+    else:
+        kv_heads = text.num_key_value_heads or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     if family.variant.startswith("mrope"):
         if rope.get("mrope_section") is None:
             raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
@@ -718,13 +808,13 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         hf_id=checkpoint,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        head_dim=int(head_dim),
         rope_theta=float(rope["rope_theta"]),
         max_position=text.max_position_embeddings,
         norm=family.norm,
         eps=float(text.rms_norm_eps),
         weight_offset=family.weight_offset,
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+        partial_rotary_factor=partial_rotary_factor,
         is_neox=family.is_neox,
         rope_scaling=scaling,
         variant=family.variant,
