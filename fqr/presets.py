@@ -6,6 +6,11 @@ rotary_dim (partial rotary), RoPE style and table (theta, scaling), the QK-norm 
 whole k projection as in OLMo2; "none": split + RoPE only, as in Llama 3 and GLM-4), its eps
 and weight offset (1.0 for Gemma-style ``(1 + w)`` weights).
 
+Multi-head Latent Attention presets (DeepSeek-V2/V3/V3.2, Kimi-K2; variant ``mla-kv``) take
+the rotated part as the head: ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, q heads =
+``num_attention_heads``, one kv head (the latent and its k_pe, which every TP rank holds),
+GPT-J pairs and DeepSeek's yarn table; the latent's sizes and the cache are variant params.
+
 ``preset.shard(tp)`` is what one tensor-parallel rank holds, as vLLM shards attention: q heads
 are divided by ``tp``; kv heads are divided when ``num_kv_heads >= tp`` and replicated (one per
 rank) otherwise, which needs ``tp % num_kv_heads == 0``.
@@ -18,7 +23,7 @@ from functools import cached_property
 
 import torch
 
-from .rope_cache import rope_cos_sin_cache
+from .rope_cache import YARN_DEFAULTS, rope_cos_sin_cache
 from .validate import check_spec_params
 
 
@@ -228,6 +233,57 @@ _LLAMA4_SCALING = (
     ("original_max_position_embeddings", 8192),
 )
 
+# DeepSeek's YaRN (fqr.rope_cache, vLLM DeepseekScalingRotaryEmbedding): the config.json's
+# rope_scaling, keys in this order; mscale == mscale_all_dim, so cos/sin are not scaled.
+_DEEPSEEK_V3_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 40.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 32.0),
+    ("beta_slow", 1.0),
+    ("mscale", 1.0),
+    ("mscale_all_dim", 1.0),
+)
+
+_DEEPSEEK_V2_LITE_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 40.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 32.0),
+    ("beta_slow", 1.0),
+    ("mscale", 0.707),
+    ("mscale_all_dim", 0.707),
+)
+
+_KIMI_K2_YARN = (
+    ("rope_type", "yarn"),
+    ("factor", 32.0),
+    ("original_max_position_embeddings", 4096),
+    ("beta_fast", 1.0),
+    ("beta_slow", 1.0),
+    ("mscale", 1.0),
+    ("mscale_all_dim", 1.0),
+)
+
+
+def _mla_params(q_lora_rank: int, cache_dtype: str = "auto") -> tuple:
+    """The ``mla-kv`` variant's fields, in order: ``q_lora_rank`` (0: the model has none, q is
+    one ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` (512 / 128 / 128 in
+    every DeepSeek-V2/V3 and Kimi-K2 config), ``block_size`` 64 (vLLM's paged MLA cache: the
+    size vLLM forces for its FlashMLA and FlashMLA-sparse backends, the Hopper defaults;
+    CUTLASS MLA on Blackwell takes 128) and ``cache_dtype`` (vLLM's ``kv_cache_dtype``:
+    ``auto`` = the model dtype, ``fp8`` = E4M3 with a per-tensor scale, ``fp8_ds_mla`` = V3.2's
+    656-byte entry)."""
+    return (
+        ("q_lora_rank", q_lora_rank),
+        ("kv_lora_rank", 512),
+        ("qk_nope_head_dim", 128),
+        ("v_head_dim", 128),
+        ("block_size", 64),
+        ("cache_dtype", cache_dtype),
+    )
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
@@ -417,6 +473,106 @@ PRESETS: dict[str, Preset] = {
                 ),
             )
         ),
+        # Multi-head Latent Attention (DeepSeek-V2/V3/V3.2, Kimi-K2): the records the MLA op
+        # declarations mla-kv (the [kv_c | k_pe] row) and mla-q-rope (the rope part of each q
+        # head) read. The "head" of the spec is the rotated part: head_dim = qk_rope_head_dim
+        # 64, rotary_dim 64; q heads = num_attention_heads (TP divides them), one kv head (the
+        # latent and k_pe, replicated under TP). GPT-J pairs (vLLM deepseek_v2.py:
+        # get_rope(qk_rope_head_dim, is_neox_style=False)), the yarn table of vLLM's
+        # DeepseekScalingRotaryEmbedding (its rope_type "deepseek_yarn"), max_position_embeddings
+        # rows (= original_max_position_embeddings * factor, the rows vLLM's table has).
+        #
+        # deepseek-ai/DeepSeek-V3 config.json: num_attention_heads 128, q_lora_rank 1536,
+        # kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
+        # rms_norm_eps 1e-6, rope_theta 10000, max_position_embeddings 163840, rope_scaling
+        # {type yarn, factor 40, original_max_position_embeddings 4096, beta_fast 32,
+        # beta_slow 1, mscale 1.0, mscale_all_dim 1.0} (read from verbatim copies of the
+        # V3 / R1 config.json pinned in public test fixtures; the same numbers as
+        # deepseek-ai/DeepSeek-V3's inference/configs/config_671B.json and ModelArgs defaults
+        # of its inference/model.py: original_seq_len 4096, rope_factor 40, beta 32 / 1,
+        # mscale 1, RMSNorm eps 1e-6). Cache "auto": vLLM's default kv_cache_dtype; "fp8":
+        # kv_cache_dtype="fp8", E4M3 with a per-tensor scale (concat_and_cache_mla).
+        *(
+            Preset(
+                name,
+                "deepseek-ai/DeepSeek-V3",
+                128,
+                1,
+                64,
+                1e4,
+                163840,
+                is_neox=False,
+                rope_scaling=_DEEPSEEK_V3_YARN,
+                variant="mla-kv",
+                variant_params=_mla_params(1536, cache),
+            )
+            for name, cache in (("deepseek-v3", "auto"), ("deepseek-v3-fp8", "fp8"))
+        ),
+        # deepseek-ai/DeepSeek-V3.2-Exp: the attention dims and rope of V3 (transformers'
+        # DeepseekV32Config, whose defaults are that checkpoint's: heads 128, q_lora_rank
+        # 1536, kv_lora_rank 512, qk_rope 64, qk_nope 128, v_head 128, rms_norm_eps 1e-6,
+        # max_position_embeddings 163840; deepseek-ai/DeepSeek-V3.2-Exp's
+        # inference/config_671B_v3.2.json and model.py: the same dims, yarn 4096 x 40,
+        # beta 32 / 1, mscale 1, theta 1e4; its config.json's rope_scaling as V3's, read from
+        # public fixtures of it). Cache "fp8_ds_mla": vLLM's DeepseekV32ForCausalLM turns
+        # kv_cache_dtype "auto" (and "fp8*") into it (vllm/model_executor/models/config.py),
+        # the 656-byte entry of concat_and_cache_ds_mla. Its lightning indexer (index heads
+        # 64 x 128, a LayerNorm and RoPE of its own) is not part of this prologue.
+        Preset(
+            "deepseek-v3.2",
+            "deepseek-ai/DeepSeek-V3.2-Exp",
+            128,
+            1,
+            64,
+            1e4,
+            163840,
+            is_neox=False,
+            rope_scaling=_DEEPSEEK_V3_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(1536, "fp8_ds_mla"),
+        ),
+        # moonshotai/Kimi-K2-Instruct config.json (model_type "kimi_k2", architectures
+        # DeepseekV3ForCausalLM: MoonshotAI/Kimi-K2's deploy guidance says the model type is
+        # there so engines tell it from DeepSeek-V3, whose code runs it): num_attention_heads
+        # 64, q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128,
+        # v_head_dim 128, rms_norm_eps 1e-6, rope_theta 50000, max_position_embeddings 131072,
+        # rope_scaling {type yarn, factor 32, original_max_position_embeddings 4096, beta_fast
+        # 1.0, beta_slow 1.0, mscale 1.0, mscale_all_dim 1.0} (the config.json itself not read:
+        # the values several public copies of it agree on; heads 64 and 128K context also in
+        # MoonshotAI/Kimi-K2's README; Kimi-K2-Instruct-0905 differs: factor 64, 262144).
+        Preset(
+            "kimi-k2",
+            "moonshotai/Kimi-K2-Instruct",
+            64,
+            1,
+            64,
+            5e4,
+            131072,
+            is_neox=False,
+            rope_scaling=_KIMI_K2_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(1536),
+        ),
+        # deepseek-ai/DeepSeek-V2-Lite config.json: num_attention_heads 16, q_lora_rank null
+        # (q is one q_proj: 0 here), kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim
+        # 128, v_head_dim 128, rms_norm_eps 1e-6, rope_theta 10000, max_position_embeddings
+        # 163840, rope_scaling {type yarn, factor 40, original_max_position_embeddings 4096,
+        # beta_fast 32, beta_slow 1, mscale 0.707, mscale_all_dim 0.707} (a verbatim copy
+        # pinned in a public test; deepseek-ai/DeepSeek-V3's inference/configs/config_16B.json
+        # agrees: n_heads 16, q_lora_rank 0, mscale 0.707).
+        Preset(
+            "deepseek-v2-lite",
+            "deepseek-ai/DeepSeek-V2-Lite",
+            16,
+            1,
+            64,
+            1e4,
+            163840,
+            is_neox=False,
+            rope_scaling=_DEEPSEEK_V2_LITE_YARN,
+            variant="mla-kv",
+            variant_params=_mla_params(0),
+        ),
     ]
 }
 
@@ -436,15 +592,23 @@ def get_preset(name: str, tp: int = 1) -> Preset:
 @dataclass(frozen=True)
 class HFFamily:
     """What a model family's attention code does that its config does not say: the QK-norm
-    kind, the norm's weight offset (1.0: ``(1 + w)``) and the RoPE pairing, as vLLM's model
-    code for the family has them."""
+    kind, the norm's weight offset (1.0: ``(1 + w)``), the RoPE pairing and the RoPE scalings
+    vLLM builds for it the way :mod:`fqr.rope_cache` does, as vLLM's model code for the family
+    has them."""
 
     norm: str
     weight_offset: float = 0.0
     is_neox: bool = True
     note: str = ""
-    variant: str = "split-qkv"  # mrope / mrope-gate: mrope_section read from the RoPE settings
+    # mrope / mrope-gate: mrope_section read from the RoPE settings; mla-kv: the MLA dims
+    variant: str = "split-qkv"
+    scalings: tuple[str, ...] = ("default", "linear", "llama3")
 
+
+# DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
+# vllm/model_executor/models/deepseek_v2.py, which also runs Kimi-K2): GPT-J pairs, and any
+# non-default rope_type becomes "deepseek_yarn" (DeepseekScalingRotaryEmbedding).
+_MLA = {"norm": "head", "is_neox": False, "variant": "mla-kv", "scalings": ("default", "yarn")}
 
 # transformers ``model_type`` (of the text config) -> the family's prologue facts.
 HF_FAMILIES: dict[str, HFFamily] = {
@@ -463,6 +627,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "olmo2": HFFamily("full", note="OLMo 2: one norm over the whole q and the whole k"),
     "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
     "glm4": HFFamily("none", is_neox=False, note="GLM-4-0414: GPT-J pairs, no QK norm"),
+    "deepseek_v2": HFFamily(**_MLA, note="DeepSeek-V2: MLA, yarn"),
+    "deepseek_v3": HFFamily(**_MLA, note="DeepSeek-V3: MLA, yarn"),
+    # Kimi-K2's config.json says model_type "kimi_k2" with architectures
+    # DeepseekV3ForCausalLM (vLLM runs it as DeepSeek-V3).
+    "kimi_k2": HFFamily(**_MLA, note="Kimi-K2: DeepSeek-V3's attention"),
 }
 # Families whose prologue is a variant (fqr.variants), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
@@ -471,7 +640,7 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
-# RoPE scalings fqr.rope_cache builds, with the config keys each reads.
+# RoPE scalings fqr.rope_cache builds, with the config keys each requires.
 HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
@@ -481,7 +650,20 @@ HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
         "high_freq_factor",
         "original_max_position_embeddings",
     ),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }
+# Keys a scaling may leave out, with the value vLLM uses then (yarn: the defaults of vLLM's
+# DeepseekScalingRotaryEmbedding, fqr.rope_cache.YARN_DEFAULTS); the preset records them.
+HF_ROPE_DEFAULTS: dict[str, tuple[tuple[str, float], ...]] = {
+    "yarn": tuple(
+        (k, YARN_DEFAULTS[k]) for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+    ),
+}
+# Keys a scaling carries only when the config has them (vLLM passes them through).
+HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapolation_factor")}
+# Config settings with which Hugging Face builds another yarn table than vLLM's DeepSeek path
+# (which ignores them): refused rather than guessed; the value each may harmlessly have.
+_YARN_REFUSED = {"attention_factor": None, "truncate": True}
 
 
 def _rope_parameters(config) -> dict:
@@ -502,6 +684,47 @@ def _rope_parameters(config) -> dict:
     return params
 
 
+def _yarn_value(key: str, value):
+    return int(value) if key == "original_max_position_embeddings" else float(value)
+
+
+def _scaling(rope: dict, rope_type: str, model_type: str) -> tuple:
+    """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
+    (vLLM's default where the config has none), then the extras the config has."""
+    if rope_type == "default":
+        return ()
+    if rope_type == "yarn":
+        refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
+        if refused:
+            raise ValueError(
+                f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
+                f"Face builds another table than vLLM's DeepSeek yarn (the one fqr builds)"
+            )
+    pairs = [(k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]]
+    pairs += [
+        (k, rope[k] if rope.get(k) is not None else v)
+        for k, v in HF_ROPE_DEFAULTS.get(rope_type, ())
+    ]
+    pairs += [(k, rope[k]) for k in HF_ROPE_EXTRAS.get(rope_type, ()) if rope.get(k) is not None]
+    if rope_type == "yarn":
+        pairs = [(k, _yarn_value(k, v)) for k, v in pairs]
+    return (("rope_type", rope_type), *pairs)
+
+
+def _mla_variant_params(text, model_type: str) -> tuple:
+    """The ``mla-kv`` fields of a DeepSeek-style config (see :func:`preset_from_hf_config`)."""
+    dims = {k: getattr(text, k, None) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
+    missing = [k for k, v in dims.items() if v is None]
+    if missing:
+        raise ValueError(f"config: {model_type} (MLA) has no {', '.join(missing)}")
+    return (
+        ("q_lora_rank", int(getattr(text, "q_lora_rank", None) or 0)),
+        *((k, int(v)) for k, v in dims.items()),
+        ("block_size", 64),
+        ("cache_dtype", "auto"),
+    )
+
+
 def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
     :data:`HF_FAMILIES` (a multimodal config gives its text config's).
@@ -510,13 +733,31 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     (else ``hidden_size / num_attention_heads``), ``rms_norm_eps``, ``max_position_embeddings``
     and the RoPE settings (transformers 5 ``rope_parameters``, or 4.x ``rope_theta`` /
     ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
-    fqr builds (:data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an
-    mRoPE family (Qwen3-VL: ``mrope``, Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its
-    ``mrope_section`` and ``mrope_interleaved``. From the family: the norm kind, its weight
-    offset, the RoPE pairing and the variant. Families whose prologue is another variant
-    (:data:`HF_VARIANT_FAMILIES`) are refused. ``name``
-    defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` -> ``qwen3-8b``),
-    else its model type.
+    fqr builds for the family (:attr:`HFFamily.scalings`, keys in :data:`HF_ROPE_SCALINGS`;
+    another is a ValueError naming its type); for an mRoPE family (Qwen3-VL: ``mrope``,
+    Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its ``mrope_section`` and
+    ``mrope_interleaved``. From the family: the norm kind, its weight offset, the RoPE pairing
+    and the variant. Families whose prologue is another variant (:data:`HF_VARIANT_FAMILIES`)
+    are refused.
+
+    Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``: the ``mla-kv``
+    variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads`` is
+    ``num_attention_heads``, ``num_kv_heads`` 1 (the one latent / k_pe head, whatever
+    ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J pairs,
+    and the variant's ``q_lora_rank`` (None: 0, a model with one ``q_proj``), ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``v_head_dim`` from the config, with ``block_size`` 64 and
+    ``cache_dtype`` ``"auto"``, what vLLM runs these models with by default (its FlashMLA
+    backend forces blocks of 64; ``kv_cache_dtype`` defaults to the model dtype). Their RoPE is
+    ``default`` or ``yarn`` (vLLM turns any other type into DeepSeek's yarn too: refused here).
+    A yarn scaling records ``factor``, ``original_max_position_embeddings`` (both required),
+    ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` (missing: vLLM's
+    ``DeepseekScalingRotaryEmbedding`` defaults 32, 1, 1, 0) and ``attn_factor`` /
+    ``extrapolation_factor`` where the config has them; ``attention_factor`` and
+    ``truncate: false`` (Hugging Face's, which vLLM's DeepSeek path ignores) are refused
+    (:mod:`fqr.rope_cache` says how the two differ).
+
+    ``name`` defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` ->
+    ``qwen3-8b``), else its model type.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None)
@@ -531,24 +772,29 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             f"config: model_type {model_type!r} is not a family fqr builds presets for; "
             f"supported: {', '.join(HF_FAMILIES)}"
         )
-    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     rope = _rope_parameters(text)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in HF_ROPE_SCALINGS:
+    if rope_type not in family.scalings:
         raise ValueError(
             f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
-            f"supported: {', '.join(HF_ROPE_SCALINGS)}"
+            f"supported: {', '.join(family.scalings)}"
         )
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
         raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
-    scaling = (
-        (("rope_type", rope_type), *((k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]))
-        if rope_type != "default"
-        else ()
-    )
+    scaling = _scaling(rope, rope_type, model_type)
+    heads = text.num_attention_heads
+    partial_rotary_factor = float(rope.get("partial_rotary_factor", 1.0))
     variant_params: tuple = ()
+    if family.variant == "mla-kv":
+        kv_heads, head_dim = 1, getattr(text, "qk_rope_head_dim", None)
+        if head_dim is None:
+            raise ValueError(f"config: {model_type} (MLA) has no qk_rope_head_dim")
+        partial_rotary_factor = 1.0
+        variant_params = _mla_variant_params(text, model_type)
+    else:
+        kv_heads = text.num_key_value_heads or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     if family.variant.startswith("mrope"):
         if rope.get("mrope_section") is None:
             raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
@@ -562,13 +808,13 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         hf_id=checkpoint,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        head_dim=int(head_dim),
         rope_theta=float(rope["rope_theta"]),
         max_position=text.max_position_embeddings,
         norm=family.norm,
         eps=float(text.rms_norm_eps),
         weight_offset=family.weight_offset,
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+        partial_rotary_factor=partial_rotary_factor,
         is_neox=family.is_neox,
         rope_scaling=scaling,
         variant=family.variant,

@@ -13,6 +13,55 @@ frequencies are ``1 / theta^(2i / head_dim)`` and the rest are 0 (cos 1, sin 0: 
 through unrotated).
 ``{"rope_type": "linear", "factor": f}`` divides every position by ``f`` (vLLM
 ``LinearScalingRotaryEmbedding``).
+
+``{"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L, "beta_fast": b_f,
+"beta_slow": b_s, "mscale": m, "mscale_all_dim": m_all}`` (optional ``"attn_factor"`` a,
+``"extrapolation_factor"`` e) is the YaRN table of DeepSeek-V2/V3/V3.2 and Kimi-K2, as vLLM's
+``DeepseekScalingRotaryEmbedding`` builds it (``get_rope`` type ``deepseek_yarn``, which
+``DeepseekV2Attention`` / the MLA attention select for any non-default ``rope_type``):
+
+* correction range: ``d(r) = R * ln(L / (2 pi r)) / (2 ln theta)``, ``low = max(floor(d(b_f)), 0)``,
+  ``high = min(ceil(d(b_s)), R - 1)`` (vLLM ``yarn_find_correction_range``; the clamp is to R - 1,
+  not R/2 - 1, as vLLM and HF both write it); ``high = low + 0.001`` when they are equal;
+* ramp ``r_i = clamp((i - low) / (high - low), 0, 1)`` for ``i < R/2`` (``yarn_linear_ramp_mask``),
+  extrapolation weight ``w_i = (1 - r_i) * e``;
+* ``f_i = (f_i / s) * (1 - w_i) + f_i * w_i``: the fast pairs (``i <= low``) keep their frequency
+  (extrapolation), the slow ones (``i >= high``) are divided by ``s`` (interpolation);
+* cos and sin are multiplied by ``mscale = g(s, m) / g(s, m_all) * a`` with ``g(s, x) = 1`` for
+  ``s <= 1`` else ``0.1 * x * ln(s) + 1`` (``yarn_get_mscale`` of ``deepseek_scaling_rope.py``):
+  for ``mscale != 1`` the table holds ``cos * mscale`` and ``sin * mscale``, not unit vectors, as
+  vLLM's ``cos_sin_cache`` does (the rotation also scales q_pe and k_pe). Every released
+  checkpoint has ``m == m_all`` (1.0; 0.707 for V2-Lite), so its multiplier is exactly 1.
+
+Missing keys take vLLM's defaults: ``beta_fast`` 32, ``beta_slow`` 1, ``mscale`` 1,
+``mscale_all_dim`` 0 (``g = 1``), ``attn_factor`` 1, ``extrapolation_factor`` 1. Any other key
+is refused (a ValueError naming it). vLLM's table has ``L * s`` rows (163840 for DeepSeek-V3,
+its ``max_position_embeddings``); here the caller chooses ``max_position`` / ``rows``.
+
+Where the other references differ (fqr follows vLLM):
+
+* Hugging Face ``_compute_yarn_parameters`` (``ROPE_INIT_FUNCTIONS["yarn"]``, used by
+  ``DeepseekV3RotaryEmbedding``, which multiplies cos/sin by its ``attention_scaling``) has the
+  same correction range, ramp and blend (in float32), but its multiplier is the config's
+  ``attention_factor`` when given (refused here: vLLM's DeepSeek path ignores that key and
+  multiplies by its own ``attn_factor``), else ``g(s, m) / g(s, m_all)`` only when both
+  ``mscale`` and ``mscale_all_dim`` are given and non-zero, else ``g(s, 1)`` whatever ``mscale``
+  says. The two agree when both are given (every checkpoint) or neither. HF also has
+  ``truncate: false`` (no floor/ceil; refused here, vLLM's DeepSeek path always truncates),
+  reads a ``beta_fast`` / ``beta_slow`` of 0 as the default, has no ``extrapolation_factor``,
+  and takes ``factor`` from ``max_position_embeddings / L`` when it is missing (vLLM and fqr
+  require it).
+* DeepSeek's own ``inference/model.py`` (``precompute_freqs_cis``, in the DeepSeek-V3 and
+  V3.2-Exp repositories) blends the same frequencies (in float32, and only when ``max_seq_len >
+  original_seq_len``) but keeps the table unit-length: its one ``mscale`` (1.0; 0.707 in V2-Lite's
+  ``config_16B.json``, the value of both config keys) only enters the softmax scale, as
+  ``g(s, mscale)^2``, where vLLM and HF put ``g(s, m_all)^2``. With ``m == m_all`` and ``a = 1``
+  the three tables agree; for ``m != m_all`` there is no DeepSeek reference.
+* vLLM's generic ``YaRNScalingRotaryEmbedding`` (type ``yarn``: Qwen, gpt-oss) builds the same
+  table from a scaling without ``mscale`` / ``mscale_all_dim`` (its multiplier is ``g(s, 1) * a``)
+  but has keys of its own (``truncate``, ``apply_yarn_scaling``): fqr's ``yarn`` is DeepSeek's.
+* vLLM and HF compute the frequencies and angles in float32; this table is the float64 one
+  rounded once (as for every other scaling here), the multiplier applied before the rounding.
 """
 
 from __future__ import annotations
@@ -20,6 +69,78 @@ from __future__ import annotations
 import math
 
 import torch
+
+# The keys of a yarn scaling (fqr.rope_cache builds exactly these; others are refused).
+YARN_KEYS = (
+    "rope_type",
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attn_factor",
+    "extrapolation_factor",
+)
+# vLLM DeepseekScalingRotaryEmbedding's defaults for the optional ones.
+YARN_DEFAULTS = {
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.0,
+    "attn_factor": 1.0,
+    "extrapolation_factor": 1.0,
+}
+
+
+def _yarn_params(scaling: dict) -> dict:
+    """The yarn scaling with vLLM's defaults filled in; unknown or missing required keys raise."""
+    unknown = sorted(set(scaling) - set(YARN_KEYS))
+    if unknown:
+        raise ValueError(
+            f"yarn scaling: unsupported key(s) {', '.join(unknown)} (vLLM's DeepSeek YaRN reads "
+            f"only {', '.join(YARN_KEYS[1:])})"
+        )
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
+    if missing:
+        raise ValueError(f"yarn scaling: missing {', '.join(missing)}")
+    return YARN_DEFAULTS | dict(scaling)
+
+
+def _yarn_mscale_term(factor: float, mscale: float) -> float:
+    """``g(s, x)``: 1 for ``s <= 1``, else ``0.1 * x * ln(s) + 1``."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def cos_sin_scale(scaling: dict | None) -> float:
+    """The factor the table's cos and sin are multiplied by: YaRN's
+    ``g(s, mscale) / g(s, mscale_all_dim) * attn_factor``, 1.0 for every other scaling."""
+    if not scaling or scaling.get("rope_type") != "yarn":
+        return 1.0
+    p = _yarn_params(scaling)
+    factor = float(p["factor"])
+    return (
+        _yarn_mscale_term(factor, float(p["mscale"]))
+        / _yarn_mscale_term(factor, float(p["mscale_all_dim"]))
+        * float(p["attn_factor"])
+    )
+
+
+def _yarn_inverse_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling):
+    p = _yarn_params(scaling)
+    original = p["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(float(p["beta_fast"]))), 0)
+    high = min(math.ceil(correction_dim(float(p["beta_slow"]))), rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    ramp = ((i - low) / (high - low)).clamp(0.0, 1.0)
+    extrapolated = (1.0 - ramp) * float(p["extrapolation_factor"])
+    return inv_freq / float(p["factor"]) * (1.0 - extrapolated) + inv_freq * extrapolated
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
@@ -41,6 +162,8 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = No
     elif scaling and scaling.get("rope_type") == "proportional":
         rotated = int(rotary_dim * scaling["partial_rotary_factor"]) // 2
         inv_freq[rotated:] = 0.0
+    elif scaling and scaling.get("rope_type") == "yarn":
+        inv_freq = _yarn_inverse_frequencies(inv_freq, rotary_dim, theta, scaling)
     elif scaling:
         raise ValueError(f"unsupported rope scaling {scaling!r}")
     return inv_freq
@@ -62,9 +185,15 @@ def rope_cos_sin_cache(
     dtype=torch.float32,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given)."""
+    """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given): cos and sin
+    of the float64 angles, times :func:`cos_sin_scale` (YaRN's mscale; 1 otherwise), rounded
+    once to ``dtype``."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     positions = torch.arange(max_position) if rows is None else rows
     angles = rope_angles(positions, rotary_dim, theta, scaling)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    scale = cos_sin_scale(scaling)
+    if scale != 1.0:
+        table = table * scale
+    return table.to(dtype)
