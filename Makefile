@@ -67,7 +67,7 @@ ASCEND_FQR := $(ASCEND_VENV)/bin/fqr
 ascend-env:
 	bash scripts/ascend-env.sh $(ASCEND_VENV)
 
-# 1. the compile check: every preset at TP 1/2/4/8 through TTIR and triton-adapter-opt
+# 1. the compile check: every preset at TP 1/2/4/8/16 through TTIR and triton-adapter-opt
 #    (Ascend linalg/HIVM for Ascend910B3; bishengir needs CANN and is reported, not failed);
 # 2. the ascend-target kernel under Triton-Ascend's interpreter on every golden case;
 # 3. tests/ascend: the compile tests in a compiling process, then the interpreter tests

@@ -4,7 +4,9 @@ A JAX-style functional core (``fqr.ops``, ``fqr.core``) whose compositions are l
 generated Triton kernel (``fqr.lowering``) for NVIDIA GPUs and Ascend NPUs, with golden-file
 numerics (``fqr.golden``) and a vLLM-style multi-rank runtime (``fqr.runtime``).
 
-Follow one call: :func:`split_qkv_rmsnorm_rope` (``fqr/prologue.py``) -> :func:`trace`
+Every public fused op (``fqr.split_qkv_rmsnorm_rope``, ...) is one declaration in
+``fqr/prologue/``, exported here under its name. Follow one call:
+:func:`split_qkv_rmsnorm_rope` (``fqr/prologue/split_qkv.py``) -> :func:`trace`
 (``fqr/core.py``) -> :func:`lower` (``fqr/lowering``) -> generated source -> launch.
 """
 
@@ -18,30 +20,18 @@ from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .logger import configure_from_env
 from .presets import PRESETS, Preset, get_preset
-from .prologue import (
-    NormStats,
-    attention_prologue,
-    qk_rmsnorm_rope,
-    split_qkv_index_rmsnorm_rope,
-    split_qkv_rmsnorm_mrope,
-    split_qkv_rmsnorm_rope,
-    split_qkv_rmsnorm_rope_cache,
-    split_qkv_rmsnorm_rope_vnorm,
-    split_qkv_rope_l2norm,
-)
+from .prologue import DECLARATIONS, NormStats, attention_prologue
 from .rope_cache import rope_cos_sin_cache
 
 configure_from_env()
 
-__all__ = [
+# The public fused ops, one per declaration (fqr.prologue.DECLARATIONS).
+globals().update((name, decl.function) for name, decl in DECLARATIONS.items())
+
+__all__ = [  # noqa: F822  (the declared ops are set above)
+    *DECLARATIONS,
     "__version__",
-    "split_qkv_rmsnorm_rope",
-    "qk_rmsnorm_rope",
     "attention_prologue",
-    "split_qkv_rmsnorm_rope_vnorm",
-    "split_qkv_rope_l2norm",
-    "split_qkv_index_rmsnorm_rope",
-    "split_qkv_rmsnorm_rope_cache",
     "NormStats",
     "ops",
     "presets",
@@ -60,7 +50,6 @@ __all__ = [
     "available_backends",
     "lower",
     "jit",
-    "split_qkv_rmsnorm_mrope",
 ]
 
 

@@ -294,11 +294,12 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
     index, rows = _table_rows_used(preset, inputs["positions"], max_position)
     expected = variant.expected(preset, inputs, _sparse_table(rows, index, max_position))
     tensors = dict(inputs, cos_sin_index=index, cos_sin_rows=rows)
-    tensors.update((f"expected_{name}", expected[name]) for name in variant.outputs)
+    outputs = variant.outputs_of(preset)
+    tensors.update((f"expected_{name}", expected[name]) for name in outputs)
     spec = preset.spec
-    kinds = {name: variant.tolerance(name) for name in variant.outputs}
+    kinds = {name: variant.tolerance(name, preset) for name in outputs}
     program = variant.program(preset, dtype, numerics=case.numerics)
-    out_dtypes = {name: v.aval.dtype for name, v in zip(variant.outputs, program.outputs)}
+    out_dtypes = {name: v.aval.dtype for name, v in zip(outputs, program.outputs)}
     entry = {
         "name": case.name,
         "file": f"{case.name}.safetensors",
@@ -323,8 +324,9 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
         "positions_dtype": case.positions_dtype,
-        "row_stride": int(inputs["qkv"].shape[1]),
-        "outputs": list(variant.outputs),
+        # the packed row's width: the op's first (token-indexed) argument
+        "row_stride": int(inputs[variant.declaration.tensor_params[0].name].shape[1]),
+        "outputs": list(outputs),
         "tolerance_kinds": kinds,
         "tolerance": {
             name: kind_text(kind, case.numerics, out_dtypes[name]) for name, kind in kinds.items()
@@ -450,7 +452,10 @@ def entry_problem(entry) -> str | None:
         return f"'variant' must be one of {', '.join(VARIANTS)}, got {variant!r:.40}"
     outputs = ("q", "k", "v")
     if variant != SPLIT_QKV.name:
-        outputs = tuple(VARIANTS[variant].outputs)
+        try:
+            outputs = VARIANTS[variant].outputs_of(get_preset(entry["preset"], entry["tp"]))
+        except (KeyError, ValueError) as e:
+            return f"'preset': {e}"
         if entry.get("outputs") != list(outputs):
             got = entry.get("outputs")
             return f"'outputs' must be {list(outputs)} (variant {variant}), got {got!r:.60}"
@@ -477,7 +482,7 @@ def entry_problem(entry) -> str | None:
     if problem is not None:
         return problem
     width = row_width(entry)
-    if entry["row_stride"] < width:
+    if variant == SPLIT_QKV.name and entry["row_stride"] < width:
         return f"'row_stride' {entry['row_stride']} is smaller than the qkv width {width}"
     if entry["rotary_dim"] % 2 or entry["rotary_dim"] > entry["head_dim"]:
         return f"'rotary_dim' {entry['rotary_dim']} must be even and at most 'head_dim'"

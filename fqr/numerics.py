@@ -274,12 +274,15 @@ class EntryComparison:
         return self.untouched_equal and all(c.passed for c in self.parts.values())
 
 
-def _float32_scales(out: torch.Tensor, exact: torch.Tensor) -> Comparison:
+def _float32_scales(
+    out: torch.Tensor,
+    exact: torch.Tensor,
+    bound: float = HEAD_RELATIVE_BOUND[("fused", torch.float32)],
+) -> Comparison:
     """float32 scales against float64 under the fp32 contract, relative to each scale:
-    ``|err| <= 2^-16 * |exact|``. A scale is a tile's max over values the kernel computes in
-    fp32 (a norm's ``x * rsqrt(mean(x^2) + eps) * w``: a sum of squares and an rsqrt away
-    from float64), so it lands a few fp32 ULPs from the float64 one, not one."""
-    bound = HEAD_RELATIVE_BOUND[("fused", torch.float32)]
+    ``|err| <= 2^-16 * |exact|`` (``bound``). A scale is a tile's max over values the kernel
+    computes in fp32 (a norm's ``x * rsqrt(mean(x^2) + eps) * w``: a sum of squares and an
+    rsqrt away from float64), so it lands a few fp32 ULPs from the float64 one, not one."""
     exact64 = exact.to(torch.float64)
     err = (out.to(torch.float64) - exact64).abs()
     err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
@@ -341,3 +344,77 @@ def compare_ds_mla_entry(
     }
     untouched = bool(torch.equal(out[~written], original[~written]))
     return EntryComparison(parts, untouched)
+
+
+def compare_packed_ds_mla(
+    out: torch.Tensor, packed: torch.Tensor, *, rope_dim: int, numerics: str = "fused"
+) -> Comparison:
+    """The tolerance kind ``fp8-ds-mla``: the ``uint8`` ``fp8_ds_mla`` cache ``out [blocks,
+    block_size, L + 4*L/128 + 2*R]`` against its float64 expectation packed as one tensor
+    ``[blocks, block_size, L + L/128 + R + 1]`` (:meth:`fqr.reference.DsMlaEntry.packed`:
+    values, scales and rope of each entry, then 1 where the call wrote it). Written entries are
+    held part by part as :func:`compare_ds_mla_entry` holds them (``unfused``: the tile's max
+    is taken over the model-dtype norm outputs, so the scale gets the unfused bound); every
+    other entry must decode to exactly what it held before (the expectation holds the cache's
+    own decoded values there). One :class:`Comparison`: the worst part's."""
+    tile = 128
+    width = packed.shape[-1] - 1 - rope_dim
+    n = width * tile // (tile + 1)
+    tiles = n // tile
+    written = packed[..., -1] != 0
+    out = out.detach().cpu()
+    rope_dtype, size = torch.bfloat16, 2  # the entry's rope part is bf16 (vLLM's)
+
+    def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        raw = out[..., start : start + count * itemsize].contiguous()
+        return raw.view(dtype).to(torch.float64)
+
+    values = decode(0, n, torch.float8_e4m3fn)
+    scales = decode(n, tiles, torch.float32)
+    rope = decode(n + 4 * tiles, rope_dim, rope_dtype)
+    assert n + 4 * tiles + rope_dim * size == out.shape[-1], "not an fp8_ds_mla entry"
+    got = torch.cat([values, scales, rope], dim=-1)
+    want = packed[..., :-1].to(torch.float64)
+    # entries not written: exactly what they held (NaN where NaN)
+    same = (got == want) | (got.isnan() & want.isnan())
+    untouched_bad = int((~same[~written]).sum())
+    contract = contract_of(numerics)
+    parts = [
+        compare(
+            values[written].to(torch.float8_e4m3fn),
+            want[written][:, :n],
+            head_dim=tile,
+            numerics=contract,
+        ),
+        _float32_scales(
+            scales[written].to(torch.float32),
+            want[written][:, n : n + tiles],
+            HEAD_RELATIVE_BOUND[(contract, torch.float32 if contract == "fused" else rope_dtype)],
+        ),
+        compare(
+            rope[written].to(rope_dtype),
+            want[written][:, n + tiles :],
+            head_dim=rope_dim,
+            numerics=contract,
+        ),
+    ]
+    worst = max(parts, key=lambda c: (not c.passed, c.error_ratio or 0.0))
+    bad = sum(c.bad for c in parts) + untouched_bad
+    nonfinite = sum(c.nonfinite for c in parts)
+    return Comparison(
+        worst.max_ulp,
+        worst.max_abs,
+        worst.max_rel_head,
+        bad,
+        nonfinite,
+        bad == 0 and nonfinite == 0,
+        "fp8_ds_mla: values <=1 e4m3 ulp, scales fp32 contract, rope 16-bit contract; "
+        "unwritten entries unchanged",
+        worst.error_ratio,
+    )
+
+
+TOLERANCE_KINDS["fp8-ds-mla"] = lambda out, exact, *, head_dim, numerics: compare_packed_ds_mla(
+    out, exact, rope_dim=head_dim, numerics=numerics
+)

@@ -700,6 +700,30 @@ class DsMlaEntry:
     def rope_offset(self) -> int:
         return self.scale_offset + 4 * self.scales.shape[-1]
 
+    def packed(self, original: torch.Tensor) -> torch.Tensor:
+        """The whole expected cache as one float64 tensor ``[blocks, block_size, L + L/tile +
+        R + 1]``: each written entry's values, scales and rope values, then 1; every other
+        entry as ``original`` (the cache before the call) holds it, decoded (E4M3 values,
+        float32 scales, bf16 rope values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
+        raw = original.detach().cpu()
+        n, tiles, r = self.values.shape[-1], self.scales.shape[-1], self.rope.shape[-1]
+
+        def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+            size = torch.empty(0, dtype=dtype).element_size()
+            return raw[..., start : start + count * size].contiguous().view(dtype).to(F64)
+
+        before = torch.cat(
+            [
+                decode(0, n, torch.float8_e4m3fn),
+                decode(self.scale_offset, tiles, torch.float32),
+                decode(self.rope_offset, r, torch.bfloat16),
+            ],
+            dim=-1,
+        )
+        mine = torch.cat([self.values, self.scales, self.rope], dim=-1)
+        entries = torch.where(self.written[..., None], mine, before)
+        return torch.cat([entries, self.written.to(F64)[..., None]], dim=-1)
+
 
 def ds_mla_entry(
     cache: torch.Tensor,

@@ -44,6 +44,9 @@ class Cell:
     # check(outputs, exact, rows, numerics) -> report; None: split-qkv's (q, k, v) check. A
     # variant preset's cell checks through its variant (fqr.bench.variant_cells).
     check: Callable[..., dict] | None = None
+    # restore(): the first input set as drawn, before each implementation's check (an op that
+    # updates an input in place, not idempotently -- q rotated in place -- changed it)
+    restore: Callable[[], None] | None = None
 
     @property
     def label(self) -> str:

@@ -140,6 +140,8 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
     result.update((m.key, None) for m in MEASUREMENTS)
     try:
         poison_free_memory(2 * cell.traffic.total, cell.device)
+        if cell.restore is not None:
+            cell.restore()
         outputs = impl.call(cell.sets[0])
         _synchronize(cell.device)
         if cell.check is not None:

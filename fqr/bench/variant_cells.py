@@ -29,7 +29,7 @@ from functools import partial
 
 import torch
 
-from ..core import TOKENS, dtype_name
+from ..core import TOKENS, HeadOp, Role, dtype_name
 from ..numerics import compare_kind
 from ..presets import Preset
 from ..prologue import Variant, variant_of
@@ -53,33 +53,66 @@ def is_variant_preset(preset: Preset) -> bool:
     return preset.variant != "split-qkv"
 
 
-def _token_rows(x: torch.Tensor, rows: torch.Tensor, tokens: int) -> torch.Tensor:
-    """``x`` at the checked rows when it is a per-token input (``[T, ...]`` rows, ``[T]`` or
-    ``[planes, T]`` integer positions); a per-call input (a weight vector) as it is."""
-    if x.ndim >= 2 and x.shape[0] == tokens:
-        return x.index_select(0, rows)
-    if not x.is_floating_point() and x.shape[-1] == tokens:
-        return x.index_select(x.ndim - 1, rows)
-    return x
+def _token_rows(variant: Variant, inputs: dict, rows: torch.Tensor) -> dict:
+    """The inputs at the checked rows: each token-indexed argument (its kind's token dim:
+    rows, positions, planes, slots) cut to them, every other one (weights, caches) as it
+    is."""
+    token_dims = {
+        p.name: p.kind.token_dim
+        for p in variant.declaration.tensor_params
+        if p.kind.token_dim is not None
+    }
+    sample = {}
+    for name, x in inputs.items():
+        dim = token_dims.get(name)
+        if dim is not None and x.dim() > 1 and name == "positions":
+            dim = x.dim() - 1  # [planes, T] positions
+        sample[name] = x if dim is None else x.index_select(dim, rows)
+    return sample
 
 
 def variant_traffic(
     variant: Variant, preset: Preset, inputs: dict, cache: torch.Tensor, dtype: torch.dtype
 ) -> Traffic:
-    """Bytes of the inputs read and the outputs written, once each (module docstring); a
-    donated cache counts only the rows the call stores (:meth:`Variant.bytes_written`)."""
-    tokens = inputs["qkv"].shape[0]
+    """Bytes the call reads and writes, once each (module docstring): of a packed row the
+    columns its sections hold (a head's padding, or q's nope part where only the rope part is
+    rotated in place, is not read), of the table one row per token, of a donated cache
+    nothing; every output written once (:meth:`Variant.bytes_written`: a cache only at its
+    stored slots)."""
     program = variant.program(preset, dtype, positions_dtype=inputs["positions"].dtype)
-    read = {n: x for n, x in inputs.items() if n != "positions" and n not in variant.donated}
-    per_token = [x for x in read.values() if x.shape[0] == tokens]
-    per_call = [x for x in read.values() if x.shape[0] != tokens]
-    table = tokens * cache.shape[1] * cache.element_size() if variant.reads_table else 0
+    operands = variant.program_args(preset, inputs, cache)
+    tokens = next(iter(inputs.values())).shape[0]
+    read = {"rows": 0, "index": 0, "table": 0, "call": 0}
+    facts = program.eqn_facts()
+    for var, x in zip(program.inputs, operands):
+        roles = {
+            f.operands[i] if isinstance(f, HeadOp) else ("sections", f.sections)
+            for e, f in facts
+            for i, v in enumerate(e.inputs)
+            if v is var and f is not None
+        }
+        if Role.CACHE in roles:
+            continue  # stored into at its slots, never read
+        sections = [r[1] for r in roles if isinstance(r, tuple)]
+        if Role.TABLE in roles:
+            read["table"] += tokens * x.shape[1] * x.element_size()
+        elif sections:
+            columns = sum(s.width for sec in sections for s in sec)
+            read["rows"] += tokens * columns * x.element_size()
+        elif Role.INDEX in roles or (
+            x.dim() and x.shape[0] == tokens and not x.is_floating_point()
+        ):
+            read["index"] += x.nbytes
+        elif x.dim() and x.shape[0] == tokens:
+            read["rows"] += x.nbytes
+        else:
+            read["call"] += x.nbytes
     return Traffic(
-        qkv_read=sum(x.nbytes for x in per_token),
+        qkv_read=read["rows"],
         qkv_written=variant.bytes_written(program, inputs),
-        positions=inputs["positions"].nbytes,
-        cos_sin=table,
-        weights=sum(x.nbytes for x in per_call),
+        positions=read["index"],
+        cos_sin=read["table"],
+        weights=read["call"],
     )
 
 
@@ -89,7 +122,7 @@ def per_call_outputs(variant: Variant, preset: Preset, dtype: torch.dtype) -> fr
     program = variant.program(preset, dtype)
     return frozenset(
         name
-        for name, v in zip(variant.outputs, program.outputs)
+        for name, v in zip(variant.outputs_of(preset), program.outputs)
         if not v.aval.shape or v.aval.shape[0] != TOKENS
     )
 
@@ -107,14 +140,15 @@ def check_variant_outputs(
     """Each output on the sampled rows under its tolerance kind, and finite on every row; an
     output in ``whole`` (:func:`per_call_outputs`) compared whole."""
     report = {"passed": True, "rows": int(rows.numel()), "numerics": numerics}
-    if not isinstance(outputs, (tuple, list)) or len(outputs) != len(variant.outputs):
+    names = variant.outputs_of(preset)
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != len(names):
         got = len(outputs) if isinstance(outputs, (tuple, list)) else type(outputs).__name__
-        return report | {"passed": False, "error": f"{got} outputs, expected {variant.outputs}"}
-    for name, out in zip(variant.outputs, outputs):
+        return report | {"passed": False, "error": f"{got} outputs, expected {names}"}
+    for name, out in zip(names, outputs):
         want = exact[name]
         if name in whole and isinstance(out, torch.Tensor) and out.shape == want.shape:
             c = compare_kind(
-                variant.tolerance(name),
+                variant.tolerance(name, preset),
                 out,
                 want,
                 head_dim=variant.head_dim(preset, name),
@@ -130,7 +164,7 @@ def check_variant_outputs(
             continue
         nonfinite = int((~torch.isfinite(out.float())).sum())
         c = compare_kind(
-            variant.tolerance(name),
+            variant.tolerance(name, preset),
             out.index_select(0, rows),
             want,
             head_dim=variant.head_dim(preset, name),
@@ -168,14 +202,33 @@ def make_variant_cell(
     sets = [first] + [draw() for _ in range(n_sets - 1)]
     rows = check_row_index(tokens, cfg.check_rows, torch.Generator().manual_seed(seed), "cpu")
     rows = rows.to(device)
-    sample = {n: _token_rows(x, rows, tokens) for n, x in first.items()}
-    exact = variant.expected(preset, sample, cache)
+    exact = variant.expected(preset, _token_rows(variant, first, rows), cache)
     whole = per_call_outputs(variant, preset, dtype)
     if whole:  # before any run updates them in place: the whole call's expectation
         full = variant.expected(preset, first, cache)
         exact.update((name, full[name]) for name in whole)
     check = partial(check_variant_outputs, variant, preset, tokens=tokens, whole=whole)
-    return Cell(preset, dtype, tokens, sets, rows, exact, traffic, ceiling_gbps, device, check)
+    # the updated inputs as drawn, put back before each implementation's check (an in-place
+    # rotation compounds; a cache insert stores the same entries again, harmlessly)
+    pristine = {n: first[n].clone() for n in variant.donated if n in first}
+
+    def restore() -> None:
+        for name, x in pristine.items():
+            first[name].copy_(x)
+
+    return Cell(
+        preset,
+        dtype,
+        tokens,
+        sets,
+        rows,
+        exact,
+        traffic,
+        ceiling_gbps,
+        device,
+        check,
+        restore if pristine else None,
+    )
 
 
 def _compiled(chain):

@@ -25,7 +25,7 @@ graph inputs, and a pattern cannot read a runtime eps.
 The pattern and backend modules import Inductor; they load on first use.
 """
 
-from ..prologue import qk_norm_rope_prologue, qk_rmsnorm_rope
+from ..prologue.qk import qk_norm_rope_prologue, qk_rmsnorm_rope
 
 __all__ = [
     "qk_rmsnorm_rope",

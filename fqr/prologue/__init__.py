@@ -25,18 +25,11 @@ the Ascend sweep all derive from it. Follow one call: ``fqr.split_qkv_rmsnorm_ro
 ``Backend.launch`` -> :func:`fqr.lowering.lower` -> generated source -> launch.
 """
 
-# The declarations register in this order (the order variants and golden cases are listed in).
-# isort: off
-from . import split_qkv, qk, mrope, vnorm, rope_l2norm, index_heads, kv_cache
+import importlib
+import pkgutil
 
-# isort: on
 from .declare import DECLARATIONS, CheckedCall, Declaration, checked_calls, forget_checked_calls
-from .index_heads import index_heads_prologue, split_qkv_index_rmsnorm_rope
-from .kv_cache import cache_prologue, split_qkv_rmsnorm_rope_cache
-from .mrope import mrope_attention_prologue, split_qkv_rmsnorm_mrope
-from .qk import qk_norm_rope_prologue, qk_rmsnorm_rope
-from .rope_l2norm import rope_l2norm_prologue, split_qkv_rope_l2norm
-from .split_qkv import NormStats, attention_prologue, split_qkv_rmsnorm_rope
+from .split_qkv import NormStats, attention_prologue
 from .variant import (
     VARIANTS,
     CaseSpec,
@@ -47,9 +40,25 @@ from .variant import (
     register_variant,
     variant_of,
 )
-from .vnorm import split_qkv_rmsnorm_rope_vnorm, vnorm_prologue
 
-__all__ = [
+# The machinery; every other module of the package is one declaration, imported here (in name
+# order, after split_qkv, the base op) so that it registers: a new member of the family is a
+# new file, nothing else.
+MACHINERY = ("blocks", "declare", "params", "variant")
+DECLARATION_MODULES = tuple(
+    name
+    for name in sorted(m.name for m in pkgutil.iter_modules(__path__))
+    if name not in MACHINERY and name != "split_qkv"
+)
+for _name in DECLARATION_MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
+del _name
+
+# Each declared op's public function, by its name (fqr.split_qkv_rmsnorm_rope, ...).
+globals().update((name, decl.function) for name, decl in DECLARATIONS.items())
+
+__all__ = [  # noqa: F822  (the declared functions are set above)
+    *DECLARATIONS,
     "DECLARATIONS",
     "VARIANTS",
     "CaseSpec",
@@ -58,31 +67,11 @@ __all__ = [
     "NormStats",
     "Variant",
     "attention_prologue",
-    "cache_prologue",
     "checked_calls",
     "forget_checked_calls",
     "get_variant",
     "golden_cases",
-    "index_heads",
-    "index_heads_prologue",
-    "kv_cache",
-    "mrope",
-    "mrope_attention_prologue",
     "program_of",
-    "qk",
-    "qk_norm_rope_prologue",
-    "qk_rmsnorm_rope",
     "register_variant",
-    "rope_l2norm",
-    "rope_l2norm_prologue",
-    "split_qkv",
-    "split_qkv_index_rmsnorm_rope",
-    "split_qkv_rmsnorm_mrope",
-    "split_qkv_rmsnorm_rope",
-    "split_qkv_rmsnorm_rope_cache",
-    "split_qkv_rmsnorm_rope_vnorm",
-    "split_qkv_rope_l2norm",
     "variant_of",
-    "vnorm",
-    "vnorm_prologue",
 ]

@@ -451,12 +451,15 @@ BACKEND = Form(
 class Output:
     """One output of the program: ``copy`` (a bit-for-bit copy of input values, compared
     bitwise), ``head_dim(statics)`` the head width it is compared head by head with (default
-    the ``head_dim`` static), ``present(call)`` whether the call has it (default always)."""
+    the ``head_dim`` static), ``present(call)`` whether the call has it (default always),
+    ``into``: the output is stored into views of that (donated) argument, in place, and the
+    argument is what is compared (``name`` is then the argument's)."""
 
     name: str
     copy: bool = False
     head_dim: Callable[[dict], int] | None = None
     present: Callable[[Call], bool] | None = None
+    into: str | None = None  # written into this (donated) argument in place, not returned
 
 
 # ----------------------------------------------------------------------------- the record
@@ -1033,17 +1036,17 @@ def _schema_default(value) -> str:
 
 
 def _schema_returns(decl: Declaration) -> str:
-    fixed = [o for o in decl.outputs if o.present is None]
-    if len(fixed) != len(decl.outputs):
+    """What the op returns: the outputs but donated arguments' (updated in place); a list when
+    some are present only in some calls; nothing when every output is written in place."""
+    donated = {p.name for p in decl.tensor_params if p.donated}
+    returned = [o for o in decl.outputs if o.name not in donated and o.into is None]
+    if not returned:
+        return "()"
+    if any(o.present is not None for o in returned):
         return "Tensor[]"
-    returned = [o for o in decl.outputs if not _is_donated_output(decl, o)]
     if len(returned) == 1:
         return "Tensor"
     return "(" + ", ".join("Tensor" for _ in returned) + ")"
-
-
-def _is_donated_output(decl: Declaration, output: Output) -> bool:
-    return any(p.donated and output.name == p.name for p in decl.tensor_params)
 
 
 def _torch_impl(decl: Declaration):
@@ -1051,8 +1054,12 @@ def _torch_impl(decl: Declaration):
     names = [p.name for p in params]
     list_out = _schema_returns(decl) == "Tensor[]"
 
+    returns = _schema_returns(decl)
+
     def impl(*args):
         result = decl.function(**dict(zip(names, args)), backend="auto")
+        if returns == "()":
+            return None
         return list(r for r in result if r is not None) if list_out else result
 
     return impl
@@ -1068,6 +1075,8 @@ def _torch_fake(decl: Declaration):
         call = decl.bound(values)
         decl.validate(call, values_too=False)
         program = decl.program(call)
+        if _schema_returns(decl) == "()":
+            return None
         rows = getattr(call, decl._anchor)
         tokens = rows.shape[0]
         donated = program.aliases()

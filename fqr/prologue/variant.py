@@ -110,31 +110,45 @@ class Variant:
     params: tuple[str, ...] = ()
     check_preset: Callable[[Variant, Preset], None] | None = None
     copies_too: frozenset[str] = frozenset()
-    pins: dict = field(default_factory=dict)
+    pins: dict | Callable[[Preset], dict] = field(default_factory=dict)
     golden: tuple[CaseSpec, ...] = ()
     has_bias: bool = False
     reads_table: bool = True
     sharded_stats: Callable[[Preset, dict], dict] | None = None  # a TP shard's norm statistics
+    tolerances: Callable[[Preset], dict[str, str]] | None = None  # kinds a preset decides
 
     # -------------------------------------------------------------- what it is
+    def outputs_of(self, preset: Preset | None = None) -> tuple[str, ...]:
+        """The outputs a call of this variant (for ``preset``, where the preset decides: MLA
+        without ``q_lora_rank`` has no ``q_c``) has, in order."""
+        pins = self.pins(preset) if callable(self.pins) else self.pins
+        pinned, decl = _Pinned(pins), self.declaration
+        return tuple(o.name for o in decl.outputs if o.present is None or o.present(pinned))
+
     @property
     def outputs(self) -> tuple[str, ...]:
-        """The outputs a call of this variant has, in order."""
-        decl = self.declaration
-        pinned = _Pinned(self.pins)
-        return tuple(o.name for o in decl.outputs if o.present is None or o.present(pinned))
+        """The outputs a call of this variant has, in order (where no preset decides them)."""
+        if callable(self.pins):
+            raise TypeError(f"variant {self.name!r}: its presets decide its outputs (outputs_of)")
+        return self.outputs_of()
 
     @property
     def copies(self) -> frozenset[str]:
         own = {o.name for o in self.declaration.outputs if o.copy}
-        return frozenset(own | self.copies_too) & frozenset(self.outputs)
+        return frozenset(own | self.copies_too)
 
     @property
     def donated(self) -> frozenset[str]:
+        """The arguments a call updates in place (a paged cache, q rotated in place)."""
         return frozenset(p.name for p in self.declaration.tensor_params if p.donated)
 
-    def tolerance(self, output: str) -> str:
-        """The tolerance kind of ``output`` (:data:`fqr.numerics.TOLERANCE_KINDS`)."""
+    def tolerance(self, output: str, preset: Preset | None = None) -> str:
+        """The tolerance kind of ``output`` (:data:`fqr.numerics.TOLERANCE_KINDS`) for
+        ``preset`` (a byte-layout cache's kind depends on the preset's cache)."""
+        if preset is not None and self.tolerances is not None:
+            kind = self.tolerances(preset).get(output)
+            if kind is not None:
+                return kind
         return "bitwise" if output in self.copies else "contract"
 
     def head_dim(self, preset: Preset, output: str) -> int:
@@ -142,7 +156,7 @@ class Variant:
         (spec,) = [o for o in self.declaration.outputs if o.name == output]
         if spec.head_dim is None:
             return preset.head_dim
-        return spec.head_dim(self.kwargs(preset))
+        return spec.head_dim(self.kwargs(preset) | {"rotary_dim": preset.rotary_dim})
 
     def check(self, preset: Preset) -> None:
         """Raise a ``ValueError`` naming the preset and field when its variant fields do not
@@ -225,7 +239,9 @@ class Variant:
         )
         returned = result if isinstance(result, tuple) else (result,)
         returned = tuple(r for r in returned if r is not None)
-        donated = [inputs[n] for n in self.outputs if n in self.donated]
+        written_into = {o.into for o in self.declaration.outputs if o.into is not None}
+        outputs = self.outputs_of(preset)
+        donated = [inputs[n] for n in outputs if n in self.donated - written_into]
         return (*returned, *donated)
 
     def expected(
@@ -237,7 +253,7 @@ class Variant:
         values = self.arguments(preset, inputs, cos_sin_cache)
         outs = decl.reference(**decl.reference_kwargs(values))
         outs = tuple(o for o in outs if o is not None)
-        return dict(zip(self.outputs, outs))
+        return dict(zip(self.outputs_of(preset), outs))
 
     def program(
         self,

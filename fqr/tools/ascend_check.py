@@ -41,7 +41,7 @@ def require_triton_ascend() -> None:
         )
 
 
-CHECK_TP_SIZES = (1, 2, 4, 8)
+CHECK_TP_SIZES = (1, 2, 4, 8, 16)
 
 
 @dataclass

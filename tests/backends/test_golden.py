@@ -80,8 +80,10 @@ def test_cases_cover_the_required_variations(entries):
 
 
 def test_golden_dir_stays_small():
+    """The goldens ship in the wheel. (30 MB since the MLA cases: a paged MLA cache's
+    expectation is a whole 64-entry block in float64, 295 KB a case.)"""
     total = sum(f.stat().st_size for f in GOLDEN_DIR.rglob("*") if f.is_file())
-    assert total < 25e6, f"golden/ is {total / 1e6:.1f} MB"
+    assert total < 30e6, f"golden/ is {total / 1e6:.1f} MB"
 
 
 SPLIT_QKV_CASES = [c.name for c in golden.CASES if c.variant_name == "split-qkv"]
@@ -141,7 +143,7 @@ def test_expectations_agree_with_the_ops_in_float64(name):
 def test_mrope_expectations_agree_with_the_ops_in_float64(name):
     """fqr.ops' mRoPE composition (fqr.prologue.mrope_attention_prologue) in float64 on the
     stored inputs reproduces the stored float64 expectations and copies."""
-    from fqr.prologue import mrope_attention_prologue
+    from fqr.prologue.mrope import mrope_attention_prologue
 
     case = load_case(name)
     e, x = case.entry, case.inputs

@@ -14,7 +14,8 @@ from support.programs import check_reference_and_kernel
 from fqr import ops, reference
 from fqr.backends import BACKENDS
 from fqr.core import spec, trace
-from fqr.prologue import rope_l2norm_prologue, vnorm_prologue
+from fqr.prologue.rope_l2norm import rope_l2norm_prologue
+from fqr.prologue.vnorm import vnorm_prologue
 from fqr.rope_cache import rope_cos_sin_cache
 
 needs_interpreter = pytest.mark.skipif(
