@@ -1,0 +1,561 @@
+"""``split_mla_rmsnorm_rope_cache``: the Multi-head Latent Attention KV prologue (DeepSeek-V2/V3/R1,
+V3.2, Kimi-K2) in one kernel: split the fused ``q_a`` / ``kv_a`` projection row, RMS-normalise
+``q_c`` and ``kv_c``, rotate ``k_pe``, write ``[kv_c | k_pe]`` into the paged MLA cache.
+
+vLLM (``vllm/model_executor/layers/mla.py``, ``MultiHeadLatentAttentionWrapper.forward``)::
+
+    q_c, kv_lora = fused_qkv_a_proj(hidden).split([q_lora_rank, kv_lora_rank + rope])
+    q_c = q_a_layernorm(q_c)                         # RMSNorm over the 1536
+    kv_c, k_pe = kv_lora.split([kv_lora_rank, rope])
+    kv_c_normed = kv_a_layernorm(kv_c)               # RMSNorm over the 512
+    ..., k_pe = rotary_emb(positions, ..., k_pe)     # one 64-wide head, GPT-J pairs, YaRN table
+    # then the attention backend: concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, slots, ...)
+
+``concat_and_cache_mla`` (``csrc/cache_kernels.cu``) stores ``[kv_c | k_pe]`` at slot ``s`` of a
+``[num_blocks, block_size, kv_lora_rank + rope]`` cache in the model dtype, or as FP8 E4M3 with a
+per-tensor scale (``e4m3(clamp(x / k_scale, +-448))``); ``concat_and_cache_ds_mla`` writes
+DeepSeek-V3.2's ``fp8_ds_mla`` entry into a ``uint8 [num_blocks, block_size, 656]`` cache: the 512
+kv_c values as E4M3 in four tiles of 128, each divided by its own ``scale = max(amax / 448,
+FLT_MIN)`` (float32, computed in the kernel), the four scales, then the 64 rope values in bf16.
+DeepSeek-V2-Lite has no ``q_lora_rank``: the row is ``[kv_c | k_pe]`` and there is no ``q_c``.
+
+The composition (:func:`mla_kv_prologue`) is ``split_heads`` -> ``rms_norm`` x 2 -> ``rope`` ->
+the cache stores of the cache's flavour (:func:`fqr.ops.cache_insert` at a column,
+:func:`fqr.ops.cache_insert_fp8_tiles`, :func:`fqr.ops.cache_insert_bytes`); the float64
+reference is :func:`mla_kv_reference` (:func:`fqr.reference.mla_kv`,
+:func:`fqr.reference.mla_cache_entry`, :func:`fqr.reference.ds_mla_entry`). The variant
+``mla-kv`` binds the DeepSeek / Kimi presets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .. import ops, reference
+from ..core import DTYPE_NAMES, Section
+from ..fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
+from ..inputs import random_heads, random_positions
+from ..validate import check_positive_int
+from .blocks import round_to
+from .declare import (
+    BACKEND,
+    Cache,
+    Call,
+    Output,
+    Rows,
+    Scale,
+    Slots,
+    Static,
+    Table,
+    Tensor,
+    Vector,
+    declare,
+    numerics,
+    positive_int,
+)
+from .params import COS_SIN_CACHE, EPS, IS_NEOX, OPTIONAL_TENSOR, POSITIONS, TENSOR
+from .variant import CaseSpec, Variant, register_variant
+
+TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values (vLLM's)
+FP8 = torch.float8_e4m3fn
+BYTES = torch.uint8
+
+
+def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
+    """Bytes of an ``fp8_ds_mla`` entry: E4M3 values, a float32 scale per tile, bf16 rope."""
+    return kv_lora_rank + 4 * (kv_lora_rank // TILE) + 2 * rope_dim
+
+
+# ------------------------------------------------------------------------ the composition
+
+
+def mla_kv_prologue(
+    kv_a,
+    positions,
+    cos_sin_cache,
+    q_a_weight,
+    kv_a_weight,
+    kv_cache,
+    slot_mapping,
+    k_scale,
+    *,
+    q_lora_rank,
+    kv_lora_rank,
+    qk_rope_head_dim,
+    eps,
+    is_neox,
+    numerics,
+):
+    """Split ``[q_c | kv_c | k_pe]``, norm q_c and kv_c over their widths, rotate k_pe, store
+    ``[kv_c | k_pe]`` into the cache (traced into one program): returns ``(q_c, kv_c, k_pe, new
+    kv_cache)``, without ``q_c`` when ``q_lora_rank`` is 0. ``numerics="unfused"`` rounds to the
+    model dtype where vLLM's ``RMSNorm.forward_native`` and rotary code round (an
+    ``fp8_ds_mla`` tile's max is then taken over the rounded kv_c, as vLLM's cache kernel
+    takes it over ``kv_c_normed``)."""
+    byte_entry = kv_cache.dtype == BYTES
+    # fp8_ds_mla quantizes kv_c tile by tile: held as heads of one tile (its norm over the whole
+    # width is then a reduction over the row of those heads)
+    kv_heads = kv_lora_rank // TILE if byte_entry else 1
+    sections = [Section(1, q_lora_rank, 0)] if q_lora_rank else []
+    sections += [
+        Section(kv_heads, kv_lora_rank // kv_heads, q_lora_rank),
+        Section(1, qk_rope_head_dim, q_lora_rank + kv_lora_rank),
+    ]
+    *q_c, kv_c, k_pe = ops.split_heads(kv_a, sections)
+    rounding = round_to(kv_a, numerics)
+    kv_c = ops.rms_norm(kv_c, kv_a_weight, eps=eps, group_size=kv_lora_rank, round_to=rounding)
+    k_pe = ops.rope(
+        k_pe,
+        positions,
+        cos_sin_cache,
+        head_dim=qk_rope_head_dim,
+        is_neox=is_neox,
+        round_to=rounding,
+    )
+    if byte_entry:
+        cache = ops.cache_insert_fp8_tiles(
+            kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
+        )
+        rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
+        cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=kv_a.dtype)
+    else:  # concat_and_cache_mla: [kv_c | k_pe] in the cache's dtype (FP8: per-tensor scale)
+        cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, k_scale, column=0)
+        cache = ops.cache_insert(cache, k_pe, slot_mapping, k_scale, column=kv_lora_rank)
+    if not q_lora_rank:
+        return kv_c, k_pe, cache
+    q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
+    return q_c, kv_c, k_pe, cache
+
+
+def mla_kv_reference(
+    kv_a,
+    positions,
+    cos_sin_cache,
+    q_a_weight,
+    kv_a_weight,
+    kv_cache,
+    slot_mapping,
+    *,
+    q_lora_rank,
+    kv_lora_rank,
+    eps=1e-6,
+    is_neox=False,
+    k_scale=None,
+):
+    """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
+    :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
+    (:func:`fqr.reference.mla_cache_entry`) or ``concat_and_cache_ds_mla``
+    (:func:`fqr.reference.ds_mla_entry`, packed with the cache's other entries decoded)."""
+    q_c, kv_c, k_pe = reference.mla_kv(
+        kv_a,
+        positions,
+        cos_sin_cache,
+        q_a_weight,
+        kv_a_weight,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=kv_lora_rank,
+        eps=eps,
+        is_neox=is_neox,
+    )
+    if kv_cache.dtype == BYTES:
+        entry = reference.ds_mla_entry(kv_cache, kv_c, k_pe, slot_mapping, tile=TILE)
+        cache = entry.packed(kv_cache)
+    else:
+        cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale)
+    return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, cache)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _row_width(call: Call) -> tuple[int, str]:
+    q, kv, r = call.q_lora_rank, call.kv_lora_rank, call.qk_rope_head_dim
+    width = q + kv + r
+    return width, f"q_lora_rank + kv_lora_rank + qk_rope_head_dim = {q} + {kv} + {r} = {width}"
+
+
+def _ranks(call: Call) -> None:
+    if type(call.q_lora_rank) is not int or call.q_lora_rank < 0:
+        raise ValueError(
+            f"q_lora_rank must be an int >= 0 (0: no q_c, DeepSeek-V2-Lite), "
+            f"got {call.q_lora_rank!r}"
+        )
+    if (call.q_a_weight is None) != (call.q_lora_rank == 0):
+        raise ValueError(
+            "q_a_weight is required with q_lora_rank > 0 and must be None with q_lora_rank 0"
+        )
+
+
+def _entry(call: Call):
+    """The cache entry the flavour needs (after the blocks), and how it is made."""
+    kv, r = call.kv_lora_rank, call.qk_rope_head_dim
+    if isinstance(call.kv_cache, torch.Tensor) and call.kv_cache.dtype == BYTES:
+        size = ds_mla_entry_bytes(kv, r)
+        text = (
+            f"[num_blocks, block_size, {size}] (fp8_ds_mla: kv_lora_rank E4M3 bytes + 4 bytes "
+            f"per {TILE}-value tile + 2 * qk_rope_head_dim bf16 bytes)"
+        )
+        return (None, size), text
+    return (None, kv + r), f"[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim = {kv + r}]"
+
+
+def _cache_dtypes(call: Call):
+    return (call.kv_a.dtype, FP8, BYTES)
+
+
+def _cache_dtype_text(call: Call) -> str:
+    return (
+        f"kv_a's dtype {DTYPE_NAMES.get(call.kv_a.dtype)}, fp8e4m3 (kv_cache_dtype 'fp8') or "
+        f"uint8 (kv_cache_dtype 'fp8_ds_mla')"
+    )
+
+
+def _flavour(call: Call) -> None:
+    """What the cache's dtype asks of the call."""
+    if call.cos_sin_cache.shape[1] != call.qk_rope_head_dim:
+        raise ValueError(
+            f"cos_sin_cache width {call.cos_sin_cache.shape[1]} must be qk_rope_head_dim "
+            f"{call.qk_rope_head_dim} (k_pe is rotated whole)"
+        )
+    dtype = call.kv_cache.dtype
+    if call.k_scale is not None and dtype != FP8:
+        raise ValueError(
+            f"k_scale applies only to a float8_e4m3fn cache, not to a "
+            f"{DTYPE_NAMES.get(dtype, dtype)} cache"
+        )
+    if dtype == BYTES:
+        if call.kv_a.dtype != torch.bfloat16:
+            raise TypeError(
+                f"an fp8_ds_mla (uint8) kv_cache holds its rope part in bf16: kv_a must be bf16, "
+                f"got {DTYPE_NAMES.get(call.kv_a.dtype)}"
+            )
+        if call.kv_lora_rank % TILE:
+            raise ValueError(
+                f"kv_lora_rank {call.kv_lora_rank} is not a multiple of the fp8_ds_mla tile {TILE}"
+            )
+
+
+def _returns(call: Call, outs: tuple):
+    return outs if call.q_lora_rank else (None, *outs)
+
+
+# ----------------------------------------------------------------------- the declaration
+
+SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
+    "split_mla_rmsnorm_rope_cache",
+    mla_kv_prologue,
+    (
+        Tensor(
+            "kv_a",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Rows(width=_row_width),
+            doc="``[T, q_lora_rank + kv_lora_rank + qk_rope_head_dim]``: the fused q_a / kv_a "
+            "projection row ``[q_c | kv_c | k_pe]`` (``[kv_c | k_pe]`` without q_lora_rank), "
+            "bf16/fp16/fp32",
+        ),
+        replace(POSITIONS, kind=type(POSITIONS.kind)(rows_of="kv_a")),
+        replace(
+            COS_SIN_CACHE,
+            kind=Table(head_dim=lambda call: call.qk_rope_head_dim),
+            doc=COS_SIN_CACHE.doc.replace("at most head_dim", "qk_rope_head_dim")
+            + " (the model's YaRN table: preset.cos_sin_cache())",
+        ),
+        Tensor(
+            "q_a_weight",
+            keyword=False,
+            annotation=OPTIONAL_TENSOR,
+            kind=Vector(length=lambda call: call.q_lora_rank, what="q_lora_rank"),
+            optional=True,
+            doc="``[q_lora_rank]`` weight of q_a_layernorm (None without q_lora_rank)",
+        ),
+        Tensor(
+            "kv_a_weight",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Vector(length=lambda call: call.kv_lora_rank, what="kv_lora_rank"),
+            doc="``[kv_lora_rank]`` weight of kv_a_layernorm",
+        ),
+        Tensor(
+            "kv_cache",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Cache(
+                shape=_entry,
+                dtypes=_cache_dtypes,
+                dtype_text=_cache_dtype_text,
+                last="the entry",
+            ),
+            donated=True,
+            doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
+            "+ qk_rope_head_dim]`` in kv_a's dtype or float8_e4m3fn (vLLM's 'auto' / 'fp8'), or "
+            "uint8 ``[num_blocks, block_size, 656]`` (DeepSeek-V3.2's 'fp8_ds_mla'); any strides "
+            "with a contiguous last dim",
+        ),
+        Tensor(
+            "slot_mapping",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Slots(cache="kv_cache", rows_of="kv_a"),
+            doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
+            "``s % block_size``; negative: padding, nothing stored",
+        ),
+        Static(
+            "q_lora_rank",
+            annotation="int",
+            check=lambda name, value: None,  # 0 allowed: _ranks
+            schema="int",
+            doc="width of q_c (DeepSeek-V3: 1536; 0: no q_c, DeepSeek-V2-Lite)",
+        ),
+        Static(
+            "kv_lora_rank",
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="width of kv_c, the latent (512)",
+        ),
+        Static(
+            "qk_rope_head_dim",
+            64,
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="width of k_pe, the one rotated key head (64)",
+        ),
+        EPS,
+        replace(IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        Tensor(
+            "k_scale",
+            None,
+            annotation=OPTIONAL_TENSOR,
+            kind=Scale(),
+            optional=True,
+            doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
+            "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
+        ),
+        numerics(),
+        BACKEND,
+    ),
+    (
+        Output("q_c", present=lambda call: bool(call.q_lora_rank)),
+        Output("kv_c"),
+        Output("k_pe", head_dim=lambda s: s["qk_rope_head_dim"]),
+        Output("kv_cache", head_dim=lambda s: s["qk_rope_head_dim"]),
+    ),
+    reference=mla_kv_reference,
+    static_checks=(_ranks,),
+    checks=(_flavour,),
+    returns=_returns,
+    doc="""
+    The Multi-head Latent Attention KV prologue of DeepSeek-V2/V3/R1/V3.2 and Kimi-K2, fused:
+    from the fused q_a / kv_a projection row, ``q_c`` and ``kv_c`` RMS-normalised, ``k_pe``
+    rotated, and ``[kv_c | k_pe]`` written into the paged MLA cache in place (vLLM's
+    ``q_a_layernorm``, ``kv_a_layernorm``, ``rotary_emb`` and ``concat_and_cache_mla`` /
+    ``concat_and_cache_ds_mla``). Returns new ``(q_c, kv_c_normed, k_pe)`` (``q_c`` None without
+    q_lora_rank): q_c feeds q_b_proj, kv_c and k_pe the prefill path; the cache holds them for
+    decode.
+
+    Per token: ``q_c = x * rsqrt(mean(x^2) + eps) * w_q`` over its ``q_lora_rank`` features,
+    ``kv_c`` the same over ``kv_lora_rank`` with ``w_kv``, ``k_pe`` rotated by the token's row
+    of ``cos_sin_cache`` (GPT-J pairs: DeepSeek's). Then for each token whose slot ``s >= 0``:
+    the cache entry ``[s // block_size, s % block_size]`` gets ``[kv_c | k_pe]`` in the
+    cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``); a uint8 cache gets
+    the ``fp8_ds_mla`` entry: kv_c in tiles of 128 values, each stored as
+    ``e4m3(clamp(x / scale, -448, 448))`` with ``scale = max(max|tile| / 448, FLT_MIN)``
+    (float32, stored after the values), then k_pe as bf16. Entries no slot names are left as
+    they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
+    ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
+    in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c).
+
+    Example (DeepSeek-V3, one rank)::
+
+        preset = fqr.get_preset("deepseek-v3")
+        table = preset.cos_sin_cache()            # the YaRN table, [163840, 64] float32
+        kv_cache = torch.zeros(num_blocks, 64, 576, dtype=torch.bfloat16, device="cuda")
+        q_c, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(
+            kv_a, positions, table, q_a_weight, kv_a_weight, kv_cache, slot_mapping,
+            q_lora_rank=1536, kv_lora_rank=512,
+        )
+    """,
+)
+
+split_mla_rmsnorm_rope_cache = SPLIT_MLA_RMSNORM_ROPE_CACHE.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+MLA_PARAMS = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "block_size",
+    "cache_dtype",
+)
+CACHE_DTYPES = ("auto", "fp8", "fp8_ds_mla")  # vLLM's kv_cache_dtype names
+
+
+def check_mla_preset(variant: Variant, preset) -> None:
+    p = preset.params
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "block_size"):
+        try:
+            check_positive_int(name, p[name])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"preset {preset.name}: {e}") from None
+    if type(p["q_lora_rank"]) is not int or p["q_lora_rank"] < 0:
+        raise ValueError(f"preset {preset.name}: q_lora_rank must be an int >= 0")
+    if p["cache_dtype"] not in CACHE_DTYPES:
+        raise ValueError(
+            f"preset {preset.name}: cache_dtype must be one of {', '.join(CACHE_DTYPES)}, "
+            f"got {p['cache_dtype']!r}"
+        )
+    if preset.rotary_dim != preset.head_dim:
+        raise ValueError(f"preset {preset.name}: an MLA preset's head is its rope part, whole")
+
+
+def _kwargs(preset) -> dict:
+    p = preset.params
+    return dict(
+        q_lora_rank=p["q_lora_rank"],
+        kv_lora_rank=p["kv_lora_rank"],
+        qk_rope_head_dim=preset.head_dim,
+        eps=preset.eps,
+        is_neox=preset.is_neox,
+    )
+
+
+def _cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
+    """A cache of random entries (an entry written where no slot names it shows): values of
+    the cache's dtype; for ``fp8_ds_mla`` well-formed random entries (E4M3 values, positive
+    float32 scales, bf16 rope values)."""
+    p, bs = preset.params, preset.params["block_size"]
+    kv, r, device = p["kv_lora_rank"], preset.head_dim, generator.device
+
+    def normal(*shape):
+        return torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
+
+    if p["cache_dtype"] != "fp8_ds_mla":
+        return normal(blocks, bs, kv + r).to(FP8 if p["cache_dtype"] == "fp8" else dtype)
+    values = (normal(blocks, bs, kv) * 50).to(FP8).view(BYTES)
+    scales = (normal(blocks, bs, kv // TILE).abs() + 0.01).float().view(BYTES)
+    rope = normal(blocks, bs, r).to(torch.bfloat16).view(BYTES)
+    return torch.cat([values, scales, rope], dim=-1).contiguous()
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """The row (q_c, kv_c in tiles of different magnitudes, k_pe), positions (the table's
+    ends covered), the two norm weights, a cache of twice the entries the tokens need (a
+    block at least), slots with every third one negative (padding), a per-tensor scale for an
+    FP8 cache."""
+    p = preset.params
+    q, kv, r = p["q_lora_rank"], p["kv_lora_rank"], preset.head_dim
+    device = generator.device
+    q_c = random_heads(tokens, 1, q, dtype, generator) if q else None
+    tiles = kv // TILE if kv % TILE == 0 else 1  # tiles of different magnitudes
+    kv_c = random_heads(tokens, tiles, kv // tiles, dtype, generator)
+    k_pe = random_heads(tokens, 1, r, dtype, generator)
+    kv_a = torch.cat([x for x in (q_c, kv_c, k_pe) if x is not None], dim=1)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+
+    def weight(n):
+        noise = torch.randn(n, generator=generator, dtype=torch.float64, device=device)
+        return (1 + 0.2 * noise).to(dtype)
+
+    bs = p["block_size"]
+    blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
+    cache = _cache(preset, blocks, dtype, generator)
+    slots = torch.randperm(blocks * bs, generator=generator, device=device)[:tokens]
+    if tokens > 1:
+        slots[1::3] = -1
+    drawn = {
+        "kv_a": kv_a,
+        "positions": positions,
+        **({"q_a_weight": weight(q)} if q else {}),
+        "kv_a_weight": weight(kv),
+        "kv_cache": cache,
+        "slot_mapping": slots,
+    }
+    if p["cache_dtype"] == "fp8":  # some values past +-448 / scale: the clamp is exercised
+        scale = torch.rand(1, generator=generator, dtype=torch.float64, device=device)
+        drawn["k_scale"] = (0.004 + 0.004 * scale).float()
+    return drawn
+
+
+def vllm_mla_kv(
+    inputs: dict,
+    cos_sin_cache: torch.Tensor,
+    *,
+    q_lora_rank,
+    kv_lora_rank,
+    qk_rope_head_dim,
+    eps,
+    is_neox,
+    cache_dtype,
+):
+    """The model's own unfused chain, as vLLM's ``MultiHeadLatentAttentionWrapper.forward`` and
+    its attention backend write it: ``split``, ``q_a_layernorm`` / ``kv_a_layernorm``
+    (``RMSNorm.forward_native``), ``rotary_emb`` on k_pe (``forward_native``, the table held in
+    the model dtype), then ``concat_and_cache_mla`` / ``concat_and_cache_ds_mla`` as torch
+    stores into the given cache (updated in place). Returns ``(q_c, kv_c, k_pe, kv_cache)``."""
+    kv_a, positions, slots = inputs["kv_a"], inputs["positions"], inputs["slot_mapping"]
+    cache = inputs["kv_cache"]
+    q_c, kv_c, k_pe = kv_a.split([q_lora_rank, kv_lora_rank, qk_rope_head_dim], dim=-1)
+    kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], eps)
+    _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, qk_rope_head_dim, cos_sin_cache, is_neox)
+    keep = slots >= 0
+    rows = cache.view(-1, cache.shape[-1])
+    if cache_dtype == "fp8_ds_mla":
+        tiles = kv_c[keep].float().view(-1, kv_lora_rank // TILE, TILE)
+        scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
+        values = (tiles / scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
+        entry = torch.cat(
+            [values.flatten(1), scale.view(BYTES), k_pe[keep].contiguous().view(BYTES)], dim=-1
+        )
+        rows[slots[keep]] = entry
+    else:
+        entry = torch.cat([kv_c, k_pe], dim=-1)[keep]
+        if cache.dtype == FP8:
+            entry = (entry.float() / inputs["k_scale"]).clamp(-448.0, 448.0).to(FP8)
+        rows[slots[keep]] = entry
+    outs = (kv_c, k_pe, cache)
+    return (vllm_rms_norm(q_c, inputs["q_a_weight"], eps), *outs) if q_lora_rank else outs
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    kw = _kwargs(preset)
+    table = cos_sin_cache.to(dtype)
+    cache_dtype = preset.params["cache_dtype"]
+    return lambda inputs: vllm_mla_kv(inputs, table, cache_dtype=cache_dtype, **kw)
+
+
+def mla_tolerances(preset) -> dict[str, str]:
+    return {"kv_cache": "fp8-ds-mla"} if preset.params["cache_dtype"] == "fp8_ds_mla" else {}
+
+
+POS_2_18 = 1 << 18
+MLA_KV = register_variant(
+    Variant(
+        "mla-kv",
+        SPLIT_MLA_RMSNORM_ROPE_CACHE,
+        kwargs=_kwargs,
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=MLA_PARAMS,
+        check_preset=check_mla_preset,
+        pins=lambda preset: {"q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"]},
+        tolerances=mla_tolerances,
+        # every cache flavour, with and without q_c, the YaRN tables to 2^18, fused and unfused
+        golden=(
+            CaseSpec("deepseek-v3", "bf16", 7, max_position=POS_2_18),
+            CaseSpec("deepseek-v3-fp8", "bf16", 7, tp=16),
+            CaseSpec("deepseek-v3.2", "bf16", 7, tp=8),
+            CaseSpec("deepseek-v3.2", "bf16", 5, "unfused"),
+            CaseSpec("kimi-k2", "fp16", 7, tp=4, max_position=POS_2_18),
+            CaseSpec("deepseek-v2-lite", "fp32", 3, "unfused", tp=2),
+        ),
+    )
+)

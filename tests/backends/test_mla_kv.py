@@ -1,0 +1,157 @@
+"""The MLA KV prologue (``fqr.split_mla_rmsnorm_rope_cache``, DeepSeek-V3/V3.2, Kimi-K2,
+DeepSeek-V2-Lite): against the float64 formulation on fresh inputs and the real YaRN tables in
+every cache flavour, unfused bit for bit with vLLM's own chain, the cache updated in place,
+bad arguments named, ``torch.ops.fqr``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fqr
+from fqr.backends import BACKENDS
+from fqr.numerics import compare_kind
+from fqr.presets import get_preset
+from fqr.prologue import checked_calls, forget_checked_calls, variant_of
+from fqr.prologue.mla_kv import MLA_KV, SPLIT_MLA_RMSNORM_ROPE_CACHE
+
+PRESETS = ("deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2", "kimi-k2", "deepseek-v2-lite")
+MAX_POSITION = 1 << 16
+BACKEND_NAMES = ["reference"] + (["interpret"] if BACKENDS["interpret"].available else [])
+
+
+def _case(gen, name, tokens=6, tp=8, dtype=torch.bfloat16):
+    preset = get_preset(name, tp)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
+    return preset, variant, table, inputs
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("name", PRESETS)
+def test_against_float64(gen, name, backend):
+    preset, variant, table, inputs = _case(gen, name)
+    before = inputs["kv_cache"].clone()
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    names = variant.outputs_of(preset)
+    assert len(outs) == len(names) and ("q_c" in names) == (preset.params["q_lora_rank"] > 0)
+    for n, out in zip(names, outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{name} {n}: {c}"
+    assert torch.equal(inputs["kv_cache"], before)  # run() works on a copy
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_unfused_is_vllms_chain_bit_for_bit(gen, name):
+    """numerics="unfused" on the reference backend equals vLLM's own unfused chain
+    (q_a_layernorm / kv_a_layernorm, rotary_emb, concat_and_cache_mla / _ds_mla) bit for
+    bit, the cache included."""
+    preset, variant, table, inputs = _case(gen, name, tokens=7, tp=1)
+    got = variant.run(preset, inputs, table, numerics="unfused", backend="reference")
+    mine = dict(inputs, kv_cache=inputs["kv_cache"].clone())
+    want = variant.eager(preset, table, torch.bfloat16)(mine)
+    for n, a, b in zip(variant.outputs_of(preset), got, want):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
+
+
+def test_cache_updated_in_place_and_other_entries_untouched(gen):
+    """The public op writes the caller's cache (vLLM's in-place cache ops): the entries of the
+    stored slots change, every other byte stays; padding slots store nothing."""
+    preset, variant, table, inputs = _case(gen, "deepseek-v3.2", tokens=9)
+    cache = inputs["kv_cache"]
+    before = cache.clone()
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    q_c, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(**args)
+    assert q_c.shape == (9, 1536) and kv_c.shape == (9, 512) and k_pe.shape == (9, 64)
+    slots = inputs["slot_mapping"]
+    rows, was = cache.view(-1, 656), before.view(-1, 656)
+    stored = slots[slots >= 0]
+    assert (rows[stored] != was[stored]).any(dim=1).all()
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool)
+    untouched[stored] = False
+    assert torch.equal(rows[untouched], was[untouched])
+    # the rope part of a stored entry is k_pe's bf16 bits
+    t = int((slots >= 0).nonzero()[0])
+    assert torch.equal(rows[slots[t], 528:].view(torch.bfloat16), k_pe[t])
+
+
+def test_without_q_lora_rank_q_c_is_none(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v2-lite")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    q_c, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(**args)
+    assert q_c is None and kv_c.shape[1] == 512 and k_pe.shape[1] == 64
+
+
+BAD = [
+    ("kv_a width", "kv_a width", lambda a: dict(a, kv_a=a["kv_a"][:, :-64])),
+    ("q_a_weight missing", "q_a_weight", lambda a: dict(a, q_a_weight=None)),
+    ("q_a_weight length", "q_a_weight", lambda a: dict(a, q_a_weight=a["q_a_weight"][:-2])),
+    ("kv_a_weight length", "kv_a_weight", lambda a: dict(a, kv_a_weight=a["kv_a_weight"][:8])),
+    ("cache entry", "kv_cache", lambda a: dict(a, kv_cache=a["kv_cache"][..., :-1])),
+    ("cache dtype", "kv_cache", lambda a: dict(a, kv_cache=a["kv_cache"].float())),
+    ("scale on bf16 cache", "k_scale", lambda a: dict(a, k_scale=torch.ones(1))),
+    ("table width", "cos_sin_cache", lambda a: dict(a, cos_sin_cache=a["cos_sin_cache"][:, :32])),
+    ("q_lora_rank", "q_lora_rank", lambda a: dict(a, q_lora_rank=-1)),
+    ("kv_lora_rank", "kv_lora_rank", lambda a: dict(a, kv_lora_rank=0)),
+    ("slots length", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"][:-1])),
+    ("slot past cache", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"] + 10**6)),
+    ("positions", "positions", lambda a: dict(a, positions=a["positions"].float())),
+]
+
+
+@pytest.mark.parametrize("what,argument,override", BAD, ids=[b[0] for b in BAD])
+def test_bad_arguments_are_named_before_anything_runs(gen, what, argument, override):
+    preset, variant, table, inputs = _case(gen, "deepseek-v3")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    cache = inputs["kv_cache"].clone()
+    with pytest.raises((ValueError, TypeError)) as info:
+        fqr.split_mla_rmsnorm_rope_cache(**override(args))
+    assert argument in str(info.value), info.value
+    assert torch.equal(inputs["kv_cache"], cache)  # nothing was written
+
+
+def test_fp8_ds_mla_needs_bf16_rows(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v3.2")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    with pytest.raises(TypeError, match="kv_a must be bf16"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kv_a=args["kv_a"].half()))
+
+
+def test_new_token_counts_take_the_kept_call(gen):
+    forget_checked_calls()
+    for tokens in (3, 11, 5):
+        preset, variant, table, inputs = _case(gen, "deepseek-v3-fp8", tokens=tokens)
+        variant.run_in_place(preset, inputs, table, backend="reference")
+    assert len(checked_calls(SPLIT_MLA_RMSNORM_ROPE_CACHE)) == 1
+
+
+def test_torch_op_is_the_public_op_and_traces_symbolically(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v3")
+    op, args = variant.torch_op(preset, inputs, table)
+    schema = str(op._schema)
+    assert "Tensor(a!) kv_cache" in schema and schema.endswith("-> Tensor[]")
+    cache = inputs["kv_cache"]
+    want_cache = cache.clone()
+    want = variant.run_in_place(preset, dict(inputs, kv_cache=want_cache), table)
+    got = op(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want[:3]))
+    assert torch.equal(cache, want_cache)  # the op updated the cache it was given
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        shapes = [tuple(o.shape) for o in op(*fake)]
+    assert shapes == [tuple(o.shape) for o in want[:3]]
+
+
+def test_golden_cases_cover_every_flavour():
+    flavours = {get_preset(c.preset).params["cache_dtype"] for c in MLA_KV.golden}
+    assert flavours == {"auto", "fp8", "fp8_ds_mla"}
+    assert {get_preset(c.preset).params["q_lora_rank"] > 0 for c in MLA_KV.golden} == {
+        True,
+        False,
+    }
