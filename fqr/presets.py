@@ -576,6 +576,13 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 
+# The same models' query rotation (variant mla-q-rope): after q_b_proj, the rope part of each q
+# head rotated in place. A layer runs both MLA ops; each op is a preset of its own.
+PRESETS.update(
+    (f"{name}-q-rope", replace(PRESETS[name], name=f"{name}-q-rope", variant="mla-q-rope"))
+    for name in ("deepseek-v3", "kimi-k2", "deepseek-v2-lite")
+)
+
 
 def get_preset(name: str, tp: int = 1) -> Preset:
     """The preset called ``name`` (lower case, e.g. ``qwen3-8b``), viewed at TP size ``tp``."""

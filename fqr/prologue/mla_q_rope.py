@@ -1,0 +1,215 @@
+"""``mla_q_rope``: the Multi-head Latent Attention query rotation, in place: after ``q_b_proj``
+each of the q heads is ``[nope | rope]`` (DeepSeek-V3: 128 + 64) and only the trailing rope part
+is rotated, where it is, as vLLM's ``MultiHeadLatentAttentionWrapper.forward`` does::
+
+    q = q.view(-1, num_heads, qk_nope_head_dim + qk_rope_head_dim)
+    q[..., qk_nope_head_dim:], k_pe = rotary_emb(positions, q[..., qk_nope_head_dim:], k_pe)
+
+(k_pe is rotated by :func:`fqr.split_mla_rmsnorm_rope_cache`). The composition
+(:func:`mla_q_rope_prologue`) is ``split_heads`` of the rope parts (a head stride of the whole
+head) -> ``rope``; the kernel stores the rotated parts back into q through a ``[T, H, rope]``
+view of it (its heads at the whole head's stride), so the nope columns are neither read nor
+written. The float64 reference is :func:`mla_q_rope_reference`. The variant ``mla-q-rope``
+binds the DeepSeek / Kimi presets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .. import ops, reference
+from ..core import Section
+from ..fusion.unfused import vllm_rotary_embedding
+from ..inputs import random_heads, random_positions
+from .blocks import round_to
+from .declare import BACKEND, Call, Output, Rows, Static, Table, Tensor, declare, numerics
+from .mla_kv import MLA_PARAMS, check_mla_preset
+from .params import COS_SIN_CACHE, IS_NEOX, NUM_HEADS, POSITIONS, TENSOR
+from .variant import CaseSpec, Variant, register_variant
+
+
+def mla_q_rope_prologue(
+    q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox, numerics
+):
+    """The rope part of every ``[nope | rope]`` head of ``q``, rotated (traced into one
+    program): returns the rotated parts ``[T, H * rope]``, which the call stores back into q."""
+    rope_dim = cos_sin_cache.shape[1]
+    head = qk_nope_head_dim + rope_dim
+    (pe,) = ops.split_heads(q, [Section(num_heads, rope_dim, qk_nope_head_dim, head)])
+    pe = ops.rope(
+        pe,
+        positions,
+        cos_sin_cache,
+        head_dim=rope_dim,
+        is_neox=is_neox,
+        round_to=round_to(q, numerics),
+    )
+    return (pe,)
+
+
+def mla_q_rope_reference(
+    q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox=False
+) -> tuple[torch.Tensor]:
+    """float64 q after the call: each head's nope part as it was, its rope part rotated by
+    the token's row of ``cos_sin_cache`` (:func:`fqr.reference.rotate` of the
+    :func:`fqr.reference.split_row` rope sections)."""
+    rope_dim = cos_sin_cache.shape[1]
+    head = qk_nope_head_dim + rope_dim
+    (pe,) = reference.split_row(q, [Section(num_heads, rope_dim, qk_nope_head_dim, head)])
+    rows = reference.cos_sin_rows(cos_sin_cache, positions)
+    rotated = reference.rotate(pe, rows, head_dim=rope_dim, is_neox=is_neox)
+    out = q.detach().to(torch.float64).clone().view(q.shape[0], num_heads, head)
+    out[..., qk_nope_head_dim:] = rotated.view(q.shape[0], num_heads, rope_dim)
+    return (out.view(q.shape[0], -1),)
+
+
+def non_negative_int(name: str, value) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def _width(call: Call) -> tuple[int, str] | None:
+    if not isinstance(call.cos_sin_cache, torch.Tensor) or call.cos_sin_cache.dim() != 2:
+        return None  # the table's own check names it
+    h, nope, r = call.num_heads, call.qk_nope_head_dim, call.cos_sin_cache.shape[1]
+    width = h * (nope + r)
+    return width, (
+        f"num_heads * (qk_nope_head_dim + rope width) = {h} * ({nope} + {r}) = {width} (the "
+        f"rope width is cos_sin_cache's)"
+    )
+
+
+def _rope_views(call: Call) -> list:
+    """Where the rotated parts go: q's own rope columns, as a ``[T, H, rope]`` view."""
+    h, nope = call.num_heads, call.qk_nope_head_dim
+    q = call.q
+    return [q.view(q.shape[0], h, -1)[:, :, nope:]]
+
+
+def _no_grad(call: Call) -> None:
+    inputs = (call.q, call.positions, call.cos_sin_cache)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        raise ValueError(
+            "mla_q_rope rotates q in place: no input may require grad under grad mode; "
+            "use torch.no_grad()"
+        )
+
+
+MLA_Q_ROPE = declare(
+    "mla_q_rope",
+    mla_q_rope_prologue,
+    (
+        Tensor(
+            "q",
+            keyword=False,
+            annotation=TENSOR,
+            kind=Rows(what="[T, num_heads * (nope + rope)]", width=_width),
+            donated=True,
+            doc="``[T, H * (qk_nope_head_dim + rope)]``, q_b_proj's output (bf16/fp16/fp32), "
+            "each head ``[nope | rope]``; its rope parts are rotated in place (the row "
+            "stride may exceed the width)",
+        ),
+        replace(POSITIONS, kind=type(POSITIONS.kind)(rows_of="q")),
+        replace(
+            COS_SIN_CACHE,
+            kind=Table(head_dim=lambda call: 1 << 30),  # any even width: the rope part is R
+            doc=COS_SIN_CACHE.doc.replace("at most head_dim", "the rope part of a head")
+            + " (the model's YaRN table: preset.cos_sin_cache())",
+        ),
+        NUM_HEADS,
+        Static(
+            "qk_nope_head_dim",
+            annotation="int",
+            check=non_negative_int,
+            schema="int",
+            doc="features before the rope part of each head (DeepSeek-V3: 128)",
+        ),
+        replace(IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        numerics(),
+        BACKEND,
+    ),
+    (Output("q", into="q", head_dim=lambda s: s["qk_nope_head_dim"] + s["rotary_dim"]),),
+    reference=mla_q_rope_reference,
+    value_checks=((lambda call: True, _no_grad),),
+    out=_rope_views,
+    returns=lambda call, outs: call.q,
+    doc="""
+    Rotate the rope part of every MLA query head in place and return ``q``: each head of ``q
+    [T, H * (nope + R)]`` is ``[nope | rope]`` and its last R features (R = the
+    ``cos_sin_cache`` width, DeepSeek's 64) are rotated by the token's row of the table (GPT-J
+    pairs by default, as DeepSeek); the nope features are neither read nor written. vLLM's
+    ``q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe)`` after ``q_b_proj``
+    (``MultiHeadLatentAttentionWrapper.forward``). The reference it matches is
+    :func:`fqr.prologue.mla_q_rope.mla_q_rope_reference`; ``numerics="unfused"`` rotates in the
+    model dtype as vLLM's ``rotary_emb.forward_native``.
+
+    Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64)::
+
+        table = fqr.get_preset("deepseek-v3").cos_sin_cache()
+        q = fqr.mla_q_rope(q, positions, table, num_heads=16, qk_nope_head_dim=128)
+    """,
+)
+
+mla_q_rope = MLA_Q_ROPE.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def _kwargs(preset) -> dict:
+    return dict(
+        num_heads=preset.num_heads,
+        qk_nope_head_dim=preset.params["qk_nope_head_dim"],
+        is_neox=preset.is_neox,
+    )
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """q_b_proj's output (every head's nope and rope parts at their own magnitudes) and the
+    positions (the table's ends covered)."""
+    h, nope, r = preset.num_heads, preset.params["qk_nope_head_dim"], preset.head_dim
+    parts = [random_heads(tokens, h, d, dtype, generator).view(tokens, h, d) for d in (nope, r)]
+    q = torch.cat(parts, dim=-1).reshape(tokens, -1)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    return {"q": q.contiguous(), "positions": positions}
+
+
+def vllm_mla_q_rope(inputs: dict, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox):
+    """vLLM's in-place rotation of q's rope parts: ``q[..., nope:] = rotary_emb(...)``
+    (``RotaryEmbedding.forward_native`` in the model dtype); returns the updated q."""
+    q, positions = inputs["q"], inputs["positions"]
+    r = cos_sin_cache.shape[1]
+    heads = q.view(q.shape[0], num_heads, qk_nope_head_dim + r)
+    pe = heads[..., qk_nope_head_dim:]
+    pe_rows = pe.contiguous()
+    rotated, _ = vllm_rotary_embedding(positions, pe_rows, pe_rows, r, cos_sin_cache, is_neox)
+    heads[..., qk_nope_head_dim:] = rotated.view(pe.shape)
+    return (q,)
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    table, kw = cos_sin_cache.to(dtype), _kwargs(preset)
+    return lambda inputs: vllm_mla_q_rope(inputs, table, **kw)
+
+
+MLA_Q_ROPE_VARIANT = register_variant(
+    Variant(
+        "mla-q-rope",
+        MLA_Q_ROPE,
+        kwargs=_kwargs,
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=MLA_PARAMS,
+        check_preset=check_mla_preset,
+        golden=(
+            CaseSpec("deepseek-v3-q-rope", "bf16", 7, tp=8, max_position=1 << 18),
+            CaseSpec("deepseek-v3-q-rope", "bf16", 1, "unfused", tp=16),
+            CaseSpec("kimi-k2-q-rope", "fp16", 5, tp=8),
+            CaseSpec("deepseek-v2-lite-q-rope", "fp32", 3, tp=2),
+        ),
+    )
+)
