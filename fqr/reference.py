@@ -669,12 +669,12 @@ def mla_cache_entry(
     if cache.dtype == torch.float8_e4m3fn:
         entry = saturate_fp8(entry, scale)
     expected = _f64(cache).clone()
-    written = torch.zeros(blocks, block_size, dtype=torch.bool)
-    for t, slot in enumerate(slot_mapping.tolist()):
-        if slot >= 0:
-            expected[slot // block_size, slot % block_size] = entry[t]
-            written[slot // block_size, slot % block_size] = True
-    return expected, written
+    written = torch.zeros(blocks, block_size, dtype=torch.bool, device=cache.device)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    expected[slots // block_size, slots % block_size] = entry[keep]
+    written[slots // block_size, slots % block_size] = True
+    return expected, written.cpu()
 
 
 @dataclass(frozen=True)
@@ -752,9 +752,11 @@ def ds_mla_entry(
     scale_at = torch.zeros(blocks, block_size, n // tile, dtype=F64)
     rope = torch.zeros(blocks, block_size, r, dtype=F64)
     written = torch.zeros(blocks, block_size, dtype=torch.bool)
-    for t, slot in enumerate(slot_mapping.tolist()):
-        if slot >= 0:
-            at = (slot // block_size, slot % block_size)
-            values[at], scale_at[at], rope[at] = quantized[t], scales[t], _f64(k_pe[t])
-            written[at] = True
+    keep = (slot_mapping >= 0).cpu()
+    slots = slot_mapping.cpu()[keep].long()
+    at = (slots // block_size, slots % block_size)
+    values[at] = quantized.cpu()[keep]
+    scale_at[at] = scales.cpu()[keep]
+    rope[at] = _f64(k_pe).cpu()[keep]
+    written[at] = True
     return DsMlaEntry(values, scale_at, rope, written, tile)

@@ -48,7 +48,11 @@ def whole_row_bytes(plan, chip, block_t):
 def test_every_preset_fits_with_the_largest_tile(chip, dtype):
     chip = A.get_chip(chip)
     for p in all_preset_views():
-        plan = plan_of(p, dtype)
+        try:
+            plan = plan_of(p, dtype)
+        except TypeError as e:  # fp8_ds_mla entries hold bf16 rope values: a bf16 op only
+            assert "kv_a must be bf16" in str(e) and dtype != torch.bfloat16, p.label
+            continue
         if A.stores_fp8(plan) and not chip.compile_on_910_95:  # only the 950 has FP8
             with pytest.raises(A.UnsupportedOnChip, match="FP8 stores need an Ascend 950"):
                 A.ascend_tiling(plan, chip=chip)

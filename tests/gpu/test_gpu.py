@@ -30,7 +30,7 @@ def preset_problem(gen, name, tokens, dtype, bias=False):
 
 
 SPLIT_QKV_PRESETS = [n for n, p in fqr.PRESETS.items() if p.variant == "split-qkv"]
-# Every other preset runs its variant (fqr.variants): its own inputs, public op and float64.
+# Every other preset runs its variant (fqr.prologue): its own inputs, public op and float64.
 VARIANT_PRESETS = [n for n, p in fqr.PRESETS.items() if p.variant != "split-qkv"]
 
 
@@ -67,9 +67,10 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     cuda = {k: x.to("cuda") for k, x in inputs.items()}
     for call in range(2):  # the second call takes the per-call path's bound launcher
         outs = variant.run(p, cuda, cache.to("cuda"), backend="triton")
-        assert len(outs) == len(variant.outputs)
-        for n, o in zip(variant.outputs, outs):
-            kind, d = variant.tolerance(n), variant.head_dim(p, n)
+        names = variant.outputs_of(p)
+        assert len(outs) == len(names)
+        for n, o in zip(names, outs):
+            kind, d = variant.tolerance(n, p), variant.head_dim(p, n)
             c = compare_kind(kind, o.cpu(), exact[n], head_dim=d)
             assert c.passed, f"{name} tp={tp} T={tokens} call {call} {n}: {c}"
 
@@ -96,9 +97,9 @@ def test_norm_variant_presets_unfused(gen, name, tp, tokens):
     poison_free_memory(256 << 20, torch.device("cuda"))
     cuda = {k: x.to("cuda") for k, x in inputs.items()}
     outs = variant.run(p, cuda, cache.to("cuda"), numerics="unfused", backend="triton")
-    for n, o in zip(variant.outputs, outs):
+    for n, o in zip(variant.outputs_of(p), outs):
         c = compare_kind(
-            variant.tolerance(n), o.cpu(), exact[n], head_dim=p.head_dim, numerics="unfused"
+            variant.tolerance(n, p), o.cpu(), exact[n], head_dim=p.head_dim, numerics="unfused"
         )
         assert c.passed, f"{name} tp={tp} T={tokens} unfused {n}: {c}"
 
