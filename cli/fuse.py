@@ -29,7 +29,7 @@ import typer
 from rich.table import Table
 
 from fqr.fusion.models import MODELS
-from fqr.presets import get_preset
+from fqr.presets import DEFAULT_PRESET, get_preset
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
 from .options import Dtype, PresetName, choice_enum, parse_dtype
@@ -56,7 +56,7 @@ def fuse_document(report) -> dict:
 def fuse(
     preset: Annotated[
         PresetName, typer.Option("--preset", help="model preset (per-head QK-norm)")
-    ] = PresetName["qwen3-8b"],
+    ] = PresetName[DEFAULT_PRESET],
     layers: Annotated[int, typer.Option("--layers", help="layers in the model")] = 2,
     tokens: Annotated[
         int | None,
@@ -133,9 +133,9 @@ def _fuse_cuda(p, layers, tokens, dtype, model, prefill, decode, profile, seed, 
     from fqr.fusion.compiled import compare_compiled, comparison_tables
 
     if model == "hf-qwen3":
-        from fqr.fusion.hf_models import transformers_missing
+        from fqr.fusion.hf_models import QWEN3_8B_PRESET, transformers_missing
 
-        if p.name != "qwen3-8b":
+        if p.name != QWEN3_8B_PRESET:
             raise UsageError(f"--model hf-qwen3 is built at Qwen3-8B's shapes; got {p.name}")
         if transformers_missing():
             raise UsageError(f"--model hf-qwen3: {transformers_missing()}")

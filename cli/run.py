@@ -18,10 +18,18 @@ from rich.table import Table
 from rich.text import Text
 
 from fqr.backends import AUTO_BACKENDS
+from fqr.presets import DEFAULT_PRESET
 from fqr.runtime.config import LAUNCHERS
 
 from .common import EXIT_FAILED, app, err, example, out, schema
-from .options import BackendName, DeviceType, Dtype, Numerics, PresetName, choice_enum
+from .options import (
+    BackendName,
+    DeviceType,
+    Dtype,
+    Numerics,
+    PresetName,
+    choice_enum,
+)
 
 Launcher = choice_enum("Launcher", LAUNCHERS)
 
@@ -175,7 +183,7 @@ AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
 def run(
     preset: Annotated[
         PresetName, typer.Option("--preset", help="model preset (fqr.presets)")
-    ] = PresetName["qwen3-8b"],
+    ] = PresetName[DEFAULT_PRESET],
     dp: Annotated[
         int | None,
         typer.Option("--dp", help="data-parallel replicas (default 1; torchrun: world / tp)"),

@@ -39,6 +39,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .core import TOKENS, Program, eval_program
+from .lowering.targets import ACCELERATOR_TARGETS
 
 
 class BackendUnavailable(RuntimeError):
@@ -435,10 +436,13 @@ BACKENDS: dict[str, Backend] = {
     ]
 }
 
-# ``backend="auto"``: the compiled kernel on each accelerator -- the backend whose target is
-# fqr.lowering.default_target of that device (tests/backends pins the agreement); anything else
-# runs the reference rules.
-AUTO_BACKENDS = {"cuda": "triton", "npu": "ascend"}
+# ``backend="auto"``: the compiled kernel on each accelerator -- the backend whose target is the
+# one the lowering compiles for that device (fqr.lowering.targets.ACCELERATOR_TARGETS); anything
+# else runs the reference rules.
+AUTO_BACKENDS = {
+    device: next(b.name for b in BACKENDS.values() if b.target == target)
+    for device, target in ACCELERATOR_TARGETS.items()
+}
 
 
 def get_backend(name: str) -> Backend:

@@ -584,6 +584,10 @@ PRESETS.update(
 )
 
 
+# The preset a command or a config uses when none is named.
+DEFAULT_PRESET = "qwen3-8b"
+
+
 def get_preset(name: str, tp: int = 1) -> Preset:
     """The preset called ``name`` (lower case, e.g. ``qwen3-8b``), viewed at TP size ``tp``."""
     try:

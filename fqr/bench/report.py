@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..peers import PEER_NAMES
+from ..presets import DEFAULT_PRESET
 from .measurements import GRAPH_MAX_TOKENS, MEASUREMENTS
 from .run import FQR
 
@@ -193,7 +194,7 @@ def _pct_of_ceiling(row: dict, impl: dict, doc: dict) -> float | None:
 def _latency_preset(presets: list[str]) -> str:
     """The preset whose small-T latency is drawn: Qwen3-8B when present (the running example
     of the docs), else the first."""
-    return "qwen3-8b" if "qwen3-8b" in presets else presets[0]
+    return DEFAULT_PRESET if DEFAULT_PRESET in presets else presets[0]
 
 
 def plot_document(doc: dict, path: Path) -> list[str]:

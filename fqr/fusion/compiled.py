@@ -51,7 +51,9 @@ import torch
 from .. import reference
 from ..core import dtype_name
 from ..numerics import compare
+from ..presets import DEFAULT_PRESET
 from .fusion_pass import FusionBackend, fusion_patterns
+from .hf_models import QWEN3_8B_PRESET
 from .models import MODELS
 
 PREFILL_TOKENS = (512, 2048, 4096, 16384)
@@ -523,7 +525,7 @@ def compare_compiled(
     check_tokens: int = 512,
     cudagraphs: bool | None = None,
     tiny: bool = False,
-    preset: str = "qwen3-8b",
+    preset: str = DEFAULT_PRESET,
     seed: int = 0,
     log=lambda msg: None,
 ) -> Comparison:
@@ -532,7 +534,7 @@ def compare_compiled(
     ``preset``: the attention shapes of the ``vllm`` model (``hf-qwen3`` is Qwen3-8B's)."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
-    if model == "hf-qwen3" and preset != "qwen3-8b":
+    if model == "hf-qwen3" and preset != QWEN3_8B_PRESET:
         raise ValueError(f"hf-qwen3 is built at Qwen3-8B's layer shapes, not {preset!r}")
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")

@@ -28,7 +28,8 @@ class Qwen3Shape:
     max_position: int = 40960
 
 
-# Qwen3-8B's layer shapes (config.json of Qwen/Qwen3-8B).
+# Qwen3-8B's layer shapes (config.json of Qwen/Qwen3-8B), fqr's preset of that name.
+QWEN3_8B_PRESET = "qwen3-8b"
 QWEN3_8B = Qwen3Shape(
     hidden=4096, intermediate=12288, num_heads=32, num_kv_heads=8, head_dim=128, vocab=151936
 )

@@ -32,7 +32,7 @@ from .emit import EMITTER_VERSION, Tiling, emit_source
 from .kernel import Kernel
 from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
-from .targets import TARGETS, Target, get_target
+from .targets import ACCELERATOR_TARGETS, TARGETS, Target, get_target
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,9 @@ def lower_by_tokens(program: Program, target: str = "cuda", **options: Any) -> K
 
 
 def default_target(device: torch.device) -> str:
-    return {"cuda": "cuda", "npu": "ascend"}.get(device.type, "interpret")
+    """The target ``jit`` lowers for on ``device``'s tensors (:data:`.targets.ACCELERATOR_TARGETS`,
+    the interpreter elsewhere)."""
+    return ACCELERATOR_TARGETS.get(device.type, "interpret")
 
 
 def jit(

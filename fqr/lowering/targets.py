@@ -223,6 +223,11 @@ class InterpretTarget(CudaTarget):
         return ((None, dict(options)),)  # one variant: tests pin the interpreted tiling
 
 
+# The target compiled for each accelerator's tensors: what ``jit`` lowers for there, and the
+# target of the backend ``backend="auto"`` runs there (fqr.backends.AUTO_BACKENDS derives from
+# this). Other devices: the interpreter (jit) or the reference rules (auto).
+ACCELERATOR_TARGETS = {"cuda": "cuda", "npu": "ascend"}
+
 TARGETS: dict[str, Target] = {}
 
 

@@ -37,6 +37,7 @@ from .. import ops, reference
 from ..core import DTYPE_NAMES, Section
 from ..fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..inputs import random_heads, random_positions
+from ..ops.fp8 import FP8_E4M3 as FP8
 from ..validate import check_positive_int
 from .blocks import round_to
 from .declare import (
@@ -59,7 +60,6 @@ from .params import COS_SIN_CACHE, EPS, IS_NEOX, OPTIONAL_TENSOR, POSITIONS, TEN
 from .variant import CaseSpec, Variant, register_variant
 
 TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values (vLLM's)
-FP8 = torch.float8_e4m3fn
 BYTES = torch.uint8
 
 

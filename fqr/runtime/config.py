@@ -13,7 +13,7 @@ import torch
 
 from ..backends import auto_backend_name, get_backend
 from ..core import ACTIVATION_DTYPE_NAMES, dtype_of
-from ..presets import get_preset
+from ..presets import DEFAULT_PRESET, get_preset
 from ..validate import NUMERICS, check_choice
 from .device import DEVICE_TYPES, host_memory_available
 from .faults import FaultSpec, parse_fault
@@ -52,7 +52,7 @@ def verifier_working_bytes() -> int:
 
 @dataclass(frozen=True)
 class RunConfig:
-    preset: str = "qwen3-8b"
+    preset: str = DEFAULT_PRESET
     dp: int = 1
     tp: int = 1
     device: str = "cpu"
