@@ -290,6 +290,35 @@ class Section:
         return f"{self.heads}x{self.head_dim}@{self.offset}{stride}"
 
 
+def qkv_sections(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    num_v_heads: int | None = None,
+    v_head_dim: int | None = None,
+    head_stride: int | None = None,
+) -> tuple[Section, ...]:
+    """The ``[q | k | v]`` row of vLLM's packed QKV projection: heads back to back, or every
+    head ``head_stride`` columns from the last (a padded ``[T, heads, head_stride]`` layout);
+    v may have its own head count and head_dim (default: k's)."""
+    hv = num_kv_heads if num_v_heads is None else num_v_heads
+    dv = head_dim if v_head_dim is None else v_head_dim
+    if head_stride is None:
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        return (
+            Section(num_heads, head_dim, 0),
+            Section(num_kv_heads, head_dim, q_size),
+            Section(hv, dv, q_size + kv_size),
+        )
+    s = head_stride
+    return (
+        Section(num_heads, head_dim, 0, s),
+        Section(num_kv_heads, head_dim, num_heads * s, s),
+        Section(hv, dv, (num_heads + num_kv_heads) * s, s),
+    )
+
+
 class Role(enum.Enum):
     """How a per-head op reads one operand (:attr:`HeadOp.operands`)."""
 

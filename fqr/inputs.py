@@ -183,3 +183,21 @@ def with_outliers(x: torch.Tensor, columns: slice, generator: torch.Generator) -
         )
         x[t, c] = value
     return x
+
+
+def random_row(
+    spec: PrologueSpec,
+    tokens: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    max_position: int,
+    positions_dtype: torch.dtype = torch.int64,
+) -> dict[str, torch.Tensor]:
+    """``{"qkv", "positions"}`` of one call (:func:`random_qkv`, then :func:`random_positions`
+    covering the table's ends)."""
+    qkv = random_qkv(spec, tokens, dtype, generator)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    return {"qkv": qkv, "positions": positions}

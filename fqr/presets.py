@@ -266,15 +266,26 @@ _KIMI_K2_YARN = (
 )
 
 
-def _mla_params(q_lora_rank: int, cache_dtype: str = "auto") -> tuple:
-    """The ``mla-kv`` variant's fields, in order: ``q_lora_rank`` (0: the model has none, q is
-    one ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` (512 / 128 / 128 in
-    every DeepSeek-V2/V3 and Kimi-K2 config), ``block_size`` 64 (vLLM's paged MLA cache: the
-    size vLLM forces for its FlashMLA and FlashMLA-sparse backends, the Hopper defaults;
-    CUTLASS MLA on Blackwell takes 128) and ``cache_dtype`` (vLLM's ``kv_cache_dtype``:
-    ``auto`` = the model dtype, ``fp8`` = E4M3 with a per-tensor scale, ``fp8_ds_mla`` = V3.2's
-    656-byte entry)."""
-    return (
+def _mla_preset(
+    name: str,
+    hf_id: str,
+    heads: int,
+    theta: float,
+    max_position: int,
+    scaling: tuple,
+    q_lora_rank: int,
+    cache_dtype: str = "auto",
+) -> Preset:
+    """An MLA preset (the conventions in the comment above the MLA presets): ``heads`` q heads,
+    one latent / rope key head, the 64-wide rope part as the spec's head, GPT-J pairs, the
+    YaRN ``scaling``, and the ``mla-kv`` variant's fields, in order: ``q_lora_rank`` (0: the
+    model has none, q is one ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``,
+    ``v_head_dim`` (512 / 128 / 128 in every DeepSeek-V2/V3 and Kimi-K2 config),
+    ``block_size`` 64 (vLLM's paged MLA cache: the size vLLM forces for its FlashMLA and
+    FlashMLA-sparse backends, the Hopper defaults; CUTLASS MLA on Blackwell takes 128) and
+    ``cache_dtype`` (vLLM's ``kv_cache_dtype``: ``auto`` = the model dtype, ``fp8`` = E4M3
+    with a per-tensor scale, ``fp8_ds_mla`` = V3.2's 656-byte entry)."""
+    params = (
         ("q_lora_rank", q_lora_rank),
         ("kv_lora_rank", 512),
         ("qk_nope_head_dim", 128),
@@ -282,7 +293,35 @@ def _mla_params(q_lora_rank: int, cache_dtype: str = "auto") -> tuple:
         ("block_size", 64),
         ("cache_dtype", cache_dtype),
     )
+    return Preset(
+        name,
+        hf_id,
+        heads,
+        1,
+        64,
+        theta,
+        max_position,
+        is_neox=False,
+        rope_scaling=scaling,
+        variant="mla-kv",
+        variant_params=params,
+    )
 
+
+_LLAMA4_SCOUT = Preset(
+    "llama4-scout",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    40,
+    8,
+    128,
+    5e5,
+    10485760,
+    norm="none",
+    eps=1e-5,
+    is_neox=False,
+    rope_scaling=_LLAMA4_SCALING,
+    variant="rope-l2norm",
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -393,35 +432,13 @@ PRESETS: dict[str, Preset] = {
         # rope_scaling llama3 (factor 16, low/high_freq_factor 1, original 8192). Hugging Face's
         # layout: interleaved GPT-J pairs (complex multiplication); vLLM permutes q/k at load
         # and rotates NeoX halves (vllm/model_executor/models/llama4.py).
-        Preset(
-            "llama4-scout",
-            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
-            40,
-            8,
-            128,
-            5e5,
-            10485760,
-            norm="none",
-            eps=1e-5,
-            is_neox=False,
-            rope_scaling=_LLAMA4_SCALING,
-            variant="rope-l2norm",
-        ),
+        _LLAMA4_SCOUT,
         # Llama 4 Scout NoPE layers (no_rope_layers: every 4th layer): no RoPE, no QK norm, q
         # scaled by the attention temperature (config attn_temperature_tuning, floor_scale 8192,
         # attn_scale 0.1; vLLM Llama4Attention._get_attn_scale).
-        Preset(
-            "llama4-scout-nope",
-            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
-            40,
-            8,
-            128,
-            5e5,
-            10485760,
-            norm="none",
-            eps=1e-5,
-            is_neox=False,
-            rope_scaling=_LLAMA4_SCALING,
+        replace(
+            _LLAMA4_SCOUT,
+            name="llama4-scout-nope",
             variant="nope-temperature",
             variant_params=(("floor_scale", 8192.0), ("attn_scale", 0.1)),
         ),
@@ -493,18 +510,8 @@ PRESETS: dict[str, Preset] = {
         # mscale 1, RMSNorm eps 1e-6). Cache "auto": vLLM's default kv_cache_dtype; "fp8":
         # kv_cache_dtype="fp8", E4M3 with a per-tensor scale (concat_and_cache_mla).
         *(
-            Preset(
-                name,
-                "deepseek-ai/DeepSeek-V3",
-                128,
-                1,
-                64,
-                1e4,
-                163840,
-                is_neox=False,
-                rope_scaling=_DEEPSEEK_V3_YARN,
-                variant="mla-kv",
-                variant_params=_mla_params(1536, cache),
+            _mla_preset(
+                name, "deepseek-ai/DeepSeek-V3", 128, 1e4, 163840, _DEEPSEEK_V3_YARN, 1536, cache
             )
             for name, cache in (("deepseek-v3", "auto"), ("deepseek-v3-fp8", "fp8"))
         ),
@@ -518,18 +525,15 @@ PRESETS: dict[str, Preset] = {
         # kv_cache_dtype "auto" (and "fp8*") into it (vllm/model_executor/models/config.py),
         # the 656-byte entry of concat_and_cache_ds_mla. Its lightning indexer (index heads
         # 64 x 128, a LayerNorm and RoPE of its own) is not part of this prologue.
-        Preset(
+        _mla_preset(
             "deepseek-v3.2",
             "deepseek-ai/DeepSeek-V3.2-Exp",
             128,
-            1,
-            64,
             1e4,
             163840,
-            is_neox=False,
-            rope_scaling=_DEEPSEEK_V3_YARN,
-            variant="mla-kv",
-            variant_params=_mla_params(1536, "fp8_ds_mla"),
+            _DEEPSEEK_V3_YARN,
+            1536,
+            "fp8_ds_mla",
         ),
         # moonshotai/Kimi-K2-Instruct config.json (model_type "kimi_k2", architectures
         # DeepseekV3ForCausalLM: MoonshotAI/Kimi-K2's deploy guidance says the model type is
@@ -540,19 +544,7 @@ PRESETS: dict[str, Preset] = {
         # 1.0, beta_slow 1.0, mscale 1.0, mscale_all_dim 1.0} (the config.json itself not read:
         # the values several public copies of it agree on; heads 64 and 128K context also in
         # MoonshotAI/Kimi-K2's README; Kimi-K2-Instruct-0905 differs: factor 64, 262144).
-        Preset(
-            "kimi-k2",
-            "moonshotai/Kimi-K2-Instruct",
-            64,
-            1,
-            64,
-            5e4,
-            131072,
-            is_neox=False,
-            rope_scaling=_KIMI_K2_YARN,
-            variant="mla-kv",
-            variant_params=_mla_params(1536),
-        ),
+        _mla_preset("kimi-k2", "moonshotai/Kimi-K2-Instruct", 64, 5e4, 131072, _KIMI_K2_YARN, 1536),
         # deepseek-ai/DeepSeek-V2-Lite config.json: num_attention_heads 16, q_lora_rank null
         # (q is one q_proj: 0 here), kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim
         # 128, v_head_dim 128, rms_norm_eps 1e-6, rope_theta 10000, max_position_embeddings
@@ -560,18 +552,14 @@ PRESETS: dict[str, Preset] = {
         # beta_fast 32, beta_slow 1, mscale 0.707, mscale_all_dim 0.707} (a verbatim copy
         # pinned in a public test; deepseek-ai/DeepSeek-V3's inference/configs/config_16B.json
         # agrees: n_heads 16, q_lora_rank 0, mscale 0.707).
-        Preset(
+        _mla_preset(
             "deepseek-v2-lite",
             "deepseek-ai/DeepSeek-V2-Lite",
             16,
-            1,
-            64,
             1e4,
             163840,
-            is_neox=False,
-            rope_scaling=_DEEPSEEK_V2_LITE_YARN,
-            variant="mla-kv",
-            variant_params=_mla_params(0),
+            _DEEPSEEK_V2_LITE_YARN,
+            0,
         ),
     ]
 }

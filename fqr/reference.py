@@ -39,42 +39,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Section
+from .core import Section, qkv_sections  # the packed row's layout (no math)
 
 F64 = torch.float64
+Tensor = torch.Tensor
 
 
 def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.detach().to(F64)
-
-
-def qkv_sections(
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    *,
-    num_v_heads: int | None = None,
-    v_head_dim: int | None = None,
-    head_stride: int | None = None,
-) -> tuple[Section, ...]:
-    """The ``[q | k | v]`` row of vLLM's packed QKV projection: heads back to back, or every
-    head ``head_stride`` columns from the last (a padded ``[T, heads, head_stride]`` layout);
-    v may have its own head count and head_dim (default: k's)."""
-    hv = num_kv_heads if num_v_heads is None else num_v_heads
-    dv = head_dim if v_head_dim is None else v_head_dim
-    if head_stride is None:
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        return (
-            Section(num_heads, head_dim, 0),
-            Section(num_kv_heads, head_dim, q_size),
-            Section(hv, dv, q_size + kv_size),
-        )
-    s = head_stride
-    return (
-        Section(num_heads, head_dim, 0, s),
-        Section(num_kv_heads, head_dim, num_heads * s, s),
-        Section(hv, dv, (num_heads + num_kv_heads) * s, s),
-    )
 
 
 def split_row(row: torch.Tensor, sections: Sequence[Section]) -> list[torch.Tensor]:
@@ -159,27 +131,24 @@ def rope(
     return rotate(x, cos_sin_rows(cos_sin_cache, positions), head_dim=head_dim, is_neox=is_neox)
 
 
+def head_norm_rotate(
+    x: Tensor, weight: Tensor | None, rows: Tensor, *, head_dim: int, eps: float,
+    is_neox: bool = True, bias: Tensor | None = None, weight_offset: float = 0.0,
+) -> Tensor:  # fmt: skip
+    """float64 :func:`rms_norm` of each head of ``x``, then :func:`rotate` by the angle rows."""
+    normed = rms_norm(
+        x, weight, eps=eps, group_size=head_dim, bias=bias, weight_offset=weight_offset
+    )
+    return rotate(normed, rows, head_dim=head_dim, is_neox=is_neox)
+
+
 def prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor | None,
-    cos_sin_cache: torch.Tensor | None,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    q_bias: torch.Tensor | None = None,
-    k_bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0,
-    norm: str = "head",
-    norm_stats=None,
-    num_v_heads: int | None = None,
-    v_head_dim: int | None = None,
-    head_stride: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv: Tensor, positions: Tensor | None, cos_sin_cache: Tensor | None, q_weight: Tensor | None,
+    k_weight: Tensor | None, *, num_heads: int, num_kv_heads: int, head_dim: int,
+    eps: float = 1e-6, is_neox: bool = True, q_bias: Tensor | None = None,
+    k_bias: Tensor | None = None, weight_offset: float = 0.0, norm: str = "head", norm_stats=None,
+    num_v_heads: int | None = None, v_head_dim: int | None = None, head_stride: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The prologue of :func:`fqr.split_qkv_rmsnorm_rope` by its formulas (module docstring).
 
     Same arguments (any float dtypes, any device; ``norm_stats`` anything with ``q_sum_sq``,
@@ -230,37 +199,16 @@ def prologue(
 
 
 def qk_prologue(
-    q: torch.Tensor,
-    k: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    *,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    q_bias: torch.Tensor | None = None,
-    k_bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor,
+    k_weight: Tensor, *, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
+    q_bias: Tensor | None = None, k_bias: Tensor | None = None, weight_offset: float = 0.0,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The no-split prologue of :func:`fqr.qk_rmsnorm_rope`: float64 ``(q, k)``, each head
     normalised, then rotated (``k`` None: ``(q, None)``)."""
     rows = cos_sin_rows(cos_sin_cache, positions)
-    if k is None:
-        q = rms_norm(
-            q, q_weight, eps=eps, group_size=head_dim, bias=q_bias, weight_offset=weight_offset
-        )
-        return rotate(q, rows, head_dim=head_dim, is_neox=is_neox), None
-    return tuple(
-        rotate(
-            rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),
-            rows,
-            head_dim=head_dim,
-            is_neox=is_neox,
-        )
-        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
-    )
+    per_head = dict(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    q = head_norm_rotate(q, q_weight, rows, bias=q_bias, **per_head)
+    return q, None if k is None else head_norm_rotate(k, k_weight, rows, bias=k_bias, **per_head)
 
 
 # ----------------------------------------------------------------- FP8 and the paged cache
@@ -325,25 +273,12 @@ def cache_insert(
 
 
 def index_prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    index_q_weight: torch.Tensor,
-    index_k_weight: torch.Tensor,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    num_index_heads: int,
-    index_head_dim: int,
-    eps: float,
-    weight_offset: float = 1.0,
-    is_neox: bool = True,
-    attn_fp8: bool = False,
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor,
+    index_q_weight: Tensor, index_k_weight: Tensor, *, num_heads: int, num_kv_heads: int,
+    head_dim: int, num_index_heads: int, index_head_dim: int, eps: float,
+    weight_offset: float = 1.0, is_neox: bool = True, attn_fp8: bool = False,
     index_fp8: bool = False,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[Tensor, ...]:  # fmt: skip
     """MiniMax-M3's prologue with indexer heads, float64: the packed row ``[q | k | v |
     index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
     index_k each RMS-normalised per head with its own weight (``(1 + w)`` Gemma norms) and
@@ -363,8 +298,8 @@ def index_prologue(
     weights = (q_weight, k_weight, index_q_weight, index_k_weight)
     dims = (head_dim, head_dim, index_head_dim, index_head_dim)
     for x, w, d in zip((q, k, iq, ik), weights, dims):
-        normed = rms_norm(x, w, eps=eps, group_size=d, weight_offset=weight_offset)
-        out.append(rotate(normed, rows, head_dim=d, is_neox=is_neox))
+        per_head = dict(head_dim=d, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+        out.append(head_norm_rotate(x, w, rows, **per_head))
     attn = [out[0], out[1], v]
     index = [out[2], out[3]]
     if attn_fp8:
@@ -375,24 +310,11 @@ def index_prologue(
 
 
 def cache_prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    weight_offset: float = 0.0,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor,
+    key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor, *, num_heads: int,
+    num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
+    weight_offset: float = 0.0, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The KV-cache prologue, float64: q and k of :func:`prologue` (per-head norm, RoPE), k
     and v written into the paged caches by :func:`cache_insert`. Returns ``(q, expected
     key_cache, expected value_cache)``."""
@@ -477,24 +399,12 @@ def gated_qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tupl
 
 
 def mrope_prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    mrope_section: Sequence[int],
-    mrope_interleaved: bool = False,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    q_bias: torch.Tensor | None = None,
-    k_bias: torch.Tensor | None = None,
-    weight_offset: float = 0.0,
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor, *,
+    num_heads: int, num_kv_heads: int, head_dim: int, mrope_section: Sequence[int],
+    mrope_interleaved: bool = False, eps: float = 1e-6, is_neox: bool = True,
+    q_bias: Tensor | None = None, k_bias: Tensor | None = None, weight_offset: float = 0.0,
     output_gate: bool = False,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[Tensor, ...]:  # fmt: skip
     """The prologue of :func:`fqr.split_qkv_rmsnorm_mrope` by its formulas: split the row
     (:func:`gated_qkv_sections` with ``output_gate``, else ``[q | k | v]``), per-head RMSNorm
     of q and k, multimodal RoPE of both; float64 ``q, k``, and ``v`` (and the gate) copied in
@@ -507,46 +417,25 @@ def mrope_prologue(
     rows = mrope_cos_sin_rows(
         cos_sin_cache, positions, mrope_section, interleaved=mrope_interleaved
     )
-    q, k = (
-        rotate(
-            rms_norm(x, w, eps=eps, group_size=head_dim, bias=b, weight_offset=weight_offset),
-            rows,
-            head_dim=head_dim,
-            is_neox=is_neox,
-        )
-        for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
-    )
+    per_head = dict(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    q = head_norm_rotate(q, q_weight, rows, bias=q_bias, **per_head)
+    k = head_norm_rotate(k, k_weight, rows, bias=k_bias, **per_head)
     return (q, k, v, *gate)
 
 
 def vnorm_prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-6,
-    is_neox: bool = True,
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor, *,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
     weight_offset: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Gemma 4's prologue (:func:`fqr.split_qkv_rmsnorm_rope_vnorm`): float64 q and k each head
     normalised with its weight, then rotated; v each head normalised without weight
     (``v / sqrt(mean(v^2) + eps)``, no rotation). vLLM ``Gemma4Attention.forward``."""
     q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
     rows = cos_sin_rows(cos_sin_cache, positions)
-    q, k = (
-        rotate(
-            rms_norm(x, w, eps=eps, group_size=head_dim, weight_offset=weight_offset),
-            rows,
-            head_dim=head_dim,
-            is_neox=is_neox,
-        )
-        for x, w in ((q, q_weight), (k, k_weight))
-    )
+    per_head = dict(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
+    q = head_norm_rotate(q, q_weight, rows, **per_head)
+    k = head_norm_rotate(k, k_weight, rows, **per_head)
     return q, k, rms_norm(v, eps=eps, group_size=head_dim)
 
 
@@ -558,18 +447,10 @@ def attn_temperature(positions: torch.Tensor, *, floor_scale: float, attn_scale:
 
 
 def rope_l2norm_prologue(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor | None,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float = 1e-5,
-    is_neox: bool = False,
-    floor_scale: float | None = None,
-    attn_scale: float = 0.1,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor | None, *, num_heads: int,
+    num_kv_heads: int, head_dim: int, eps: float = 1e-5, is_neox: bool = False,
+    floor_scale: float | None = None, attn_scale: float = 0.1,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Llama 4's prologue (:func:`fqr.split_qkv_rope_l2norm`), float64: with a
     ``cos_sin_cache`` (RoPE layers) q and k rotated, then each head L2-normalised without
     weight (``x / sqrt(mean(x^2) + eps)``); without one (NoPE layers) q and k as split, and

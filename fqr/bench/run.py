@@ -8,7 +8,6 @@ implementation, the speed-ups).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -21,7 +20,7 @@ from ..inputs import PrologueInputs, random_inputs
 from ..peers import build_peer, peer_unavailable_reason
 from ..presets import Preset
 from .cell import Cell, Implementation
-from .checks import check_outputs, check_row_index, poison_free_memory
+from .checks import cell_generator, check_outputs, check_row_index, poison_free_memory
 from .config import BenchConfig
 from .document import FQR, add_row, new_document
 from .environment import environment, require_gpu
@@ -107,20 +106,13 @@ def _synchronize(device: torch.device) -> None:
 
 
 def make_cell(
-    cfg: BenchConfig,
-    preset: Preset,
-    dtype: torch.dtype,
-    tokens: int,
-    cache: torch.Tensor,
-    env: dict,
-    ceiling_gbps: float,
-    device: torch.device,
-) -> Cell:
+    cfg: BenchConfig, preset: Preset, dtype: torch.dtype, tokens: int, cache: torch.Tensor,
+    env: dict, ceiling_gbps: float, device: torch.device,
+) -> Cell:  # fmt: skip
     """Fresh input sets (seeded per cell: any cell can be rerun alone), enough of them to
     overflow L2, and the float64 expectation of the first set on the checked rows."""
     label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
-    seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
-    generator = torch.Generator(device=device).manual_seed(seed)
+    seed, generator = cell_generator(cfg.seed, label, device)
     traffic = traffic_bytes(preset.spec, dtype, tokens)
     n_sets = rotation_sets(traffic.total, env["l2_bytes"])
     sets = [random_inputs(preset.spec, tokens, dtype, generator, cache) for _ in range(n_sets)]

@@ -24,7 +24,6 @@ skipped. The dispatch table (:func:`fqr.bench.run.dispatch_rows`) takes every pr
 
 from __future__ import annotations
 
-import zlib
 from functools import partial
 
 import torch
@@ -34,7 +33,7 @@ from ..numerics import compare_kind
 from ..presets import Preset
 from ..prologue import Variant, variant_of
 from .cell import Cell, Implementation
-from .checks import check_row_index
+from .checks import cell_generator, check_row_index, check_rows, record
 from .config import BenchConfig
 from .document import FQR
 from .traffic import Traffic, rotation_sets
@@ -145,53 +144,27 @@ def check_variant_outputs(
         got = len(outputs) if isinstance(outputs, (tuple, list)) else type(outputs).__name__
         return report | {"passed": False, "error": f"{got} outputs, expected {names}"}
     for name, out in zip(names, outputs):
-        want = exact[name]
+        want, kind = exact[name], variant.tolerance(name, preset)
+        d = variant.head_dim(preset, name)
         if name in whole and isinstance(out, torch.Tensor) and out.shape == want.shape:
-            c = compare_kind(
-                variant.tolerance(name, preset),
-                out,
-                want,
-                head_dim=variant.head_dim(preset, name),
-                numerics=numerics,
-            ).to_dict()
-            report[name] = c
-            report["passed"] = report["passed"] and c["passed"]
-            continue
-        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != tokens:
+            c = compare_kind(kind, out, want, head_dim=d, numerics=numerics).to_dict()
+        elif not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != tokens:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            report[name] = {"passed": False, "error": f"got {got}, expected [{tokens}, ...]"}
-            report["passed"] = False
-            continue
-        nonfinite = int((~torch.isfinite(out.float())).sum())
-        c = compare_kind(
-            variant.tolerance(name, preset),
-            out.index_select(0, rows),
-            want,
-            head_dim=variant.head_dim(preset, name),
-            numerics=numerics,
-        ).to_dict()
-        c["nonfinite_all_rows"] = nonfinite
-        c["passed"] = bool(c["passed"] and nonfinite == 0)
-        report[name] = c
-        report["passed"] = report["passed"] and c["passed"]
+            c = {"passed": False, "error": f"got {got}, expected [{tokens}, ...]"}
+        else:
+            c = check_rows(kind, out, want, rows, d, numerics)
+        record(report, name, c)
     return report
 
 
 def make_variant_cell(
-    cfg: BenchConfig,
-    preset: Preset,
-    dtype: torch.dtype,
-    tokens: int,
-    cache: torch.Tensor,
-    env: dict,
-    ceiling_gbps: float,
-    device: torch.device,
-):
+    cfg: BenchConfig, preset: Preset, dtype: torch.dtype, tokens: int, cache: torch.Tensor,
+    env: dict, ceiling_gbps: float, device: torch.device,
+) -> Cell:  # fmt: skip
     """A :class:`fqr.bench.run.Cell` of a variant preset (seeded per cell, as split-qkv's)."""
     variant = variant_of(preset)
     label = f"{preset.name} {dtype_name(dtype)} T={tokens}"
-    seed = cfg.seed * 1_000_003 + zlib.crc32(label.encode()) % 1_000_003
-    generator = torch.Generator(device=device).manual_seed(seed)
+    seed, generator = cell_generator(cfg.seed, label, device)
 
     def draw():
         return variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])

@@ -15,9 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .. import reference
 from ..core import dtype_name
-from ..numerics import compare
 from ..presets import Preset
 from .fusion_pass import FusionBackend, fusion_patterns
 from .models import VllmStyleModel, preset_model
@@ -133,28 +131,10 @@ def evaluate_fusion(
     for i, name in ((1, "q"), (2, "k"), (3, "v")):
         diff[name] = max(_max_diff(o[i], r[i]) for o, r in zip(out[1], ref[1]))
 
-    checks = []
-    for layer, (qkv, q, k, v) in zip(model.layers, out[1]):
-        s = layer.shape.spec
-        exact_q, exact_k, _ = reference.prologue(
-            qkv,
-            positions,
-            layer.cos_sin_cache,
-            layer.q_weight,
-            layer.k_weight,
-            **s.kwargs(q_bias=layer.q_bias, k_bias=layer.k_bias),
-        )
-        cq = compare(q, exact_q, head_dim=s.head_dim, numerics="unfused")
-        ck = compare(k, exact_k, head_dim=s.head_dim, numerics="unfused")
-        v_exact = bool(torch.equal(v, qkv[:, s.q_size + s.kv_size :]))  # v is a copy
-        checks.append(
-            {
-                "max_rel_head": max(cq.max_rel_head, ck.max_rel_head),
-                "v_exact": v_exact,
-                "passed": cq.passed and ck.passed and v_exact,
-                "tolerance": cq.tolerance,
-            }
-        )
+    checks = [
+        layer.check_prologue(positions, qkv, q, k, v)
+        for layer, (qkv, q, k, v) in zip(model.layers, out[1])
+    ]
     worst = max(checks, key=lambda c: (not c["passed"], c["max_rel_head"]))
     unfused_left: dict = {}
     for g in fusion.stats.graphs:

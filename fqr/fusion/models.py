@@ -19,6 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
+from .. import reference
+from ..numerics import compare
 from ..presets import Preset, PrologueSpec
 from ..rope_cache import rope_cos_sin_cache
 from .unfused import vllm_qk_norm_rope
@@ -115,6 +117,29 @@ class VllmStyleAttention(nn.Module):
             k.view(1, t, s.num_kv_heads, s.head_dim).transpose(1, 2),
             v.view(1, t, s.num_kv_heads, s.head_dim).transpose(1, 2),
         )
+
+    def check_prologue(self, positions, qkv, q, k, v) -> dict:
+        """This layer's q and k (fused or not) against the float64 formulation of its
+        ``qkv`` (:func:`fqr.reference.prologue`) under the ``unfused`` contract, and v the copy
+        of qkv's v columns."""
+        s = self.shape.spec
+        exact_q, exact_k, _ = reference.prologue(
+            qkv,
+            positions,
+            self.cos_sin_cache,
+            self.q_weight,
+            self.k_weight,
+            **s.kwargs(q_bias=self.q_bias, k_bias=self.k_bias),
+        )
+        cq = compare(q, exact_q, head_dim=s.head_dim, numerics="unfused")
+        ck = compare(k, exact_k, head_dim=s.head_dim, numerics="unfused")
+        v_exact = bool(torch.equal(v, qkv[:, s.q_size + s.kv_size :]))  # v is a copy
+        return {
+            "max_rel_head": max(cq.max_rel_head, ck.max_rel_head),
+            "tolerance": cq.tolerance,
+            "v_exact": v_exact,
+            "passed": cq.passed and ck.passed and v_exact,
+        }
 
     def sdpa_backend(self, tokens: int) -> str:
         """The SDPA backend PyTorch picks for this layer's attention over ``tokens`` tokens on

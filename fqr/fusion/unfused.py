@@ -91,20 +91,13 @@ def vllm_rotary_embedding(
     cos_sin = cos_sin_cache.index_select(0, positions)
     cos, sin = cos_sin.chunk(2, dim=-1)
 
-    query_shape = query.shape
-    query = query.view(num_tokens, -1, head_size)
-    query_rot = query[..., :rotary_dim]
-    query_pass = query[..., rotary_dim:]
-    query_rot = vllm_apply_rotary_emb(query_rot, cos, sin, is_neox_style)
-    query = torch.cat((query_rot, query_pass), dim=-1).reshape(query_shape)
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # query, then key: the same lines in vLLM
+        shape = x.shape
+        x = x.view(num_tokens, -1, head_size)
+        x_rot = vllm_apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox_style)
+        return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
 
-    key_shape = key.shape
-    key = key.view(num_tokens, -1, head_size)
-    key_rot = key[..., :rotary_dim]
-    key_pass = key[..., rotary_dim:]
-    key_rot = vllm_apply_rotary_emb(key_rot, cos, sin, is_neox_style)
-    key = torch.cat((key_rot, key_pass), dim=-1).reshape(key_shape)
-    return query, key
+    return rotate(query), rotate(key)
 
 
 def vllm_qk_norm_rope(

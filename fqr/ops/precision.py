@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
+from .common import emit_elementwise
 
 reduce_precision_p = primitive("reduce_precision")
 
@@ -41,9 +42,5 @@ def _rp_facts(x: Aval, *, dtype) -> HeadOp:
 def _rp_lowering(b: EmitContext, eqn: Eqn) -> None:
     x_var = eqn.inputs[0]
     assert x_var is not None
-    out = {}
-    for name, v in b.pieces(x_var).items():
-        y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
-        b.emit(f"{y} = {b.cast(v, eqn.params['dtype'])}.to(tl.float32)")
-        out[name] = y
-    b.set(eqn.outputs[0], out)
+    dtype = eqn.params["dtype"]
+    emit_elementwise(b, eqn, x_var, lambda v: f"{b.cast(v, dtype)}.to(tl.float32)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, Eqn, HeadLayout, HeadOp, Role, primitive
+from .common import check_token_index
 
 rope_p = primitive("rope")
 
@@ -57,12 +58,7 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
         raise ValueError(f"x must be 2-D [T, heads*head_dim], got shape {list(x.shape)}")
     if d < 1 or x.shape[1] % d:
         raise ValueError(f"head_dim {d} does not divide the width {x.shape[1]}")
-    if positions.ndim != 1 or positions.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"positions must be [T] with T = {x.shape[0]}, got {list(positions.shape)}"
-        )
-    if positions.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    check_token_index("positions", positions, x)
     if cache.ndim != 2:
         raise ValueError(
             f"cos_sin_cache must be 2-D [max_position, rotary_dim], got {list(cache.shape)}"

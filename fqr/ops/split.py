@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..core import Aval, Section, Views, primitive
+from ..core import Aval, Section, Views, primitive, qkv_sections
 
 split_heads_p = primitive("split_heads", multiple_results=True)
 
@@ -51,7 +51,7 @@ def split_qkv(
     ``qkv.split([q_size, kv_size, v_size], dim=-1)``, as three back-to-back sections
     (``Hv``, ``Dv`` default to k's). ``head_stride`` (>= both head dims): every head of the row
     starts ``head_stride`` columns after the previous one (a padded ``[T, heads, head_stride]``
-    layout; the padding is not read)."""
+    layout; the padding is not read). The sections are :func:`fqr.core.qkv_sections`'."""
     hv = num_kv_heads if num_v_heads is None else num_v_heads
     dv = head_dim if v_head_dim is None else v_head_dim
     for name, v in (
@@ -69,26 +69,17 @@ def split_qkv(
         raise ValueError(
             f"head_stride must be an int >= head_dim and v_head_dim, got {head_stride!r}"
         )
-    s = head_stride
-    if s is None:
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        width = q_size + kv_size + hv * dv
-        sections = (
-            Section(num_heads, head_dim, 0),
-            Section(num_kv_heads, head_dim, q_size),
-            Section(hv, dv, q_size + kv_size),
-        )
-        layout = f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = {width}"
-    else:
-        width = (num_heads + num_kv_heads + hv) * s
-        sections = (
-            Section(num_heads, head_dim, 0, s),
-            Section(num_kv_heads, head_dim, num_heads * s, s),
-            Section(hv, dv, (num_heads + num_kv_heads) * s, s),
-        )
-        layout = f"(num_heads + num_kv_heads + num_v_heads) * head_stride = {width}"
+    sections = qkv_sections(
+        num_heads, num_kv_heads, head_dim, num_v_heads=hv, v_head_dim=dv, head_stride=head_stride
+    )
+    if head_stride is None:
+        width = sections[-1].end
+        expected = f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = {width}"
+    else:  # every head's padding, the last one's too
+        width = (num_heads + num_kv_heads + hv) * head_stride
+        expected = f"(num_heads + num_kv_heads + num_v_heads) * head_stride = {width}"
     if len(qkv.shape) == 2 and qkv.shape[1] != width:
-        raise ValueError(f"qkv width {qkv.shape[1]} != {layout}")
+        raise ValueError(f"qkv width {qkv.shape[1]} != {expected}")
     return split_heads(qkv, sections)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
+from .common import check_token_index, emit_elementwise
 
 attn_temperature_p = primitive("attn_temperature")
 
@@ -38,12 +39,7 @@ def _temperature_abstract(x: Aval, positions: Aval, *, floor_scale, attn_scale):
         raise ValueError(f"x must be 2-D [T, heads*head_dim], got shape {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be a floating tensor, got {x.dtype}")
-    if positions.ndim != 1 or positions.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"positions must be [T] with T = {x.shape[0]}, got {list(positions.shape)}"
-        )
-    if positions.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+    check_token_index("positions", positions, x)
     if not floor_scale > 0:
         raise ValueError(f"floor_scale must be > 0, got {floor_scale}")
     if not attn_scale == attn_scale or abs(attn_scale) == float("inf"):
@@ -75,9 +71,4 @@ def _temperature_lowering(b: EmitContext, eqn: Eqn) -> None:
         f"{s} = (tl.log(tl.floor(({pos} + 1.0) / {p['floor_scale']!r}) + 1.0)"
         f" * {p['attn_scale']!r} + 1.0)[:, None, None]"
     )
-    out = {}
-    for name, v in b.pieces(x_var).items():
-        y = b.fresh(f"{b.var_name(eqn.outputs[0])}_{name}_")
-        b.emit(f"{y} = {v} * {s}")
-        out[name] = y
-    b.set(eqn.outputs[0], out)
+    emit_elementwise(b, eqn, x_var, lambda v: f"{v} * {s}")

@@ -61,3 +61,34 @@ def norm_then_rope(
 def round_to(x, numerics: str):
     """The dtype ``numerics="unfused"`` rounds to (``x``'s), else None (the fused contract)."""
     return x.dtype if numerics.startswith("unfused") else None
+
+
+def head_norm_rope(
+    q, k, positions, cos_sin_cache, weights, s: dict, *, biases=(None, None), head_dim=None
+):
+    """Per-head RMSNorm + RoPE of q and k (:func:`norm_then_rope` over heads of ``head_dim``,
+    default the call's) with the call's static arguments ``s`` (``eps``, ``is_neox``,
+    ``weight_offset``, ``numerics``)."""
+    d = head_dim or s["head_dim"]
+    return norm_then_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        weights,
+        biases,
+        groups=(d, d),
+        head_dim=d,
+        eps=s["eps"],
+        is_neox=s["is_neox"],
+        weight_offset=s.get("weight_offset", 0.0),
+        numerics=s["numerics"],
+    )
+
+
+def split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s: dict):
+    """vLLM's packed ``[q | k | v]`` row split (``num_heads``, ``num_kv_heads``,
+    ``head_dim`` of ``s``), then :func:`head_norm_rope` of q and k: ``(q, k, v)``."""
+    q, k, v = ops.split_qkv(qkv, s["num_heads"], s["num_kv_heads"], s["head_dim"])
+    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s)
+    return q, k, v

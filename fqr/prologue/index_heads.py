@@ -23,7 +23,8 @@ from ..inputs import (
     with_outliers,
 )
 from ..peers import minimax_index_prologue
-from .blocks import norm_then_rope
+from . import params
+from .blocks import head_norm_rope
 from .declare import (
     BACKEND,
     Call,
@@ -37,87 +38,37 @@ from .declare import (
     numerics,
     positive_int,
 )
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_WEIGHT,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    POSITIONS,
-    Q_WEIGHT,
-    QKV,
-    WEIGHT_OFFSET,
-    heads_divide,
-    weight,
-    with_default,
-)
 from .variant import CaseSpec, Variant, register_variant
 
 
 def index_heads_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    index_q_weight,
-    index_k_weight,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    num_index_heads,
-    index_head_dim,
-    eps,
-    is_neox,
-    weight_offset,
-    attn_fp8,
-    index_fp8,
-    numerics,
+    qkv, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight, **s
 ):
     """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
     | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head, index_q
     and the one index_k head per ``index_head_dim`` head, all four rotated by the same table;
     ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
     as E4M3."""
-    iq_at = (num_heads + 2 * num_kv_heads) * head_dim
+    hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
+    hi, di = s["num_index_heads"], s["index_head_dim"]
+    iq_at = (hq + 2 * hkv) * d
     q, k, v, iq, ik = ops.split_heads(
         qkv,
         (
-            ops.Section(num_heads, head_dim, 0),
-            ops.Section(num_kv_heads, head_dim, num_heads * head_dim),
-            ops.Section(num_kv_heads, head_dim, (num_heads + num_kv_heads) * head_dim),
-            ops.Section(num_index_heads, index_head_dim, iq_at),
-            ops.Section(1, index_head_dim, iq_at + num_index_heads * index_head_dim),
+            ops.Section(hq, d, 0),
+            ops.Section(hkv, d, hq * d),
+            ops.Section(hkv, d, (hq + hkv) * d),
+            ops.Section(hi, di, iq_at),
+            ops.Section(1, di, iq_at + hi * di),
         ),
     )
-    common = dict(eps=eps, is_neox=is_neox, weight_offset=weight_offset, numerics=numerics)
-    q, k = norm_then_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        groups=(head_dim, head_dim),
-        head_dim=head_dim,
-        **common,
-    )
-    iq, ik = norm_then_rope(
-        iq,
-        ik,
-        positions,
-        cos_sin_cache,
-        (index_q_weight, index_k_weight),
-        groups=(index_head_dim, index_head_dim),
-        head_dim=index_head_dim,
-        **common,
-    )
+    q, k = head_norm_rope(q, k, positions, cos_sin_cache, (q_weight, k_weight), s)
+    index_weights = (index_q_weight, index_k_weight)
+    iq, ik = head_norm_rope(iq, ik, positions, cos_sin_cache, index_weights, s, head_dim=di)
     attn, index = [q, k, v], [iq, ik]
-    if attn_fp8:
+    if s["attn_fp8"]:
         attn = [ops.quantize_fp8(x) for x in attn]
-    if index_fp8:
+    if s["index_fp8"]:
         index = [ops.quantize_fp8(x) for x in index]
     return (*attn, *index)
 
@@ -134,7 +85,7 @@ def index_width(call: Call) -> tuple[int, str]:
 
 def _index_weight(name: str, of: str):
     return replace(
-        weight(name, of),
+        params.weight(name, of),
         kind=Vector(length=lambda call: call.index_head_dim, what="its head_dim"),
         doc=f"``[index_head_dim]`` RMSNorm weight of {of}",
     )
@@ -147,23 +98,23 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     index_heads_prologue,
     (
         replace(
-            QKV,
+            params.QKV,
             kind=Rows(what="[T, q | k | v | index_q | index_k]", width=index_width),
             doc="``[T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]``: the packed row ``[q | k | v | index_q | "
             "index_k]``, Hi indexer q heads and ONE indexer k head shared by them, both Di wide",
         ),
-        POSITIONS,
+        params.POSITIONS,
         replace(
-            COS_SIN_CACHE,
+            params.COS_SIN_CACHE,
             kind=Table(head_dim=lambda call: min(call.head_dim, call.index_head_dim)),
         ),
-        replace(Q_WEIGHT, kind=_HEAD_WEIGHT),
-        replace(K_WEIGHT, kind=_HEAD_WEIGHT),
+        replace(params.Q_WEIGHT, kind=_HEAD_WEIGHT),
+        replace(params.K_WEIGHT, kind=_HEAD_WEIGHT),
         _index_weight("index_q_weight", "index_q"),
         _index_weight("index_k_weight", "index_k"),
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
         Static(
             "num_index_heads",
             annotation="int",
@@ -178,9 +129,9 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
             schema="int",
             doc="features per indexer head",
         ),
-        EPS,
-        IS_NEOX,
-        with_default(WEIGHT_OFFSET, 1.0),
+        params.EPS,
+        params.IS_NEOX,
+        params.with_default(params.WEIGHT_OFFSET, 1.0),
         Static(
             "attn_fp8",
             False,
@@ -208,7 +159,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         Output("index_k", head_dim=lambda s: s["index_head_dim"]),
     ),
     reference=reference.index_prologue,
-    static_checks=(heads_divide,),
+    static_checks=(params.heads_divide,),
     doc="""
     MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
     ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.

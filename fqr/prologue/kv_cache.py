@@ -17,64 +17,20 @@ from ..core import DTYPE_NAMES
 from ..inputs import random_norm_params, random_positions, random_qkv, with_outliers
 from ..ops.fp8 import FP8_E4M3
 from ..peers import minimax_cache_prologue
-from .blocks import norm_then_rope
+from . import params
+from .blocks import split_head_norm_rope
 from .declare import BACKEND, Cache, Call, Output, Scale, Slots, Tensor, declare, numerics
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_WEIGHT,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    OPTIONAL_TENSOR,
-    POSITIONS,
-    Q_WEIGHT,
-    QKV,
-    TENSOR,
-    WEIGHT_OFFSET,
-    heads_divide,
-)
 from .variant import CaseSpec, Variant, register_variant
 
 
 def cache_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    key_cache,
-    value_cache,
-    slot_mapping,
-    k_scale,
-    v_scale,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    eps,
-    is_neox,
-    weight_offset,
-    numerics,
-):
+    qkv, positions, cos_sin_cache, q_weight, k_weight, key_cache, value_cache, slot_mapping,
+    k_scale, v_scale, **s,
+):  # fmt: skip
     """Norm + RoPE of q and k, then k and v written into the paged caches by slot (traced into
     one program): returns ``(q, new key_cache, new value_cache)``, the caches functional
     updates (:func:`fqr.ops.cache_insert`) that the kernel stores in place when donated."""
-    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    q, k = norm_then_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        groups=(head_dim, head_dim),
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        numerics=numerics,
-    )
+    q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, (q_weight, k_weight), s)
     key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
     value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
     return q, key_cache, value_cache
@@ -122,7 +78,7 @@ def _cache(name: str, what: str) -> Tensor:
     return Tensor(
         name,
         keyword=False,
-        annotation=TENSOR,
+        annotation=params.TENSOR,
         kind=_CACHE,
         donated=True,
         doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
@@ -134,7 +90,7 @@ def _scale(name: str, of: str) -> Tensor:
     return Tensor(
         name,
         None,
-        annotation=OPTIONAL_TENSOR,
+        annotation=params.OPTIONAL_TENSOR,
         kind=Scale(),
         optional=True,
         doc=f"float32 ``[1]`` per-tensor scale of an FP8 {of} cache (default 1): stored "
@@ -146,27 +102,27 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     "split_qkv_rmsnorm_rope_cache",
     cache_prologue,
     (
-        QKV,
-        POSITIONS,
-        COS_SIN_CACHE,
-        Q_WEIGHT,
-        K_WEIGHT,
+        params.QKV,
+        params.POSITIONS,
+        params.COS_SIN_CACHE,
+        params.Q_WEIGHT,
+        params.K_WEIGHT,
         _cache("key_cache", "key"),
         _cache("value_cache", "value"),
         Tensor(
             "slot_mapping",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Slots(),
             doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
             "``s % block_size``; negative: padding, nothing stored",
         ),
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
-        EPS,
-        IS_NEOX,
-        WEIGHT_OFFSET,
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
+        params.EPS,
+        params.IS_NEOX,
+        params.WEIGHT_OFFSET,
         _scale("k_scale", "key"),
         _scale("v_scale", "value"),
         numerics(),
@@ -174,7 +130,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     ),
     (Output("q"), Output("key_cache"), Output("value_cache")),
     reference=reference.cache_prologue,
-    static_checks=(heads_divide,),
+    static_checks=(params.heads_divide,),
     checks=(_caches_agree, _distinct_caches),
     value_checks=((lambda call: True, _distinct_caches),),
     doc="""

@@ -39,6 +39,7 @@ from ..fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..inputs import random_heads, random_positions
 from ..ops.fp8 import FP8_E4M3 as FP8
 from ..validate import check_positive_int
+from . import params
 from .blocks import round_to
 from .declare import (
     BACKEND,
@@ -56,7 +57,6 @@ from .declare import (
     numerics,
     positive_int,
 )
-from .params import COS_SIN_CACHE, EPS, IS_NEOX, OPTIONAL_TENSOR, POSITIONS, TENSOR
 from .variant import CaseSpec, Variant, register_variant
 
 TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values (vLLM's)
@@ -72,21 +72,7 @@ def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
 
 
 def mla_kv_prologue(
-    kv_a,
-    positions,
-    cos_sin_cache,
-    q_a_weight,
-    kv_a_weight,
-    kv_cache,
-    slot_mapping,
-    k_scale,
-    *,
-    q_lora_rank,
-    kv_lora_rank,
-    qk_rope_head_dim,
-    eps,
-    is_neox,
-    numerics,
+    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale, **s
 ):
     """Split ``[q_c | kv_c | k_pe]``, norm q_c and kv_c over their widths, rotate k_pe, store
     ``[kv_c | k_pe]`` into the cache (traced into one program): returns ``(q_c, kv_c, k_pe, new
@@ -94,6 +80,8 @@ def mla_kv_prologue(
     model dtype where vLLM's ``RMSNorm.forward_native`` and rotary code round (an
     ``fp8_ds_mla`` tile's max is then taken over the rounded kv_c, as vLLM's cache kernel
     takes it over ``kv_c_normed``)."""
+    q_lora_rank, kv_lora_rank, rope_dim = s["q_lora_rank"], s["kv_lora_rank"], s["qk_rope_head_dim"]
+    eps = s["eps"]
     byte_entry = kv_cache.dtype == BYTES
     # fp8_ds_mla quantizes kv_c tile by tile: held as heads of one tile (its norm over the whole
     # width is then a reduction over the row of those heads)
@@ -101,17 +89,17 @@ def mla_kv_prologue(
     sections = [Section(1, q_lora_rank, 0)] if q_lora_rank else []
     sections += [
         Section(kv_heads, kv_lora_rank // kv_heads, q_lora_rank),
-        Section(1, qk_rope_head_dim, q_lora_rank + kv_lora_rank),
+        Section(1, rope_dim, q_lora_rank + kv_lora_rank),
     ]
     *q_c, kv_c, k_pe = ops.split_heads(kv_a, sections)
-    rounding = round_to(kv_a, numerics)
+    rounding = round_to(kv_a, s["numerics"])
     kv_c = ops.rms_norm(kv_c, kv_a_weight, eps=eps, group_size=kv_lora_rank, round_to=rounding)
     k_pe = ops.rope(
         k_pe,
         positions,
         cos_sin_cache,
-        head_dim=qk_rope_head_dim,
-        is_neox=is_neox,
+        head_dim=rope_dim,
+        is_neox=s["is_neox"],
         round_to=rounding,
     )
     if byte_entry:
@@ -130,20 +118,9 @@ def mla_kv_prologue(
 
 
 def mla_kv_reference(
-    kv_a,
-    positions,
-    cos_sin_cache,
-    q_a_weight,
-    kv_a_weight,
-    kv_cache,
-    slot_mapping,
-    *,
-    q_lora_rank,
-    kv_lora_rank,
-    eps=1e-6,
-    is_neox=False,
-    k_scale=None,
-):
+    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
+    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None,
+):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
     (:func:`fqr.reference.mla_cache_entry`) or ``concat_and_cache_ds_mla``
@@ -250,23 +227,23 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         Tensor(
             "kv_a",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Rows(width=_row_width),
             doc="``[T, q_lora_rank + kv_lora_rank + qk_rope_head_dim]``: the fused q_a / kv_a "
             "projection row ``[q_c | kv_c | k_pe]`` (``[kv_c | k_pe]`` without q_lora_rank), "
             "bf16/fp16/fp32",
         ),
-        replace(POSITIONS, kind=type(POSITIONS.kind)(rows_of="kv_a")),
+        replace(params.POSITIONS, kind=type(params.POSITIONS.kind)(rows_of="kv_a")),
         replace(
-            COS_SIN_CACHE,
+            params.COS_SIN_CACHE,
             kind=Table(head_dim=lambda call: call.qk_rope_head_dim),
-            doc=COS_SIN_CACHE.doc.replace("at most head_dim", "qk_rope_head_dim")
+            doc=params.COS_SIN_CACHE.doc.replace("at most head_dim", "qk_rope_head_dim")
             + " (the model's YaRN table: preset.cos_sin_cache())",
         ),
         Tensor(
             "q_a_weight",
             keyword=False,
-            annotation=OPTIONAL_TENSOR,
+            annotation=params.OPTIONAL_TENSOR,
             kind=Vector(length=lambda call: call.q_lora_rank, what="q_lora_rank"),
             optional=True,
             doc="``[q_lora_rank]`` weight of q_a_layernorm (None without q_lora_rank)",
@@ -274,14 +251,14 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         Tensor(
             "kv_a_weight",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Vector(length=lambda call: call.kv_lora_rank, what="kv_lora_rank"),
             doc="``[kv_lora_rank]`` weight of kv_a_layernorm",
         ),
         Tensor(
             "kv_cache",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Cache(
                 shape=_entry,
                 dtypes=_cache_dtypes,
@@ -297,7 +274,7 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         Tensor(
             "slot_mapping",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Slots(cache="kv_cache", rows_of="kv_a"),
             doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
             "``s % block_size``; negative: padding, nothing stored",
@@ -324,12 +301,12 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             schema="int",
             doc="width of k_pe, the one rotated key head (64)",
         ),
-        EPS,
-        replace(IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        params.EPS,
+        replace(params.IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
         Tensor(
             "k_scale",
             None,
-            annotation=OPTIONAL_TENSOR,
+            annotation=params.OPTIONAL_TENSOR,
             kind=Scale(),
             optional=True,
             doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "

@@ -23,10 +23,10 @@ from .. import ops, reference
 from ..core import Section
 from ..fusion.unfused import vllm_rotary_embedding
 from ..inputs import random_heads, random_positions
+from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Rows, Static, Table, Tensor, declare, numerics
 from .mla_kv import MLA_PARAMS, check_mla_preset
-from .params import COS_SIN_CACHE, IS_NEOX, NUM_HEADS, POSITIONS, TENSOR
 from .variant import CaseSpec, Variant, register_variant
 
 
@@ -104,21 +104,21 @@ MLA_Q_ROPE = declare(
         Tensor(
             "q",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=Rows(what="[T, num_heads * (nope + rope)]", width=_width),
             donated=True,
             doc="``[T, H * (qk_nope_head_dim + rope)]``, q_b_proj's output (bf16/fp16/fp32), "
             "each head ``[nope | rope]``; its rope parts are rotated in place (the row "
             "stride may exceed the width)",
         ),
-        replace(POSITIONS, kind=type(POSITIONS.kind)(rows_of="q")),
+        replace(params.POSITIONS, kind=type(params.POSITIONS.kind)(rows_of="q")),
         replace(
-            COS_SIN_CACHE,
+            params.COS_SIN_CACHE,
             kind=Table(head_dim=lambda call: 1 << 30),  # any even width: the rope part is R
-            doc=COS_SIN_CACHE.doc.replace("at most head_dim", "the rope part of a head")
+            doc=params.COS_SIN_CACHE.doc.replace("at most head_dim", "the rope part of a head")
             + " (the model's YaRN table: preset.cos_sin_cache())",
         ),
-        NUM_HEADS,
+        params.NUM_HEADS,
         Static(
             "qk_nope_head_dim",
             annotation="int",
@@ -126,7 +126,7 @@ MLA_Q_ROPE = declare(
             schema="int",
             doc="features before the rope part of each head (DeepSeek-V3: 128)",
         ),
-        replace(IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        replace(params.IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
         numerics(),
         BACKEND,
     ),

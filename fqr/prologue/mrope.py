@@ -19,79 +19,42 @@ from ..core import Section
 from ..inputs import random_norm_params, random_positions, random_qkv
 from ..peers import vllm_mrope_prologue
 from ..validate import check_mrope_section
+from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Positions, Rows, Static, declare, flag, numerics
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_BIAS,
-    K_WEIGHT,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    POSITIONS,
-    Q_BIAS,
-    Q_WEIGHT,
-    QKV,
-    WEIGHT_OFFSET,
-    biases_together,
-    heads_divide,
-)
 from .variant import CaseSpec, Variant, register_variant
 
 
 def mrope_attention_prologue(
-    qkv,
-    positions_t,
-    positions_h,
-    positions_w,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    q_bias,
-    k_bias,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    mrope_section,
-    mrope_interleaved,
-    eps,
-    is_neox,
-    weight_offset,
-    output_gate,
-    numerics,
-):
+    qkv, positions_t, positions_h, positions_w, cos_sin_cache, q_weight, k_weight, q_bias,
+    k_bias, **s,
+):  # fmt: skip
     """Qwen3-VL / Qwen3.5 (traced into one program): split the row (with ``output_gate``,
     each q head followed by its gate head, ``[q_0 g_0 q_1 g_1 ... | k | v]``), per-head
     RMSNorm of q and k, multimodal RoPE of both from the three position planes; returns
     ``(q, k, v)`` or ``(q, k, v, gate)``, v and the gate copies of the row."""
-    d = head_dim
-    q_end = (2 if output_gate else 1) * num_heads * d
+    hq, hkv, d, gated = s["num_heads"], s["num_kv_heads"], s["head_dim"], s["output_gate"]
+    q_end = (2 if gated else 1) * hq * d
     sections = [
-        Section(num_heads, d, 0, 2 * d if output_gate else d),
-        Section(num_kv_heads, d, q_end),
-        Section(num_kv_heads, d, q_end + num_kv_heads * d),
+        Section(hq, d, 0, 2 * d if gated else d),
+        Section(hkv, d, q_end),
+        Section(hkv, d, q_end + hkv * d),
     ]
-    if output_gate:
-        sections.append(Section(num_heads, d, d, 2 * d))
+    if gated:
+        sections.append(Section(hq, d, d, 2 * d))
     q, k, v, *gate = ops.split_heads(qkv, sections)
-    rounding = round_to(qkv, numerics)
+    rounding = round_to(qkv, s["numerics"])
+    norm = dict(eps=s["eps"], group_size=d, weight_offset=s["weight_offset"], round_to=rounding)
+    rotation = dict(
+        head_dim=d,
+        mrope_section=s["mrope_section"],
+        mrope_interleaved=s["mrope_interleaved"],
+        is_neox=s["is_neox"],
+        round_to=rounding,
+    )
     planes = (positions_t, positions_h, positions_w)
     q, k = (
-        ops.mrope(
-            ops.rms_norm(
-                x, w, eps=eps, group_size=d, bias=b, weight_offset=weight_offset, round_to=rounding
-            ),
-            *planes,
-            cos_sin_cache,
-            head_dim=d,
-            mrope_section=mrope_section,
-            mrope_interleaved=mrope_interleaved,
-            is_neox=is_neox,
-            round_to=rounding,
-        )
+        ops.mrope(ops.rms_norm(x, w, bias=b, **norm), *planes, cos_sin_cache, **rotation)
         for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
     )
     return (q, k, v, *gate)
@@ -121,23 +84,23 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
     mrope_attention_prologue,
     (
         replace(
-            QKV,
+            params.QKV,
             kind=Rows(width=gated_width),
             doc="``[T, (Hq + 2*Hkv)*D]`` packed rows, or with ``output_gate`` Qwen3.5's gated "
             "row ``[T, (2*Hq + 2*Hkv)*D]`` (``[q_0 g_0 q_1 g_1 ... | k | v]``)",
         ),
         replace(
-            POSITIONS,
+            params.POSITIONS,
             kind=Positions(planes=3),
             doc="``[3, T]`` (temporal, height, width planes, each contiguous along T) or ``[T]`` "
             "(text: one position on every plane, plain RoPE bit for bit), int32/int64",
         ),
-        COS_SIN_CACHE,
-        Q_WEIGHT,
-        K_WEIGHT,
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
+        params.COS_SIN_CACHE,
+        params.Q_WEIGHT,
+        params.K_WEIGHT,
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
         Static(
             "mrope_section",
             annotation="tuple[int, int, int] | list[int]",
@@ -157,11 +120,11 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
             doc="the sections interleaved over the frequencies (Qwen3-VL, Qwen3.5; "
             "fqr.ops.mrope says which plane each frequency reads)",
         ),
-        EPS,
-        IS_NEOX,
-        Q_BIAS,
-        K_BIAS,
-        WEIGHT_OFFSET,
+        params.EPS,
+        params.IS_NEOX,
+        params.Q_BIAS,
+        params.K_BIAS,
+        params.WEIGHT_OFFSET,
         Static(
             "output_gate",
             False,
@@ -181,7 +144,7 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
         Output("gate", copy=True, present=lambda call: call.output_gate),
     ),
     reference=reference.mrope_prologue,
-    static_checks=(heads_divide, biases_together),
+    static_checks=(params.heads_divide, params.biases_together),
     checks=(_section_fits,),
     doc="""
     Split the packed row, RMS-normalise q and k per head, rotate them by multimodal RoPE;

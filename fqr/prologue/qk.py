@@ -10,55 +10,16 @@ run it). This module has no preset variant: the fusion pass and the drop-in exam
 from __future__ import annotations
 
 from .. import reference
-from .blocks import norm_then_rope
+from . import params
+from .blocks import head_norm_rope
 from .declare import BACKEND, MISSING, Call, Output, Rows, Tensor, Vector, declare, numerics
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_BIAS,
-    OPTIONAL_TENSOR,
-    POSITIONS,
-    Q_BIAS,
-    Q_WEIGHT,
-    TENSOR,
-    WEIGHT_OFFSET,
-)
 
 
-def qk_norm_rope_prologue(
-    q,
-    k,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    q_bias,
-    k_bias,
-    *,
-    head_dim,
-    eps,
-    is_neox,
-    weight_offset,
-    numerics,
-):
+def qk_norm_rope_prologue(q, k, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **s):
     """Per-head norm + RoPE of separate q and k (traced into one program); ``k`` None: q
     alone, the output ``(q,)``."""
-    q, k = norm_then_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        (q_bias, k_bias),
-        groups=(head_dim, head_dim),
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        numerics=numerics,
-    )
+    weights, biases = (q_weight, k_weight), (q_bias, k_bias)
+    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s, biases=biases)
     return (q,) if k is None else (q, k)
 
 
@@ -88,7 +49,7 @@ QK_RMSNORM_ROPE = declare(
         Tensor(
             "q",
             keyword=False,
-            annotation=TENSOR,
+            annotation=params.TENSOR,
             kind=_ROWS,
             doc="``[T, Hq*D]`` q rows (bf16/fp16/fp32)",
         ),
@@ -96,7 +57,7 @@ QK_RMSNORM_ROPE = declare(
             "k",
             MISSING,
             keyword=False,
-            annotation=OPTIONAL_TENSOR,
+            annotation=params.OPTIONAL_TENSOR,
             kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim", like="q"),
             optional=True,
             doc="``[T, Hkv*D]`` k rows in q's dtype, or None: q alone",
@@ -104,27 +65,27 @@ QK_RMSNORM_ROPE = declare(
         Tensor(
             "positions",
             keyword=False,
-            annotation=TENSOR,
-            kind=type(POSITIONS.kind)(rows_of="q"),
-            doc=POSITIONS.doc,
+            annotation=params.TENSOR,
+            kind=type(params.POSITIONS.kind)(rows_of="q"),
+            doc=params.POSITIONS.doc,
         ),
-        COS_SIN_CACHE,
-        Q_WEIGHT,
+        params.COS_SIN_CACHE,
+        params.Q_WEIGHT,
         Tensor(
             "k_weight",
             MISSING,
             keyword=False,
-            annotation=OPTIONAL_TENSOR,
+            annotation=params.OPTIONAL_TENSOR,
             kind=Vector(),
             optional=True,
             doc="``[head_dim]`` RMSNorm weight of k (None with k None)",
         ),
-        HEAD_DIM,
-        EPS,
-        IS_NEOX,
-        Q_BIAS,
-        K_BIAS,
-        WEIGHT_OFFSET,
+        params.HEAD_DIM,
+        params.EPS,
+        params.IS_NEOX,
+        params.Q_BIAS,
+        params.K_BIAS,
+        params.WEIGHT_OFFSET,
         numerics(),
         BACKEND,
     ),

@@ -12,71 +12,39 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import ops, reference
+from ..inputs import random_row
 from ..peers import llama4_prologue
 from ..validate import check_finite_scalar
+from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Positions, Static, declare, numerics
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    OPTIONAL_TENSOR,
-    POSITIONS,
-    QKV,
-    heads_divide,
-    with_default,
-)
 from .variant import CaseSpec, Variant, register_variant
-from .vnorm import draw_row
 
 MAX_TEMPERATURE_POSITION = 1 << 24  # positions are exact as fp32 numbers below this
 
 
-def rope_l2norm_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    eps,
-    is_neox,
-    numerics,
-    floor_scale=None,
-    attn_scale=0.1,
-):
+def rope_l2norm_prologue(qkv, positions, cos_sin_cache, **s):
     """Llama 4: split; on RoPE layers (a ``cos_sin_cache``) rotate q and k, then L2-normalise
     each head without weight; on NoPE layers (None) neither, and with ``floor_scale`` q scaled
     by the attention temperature (traced into one program). Unfused, vLLM rounds after the
     rotation (``rope``'s ``round_to``) and once after the norm (fp32 ``qk_norm(q.float())``);
     Hugging Face rotates in fp32 and rounds once (``unfused-hf``: the rotation exact, then one
     ``reduce_precision``)."""
-    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    rounding = round_to(qkv, numerics)
+    d = s["head_dim"]
+    q, k, v = ops.split_qkv(qkv, s["num_heads"], s["num_kv_heads"], d)
+    rounding = round_to(qkv, s["numerics"])
     if cos_sin_cache is not None:
-        hf = numerics == "unfused-hf"
-        rotated = [
-            ops.rope(
-                x,
-                positions,
-                cos_sin_cache,
-                head_dim=head_dim,
-                is_neox=is_neox,
-                round_to=None if hf else rounding,
-            )
-            for x in (q, k)
-        ]
+        hf = s["numerics"] == "unfused-hf"
+        rotation = dict(head_dim=d, is_neox=s["is_neox"], round_to=None if hf else rounding)
+        rotated = [ops.rope(x, positions, cos_sin_cache, **rotation) for x in (q, k)]
         if hf:
             rotated = [ops.reduce_precision(x, qkv.dtype) for x in rotated]
         q, k = (
-            ops.rms_norm(x, None, eps=eps, group_size=head_dim, round_to=rounding) for x in rotated
+            ops.rms_norm(x, None, eps=s["eps"], group_size=d, round_to=rounding) for x in rotated
         )
-    if floor_scale is not None:
-        q = ops.attn_temperature(q, positions, floor_scale=floor_scale, attn_scale=attn_scale)
+    if s.get("floor_scale") is not None:
+        scale = dict(floor_scale=s["floor_scale"], attn_scale=s["attn_scale"])
+        q = ops.attn_temperature(q, positions, **scale)
     return q, k, v
 
 
@@ -104,28 +72,28 @@ SPLIT_QKV_ROPE_L2NORM = declare(
     "split_qkv_rope_l2norm",
     rope_l2norm_prologue,
     (
-        QKV,
+        params.QKV,
         replace(
-            POSITIONS,
+            params.POSITIONS,
             kind=Positions(
                 used=_reads_positions,
                 limit=lambda call: MAX_TEMPERATURE_POSITION,
             ),
             optional=True,
-            annotation=OPTIONAL_TENSOR,
-            doc=POSITIONS.doc + "; read by the temperature on NoPE layers (below 2^24)",
+            annotation=params.OPTIONAL_TENSOR,
+            doc=params.POSITIONS.doc + "; read by the temperature on NoPE layers (below 2^24)",
         ),
         replace(
-            COS_SIN_CACHE,
+            params.COS_SIN_CACHE,
             optional=True,
-            annotation=OPTIONAL_TENSOR,
-            doc=COS_SIN_CACHE.doc + "; None: a NoPE layer (no rotation, no norm)",
+            annotation=params.OPTIONAL_TENSOR,
+            doc=params.COS_SIN_CACHE.doc + "; None: a NoPE layer (no rotation, no norm)",
         ),
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
-        with_default(EPS, 1e-5),
-        with_default(IS_NEOX, False),
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
+        params.with_default(params.EPS, 1e-5),
+        params.with_default(params.IS_NEOX, False),
         Static(
             "floor_scale",
             None,
@@ -149,7 +117,7 @@ SPLIT_QKV_ROPE_L2NORM = declare(
     ),
     (Output("q"), Output("k"), Output("v", copy=True)),
     reference=reference.rope_l2norm_prologue,
-    static_checks=(heads_divide, _temperature),
+    static_checks=(params.heads_divide, _temperature),
     program_statics=_program_statics,
     doc="""
     Llama 4's prologue: split the packed row; rotate q and k, then L2-normalise each head
@@ -180,7 +148,8 @@ split_qkv_rope_l2norm = SPLIT_QKV_ROPE_L2NORM.function
 
 
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    return draw_row(preset, tokens, dtype, generator, max_position, positions_dtype)
+    row = dict(max_position=max_position, positions_dtype=positions_dtype)
+    return random_row(preset.spec, tokens, dtype, generator, **row)
 
 
 def _kwargs(preset) -> dict:

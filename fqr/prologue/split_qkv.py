@@ -15,7 +15,7 @@ import torch
 
 from .. import ops, reference
 from ..core import Aval
-from ..inputs import random_norm_params, random_positions, random_qkv
+from ..inputs import random_norm_params, random_row
 from ..peers import vllm_prologue
 from ..validate import (
     NORM_KINDS,
@@ -25,6 +25,7 @@ from ..validate import (
     check_tensor,
     check_unit_stride,
 )
+from . import params
 from .blocks import norm_then_rope
 from .declare import (
     BACKEND,
@@ -40,25 +41,6 @@ from .declare import (
     flag,
     numerics,
     optional_positive_int,
-)
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_BIAS,
-    K_WEIGHT,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    OPTIONAL_TENSOR,
-    POSITIONS,
-    Q_BIAS,
-    Q_WEIGHT,
-    QKV,
-    WEIGHT_OFFSET,
-    biases_together,
-    heads_divide,
-    qkv_width,
 )
 from .variant import CaseSpec, Variant, register_variant
 
@@ -164,7 +146,7 @@ def packed_width(call: Call) -> tuple[int, str]:
             f"({hq} + {hkv} + {hv}) * {s} = {width}"
         )
     if call.num_v_heads is None and call.v_head_dim is None:
-        return qkv_width(call)
+        return params.qkv_width(call)
     width = (hq + hkv) * d + hv * dv
     return width, (
         f"num_heads*head_dim + num_kv_heads*head_dim + num_v_heads*v_head_dim = "
@@ -174,7 +156,7 @@ def packed_width(call: Call) -> tuple[int, str]:
 
 def _layout(call: Call) -> None:
     """Head counts, the padded layout's stride, the in-place form's needs."""
-    heads_divide(call)
+    params.heads_divide(call)
     if call.head_stride is not None:
         check_positive_int("head_stride", call.head_stride)
         if call.head_stride < max(call.head_dim, _v_heads(call)[1]):
@@ -209,7 +191,7 @@ def _presence(call: Call) -> None:
                 raise ValueError(f"{name} must be None when norm='none'")
         elif t is None and name.endswith("weight"):
             raise ValueError(f"{name} is required when norm={call.norm!r}")
-    biases_together(call)
+    params.biases_together(call)
     if call.cos_sin_cache is not None and call.positions is None:
         raise ValueError("positions is required with a cos_sin_cache (None only without RoPE)")
     if call.norm_stats is not None and call.norm != "full":
@@ -296,32 +278,20 @@ def _returns(call: Call, outs: tuple):
     return tuple(outs)
 
 
+def _inputs(call: Call) -> tuple:
+    """The tensors the call reads (None where absent)."""
+    names = ("qkv", "positions", "cos_sin_cache", "q_weight", "k_weight", "q_bias", "k_bias")
+    return tuple(getattr(call, n) for n in names)
+
+
 def _check_out(call: Call) -> None:
     if call.inplace:
         raise ValueError("out= and inplace=True both say where q and k go: give one")
-    tensors = (
-        call.qkv,
-        call.positions,
-        call.cos_sin_cache,
-        call.q_weight,
-        call.k_weight,
-        call.q_bias,
-        call.k_bias,
-    )
-    check_out_buffers(call.out, call.qkv, _widths(call), tensors)
+    check_out_buffers(call.out, call.qkv, _widths(call), _inputs(call))
 
 
 def _check_inplace_grad(call: Call) -> None:
-    tensors = (
-        call.qkv,
-        call.positions,
-        call.cos_sin_cache,
-        call.q_weight,
-        call.k_weight,
-        call.q_bias,
-        call.k_bias,
-    )
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in _inputs(call)):
         raise ValueError(
             "inplace=True cannot write into qkv while an input requires grad (autograd "
             "needs the values it read); use inplace=False or torch.no_grad()"
@@ -334,28 +304,28 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     "split_qkv_rmsnorm_rope",
     attention_prologue,
     (
-        replace(QKV, kind=Rows(width=packed_width)),
+        replace(params.QKV, kind=Rows(width=packed_width)),
         Tensor(
             "positions",
             keyword=False,
-            annotation=OPTIONAL_TENSOR,
-            kind=type(POSITIONS.kind)(used=lambda call: call.cos_sin_cache is not None),
+            annotation=params.OPTIONAL_TENSOR,
+            kind=type(params.POSITIONS.kind)(used=lambda call: call.cos_sin_cache is not None),
             optional=True,
-            doc=POSITIONS.doc + " (None only without a cos_sin_cache)",
+            doc=params.POSITIONS.doc + " (None only without a cos_sin_cache)",
         ),
         Tensor(
             "cos_sin_cache",
             keyword=False,
-            annotation=OPTIONAL_TENSOR,
-            kind=COS_SIN_CACHE.kind,
+            annotation=params.OPTIONAL_TENSOR,
+            kind=params.COS_SIN_CACHE.kind,
             optional=True,
-            doc=COS_SIN_CACHE.doc + "; None: a layer without RoPE (the norm alone)",
+            doc=params.COS_SIN_CACHE.doc + "; None: a layer without RoPE (the norm alone)",
         ),
         *(
             Tensor(
                 p.name,
                 keyword=False,
-                annotation=OPTIONAL_TENSOR,
+                annotation=params.OPTIONAL_TENSOR,
                 kind=type(p.kind)(
                     length=lambda call, w=p.name[0]: _norm_lengths(call, w), what=_norm_what
                 ),
@@ -363,27 +333,27 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
                 doc=f"RMSNorm weight of {p.name[0]}: ``[D]`` (norm='head'), ``[H*D]`` of its "
                 "heads (norm='full'), None (norm='none')",
             )
-            for p in (Q_WEIGHT, K_WEIGHT)
+            for p in (params.Q_WEIGHT, params.K_WEIGHT)
         ),
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
-        EPS,
-        IS_NEOX,
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
+        params.EPS,
+        params.IS_NEOX,
         *(
             Tensor(
                 p.name,
                 None,
-                annotation=OPTIONAL_TENSOR,
+                annotation=params.OPTIONAL_TENSOR,
                 kind=type(p.kind)(
                     length=lambda call, w=p.name[0]: _norm_lengths(call, w), what=_norm_what
                 ),
                 optional=True,
                 doc=p.doc,
             )
-            for p in (Q_BIAS, K_BIAS)
+            for p in (params.Q_BIAS, params.K_BIAS)
         ),
-        WEIGHT_OFFSET,
+        params.WEIGHT_OFFSET,
         Static(
             "norm",
             "head",
@@ -538,16 +508,11 @@ PEER_CASES: tuple[CaseSpec, ...] = (
 
 
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    spec = preset.spec
-    qkv = random_qkv(spec, tokens, dtype, generator)
-    positions = random_positions(
-        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
-    )
+    row = dict(max_position=max_position, positions_dtype=positions_dtype)
+    drawn = random_row(preset.spec, tokens, dtype, generator, **row)
     names = ("q_weight", "k_weight", "q_bias", "k_bias")
-    norm = random_norm_params(spec, dtype, generator, bias=bias)
-    drawn = {"qkv": qkv, "positions": positions}
-    drawn.update((n, x) for n, x in zip(names, norm) if x is not None)
-    return drawn
+    norm = random_norm_params(preset.spec, dtype, generator, bias=bias)
+    return drawn | {n: x for n, x in zip(names, norm) if x is not None}
 
 
 def _sharded_stats(preset, inputs: dict) -> dict:

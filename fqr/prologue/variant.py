@@ -208,34 +208,17 @@ class Variant:
         absent = {p.name: None for p in self.declaration.tensor_params if p.optional}
         return {**absent, **inputs, "cos_sin_cache": table, **self.kwargs(preset), **extra}
 
-    def run(
-        self,
-        preset: Preset,
-        inputs: dict,
-        cos_sin_cache: torch.Tensor,
-        *,
-        numerics: str = "fused",
-        backend: str = "auto",
-    ) -> tuple[torch.Tensor, ...]:
-        """The public op on ``inputs`` (the donated ones copied first): every output in
-        :attr:`outputs` order, a donated cache as its updated copy."""
+    def run(self, preset: Preset, inputs: dict, cos_sin_cache, **options) -> tuple:
+        """The public op on ``inputs`` (the donated ones copied first; ``options``:
+        ``numerics=``, ``backend=``): every output in :meth:`outputs_of` order, a donated
+        cache as its updated copy."""
         copies = {n: inputs[n].clone() for n in self.donated if n in inputs}
-        return self.run_in_place(
-            preset, dict(inputs, **copies), cos_sin_cache, numerics=numerics, backend=backend
-        )
+        return self.run_in_place(preset, dict(inputs, **copies), cos_sin_cache, **options)
 
-    def run_in_place(
-        self,
-        preset: Preset,
-        inputs: dict,
-        cos_sin_cache: torch.Tensor,
-        *,
-        numerics: str = "fused",
-        backend: str = "auto",
-    ) -> tuple[torch.Tensor, ...]:
+    def run_in_place(self, preset: Preset, inputs: dict, cos_sin_cache, **options) -> tuple:
         """:meth:`run` with the donated inputs updated in place (what ``fqr bench`` times)."""
         result = self.declaration.function(
-            **self.arguments(preset, inputs, cos_sin_cache, numerics=numerics, backend=backend)
+            **self.arguments(preset, inputs, cos_sin_cache, **options)
         )
         returned = result if isinstance(result, tuple) else (result,)
         returned = tuple(r for r in returned if r is not None)

@@ -11,59 +11,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import ops, reference
-from ..inputs import random_norm_params, random_positions, random_qkv
+from ..inputs import random_norm_params, random_row
 from ..peers import gemma4_prologue
-from .blocks import norm_then_rope, round_to
+from . import params
+from .blocks import round_to, split_head_norm_rope
 from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
-from .params import (
-    COS_SIN_CACHE,
-    EPS,
-    HEAD_DIM,
-    IS_NEOX,
-    K_WEIGHT,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    POSITIONS,
-    Q_WEIGHT,
-    QKV,
-    WEIGHT_OFFSET,
-    heads_divide,
-)
 from .variant import CaseSpec, Variant, register_variant
 
 
-def vnorm_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    *,
-    num_heads,
-    num_kv_heads,
-    head_dim,
-    eps,
-    is_neox,
-    weight_offset,
-    numerics,
-):
+def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, **s):
     """Gemma 4: split, norm + RoPE of q and k (the split op's per-head form), and v normalised
-    per head without weight (traced into one program)."""
-    q, k, v = ops.split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    q, k = norm_then_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        groups=(head_dim, head_dim),
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
-        weight_offset=weight_offset,
-        numerics=numerics,
-    )
-    v = ops.rms_norm(v, None, eps=eps, group_size=head_dim, round_to=round_to(qkv, numerics))
+    per head without weight (traced into one program; ``s``: the declaration's statics)."""
+    q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, (q_weight, k_weight), s)
+    rounding = round_to(qkv, s["numerics"])
+    v = ops.rms_norm(v, None, eps=s["eps"], group_size=s["head_dim"], round_to=rounding)
     return q, k, v
 
 
@@ -81,23 +42,23 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
     "split_qkv_rmsnorm_rope_vnorm",
     vnorm_prologue,
     (
-        QKV,
-        POSITIONS,
-        replace(COS_SIN_CACHE, optional=True),  # required: _gemma4 says why
-        Q_WEIGHT,
-        K_WEIGHT,
-        NUM_HEADS,
-        NUM_KV_HEADS,
-        HEAD_DIM,
-        EPS,
-        IS_NEOX,
-        WEIGHT_OFFSET,
+        params.QKV,
+        params.POSITIONS,
+        replace(params.COS_SIN_CACHE, optional=True),  # required: _gemma4 says why
+        params.Q_WEIGHT,
+        params.K_WEIGHT,
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
+        params.EPS,
+        params.IS_NEOX,
+        params.WEIGHT_OFFSET,
         numerics("fused", NUMERICS),
         BACKEND,
     ),
     (Output("q"), Output("k"), Output("v")),
     reference=reference.vnorm_prologue,
-    static_checks=(heads_divide, _gemma4),
+    static_checks=(params.heads_divide, _gemma4),
     doc="""
     Gemma 4's prologue: split the packed row, RMS-normalise and rotate q and k, and
     RMS-normalise v per head without weight; return new q, k, v.
@@ -121,17 +82,9 @@ split_qkv_rmsnorm_rope_vnorm = SPLIT_QKV_RMSNORM_ROPE_VNORM.function
 # ------------------------------------------------------------------------- the variant
 
 
-def draw_row(preset, tokens, dtype, generator, max_position, positions_dtype) -> dict:
-    """The packed row and the positions (cover the table's ends) of one call."""
-    qkv = random_qkv(preset.spec, tokens, dtype, generator)
-    positions = random_positions(
-        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
-    )
-    return {"qkv": qkv, "positions": positions}
-
-
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    drawn = draw_row(preset, tokens, dtype, generator, max_position, positions_dtype)
+    row = dict(max_position=max_position, positions_dtype=positions_dtype)
+    drawn = random_row(preset.spec, tokens, dtype, generator, **row)
     q_weight, k_weight, _, _ = random_norm_params(preset.spec, dtype, generator)
     return drawn | {"q_weight": q_weight, "k_weight": k_weight}
 
