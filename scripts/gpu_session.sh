@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|declared-bench
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -39,16 +39,14 @@ minimax)
   TAILN=30 step bench_minimax fqr bench --preset minimax-m3-kvcache,minimax-m3,minimax-m3-kvcache-fp8,minimax-m3-fp8 --tokens 16384,65536 --dtype bf16 --compare eager,compile --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_minimax.json"
   ;;
 declared)
-  # every declared op on the GPU: the goldens (MLA included) on triton, the GPU tests
+  # every declared op on the GPU: the goldens (MLA included) on triton, the MLA presets' and
+  # OLMo2's GPU tests, the MLA bench rows (device, wall, dispatch; the eager peer) and every
+  # variant's dispatch rows; each step bounded so that one visit holds them all
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  step verify_triton fqr verify --backend triton --json
-  TAILN=30 step pytest_gpu timeout 480 python3 -m pytest -q -p no:cacheprovider tests/gpu -m gpu
-  ;;
-declared-bench)
-  # the MLA presets (device, wall, dispatch rows and the eager / compile peers), then the
-  # dispatch table of every other variant at its token counts
-  TAILN=45 step bench_mla fqr bench --preset deepseek-v3,deepseek-v3-fp8,deepseek-v3.2,kimi-k2,deepseek-v2-lite,deepseek-v3-q-rope --tokens 1,16,1024,16384 --dtype bf16 --compare eager,compile --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_mla.json"
-  TAILN=45 step bench_variants fqr bench --preset qwen3-8b,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache --tokens 1024 --dtype bf16 --compare none --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_variants.json"
+  step verify_triton timeout 110 python3 -m fqr verify --backend triton
+  TAILN=12 step pytest_gpu timeout 230 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu -k "deepseek or kimi or olmo2 or mla"
+  TAILN=45 step bench_mla timeout 170 python3 -m fqr bench --preset deepseek-v3,deepseek-v3-fp8,deepseek-v3.2,kimi-k2,deepseek-v3-q-rope --tokens 1,16,1024,16384 --dtype bf16 --compare eager --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_mla.json"
+  TAILN=45 step bench_variants timeout 80 python3 -m fqr bench --preset qwen3-8b,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache --tokens 1024 --dtype bf16 --compare none --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_variants.json"
   ;;
 esac
 printf '%s\n' "${summary[@]}"

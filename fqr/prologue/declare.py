@@ -840,7 +840,9 @@ class CheckedCall:
             for p in decl.tensor_params
             if getattr(call, p.name) is not None
         ]
-        on_host = any(t.device.type == "cpu" for _, t in present)
+        on_host = any(
+            t.device.type == "cpu" for p, x in present for t in p.kind.guard_tensors(x)
+        )
         reads_values = any(type(p.kind).per_call is not TensorKind.per_call for p, _ in present)
         # the checks of values run every call where the values are on the host (CPU positions
         # and slots); the address and grad-mode checks (distinct caches, out= buffers) on every
