@@ -237,9 +237,9 @@ def check_slots_in_range(slot_mapping: torch.Tensor, cache: torch.Tensor) -> Non
 def check_out_buffers(out, qkv: torch.Tensor, widths: tuple[int, ...], inputs) -> None:
     """``out=`` of :func:`fqr.split_qkv_rmsnorm_rope`: one caller buffer per output, each a
     ``[T, width]`` tensor (``widths``: q, k, v) in qkv's dtype on qkv's device, unit stride in
-    its last dim (rows may be strided: views into a wider buffer), not overlapping ``qkv``
-    (``inplace=True`` is the form that writes into it) nor another buffer, and no input that
-    requires grad (autograd does not record writes into caller buffers)."""
+    its last dim (rows may be strided: views into a wider buffer), and no input that requires
+    grad (autograd does not record writes into caller buffers). That no buffer overlaps
+    another argument or buffer in memory is every declaration's check (:func:`overlaps`)."""
     names = ("q", "k", "v")[: len(widths)]
     if not isinstance(out, (tuple, list)) or len(out) != len(widths):
         raise TypeError(
@@ -264,47 +264,68 @@ def check_out_buffers(out, qkv: torch.Tensor, widths: tuple[int, ...], inputs) -
             )
         if buf.numel() and buf.stride(0) < width:
             raise ValueError(f"{what} rows overlap: row stride {buf.stride(0)} < width {width}")
-    for i, buf in enumerate(out):
-        for j, other in enumerate([qkv, *out[:i]]):
-            if _overlaps(buf, other):
-                what = f"out[{j - 1}]" if j else "qkv (inplace=True writes q and k there)"
-                raise ValueError(f"out[{i}] ({names[i]}) overlaps {what}")
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-        raise ValueError(
-            "out= cannot record gradients (an input requires grad); use torch.no_grad() or no out="
-        )
+    if torch.is_grad_enabled():
+        for i, buf in enumerate(out):
+            if buf.requires_grad:
+                raise ValueError(
+                    f"out[{i}] ({names[i]}) requires grad: out= buffers are written without "
+                    "recording gradients; use torch.no_grad() or no out="
+                )
+        if any(t is not None and t.requires_grad for t in inputs):
+            raise ValueError(
+                "out= cannot record gradients (an input requires grad); use torch.no_grad() "
+                "or no out="
+            )
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` share an element. Exact for row-strided ``[T, width]`` views of
-    one buffer with the same row stride (``q = buf[:, :4096]``, ``k = buf[:, 4096:5120]``
-    do not overlap), else whether their spans (first to last element) intersect."""
-    if not a.numel() or not b.numel():
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share a byte of memory, by address (two storages over one
+    allocation, ``torch.from_numpy`` of one array twice, count as one memory).
+
+    Exact where the two tensors' dims nest (sorted by stride, each stride is past the reach of
+    the finer dims of both tensors): row-strided column slices of one buffer, the key and
+    value halves of one ``[num_blocks, 2, block_size, H, D]`` cache, head-major views. Else
+    whether their spans (first to last byte) meet, which may refuse two interleaved views
+    that share no byte, never accepts two that do."""
+    if not a.numel() or not b.numel() or a.device != b.device:
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    d = b.data_ptr() - a.data_ptr()
+    a_dims, a_reach = _byte_dims(a)
+    b_dims, b_reach = _byte_dims(b)
+    if d > a_reach or -d > b_reach:  # the spans do not meet
         return False
-    row = a.stride(0) if a.dim() == 2 else None
-    if (
-        b.dim() == 2
-        and row == b.stride(0)
-        and a.stride(1) == b.stride(1) == 1
-        and a.dtype == b.dtype
-        and max(a.shape[1], b.shape[1]) <= row
-    ):
-        # b's first element sits `rows` rows and `col` columns after a's; its columns are
-        # [col, col + wb) of a's row grid, wrapping into the next row past the stride.
-        rows, col = divmod(b.storage_offset() - a.storage_offset(), row)
-        (ta, wa), (tb, wb) = a.shape, b.shape
+    # one dim per byte stride: how far a's index may run ahead of b's, and behind
+    ranges: dict[int, list[int]] = {}
+    for stride, n in a_dims:
+        ranges.setdefault(stride, [0, 0])[0] += n - 1
+    for stride, n in b_dims:
+        ranges.setdefault(stride, [0, 0])[1] += n - 1
+    dims = sorted(((s, up, down) for s, (up, down) in ranges.items()), reverse=True)
+    reach = [0] * (len(dims) + 1)  # how far the dims finer than i reach, either way
+    for i in range(len(dims) - 1, -1, -1):
+        s, up, down = dims[i]
+        reach[i] = reach[i + 1] + s * max(up, down)
+        if i + 1 < len(dims) and dims[i][0] <= reach[i + 1]:
+            return True  # the dims do not nest: the spans met, so say they overlap
 
-        def rows_meet(first: int) -> bool:  # b's rows first .. first+tb-1 against a's 0..ta-1
-            return first < ta and first + tb > 0
+    def solvable(i: int, rest: int) -> bool:  # rest = sum of (a index - b index) * stride
+        if i == len(dims):
+            return rest == 0
+        s, up, down = dims[i]
+        low, high = -((reach[i + 1] - rest) // s), (rest + reach[i + 1]) // s
+        return any(solvable(i + 1, rest - k * s) for k in range(max(low, -down), min(high, up) + 1))
 
-        return (col < wa and rows_meet(rows)) or (col + wb > row and rows_meet(rows + 1))
+    return solvable(0, d)
 
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        start = t.data_ptr()
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        return start, start + (last + 1) * t.element_size()
 
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+def _byte_dims(t: torch.Tensor) -> tuple[list[tuple[int, int]], int]:
+    """``t``'s dims as ``(byte stride, size)`` (the element's bytes a dim of stride 1), and the
+    byte offset of its last byte from its first."""
+    size = t.element_size()
+    dims = [(1, size)]  # finest first; a dim that continues the finer one's bytes joins it
+    for st, n in sorted((st * size, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if st == dims[-1][0] * dims[-1][1]:
+            dims[-1] = (dims[-1][0], dims[-1][1] * n)
+        else:
+            dims.append((st, n))
+    return dims, sum((n - 1) * st for st, n in dims)

@@ -54,6 +54,8 @@ cache must keep each field aligned to its dtype (multiples of 4 bytes for the sc
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..core import Aval, EmitContext, EntryField, Eqn, PagedStore, Role, primitive
@@ -132,7 +134,8 @@ def _bytes_abstract(cache: Aval, x: Aval, slots: Aval, *, offset, dtype) -> Aval
 
 def _write_bytes(out, keep, block, row, start: int, values: torch.Tensor) -> None:
     """``values`` ``[n, ...]`` (already in their stored dtype) as bytes at ``start``."""
-    raw = values.contiguous().view(torch.uint8).reshape(values.shape[0], -1)
+    width = math.prod(values.shape[1:]) * values.element_size()
+    raw = values.contiguous().view(torch.uint8).reshape(values.shape[0], width)
     out[block, row, start : start + raw.shape[1]] = raw
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, Eqn, HeadLayout, HeadOp, Role, primitive
+from .common import table_rows
 from .rope import _rope_abstract, emit_rotation, rotate_by_rows
 
 mrope_p = primitive("mrope")
@@ -95,7 +96,7 @@ def _mrope_impl(x, pt, ph, pw, cache, *, d, sections, interleaved, neox, round_t
     r = cache.shape[1]
     planes = frequency_planes(r // 2, sections, interleaved)
     choice = torch.tensor(planes + planes, device=cache.device)  # cos and sin columns
-    per_plane = torch.stack([cache.index_select(0, p.long()) for p in (pt, ph, pw)])
+    per_plane = torch.stack([table_rows(cache, p) for p in (pt, ph, pw)])
     rows = per_plane.gather(0, choice.expand(1, pt.shape[0], r)).squeeze(0)
     return rotate_by_rows(x, rows, d=d, neox=neox, round_to=round_to)
 

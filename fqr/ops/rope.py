@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, Eqn, HeadLayout, HeadOp, Role, primitive
-from .common import check_token_index
+from .common import check_token_index, table_rows
 
 rope_p = primitive("rope")
 
@@ -75,8 +75,7 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
 
 @rope_p.def_impl
 def _rope_impl(x, positions, cache, *, d, neox, round_to):
-    rows = cache.index_select(0, positions.long())
-    return rotate_by_rows(x, rows, d=d, neox=neox, round_to=round_to)
+    return rotate_by_rows(x, table_rows(cache, positions), d=d, neox=neox, round_to=round_to)
 
 
 def rotate_by_rows(x, rows, *, d: int, neox: bool, round_to):

@@ -61,6 +61,7 @@ from ..validate import (
     check_tensor,
     check_unit_stride,
     check_vector,
+    overlaps,
 )
 
 MISSING = inspect.Parameter.empty
@@ -365,7 +366,8 @@ class Slots(TensorKind):
 
 @dataclass(frozen=True)
 class Scale(TensorKind):
-    """A per-tensor FP8 scale: float32 ``[1]``."""
+    """A per-tensor FP8 scale: float32 ``[1]``, finite and > 0 (values divide by it; checked
+    on the host for a CPU scale, as positions and slots are)."""
 
     def check(self, name, x, call):
         check_tensor(name, x)
@@ -373,6 +375,12 @@ class Scale(TensorKind):
             raise ValueError(
                 f"{name} must be a float32 tensor of shape [1], got {x.dtype} {list(x.shape)}"
             )
+
+    def per_call(self, name, x, call):
+        if x.device.type == "cpu":
+            value = float(x[0])
+            if not (0 < value < float("inf")):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 def _dtype_text(dtype: torch.dtype) -> str:
@@ -495,7 +503,10 @@ class Declaration:
     read from the call's key; distinct caches, ``out=`` buffers);
     ``returns(call, outputs)``: what the public function returns from the outputs that are not
     donated updates (default: those, a single one bare); ``out(call)``: caller buffers the
-    outputs are written into (``out=``, ``inplace``), or None; ``program_statics(call)``:
+    outputs are written into (``out=``, ``inplace``), or None; ``writes(call)``: the caller's
+    memory the call writes besides the donated arguments, as ``(name, tensor)`` pairs (no
+    written tensor may share a byte with another argument: :meth:`check_writes`);
+    ``program_statics(call)``:
     static arguments of the composition that no parameter gives directly; ``doc``: the
     public docstring.
     """
@@ -514,6 +525,7 @@ class Declaration:
         value_checks: Sequence[tuple[Callable[[Call], bool], Callable[[Call], None]]] = (),
         returns: Callable[[Call, tuple], Any] | None = None,
         out: Callable[[Call], list | None] | None = None,
+        writes: Callable[[Call], list[tuple[str, torch.Tensor]]] | None = None,
         program_statics: Callable[[Call], dict] | None = None,
         torch_op: bool = True,
     ):
@@ -527,6 +539,7 @@ class Declaration:
         self.value_checks = tuple(value_checks)
         self._returns = returns
         self._out = out
+        self._writes = writes
         self._program_statics = program_statics
         self.doc = inspect.cleandoc(doc)
         names = [p.name for p in self.params]
@@ -676,6 +689,37 @@ class Declaration:
         for when, check in self.value_checks:
             if when(call):
                 check(call)
+        self.check_writes(call)
+
+    def written(self, call: Call) -> list[tuple[str, torch.Tensor]]:
+        """The caller's tensors the call writes: donated arguments, then ``writes(call)``."""
+        written = [
+            (p.name, getattr(call, p.name))
+            for p in self.tensor_params
+            if p.donated and getattr(call, p.name) is not None
+        ]
+        return written if self._writes is None else written + self._writes(call)
+
+    def check_writes(self, call: Call) -> None:
+        """No tensor the call writes shares a byte of memory with another argument or another
+        written tensor (by address: views of one buffer, two storages over one allocation);
+        otherwise a write would change what the call still reads. Every call that writes."""
+        written = self.written(call)
+        if not written:
+            return
+        others = [
+            (p.name, t)
+            for p in self.tensor_params
+            if self.used(p, call)
+            for t in p.kind.guard_tensors(getattr(call, p.name))
+        ]
+        for i, (name, t) in enumerate(written):
+            for other, u in others + written[:i]:
+                if other != name and overlaps(t, u):
+                    raise ValueError(
+                        f"{name} overlaps {other} in memory (the call writes {name}): "
+                        "give them separate memory"
+                    )
 
     # -------------------------------------------------------------- the program
     def statics(self, call: Call) -> dict:
@@ -840,15 +884,15 @@ class CheckedCall:
             for p in decl.tensor_params
             if getattr(call, p.name) is not None
         ]
-        on_host = any(
-            t.device.type == "cpu" for p, x in present for t in p.kind.guard_tensors(x)
-        )
+        on_host = any(t.device.type == "cpu" for p, x in present for t in p.kind.guard_tensors(x))
         reads_values = any(type(p.kind).per_call is not TensorKind.per_call for p, _ in present)
         # the checks of values run every call where the values are on the host (CPU positions
         # and slots); the address and grad-mode checks (distinct caches, out= buffers) on every
         # call of the calls they apply to
-        self.per_call = (on_host and reads_values) or any(
-            when(call) for when, _ in decl.value_checks
+        self.per_call = (
+            (on_host and reads_values)
+            or any(when(call) for when, _ in decl.value_checks)
+            or bool(decl.written(call))
         )
         self.host: list = [None, None]
         self._host_builds = 0
@@ -916,7 +960,13 @@ class CheckedCall:
         if decl._out is not None or decl._returns is not None:
             call = call or decl.bound(values)
         out = None if decl._out is None else decl._out(call)
-        outs = self.run(args, out)
+        device = values[self._anchor_at].device
+        if device.type != "cpu" and _current_index(device) != device.index:
+            # the launch takes the current device's stream: make it the tensors' device
+            with torch.get_device_module(device).device(device):
+                outs = self.run(args, out)
+        else:
+            outs = self.run(args, out)
         if self._donated:
             outs = tuple(o for i, o in enumerate(outs) if i not in self._donated)
         if decl._returns is not None:
@@ -950,6 +1000,13 @@ class CheckedCall:
                 self._host_builds += 1
                 self.host[out is not None] = self.backend.host_function(self.program, args, out)
         return outs
+
+
+def _current_index(device: torch.device) -> int | None:
+    """The current device index of ``device``'s type (None where that type has none)."""
+    if device.type == "meta":
+        return device.index
+    return torch.get_device_module(device).current_device()
 
 
 def _passes_through(kind: TensorKind) -> bool:
@@ -1037,48 +1094,64 @@ def _schema_default(value) -> str:
     return repr(value)
 
 
-def _schema_returns(decl: Declaration) -> str:
-    """What the op returns: the outputs but donated arguments' (updated in place); a list when
-    some are present only in some calls; nothing when every output is written in place."""
+def _returned(decl: Declaration) -> list[Output]:
+    """The outputs the op returns: all but the donated arguments' updates."""
     donated = {p.name for p in decl.tensor_params if p.donated}
-    returned = [o for o in decl.outputs if o.name not in donated and o.into is None]
+    return [o for o in decl.outputs if o.name not in donated and o.into is None]
+
+
+def _schema_returns(decl: Declaration) -> str:
+    """What the op returns: :func:`_returned`, ``Tensor?`` where an output is present only in
+    some calls (None in the others); nothing when every output is written in place. An op
+    that mutates an argument returns a ``[T, 0]`` tensor for an absent output instead (torch
+    functionalizes a mutating custom op only when it returns plain tensors)."""
+    returned = _returned(decl)
     if not returned:
         return "()"
-    if any(o.present is not None for o in returned):
-        return "Tensor[]"
+    mutates = any(p.donated for p in decl.tensor_params)
+    types = ["Tensor?" if o.present is not None and not mutates else "Tensor" for o in returned]
+    return types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
+
+
+def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
+    """The public function's ``result`` as the schema returns it: one entry per returned
+    output, None (or ``[T, 0]`` for a mutating op) where the call has none."""
+    returned = _returned(decl)
+    if not returned:
+        return None
     if len(returned) == 1:
-        return "Tensor"
-    return "(" + ", ".join("Tensor" for _ in returned) + ")"
+        return result
+    got = [r for r in result if r is not None]
+    mutates = any(p.donated for p in decl.tensor_params)
+    rows = getattr(call, decl._anchor)
+    values = []
+    for o in returned:
+        if o.present is None or o.present(call):
+            values.append(got.pop(0))
+        else:
+            values.append(rows.new_empty(rows.shape[0], 0) if mutates else None)
+    return tuple(values)
 
 
 def _torch_impl(decl: Declaration):
-    params = torch_op_params(decl)
-    names = [p.name for p in params]
-    list_out = _schema_returns(decl) == "Tensor[]"
-
-    returns = _schema_returns(decl)
+    names = [p.name for p in torch_op_params(decl)]
 
     def impl(*args):
+        values = decl.bind((), dict(zip(names, args)))
         result = decl.function(**dict(zip(names, args)), backend="auto")
-        if returns == "()":
-            return None
-        return list(r for r in result if r is not None) if list_out else result
+        return _as_schema_returns(decl, decl.bound(values), result)
 
     return impl
 
 
 def _torch_fake(decl: Declaration):
-    params = torch_op_params(decl)
-    names = [p.name for p in params]
-    list_out = _schema_returns(decl) == "Tensor[]"
+    names = [p.name for p in torch_op_params(decl)]
 
     def fake(*args):
         values = decl.bind((), dict(zip(names, args)))
         call = decl.bound(values)
         decl.validate(call, values_too=False)
         program = decl.program(call)
-        if _schema_returns(decl) == "()":
-            return None
         rows = getattr(call, decl._anchor)
         tokens = rows.shape[0]
         donated = program.aliases()
@@ -1087,10 +1160,7 @@ def _torch_fake(decl: Declaration):
             for i, v in enumerate(program.outputs)
             if i not in donated
         )
-        result = decl.returns(call, outs)
-        if list_out:
-            return [r for r in result if r is not None]
-        return result
+        return _as_schema_returns(decl, call, decl.returns(call, outs))
 
     return fake
 

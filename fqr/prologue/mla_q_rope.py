@@ -62,7 +62,7 @@ def mla_q_rope_reference(
     rotated = reference.rotate(pe, rows, head_dim=rope_dim, is_neox=is_neox)
     out = q.detach().to(torch.float64).clone().view(q.shape[0], num_heads, head)
     out[..., qk_nope_head_dim:] = rotated.view(q.shape[0], num_heads, rope_dim)
-    return (out.view(q.shape[0], -1),)
+    return (out.view(q.shape[0], num_heads * head),)
 
 
 def non_negative_int(name: str, value) -> None:
@@ -85,7 +85,7 @@ def _rope_views(call: Call) -> list:
     """Where the rotated parts go: q's own rope columns, as a ``[T, H, rope]`` view."""
     h, nope = call.num_heads, call.qk_nope_head_dim
     q = call.q
-    return [q.view(q.shape[0], h, -1)[:, :, nope:]]
+    return [q.view(q.shape[0], h, q.shape[1] // h)[:, :, nope:]]
 
 
 def _no_grad(call: Call) -> None:
@@ -171,7 +171,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     positions (the table's ends covered)."""
     h, nope, r = preset.num_heads, preset.params["qk_nope_head_dim"], preset.head_dim
     parts = [random_heads(tokens, h, d, dtype, generator).view(tokens, h, d) for d in (nope, r)]
-    q = torch.cat(parts, dim=-1).reshape(tokens, -1)
+    q = torch.cat(parts, dim=-1).reshape(tokens, h * (nope + r))
     positions = random_positions(
         tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
     )

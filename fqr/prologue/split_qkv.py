@@ -272,6 +272,13 @@ def _out(call: Call) -> list | None:
     return None
 
 
+def _writes(call: Call) -> list:
+    """The caller's memory the call writes: the ``out=`` buffers, or qkv (``inplace``)."""
+    if call.out is not None:
+        return [(f"out[{i}] ({n})", b) for i, (n, b) in enumerate(zip("qkv", call.out))]
+    return [("qkv", call.qkv)] if call.inplace else []
+
+
 def _returns(call: Call, outs: tuple):
     if call.inplace and call.out is None:
         return _inplace_views(call)
@@ -433,6 +440,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     ),
     program_statics=_program_statics,
     out=_out,
+    writes=_writes,
     returns=_returns,
     doc="""
     Split the packed QKV row, RMS-normalise q and k, rotate them; return new q, k, v.

@@ -106,3 +106,42 @@ def test_entries_record_their_variant():
 def test_a_wrong_preset_field_is_refused_as_a_preset():
     with pytest.raises(ValueError):
         Preset("x", "x", 3, 2, 128, 1e6, 10)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_new_token_counts_reuse_the_checked_call(gen, name):
+    """Every variant's fast path holds across token counts (issue 23.6: mRoPE's planar
+    ``[3, T]`` positions were keyed through a stride that holds T, so each new T added an
+    entry to the table all ops share)."""
+    p = next(p for p in PRESETS.values() if p.variant == name)
+    variant = variant_of(p)
+    table = p.cos_sin_cache(64)
+    forget_checked_calls()
+    for tokens in (2, 3, 5, 9, 17):
+        inputs = variant.draw(p, tokens, torch.bfloat16, gen, max_position=64)
+        variant.run(p, inputs, table, backend="reference")
+    assert len(checked_calls(variant.declaration)) == 1
+
+
+OPCHECK_PRESETS = [
+    *(next(p.name for p in PRESETS.values() if p.variant == name) for name in sorted(VARIANTS)),
+    "deepseek-v2-lite",  # no q_lora_rank: an absent output of an op that mutates its cache
+]
+
+
+@pytest.mark.parametrize("name", OPCHECK_PRESETS)
+def test_every_torch_op_passes_opcheck_and_returns_new_memory(gen, name):
+    """``torch.library.opcheck`` (schema, fake, autograd registration, AOT dispatch: an op
+    that mutates its cache and returns an optional output once failed it as ``Tensor[]``),
+    and no returned tensor shares memory with an argument."""
+    p = PRESETS[name]
+    variant = variant_of(p)
+    table = p.cos_sin_cache(64)
+    inputs = variant.draw(p, 5, torch.bfloat16, gen, max_position=64)
+    op, args = variant.torch_op(p, inputs, table)
+    torch.library.opcheck(op, args)
+    result = op(*args)
+    given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    for out in result if isinstance(result, tuple) else (result,):
+        if isinstance(out, torch.Tensor):
+            assert out.untyped_storage().data_ptr() not in given
