@@ -45,7 +45,7 @@ declared)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   step verify_triton timeout 110 python3 -m fqr verify --backend triton
   TAILN=12 step pytest_gpu timeout 170 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu -k "deepseek or kimi or olmo2 or mla"
-  TAILN=12 step pytest_gpu_hostile timeout 100 python3 -m pytest -q -p no:cacheprovider -W "error::DeprecationWarning:torch" tests/gpu/test_gpu_hostile.py tests/gpu/test_fusion_gpu.py -m gpu
+  TAILN=12 step pytest_gpu_hostile timeout 100 python3 -m pytest -q -p no:cacheprovider -rw tests/gpu/test_gpu_hostile.py tests/gpu/test_fusion_gpu.py -m gpu
   TAILN=45 step bench_mla timeout 150 python3 -m fqr bench --preset deepseek-v3,deepseek-v3-fp8,deepseek-v3.2,kimi-k2,deepseek-v3-q-rope --tokens 1,16,1024,16384 --dtype bf16 --compare eager --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_mla.json"
   TAILN=45 step bench_variants timeout 70 python3 -m fqr bench --preset qwen3-8b,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache --tokens 1024 --dtype bf16 --compare none --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_variants.json"
   ;;
