@@ -146,8 +146,12 @@ def check_variant_outputs(
     for name, out in zip(names, outputs):
         want, kind = exact[name], variant.tolerance(name, preset)
         d = variant.head_dim(preset, name)
-        if name in whole and isinstance(out, torch.Tensor) and out.shape == want.shape:
-            c = compare_kind(kind, out, want, head_dim=d, numerics=numerics).to_dict()
+        if name in whole and isinstance(out, torch.Tensor):
+            # the whole cache (its expectation may be another form: fp8_ds_mla's entries)
+            try:
+                c = compare_kind(kind, out, want, head_dim=d, numerics=numerics).to_dict()
+            except (ValueError, AssertionError) as e:
+                c = {"passed": False, "error": f"{list(out.shape)}: {e}"}
         elif not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != tokens:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             c = {"passed": False, "error": f"got {got}, expected [{tokens}, ...]"}

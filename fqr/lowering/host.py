@@ -12,9 +12,8 @@ token buckets and each variant's grid as integer expressions), compiled once wit
 * checks what the metadata key cannot hold: T > 0, no input that requires grad under grad mode,
   every pointer 16-byte aligned, the current device the tensors' device, no launch hook
   installed,
-* allocates every output with ONE ``torch.empty`` (contiguous ``[T, width]`` views of one
-  buffer made by ``as_strided``, while every output offset stays 16-byte aligned; else one
-  allocation per output), or writes into the caller's ``out``,
+* allocates each output with its own ``torch.empty`` (outputs never share memory: see the
+  comment where they are allocated), or writes into the caller's ``out``,
 * calls the C function under the variant's bound Triton launcher
   (:func:`.launcher.inner_c_launch`: what ``CudaLauncher.__call__`` would call, without its
   Python), else the bound launcher (``CompiledKernel.run``, as
@@ -179,38 +178,13 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
             if direct_any:
                 lines.append(f"    P_{onames[i]} = P_{names[j]}")
         fresh = [i for i in range(len(widths)) if i not in aliases]
-        itemsize = {i: torch.empty(0, dtype=dtypes[i]).element_size() for i in fresh}
-        one_buffer = len({dtypes[i] for i in fresh}) == 1 and all(
-            widths[i] * itemsize[i] % 16 == 0 for i in fresh
-        )
-        if one_buffer and len(fresh) > 1:
-            # one buffer, each output a contiguous [T, width] view at its offset (T times
-            # the widths before it): the bytes and strides ``split_with_sizes`` + ``view``
-            # gave, in one ``as_strided`` per output
-            ns["DT"] = dtypes[fresh[0]]
-            total = sum(widths[i] for i in fresh)
-            lines.append(f"    buf = EMPTY(T * {total}, dtype=DT, device=DEVICE)")
+        # one allocation per output: outputs that shared one buffer would keep each other's
+        # memory alive and alias each other, which torch's custom-op contract forbids
+        for i in fresh:
+            ns[f"DT{i}"] = dtypes[i]
+            lines.append(f"    {onames[i]} = EMPTY((T, {widths[i]}), dtype=DT{i}, device=DEVICE)")
             if direct_any:
-                lines.append("    P_buf = buf.data_ptr()")
-            before = 0
-            for i in fresh:
-                offset = f"T * {before}" if before else "0"
-                lines.append(
-                    f"    {onames[i]} = buf.as_strided((T, {widths[i]}), ({widths[i]}, 1), "
-                    f"{offset})"
-                )
-                if direct_any:
-                    start = f" + T * {before * itemsize[i]}" if before else ""
-                    lines.append(f"    P_{onames[i]} = P_buf{start}")
-                before += widths[i]
-        else:
-            for i in fresh:
-                ns[f"DT{i}"] = dtypes[i]
-                lines.append(
-                    f"    {onames[i]} = EMPTY((T, {widths[i]}), dtype=DT{i}, device=DEVICE)"
-                )
-                if direct_any:
-                    lines.append(f"    P_{onames[i]} = {onames[i]}.data_ptr()")
+                lines.append(f"    P_{onames[i]} = {onames[i]}.data_ptr()")
         out_proxies = [_Placeholder(n, w) for n, w in zip(onames, widths)]
     result = f"({', '.join(onames)},)"
     # the tensors passed to a C launch by address: the inputs and the outputs fqr allocates

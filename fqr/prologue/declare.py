@@ -641,7 +641,7 @@ class Declaration:
             if i < n:
                 raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
             values[i] = value
-        if MISSING in values:
+        if id(MISSING) in map(id, values):  # by identity: `in` would compare tensors by value
             missing = [p.name for p, v in zip(self.params, values) if v is MISSING]
             raise TypeError(f"{self.name}() missing required argument: {missing[0]!r}")
         return values

@@ -122,3 +122,19 @@ def test_full_norm_stats_calls_are_keyed_with_their_counts(gen):
     small = fqr.NormStats(sums, sums.clone(), 4, 2 * 128 * 2)
     assert "count" in _refusal(lambda: _call(p, norm_stats=small))[1]
     assert "norm_stats" in _refusal(lambda: _call(p, norm_stats=(sums, sums)))[1]
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_the_fast_path_never_compares_tensors_by_value(gen, monkeypatch, backend):
+    """A repeat call reads only metadata and pointers: no ``Tensor.__eq__`` (binding once
+    tested ``MISSING in values``, an elementwise comparison of every tensor argument, which on
+    CUDA cost a kernel launch per argument and ~100 us per call)."""
+    p = make_problem(gen, tokens=7)
+    forget_checked_calls()
+    _call(p, backend=backend)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was compared by value")
+
+    monkeypatch.setattr(torch.Tensor, "__eq__", refuse)
+    _call(p, backend=backend)

@@ -158,3 +158,20 @@ def test_run_in_place_stores_into_the_given_caches_and_run_into_copies():
     assert not torch.equal(key_cache, before)
     _, in_place, _ = variant.run_in_place(preset, inputs, table, backend="reference")
     assert in_place is inputs["key_cache"] and torch.equal(in_place, key_cache)
+
+
+MLA_NAMES = ["deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2", "kimi-k2-q-rope"]
+
+
+@pytest.mark.parametrize("name", MLA_NAMES)
+def test_an_mla_preset_runs_and_checks_its_whole_cache(name):
+    """The MLA presets through the bench on CPU: the cache checked whole under its kind (the
+    fp8_ds_mla expectation is an entry of another width than the 656-byte cache: it once
+    failed as a shape mismatch on the H200) and the eager peer (vLLM's chain) checked too."""
+    preset = get_preset(name)
+    config = _config(preset, compare=["eager"], tokens=[1, 5])
+    doc = fb.run_bench(config, device="cpu", timers=FixedClock([10.0, 40.0]))
+    assert doc["ok"] is True, report.failure_lines(doc)
+    for row in doc["rows"]:
+        for impl in ("fqr", "eager"):
+            assert row["impls"][impl]["check"]["passed"]
