@@ -334,6 +334,13 @@ def rope(name: str, **values):
     return config
 
 
+def gemma3(**values):
+    """Gemma 3 27B's config with ``values`` merged into its full-attention RoPE settings."""
+    config = config_of(PRESETS["gemma3-27b"])
+    config.rope_parameters["full_attention"] |= values
+    return config
+
+
 def qwen3(**values):
     return rope("qwen3-8b", **values)
 
@@ -364,6 +371,12 @@ BAD_CONFIGS = [
     ("theta < 0", lambda: qwen3(rope_theta=-1e6), ValueError, POSITIVE + "-1000000"),
     ("theta nan", lambda: qwen3(rope_theta=NAN), ValueError, RP.format("rope_theta") + POSITIVE),
     ("theta str", lambda: untyped(qwen3(rope_theta="1e6")), TypeError, POSITIVE + "str '1e6'"),
+    (
+        "gemma3 full-attention theta nan",
+        lambda: gemma3(rope_theta=NAN),
+        ValueError,
+        r"^config\.rope_parameters\['full_attention'\]\['rope_theta'\]" + POSITIVE + "nan$",
+    ),
     (
         "4.x theta nan",
         lambda: plain(rope_parameters=MISSING, rope_theta=NAN),
