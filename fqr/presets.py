@@ -861,10 +861,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None)
-    if not isinstance(model_type, str):
-        model_type = repr(model_type)  # a name no family has, still hashable
-    family = HF_FAMILIES.get(model_type)
-    if model_type in HF_VARIANT_FAMILIES:
+    family = HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(model_type, str) and model_type in HF_VARIANT_FAMILIES:
         raise ValueError(
             f"config: {model_type}: {HF_VARIANT_FAMILIES[model_type]}; presets of the "
             f"prologue's variants are not built from a config yet"

@@ -371,6 +371,13 @@ BAD_CONFIGS = [
     ("theta < 0", lambda: qwen3(rope_theta=-1e6), ValueError, POSITIVE + "-1000000"),
     ("theta nan", lambda: qwen3(rope_theta=NAN), ValueError, RP.format("rope_theta") + POSITIVE),
     ("theta str", lambda: untyped(qwen3(rope_theta="1e6")), TypeError, POSITIVE + "str '1e6'"),
+    # unhashable: a TypeError naming nothing before
+    (
+        "model_type a list",
+        lambda: plain(model_type=["qwen3"]),
+        ValueError,
+        r"model_type \['qwen3'\]",
+    ),
     (
         "gemma3 full-attention theta nan",
         lambda: gemma3(rope_theta=NAN),
