@@ -18,13 +18,27 @@ rank) otherwise, which needs ``tp % num_kv_heads == 0``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 import torch
 
-from .rope_cache import YARN_DEFAULTS, rope_cos_sin_cache
-from .validate import check_spec_params
+from .rope_cache import (
+    SCALING_REQUIRED,
+    YARN_DEFAULTS,
+    check_rope,
+    fraction,
+    positive_count,
+    positive_number,
+    rope_cos_sin_cache,
+)
+from .validate import (
+    check_finite_scalar,
+    check_mrope_section,
+    check_positive_int,
+    check_spec_params,
+)
 
 
 @dataclass(frozen=True)
@@ -131,11 +145,34 @@ class Preset:
     total_kv_heads: int = 0
 
     def __post_init__(self):
+        self._check_rope()
         self.spec  # noqa: B018  (builds the spec, which checks the prologue's parameters)
         if not self.total_heads:
             object.__setattr__(self, "total_heads", self.num_heads)
         if not self.total_kv_heads:
             object.__setattr__(self, "total_kv_heads", self.num_kv_heads)
+
+    def _check_rope(self) -> None:
+        """The fields the table is built from (a NaN table, a ZeroDivisionError or an
+        OverflowError otherwise): ``rope_theta`` and the ``rope_scaling`` pairs
+        (:func:`fqr.rope_cache.check_rope`), ``max_position`` an int >= 1,
+        ``partial_rotary_factor`` in ``(0, 1]``; ``head_dim`` first (``rotary_dim`` is made
+        from it)."""
+        try:
+            scaling = dict(self.rope_scaling)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"rope_scaling must be (key, value) pairs, got {self.rope_scaling!r}"
+            ) from None
+        check_rope(
+            self.rope_theta,
+            scaling,
+            theta_name="rope_theta",
+            key_name=lambda key: f"rope_scaling[{key!r}]",
+        )
+        positive_count("max_position", self.max_position)
+        check_positive_int("head_dim", self.head_dim)
+        fraction("partial_rotary_factor", self.partial_rotary_factor)
 
     @classmethod
     def from_hf_config(cls, config, *, name: str | None = None) -> Preset:
@@ -639,17 +676,9 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
-# RoPE scalings fqr.rope_cache builds, with the config keys each requires.
-HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": (
-        "factor",
-        "low_freq_factor",
-        "high_freq_factor",
-        "original_max_position_embeddings",
-    ),
-    "yarn": ("factor", "original_max_position_embeddings"),
+# RoPE scalings fqr.rope_cache builds from a config, with the config keys each requires.
+HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {"default": ()} | {
+    t: SCALING_REQUIRED[t] for t in ("linear", "llama3", "yarn")
 }
 # Keys a scaling may leave out, with the value vLLM uses then (yarn: the defaults of vLLM's
 # DeepseekScalingRotaryEmbedding, fqr.rope_cache.YARN_DEFAULTS); the preset records them.
@@ -665,31 +694,50 @@ HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapola
 _YARN_REFUSED = {"attention_factor": None, "truncate": True}
 
 
-def _rope_parameters(config) -> dict:
+def _required(text, key: str, model_type: str):
+    """``text.<key>``; missing (or None): a ValueError naming it."""
+    value = getattr(text, key, None)
+    if value is None:
+        raise ValueError(
+            f"config.{key} is missing (a {model_type} config needs it to build a preset)"
+        )
+    return value
+
+
+def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
     """The RoPE settings of the layers the prologue runs in: transformers 5's
     ``rope_parameters`` (per layer type for Gemma 3: the ``full_attention`` ones), else
-    4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes."""
+    4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes; and where
+    each was read (``config.rope_parameters['factor']``, ``config.rope_theta``, ...), the
+    name an error about it gives."""
     params = getattr(config, "rope_parameters", None)
+    where = "config.rope_parameters"
     if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
-        params = params["full_attention"]
+        params, where = params["full_attention"], f"{where}['full_attention']"
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"{where} must be a dict, got {type(params).__name__}")
     params = dict(params or {})
+    origin = {key: f"{where}[{key!r}]" for key in params}
     if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
-        params["rope_theta"] = config.rope_theta
+        params["rope_theta"], origin["rope_theta"] = config.rope_theta, "config.rope_theta"
     scaling = getattr(config, "rope_scaling", None)
-    if isinstance(scaling, dict) and "rope_type" not in params:
+    if scaling is not None and not isinstance(scaling, dict):
+        raise TypeError(f"config.rope_scaling must be a dict, got {type(scaling).__name__}")
+    if scaling and "rope_type" not in params:
         params |= scaling
+        origin |= {key: f"config.rope_scaling[{key!r}]" for key in scaling}
     if getattr(config, "partial_rotary_factor", None) is not None:
+        if "partial_rotary_factor" not in params:
+            origin["partial_rotary_factor"] = "config.partial_rotary_factor"
         params.setdefault("partial_rotary_factor", config.partial_rotary_factor)
-    return params
+    return params, origin
 
 
-def _yarn_value(key: str, value):
-    return int(value) if key == "original_max_position_embeddings" else float(value)
-
-
-def _scaling(rope: dict, rope_type: str, model_type: str) -> tuple:
+def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str) -> tuple:
     """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
-    (vLLM's default where the config has none), then the extras the config has."""
+    (vLLM's default where the config has none), then the extras the config has; each value
+    checked (:func:`fqr.rope_cache.check_rope`, errors naming the config key) and held as the
+    Python number it is."""
     if rope_type == "default":
         return ()
     if rope_type == "yarn":
@@ -705,9 +753,13 @@ def _scaling(rope: dict, rope_type: str, model_type: str) -> tuple:
         for k, v in HF_ROPE_DEFAULTS.get(rope_type, ())
     ]
     pairs += [(k, rope[k]) for k in HF_ROPE_EXTRAS.get(rope_type, ()) if rope.get(k) is not None]
-    if rope_type == "yarn":
-        pairs = [(k, _yarn_value(k, v)) for k, v in pairs]
-    return (("rope_type", rope_type), *pairs)
+    checked = check_rope(
+        rope["rope_theta"],
+        {"rope_type": rope_type, **dict(pairs)},
+        theta_name=origin.get("rope_theta", "config.rope_theta"),
+        key_name=lambda key: origin.get(key, f"config RoPE {key}"),
+    )
+    return (("rope_type", rope_type), *((k, checked[k]) for k, _ in pairs))
 
 
 def _mla_variant_params(text, model_type: str) -> tuple:
@@ -716,12 +768,61 @@ def _mla_variant_params(text, model_type: str) -> tuple:
     missing = [k for k, v in dims.items() if v is None]
     if missing:
         raise ValueError(f"config: {model_type} (MLA) has no {', '.join(missing)}")
+    q_lora_rank = getattr(text, "q_lora_rank", None)
     return (
-        ("q_lora_rank", int(getattr(text, "q_lora_rank", None) or 0)),
-        *((k, int(v)) for k, v in dims.items()),
+        ("q_lora_rank", positive_count("config.q_lora_rank", q_lora_rank) if q_lora_rank else 0),
+        *((k, positive_count(f"config.{k}", v)) for k, v in dims.items()),
         ("block_size", 64),
         ("cache_dtype", "auto"),
     )
+
+
+def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
+    """``(num_attention_heads, num_key_value_heads, head_dim, where head_dim comes from)`` of
+    a config of grouped-query attention: only a missing (or None) ``num_key_value_heads``
+    means one kv head per q head, and only a missing ``head_dim`` means ``hidden_size /
+    num_attention_heads`` (as Hugging Face reads them; a 0 is refused, not read as missing)."""
+    heads = positive_count(
+        "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
+    )
+    kv = getattr(text, "num_key_value_heads", None)
+    kv_heads = heads if kv is None else positive_count("config.num_key_value_heads", kv)
+    if heads % kv_heads:
+        raise ValueError(
+            f"config.num_attention_heads ({heads}) must be a multiple of "
+            f"config.num_key_value_heads ({kv_heads})"
+        )
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is not None:
+        return heads, kv_heads, positive_count("config.head_dim", head_dim), "config.head_dim"
+    hidden = positive_count("config.hidden_size", _required(text, "hidden_size", model_type))
+    if hidden % heads:
+        raise ValueError(
+            f"config.hidden_size ({hidden}) is not a multiple of config.num_attention_heads "
+            f"({heads}) and config.head_dim is missing"
+        )
+    return heads, kv_heads, hidden // heads, "config.hidden_size / config.num_attention_heads"
+
+
+def _mrope_params(rope: dict, origin: dict[str, str], model_type: str, rotary_dim: int) -> tuple:
+    """``mrope_section`` (three ints summing to ``rotary_dim / 2``) and ``mrope_interleaved``
+    (a bool; missing: False) of an mRoPE family's RoPE settings."""
+    section = rope.get("mrope_section")
+    if section is None:
+        raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
+    interleaved = rope.get("mrope_interleaved", False)
+    if not isinstance(interleaved, bool):
+        raise TypeError(
+            f"{origin.get('mrope_interleaved')} must be a bool, got "
+            f"{type(interleaved).__name__} {interleaved!r}"
+        )
+    if isinstance(section, (list, tuple)):  # numpy ints as ints; anything else is refused
+        section = [int(n) if isinstance(n, numbers.Integral) else n for n in section]
+    try:
+        check_mrope_section(section, interleaved, rotary_dim)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{origin['mrope_section']}: {e}") from None
+    return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))
 
 
 def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
@@ -760,8 +861,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None)
-    family = HF_FAMILIES.get(model_type)
-    if model_type in HF_VARIANT_FAMILIES:
+    family = HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(model_type, str) and model_type in HF_VARIANT_FAMILIES:
         raise ValueError(
             f"config: {model_type}: {HF_VARIANT_FAMILIES[model_type]}; presets of the "
             f"prologue's variants are not built from a config yet"
@@ -771,9 +872,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             f"config: model_type {model_type!r} is not a family fqr builds presets for; "
             f"supported: {', '.join(HF_FAMILIES)}"
         )
-    rope = _rope_parameters(text)
+    rope, origin = _rope_parameters(text)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in family.scalings:
+    if not isinstance(rope_type, str) or rope_type not in family.scalings:
         raise ValueError(
             f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
             f"supported: {', '.join(family.scalings)}"
@@ -781,37 +882,53 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
         raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
-    scaling = _scaling(rope, rope_type, model_type)
-    heads = text.num_attention_heads
-    partial_rotary_factor = float(rope.get("partial_rotary_factor", 1.0))
+    theta = positive_number(origin["rope_theta"], rope["rope_theta"])
+    scaling = _scaling(rope, origin, rope_type, model_type)
     variant_params: tuple = ()
     if family.variant == "mla-kv":
-        kv_heads, head_dim = 1, getattr(text, "qk_rope_head_dim", None)
+        heads = positive_count(
+            "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
+        )
+        head_dim = getattr(text, "qk_rope_head_dim", None)
         if head_dim is None:
             raise ValueError(f"config: {model_type} (MLA) has no qk_rope_head_dim")
-        partial_rotary_factor = 1.0
+        kv_heads, head_dim = 1, positive_count("config.qk_rope_head_dim", head_dim)
+        head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
         variant_params = _mla_variant_params(text, model_type)
     else:
-        kv_heads = text.num_key_value_heads or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    if family.variant.startswith("mrope"):
-        if rope.get("mrope_section") is None:
-            raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
-        variant_params = (
-            ("mrope_section", tuple(int(n) for n in rope["mrope_section"])),
-            ("mrope_interleaved", bool(rope.get("mrope_interleaved", False))),
+        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type)
+        partial_rotary_factor, factor_key = 1.0, None
+        if rope.get("partial_rotary_factor") is not None:
+            factor_key = origin["partial_rotary_factor"]
+            partial_rotary_factor = fraction(factor_key, rope["partial_rotary_factor"])
+    rotary_dim = int(head_dim * partial_rotary_factor)
+    if rotary_dim < 2 or rotary_dim % 2:  # RoPE rotates pairs
+        raise ValueError(
+            f"{factor_key} {partial_rotary_factor!r} rotates {rotary_dim} of head_dim "
+            f"{head_dim} features: the rotated part must be even and >= 2"
+            if factor_key
+            else f"{head_key} ({head_dim}) must be even: RoPE rotates the head in pairs"
         )
-    checkpoint = getattr(config, "name_or_path", "") or ""
+    if family.variant.startswith("mrope"):
+        variant_params = _mrope_params(rope, origin, model_type, rotary_dim)
+    eps_key = "config.rms_norm_eps"
+    eps = positive_number(eps_key, _required(text, "rms_norm_eps", model_type))
+    check_finite_scalar(eps_key, eps, positive=True)  # and within float32 (the compute dtype)
+    max_position = positive_count(
+        "config.max_position_embeddings",
+        _required(text, "max_position_embeddings", model_type),
+    )
+    checkpoint = str(getattr(config, "name_or_path", "") or "")
     return Preset(
         name=name or (checkpoint.rstrip("/").rsplit("/", 1)[-1].lower() or model_type),
         hf_id=checkpoint,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(head_dim),
-        rope_theta=float(rope["rope_theta"]),
-        max_position=text.max_position_embeddings,
+        head_dim=head_dim,
+        rope_theta=theta,
+        max_position=max_position,
         norm=family.norm,
-        eps=float(text.rms_norm_eps),
+        eps=eps,
         weight_offset=family.weight_offset,
         partial_rotary_factor=partial_rotary_factor,
         is_neox=family.is_neox,

@@ -67,6 +67,8 @@ Where the other references differ (fqr follows vLLM):
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Callable
 
 import torch
 
@@ -91,6 +93,126 @@ YARN_DEFAULTS = {
     "attn_factor": 1.0,
     "extrapolation_factor": 1.0,
 }
+
+
+# ------------------------------------------------------------------- checks of the parameters
+# A preset's (and a model config's) RoPE parameters are checked before any table is built: a
+# theta or factor of 0 or NaN gave a NaN table, a low_freq_factor or beta of 0 a
+# ZeroDivisionError. Each check returns the value as the Python number it holds (numpy numbers
+# included) and raises a TypeError (not a number) or ValueError (out of range) naming it.
+
+
+def _shown(value) -> str:
+    return repr(value) if isinstance(value, numbers.Real) else f"{type(value).__name__} {value!r}"
+
+
+def _real(name: str, value, rule: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {rule}, got {_shown(value)}")
+    return float(value)
+
+
+def positive_number(name: str, value) -> float:
+    """A finite real number > 0."""
+    v = _real(name, value, "a finite number > 0")
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {_shown(value)}")
+    return v
+
+
+def nonnegative_number(name: str, value) -> float:
+    """A finite real number >= 0."""
+    v = _real(name, value, "a finite number >= 0")
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {_shown(value)}")
+    return v
+
+
+def fraction(name: str, value) -> float:
+    """A finite real number in ``(0, 1]`` (the part of a head that is rotated)."""
+    v = _real(name, value, "a finite number in (0, 1]")
+    if not 0 < v <= 1:  # nan fails it too
+        raise ValueError(f"{name} must be a finite number in (0, 1], got {_shown(value)}")
+    return v
+
+
+def positive_count(name: str, value) -> int:
+    """An int >= 1 (a numpy integer too; not a bool, a float or a string)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 1, got {_shown(value)}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+# The keys of each scaling (besides ``rope_type``), each with its check, and those required.
+SCALING_KEYS: dict[str, dict[str, Callable[[str, object], float]]] = {
+    "linear": {"factor": positive_number},
+    "llama3": {
+        "factor": positive_number,
+        "low_freq_factor": positive_number,
+        "high_freq_factor": positive_number,
+        "original_max_position_embeddings": positive_count,
+    },
+    "proportional": {"partial_rotary_factor": fraction},
+    "yarn": {
+        "factor": positive_number,
+        "original_max_position_embeddings": positive_count,
+        "beta_fast": positive_number,
+        "beta_slow": positive_number,
+        "mscale": nonnegative_number,
+        "mscale_all_dim": nonnegative_number,
+        "attn_factor": positive_number,
+        "extrapolation_factor": nonnegative_number,
+    },
+}
+SCALING_REQUIRED = {
+    "linear": ("factor",),
+    "llama3": tuple(SCALING_KEYS["llama3"]),
+    "proportional": ("partial_rotary_factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+
+
+def check_rope(
+    theta,
+    scaling: dict,
+    *,
+    theta_name: str = "theta",
+    key_name: Callable[[str], str] = lambda key: f"scaling[{key!r}]",
+) -> dict:
+    """Check a table's ``theta`` (finite, > 0) and ``scaling`` (empty, or one of
+    :data:`SCALING_KEYS` with its required keys, no other key, each value checked; a yarn
+    scaling also needs ``theta != 1``: its correction range divides by ``ln(theta)``).
+    Errors name ``theta_name`` and ``key_name(key)``. Returns the scaling with its values as
+    Python numbers."""
+    theta = positive_number(theta_name, theta)
+    if not scaling:
+        return {}
+    rope_type = scaling.get("rope_type")
+    if not isinstance(rope_type, str) or rope_type not in SCALING_KEYS:
+        raise ValueError(
+            f"{key_name('rope_type')} must be one of {', '.join(SCALING_KEYS)}, got {rope_type!r}"
+        )
+    checks = SCALING_KEYS[rope_type]
+    for key in scaling:
+        if key != "rope_type" and key not in checks:
+            raise ValueError(
+                f"{key_name(key)}: a {rope_type} scaling takes only {', '.join(checks)}"
+            )
+    for key in SCALING_REQUIRED[rope_type]:
+        if key not in scaling:
+            required = ", ".join(SCALING_REQUIRED[rope_type])
+            raise ValueError(f"{key_name(key)} is missing: a {rope_type} scaling needs {required}")
+    checked = {"rope_type": rope_type} | {
+        key: checks[key](key_name(key), value) for key, value in scaling.items() if key in checks
+    }
+    if rope_type == "yarn" and theta == 1:
+        raise ValueError(
+            f"{theta_name} must not be 1 with a yarn scaling (its correction range divides by "
+            f"ln({theta_name}))"
+        )
+    return checked
 
 
 def _yarn_params(scaling: dict) -> dict:

@@ -125,6 +125,22 @@ def _insert_abstract(
     return Aval(cache.shape, cache.dtype)
 
 
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory, from its sizes and strides: a dim of
+    more than one element with stride 0 (an expanded tensor), or strides that do not nest
+    (sorted by stride, each dim's stride must exceed the farthest offset the dims of smaller
+    strides reach: an ``as_strided`` view whose rows overlap). The nesting test is sufficient,
+    not necessary: a layout that interleaves two dims without overlap (no cache allocator makes
+    one) fails it too. A cache is written in place: every backend's scatter (the kernels'
+    stores, the reference's copy back) needs each element at its own address."""
+    reach = 0  # the farthest element offset the dims seen so far reach
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def written_slots(slots, blocks: int, block_size: int):
     """``(keep, block, row)``: the tokens with a slot ``>= 0`` and where their slots are,
     refusing a slot past the cache's last row (a bad slot mapping)."""

@@ -47,6 +47,7 @@ import torch
 
 from ..backends import AUTO_BACKENDS, BACKENDS, resolve_backend
 from ..core import Aval, Program, trace
+from ..ops.cache import overlaps_itself
 from ..validate import (
     POSITION_DTYPES,
     check_activation,
@@ -333,6 +334,12 @@ class Cache(TensorKind):
             raise TypeError(f"{name} must be {self.dtype_text(call)}, got {_dtype_text(x.dtype)}")
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim ({self.last})")
+        if overlaps_itself(x):  # expanded (stride 0) or as_strided: written in place
+            raise ValueError(
+                f"{name} overlaps itself: strides {list(x.stride())} of shape {list(x.shape)} "
+                f"give two of its elements one address (an expanded or as_strided view); the "
+                f"cache is written in place: pass one that holds each element once"
+            )
 
     def avals(self, x):
         return (Aval(("B", *x.shape[1:]), x.dtype),)

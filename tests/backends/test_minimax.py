@@ -306,3 +306,83 @@ def test_torch_ops_registrations(gen):
     )
     assert [g.dtype for g in got] == [E4M3] * 3 + [torch.bfloat16] * 2
     assert all(torch.equal(bits(g), bits(w)) for g, w in zip(got, want))
+
+
+# ------------------------------------------------ cache layouts (issue 23, finding 2)
+# "Any strides with a contiguous last dim": a head-major cache, one whose blocks are strided
+# apart or whose heads are a slice of a wider buffer is written where its strides say, on every
+# backend. A cache whose elements share memory (expanded: stride 0, or an as_strided view) is
+# refused naming the argument before any backend runs: the reference raised a deep torch error
+# after writing key_cache, the interpreter wrote it silently.
+
+BACKEND_NAMES = ["reference"] + (["interpret"] if BACKENDS["interpret"].available else [])
+
+
+def relayout(cache: torch.Tensor, layout: str) -> torch.Tensor:
+    """``cache``'s values in a fresh buffer of another memory layout (same shape)."""
+    nb, bs, h, d = cache.shape
+    if layout == "head-major":  # [nb, H, bs, D] viewed as [nb, bs, H, D]
+        buf = torch.empty(nb, h, bs, d, dtype=cache.dtype).permute(0, 2, 1, 3)
+    elif layout == "block-strided":  # [bs, nb, H, D] viewed as [nb, bs, H, D]
+        buf = torch.empty(bs, nb, h, d, dtype=cache.dtype).permute(1, 0, 2, 3)
+    else:  # "padded": the heads of a wider buffer, one block of padding in front
+        buf = torch.empty(nb + 1, bs, h + 3, d, dtype=cache.dtype)[1:, :, 1 : h + 1]
+    buf.copy_(cache)
+    assert not buf.is_contiguous()
+    return buf
+
+
+def overlapping(cache: torch.Tensor, how: str) -> torch.Tensor:
+    """A cache of ``cache``'s shape whose elements share memory, holding ``cache``'s values
+    where it can."""
+    nb, bs, h, d = cache.shape
+    if how == "expanded":  # every block is block 0
+        return cache[:1].clone().expand(nb, bs, h, d)
+    # as_strided: consecutive rows half a row apart
+    buf = cache.clone().reshape(-1)
+    return buf.as_strided((nb, bs, h, d), (bs * h * d // 2, h * d // 2, d, 1))
+
+
+def cache_problem(gen, cache_dtype: str, tokens: int = 9):
+    preset = replace(
+        fqr.get_preset("minimax-m3-kvcache", 2),
+        variant_params=(("block_size", 16), ("cache_dtype", cache_dtype)),
+    )
+    inputs, table = draw(KV_CACHE, preset, gen, tokens)
+    assert preset.spec.num_kv_heads == 2
+    return preset, inputs, table
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8e4m3"])
+@pytest.mark.parametrize("layout", ["head-major", "block-strided", "padded"])
+def test_a_strided_cache_is_written_where_its_strides_say(gen, layout, cache_dtype, backend):
+    preset, inputs, table = cache_problem(gen, cache_dtype)
+    exact = KV_CACHE.expected(preset, inputs, table)  # float64, from the contiguous caches
+    caches = {n: relayout(inputs[n], layout) for n in ("key_cache", "value_cache")}
+    before = {n: c.clone() for n, c in caches.items()}
+    slots = inputs["slot_mapping"]
+    q = cache_call(inputs, table, **caches, **preset.spec.head_kwargs(), backend=backend)
+    assert compare(q, exact["q"], head_dim=128).passed
+    _, written = reference.cache_insert(before["key_cache"], exact["q"][:, :256], slots)
+    assert int(written.sum()) == int((slots >= 0).sum()) > 0
+    for name, cache in caches.items():
+        c = compare(cache, exact[name], head_dim=128)
+        assert c.passed, f"{layout} {name}: {c}"
+        assert torch.equal(bits(cache)[~written], bits(before[name])[~written]), name
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("how", ["expanded", "as_strided"])
+@pytest.mark.parametrize("name", ["key_cache", "value_cache"])
+def test_a_cache_whose_elements_share_memory_is_refused(gen, name, how, backend):
+    preset, inputs, table = cache_problem(gen, "auto")
+    kwargs = dict(preset.spec.head_kwargs(), backend=backend)
+    cache_call(inputs, table, **kwargs)  # a good call first: the next is not its fast path
+    bad = overlapping(inputs[name], how)
+    caches = {n: bad if n == name else inputs[n] for n in ("key_cache", "value_cache")}
+    before = {n: c.clone() for n, c in caches.items()}
+    with pytest.raises(ValueError, match=rf"^{name} overlaps itself"):
+        cache_call(inputs, table, **caches, **kwargs)
+    for n, c in caches.items():
+        assert torch.equal(bits(c), bits(before[n])), f"{n} was written"

@@ -155,3 +155,64 @@ def test_golden_cases_cover_every_flavour():
         True,
         False,
     }
+
+
+# ------------------------------------------------ cache layouts (issue 23, finding 2)
+# The MLA entry cache, in every flavour (the model dtype, FP8 E4M3, the uint8 fp8_ds_mla
+# entry), at any strides with a contiguous entry: written where its strides say on every
+# backend; one whose elements share memory is refused naming kv_cache before anything runs.
+
+
+def relayout(cache: torch.Tensor, layout: str) -> torch.Tensor:
+    """``cache``'s values in a fresh buffer of another memory layout (same shape)."""
+    nb, bs, width = cache.shape
+    if layout == "block-strided":  # [bs, nb, entry] viewed as [nb, bs, entry]
+        buf = torch.empty(bs, nb, width, dtype=cache.dtype).permute(1, 0, 2)
+    else:  # "padded": entries of a wider row, one block of padding in front
+        buf = torch.empty(nb + 1, bs, width + 32, dtype=cache.dtype)[1:, :, 16 : 16 + width]
+    buf.copy_(cache)
+    assert not buf.is_contiguous()
+    return buf
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("layout", ["block-strided", "padded"])
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2"])
+def test_a_strided_cache_is_written_where_its_strides_say(gen, name, layout, backend):
+    preset, variant, table, inputs = _case(gen, name, tokens=70)  # 70 tokens: several blocks
+    assert inputs["kv_cache"].shape[0] > 1
+    exact = variant.expected(preset, inputs, table)  # float64, from the contiguous cache
+    cache = relayout(inputs["kv_cache"], layout)
+    before = cache.clone()
+    args = variant.arguments(preset, dict(inputs, kv_cache=cache), table, backend=backend)
+    outs = fqr.split_mla_rmsnorm_rope_cache(**args)
+    got = dict(zip(("q_c", "kv_c", "k_pe"), outs), kv_cache=cache.contiguous())
+    for n in variant.outputs_of(preset):
+        c = compare_kind(
+            variant.tolerance(n, preset), got[n], exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{name} {layout} {n}: {c}"
+    slots = inputs["slot_mapping"]
+    rows, was = cache.reshape(-1, cache.shape[-1]), before.reshape(-1, cache.shape[-1])
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(rows[untouched].view(torch.uint8), was[untouched].view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("how", ["expanded", "as_strided"])
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3.2"])
+def test_a_cache_whose_elements_share_memory_is_refused(gen, name, how, backend):
+    preset, variant, table, inputs = _case(gen, name, tokens=70)
+    nb, bs, width = inputs["kv_cache"].shape
+    if how == "expanded":  # every block is block 0
+        bad = inputs["kv_cache"][:1].clone().expand(nb, bs, width)
+    else:  # consecutive entries half an entry apart
+        flat = inputs["kv_cache"].clone().reshape(-1)
+        bad = flat.as_strided((nb, bs, width), (bs * width // 2, width // 2, 1))
+    variant.run_in_place(preset, dict(inputs), table, backend=backend)  # a good call first
+    before = bad.clone()
+    args = variant.arguments(preset, dict(inputs, kv_cache=bad), table, backend=backend)
+    with pytest.raises(ValueError, match=r"^kv_cache overlaps itself"):
+        fqr.split_mla_rmsnorm_rope_cache(**args)
+    assert torch.equal(bad.view(torch.uint8), before.view(torch.uint8))  # nothing was written

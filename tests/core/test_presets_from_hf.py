@@ -15,7 +15,8 @@ missing yarn keys take vLLM's defaults; what vLLM's DeepSeek yarn would not buil
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -303,3 +304,505 @@ def test_mla_config_without_scaling_has_the_plain_table():
         config.qk_rope_head_dim,
         False,
     )
+
+
+# ------------------------------------------------------- hostile configs (issue 23, finding 7)
+# Every field is checked where it is read: one ValueError/TypeError naming the config key. A
+# transformers 5 config type-checks its fields on assignment but not their values (a NaN theta,
+# a factor of 0, -5 positions pass, at most with a warning); a 4.x config (or any object with
+# the attributes) checks nothing: ``untyped`` below.
+
+MISSING = object()
+
+
+def untyped(config, **overrides):
+    """``config`` as an object holding its attributes with no checks (what transformers 4.x's
+    ``PretrainedConfig`` is), with ``overrides`` (``MISSING``: the attribute removed)."""
+    values = config.to_dict() | {"name_or_path": config.name_or_path}
+    for key, value in overrides.items():
+        if value is MISSING:
+            values.pop(key, None)
+        else:
+            values[key] = value
+    return SimpleNamespace(**values)
+
+
+def rope(name: str, **values):
+    """Preset ``name``'s config with ``values`` merged into its ``rope_parameters``."""
+    config = config_of(PRESETS[name])
+    config.rope_parameters = config.rope_parameters | values
+    return config
+
+
+def gemma3(**values):
+    """Gemma 3 27B's config with ``values`` merged into its full-attention RoPE settings."""
+    config = config_of(PRESETS["gemma3-27b"])
+    config.rope_parameters["full_attention"] |= values
+    return config
+
+
+def qwen3(**values):
+    return rope("qwen3-8b", **values)
+
+
+def llama3(**values):
+    return rope("llama3-8b", **values)
+
+
+def plain(**overrides):
+    """Qwen3-8B's config, untyped, with ``overrides``."""
+    return untyped(qwen3(), **overrides)
+
+
+NAN, INF = float("nan"), float("inf")
+RP = r"config\.rope_parameters\['{}'\]"
+POSITIVE = " must be a finite number > 0, got "
+FRACTION = r" must be a finite number in \(0, 1\], got "
+COUNT = " must be an int >= 1, got "
+VL = "qwen3-vl-8b"
+# (id, the config, error, message)
+BAD_CONFIGS = [
+    (
+        "theta 0",
+        lambda: qwen3(rope_theta=0.0),
+        ValueError,
+        RP.format("rope_theta") + POSITIVE + "0",
+    ),
+    ("theta < 0", lambda: qwen3(rope_theta=-1e6), ValueError, POSITIVE + "-1000000"),
+    ("theta nan", lambda: qwen3(rope_theta=NAN), ValueError, RP.format("rope_theta") + POSITIVE),
+    ("theta str", lambda: untyped(qwen3(rope_theta="1e6")), TypeError, POSITIVE + "str '1e6'"),
+    # unhashable: a TypeError naming nothing before
+    (
+        "model_type a list",
+        lambda: plain(model_type=["qwen3"]),
+        ValueError,
+        r"model_type \['qwen3'\]",
+    ),
+    (
+        "gemma3 full-attention theta nan",
+        lambda: gemma3(rope_theta=NAN),
+        ValueError,
+        r"^config\.rope_parameters\['full_attention'\]\['rope_theta'\]" + POSITIVE + "nan$",
+    ),
+    (
+        "4.x theta nan",
+        lambda: plain(rope_parameters=MISSING, rope_theta=NAN),
+        ValueError,
+        r"^config\.rope_theta must be a finite number > 0, got nan$",
+    ),
+    (
+        "linear factor 0",
+        lambda: qwen3(rope_type="linear", factor=0.0),
+        ValueError,
+        RP.format("factor") + POSITIVE + "0",
+    ),
+    (
+        "linear factor nan",
+        lambda: qwen3(rope_type="linear", factor=NAN),
+        ValueError,
+        POSITIVE + "nan",
+    ),
+    (
+        "linear factor -2",
+        lambda: qwen3(rope_type="linear", factor=-2.0),
+        ValueError,
+        POSITIVE + "-2",
+    ),
+    ("llama3 factor 0", lambda: llama3(factor=0.0), ValueError, RP.format("factor") + POSITIVE),
+    # ZeroDivisionError before
+    (
+        "llama3 low_freq_factor 0",
+        lambda: llama3(low_freq_factor=0.0),
+        ValueError,
+        RP.format("low_freq_factor") + POSITIVE,
+    ),
+    (
+        "llama3 high_freq_factor inf",
+        lambda: llama3(high_freq_factor=INF),
+        ValueError,
+        RP.format("high_freq_factor") + POSITIVE + "inf",
+    ),
+    (
+        "llama3 original positions 0",
+        lambda: llama3(original_max_position_embeddings=0),
+        ValueError,
+        RP.format("original_max_position_embeddings") + COUNT + "0",
+    ),
+    (
+        "positions -5",
+        lambda: plain(max_position_embeddings=-5),
+        ValueError,
+        r"^config\.max_position_embeddings must be an int >= 1, got -5$",
+    ),
+    ("positions 0", lambda: plain(max_position_embeddings=0), ValueError, COUNT + "0"),
+    (
+        "positions str",
+        lambda: plain(max_position_embeddings="40960"),
+        TypeError,
+        r"^config\.max_position_embeddings" + COUNT + "str '40960'$",
+    ),
+    ("positions bool", lambda: plain(max_position_embeddings=True), TypeError, "max_position_emb"),
+    (
+        "positions 4096.5",
+        lambda: plain(max_position_embeddings=4096.5),
+        TypeError,
+        "max_position_emb",
+    ),
+    # OverflowError before
+    (
+        "partial rotary inf",
+        lambda: qwen3(partial_rotary_factor=INF),
+        ValueError,
+        RP.format("partial_rotary_factor") + FRACTION + "inf",
+    ),
+    ("partial rotary nan", lambda: qwen3(partial_rotary_factor=NAN), ValueError, FRACTION + "nan"),
+    ("partial rotary 0", lambda: qwen3(partial_rotary_factor=0.0), ValueError, FRACTION + "0"),
+    ("partial rotary 1.5", lambda: qwen3(partial_rotary_factor=1.5), ValueError, FRACTION + "1.5"),
+    (
+        "partial rotary leaving no pair",
+        lambda: qwen3(partial_rotary_factor=0.001),
+        ValueError,
+        RP.format("partial_rotary_factor") + r" 0\.001 rotates 0 of head_dim 128",
+    ),
+    # multi-head attention before
+    (
+        "kv heads 0",
+        lambda: plain(num_key_value_heads=0),
+        ValueError,
+        r"^config\.num_key_value_heads" + COUNT + "0$",
+    ),
+    (
+        "kv heads -1",
+        lambda: plain(num_key_value_heads=-1),
+        ValueError,
+        "config.num_key_value_heads",
+    ),
+    (
+        "kv heads str",
+        lambda: plain(num_key_value_heads="8"),
+        TypeError,
+        "config.num_key_value_heads",
+    ),
+    (
+        "kv heads do not divide the heads",
+        lambda: plain(num_key_value_heads=3),
+        ValueError,
+        r"^config\.num_attention_heads \(32\) must be a multiple of "
+        r"config\.num_key_value_heads \(3\)",
+    ),
+    (
+        "heads 0",
+        lambda: plain(num_attention_heads=0),
+        ValueError,
+        r"^config\.num_attention_heads" + COUNT + "0$",
+    ),
+    ("heads str", lambda: plain(num_attention_heads="32"), TypeError, "config.num_attention_heads"),
+    # hidden_size // heads before
+    ("head_dim 0", lambda: plain(head_dim=0), ValueError, r"^config\.head_dim" + COUNT + "0$"),
+    ("head_dim str", lambda: plain(head_dim="128"), TypeError, "config.head_dim"),
+    (
+        "head_dim odd",
+        lambda: plain(head_dim=127),
+        ValueError,
+        r"^config\.head_dim \(127\) must be even",
+    ),
+    (
+        "hidden_size not a multiple of the heads",
+        lambda: plain(head_dim=None, hidden_size=4100),
+        ValueError,
+        r"config\.hidden_size \(4100\) is not a multiple of config\.num_attention_heads \(32\)",
+    ),
+    ("eps nan", lambda: plain(rms_norm_eps=NAN), ValueError, r"^config\.rms_norm_eps" + POSITIVE),
+    ("eps 0", lambda: plain(rms_norm_eps=0.0), ValueError, r"^config\.rms_norm_eps" + POSITIVE),
+    ("eps below float32", lambda: plain(rms_norm_eps=1e-50), ValueError, r"^config\.rms_norm_eps"),
+    ("eps str", lambda: plain(rms_norm_eps="1e-6"), TypeError, r"^config\.rms_norm_eps"),
+    (
+        "rope_parameters a list",
+        lambda: plain(rope_parameters=[1e6]),
+        TypeError,
+        r"^config\.rope_parameters must be a dict, got list",
+    ),
+    (
+        "4.x rope_scaling a str",
+        lambda: plain(rope_parameters=MISSING, rope_theta=1e6, rope_scaling="linear"),
+        TypeError,
+        r"^config\.rope_scaling must be a dict, got str",
+    ),
+    (
+        "4.x rope_scaling factor 0",
+        lambda: plain(
+            rope_parameters=MISSING,
+            rope_theta=1e6,
+            rope_scaling={"rope_type": "linear", "factor": 0},
+        ),
+        ValueError,
+        r"^config\.rope_scaling\['factor'\] must be a finite number > 0, got 0$",
+    ),
+    # bool("false") is True before
+    (
+        "mrope_interleaved a str",
+        lambda: untyped(rope(VL, mrope_interleaved="false")),
+        TypeError,
+        RP.format("mrope_interleaved") + " must be a bool, got str",
+    ),
+    # int("24") before
+    (
+        "mrope_section of strs",
+        lambda: untyped(rope(VL, mrope_section=["24", "20", "20"])),
+        ValueError,
+        RP.format("mrope_section"),
+    ),
+    (
+        "mrope_section sum",
+        lambda: rope(VL, mrope_section=[24, 20, 19]),
+        ValueError,
+        RP.format("mrope_section") + ".*must sum to rotary_dim/2 = 64",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "make,error,message", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
+def test_a_bad_config_value_is_refused_naming_its_key(make, error, message):
+    config = make()
+    with pytest.raises(error, match=message):
+        Preset.from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    "key", ["num_attention_heads", "max_position_embeddings", "rms_norm_eps", "hidden_size"]
+)
+def test_a_missing_key_is_named(key):
+    """An AttributeError before; ``hidden_size`` is needed only without ``head_dim``."""
+    config = plain(**{key: MISSING, "head_dim": MISSING})
+    with pytest.raises(ValueError, match=rf"^config\.{key} is missing \(a qwen3 config needs it"):
+        Preset.from_hf_config(config)
+
+
+@pytest.mark.parametrize("kv", [None, MISSING])
+def test_only_a_missing_kv_head_count_means_multi_head(kv):
+    """As Hugging Face reads it (``num_key_value_heads=None``: one kv head per q head); a
+    missing attribute was an AttributeError before."""
+    preset = Preset.from_hf_config(plain(num_key_value_heads=kv))
+    assert (preset.num_heads, preset.num_kv_heads) == (32, 32)
+
+
+def test_a_4x_config_reads_theta_and_scaling_attributes():
+    """The fields' other home (transformers 4.x: ``rope_theta`` / ``rope_scaling``), checked
+    the same way and giving the same preset."""
+    want = PRESETS["llama3-8b"]
+    config = untyped(
+        config_of(want),
+        rope_parameters=MISSING,
+        rope_theta=want.rope_theta,
+        rope_scaling=dict(want.rope_scaling),
+    )
+    assert Preset.from_hf_config(config, name=want.name) == want
+
+
+def test_numpy_numbers_in_a_config_are_read_as_numbers():
+    """Counts and scalars held as numpy numbers (a config filled from an array) are read as
+    the Python numbers they hold (a TypeError naming num_heads before)."""
+    import numpy as np
+
+    want = PRESETS["qwen3-8b"]
+    config = plain(
+        num_attention_heads=np.int64(32),
+        num_key_value_heads=np.int32(8),
+        head_dim=np.int64(128),
+        max_position_embeddings=np.int64(40960),
+        rms_norm_eps=np.float32(1e-6),
+    )
+    built = Preset.from_hf_config(config, name=want.name)
+    assert built.spec == replace(want.spec, eps=float(np.float32(1e-6)))
+    assert built.max_position == 40960
+    assert type(built.num_heads) is int and type(built.max_position) is int
+
+
+# DeepSeek's yarn (the MLA families): its own keys, and the MLA dims
+def deepseek(**changes):
+    """DeepSeek-V3's config, untyped, with ``changes`` to its RoPE settings (Hugging Face
+    itself divides by some of them when building a typed config)."""
+    config = checkpoint_config("deepseek-v3")
+    return untyped(config, rope_parameters=config.rope_parameters | changes)
+
+
+BAD_MLA = [
+    ("yarn factor 0", dict(factor=0), ValueError, RP.format("factor") + POSITIVE + "0"),
+    ("yarn factor nan", dict(factor=NAN), ValueError, RP.format("factor") + POSITIVE + "nan"),
+    # ZeroDivisionError before
+    ("yarn beta_fast 0", dict(beta_fast=0), ValueError, RP.format("beta_fast") + POSITIVE + "0"),
+    ("yarn beta_slow -1", dict(beta_slow=-1), ValueError, RP.format("beta_slow") + POSITIVE),
+    (
+        "yarn mscale nan",
+        dict(mscale=NAN),
+        ValueError,
+        RP.format("mscale") + " must be a finite number >= 0, got nan",
+    ),
+    (
+        "yarn mscale_all_dim -1",
+        dict(mscale_all_dim=-1.0),
+        ValueError,
+        RP.format("mscale_all_dim") + " must be a finite number >= 0",
+    ),
+    ("yarn attn_factor 0", dict(attn_factor=0.0), ValueError, RP.format("attn_factor") + POSITIVE),
+    (
+        "yarn original positions 0",
+        dict(original_max_position_embeddings=0),
+        ValueError,
+        RP.format("original_max_position_embeddings") + COUNT + "0",
+    ),
+    (
+        "yarn original positions str",
+        dict(original_max_position_embeddings="4096"),
+        TypeError,
+        RP.format("original_max_position_embeddings") + COUNT + "str",
+    ),
+    # ZeroDivisionError before: the correction range divides by ln(theta)
+    (
+        "yarn theta 1",
+        dict(rope_theta=1.0),
+        ValueError,
+        RP.format("rope_theta") + " must not be 1 with a yarn scaling",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "changes,error,message", [c[1:] for c in BAD_MLA], ids=[c[0] for c in BAD_MLA]
+)
+def test_a_bad_yarn_scaling_is_refused_naming_its_key(changes, error, message):
+    with pytest.raises(error, match=message):
+        Preset.from_hf_config(deepseek(**changes))
+
+
+def test_a_4x_yarn_scaling_is_named_where_it_was_read():
+    scaling = DEEPSEEK_V3_CONFIG["rope_scaling"] | {"beta_fast": 0}
+    config = untyped(
+        checkpoint_config("deepseek-v3"),
+        rope_parameters=MISSING,
+        rope_theta=1e4,
+        rope_scaling=scaling,
+    )
+    with pytest.raises(ValueError, match=r"^config\.rope_scaling\['beta_fast'\]" + POSITIVE):
+        Preset.from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    "key,value,error",
+    [
+        ("kv_lora_rank", 0, ValueError),
+        ("qk_nope_head_dim", -128, ValueError),
+        ("v_head_dim", "128", TypeError),
+        ("qk_rope_head_dim", 0, ValueError),
+        ("qk_rope_head_dim", 63, ValueError),
+        ("q_lora_rank", -1, ValueError),
+    ],
+)
+def test_a_bad_mla_dim_is_refused_naming_its_key(key, value, error):
+    config = untyped(checkpoint_config("deepseek-v3"), **{key: value})
+    message = "must be even" if value == 63 else "must be an int >= 1"
+    with pytest.raises(error, match=rf"^config\.{key} .*{message}"):
+        Preset.from_hf_config(config)
+
+
+# --------------------------------------------------- the same values in a preset built by hand
+
+YARN, GEMMA4 = PRESETS["deepseek-v3"], PRESETS["gemma4-31b-full"]
+Q, L3 = PRESETS["qwen3-8b"], PRESETS["llama3-8b"]
+BAD_PRESETS = [
+    ("theta nan", Q, dict(rope_theta=NAN), ValueError, r"^rope_theta" + POSITIVE + "nan$"),
+    ("theta 0", Q, dict(rope_theta=0), ValueError, r"^rope_theta" + POSITIVE + "0$"),
+    ("theta str", Q, dict(rope_theta="1e6"), TypeError, r"^rope_theta"),
+    ("positions 0", Q, dict(max_position=0), ValueError, r"^max_position" + COUNT + "0$"),
+    ("positions -5", Q, dict(max_position=-5), ValueError, r"^max_position" + COUNT),
+    ("positions str", Q, dict(max_position="40960"), TypeError, r"^max_position" + COUNT + "str"),
+    # OverflowError before
+    (
+        "partial rotary inf",
+        Q,
+        dict(partial_rotary_factor=INF),
+        ValueError,
+        r"^partial_rotary_factor" + FRACTION + "inf$",
+    ),
+    (
+        "partial rotary nan",
+        Q,
+        dict(partial_rotary_factor=NAN),
+        ValueError,
+        r"^partial_rotary_factor" + FRACTION,
+    ),
+    (
+        "linear factor 0",
+        PRESETS["gemma3-27b"],
+        dict(rope_scaling=(("rope_type", "linear"), ("factor", 0.0))),
+        ValueError,
+        r"^rope_scaling\['factor'\]" + POSITIVE + "0",
+    ),
+    (
+        "llama3 low_freq_factor 0",
+        L3,
+        dict(rope_scaling=(*L3.rope_scaling[:2], ("low_freq_factor", 0.0), *L3.rope_scaling[3:])),
+        ValueError,
+        r"^rope_scaling\['low_freq_factor'\]" + POSITIVE,
+    ),
+    (
+        "llama3 missing a key",
+        L3,
+        dict(rope_scaling=L3.rope_scaling[:-1]),
+        ValueError,
+        r"^rope_scaling\['original_max_position_embeddings'\] is missing",
+    ),
+    (
+        "yarn beta_fast 0",
+        YARN,
+        dict(rope_scaling=(*YARN.rope_scaling[:3], ("beta_fast", 0.0), *YARN.rope_scaling[4:])),
+        ValueError,
+        r"^rope_scaling\['beta_fast'\]" + POSITIVE,
+    ),
+    (
+        "yarn theta 1",
+        YARN,
+        dict(rope_theta=1.0),
+        ValueError,
+        r"^rope_theta must not be 1 with a yarn scaling",
+    ),
+    (
+        "proportional 0",
+        GEMMA4,
+        dict(rope_scaling=(("rope_type", "proportional"), ("partial_rotary_factor", 0.0))),
+        ValueError,
+        r"^rope_scaling\['partial_rotary_factor'\]" + FRACTION + "0",
+    ),
+    (
+        "unknown type",
+        Q,
+        dict(rope_scaling=(("rope_type", "dynamic"), ("factor", 2.0))),
+        ValueError,
+        r"^rope_scaling\['rope_type'\] must be one of linear, llama3, proportional, yarn, "
+        "got 'dynamic'",
+    ),
+    (
+        "unknown key",
+        PRESETS["gemma3-27b"],
+        dict(rope_scaling=(("rope_type", "linear"), ("factor", 2.0), ("beta", 1.0))),
+        ValueError,
+        r"^rope_scaling\['beta'\]: a linear scaling takes only factor",
+    ),
+    (
+        "not pairs",
+        Q,
+        dict(rope_scaling=("linear", 2.0)),
+        TypeError,
+        r"^rope_scaling must be \(key, value\) pairs",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "preset,changes,error,message", [c[1:] for c in BAD_PRESETS], ids=[c[0] for c in BAD_PRESETS]
+)
+def test_a_preset_built_by_hand_refuses_the_same_values(preset, changes, error, message):
+    with pytest.raises(error, match=message):
+        replace(preset, **changes)
