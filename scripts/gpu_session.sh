@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -48,6 +48,12 @@ declared)
   TAILN=12 step pytest_gpu_hostile timeout 100 python3 -m pytest -q -p no:cacheprovider -rw tests/gpu/test_gpu_hostile.py tests/gpu/test_fusion_gpu.py -m gpu
   TAILN=45 step bench_mla timeout 150 python3 -m fqr bench --preset deepseek-v3,deepseek-v3-fp8,deepseek-v3.2,kimi-k2,deepseek-v3-q-rope --tokens 1,16,1024,16384 --dtype bf16 --compare eager --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_mla.json"
   TAILN=45 step bench_variants timeout 70 python3 -m fqr bench --preset qwen3-8b,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache --tokens 1024 --dtype bf16 --compare none --rep-ms 20 --warmup-ms 5 --save "$OUT/bench_variants.json"
+  ;;
+recheck)
+  # after the fast-path and alias fixes: dispatch rows, the hostile GPU tests, the ds_mla sweep
+  TAILN=12 step pytest_gpu_hostile timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_hostile.py -m gpu
+  TAILN=30 step bench_dispatch timeout 100 python3 -m fqr bench --preset qwen3-8b,minimax-m3-kvcache,deepseek-v3.2,kimi-k2,deepseek-v3-q-rope --tokens 1 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_dispatch.json"
+  TAILN=8 step pytest_ds_mla timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -m gpu -k "deepseek-v3.2"
   ;;
 esac
 printf '%s\n' "${summary[@]}"

@@ -59,6 +59,11 @@ def test_presets_against_float64(gen, name, dtype):
 def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     p = fqr.get_preset(name, tp)
     variant = variant_of(p)
+    try:
+        variant.program(p, dtype)
+    except TypeError as e:  # fp8_ds_mla entries hold bf16 rope values: a bf16 op only
+        assert "kv_a must be bf16" in str(e) and dtype != torch.bfloat16, name
+        pytest.skip(str(e))
     cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
     bias = tp == 8 and variant.has_bias
     inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=bias)
