@@ -144,3 +144,29 @@ def test_any_call_of_any_op_is_refused_clearly_or_meets_its_tolerance(backend, c
     if not BACKENDS[backend].available:
         pytest.skip(BACKENDS[backend].unavailable_reason())
     _check(*c, backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+@pytest.mark.parametrize("name", ["minimax-m3-kvcache-fp8", "deepseek-v3-fp8"])
+def test_an_fp8_scale_must_be_finite_and_positive(gen, name, bad, backend):
+    """A scale of 0, -1, NaN or inf stored ±448, sign-flipped values or NaN rows (issue
+    23.8): refused naming it, on the first call and on a repeat of a good one (the fast
+    path), with the cache untouched."""
+    preset = _small(name)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 5, torch.bfloat16, gen, max_position=MAX_POSITION)
+    scales = sorted(n for n in inputs if n.endswith("_scale"))
+    assert scales
+    for scale in scales:
+        for warm in (False, True):
+            if warm:
+                variant.run(preset, inputs, table, backend=backend)
+            hostile = dict(inputs, **{scale: torch.tensor([bad])})
+            hostile.update({n: inputs[n].clone() for n in variant.donated})
+            before = {n: hostile[n].clone() for n in variant.donated}
+            with pytest.raises(ValueError, match=rf"{scale} must be finite and > 0"):
+                variant.run_in_place(preset, hostile, table, backend=backend)
+            for n in variant.donated:
+                assert torch.equal(hostile[n].view(torch.uint8), before[n].view(torch.uint8))

@@ -135,3 +135,13 @@ def test_out_overlapping_qkv_or_with_inplace_or_grad_is_refused(gen):
     with pytest.raises(ValueError, match="out= cannot record gradients"):
         _call(qkv, positions, table, qw.requires_grad_(), kw, out=views)
     assert views[0].isnan().all()
+
+
+def test_an_out_buffer_that_requires_grad_is_refused(gen):
+    """Written without recording gradients, silently on interpret before (issue 23.8)."""
+    qkv, positions, table, qw, kw = _inputs(gen)
+    _, views = _poisoned_views(qkv.shape[0])
+    leaf = torch.full_like(views[1], float("nan")).requires_grad_()
+    with pytest.raises(ValueError, match=r"out\[1\] \(k\) requires grad"):
+        _call(qkv, positions, table, qw, kw, out=(views[0], leaf, views[2]))
+    assert views[0].isnan().all() and leaf.isnan().all()
