@@ -14,6 +14,8 @@ FQR = Path(__file__).resolve().parents[2] / "fqr"
 LAYERS = {
     "fqr._version": 1,  # the version string, imports nothing
     "fqr.logger": 1,  # the fqr logger and FQR_LOG_LEVEL, imports nothing of fqr
+    "fqr.files": 1,  # writing user-visible files (never through a symlink), imports nothing
+    "fqr.text": 1,  # text from files as shown to a user (control characters escaped)
     "fqr.core": 1,
     "fqr.ops": 2,
     "fqr.lowering": 3,
