@@ -46,6 +46,7 @@ from fqr.bench.report import (
     results_table,
     timing_notes,
 )
+from fqr.files import check_destination
 from fqr.peers import PEER_NAMES
 from fqr.presets import get_preset
 
@@ -214,6 +215,7 @@ def bench(
         ]
         if given:
             raise UsageError(f"--from-json renders saved results; it takes no {given[0]}")
+        _check_outputs(plot=plot)
         doc = merge_documents([load_document(p) for p in from_json])
     else:
         doc = _measure(
@@ -253,10 +255,22 @@ def _config(
     )
 
 
+def _check_outputs(**paths: Path | None) -> None:
+    """Refuse, before any work, an output path the bench would not write (a symlink, a
+    directory: :func:`fqr.files.write_file`), naming its option."""
+    for option, path in paths.items():
+        if path is not None:
+            try:
+                check_destination(path)
+            except OSError as e:
+                raise UsageError(f"--{option} {path}: {e.strerror}") from None
+
+
 def _measure(cfg: BenchConfig, save: Path | None, plot: Path | None) -> dict:
     """Run the bench (after the no-GPU check), saving the document as it grows."""
     if save and not save.parent.is_dir():
         raise UsageError(f"--save: no such directory {save.parent}")
+    _check_outputs(save=save, plot=plot)
     try:
         require_gpu()
     except NoGPU as e:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from fqr.files import write_file
 from fqr.lowering.ascend import CHIPS
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
@@ -115,7 +116,7 @@ def lower(
     source = kernel_source(program, target, **ascend)
     if output is not None:
         try:
-            output.write_text(source)
+            write_file(output, source)  # never through a symlink
         except OSError as e:
             raise UsageError(f"-o {output}: cannot write the kernel source: {e.strerror}") from None
         err.print(

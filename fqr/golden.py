@@ -36,6 +36,7 @@ from safetensors.torch import save as save_safetensors
 
 from . import reference
 from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, DTYPES, dtype_of
+from .files import check_destination, write_file
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
 from .presets import PrologueSpec, get_preset
@@ -350,13 +351,9 @@ def _sparse_table(rows: torch.Tensor, index: torch.Tensor, max_position: int) ->
     return table
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _write_manifest(directory: Path, entries: list[dict]) -> None:
     doc = {"format": FORMAT, "cases": entries}
-    (directory / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_file(directory / MANIFEST, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def _read_regular_file(directory: Path, name: str) -> bytes:
@@ -559,6 +556,14 @@ def regen(
         raise ValueError(f"pattern {pattern!r} matches no golden case")
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory}: not a directory (the golden directory to write)")
+    # Every file this call writes, refused before anything is written when one is a symlink
+    # (or a directory): write_file never writes through a link, and nothing is half-done.
+    for path in [directory / f"{c.name}.safetensors" for c in specs] + [directory / MANIFEST]:
+        check_destination(path)
+    if pattern is None and kernels:
+        from .tools.golden_kernels import check_destinations as check_kernel_destinations
+
+        check_kernel_destinations(directory)
     directory.mkdir(parents=True, exist_ok=True)
     old = {}
     if pattern is not None and (directory / MANIFEST).is_file():
@@ -566,10 +571,10 @@ def regen(
     written = {}
     for spec in specs:
         tensors, entry = _case_tensors(spec)
-        path = directory / entry["file"]
         # One metadata key: safetensors writes a multi-key map in hash order (not reproducible).
-        path.write_bytes(save_safetensors(tensors, metadata={FORMAT: spec.name}))
-        entry["sha256"], entry["bytes"] = _sha256(path), path.stat().st_size
+        data = save_safetensors(tensors, metadata={FORMAT: spec.name})
+        write_file(directory / entry["file"], data)
+        entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
         written[spec.name] = entry
     entries = [written.get(c.name) or old.get(c.name) for c in CASES]
     _write_manifest(directory, [e for e in entries if e is not None])

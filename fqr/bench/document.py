@@ -14,9 +14,9 @@ as this one; a row is one (preset, dtype, tokens) cell:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from ..files import write_file
 from .measurements import MEASUREMENTS
 
 SCHEMA = "fqr.bench/2"
@@ -50,11 +50,9 @@ def add_row(doc: dict, row: dict) -> None:
 
 
 def save_document(doc: dict, path) -> None:
-    """Write ``doc`` as JSON to ``path`` atomically (a reader never sees half a file)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write ``doc`` as JSON to ``path`` atomically (a reader never sees half a file), never
+    through a symlink (:func:`fqr.files.write_file`)."""
+    write_file(path, json.dumps(doc, indent=1) + "\n")
 
 
 def load_document(path) -> dict:

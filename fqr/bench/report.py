@@ -6,9 +6,11 @@ measured, and the GB/s plot. Plain data out (the CLI renders it with Rich); a fu
 from __future__ import annotations
 
 import importlib.util
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_file
 from ..peers import PEER_NAMES
 from ..presets import DEFAULT_PRESET
 from .measurements import GRAPH_MAX_TOKENS, MEASUREMENTS
@@ -198,7 +200,8 @@ def _latency_preset(presets: list[str]) -> str:
 
 
 def plot_document(doc: dict, path: Path) -> list[str]:
-    """Draw ``doc`` to ``path`` (PNG); return the panel titles, in order.
+    """Draw ``doc`` to ``path`` (PNG, or the format its suffix names; written by
+    :func:`fqr.files.write_file`: never through a symlink); return the panel titles, in order.
 
     One panel per preset: each implementation's bandwidth as % of the same-run copy ceiling
     (100% dashed) against tokens (log x), colour and marker per implementation, line style per
@@ -318,6 +321,8 @@ def plot_document(doc: dict, path: Path) -> list[str]:
     gpu = doc["environment"].get("gpu", "?")
     fig.suptitle(f"fqr bench on {gpu}: bandwidth as % of the same-run copy ceiling", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", dpi=120)
     plt.close(fig)
+    write_file(path, image.getvalue())
     return titles

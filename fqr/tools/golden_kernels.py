@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import check_destination, check_directory, make_directory, write_file
 from ..lowering import kernel_source
 from ..presets import get_preset
 from ..prologue import program_of
@@ -29,12 +30,23 @@ def render(preset: str, tp: int, dtype: torch.dtype, numerics: str, target: str)
     return kernel_source(program_of(p, dtype, numerics=numerics, sharded_full_norm=tp > 1), target)
 
 
-def regen(golden_dir: Path | str) -> list[Path]:
+def _paths(golden_dir: Path | str) -> tuple[Path, list[Path]]:
     out = Path(golden_dir) / "kernels"
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem, *spec in GOLDEN_KERNELS:
-        path = out / f"{stem}.py"
-        path.write_text(render(*spec))
-        written.append(path)
-    return written
+    return out, [out / f"{stem}.py" for stem, *_ in GOLDEN_KERNELS]
+
+
+def check_destinations(golden_dir: Path | str) -> None:
+    """OSError naming the path when :func:`regen` would refuse to write one of its files (a
+    symlink, a directory: :func:`fqr.files.write_file`), the ``kernels/`` directory included."""
+    out, paths = _paths(golden_dir)
+    check_directory(out)
+    for path in paths:
+        check_destination(path)
+
+
+def regen(golden_dir: Path | str) -> list[Path]:
+    out, paths = _paths(golden_dir)
+    make_directory(out)
+    for path, (_, *spec) in zip(paths, GOLDEN_KERNELS):
+        write_file(path, render(*spec))
+    return paths

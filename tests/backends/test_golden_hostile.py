@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
+from fqr import golden
+from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case, regen
 
 CASE = "qwen3-0.6b-bf16-t7-fused"
 
@@ -113,6 +114,61 @@ def test_a_malformed_entry_is_a_corrupt_case(copy, label, mutate):
     assert isinstance(row["name"], str) and row["name"]
     with pytest.raises(GoldenCorrupt):
         load_case(row, d)
+
+
+# ---------------------------------------------------------------- writes (issue 23, finding 3)
+
+
+def _plant(d, name, victim):
+    """A symlink ``d/name`` -> ``victim`` (a file someone else owns, say)."""
+    victim.write_bytes(b"precious")
+    (d / name).symlink_to(victim)
+    return victim
+
+
+@pytest.mark.parametrize("planted", [f"{CASE}.safetensors", "manifest.json"])
+def test_regen_never_writes_through_a_planted_symlink(tmp_path, planted):
+    """``regen --case C`` into a directory where ``C.safetensors`` or ``manifest.json`` is a
+    symlink: refused naming it, before anything is written (it overwrote the link's target)."""
+    d = tmp_path / "g"
+    d.mkdir()
+    victim = _plant(d, planted, tmp_path / "victim")
+    with pytest.raises(OSError, match="symlink") as e:
+        regen(d, CASE)
+    assert str(d / planted) in str(e.value)
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in d.iterdir()) == [planted] and (d / planted).is_symlink()
+
+
+def test_regen_never_fills_a_planted_kernels_directory(tmp_path, monkeypatch):
+    """A full regen writes golden/kernels/*.py: a ``kernels`` symlink is refused, nothing
+    written (its files went into the link's target directory)."""
+    monkeypatch.setattr(golden, "CASES", tuple(golden.select_cases(CASE)))
+    d, elsewhere = tmp_path / "g", tmp_path / "elsewhere"
+    d.mkdir()
+    elsewhere.mkdir()
+    (d / "kernels").symlink_to(elsewhere)
+    with pytest.raises(OSError, match="symlink") as e:
+        regen(d)
+    assert str(d / "kernels") in str(e.value)
+    assert list(elsewhere.iterdir()) == [] and [p.name for p in d.iterdir()] == ["kernels"]
+
+
+def test_regen_replaces_files_atomically_and_keeps_their_mode(tmp_path):
+    """A regular file is replaced (a fresh inode: a hard link to it elsewhere is untouched),
+    its permission bits kept; no temporary file is left behind."""
+    d = tmp_path / "g"
+    regen(d, CASE)
+    case_file = d / f"{CASE}.safetensors"
+    linked = tmp_path / "hard-link"
+    os.link(case_file, linked)
+    before = linked.read_bytes()
+    case_file.write_bytes(b"stale")  # through the link too: both names, one inode
+    os.chmod(case_file, 0o640)
+    regen(d, CASE)
+    assert case_file.read_bytes() == before and linked.read_bytes() == b"stale"
+    assert (case_file.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in d.iterdir()) == ["manifest.json", case_file.name]
 
 
 def test_a_file_outside_the_directory_is_never_opened(copy, tmp_path, monkeypatch):

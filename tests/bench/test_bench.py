@@ -375,6 +375,63 @@ def test_not_a_bench_document(monkeypatch, capsys, tmp_path):
     assert code == 2 and f"not an {fb.SCHEMA} document" in err
 
 
+# ------------------------------------------- crafted documents and outputs (issue 23: 3, 5)
+
+
+@pytest.fixture(scope="module")
+def saved():
+    """A valid document (one cell, the eager peer, a dispatch entry) to craft others from."""
+    doc = fb.run_bench(_config(tokens=[2]), device="cpu", timers=FixedClock([10.0, 30.0]))
+    doc["dispatch"] = [
+        {
+            "preset": "qwen3-0.6b",
+            "dtype": "bf16",
+            "tokens": 1,
+            "host_us": {"public op": 20.0, "F.rms_norm": 10.0},
+            "x_rms_norm": {"public op": 2.0, "F.rms_norm": 1.0},
+        }
+    ]
+    return doc
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    return victim
+
+
+def test_save_never_writes_through_a_planted_tmp_symlink(tmp_path, saved):
+    """``--save P`` wrote a predictable ``P.tmp``: a symlink planted there had its target
+    overwritten, then became P. The temporary file is now a fresh random name."""
+    victim, path = _victim(tmp_path), tmp_path / "b.json"
+    (tmp_path / "b.json.tmp").symlink_to(victim)
+    fb.save_document(saved, path)
+    assert victim.read_bytes() == b"precious"
+    assert not path.is_symlink() and fb.load_document(path) == saved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.json.tmp", "victim"]
+
+
+@pytest.mark.parametrize("option", ["--save", "--plot"])
+def test_a_symlinked_output_is_refused_before_the_bench_runs(monkeypatch, capsys, tmp_path, option):
+    victim, link = _victim(tmp_path), tmp_path / "out"
+    link.symlink_to(victim)
+    monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
+    code, out, err = run_cli(monkeypatch, capsys, "--preset", "qwen3-8b", option, str(link))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {option} {link}: a symlink"), lines[0]
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+
+
+def test_a_plot_is_never_written_through_a_symlink(monkeypatch, capsys, tmp_path, saved):
+    victim, link, path = _victim(tmp_path), tmp_path / "plot.png", tmp_path / "b.json"
+    link.symlink_to(victim)
+    path.write_text(json.dumps(saved))
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--plot", str(link))
+    assert code == 2 and f"--plot {link}: a symlink" in err, err
+    assert victim.read_bytes() == b"precious"
+
+
 def test_check_outputs_catches_dtype_and_nonfinite_outside_the_sample():
     p = get_preset("qwen3-0.6b")
     g = torch.Generator().manual_seed(7)

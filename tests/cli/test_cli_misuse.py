@@ -75,6 +75,19 @@ def _file(d: Path) -> Path:
     return d / "a-file"
 
 
+def _fifo(d: Path) -> Path:
+    os.mkfifo(d / "fifo")
+    return d / "fifo"
+
+
+def _planted(d: Path, name: str) -> Path:
+    """``d/name``, a symlink to a file that must stay as it is (checked by the test)."""
+    victim = d / "victim"
+    victim.write_bytes(b"precious")
+    (d / name).symlink_to(victim)
+    return d / name
+
+
 # (row id, arguments built in tmp_path, text the one error line must contain)
 MISUSE = [
     (
@@ -141,6 +154,28 @@ MISUSE = [
         "rows[0]",
     ),
     ("bench --from-json: not JSON", lambda d: ["bench", "--from-json", str(_file(d))], "not JSON"),
+    (
+        "golden regen into a symlinked case file",
+        lambda d: [
+            "golden",
+            "regen",
+            "--case",
+            CASE,
+            "--dir",
+            str(_planted(d, f"{CASE}.safetensors").parent),
+        ],
+        f"{CASE}.safetensors: a symlink",
+    ),
+    (
+        "lower -o a FIFO",  # a write to it blocked until someone read it
+        lambda d: ["lower", "--preset", "qwen3-8b", "-o", str(_fifo(d))],
+        "cannot write the kernel source: not a regular file",
+    ),
+    (
+        "lower -o a symlink",
+        lambda d: ["lower", "--preset", "qwen3-8b", "-o", str(_planted(d, "k.py"))],
+        "cannot write the kernel source: a symlink",
+    ),
     ("run --decode-steps -1", lambda d: [*TINY_RUN, "--decode-steps", "-1"], "--decode-steps"),
     ("run --step-timeout inf", lambda d: [*TINY_RUN, "--step-timeout", "inf"], "--step-timeout"),
     ("run --init-timeout nan", lambda d: [*TINY_RUN, "--init-timeout", "nan"], "--init-timeout"),
@@ -174,6 +209,8 @@ def test_misuse_is_one_line_and_exit_2(name, make_args, needle, tmp_path, capsys
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
     assert "Traceback" not in out + err
+    victim = tmp_path / "victim"
+    assert not victim.exists() or victim.read_bytes() == b"precious"
 
 
 def test_regen_with_a_pattern_matching_nothing_creates_nothing(tmp_path, capsys, monkeypatch):
