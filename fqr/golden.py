@@ -39,7 +39,7 @@ from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, DTYPES, dtype_of
 from .files import check_destination, write_file
 from .inputs import PrologueInputs, random_norm_params, random_positions, random_qkv
 from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
-from .presets import PrologueSpec, get_preset
+from .presets import PRESETS, PrologueSpec, get_preset
 from .prologue import VARIANTS, CaseSpec, NormStats, get_variant, golden_cases
 from .prologue.split_qkv import SPLIT_QKV
 from .rope_cache import rope_cos_sin_cache
@@ -404,6 +404,15 @@ def read_manifest(directory: Path | str = GOLDEN_DIR) -> list:
     return doc["cases"]
 
 
+# The largest RoPE table a case may ask for: load_case builds it whole, NaN in every row the
+# case does not use, from the entry's max_position and the stored rows' width. At most the
+# longest context of fqr's presets (Llama 4 Scout's 10M positions), and at most as many elements
+# as that preset's table (a wider rotary_dim gets fewer rows): 5 GiB of fp32. A qkv row stride
+# (the padded buffer load_case builds) is at most twice the row.
+MAX_POSITION = max(p.max_position for p in PRESETS.values())
+MAX_TABLE_ELEMENTS = max(p.max_position * p.rotary_dim for p in PRESETS.values())
+MAX_ROW_STRIDE_FACTOR = 2
+
 _STRING_FIELDS = ("name", "file", "sha256", "preset", "dtype", "numerics", "norm")
 _POSITIVE_FIELDS = ("tp", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "row_stride")
 _COUNT_FIELDS = ("tokens", "bytes", "max_position")
@@ -485,6 +494,16 @@ def entry_problem(entry) -> str | None:
         return f"'rotary_dim' {entry['rotary_dim']} must be even and at most 'head_dim'"
     if entry["max_position"] < 1:
         return "'max_position' must be >= 1"
+    if entry["max_position"] > MAX_POSITION:
+        return (
+            f"'max_position' {entry['max_position']} is beyond {MAX_POSITION}, the longest "
+            "context of fqr's presets (the case's RoPE table is built whole)"
+        )
+    if variant == SPLIT_QKV.name and entry["row_stride"] > MAX_ROW_STRIDE_FACTOR * width:
+        return (
+            f"'row_stride' {entry['row_stride']} is more than {MAX_ROW_STRIDE_FACTOR}x the qkv "
+            f"width {width}"
+        )
     try:
         preset = get_preset(entry["preset"], entry["tp"])
     except (KeyError, ValueError) as e:
@@ -781,11 +800,29 @@ def _tensor_problem(entry: dict, t: dict) -> str | None:
         return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
     if "cos_sin_index" not in want:
         return None
-    index, rows = t["cos_sin_index"], t["cos_sin_rows"]
+    return _table_problem(e, t)
+
+
+def _table_problem(entry: dict, t: dict) -> str | None:
+    """Why the stored RoPE rows cannot make the case's table, or None: the rows named must lie
+    in ``[0, max_position)``, cover the positions, and the whole table stay within
+    :data:`MAX_TABLE_ELEMENTS`."""
+    index, rows, n = t["cos_sin_index"], t["cos_sin_rows"], entry["max_position"]
+    if index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+        got = f"{index.dtype} {list(index.shape)}"
+        return f"tensor 'cos_sin_index' must be int64 or int32 [rows], got {got}"
+    if rows.dim() != 2 or not rows.dtype.is_floating_point:
+        got = f"{rows.dtype} {list(rows.shape)}"
+        return f"tensor 'cos_sin_rows' must be floating [rows, rotary_dim], got {got}"
     if rows.shape[0] != index.shape[0]:
         return "tensors 'cos_sin_rows' and 'cos_sin_index' differ in length"
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= e["max_position"]):
-        return f"tensor 'cos_sin_index' names rows outside [0, max_position={e['max_position']})"
+    if n * rows.shape[1] > MAX_TABLE_ELEMENTS:
+        return (
+            f"a RoPE table of max_position={n} rows of {rows.shape[1]} is more than "
+            f"{MAX_TABLE_ELEMENTS} elements (the largest of fqr's presets)"
+        )
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        return f"tensor 'cos_sin_index' names rows outside [0, max_position={n})"
     if not torch.isin(t["positions"].long(), index.long()).all():
         return "tensor 'positions' names RoPE rows the file does not hold (cos_sin_index)"
     return None
@@ -811,14 +848,7 @@ def _variant_tensor_problem(entry: dict, t: dict) -> str | None:
     for name in entry["outputs"]:
         if f"expected_{name}" not in t:
             return f"no tensor 'expected_{name}'"
-    index = t["cos_sin_index"]
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= entry["max_position"]):
-        return (
-            f"tensor 'cos_sin_index' names rows outside [0, max_position={entry['max_position']})"
-        )
-    if not torch.isin(t["positions"].long(), index.long()).all():
-        return "tensor 'positions' names RoPE rows the file does not hold (cos_sin_index)"
-    return None
+    return _table_problem(entry, t)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from fqr import golden
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case, regen
 
 CASE = "qwen3-0.6b-bf16-t7-fused"
+VARIANT_CASE = "deepseek-v3-q-rope-tp16-bf16-t1-unfused"  # the smallest variant case file
 
 
 @pytest.fixture
@@ -102,6 +103,11 @@ MALFORMED_ENTRIES = [
     ("file absolute", lambda e: dict(e, file="/etc/passwd")),
     ("file in a subdirectory", lambda e: dict(e, file=f"sub/{e['file']}")),
     ("file empty", lambda e: dict(e, file="")),
+    # issue 23, finding 4: load_case builds the [max_position, R] table and the padded qkv
+    # buffer whole (2**40 ended verify in a traceback from torch.full; 2**26 asked 32 GiB)
+    ("max_position 2**40", lambda e: dict(e, max_position=2**40)),
+    ("max_position 2**26", lambda e: dict(e, max_position=2**26)),
+    ("row_stride 2**40", lambda e: dict(e, row_stride=2**40)),
 ]
 
 
@@ -114,6 +120,62 @@ def test_a_malformed_entry_is_a_corrupt_case(copy, label, mutate):
     assert isinstance(row["name"], str) and row["name"]
     with pytest.raises(GoldenCorrupt):
         load_case(row, d)
+
+
+def test_the_largest_preset_table_is_the_bound():
+    """The bounds are what the longest real context needs (Llama 4 Scout: 10M positions of
+    128), and every shipped case is within them."""
+    assert golden.MAX_POSITION == 10_485_760 and golden.MAX_TABLE_ELEMENTS == 10_485_760 * 128
+    for e in list_cases():
+        assert e["max_position"] <= golden.MAX_POSITION
+
+
+def _variant_copy(d):
+    (entry,) = list_cases(pattern=VARIANT_CASE)
+    shutil.copy(GOLDEN_DIR / entry["file"], d / entry["file"])
+    return entry
+
+
+def _wider_rows(t):
+    return dict(t, cos_sin_rows=t["cos_sin_rows"].repeat(1, 64).contiguous())  # 64 -> 4096 wide
+
+
+CRAFTED_TABLES = [
+    # 10M rows (the bound) of 4096: 160 GiB asked of torch.full before the bound on elements
+    ("too wide for its rows", _wider_rows, {"max_position": 10_485_760}, "RoPE table"),
+    ("rows 1-D", lambda t: dict(t, cos_sin_rows=t["cos_sin_rows"][0].contiguous()), {}, "rotary"),
+    ("index float", lambda t: dict(t, cos_sin_index=t["cos_sin_index"].float()), {}, "int64"),
+    ("index 2-D", lambda t: dict(t, cos_sin_index=t["cos_sin_index"][None]), {}, "int64"),
+]
+
+
+@pytest.mark.parametrize(
+    "label,change,fields,needle", CRAFTED_TABLES, ids=[c[0] for c in CRAFTED_TABLES]
+)
+def test_a_variant_case_cannot_ask_for_an_unbounded_or_malformed_table(
+    tmp_path, label, change, fields, needle
+):
+    """A variant entry records its tensors' shapes itself: the stored RoPE rows are checked
+    before load_case builds the table from them (they ended in IndexError or torch.full)."""
+    entry = _variant_copy(tmp_path)
+    t = change(_tensors(tmp_path, entry))
+    record = {n: [golden.DTYPE_NAMES[x.dtype], list(x.shape)] for n, x in t.items()}
+    entry = dict(entry, tensors=record, **fields)
+    _rewrite_file(tmp_path, entry, t)
+    _corrupt(tmp_path, needle)
+
+
+def test_verify_reports_an_unbounded_case_and_checks_the_others(copy):
+    """2**40 rows: the case is corrupt (reported with the reason); the next case still runs."""
+    from fqr_cli.verify import verify_one
+
+    d, entry = copy
+    _write(d, [dict(entry, name="huge", max_position=2**40), entry])
+    huge, good = list_cases(d)
+    assert "max_position" in huge["corrupt"] and "corrupt" not in good
+    with pytest.raises(GoldenCorrupt, match="max_position"):
+        load_case(huge, d)
+    assert verify_one(load_case(good, d), "reference")["status"] == "pass"
 
 
 # ---------------------------------------------------------------- writes (issue 23, finding 3)
