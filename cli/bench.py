@@ -49,6 +49,7 @@ from fqr.bench.report import (
 from fqr.files import check_destination
 from fqr.peers import PEER_NAMES
 from fqr.presets import get_preset
+from fqr.text import printable
 
 from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, parse_csv
 from .options import (
@@ -306,10 +307,11 @@ def _report(doc: dict, json_out: bool, plot: Path | None, from_json: bool) -> No
         dispatch = dispatch_table(doc)
         if dispatch is not None:
             print_table(rich_table(dispatch, FAILED_CELLS))
+    # the lines quote the document (a saved one may hold any text): shown as written
     for line in timing_notes(doc):
-        err.print(f"[yellow]not measured:[/yellow] {escape(line)}", highlight=False)
+        err.print(f"[yellow]not measured:[/yellow] {escape(printable(line))}", highlight=False)
     for line in failure_lines(doc):
-        err.print(f"[red]check failed:[/red] {escape(line)}", highlight=False)
+        err.print(f"[red]check failed:[/red] {escape(printable(line))}", highlight=False)
     if plot:
         try:
             plot_document(doc, plot)

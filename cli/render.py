@@ -4,11 +4,12 @@ bar on stderr, and :class:`fqr.bench.report.ReportTable` data as a Rich table.""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from fqr.text import printable
 
 from .common import err, out
 
@@ -35,17 +36,23 @@ def progress_bar() -> Progress:
     )
 
 
+def plain(text) -> Text:
+    """Text shown as written, never read as Rich markup, control characters escaped
+    (:func:`fqr.text.printable`): names, paths and messages, often read from files."""
+    return Text(printable(text))
+
+
 def rich_table(report, failed: tuple[str, ...] = ()) -> Table:
-    """A Rich table of a :class:`fqr.bench.report.ReportTable`; cells whose text is in
-    ``failed`` in red."""
-    table = Table(title=report.title, caption=report.caption)
+    """A Rich table of a :class:`fqr.bench.report.ReportTable` (its text often read from a
+    saved document: shown as written); cells whose text is in ``failed`` in red."""
+    table = Table(title=plain(report.title), caption=plain(report.caption))
     for name, justify in report.columns:
-        table.add_column(name, justify=justify)
+        table.add_column(plain(name), justify=justify)
     for row in report.rows:
-        table.add_row(*(f"[red]{c}[/red]" if c in failed else escape(c) for c in row))
+        table.add_row(*(Text(c, style="red") if c in failed else plain(c) for c in row))
     return table
 
 
 def add_plain_row(table: Table, *cells: str) -> None:
     """Add a row whose cells are shown as written (names, paths, messages: never Rich markup)."""
-    table.add_row(*(Text(c) for c in cells))
+    table.add_row(*(plain(c) for c in cells))

@@ -14,6 +14,7 @@ as this one; a row is one (preset, dtype, tokens) cell:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ..files import write_file
@@ -56,14 +57,19 @@ def save_document(doc: dict, path) -> None:
 
 
 def load_document(path) -> dict:
-    """Read a saved ``fqr bench --json`` document (checks its schema)."""
-    if not Path(path).is_file():
+    """Read a saved ``fqr bench --json`` document: ValueError naming the file and the field
+    for anything the report could not render (:func:`document_problem`)."""
+    path = Path(path)
+    if not path.is_file():
         raise ValueError(f"--from-json: no such file {path}")
-    text = Path(path).read_text()
     try:
-        doc = json.loads(text)
+        doc = json.loads(path.read_bytes())
+    except UnicodeDecodeError:
+        raise ValueError(f"--from-json {path}: not JSON (not UTF-8 text)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--from-json {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"--from-json {path}: not a bench document (nested too deeply)") from None
     doc = upgrade_document(doc)
     problem = document_problem(doc)
     if problem is not None:
@@ -74,7 +80,8 @@ def load_document(path) -> dict:
 def upgrade_document(doc):
     """A document of a :data:`LEGACY_SCHEMAS` schema as a :data:`SCHEMA` one (keys renamed);
     anything else unchanged."""
-    renames = LEGACY_SCHEMAS.get(doc.get("schema")) if isinstance(doc, dict) else None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    renames = LEGACY_SCHEMAS.get(schema) if isinstance(schema, str) else None
     if renames is None:
         return doc
     doc = {renames.get(k, k): v for k, v in doc.items()}
@@ -83,11 +90,152 @@ def upgrade_document(doc):
 
 
 _ROW_FIELDS = (("preset", str), ("dtype", str), ("tokens", int), ("impls", dict), ("speedup", dict))
+# a failed output's check, as fqr.bench.checks writes it (the failure line quotes them)
+_FAILED_OUTPUT_FIELDS = (
+    ("bad", "a count"),
+    ("tolerance", "text"),
+    ("max_ulp", "a count or null"),
+    ("max_rel_head", "a number"),
+    ("nonfinite_all_rows", "a count"),
+)
+_KINDS = {
+    "text": lambda v: isinstance(v, str),
+    "true or false": lambda v: isinstance(v, bool),
+    "a count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    # the document's times, rates and ratios
+    "a number": lambda v: (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    ),
+    "an object": lambda v: isinstance(v, dict),
+}
+
+
+def _is(value, kind: str) -> bool:
+    """``value`` is of ``kind`` (a key of :data:`_KINDS`, as the message words it: a count is
+    an int >= 0, a number finite and >= 0); "X or null" also allows None."""
+    if kind.endswith(" or null"):
+        return value is None or _is(value, kind[: -len(" or null")])
+    return _KINDS[kind](value)
+
+
+def _field_problem(obj: dict, key: str, kind: str, where: str, required: bool = True):
+    """Why ``obj[key]`` is not of ``kind`` (named ``where.key``), or None; absent is a problem
+    only when ``required``."""
+    if key not in obj:
+        return f"{where} has no {key!r} ({kind})" if required else None
+    if not _is(obj[key], kind):
+        return f"{where}.{key} must be {kind}, got {obj[key]!r:.40}"
+    return None
+
+
+def _map_problem(obj, kind: str, where: str) -> str | None:
+    """Why ``obj`` is not a JSON object of text keys to ``kind`` values, or None."""
+    if not isinstance(obj, dict):
+        return f"{where} must be a JSON object, got {type(obj).__name__}"
+    for key, value in obj.items():
+        if not _is(value, kind):
+            return f"{where}[{key!r:.40}] must be {kind}, got {value!r:.40}"
+    return None
+
+
+def _check_problem(check: dict, where: str) -> str | None:
+    """Why an implementation's ``check`` cannot be read, or None: ``passed``, and for every
+    output (an object) its ``passed`` and, when it failed, its ``error`` or its figures."""
+    for key, kind, required in (
+        ("passed", "true or false", True),
+        ("numerics", "text", False),
+        ("error", "text or null", False),
+        ("rows", "a count", False),
+    ):
+        problem = _field_problem(check, key, kind, where, required)
+        if problem:
+            return problem
+    for name, out in check.items():
+        if not isinstance(out, dict):
+            continue
+        at = f"{where}[{name!r:.40}]"
+        problem = _field_problem(out, "passed", "true or false", at) or _field_problem(
+            out, "error", "text or null", at, required=False
+        )
+        if problem:
+            return problem
+        if out["passed"] or out.get("error"):
+            continue
+        for key, kind in _FAILED_OUTPUT_FIELDS:
+            problem = _field_problem(out, key, kind, at)
+            if problem:
+                return problem
+    return None
+
+
+def _impl_problem(impl, where: str) -> str | None:
+    """Why one implementation's result cannot be read, or None."""
+    if not isinstance(impl, dict):
+        return f"{where} must be a JSON object"
+    for key in ("gbps", "pct_ceiling", *(m.key for m in MEASUREMENTS)):
+        problem = _field_problem(impl, key, "a number or null", where, required=False)
+        if problem:
+            return problem
+    for key, kind in (("error", "text or null"), ("check", "an object or null")):
+        problem = _field_problem(impl, key, kind, where)
+        if problem:
+            return problem
+    if impl["check"] is not None:
+        problem = _check_problem(impl["check"], f"{where}.check")
+        if problem:
+            return problem
+    if "timing_errors" in impl:
+        return _map_problem(impl["timing_errors"], "text", f"{where}.timing_errors")
+    return None
+
+
+def _row_problem(row, where: str) -> str | None:
+    if not isinstance(row, dict):
+        return f"{where} must be a JSON object"
+    for key, kind in _ROW_FIELDS:
+        if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+            return f"{where} has no {kind.__name__} {key!r}"
+    if row["tokens"] < 1:
+        return f"{where}.tokens must be >= 1, got {row['tokens']}"
+    problem = _field_problem(row, "ceiling_gbps", "a number or null", where, required=False)
+    problem = problem or _map_problem(row["speedup"], "a number", f"{where}.speedup")
+    if problem:
+        return problem
+    if FQR not in row["impls"]:
+        return f"{where} has no {FQR!r} measurement"
+    for name, impl in row["impls"].items():
+        problem = _impl_problem(impl, f"{where}.impls[{name!r:.40}]")
+        if problem:
+            return problem
+    return None
+
+
+def _dispatch_problem(entries) -> str | None:
+    """Why ``dispatch`` (host µs per call, :func:`fqr.bench.run.dispatch_rows`) cannot be
+    read, or None."""
+    if not isinstance(entries, list):
+        return f"'dispatch' must be a JSON list, got {type(entries).__name__}"
+    for i, entry in enumerate(entries):
+        where = f"dispatch[{i}]"
+        if not isinstance(entry, dict):
+            return f"{where} must be a JSON object"
+        for key, kind in (("preset", "text"), ("dtype", "text"), ("tokens", "a count")):
+            problem = _field_problem(entry, key, kind, where)
+            if problem:
+                return problem
+        for key in ("host_us", "x_rms_norm"):
+            if key not in entry:
+                return f"{where} has no {key!r} (an object)"
+            problem = _map_problem(entry[key], "a number or null", f"{where}.{key}")
+            if problem:
+                return problem
+    return None
 
 
 def document_problem(doc) -> str | None:
-    """Why ``doc`` is not a document the report can render (every field it reads, with its
-    type), or None."""
+    """Why ``doc`` is not a document the report can render, or None: every field the table,
+    the failure lines, the dispatch table and the plot read, with its type (text, counts,
+    finite non-negative numbers), named by its place in the document."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return f"not an {SCHEMA} document"
     for key, kind in (
@@ -101,32 +249,18 @@ def document_problem(doc) -> str | None:
             return f"no {key!r}"
         if not isinstance(doc[key], kind):
             return f"{key!r} must be a JSON {kind.__name__}, got {type(doc[key]).__name__}"
-    if not isinstance(doc["ceiling"].get("gbps"), (int, float)):
+    if not _is(doc["ceiling"].get("gbps"), "a number"):
         return "'ceiling' has no number 'gbps'"
     if not isinstance(doc.get("skipped", {}), dict):
         return "'skipped' must be a JSON object"
-    numbers = ("gbps", "pct_ceiling", *(m.key for m in MEASUREMENTS))
+    if not isinstance(doc.get("complete", True), bool):
+        return "'complete' must be true or false"
     for i, row in enumerate(doc["rows"]):
-        where = f"rows[{i}]"
-        if not isinstance(row, dict):
-            return f"{where} must be a JSON object"
-        for key, kind in _ROW_FIELDS:
-            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                return f"{where} has no {kind.__name__} {key!r}"
-        if FQR not in row["impls"]:
-            return f"{where} has no {FQR!r} measurement"
-        for name, impl in row["impls"].items():
-            at = f"{where}.impls[{name!r}]"
-            if not isinstance(impl, dict):
-                return f"{at} must be a JSON object"
-            for key in numbers:
-                value = impl.get(key)
-                if value is not None and (not isinstance(value, (int, float)) or value is True):
-                    return f"{at}.{key} must be a number or null, got {value!r:.40}"
-            if not isinstance(impl.get("error"), (str, type(None))):
-                return f"{at}.error must be text or null"
-            if not isinstance(impl.get("check"), (dict, type(None))):
-                return f"{at}.check must be an object or null"
+        problem = _row_problem(row, f"rows[{i}]")
+        if problem:
+            return problem
+    if doc.get("dispatch") is not None:
+        return _dispatch_problem(doc["dispatch"])
     return None
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..files import write_file
 from ..peers import PEER_NAMES
 from ..presets import DEFAULT_PRESET
+from ..text import printable
 from .measurements import GRAPH_MAX_TOKENS, MEASUREMENTS
 from .run import FQR
 
@@ -74,9 +75,9 @@ def results_table(doc: dict) -> ReportTable:
             if m.primary:
                 failed = _status(r)
                 cells.append(
-                    failed.upper() if failed == "wrong" else failed or _num(r[m.key], m.fmt)
+                    failed.upper() if failed == "wrong" else failed or _num(r.get(m.key), m.fmt)
                 )
-                cells += [_num(r["gbps"], ".0f"), _num(r["pct_ceiling"], ".1f")]
+                cells += [_num(r.get("gbps"), ".0f"), _num(r.get("pct_ceiling"), ".1f")]
             else:
                 cells.append(_num(r.get(m.key), m.fmt))
                 if m.pct_key:
@@ -145,9 +146,8 @@ def failure_lines(doc: dict) -> list[str]:
                         f"{c['nonfinite_all_rows']})"
                     )
                     bad.append(f"{o}: {detail}")
-                lines.append(
-                    f"{where} is wrong ({r['check']['numerics']} contract): " + "; ".join(bad)
-                )
+                numerics = r["check"].get("numerics", "?")
+                lines.append(f"{where} is wrong ({numerics} contract): " + "; ".join(bad))
     return lines
 
 
@@ -191,6 +191,12 @@ def _pct_of_ceiling(row: dict, impl: dict, doc: dict) -> float | None:
         return impl["pct_ceiling"]
     gbps, ceiling = impl.get("gbps"), row.get("ceiling_gbps", doc["ceiling"]["gbps"])
     return 100 * gbps / ceiling if gbps and ceiling else None
+
+
+def _label(text) -> str:
+    """Text from the document as matplotlib draws it: control characters escaped, ``$`` shown
+    as a dollar sign (not the start of mathtext, which would fail to parse)."""
+    return printable(text).replace("$", r"\$")
 
 
 def _latency_preset(presets: list[str]) -> str:
@@ -290,7 +296,7 @@ def plot_document(doc: dict, path: Path) -> list[str]:
         top = max(v for _, _, pts in lines for _, v in pts)
         ax.set_ylim(0, max(110, 1.05 * top))
         ax.set_ylabel("% of copy ceiling", fontsize=8)
-        ax.set_title(preset, fontsize=9)
+        ax.set_title(_label(preset), fontsize=9)
         titles.append(preset)
     if latency:
         ax = flat[len(panels)]
@@ -304,14 +310,14 @@ def plot_document(doc: dict, path: Path) -> list[str]:
         ax.minorticks_off()
         ax.set_ylabel("CUDA-graph replay µs (log)", fontsize=8)
         title = f"{small}: latency, T <= {GRAPH_MAX_TOKENS}"
-        ax.set_title(title, fontsize=9)
+        ax.set_title(_label(title), fontsize=9)
         titles.append(title)
     handles = [
-        Line2D([], [], color=PLOT_COLOURS.get(n), marker=PLOT_MARKERS.get(n, "."), label=n)
+        Line2D([], [], color=PLOT_COLOURS.get(n), marker=PLOT_MARKERS.get(n, "."), label=_label(n))
         for n in impls
     ]
     handles += [
-        Line2D([], [], color="grey", linestyle=PLOT_LINESTYLES.get(d, "-."), label=d)
+        Line2D([], [], color="grey", linestyle=PLOT_LINESTYLES.get(d, "-."), label=_label(d))
         for d in dtypes
     ]
     handles.append(
@@ -319,7 +325,9 @@ def plot_document(doc: dict, path: Path) -> list[str]:
     )
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     gpu = doc["environment"].get("gpu", "?")
-    fig.suptitle(f"fqr bench on {gpu}: bandwidth as % of the same-run copy ceiling", fontsize=10)
+    fig.suptitle(
+        f"fqr bench on {_label(gpu)}: bandwidth as % of the same-run copy ceiling", fontsize=10
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     image = io.BytesIO()
     fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", dpi=120)

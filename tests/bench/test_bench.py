@@ -394,6 +394,114 @@ def saved():
     return doc
 
 
+def _fqr(doc) -> dict:
+    return doc["rows"][0]["impls"]["fqr"]
+
+
+def _failed(**change):
+    """fqr's q check failed, with ``change`` applied to it (None: the key removed)."""
+
+    def craft(doc):
+        check = _fqr(doc)["check"]
+        q = {**check["q"], "passed": False, "bad": 3, **change}
+        check.update(passed=False, q={k: v for k, v in q.items() if v is not None})
+        doc["ok"] = False
+
+    return craft
+
+
+def _set(getter, key, value):
+    return lambda doc: getter(doc).__setitem__(key, value)
+
+
+def _dispatch(**change):
+    return lambda doc: doc["dispatch"][0].update(change)
+
+
+CRAFTED = [
+    ("an impl without error", lambda d: _fqr(d).pop("error"), "impls['fqr'] has no 'error'"),
+    ("an impl without check", lambda d: _fqr(d).pop("check"), "impls['fqr'] has no 'check'"),
+    ("check without passed", lambda d: _fqr(d)["check"].pop("passed"), "check has no 'passed'"),
+    (
+        "an output's check without passed",
+        lambda d: _fqr(d)["check"]["q"].pop("passed"),
+        "check['q'] has no 'passed'",
+    ),
+    ("a failed check without bad", _failed(bad=None), "check['q'] has no 'bad'"),
+    ("a failed check's ratio as text", _failed(max_rel_head="big"), "max_rel_head must be"),
+    ("a check's error not text", _set(lambda d: _fqr(d)["check"], "error", 5), "check.error"),
+    ("timing_errors a list", _set(_fqr, "timing_errors", ["boom"]), "timing_errors must be a"),
+    ("timing_errors not text", _set(_fqr, "timing_errors", {"us": 5}), "timing_errors['us']"),
+    ("a time of Infinity", _set(_fqr, "us", float("inf")), "impls['fqr'].us must be a number"),
+    ("a negative time", _set(_fqr, "graph_us", -1.0), "impls['fqr'].graph_us must be a number"),
+    ("speedup as text", _set(lambda d: d["rows"][0], "speedup", {"eager": "3x"}), "speedup["),
+    ("tokens zero", _set(lambda d: d["rows"][0], "tokens", 0), "rows[0].tokens must be >= 1"),
+    ("dispatch an object", _set(lambda d: d, "dispatch", {"a": 1}), "'dispatch' must be a JSON"),
+    ("dispatch entry text", _set(lambda d: d, "dispatch", ["x"]), "dispatch[0] must be a JSON"),
+    ("dispatch without host_us", lambda d: d["dispatch"][0].pop("host_us"), "no 'host_us'"),
+    ("dispatch without tokens", lambda d: d["dispatch"][0].pop("tokens"), "no 'tokens'"),
+    ("dispatch time as text", _dispatch(host_us={"public op": "fast"}), "host_us['public op']"),
+    ("dispatch ratios a list", _dispatch(x_rms_norm=[1.0]), "x_rms_norm must be a JSON object"),
+    ("schema a list", _set(lambda d: d, "schema", [fb.SCHEMA]), f"not an {fb.SCHEMA} document"),
+    ("complete as text", _set(lambda d: d, "complete", "yes"), "'complete' must be true or"),
+]
+
+
+@pytest.mark.parametrize("label,craft,needle", CRAFTED, ids=[c[0] for c in CRAFTED])
+def test_a_crafted_document_is_one_error_naming_the_field(
+    monkeypatch, capsys, tmp_path, saved, label, craft, needle
+):
+    """Each ended in a traceback (KeyError, AttributeError, TypeError) or rendered nonsense."""
+    doc = json.loads(json.dumps(saved))
+    craft(doc)
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"error: --from-json {path}: ") and needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [(b"[" * 100_000, "nested too deeply"), (b'{"schema": "\xff\xfe"}', "not UTF-8")],
+    ids=["nested 100000 deep", "not UTF-8"],
+)
+def test_a_document_that_is_not_json_text_is_one_error(monkeypatch, capsys, tmp_path, data, needle):
+    path = tmp_path / "crafted.json"
+    path.write_bytes(data)
+    code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and str(path) in lines[0] and needle in lines[0], err
+
+
+def test_the_shipped_documents_still_load():
+    for path in sorted((REPO / "docs" / "results").glob("bench-*.json")):
+        assert fb.load_document(path)["rows"], path
+
+
+def test_document_text_is_shown_as_written(monkeypatch, capsys, tmp_path, saved):
+    """Text from a document is never Rich markup (``[/bogus]`` raised MarkupError), never a
+    terminal escape sequence, never matplotlib mathtext (``$`` failed to parse)."""
+    doc = json.loads(json.dumps(saved))
+    doc["environment"]["gpu"] = "[/bogus] $\\frac{ \x1b[2J"
+    doc["settings"]["backend"] = "[bold]b"
+    doc["rows"][0]["preset"] = "[red]p\x1b]0;pwned\x07"
+    _fqr(doc)["timing_errors"] = {"graph_us": "boom [/x] \x1b[31m"}
+    eager = doc["rows"][0]["impls"]["eager"]
+    eager.update(error="[/red]\x9b31m wrong", us=None)
+    doc["ok"] = False
+    path, png = tmp_path / "b.json", tmp_path / "b.png"
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--plot", str(png))
+    assert code == 1, err  # the eager error is a failed check, shown
+    assert "[/bogus]" in out and "[bold]b" in out and "[red]p" in out
+    assert "boom [/x]" in err and "[/red]" in err
+    assert not any(c in out + err for c in "\x1b\x07\x9b")
+    assert "\\x1b[2J" in out and "\\x1b[31m" in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def _victim(tmp_path):
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
