@@ -34,6 +34,9 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #   VERIFIER_BYTES_PER_CHUNK_ELEMENT per element of one chunk, verify.VERIFY_CHUNK_ELEMENTS).
 WORKER_PROCESS_BYTES = 384 << 20  # a spawned worker's resident set after its imports
 VERIFIER_BYTES_PER_CHUNK_ELEMENT = 512
+# The engine holds every synthetic request from the start (its spec, its place in the
+# scheduler's queues, the draws that make them): an upper bound of the measured peak per request.
+REQUEST_BYTES = 512
 
 
 def worker_bytes_per_element(d: int) -> int:
@@ -88,41 +91,69 @@ class RunConfig:
         per_request = self.prompt_len[1] + self.decode_steps
         return min(self.max_batched_tokens, min(self.requests, self.max_running) * per_request)
 
-    def host_bytes_estimate(self, workers_here: int | None = None) -> int:
-        """Host memory a run takes at its largest step: ``workers_here`` workers (default: all
-        of them, spawned on this host) and the engine (verifying when ``verify_every > 0``)."""
+    def host_bytes_parts(self, workers_here: int | None = None) -> dict[str, int]:
+        """Host memory a run takes at its largest step, in three parts named by the option
+        that sets each: ``--dp`` the worker processes themselves (spawned ones), ``--requests``
+        the engine's requests, ``--max-batched-tokens`` the steps: ``workers_here`` workers'
+        (default: all of them, on this host) and the engine's (verifying when
+        ``verify_every > 0``)."""
         preset = get_preset(self.preset)
         d = self.torch_dtype.itemsize
         workers = self.layout.world_size if workers_here is None else workers_here
         step = self.max_step_tokens * preset.spec.qkv_width
-        need = workers * step * worker_bytes_per_element(d)
-        if self.launcher == "mp":
-            need += workers * WORKER_PROCESS_BYTES
+        steps = workers * step * worker_bytes_per_element(d)
         if self.verify_every > 0:
             in_flight = 2 if self.async_scheduling else 1
-            need += step * engine_bytes_per_element(d, self.dp, in_flight)
-            need += verifier_working_bytes()
-        return need
+            steps += step * engine_bytes_per_element(d, self.dp, in_flight)
+            steps += verifier_working_bytes()
+        processes = workers * WORKER_PROCESS_BYTES if self.launcher == "mp" else 0
+        return {
+            "--dp": processes,
+            "--requests": self.requests * REQUEST_BYTES,
+            "--max-batched-tokens": steps,
+        }
+
+    def host_bytes_estimate(self, workers_here: int | None = None) -> int:
+        """Host memory a run takes at its largest step (:meth:`host_bytes_parts`, summed)."""
+        return sum(self.host_bytes_parts(workers_here).values())
 
     def check_host_memory(self) -> None:
-        """ValueError naming ``--max-batched-tokens`` when the largest step cannot fit."""
+        """ValueError when the run cannot fit in the host's memory, naming the option whose
+        part of it is the largest (``--max-batched-tokens``, ``--requests`` or ``--dp``)."""
         available = host_memory_available()
         if available is None:
             return
         workers = None
         if self.launcher == "torchrun":  # this host runs its local ranks only
             workers = int(os.environ.get("LOCAL_WORLD_SIZE", self.layout.world_size))
-        need = self.host_bytes_estimate(workers)
+        parts = self.host_bytes_parts(workers)
+        need = sum(parts.values())
+        if need <= available:
+            return
         n_workers = self.layout.world_size if workers is None else workers
-        if need > available:
-            gib = 1 << 30
+        gib = 1 << 30
+        room = f"{available / gib:.1f} GiB is available"
+        largest = max(parts, key=parts.__getitem__)
+        if largest == "--dp":
+            option, value = ("--dp", self.dp) if self.dp >= self.tp else ("--tp", self.tp)
             raise ValueError(
-                f"--max-batched-tokens {self.max_batched_tokens}: steps of up to "
-                f"{self.max_step_tokens:,} tokens need about {need / gib:.1f} GiB of host memory "
-                f"({n_workers} worker{'s' if n_workers != 1 else ''} and the verifying engine), "
-                f"{available / gib:.1f} GiB is available; lower --max-batched-tokens "
-                f"(or --requests, --prompt-len)"
+                f"{option} {value}: {n_workers:,} worker processes (--dp {self.dp} x --tp "
+                f"{self.tp}) need about {need / gib:.1f} GiB of host memory (about "
+                f"{WORKER_PROCESS_BYTES >> 20} MiB each before their first step), {room}; "
+                f"lower {option}"
             )
+        if largest == "--requests":
+            raise ValueError(
+                f"--requests {self.requests}: the engine holds every request (about "
+                f"{REQUEST_BYTES} bytes each): the run needs about {need / gib:.1f} GiB of host "
+                f"memory, {room}; lower --requests"
+            )
+        raise ValueError(
+            f"--max-batched-tokens {self.max_batched_tokens}: steps of up to "
+            f"{self.max_step_tokens:,} tokens need about {need / gib:.1f} GiB of host memory "
+            f"({n_workers} worker{'s' if n_workers != 1 else ''} and the verifying engine), "
+            f"{room}; lower --max-batched-tokens (or --requests, --prompt-len)"
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)

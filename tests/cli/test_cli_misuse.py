@@ -177,6 +177,13 @@ MISUSE = [
         "cannot write the kernel source: a symlink",
     ),
     ("run --decode-steps -1", lambda d: [*TINY_RUN, "--decode-steps", "-1"], "--decode-steps"),
+    # issue 23, finding 8: refused before any worker starts, naming the option that does not fit
+    (
+        "run --requests 10**12",
+        lambda d: [*TINY_RUN[:-4], "--requests", "1000000000000", "--prompt-len", "4..8"],
+        "--requests 1000000000000: the engine holds every request",
+    ),
+    ("run --dp 100000", lambda d: [*TINY_RUN, "--dp", "100000"], "--dp 100000: 100,000 worker"),
     ("run --step-timeout inf", lambda d: [*TINY_RUN, "--step-timeout", "inf"], "--step-timeout"),
     ("run --init-timeout nan", lambda d: [*TINY_RUN, "--init-timeout", "nan"], "--init-timeout"),
     (

@@ -2,7 +2,9 @@
 :class:`fqr.runtime.config.RunConfig` uses to refuse a run that cannot fit are upper bounds of
 what a worker's step and the engine's verification really take (peak resident set, ``VmHWM``
 reset through ``/proc/self/clear_refs``), and a run whose largest step cannot fit is refused
-with a message naming ``--max-batched-tokens`` before any worker starts."""
+with a message naming ``--max-batched-tokens`` before any worker starts. Issue 23 (finding 8):
+the engine's requests and the worker processes are in the model too, and a run they do not
+fit is refused naming ``--requests`` or ``--dp``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from fqr.runtime import config, verify
 from fqr.runtime.config import RunConfig
 from fqr.runtime.layer import PrologueLayer
 from fqr.runtime.parallel_state import Layout
-from fqr.runtime.scheduler import StepPlan
+from fqr.runtime.scheduler import StepPlan, WorkloadScheduler
 from fqr.runtime.verify import Verifier
 from fqr.runtime.worker import SUCCESS
 from fqr.runtime.workload import (
@@ -26,6 +28,7 @@ from fqr.runtime.workload import (
     probe_positions,
     segment_positions,
     step_qkv,
+    synthetic_requests,
 )
 
 PRESET, TOKENS = "qwen3-0.6b", 4096  # 32 MiB of bf16 rows per step
@@ -119,3 +122,38 @@ def test_a_run_that_cannot_fit_is_refused_naming_the_budget(monkeypatch):
     # A huge budget that the workload cannot fill is not refused: steps stay small.
     small = RunConfig.build(preset=PRESET, max_batched_tokens=10**12)
     assert small.max_step_tokens == 8 * (64 + 4)
+
+
+def test_the_engines_requests_fit_the_model():
+    """Every request drawn, queued and admitted to a replica's waiting queue (the most the
+    engine ever holds of them) within ``REQUEST_BYTES`` each (about 300 measured)."""
+    n = 100_000
+
+    def hold_them_all():
+        scheduler = WorkloadScheduler(synthetic_requests(n, (16, 64), 4, 0), 2)
+        while scheduler.pending:
+            scheduler.balancer.add(scheduler.pending.popleft())
+        return scheduler
+
+    peak = peak_bytes(hold_them_all)
+    print(f"requests: {peak / n:.0f} B each")
+    assert peak <= n * config.REQUEST_BYTES, f"{peak / n:.0f} bytes per request"
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        # issue 23: a billion requests started the workers, then died drawing them
+        (dict(requests=10**9), r"^--requests 1000000000: the engine holds every request"),
+        # ... and 100000 replicas were told to lower --max-batched-tokens
+        (dict(dp=100_000), r"^--dp 100000: 100,000 worker processes \(--dp 100000 x --tp 1\)"),
+        (dict(tp=16, preset="qwen3-8b"), r"^--tp 16: 16 worker processes"),
+    ],
+    ids=["requests", "dp", "tp"],
+)
+def test_a_run_is_refused_naming_the_option_that_does_not_fit(monkeypatch, kw, message):
+    monkeypatch.setattr(config, "host_memory_available", lambda: 4 << 30)
+    with pytest.raises(ValueError, match=message) as e:
+        RunConfig.build(**{"preset": PRESET, **kw})
+    assert "lower " + message[1:].split()[0] in str(e.value)
+    RunConfig.build(preset=PRESET, requests=10**6)  # a million requests: 0.5 GiB, fine
