@@ -33,7 +33,9 @@ def usage_exit(line: str) -> NoReturn:
     """End with ``error: LINE`` on stderr (with ``--json``, an error document on stdout), exit 2."""
     from rich.markup import escape
 
-    err.print(f"[red]error:[/red] {escape(line)}", highlight=False, markup=True)
+    from fqr.text import printable
+
+    err.print(f"[red]error:[/red] {escape(printable(line))}", highlight=False, markup=True)
     if "--json" in sys.argv[1:]:
         doc = {"schema": schema("error"), "ok": False, "error": line, "exit_code": EXIT_USAGE}
         out.print_json(json.dumps(doc))

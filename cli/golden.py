@@ -11,12 +11,11 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from fqr.golden import GOLDEN_DIR, list_cases, regen
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
-from .render import add_plain_row, print_table
+from .render import add_plain_row, plain, print_table
 
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
 app.add_typer(golden_app, name="golden")
@@ -43,7 +42,7 @@ def golden_list(
     entries = [e for e in listed if "corrupt" not in e]
     corrupt = [{"name": e["name"], "reason": e["corrupt"]} for e in listed if "corrupt" in e]
     for c in corrupt:
-        err.print(f"corrupt: {c['name']}: {c['reason']}", highlight=False, markup=False)
+        err.print(plain(f"corrupt: {c['name']}: {c['reason']}"), highlight=False)
     if json_out:
         doc = {
             "schema": schema("golden.list"),
@@ -56,7 +55,7 @@ def golden_list(
         if corrupt:
             raise typer.Exit(EXIT_FAILED)
         return
-    table = Table(title=Text(f"golden cases ({directory})"))
+    table = Table(title=plain(f"golden cases ({directory})"))
     for col in (
         "case",
         "preset",

@@ -24,10 +24,11 @@ from rich.table import Table
 
 from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
+from fqr.text import printable
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
 from .options import complete_backends
-from .render import print_table, progress_bar
+from .render import plain, print_table, progress_bar
 
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
 
@@ -85,8 +86,8 @@ def _table(rows: list[dict]) -> Table:
     for r in rows:
         style = STATUS_STYLE[r["status"]]
         table.add_row(
-            escape(r["case"]),
-            escape(r["backend"]),
+            plain(r["case"]),
+            plain(r["backend"]),
             "-" if r["max_ulp"] is None else str(r["max_ulp"]),
             "-" if r["error_ratio"] is None else f"{r['error_ratio']:.2g}",
             "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
@@ -145,7 +146,8 @@ def verify(
                 progress.advance(task, len(backends))
                 continue
             for name in backends:
-                progress.update(task, description=escape(f"{entry['name']} [{name}]"))
+                label = printable(f"{entry['name']} [{name}]")
+                progress.update(task, description=escape(label))
                 rows.append(verify_one(loaded, name))
                 progress.advance(task)
 
@@ -169,9 +171,8 @@ def verify(
     for r in rows:
         if "detail" in r:
             err.print(
-                f"{r['case']} [{r['backend']}]: {r['status']}: {r['detail']}",
+                plain(f"{r['case']} [{r['backend']}]: {r['status']}: {r['detail']}"),
                 highlight=False,
-                markup=False,
             )
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     err.print(

@@ -393,6 +393,8 @@ def read_manifest(directory: Path | str = GOLDEN_DIR) -> list:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GoldenManifestError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise GoldenManifestError(f"{path}: JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise GoldenManifestError(f"{path}: not a golden manifest (a JSON {type(doc).__name__})")
     if doc.get("format") != FORMAT:
@@ -435,6 +437,9 @@ def entry_problem(entry) -> str | None:
                 return f"missing {key!r}"
             if not ok(entry[key]):
                 return f"{key!r} must be {want}, got {entry[key]!r:.40}"
+    shown = _unprintable(entry)
+    if shown is not None:
+        return shown
     file = entry["file"]
     if file in (".", "..") or "/" in file or "\\" in file or os.path.isabs(file):
         return f"'file' must name a file inside the golden directory, got {file!r}"
@@ -516,6 +521,26 @@ def entry_problem(entry) -> str | None:
     return None
 
 
+def _unprintable(entry: dict) -> str | None:
+    """The first text in an entry (names and keys included) with a control character (a
+    terminal escape sequence would reach the terminal of whoever lists the cases), or None.
+    Iterative: a deeply nested field is no deeper a recursion."""
+    stack: list = [("", entry)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str) and not value.isprintable():
+            return f"{where!r} holds a control character: {value!r:.60}"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and not key.isprintable():
+                    place = where or "the entry"
+                    return f"a key in {place!r} holds a control character: {key!r:.60}"
+                stack.append((f"{where}.{key}" if where else str(key), item))
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+    return None
+
+
 def _peer_problem(entry: dict) -> str | None:
     """Why an entry's optional "peer" field is unusable, or None."""
     if "peer" not in entry:
@@ -540,7 +565,9 @@ def _peer_problem(entry: dict) -> str | None:
 
 def _label(entry, index: int) -> str:
     name = entry.get("name") if isinstance(entry, dict) else None
-    return name if isinstance(name, str) and name else f"<manifest entry {index}>"
+    if isinstance(name, str) and name and name.isprintable():
+        return name
+    return f"<manifest entry {index}>"
 
 
 def _inside_installed_package(directory: Path) -> bool:

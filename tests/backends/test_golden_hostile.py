@@ -1,7 +1,11 @@
 """Malformed golden directories (issue 14, findings 5 and 6): a manifest that cannot be read
 is one clear error naming it; any malformed entry or case file is a ``corrupt`` case with the
 reason (never a KeyError/IndexError/SafetensorError); nothing outside the golden directory is
-ever read (``..``, absolute paths, symlinks)."""
+ever read (``..``, absolute paths, symlinks).
+
+Issue 23: a case cannot make load_case build an unbounded table or buffer (finding 4), a
+case name or text with control characters is corrupt (8), and ``regen`` never writes through a
+symlink planted in the directory (3)."""
 
 from __future__ import annotations
 
@@ -108,6 +112,12 @@ MALFORMED_ENTRIES = [
     ("max_position 2**40", lambda e: dict(e, max_position=2**40)),
     ("max_position 2**26", lambda e: dict(e, max_position=2**26)),
     ("row_stride 2**40", lambda e: dict(e, row_stride=2**40)),
+    # issue 23, finding 8: text that would reach a terminal as an escape sequence
+    ("name with an escape sequence", lambda e: dict(e, name="qwen\x1b[2J\x1b[31mred")),
+    ("name with a C1 control", lambda e: dict(e, name="qwen\x9b31m")),
+    ("name with a bidi override", lambda e: dict(e, name="qwen\u202eevil")),
+    ("tolerance with a bell", lambda e: dict(e, tolerance=dict(e["tolerance"], q="ok\x07"))),
+    ("file with an escape sequence", lambda e: dict(e, file="a\x1b]0;title\x07.safetensors")),
 ]
 
 
@@ -118,8 +128,10 @@ def test_a_malformed_entry_is_a_corrupt_case(copy, label, mutate):
     (row,) = list_cases(d)
     assert "corrupt" in row and row["corrupt"], row
     assert isinstance(row["name"], str) and row["name"]
-    with pytest.raises(GoldenCorrupt):
+    assert row["name"].isprintable() and row["corrupt"].isprintable()  # shown as is
+    with pytest.raises(GoldenCorrupt) as e:
         load_case(row, d)
+    assert str(e.value).isprintable()
 
 
 def test_the_largest_preset_table_is_the_bound():

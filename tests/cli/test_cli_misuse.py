@@ -285,3 +285,48 @@ def test_the_entry_point_prints_one_line_for_an_os_error(tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"error: -o {tmp_path}: cannot write the kernel source: Is a directory"
     ]
+
+
+# --------------------------------------- names from files reach no terminal (issue 23, 8)
+
+ESCAPES = "\x1b[2J\x1b]0;pwned\x07\x9b31m"
+
+
+def _no_control_characters(*texts: str) -> None:
+    for text in texts:
+        assert not any(c in text for c in "\x1b\x07\x9b"), repr(text)
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_golden_list_and_verify_never_print_a_case_names_escape_sequences(
+    json_out, tmp_path, capsys, monkeypatch
+):
+    """A case named with terminal escape sequences is corrupt (listed under its place in the
+    manifest, the reason quoting the name escaped), the good case beside it still listed and
+    verified."""
+    (entry,) = list_cases(pattern=CASE)
+    d = _golden_copy(tmp_path / "g")
+    doc = {"format": "fqr-golden/1", "cases": [dict(entry, name=f"x{ESCAPES}"), entry]}
+    (d / "manifest.json").write_text(json.dumps(doc))
+    flag = ["--json"] if json_out else []
+    code, out, err = fqr(["golden", "list", "--dir", str(d), *flag], capsys, monkeypatch)
+    assert code == 1, err
+    _no_control_characters(out, err)
+    assert "<manifest entry 0>" in err and "control character" in err and "\\x1b[2J" in err
+    assert CASE in out
+    code, out, err = fqr(
+        ["verify", "--backend", "reference", "--golden-dir", str(d), *flag], capsys, monkeypatch
+    )
+    assert code == 1, err
+    _no_control_characters(out, err)
+    assert "1 pass" in err and "1 corrupt" in err
+
+
+def test_an_error_line_never_prints_escape_sequences(tmp_path, capsys, monkeypatch):
+    """The one error line quotes what it was given (here a directory name) escaped."""
+    code, out, err = fqr(
+        ["verify", "--golden-dir", str(tmp_path / f"d{ESCAPES}")], capsys, monkeypatch
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    _no_control_characters(out, err)
+    assert "d\\x1b[2J" in err
