@@ -38,14 +38,14 @@ from collections.abc import Callable
 
 import torch
 
-from .fusion.unfused import vllm_gemma_rms_norm, vllm_rms_norm, vllm_rotary_embedding
 from .presets import PrologueSpec
+from .unfused import vllm_gemma_rms_norm, vllm_rms_norm, vllm_rotary_embedding
 
 PEER_NAMES = ("eager", "compile", "liger")
 
 
 # --------------------------------------------------------------- eager, as vLLM writes it
-# (the op-for-op copies of vLLM's code in fqr.fusion.unfused, which the fusion patterns are
+# (the op-for-op copies of vLLM's code in fqr.unfused, which the fusion patterns are
 # traced from too)
 
 

@@ -7,7 +7,7 @@ device machine from the repository root:
 1. checks (any failure: exit 1 after the tables):
    a. transformers' ``Qwen3Attention`` / ``Gemma3Attention`` / ``Olmo2Attention`` (bf16, random
       weights, on CUDA) against fqr ``unfused`` (OLMo2: ``unfused-hf``) on ``triton``, and
-      vLLM's native prologue (``fqr.fusion.unfused``: NeoX/GPT-J, rotary ratio 1, 0.5, 0.25,
+      vLLM's native prologue (``fqr.unfused``: NeoX/GPT-J, rotary ratio 1, 0.5, 0.25,
       head_dim 64/128/256, the grid of vLLM's fused-op test) likewise: the share of
       bit-identical q/k elements (at least 99.9% on CUDA, whose rsqrt and division are not IEEE
       in torch or Triton, so the fp32 statistic can differ; 100% on CPU), the largest ULP

@@ -7,7 +7,7 @@ into real model code.
 * :func:`qk_rmsnorm_rope`: the no-split prologue for models with separate q/k projections
   (defined beside the split one in :mod:`fqr.prologue`, importable from here too);
 * :func:`backend` / :class:`FusionPass` (:mod:`fqr.fusion.fusion_pass`): rewrite vLLM- and
-  Hugging Face-style unfused prologues (:mod:`fqr.fusion.unfused`) with the patterns of
+  Hugging Face-style unfused prologues (:mod:`fqr.unfused`) with the patterns of
   :mod:`fqr.fusion.patterns`;
 * :mod:`fqr.fusion.coalesce`: the split coalescing the pass runs before matching;
 * :mod:`fqr.fusion.models`, :mod:`fqr.fusion.evaluate`: small vLLM-style models and the

@@ -23,7 +23,7 @@ from .. import reference
 from ..numerics import compare
 from ..presets import Preset, PrologueSpec
 from ..rope_cache import rope_cos_sin_cache
-from .unfused import vllm_qk_norm_rope
+from ..unfused import vllm_qk_norm_rope
 
 # The models `fqr fuse --device cuda` compiles (fqr.fusion.compiled): this module's vLLM-shaped
 # stack at a preset's shapes, and Hugging Face transformers' Qwen3 (fqr.fusion.hf_models).

@@ -1,6 +1,6 @@
 """Inductor replacement patterns: the unfused prologue -> one ``torch.ops.fqr`` call.
 
-vLLM form (packed QKV; :func:`fqr.fusion.unfused.vllm_qk_norm_rope`)::
+vLLM form (packed QKV; :func:`fqr.unfused.vllm_qk_norm_rope`)::
 
     unfused                                            fused
     q, k, v = split_with_sizes(qkv, [qs, kvs, kvs])    q, k, v = fqr.split_qkv_rmsnorm_rope(
@@ -12,7 +12,7 @@ vLLM form (packed QKV; :func:`fqr.fusion.unfused.vllm_qk_norm_rope`)::
     q = cat(rope(qn[..., :R], cos, sin), qn[..., R:])  (NeoX: halves; GPT-J: even/odd)
     k = cat(rope(kn[..., :R], cos, sin), kn[..., R:])
 
-Hugging Face form (separate projections; :func:`fqr.fusion.unfused.hf_qk_norm_rope`)::
+Hugging Face form (separate projections; :func:`fqr.unfused.hf_qk_norm_rope`)::
 
     q = q_weight * to(to(qh, f32) * rsqrt(...), bf16)  qo, ko = fqr.qk_rmsnorm_rope(
     q = transpose(q, 1, 2)  (k likewise)                  q.reshape(T, Hq*D), k..., arange(T),
@@ -55,8 +55,10 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-from .. import prologue  # noqa: F401  (registers torch.ops.fqr.*)
-from . import unfused
+from .. import (
+    prologue,  # noqa: F401  (registers torch.ops.fqr.*)
+    unfused,
+)
 from .coalesce import coalesce_splits
 
 aten = torch.ops.aten

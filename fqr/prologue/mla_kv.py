@@ -35,9 +35,9 @@ import torch
 
 from .. import ops, reference
 from ..core import DTYPE_NAMES, Section
-from ..fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..inputs import random_heads, random_positions
 from ..ops.fp8 import FP8_E4M3 as FP8
+from ..unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..validate import check_positive_int
 from . import params
 from .blocks import round_to

@@ -21,8 +21,8 @@ import torch
 
 from .. import ops, reference
 from ..core import Section
-from ..fusion.unfused import vllm_rotary_embedding
 from ..inputs import random_heads, random_positions
+from ..unfused import vllm_rotary_embedding
 from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Rows, Static, Table, Tensor, declare, numerics

@@ -1,5 +1,5 @@
 """``numerics="unfused"`` on the ascend-target kernel under Triton-Ascend's interpreter equals
-vLLM's native prologue (``fqr.fusion.unfused``, written from vLLM's code) and the reference
+vLLM's native prologue (``fqr.unfused``, written from vLLM's code) and the reference
 backend bit for bit: NeoX and GPT-J, full and partial rotary, ``RMSNorm`` and ``GemmaRMSNorm``,
 bf16 and fp16. Fixed inputs: the kernel's fp32 sum of squares adds in another order than torch's,
 so an element on a rounding boundary of ``x * rstd`` could round the other way (about 2^-16 of

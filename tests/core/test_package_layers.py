@@ -29,7 +29,7 @@ LAYERS = {
     # the models' own unfused torch code, as vLLM / Hugging Face write it: formulations beside
     # the float64 reference that the declarations' variants name as their eager chain
     "fqr.peers": 4,
-    "fqr.fusion.unfused": 4,
+    "fqr.unfused": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
     "fqr.golden": 6,

@@ -6,7 +6,7 @@
   function receives them (an attention implementation registered by this test), and fqr gets
   the same projections packed as ``[q | k | v]`` with a table built by the model's rotary module.
 * vLLM's native path (``RMSNorm`` / ``GemmaRMSNorm.forward_static``,
-  ``RotaryEmbedding.forward_static``), as :mod:`fqr.fusion.unfused` writes it from vLLM's code:
+  ``RotaryEmbedding.forward_static``), as :mod:`fqr.unfused` writes it from vLLM's code:
   NeoX and GPT-J, full and partial rotary, bf16 and fp16, the table in fp32 or in the model dtype.
 
 Both on the reference backend and on the interpreted kernel (the lowering emits the same rounding
@@ -23,7 +23,7 @@ from support.vllm_native import vllm_native_case
 
 import fqr
 from fqr.backends import BACKENDS
-from fqr.fusion.unfused import vllm_rms_norm, vllm_rotary_embedding
+from fqr.unfused import vllm_rms_norm, vllm_rotary_embedding
 
 transformers = pytest.importorskip("transformers")
 

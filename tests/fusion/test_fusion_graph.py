@@ -1,6 +1,6 @@
 """The fusion pass on compiled models (CPU, Inductor).
 
-The models are written here, independently of ``fqr.fusion.unfused`` (from which the patterns
+The models are written here, independently of ``fqr.unfused`` (from which the patterns
 are traced), the way vLLM's and Hugging Face's model code writes the attention prologue. Each
 model mixes two attention shapes and, across its layers, NeoX / GPT-J, bias on / off, eps 1e-6 /
 1e-5, Gemma's (1 + w) norm and partial rotary. Per dtype one model is compiled once and shared

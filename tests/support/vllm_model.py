@@ -1,5 +1,5 @@
 """A small vLLM-style model (written as vLLM's model code writes the attention prologue, not
-from ``fqr.fusion.unfused``, from which the fusion patterns are traced), and its float64
+from ``fqr.unfused``, from which the fusion patterns are traced), and its float64
 expectation. Shared by the CPU fusion tests and the GPU ones."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One vLLM-native case: fresh inputs on a real RoPE table, what vLLM's native path makes of them
-(:func:`fqr.fusion.unfused.vllm_qk_norm_rope`, written from vLLM's ``RMSNorm`` /
+(:func:`fqr.unfused.vllm_qk_norm_rope`, written from vLLM's ``RMSNorm`` /
 ``GemmaRMSNorm.forward_static`` and ``RotaryEmbedding.forward_static``), and the arguments that
 ask :func:`fqr.split_qkv_rmsnorm_rope` for the same prologue under ``numerics="unfused"``.
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fqr.fusion.unfused import vllm_qk_norm_rope
 from fqr.rope_cache import rope_cos_sin_cache
+from fqr.unfused import vllm_qk_norm_rope
 
 EPS = 1e-6
 
