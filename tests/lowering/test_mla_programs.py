@@ -89,7 +89,7 @@ def test_fp8_ds_mla_stored_byte_by_byte(gen, rope_dtype):
     assert ".to(tl.uint32, bitcast=True)" in kernel.source
     kv_a, positions, table, _, kv_w, cache, slots, _ = draw(gen, "fp8_ds_mla", rope_dtype, 0)
     before = cache.clone()
-    (out,) = kernel(kv_a, positions, table, kv_w, cache, slots, donate=True)
+    *_, out = kernel(kv_a, positions, table, kv_w, cache, slots, donate=True)
     assert out is cache
     _, kv_c, k_pe = reference.mla_kv(
         kv_a, positions, table, None, kv_w, q_lora_rank=0, kv_lora_rank=KV_LORA, eps=EPS
@@ -205,7 +205,7 @@ def test_the_host_function_updates_the_callers_cache(gen):
         gen, "fp8_ds_mla", torch.bfloat16, Q_LORA, 7
     )
     before = cache.clone()
-    q_c, out = fast.fn([kv_a, positions, table, q_w, kv_w, cache, slots])
+    q_c, _, _, out = fast.fn([kv_a, positions, table, q_w, kv_w, cache, slots])
     assert out is cache
     q64, kv_c, k_pe = reference.mla_kv(
         kv_a, positions, table, q_w, kv_w, q_lora_rank=Q_LORA, kv_lora_rank=KV_LORA, eps=EPS

@@ -1,75 +1,41 @@
-"""The Multi-head Latent Attention KV prologue composed from fqr's ops, for the tests (the
-public MLA op composes them the same way): vLLM's ``mla.py`` after the fused ``q_a`` / ``kv_a``
-projection, ``[q_c | kv_c | k_pe]`` (DeepSeek-V3: 1536 + 512 + 64; V2-Lite without q_c),
-``q_c`` and ``kv_c`` RMS-normalised over their whole width, ``k_pe`` one 64-wide head rotated
-GPT-J style, ``[kv_c | k_pe]`` written into the paged MLA cache through the slot mapping: in the
-model dtype or FP8 E4M3 with a per-tensor scale (``concat_and_cache_mla``), or DeepSeek-V3.2's
-``fp8_ds_mla`` byte entry (``concat_and_cache_ds_mla``). Fresh inputs (:func:`draw`) and the
-check of a cache against the float64 formulation (:func:`check_cache`) beside it."""
+"""The Multi-head Latent Attention KV prologue as the public op composes it, for the lowering
+tests (:func:`mla_program` traces the declaration's own composition): vLLM's ``mla.py`` after
+the fused ``q_a`` / ``kv_a`` projection, ``[q_c | kv_c | k_pe]`` (DeepSeek-V3: 1536 + 512 +
+64; V2-Lite without q_c), ``q_c`` and ``kv_c`` RMS-normalised over their whole width,
+``k_pe`` one 64-wide head rotated GPT-J style, ``[kv_c | k_pe]`` written into the paged MLA
+cache through the slot mapping: in the model dtype or FP8 E4M3 with a per-tensor scale
+(``concat_and_cache_mla``), or DeepSeek-V3.2's ``fp8_ds_mla`` byte entry
+(``concat_and_cache_ds_mla``). Fresh inputs (:func:`draw`) and the check of a cache against
+the float64 formulation (:func:`check_cache`) beside it."""
 
 from __future__ import annotations
 
 import torch
 
-from fqr import ops, reference
-from fqr.core import Aval, Section, trace
+from fqr import reference
+from fqr.core import Aval, trace
 from fqr.numerics import compare, compare_ds_mla_entry
+from fqr.prologue.mla_kv import TILE, ds_mla_entry_bytes, mla_kv_prologue
 from fqr.rope_cache import rope_cos_sin_cache
 
 E4M3 = torch.float8_e4m3fn
 Q_LORA, KV_LORA, ROPE = 1536, 512, 64  # DeepSeek-V3 / R1
-TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values
 BLOCKS, BLOCK_SIZE = 3, 4
 EPS = 1e-6
 FLAVOURS = ("auto", "fp8", "fp8_ds_mla")
 
 
-def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int, dtype: torch.dtype) -> int:
-    """Bytes of an fp8_ds_mla entry: E4M3 values, a float32 scale per tile, the rope values."""
-    return kv_lora_rank + 4 * (kv_lora_rank // TILE) + rope_dim * dtype.itemsize
-
-
-def mla_kv(kv_a, positions, table, q_a_weight, kv_a_weight, cache, slots, scale, **static):
-    """The MLA KV prologue over fqr's ops: split the row, norm q_c and kv_c over their width,
-    rotate k_pe (GPT-J), store ``[kv_c | k_pe]`` into the paged cache by ``flavour``. Returns
-    ``(q_c, cache)`` (``cache`` alone without ``q_lora_rank``)."""
-    q_lora, kv_lora, rope_dim = static["q_lora_rank"], static["kv_lora_rank"], static["rope_dim"]
-    flavour, eps = static["flavour"], static["eps"]
-    # fp8_ds_mla quantizes kv_c tile by tile: hold it as heads of one tile each (the norm over
-    # its whole width is then a reduction over the row of those heads)
-    kv_heads = kv_lora // TILE if flavour == "fp8_ds_mla" else 1
-    sections = [Section(1, q_lora, 0)] if q_lora else []
-    sections += [
-        Section(kv_heads, kv_lora // kv_heads, q_lora),
-        Section(1, rope_dim, q_lora + kv_lora),
-    ]
-    *q_c, kv_c, k_pe = ops.split_heads(kv_a, sections)
-    kv_c = ops.rms_norm(kv_c, kv_a_weight, eps=eps, group_size=kv_lora)
-    k_pe = ops.rope(k_pe, positions, table, head_dim=rope_dim, is_neox=False)
-    if flavour == "fp8_ds_mla":
-        scales_at = kv_lora
-        cache = ops.cache_insert_fp8_tiles(
-            cache, kv_c, slots, tile=TILE, offset=0, scale_offset=scales_at
-        )
-        rope_at = scales_at + 4 * (kv_lora // TILE)
-        cache = ops.cache_insert_bytes(cache, k_pe, slots, offset=rope_at, dtype=kv_a.dtype)
-    else:  # concat_and_cache_mla: [kv_c | k_pe] in the cache's dtype (FP8: per-tensor scale)
-        cache = ops.cache_insert(cache, kv_c, slots, scale, column=0)
-        cache = ops.cache_insert(cache, k_pe, slots, scale, column=kv_lora)
-    if not q_lora:
-        return cache
-    return ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora), cache
-
-
 def cache_aval(flavour: str, dtype: torch.dtype, kv_lora: int, rope_dim: int) -> Aval:
     if flavour == "fp8_ds_mla":
-        return Aval(("B", BLOCK_SIZE, ds_mla_entry_bytes(kv_lora, rope_dim, dtype)), torch.uint8)
+        return Aval(("B", BLOCK_SIZE, ds_mla_entry_bytes(kv_lora, rope_dim)), torch.uint8)
     return Aval(("B", BLOCK_SIZE, kv_lora + rope_dim), E4M3 if flavour == "fp8" else dtype)
 
 
 def mla_program(flavour: str, dtype=torch.bfloat16, q_lora=Q_LORA, kv_lora=KV_LORA, rope=ROPE):
+    """The public MLA op's own composition (:func:`fqr.prologue.mla_kv.mla_kv_prologue`) traced
+    for ``flavour``: outputs ``(q_c, kv_c, k_pe, cache)``, without q_c when ``q_lora`` is 0."""
     return trace(
-        mla_kv,
+        mla_kv_prologue,
         Aval(("T", q_lora + kv_lora + rope), dtype),
         Aval(("T",), torch.int64),
         Aval(("P", rope), torch.float32),
@@ -80,9 +46,10 @@ def mla_program(flavour: str, dtype=torch.bfloat16, q_lora=Q_LORA, kv_lora=KV_LO
         Aval((1,), torch.float32) if flavour == "fp8" else None,
         q_lora_rank=q_lora,
         kv_lora_rank=kv_lora,
-        rope_dim=rope,
-        flavour=flavour,
+        qk_rope_head_dim=rope,
         eps=EPS,
+        is_neox=False,
+        numerics="fused",
     )
 
 
