@@ -159,6 +159,9 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
         ns["STREAM"] = launcher._stream
         lines.append("    if ENTER.calls or EXIT.calls:")
         lines.append("        return None")
+    elif device.type not in ("cpu", "meta"):
+        ns["CURRENT"] = torch.get_device_module(device).current_device
+    if "CURRENT" in ns:  # another current device: the general path launches under a guard
         lines.append(f"    if CURRENT() != {device.index!r}:")
         lines.append("        return None")
     # the outputs

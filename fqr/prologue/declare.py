@@ -36,6 +36,7 @@ variant").
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -967,13 +968,7 @@ class CheckedCall:
         if decl._out is not None or decl._returns is not None:
             call = call or decl.bound(values)
         out = None if decl._out is None else decl._out(call)
-        device = values[self._anchor_at].device
-        if device.type != "cpu" and _current_index(device) != device.index:
-            # the launch takes the current device's stream: make it the tensors' device
-            with torch.get_device_module(device).device(device):
-                outs = self.run(args, out)
-        else:
-            outs = self.run(args, out)
+        outs = self.run(args, out)
         if self._donated:
             outs = tuple(o for i, o in enumerate(outs) if i not in self._donated)
         if decl._returns is not None:
@@ -1000,7 +995,8 @@ class CheckedCall:
                 else torch.empty(0, v.aval.shape[1], dtype=v.aval.dtype, device=rows.device)
                 for i, v in enumerate(self.program.outputs)
             )
-        outs = tuple(self.launch(args) if out is None else self.launch(args, out))
+        with _on_device(rows.device):  # the host function returns None on another device
+            outs = tuple(self.launch(args) if out is None else self.launch(args, out))
         if self.backend is not None and self._host_builds < self.MAX_HOST_BUILDS:
             bound = self.backend.bound_kernels(self.program)
             if host is None or host.bound != bound:
@@ -1009,11 +1005,15 @@ class CheckedCall:
         return outs
 
 
-def _current_index(device: torch.device) -> int | None:
-    """The current device index of ``device``'s type (None where that type has none)."""
-    if device.type == "meta":
-        return device.index
-    return torch.get_device_module(device).current_device()
+def _on_device(device: torch.device):
+    """A context making ``device`` the current one of its type where it is not (a launch takes
+    the current device's stream); nothing for CPU and meta tensors."""
+    if device.type in ("cpu", "meta"):
+        return contextlib.nullcontext()
+    module = torch.get_device_module(device)
+    if module.current_device() == device.index:
+        return contextlib.nullcontext()
+    return module.device(device)
 
 
 def _passes_through(kind: TensorKind) -> bool:
@@ -1143,10 +1143,15 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
 def _torch_impl(decl: Declaration):
     names = [p.name for p in torch_op_params(decl)]
 
+    returned = _returned(decl)
+    optional = any(o.present is not None for o in returned)
+
     def impl(*args):
-        values = decl.bind((), dict(zip(names, args)))
-        result = decl.function(**dict(zip(names, args)), backend="auto")
-        return _as_schema_returns(decl, decl.bound(values), result)
+        values = decl.bind((), dict(zip(names, args)))  # backend: its default, "auto"
+        result = decl.call(values)
+        if optional:
+            return _as_schema_returns(decl, decl.bound(values), result)
+        return result if returned else None
 
     return impl
 
