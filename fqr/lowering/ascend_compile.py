@@ -226,6 +226,26 @@ def compile_stages(
         return _compile_stages(jit_fn, signature, constants, chip, run_npubin)
 
 
+ADAPTER_ATTEMPTS = 3
+
+
+def _adapter_lowering(lower_to_linalg, ttir, metadata: dict) -> tuple[str, list[str]]:
+    """Run ``triton-adapter-opt`` on ``ttir``; returns the linalg text and the crashes retried.
+
+    triton-ascend 3.2.0's ``triton-adapter-opt`` aborts now and then on input it lowers on the
+    next run (an MLIR assertion, "Malformed type storage object": seen once in 135 x 4 sweeps).
+    A death by signal on the same input is retried up to ``ADAPTER_ATTEMPTS`` times and named
+    in the stage's detail; a compile error (a non-zero exit) is the check's finding at once."""
+    crashes: list[str] = []
+    while True:
+        try:
+            return lower_to_linalg(ttir, metadata), crashes
+        except subprocess.CalledProcessError as e:
+            if e.returncode >= 0 or len(crashes) + 1 >= ADAPTER_ATTEMPTS:
+                raise
+            crashes.append(_tool_error(e).splitlines()[0][:300])
+
+
 def _compile_stages(
     jit_fn, signature: dict, constants: dict, chip: AscendChip, run_npubin: bool | None
 ) -> tuple[list[StageResult], str | None]:
@@ -275,7 +295,7 @@ def _compile_stages(
 
     t0 = time.perf_counter()
     try:
-        linalg = stages["ttadapter"](ttir, metadata)
+        linalg, crashes = _adapter_lowering(stages["ttadapter"], ttir, metadata)
         leftover = _TT_OP.findall(linalg)
         if leftover:
             raise RuntimeError(f"triton ops left after lowering: {sorted(set(leftover))[:5]}")
@@ -287,7 +307,8 @@ def _compile_stages(
                 time.perf_counter() - t0,
                 f"triton-adapter-opt -> Ascend linalg/HIVM, {linalg.count(chr(10))} lines, "
                 f"mix_mode={modes.get('mix_mode', '?')} "
-                f"parallel_mode={modes.get('parallel_mode', '?')}",
+                f"parallel_mode={modes.get('parallel_mode', '?')}"
+                + "".join(f"; retried after a crash: {c}" for c in crashes),
             )
         )
     except Exception as e:  # noqa: BLE001
