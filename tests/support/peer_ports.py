@@ -18,8 +18,11 @@ checks fqr's ``numerics="unfused"`` result bit for bit against the peer's refere
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -41,6 +44,19 @@ INTERPRET = pytest.param(
 # noise tables have no theta: the ports take Qwen3's / MiniMax-M3's 1e6.
 ASCEND_MAX_POSITION = 262144
 ASCEND_THETA = 1e6
+
+
+PORTS = Path(__file__).resolve().parent.parent / "peers"
+
+
+def load_port(name: str) -> ModuleType:
+    """The port module ``tests/peers/<name>.py`` (its grid and ``check_case``), for the GPU
+    file that runs the full grids (``tests/peers`` is no package and not on the path there)."""
+    spec = importlib.util.spec_from_file_location(f"fqr_peer_port_{name}", PORTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None, name
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def grid(**axes: Iterable) -> list[dict]:
