@@ -9,7 +9,9 @@ float64 reference:
 - vllm-ascend ``test_split_qkv_index_rmsnorm_rope.py``: 256 cases, 64 run; the 192 that need
   per-head-group rotary width (issue 26 item 2) are skipped with that reason;
 - vLLM ``tests/kernels/core/test_fused_qk_norm_rope.py``: 24 cases;
-- SGLang ``sgl-kernel/tests/test_fused_qk_norm_rope.py``: 200 cases.
+- SGLang ``sgl-kernel/tests/test_fused_qk_norm_rope.py``: 200 cases;
+- SGLang ``python/sglang/jit_kernel/tests/test_fused_qknorm_rope.py``: 27 cases (of 34: the
+  default-rotary-dim and JIT-against-AOT checks have no reference to port).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ASCEND_VNORM = load_port("test_vllm_ascend_split_qkv_rmsnorm_rope_vnorm")
 ASCEND_INDEX = load_port("test_vllm_ascend_split_qkv_index_rmsnorm_rope")
 VLLM = load_port("test_vllm_fused_qk_norm_rope")
 SGLANG = load_port("test_sglang_fused_qk_norm_rope")
+SGLANG_JIT = load_port("test_sglang_jit_fused_qknorm_rope")
 
 
 @pytest.mark.parametrize("case", ASCEND_BASE.PEER_GRID, ids=case_id)
@@ -56,3 +59,8 @@ def test_vllm_fused_qk_norm_rope(gen, case):
 @pytest.mark.parametrize("case", SGLANG.PEER_GRID, ids=case_id)
 def test_sglang_fused_qk_norm_rope(gen, case):
     SGLANG.check_case(case, "triton", gen, device="cuda")
+
+
+@pytest.mark.parametrize("case", SGLANG_JIT.PEER_GRID, ids=case_id)
+def test_sglang_jit_fused_qknorm_rope(gen, case):
+    SGLANG_JIT.check_case(case, "triton", gen, device="cuda")
