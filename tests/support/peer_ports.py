@@ -98,13 +98,10 @@ def peer_table(
     *,
     max_position: int = ASCEND_MAX_POSITION,
     theta: float = ASCEND_THETA,
-    full: bool = False,
 ) -> torch.Tensor:
-    """A ``[max_position, rotary_dim]`` real RoPE table in ``dtype`` (the peer's): the rows at
-    ``positions`` are the real cos | sin rows; with ``full`` every row is, otherwise the rows
-    no token reads are NaN (building all 2^18 rows costs seconds on a CPU)."""
-    if full:
-        return rope_cos_sin_cache(rotary_dim, max_position, theta).to(dtype)
+    """A ``[max_position, rotary_dim]`` RoPE table in ``dtype`` (the peer's): the rows at
+    ``positions`` are the real cos | sin rows, the rows no token reads are NaN (a kernel that
+    reads a wrong row fails; building all 2^18 rows would cost seconds on a CPU)."""
     table = torch.full((max_position, rotary_dim), float("nan"), dtype=dtype)
     rows = positions.long().unique()
     table[rows] = rope_cos_sin_cache(rotary_dim, max_position, theta, rows=rows).to(dtype)
