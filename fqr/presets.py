@@ -870,7 +870,7 @@ def _mrope_params(rope: dict, origin: dict[str, str], model_type: str, rotary_di
     if isinstance(section, (list, tuple)):  # numpy ints as ints; anything else is refused
         section = [int(n) if isinstance(n, numbers.Integral) else n for n in section]
     try:
-        check_mrope_section(section, interleaved, rotary_dim)
+        check_mrope_section(section, interleaved, rotary_dim, config=True)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{origin['mrope_section']}: {e}") from None
     return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))

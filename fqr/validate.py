@@ -83,10 +83,16 @@ def check_rotary_dim(rotary_dim: int, head_dim: int, what: str = "rotary_dim") -
         raise ValueError(f"{what} {rotary_dim} exceeds head_dim {head_dim}")
 
 
-def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> None:
-    """Three non-negative ints ``(t, h, w)`` summing to ``rotary_dim / 2`` (the frequencies);
-    interleaved, the h and w sections take every third frequency from 1 and 2, which must
-    exist (``3*h - 2`` and ``3*w - 1`` below ``rotary_dim / 2``; :mod:`fqr.ops.mrope`)."""
+def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int, *, config=False) -> None:
+    """Three non-negative ints ``(t, h, w)``, read as vLLM reads them (:mod:`fqr.ops.mrope`).
+
+    Contiguous sections must sum to ``rotary_dim / 2``: vLLM's ``MRotaryEmbedding`` asserts it
+    and ``forward_native``'s ``split`` fails otherwise (its Triton kernel would give w the rest,
+    vllm-ascend's would zero it). Interleaved, frequency ``i`` reads h when ``i % 3 == 1 and
+    i < 3*h``, w when ``i % 3 == 2 and i < 3*w``, t otherwise, for any sizes (``[16, 24, 24]``
+    over 64 frequencies is 22/21/21): vLLM's ``apply_interleaved_rope``, ``triton_mrope`` and
+    ``fused_qk_norm_mrope`` accept them. ``config``: a model's config, where vLLM's
+    ``MRotaryEmbedding`` asserts the sum for interleaved sections too."""
     if not isinstance(mrope_interleaved, bool):
         raise TypeError(f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}")
     if not isinstance(mrope_section, (tuple, list)) or len(mrope_section) != 3:
@@ -97,13 +103,15 @@ def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> No
                 f"mrope_section must be three non-negative ints, got {list(mrope_section)}"
             )
     half = rotary_dim // 2
-    if sum(mrope_section) != half:
-        raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {half}")
-    _, s_h, s_w = mrope_section
-    if mrope_interleaved and ((s_h and 3 * s_h - 2 >= half) or (s_w and 3 * s_w - 1 >= half)):
+    if (config or not mrope_interleaved) and sum(mrope_section) != half:
+        why = (
+            "vLLM's MRotaryEmbedding asserts it"
+            if mrope_interleaved
+            else "contiguous sections: vLLM's MRotaryEmbedding asserts it and forward_native's "
+            "split of the frequencies fails"
+        )
         raise ValueError(
-            f"mrope_section {list(mrope_section)} does not fit {half} interleaved frequencies "
-            f"(h takes 1, 4, ... below 3*h, w takes 2, 5, ... below 3*w)"
+            f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {half} ({why})"
         )
 
 

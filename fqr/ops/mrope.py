@@ -3,13 +3,15 @@
 A token has three positions, one per plane: temporal ``t``, height ``h`` and width ``w``
 (``positions [3, T]``; text tokens carry the same position in all three). Each rotary frequency
 ``i`` in ``[0, R/2)`` takes its angle from the row of one plane's position, chosen by
-``mrope_section = (s_t, s_h, s_w)`` with ``s_t + s_h + s_w = R/2``:
+``mrope_section = (s_t, s_h, s_w)``:
 
-* contiguous sections (Qwen2-VL, Qwen2.5-VL): frequencies ``[0, s_t)`` from ``t``,
-  ``[s_t, s_t + s_h)`` from ``h``, the rest from ``w``;
+* contiguous sections (Qwen2-VL, Qwen2.5-VL; ``s_t + s_h + s_w = R/2``): frequencies
+  ``[0, s_t)`` from ``t``, ``[s_t, s_t + s_h)`` from ``h``, the rest from ``w``;
 * interleaved (Qwen3-VL, Qwen3.5: ``mrope_interleaved``): frequency ``i`` from ``h`` when
   ``i % 3 == 1`` and ``i < 3 * s_h``, from ``w`` when ``i % 3 == 2`` and ``i < 3 * s_w``, from
-  ``t`` otherwise (so ``t, h, w, t, h, w, ...`` until the h and w sections run out).
+  ``t`` otherwise (so ``t, h, w, t, h, w, ...`` until the h and w sections run out). Any
+  non-negative sizes, read as vLLM reads them (``s_t`` is not read): ``(16, 24, 24)`` over 64
+  frequencies gives t, h, w 22, 21 and 21 frequencies, ``(24, 20, 20)`` exactly 24, 20, 20.
 
 With ``c, s`` the chosen cos and sin of each frequency, the rotation is :mod:`fqr.ops.rope`'s
 (NeoX or GPT-J pairs, features past R pass through, the same ``round_to`` rounding), so three
@@ -81,12 +83,12 @@ def _mrope_abstract(x: Aval, pt: Aval, ph: Aval, pw: Aval, cache: Aval, **params
     rotary_dim = cache.shape[1]
     assert isinstance(rotary_dim, int)
     half = rotary_dim // 2
-    s_t, s_h, s_w = params["sections"]
-    planes = frequency_planes(half, params["sections"], params["interleaved"])
-    if min(params["sections"]) < 0 or [planes.count(p) for p in range(3)] != [s_t, s_h, s_w]:
+    sections = params["sections"]
+    if min(sections) < 0 or (not params["interleaved"] and sum(sections) != half):
         raise ValueError(
-            f"mrope_section {list(params['sections'])} does not give its frequencies to "
-            f"the {half} of rotary_dim {cache.shape[1]} (interleaved={params['interleaved']})"
+            f"mrope_section {list(sections)} does not give its frequencies to the {half} of "
+            f"rotary_dim {rotary_dim} (contiguous sections sum to {half}; interleaved ones "
+            f"are non-negative)"
         )
     return Aval(x.shape, x.dtype)
 

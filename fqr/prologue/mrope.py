@@ -108,8 +108,9 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
             normalize=tuple,
             key=_section_key,
             schema="int[]",
-            doc="(t, h, w) frequencies of each plane, summing to R/2 (the model's rope_scaling "
-            "mrope_section)",
+            doc="(t, h, w) sections (the model's rope_scaling mrope_section): contiguous, the "
+            "frequencies of each plane, summing to R/2; interleaved, h takes every third "
+            "frequency from 1 below 3*h, w from 2 below 3*w, t the rest (vLLM's reading)",
         ),
         Static(
             "mrope_interleaved",
@@ -173,7 +174,10 @@ def _check_preset(variant: Variant, preset) -> None:
     fields = preset.params
     try:
         check_mrope_section(
-            list(fields["mrope_section"]), fields["mrope_interleaved"], preset.rotary_dim
+            list(fields["mrope_section"]),
+            fields["mrope_interleaved"],
+            preset.rotary_dim,
+            config=True,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"preset {preset.name}: {e}") from None

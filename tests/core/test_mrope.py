@@ -84,6 +84,36 @@ def test_interleaved_frequency_planes_are_qwen3_vl_s():
     assert frequency_planes(8, (4, 2, 2), False) == [0, 0, 0, 0, 1, 1, 2, 2]
 
 
+@pytest.mark.parametrize(
+    "half, sections, counts",
+    [
+        (64, (16, 24, 24), [22, 21, 21]),  # vLLM's fused_qk_norm_mrope test, interleaved
+        (64, (32, 32, 32), [22, 21, 21]),  # vllm-ascend's triton_mrope test (R 128)
+        (32, (24, 20, 20), [11, 11, 10]),  # vllm-ascend's split_qkv_rmsnorm_mrope test (R 64)
+        (64, (4, 30, 30), [22, 21, 21]),
+        (64, (40, 8, 8), [48, 8, 8]),
+        (64, (64, 0, 0), [64, 0, 0]),
+    ],
+)
+def test_interleaved_sections_are_read_as_vllm_reads_them(half, sections, counts):
+    """vLLM's ``apply_interleaved_rope``: h where ``i % 3 == 1 and i < 3*h``, w where
+    ``i % 3 == 2 and i < 3*w``, t elsewhere, whatever the sizes sum to."""
+    from fqr.ops.mrope import frequency_planes
+    from fqr.validate import check_mrope_section
+
+    i = torch.arange(half)
+    on_h = (i % 3 == 1) & (i < 3 * sections[1])
+    on_w = (i % 3 == 2) & (i < 3 * sections[2])
+    vllm = torch.where(on_w, 2, torch.where(on_h, 1, 0)).tolist()
+    planes_ = frequency_planes(half, sections, True)
+    assert planes_ == vllm
+    assert [planes_.count(p) for p in range(3)] == counts
+    check_mrope_section(sections, True, 2 * half)  # an op takes them
+    if sum(sections) != half:  # a model's config must sum (vLLM's MRotaryEmbedding asserts)
+        with pytest.raises(ValueError, match="vLLM's MRotaryEmbedding asserts it"):
+            check_mrope_section(sections, True, 2 * half, config=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("round_to", [None, "dtype"])
 def test_text_positions_are_plain_rope_bit_for_bit(gen, dtype, round_to):
@@ -182,8 +212,11 @@ def test_public_op_matches_float64_and_copies_v_and_gate(gen, name):
         (dict(positions=lambda x: x["positions"][:2]), "positions must be \\[3, T\\]"),
         (dict(positions=lambda x: x["positions"].float()), "positions must be int32 or int64"),
         (dict(positions=lambda x: x["positions"].mT.contiguous().mT), "contiguous along T"),
-        (dict(mrope_section=(24, 20, 21)), "mrope_section .* must sum to rotary_dim/2 = 64"),
-        (dict(mrope_section=(4, 30, 30)), "does not fit 64 interleaved"),
+        (
+            dict(mrope_section=(24, 20, 21), mrope_interleaved=False),
+            "mrope_section .* must sum to rotary_dim/2 = 64 \\(contiguous sections",
+        ),
+        (dict(mrope_section=(24, -1, 41)), "three non-negative ints"),
         (dict(mrope_section=(24, 20)), "mrope_section must be three ints"),
         (dict(mrope_interleaved=1), "mrope_interleaved must be a bool"),
         (dict(output_gate=True), "qkv width 6144 != \\(2\\*num_heads"),
