@@ -39,7 +39,12 @@ from collections.abc import Callable
 import torch
 
 from .presets import PrologueSpec
-from .unfused import vllm_gemma_rms_norm, vllm_rms_norm, vllm_rotary_embedding
+from .unfused import (
+    vllm_gemma_rms_norm,
+    vllm_mrotary_embedding,
+    vllm_rms_norm,
+    vllm_rotary_embedding,
+)
 
 PEER_NAMES = ("eager", "compile", "liger")
 
@@ -260,7 +265,6 @@ def vllm_mrope_prologue(
     if weight_offset not in (0.0, 1.0):
         raise ValueError(f"weight_offset {weight_offset}: vLLM's norms have 0 or 1")
     table = cos_sin_cache
-    rotary_dim = table.shape[-1]
 
     def norm(x, weight):
         shape, x = x.shape, x.reshape(x.shape[0], -1, d)
@@ -269,23 +273,6 @@ def vllm_mrope_prologue(
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
         x = (x * (1.0 + weight.float())).to(orig) if gemma else x.to(orig) * weight
         return x.reshape(shape)
-
-    def join(x):  # [3, T, R/2] -> [T, R/2]
-        if interleaved:
-            out = x[0].clone()
-            out[..., 1 : section[1] * 3 : 3] = x[1, ..., 1 : section[1] * 3 : 3]
-            out[..., 2 : section[2] * 3 : 3] = x[2, ..., 2 : section[2] * 3 : 3]
-            return out
-        return torch.cat([m[i] for i, m in enumerate(x.split(list(section), dim=-1))], -1)
-
-    def rotate(x, cos, sin):
-        shape, x = x.shape, x.view(x.shape[0], -1, d)
-        rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        x1, x2 = torch.chunk(rot, 2, dim=-1) if is_neox else (rot[..., ::2], rot[..., 1::2])
-        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        rot = torch.cat((o1, o2), -1) if is_neox else torch.stack((o1, o2), -1).flatten(-2)
-        return torch.cat((rot, rest), dim=-1).reshape(shape)
 
     qkv, positions = inputs["qkv"], inputs["positions"]
     t = qkv.shape[0]
@@ -297,9 +284,7 @@ def vllm_mrope_prologue(
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     q, k = norm(q, inputs["q_weight"]), norm(k, inputs["k_weight"])
     planes = positions if positions.dim() == 2 else positions.expand(3, -1)
-    cos, sin = table[planes].chunk(2, dim=-1)
-    cos, sin = join(cos), join(sin)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    q, k = vllm_mrotary_embedding(planes, q, k, d, table, is_neox, section, interleaved)
     return (q, k, v, gate) if output_gate else (q, k, v)
 
 

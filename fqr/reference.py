@@ -387,6 +387,32 @@ def mrope(
     return rotate(x, rows, head_dim=head_dim, is_neox=is_neox)
 
 
+def qk_rope(
+    q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, head_dim: int,
+    is_neox: bool = True,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """float64 RoPE of separate ``q [T, Hq*D]`` and ``k [T, Hkv*D]`` (:func:`fqr.qk_rope`):
+    each head's first R features times ``cos + i sin`` of its token's table row, the rest
+    unchanged (``k`` None: ``(q, None)``). vLLM's ``RotaryEmbedding.forward_native``."""
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
+    return q, None if k is None else rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
+
+
+def qk_mrope(
+    q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, head_dim: int,
+    mrope_section: Sequence[int], mrope_interleaved: bool = False, is_neox: bool = True,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """float64 multimodal RoPE of separate ``q`` and ``k`` (:func:`fqr.qk_mrope`): the angle
+    rows of :func:`mrope_cos_sin_rows` (``positions [3, T]`` or ``[T]``), then :func:`rotate`
+    (``k`` None: ``(q, None)``). vLLM's ``MRotaryEmbedding.forward_native``."""
+    rows = mrope_cos_sin_rows(
+        cos_sin_cache, positions, mrope_section, interleaved=mrope_interleaved
+    )
+    q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
+    return q, None if k is None else rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
+
+
 def gated_qkv_sections(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[Section, ...]:
     """The packed row of Qwen3.5's / Qwen3-Next's gated attention, ``[q_0 g_0 q_1 g_1 ... | k |
     v]`` (vLLM ``Qwen3NextAttention``: ``q_gate`` viewed ``[T, Hq, 2*D]`` and chunked in two):

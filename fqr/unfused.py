@@ -100,6 +100,52 @@ def vllm_rotary_embedding(
     return rotate(query), rotate(key)
 
 
+def vllm_apply_interleaved_rope(x: torch.Tensor, mrope_section) -> torch.Tensor:
+    """vLLM ``apply_interleaved_rope``: ``x [3, T, R/2]`` (one plane per row) to ``[T, R/2]``,
+    channel ``i`` from h when ``i % 3 == 1 and i < 3*h``, from w when ``i % 3 == 2 and i <
+    3*w``, from t otherwise."""
+    channels = torch.arange(x.shape[-1], device=x.device)
+    is_height = (channels % 3 == 1) & (channels < mrope_section[1] * 3)
+    is_width = (channels % 3 == 2) & (channels < mrope_section[2] * 3)
+    result = torch.where(is_height, x[1], x[0])
+    return torch.where(is_width, x[2], result)
+
+
+def vllm_mrotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+    mrope_section,
+    mrope_interleaved: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM ``MRotaryEmbedding.forward_native`` (rotary_dim = the cache width, the cache in
+    its dtype): ``cos_sin_cache[positions]`` per plane (``positions [3, T]``; ``[T]``: plain
+    RoPE), the sections joined (``torch.cat`` of each plane's part, or
+    :func:`vllm_apply_interleaved_rope`), then ``apply_rotary_emb`` on the first R features."""
+    rotary_dim = cos_sin_cache.shape[-1]
+    num_tokens = positions.shape[-1]
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    if positions.ndim == 2:
+        if mrope_interleaved:
+            cos = vllm_apply_interleaved_rope(cos, mrope_section)
+            sin = vllm_apply_interleaved_rope(sin, mrope_section)
+        else:
+            sections = list(mrope_section)
+            cos = torch.cat([m[i] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1)
+            sin = torch.cat([m[i] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # query, then key: the same lines in vLLM
+        shape = x.shape
+        x = x.view(num_tokens, -1, head_size)
+        x_rot = vllm_apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox_style)
+        return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
+
+    return rotate(query), rotate(key)
+
+
 def vllm_qk_norm_rope(
     qkv: torch.Tensor,
     positions: torch.Tensor,

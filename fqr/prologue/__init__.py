@@ -36,6 +36,7 @@ from .variant import (
     Variant,
     get_variant,
     golden_cases,
+    presets_of,
     program_of,
     register_variant,
     variant_of,
@@ -60,5 +61,5 @@ globals().update((name, decl.function) for name, decl in DECLARATIONS.items())
 __all__ = [  # noqa: F822  (the declared functions are set above)
     *DECLARATIONS, "DECLARATIONS", "VARIANTS", "CaseSpec", "CheckedCall", "Declaration",
     "NormStats", "Variant", "attention_prologue", "checked_calls", "forget_checked_calls",
-    "get_variant", "golden_cases", "program_of", "register_variant", "variant_of",
+    "get_variant", "golden_cases", "presets_of", "program_of", "register_variant", "variant_of",
 ]  # fmt: skip

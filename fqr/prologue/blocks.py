@@ -93,3 +93,19 @@ def split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s: dict, *, bia
     q, k, v = ops.split_qkv(qkv, s["num_heads"], s["num_kv_heads"], s["head_dim"])
     q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s, biases=biases)
     return q, k, v
+
+
+def multimodal_rope(values, planes, cos_sin_cache, s: dict):
+    """``ops.mrope`` of each of ``values`` (None passes) by the three position ``planes``,
+    with the call's ``head_dim``, ``mrope_section``, ``mrope_interleaved``, ``is_neox`` and
+    ``numerics`` (``"unfused"`` rounds every RoPE step to the first value's dtype)."""
+    rotation = dict(
+        head_dim=s["head_dim"],
+        mrope_section=s["mrope_section"],
+        mrope_interleaved=s["mrope_interleaved"],
+        is_neox=s["is_neox"],
+        round_to=round_to(values[0], s["numerics"]),
+    )
+    return tuple(
+        None if x is None else ops.mrope(x, *planes, cos_sin_cache, **rotation) for x in values
+    )

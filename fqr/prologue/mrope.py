@@ -20,7 +20,7 @@ from ..inputs import random_norm_params, random_positions, random_qkv
 from ..peers import vllm_mrope_prologue
 from ..validate import check_mrope_section
 from . import params
-from .blocks import round_to
+from .blocks import multimodal_rope, round_to
 from .declare import BACKEND, Call, Output, Positions, Rows, Static, declare, flag, numerics
 from .variant import CaseSpec, Variant, register_variant
 
@@ -45,18 +45,12 @@ def mrope_attention_prologue(
     q, k, v, *gate = ops.split_heads(qkv, sections)
     rounding = round_to(qkv, s["numerics"])
     norm = dict(eps=s["eps"], group_size=d, weight_offset=s["weight_offset"], round_to=rounding)
-    rotation = dict(
-        head_dim=d,
-        mrope_section=s["mrope_section"],
-        mrope_interleaved=s["mrope_interleaved"],
-        is_neox=s["is_neox"],
-        round_to=rounding,
-    )
-    planes = (positions_t, positions_h, positions_w)
     q, k = (
-        ops.mrope(ops.rms_norm(x, w, bias=b, **norm), *planes, cos_sin_cache, **rotation)
+        ops.rms_norm(x, w, bias=b, **norm)
         for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
     )
+    planes = (positions_t, positions_h, positions_w)
+    q, k = multimodal_rope((q, k), planes, cos_sin_cache, s)
     return (q, k, v, *gate)
 
 
@@ -68,7 +62,9 @@ def gated_width(call: Call) -> tuple[int, str]:
     return width, text + (" (each q head followed by its gate head)" if call.output_gate else "")
 
 
-def _section_fits(call: Call) -> None:
+def section_fits(call: Call) -> None:
+    """``mrope_section`` as :func:`fqr.validate.check_mrope_section` reads it for the table
+    width."""
     check_mrope_section(call.mrope_section, call.mrope_interleaved, call.cos_sin_cache.shape[1])
 
 
@@ -77,6 +73,34 @@ def _section_key(value):
     if isinstance(value, (tuple, list)):
         return type(value), tuple((type(s), s) for s in value)
     return value
+
+
+MROPE_POSITIONS = replace(
+    params.POSITIONS,
+    kind=Positions(planes=3),
+    doc="``[3, T]`` (temporal, height, width planes, each contiguous along T) or ``[T]`` "
+    "(text: one position on every plane, plain RoPE bit for bit), int32/int64",
+)
+MROPE_SECTION = Static(
+    "mrope_section",
+    annotation="tuple[int, int, int] | list[int]",
+    check=lambda name, value: None,  # with the table width: section_fits
+    normalize=tuple,
+    key=_section_key,
+    schema="int[]",
+    doc="(t, h, w) sections (the model's rope_scaling mrope_section): contiguous, the "
+    "frequencies of each plane, summing to R/2; interleaved, h takes every third "
+    "frequency from 1 below 3*h, w from 2 below 3*w, t the rest (vLLM's reading)",
+)
+MROPE_INTERLEAVED = Static(
+    "mrope_interleaved",
+    False,
+    annotation="bool",
+    check=flag,
+    schema="bool",
+    doc="the sections interleaved over the frequencies (Qwen3-VL, Qwen3.5; "
+    "fqr.ops.mrope says which plane each frequency reads)",
+)
 
 
 SPLIT_QKV_RMSNORM_MROPE = declare(
@@ -89,38 +113,15 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
             doc="``[T, (Hq + 2*Hkv)*D]`` packed rows, or with ``output_gate`` Qwen3.5's gated "
             "row ``[T, (2*Hq + 2*Hkv)*D]`` (``[q_0 g_0 q_1 g_1 ... | k | v]``)",
         ),
-        replace(
-            params.POSITIONS,
-            kind=Positions(planes=3),
-            doc="``[3, T]`` (temporal, height, width planes, each contiguous along T) or ``[T]`` "
-            "(text: one position on every plane, plain RoPE bit for bit), int32/int64",
-        ),
+        MROPE_POSITIONS,
         params.COS_SIN_CACHE,
         params.Q_WEIGHT,
         params.K_WEIGHT,
         params.NUM_HEADS,
         params.NUM_KV_HEADS,
         params.HEAD_DIM,
-        Static(
-            "mrope_section",
-            annotation="tuple[int, int, int] | list[int]",
-            check=lambda name, value: None,  # with the table width: _section_fits
-            normalize=tuple,
-            key=_section_key,
-            schema="int[]",
-            doc="(t, h, w) sections (the model's rope_scaling mrope_section): contiguous, the "
-            "frequencies of each plane, summing to R/2; interleaved, h takes every third "
-            "frequency from 1 below 3*h, w from 2 below 3*w, t the rest (vLLM's reading)",
-        ),
-        Static(
-            "mrope_interleaved",
-            False,
-            annotation="bool",
-            check=flag,
-            schema="bool",
-            doc="the sections interleaved over the frequencies (Qwen3-VL, Qwen3.5; "
-            "fqr.ops.mrope says which plane each frequency reads)",
-        ),
+        MROPE_SECTION,
+        MROPE_INTERLEAVED,
         params.EPS,
         params.IS_NEOX,
         params.Q_BIAS,
@@ -146,7 +147,7 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
     ),
     reference=reference.mrope_prologue,
     static_checks=(params.heads_divide, params.biases_together),
-    checks=(_section_fits,),
+    checks=(section_fits,),
     doc="""
     Split the packed row, RMS-normalise q and k per head, rotate them by multimodal RoPE;
     return new ``q, k, v`` (and ``gate`` with ``output_gate``). vllm-ascend's
@@ -170,7 +171,9 @@ split_qkv_rmsnorm_mrope = SPLIT_QKV_RMSNORM_MROPE.function
 # ------------------------------------------------------------------------ the variants
 
 
-def _check_preset(variant: Variant, preset) -> None:
+def check_preset_section(preset) -> None:
+    """A preset's ``mrope_section`` as a model config gives it (vLLM's ``MRotaryEmbedding``
+    asserts the sum of interleaved sections too)."""
     fields = preset.params
     try:
         check_mrope_section(
@@ -181,6 +184,10 @@ def _check_preset(variant: Variant, preset) -> None:
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"preset {preset.name}: {e}") from None
+
+
+def _check_preset(variant: Variant, preset) -> None:
+    check_preset_section(preset)
     if preset.norm != "head":
         raise ValueError(f"preset {preset.name}: variant {variant.name!r} needs norm='head'")
 
@@ -197,6 +204,18 @@ def _kwargs(gated: bool):
     return kwargs
 
 
+def random_position_planes(tokens, max_position, generator, *, dtype) -> torch.Tensor:
+    """``[3, T]`` positions: every third token text (three equal planes), the others image
+    tokens (three planes drawn apart; token 0 reads the table's last row)."""
+    planes = [
+        random_positions(tokens, max_position, generator, dtype=dtype, cover_ends=p == 0)
+        for p in range(3)
+    ]
+    positions = torch.stack(planes)
+    positions[1:, ::3] = positions[0, ::3]  # text tokens
+    return positions
+
+
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
     """The packed row (with the gate heads when the variant has them), positions ``[3, T]``
     where every third token is text (three equal planes) and the others image tokens (three
@@ -205,12 +224,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     gated = variant.pins["output_gate"]
     heads = replace(spec, num_heads=2 * spec.num_heads) if gated else spec
     qkv = random_qkv(heads, tokens, dtype, generator)
-    planes = [
-        random_positions(tokens, max_position, generator, dtype=positions_dtype, cover_ends=p == 0)
-        for p in range(3)
-    ]
-    positions = torch.stack(planes)
-    positions[1:, ::3] = positions[0, ::3]  # text tokens
+    positions = random_position_planes(tokens, max_position, generator, dtype=positions_dtype)
     names = ("q_weight", "k_weight", "q_bias", "k_bias")
     norm = random_norm_params(spec, dtype, generator, bias=bias)
     drawn = {"qkv": qkv, "positions": positions}

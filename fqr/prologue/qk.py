@@ -36,39 +36,42 @@ def _q_alone(call: Call) -> None:
         raise ValueError("q_bias and k_bias must be given together")
 
 
-def _returns(call: Call, outs: tuple):
+def returns_q_alone(call: Call, outs: tuple):
+    """``(q, k)``, or ``(q, None)`` for q alone."""
     return (outs[0], None) if call.k is None else tuple(outs)
 
 
-_ROWS = Rows(what="[T, heads*head_dim]", multiple_of="head_dim")
+Q_ROWS = Tensor(
+    "q",
+    keyword=False,
+    annotation=params.TENSOR,
+    kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim"),
+    doc="``[T, Hq*D]`` q rows (bf16/fp16/fp32)",
+)
+K_ROWS = Tensor(
+    "k",
+    MISSING,
+    keyword=False,
+    annotation=params.OPTIONAL_TENSOR,
+    kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim", like="q"),
+    optional=True,
+    doc="``[T, Hkv*D]`` k rows in q's dtype, or None: q alone",
+)
+Q_POSITIONS = Tensor(
+    "positions",
+    keyword=False,
+    annotation=params.TENSOR,
+    kind=type(params.POSITIONS.kind)(rows_of="q"),
+    doc=params.POSITIONS.doc,
+)
 
 QK_RMSNORM_ROPE = declare(
     "qk_rmsnorm_rope",
     qk_norm_rope_prologue,
     (
-        Tensor(
-            "q",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=_ROWS,
-            doc="``[T, Hq*D]`` q rows (bf16/fp16/fp32)",
-        ),
-        Tensor(
-            "k",
-            MISSING,
-            keyword=False,
-            annotation=params.OPTIONAL_TENSOR,
-            kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim", like="q"),
-            optional=True,
-            doc="``[T, Hkv*D]`` k rows in q's dtype, or None: q alone",
-        ),
-        Tensor(
-            "positions",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=type(params.POSITIONS.kind)(rows_of="q"),
-            doc=params.POSITIONS.doc,
-        ),
+        Q_ROWS,
+        K_ROWS,
+        Q_POSITIONS,
         params.COS_SIN_CACHE,
         params.Q_WEIGHT,
         Tensor(
@@ -92,7 +95,7 @@ QK_RMSNORM_ROPE = declare(
     (Output("q"), Output("k", present=lambda call: call.k is not None)),
     reference=reference.qk_prologue,
     static_checks=(_q_alone,),
-    returns=_returns,
+    returns=returns_q_alone,
     doc="""
     RMS-normalise each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]``, then rotate them.
 

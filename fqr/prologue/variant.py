@@ -119,6 +119,7 @@ class Variant:
     # in_features of the projection whose output is the op's first input (None: the model's
     # hidden_size; MLA's q rope reads q_b_proj's output, of q_lora_rank features)
     projection_in: Callable[[Preset], int] | None = None
+    binds: tuple[str, ...] = ()  # presets it runs besides those naming it (presets_of)
 
     # -------------------------------------------------------------- what it is
     def outputs_of(self, preset: Preset | None = None) -> tuple[str, ...]:
@@ -356,11 +357,22 @@ def get_variant(name: str) -> Variant:
         raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}") from None
 
 
-def variant_of(preset: Preset) -> Variant:
-    """The preset's variant, its fields checked."""
-    variant = get_variant(preset.variant)
+def variant_of(preset: Preset, name: str | None = None) -> Variant:
+    """The preset's variant (or the variant ``name``: one that binds it, :func:`presets_of`),
+    the preset's fields checked against it."""
+    variant = get_variant(preset.variant if name is None else name)
     variant.check(preset)
     return variant
+
+
+def presets_of(name: str) -> list[str]:
+    """The presets variant ``name`` runs: those whose ``variant`` it is, then those it binds
+    (``Variant.binds``: an op a model's layer calls beside its own member of the family, as
+    ``qk-mrope`` on Qwen3-VL)."""
+    from ..presets import PRESETS
+
+    own = [p.name for p in PRESETS.values() if p.variant == name]
+    return own + [b for b in get_variant(name).binds if b not in own]
 
 
 def program_of(preset: Preset, dtype: torch.dtype = torch.bfloat16, **options) -> Program:

@@ -23,7 +23,7 @@ from test_hostile_args import EXAMPLES, poisoned_outputs_and_counted_launches
 import fqr
 from fqr.backends import BACKENDS
 from fqr.numerics import compare_kind
-from fqr.prologue import VARIANTS, variant_of
+from fqr.prologue import VARIANTS, presets_of, variant_of
 from fqr.prologue.declare import Form, Static
 
 SETTINGS = settings(
@@ -45,9 +45,7 @@ def _small(name: str):
     raise AssertionError(f"{name} splits at no TP")
 
 
-PRESETS_OF = {
-    variant: [p.name for p in fqr.PRESETS.values() if p.variant == variant] for variant in VARIANTS
-}
+PRESETS_OF = {variant: presets_of(variant) for variant in VARIANTS}
 
 
 def _tensor_changes(x) -> list[tuple[str, object]]:
@@ -80,7 +78,7 @@ def _static_changes(value) -> list[tuple[str, object]]:
 def calls(draw):
     name = draw(st.sampled_from(sorted(VARIANTS)))
     preset = _small(draw(st.sampled_from(PRESETS_OF[name])))
-    variant = variant_of(preset)
+    variant = variant_of(preset, name)
     dtypes = (
         [torch.bfloat16]
         if preset.variant_params and dict(preset.variant_params).get("cache_dtype") == "fp8_ds_mla"

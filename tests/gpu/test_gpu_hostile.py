@@ -10,7 +10,7 @@ import torch
 import fqr
 from fqr.backends import BACKENDS
 from fqr.numerics import compare_kind
-from fqr.prologue import VARIANTS, variant_of
+from fqr.prologue import VARIANTS, presets_of, variant_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,8 +22,8 @@ ROWS = 4096
 
 
 def _problem(name: str, gen, tokens: int = 7):
-    preset = next(p for p in fqr.PRESETS.values() if p.variant == name)
-    variant = variant_of(preset)
+    preset = fqr.PRESETS[presets_of(name)[0]]
+    variant = variant_of(preset, name)
     table = preset.cos_sin_cache(ROWS)
     inputs = variant.draw(preset, tokens, torch.bfloat16, gen, max_position=ROWS)
     return preset, variant, inputs, table
