@@ -1,0 +1,402 @@
+"""The peers' own mRoPE tests, ported onto fqr (issue 26): each peer's grid, its reference
+re-written from its formulas (vectorised over tokens where the peer loops), its tolerance, and
+one runner per peer test that the CPU ports (``tests/peers``) and the GPU file
+(``tests/gpu/test_gpu_peers_mrope.py``) share.
+
+Every case checks fqr's fused output twice: against the independent float64 formulation
+(:mod:`fqr.reference`) under fqr's contract, and against the peer's reference with the peer's
+``assert_close`` tolerance. Where the second fails, the peer's reference must be the farther
+from the exact value (both errors measured against float64: the test says so), and fqr's
+``numerics="unfused"`` output must equal the peer's reference bit for bit (on a kernel,
+within one ULP: its fp32 reduction order is not torch's). Copies (v, the gate) are bit-exact.
+
+fqr gets the tensors the peer's op gets: the same q, k (or packed row), weights, and the
+``cos_sin_cache`` in the dtype the peer's op reads it in (vLLM casts it to the query dtype;
+vllm-ascend's tests pass cos/sin in the activation dtype), with real RoPE tables
+(:func:`fqr.rope_cache.rope_cos_sin_cache`) where the vllm-ascend tests draw random cos/sin.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+import fqr
+from fqr import reference
+from fqr.numerics import compare, ordered_bits
+from fqr.rope_cache import rope_cos_sin_cache
+from fqr.unfused import vllm_apply_interleaved_rope, vllm_mrotary_embedding, vllm_rms_norm
+
+
+@lru_cache(maxsize=16)
+def _table(rotary_dim: int, rows: int, theta: float) -> torch.Tensor:
+    return rope_cos_sin_cache(rotary_dim, rows, theta)
+
+
+def table(rotary_dim: int, rows: int, theta: float, dtype, device) -> torch.Tensor:
+    """A real fp32 RoPE table rounded to ``dtype`` (what the peer's op reads) on ``device``."""
+    return _table(rotary_dim, rows, theta).to(device=device, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((ordered_bits(a.cpu()) - ordered_bits(b.cpu())).abs().max()) if a.numel() else 0
+
+
+def check_like_peer(
+    name: str,
+    fused: torch.Tensor,
+    peer: torch.Tensor,
+    exact: torch.Tensor,
+    unfused: torch.Tensor | None,
+    *,
+    atol: float,
+    rtol: float,
+    head_dim: int,
+    backend: str,
+) -> str:
+    """``fused`` meets fqr's contract against ``exact`` (float64) and the peer's
+    ``assert_close(atol, rtol)`` against ``peer``; or, where it misses the peer's tolerance,
+    the peer's reference is farther from ``exact`` than ``fused`` and ``unfused`` is the
+    peer's reference (bit for bit on the reference backend, one ULP on a kernel). Returns
+    ``"close"`` or ``"peer farther"``."""
+    fused, peer, exact = fused.cpu(), peer.cpu(), exact.cpu()
+    contract = compare(fused, exact, head_dim=head_dim)
+    assert contract.passed, f"{name}: fqr's fused output against float64: {contract}"
+    try:
+        torch.testing.assert_close(fused, peer, atol=atol, rtol=rtol)
+        return "close"
+    except AssertionError as miss:
+        err_fqr = float((fused.double() - exact.double()).abs().max())
+        err_peer = float((peer.double() - exact.double()).abs().max())
+        print(
+            f"{name}: the peer's {peer.dtype} reference is {err_peer:.3g} from float64, fqr's "
+            f"fused output {err_fqr:.3g}; numerics='unfused' is checked against it instead"
+        )
+        assert err_peer > err_fqr, f"{name}: fqr is the farther from float64\n{miss}"
+        assert unfused is not None, f"{name}: no unfused mode rounds as the peer does\n{miss}"
+        unfused = unfused.cpu()
+        if backend == "reference":
+            assert torch.equal(unfused, peer), f"{name}: unfused is not the peer's, bit for bit"
+        else:
+            assert _ulps(unfused, peer) <= 1, f"{name}: unfused is {_ulps(unfused, peer)} ULP off"
+        return "peer farther"
+
+
+def assert_copy(name: str, out: torch.Tensor, peer: torch.Tensor) -> None:
+    assert torch.equal(out.cpu(), peer.cpu()), f"{name}: a copy differs"
+
+
+# ------------------------------------------------- vLLM tests/kernels/core/test_mrope.py
+
+
+@dataclass(frozen=True)
+class VlmText:
+    """The text config numbers of one model in vLLM's ``MODELS_TO_TEST`` (its config.json)."""
+
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    theta: float
+    max_position: int
+    mrope_section: tuple[int, int, int]
+    interleaved: bool
+
+
+VLLM_MROPE_MODELS = (
+    # zai-org/GLM-4.1V-9B-Thinking text_config: hidden 4096, 32 heads, 2 kv heads,
+    # partial_rotary_factor 0.5, rope_theta 1e4, max_position_embeddings 65536, [8, 12, 12]
+    VlmText("zai-org/GLM-4.1V-9B-Thinking", 32, 2, 128, 64, 1e4, 65536, (8, 12, 12), False),
+    # Qwen/Qwen2-VL-7B-Instruct: hidden 3584, 28 heads, 4 kv, rope_theta 1e6, 32768, [16, 24, 24]
+    VlmText("Qwen/Qwen2-VL-7B-Instruct", 28, 4, 128, 128, 1e6, 32768, (16, 24, 24), False),
+    # Qwen/Qwen2-VL-72B-Instruct: hidden 8192, 64 heads, 8 kv, rope_theta 1e6, 32768
+    VlmText("Qwen/Qwen2-VL-72B-Instruct", 64, 8, 128, 128, 1e6, 32768, (16, 24, 24), False),
+    # Qwen/Qwen2.5-VL-72B-Instruct: 64 heads, 8 kv, rope_theta 1e6, 128000
+    VlmText("Qwen/Qwen2.5-VL-72B-Instruct", 64, 8, 128, 128, 1e6, 128000, (16, 24, 24), False),
+    # Qwen/Qwen3-VL-4B-Instruct text_config: 32 heads, 8 kv, head_dim 128, rope_theta 5e6,
+    # 262144, mrope_section [24, 20, 20], mrope_interleaved true
+    VlmText("Qwen/Qwen3-VL-4B-Instruct", 32, 8, 128, 128, 5e6, 262144, (24, 20, 20), True),
+    # Qwen/Qwen3-VL-30B-A3B-Instruct text_config: 32 heads, 4 kv, head_dim 128, as Qwen3-VL-4B
+    VlmText("Qwen/Qwen3-VL-30B-A3B-Instruct", 32, 4, 128, 128, 5e6, 262144, (24, 20, 20), True),
+)
+VLLM_MROPE_GRID = list(
+    itertools.product(VLLM_MROPE_MODELS, (1, 2), (torch.bfloat16,), (11, 8192))
+)  # model, tp_size, dtype, num_tokens: 24 cases (test_mrope; tracing repeats them)
+
+
+def vllm_mrope_case(model: VlmText, tp: int, dtype, tokens: int, *, backend, device, gen):
+    """vLLM ``test_mrope``: ``MRotaryEmbedding.forward_native`` (the peer's reference) against
+    the fused op on ``[3, T]`` positions below ``max_position // 4``; atol 1e-2, rtol 1.6e-2."""
+    hq, hkv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
+    d, rows = model.head_dim, model.max_position // 4
+    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
+    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
+    cache = table(model.rotary_dim, rows, model.theta, dtype, device)
+    layout = dict(mrope_section=model.mrope_section, mrope_interleaved=model.interleaved)
+    section, interleaved = model.mrope_section, model.interleaved
+    peer = vllm_mrotary_embedding(positions, q, k, d, cache, True, section, interleaved)
+    fused = fqr.qk_mrope(q, k, positions, cache, head_dim=d, backend=backend, **layout)
+    unfused = fqr.qk_mrope(
+        q, k, positions, cache, head_dim=d, backend=backend, numerics="unfused", **layout
+    )
+    exact = reference.qk_mrope(q.cpu(), k.cpu(), positions.cpu(), cache.cpu(), head_dim=d, **layout)
+    return [
+        check_like_peer(
+            f"{model.name} tp{tp} T{tokens} {n}",
+            *outs,
+            atol=1e-2,
+            rtol=1.6e-2,
+            head_dim=d,
+            backend=backend,
+        )
+        for n, outs in zip("qk", zip(fused, peer, exact, unfused))
+    ]
+
+
+def vllm_mrope_compiled_case(
+    model: VlmText, tp: int, dtype, tokens: int, *, compile_backend, device, gen, mode=None
+):
+    """vLLM ``test_mrope_torch_compile_tracing``: ``torch.ops.fqr.qk_mrope`` under
+    ``torch.compile(fullgraph=True, dynamic=False)`` (the peer: Inductor, ``reduce-overhead``)
+    equals the op run eagerly, and both meet ``forward_native`` at atol 1e-2 / rtol 1.6e-2."""
+    hq, hkv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
+    d, rows = model.head_dim, model.max_position // 4
+    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
+    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
+    cache = table(model.rotary_dim, rows, model.theta, dtype, device)
+    section, interleaved = list(model.mrope_section), model.interleaved
+
+    def functional_forward(pos, q, k):
+        return torch.ops.fqr.qk_mrope(q, k, pos, cache, d, section, interleaved, True, "fused")
+
+    compiled = torch.compile(
+        functional_forward, fullgraph=True, backend=compile_backend, mode=mode, dynamic=False
+    )
+    got = compiled(positions, q, k)
+    eager = functional_forward(positions, q, k)
+    native = vllm_mrotary_embedding(positions, q, k, d, cache, True, section, interleaved)
+    for out, same, want in zip(got, eager, native):
+        assert torch.equal(out, same)
+        torch.testing.assert_close(out, want, atol=1e-2, rtol=1.6e-2)
+
+
+# ------------------------------------ vLLM tests/kernels/core/test_fused_qk_norm_mrope.py
+
+VLLM_FUSED_HEAD_CONFIGS = (
+    (16, 4, 128, (16, 24, 24)),
+    (16, 2, 64, (8, 12, 12)),
+    (8, 8, 256, (32, 48, 48)),
+)
+VLLM_FUSED_GRID = list(
+    itertools.product(
+        (torch.bfloat16, torch.float16),  # DTYPES
+        (True, False),  # IS_NEOX
+        (False, True),  # MROPE_INTERLEAVED
+        (1e-5, 1e-6),  # EPS_VALUES
+        VLLM_FUSED_HEAD_CONFIGS,
+    )
+)  # 48 cases (seed 13, T = 7)
+
+
+def vllm_fused_qk_norm_mrope_case(
+    dtype, is_neox, interleaved, eps, config, *, backend, device, gen
+):
+    """vLLM ``test_fused_qk_norm_mrope_matches_reference``: per-head ``RMSNorm.forward_native``
+    then ``MRotaryEmbedding.forward_native`` (rotary_dim = head_dim, base 1e4, the cache in
+    the model dtype) against the fused op on 7 tokens, positions below 1000; fp16 atol/rtol
+    2e-3, bf16 4e-2. The interleaved configs are read as vLLM reads them ([16, 24, 24] over 64
+    frequencies: 22/21/21)."""
+    hq, hkv, d, section = config
+    tokens = 7
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen).to(device=device, dtype=dtype)
+    positions = torch.randint(0, 1000, (3, tokens), generator=gen).to(device)
+    q_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
+    k_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
+    cache = table(d, 4096, 1e4, dtype, device)
+    # the peer's reference: qkv.split, q_norm / k_norm per head, rope.forward_native
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q = vllm_rms_norm(q.reshape(tokens, hq, d), q_weight, eps).reshape(tokens, -1)
+    k = vllm_rms_norm(k.reshape(tokens, hkv, d), k_weight, eps).reshape(tokens, -1)
+    peer_q, peer_k = vllm_mrotary_embedding(
+        positions, q, k, d, cache, is_neox, section, interleaved
+    )
+    kw = dict(
+        num_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        mrope_section=section,
+        mrope_interleaved=interleaved,
+        eps=eps,
+        is_neox=is_neox,
+    )
+    args = (qkv, positions, cache, q_weight, k_weight)
+    fused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
+    unfused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, numerics="unfused", **kw)
+    exact = reference.mrope_prologue(*(a.cpu() for a in args), **kw)
+    atol = rtol = 2e-3 if dtype == torch.float16 else 4e-2
+    name = f"{dtype} neox={is_neox} interleaved={interleaved} eps={eps} {config}"
+    outcomes = [
+        check_like_peer(f"{name} {n}", *outs, atol=atol, rtol=rtol, head_dim=d, backend=backend)
+        for n, outs in zip("qk", zip(fused, (peer_q, peer_k), exact, unfused))
+    ]
+    assert_copy(f"{name} v", fused[2], v)
+    return outcomes
+
+
+# ------------------ vllm-ascend tests/e2e/nightly/.../triton/test_mrope.py (triton_mrope)
+
+ASCEND_TRITON_MROPE_GRID = list(
+    itertools.product(
+        ((32, 32, 32),),  # MROPE_SECTION: interleaved over 64 frequencies, 22/21/21
+        (1, 4, 8, 16),  # NUM_TOKENS
+        (torch.bfloat16, torch.float16),  # DTYPES
+    )
+)  # 8 cases: 64 q heads, 1 k head, head_size = rotary_dim = 128, seed 0
+
+
+def ascend_interleaved_rows(cos: torch.Tensor, sin: torch.Tensor, section) -> tuple:
+    """vllm-ascend's test masks over ``cos/sin [3, T, R/2]``: h where ``i % 3 == 1 and
+    i <= 3*h``, w where ``i % 3 == 2 and i <= 3*w``, t elsewhere (``<=`` reads as ``<``:
+    ``3*h`` is never 1 mod 3)."""
+    i = torch.arange(cos.shape[-1], device=cos.device)
+    on_h = (i % 3 == 1) & (i <= 3 * section[1])
+    on_w = (i % 3 == 2) & (i <= 3 * section[2])
+
+    def pick(x):
+        return torch.where(on_w, x[2], torch.where(on_h, x[1], x[0]))
+
+    return pick(cos), pick(sin)
+
+
+def ascend_triton_mrope_case(section, tokens, dtype, *, backend, device, gen):
+    """vllm-ascend ``test_mrotary_embedding_triton_kernel``: ``pytorch_forward_native`` (NeoX
+    halves rotated in the activation dtype by the interleaved cos/sin rows) against the fused
+    op; bf16 atol/rtol 1e-2, fp16 1e-3. cos/sin are the real table's rows at ``[3, T]``
+    positions (the peer draws random unit pairs)."""
+    hq, hk, d, r = 64, 1, 128, 128
+    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hk * d, generator=gen).to(device=device, dtype=dtype)
+    rows = 4096
+    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
+    cache = table(r, rows, 5e6, dtype, device)
+    cos, sin = cache[positions].chunk(2, dim=-1)  # [3, T, R/2] each, as the peer passes them
+    cos_row, sin_row = ascend_interleaved_rows(cos, sin, section)
+    cos_row, sin_row = cos_row[:, None, :], sin_row[:, None, :]
+
+    def rotate(x, heads):
+        x = x.view(tokens, heads, d)
+        x1, x2 = x[..., : r // 2], x[..., r // 2 :]
+        return torch.cat([x1 * cos_row - x2 * sin_row, x2 * cos_row + x1 * sin_row], -1)
+
+    peer = (rotate(q, hq).reshape(tokens, -1), rotate(k, hk).reshape(tokens, -1))
+    kw = dict(head_dim=d, mrope_section=section, mrope_interleaved=True)
+    fused = fqr.qk_mrope(q, k, positions, cache, backend=backend, **kw)
+    unfused = fqr.qk_mrope(q, k, positions, cache, backend=backend, numerics="unfused", **kw)
+    exact = reference.qk_mrope(q.cpu(), k.cpu(), positions.cpu(), cache.cpu(), **kw)
+    atol = rtol = 1e-2 if dtype == torch.bfloat16 else 1e-3
+    return [
+        check_like_peer(
+            f"{section} T{tokens} {dtype} {n}",
+            *outs,
+            atol=atol,
+            rtol=rtol,
+            head_dim=d,
+            backend=backend,
+        )  # fmt: skip
+        for n, outs in zip("qk", zip(fused, peer, exact, unfused))
+    ]
+
+
+# -------- vllm-ascend tests/e2e/nightly/.../triton/test_split_qkv_rmsnorm_mrope.py (gate)
+
+ASCEND_SPLIT_MROPE_GRID = list(
+    itertools.product(
+        (1, 4096),  # NUM_TOKENS
+        ((2, 1), (16, 2)),  # NUM_QKV_HEADS
+        (128, 256),  # HEAD_SIZES
+        ((11, 11, 10), (24, 20, 20)),  # MROPE_SECTION (rope_dim = 2 * sum = 64)
+        (True, False),  # IS_INTERLEAVED
+        (True, False),  # HAS_GATE
+        (torch.bfloat16, torch.float16),  # DTYPES
+    )
+)  # 128 cases, eps 1e-6
+
+
+def ascend_split_mrope_case(
+    tokens, heads, head_size, section, interleaved, gate, dtype, *, backend, device, gen
+):
+    """vllm-ascend ``test_split_qkv_rmsnorm_mrope``: the naive reference (fp32 RMSNorm ``x *
+    (1/sqrt(mean(x^2) + eps)) * w``, then the first ``rope_dim`` features of each head
+    rotated NeoX-style in fp32 by the planes' cos/sin in the activation dtype, contiguous
+    sections or ``apply_interleaved_rope``; rounded once) against the fused op, gate and v
+    copied; atol/rtol 1e-2. ``[24, 20, 20]`` interleaved over 32 frequencies is 11/11/10."""
+    hq, hkv = heads
+    d, eps, rope_dim = head_size, 1e-6, 2 * sum(section)
+    q_size, kv_size = hq * d, hkv * d
+    width = (2 if gate else 1) * q_size + 2 * kv_size
+    qkv = torch.randn(tokens, width, generator=gen).to(device=device, dtype=dtype)
+    q_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
+    k_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
+    rows = 4096
+    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
+    cache = table(rope_dim, rows, 5e6, dtype, device)
+    cos, sin = cache[positions].chunk(2, dim=-1)  # [3, T, R/2]: the peer's cos_sin split
+    if gate:
+        q_gate = qkv[:, : 2 * q_size].view(tokens, hq, 2 * d)
+        q, peer_gate = (x.reshape(tokens, q_size) for x in torch.chunk(q_gate, 2, dim=-1))
+        k, v = qkv[:, 2 * q_size :].split([kv_size, kv_size], dim=-1)
+    else:
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    half = rope_dim // 2
+    if interleaved:
+        cos_row, sin_row = (
+            vllm_apply_interleaved_rope(cos, section),
+            vllm_apply_interleaved_rope(sin, section),
+        )
+    else:
+        bounds = (0, section[0], section[0] + section[1], half)
+        cos_row = torch.cat([cos[p, :, bounds[p] : bounds[p + 1]] for p in range(3)], dim=-1)
+        sin_row = torch.cat([sin[p, :, bounds[p] : bounds[p + 1]] for p in range(3)], dim=-1)
+    cos_row, sin_row = cos_row[:, None, :], sin_row[:, None, :]
+
+    def norm_rope(x, w, heads):
+        x = x.reshape(tokens, heads, d).float()
+        x = x * (1 / torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True) + eps)) * w.float()
+        x1, x2 = x[..., :half], x[..., half:rope_dim]
+        rot = torch.cat([x1 * cos_row - x2 * sin_row, x2 * cos_row + x1 * sin_row], dim=-1)
+        x = torch.cat([rot, x[..., rope_dim:]], dim=-1)
+        return x.reshape(tokens, heads * d).to(dtype)
+
+    peer = (norm_rope(q, q_weight, hq), norm_rope(k, k_weight, hkv))
+    kw = dict(
+        num_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        mrope_section=section,
+        mrope_interleaved=interleaved,
+        eps=eps,
+        output_gate=gate,
+    )
+    args = (qkv, positions, cache, q_weight, k_weight)
+    outs = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
+    exact = reference.mrope_prologue(*(a.cpu() for a in args), **kw)
+    name = f"T{tokens} {heads} D{d} {section} interleaved={interleaved} gate={gate} {dtype}"
+    outcomes = [
+        check_like_peer(
+            f"{name} {n}", out, p, e, None, atol=1e-2, rtol=1e-2, head_dim=d, backend=backend
+        )
+        for n, out, p, e in zip("qk", outs[:2], peer, exact[:2])
+    ]
+    assert_copy(f"{name} v", outs[2], v)
+    if gate:
+        assert_copy(f"{name} gate", outs[3], peer_gate)
+    return outcomes
