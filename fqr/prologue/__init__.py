@@ -7,6 +7,9 @@
                                          separate projections; :mod:`.qk`)
 :func:`split_qkv_rmsnorm_mrope`          Qwen3-VL / Qwen3.5: multimodal RoPE, the output
                                          gate (:mod:`.mrope`)
+:func:`qk_rope`, :func:`qk_mrope`        separate q, k -> new q, k: RoPE / multimodal RoPE
+                                         without a norm (vLLM's ``rotary_emb``;
+                                         :mod:`.qk_rope`)
 :func:`split_qkv_rmsnorm_rope_vnorm`     Gemma 4: v normalised too (:mod:`.vnorm`)
 :func:`split_qkv_rope_l2norm`            Llama 4: RoPE then the L2 norm; NoPE layers'
                                          temperature (:mod:`.rope_l2norm`)
