@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.peers_mrope import check_like_peer, table
+from support.peers_mrope import check_like_peer, planes_table
 
 import fqr
 from fqr import reference
@@ -19,7 +19,7 @@ D, SECTION = 128, (24, 20, 20)
 def _case(gen):
     q = torch.randn(9, 4 * D, generator=gen).bfloat16()
     positions = torch.randint(0, 4096, (3, 9), generator=gen)
-    cache = table(D, 4096, 5e6, torch.bfloat16, "cpu")
+    cache = planes_table(D, positions, torch.bfloat16, max_position=4096, theta=5e6, device="cpu")
     kw = dict(head_dim=D, mrope_section=SECTION, mrope_interleaved=True)
     fused, _ = fqr.qk_mrope(q, None, positions, cache, backend="reference", **kw)
     unfused, _ = fqr.qk_mrope(
@@ -39,7 +39,7 @@ def test_a_peer_reference_farther_from_float64_is_said_and_unfused_matches_it(ge
     assert outcome == "peer farther"
     wrong = unfused.clone()
     wrong.view(torch.int16)[0, 0] += 1
-    with pytest.raises(AssertionError, match="bit for bit"):
+    with pytest.raises(AssertionError, match="differs from the peer's rounding reference"):
         check_like_peer(
             "q", fused, peer, exact, wrong, atol=0, rtol=0, head_dim=D, backend="reference"
         )

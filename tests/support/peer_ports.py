@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from fqr.backends import BACKENDS
-from fqr.numerics import compare
+from fqr.numerics import compare, ordered_bits
 from fqr.rope_cache import rope_cos_sin_cache
 
 # The CPU backends: fqr.ops run eagerly, and the generated kernel under the Triton interpreter.
@@ -173,12 +173,14 @@ def assert_peer_or_nearer(
     *,
     atol: float,
     rtol: float,
+    ulps: int = 0,
 ) -> bool:
     """The peer's check of a fused output against a peer reference that rounds between its
     steps. Returns True when the peer's tolerance holds; otherwise asserts that the fused
     output is nearer the exact (float64) value than the peer's reference is, and that fqr's
-    ``numerics="unfused"`` output (``unfused()``) equals the peer's reference bit for bit, and
-    returns False."""
+    ``numerics="unfused"`` output (``unfused()``) equals the peer's reference bit for bit
+    (``ulps``: within that many ULPs, for a kernel whose fp32 reduction order is not torch's),
+    and returns False."""
     try:
         assert_peer_close(name, fused, peer_reference, atol=atol, rtol=rtol)
         return True
@@ -192,6 +194,10 @@ def assert_peer_or_nearer(
         )
         got = unfused()
         assert got.dtype == peer_reference.dtype, (got.dtype, peer_reference.dtype)
+        if ulps:
+            apart = int((ordered_bits(got.cpu()) - ordered_bits(peer_reference.cpu())).abs().max())
+            assert apart <= ulps, f"{name}: numerics='unfused' is {apart} ULP off the peer's"
+            return False
         assert torch.equal(got.cpu(), peer_reference.cpu()), (
             f"{name}: numerics='unfused' differs from the peer's rounding reference "
             f"(max {float((got.double().cpu() - peer_reference.double().cpu()).abs().max()):.3g})"

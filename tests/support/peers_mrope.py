@@ -1,51 +1,57 @@
-"""The peers' own mRoPE tests, ported onto fqr (issue 26): each peer's grid, its reference
-re-written from its formulas (vectorised over tokens where the peer loops), its tolerance, and
-one runner per peer test that the CPU ports (``tests/peers``) and the GPU file
-(``tests/gpu/test_gpu_peers_mrope.py``) share.
+"""The peers' own mRoPE tests, ported onto fqr (issue 26, items 3 and 7a): each peer's grid,
+its reference re-written from its formulas (vectorised over tokens where the peer loops), its
+tolerance, and one runner per peer test that the CPU ports (``tests/peers``) and the GPU file
+(``tests/gpu/test_gpu_peers_mrope.py``) share; the tables, the peers' float32 formulas and
+the checks are :mod:`support.peer_ports`'.
 
-Every case checks fqr's fused output twice: against the independent float64 formulation
-(:mod:`fqr.reference`) under fqr's contract, and against the peer's reference with the peer's
-``assert_close`` tolerance. Where the second fails, the peer's reference must be the farther
-from the exact value (both errors measured against float64: the test says so), and fqr's
-``numerics="unfused"`` output must equal the peer's reference bit for bit (on a kernel,
-within one ULP: its fp32 reduction order is not torch's). Copies (v, the gate) are bit-exact.
+Every case checks fqr's fused output against the independent float64 formulation
+(:mod:`fqr.reference`) under fqr's contract and against the peer's reference with the peer's
+tolerance; where the second misses, the peer's reference must be the farther from float64 and
+fqr's ``numerics="unfused"`` output must equal it (:func:`check_like_peer`). Copies (v, the
+gate) are bit-exact.
 
 fqr gets the tensors the peer's op gets: the same q, k (or packed row), weights, and the
 ``cos_sin_cache`` in the dtype the peer's op reads it in (vLLM casts it to the query dtype;
-vllm-ascend's tests pass cos/sin in the activation dtype), with real RoPE tables
-(:func:`fqr.rope_cache.rope_cos_sin_cache`) where the vllm-ascend tests draw random cos/sin.
+vllm-ascend's tests pass cos/sin in the activation dtype), a real RoPE table where the
+vllm-ascend tests draw random cos/sin (:func:`support.peer_ports.peer_table`: the rows no
+token reads are NaN).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 import fqr
 from fqr import reference
-from fqr.numerics import compare, ordered_bits
-from fqr.rope_cache import rope_cos_sin_cache
 from fqr.unfused import vllm_apply_interleaved_rope, vllm_mrotary_embedding, vllm_rms_norm
+from support.peer_ports import (
+    ASCEND_MAX_POSITION,
+    ASCEND_THETA,
+    assert_exact,
+    assert_peer_or_nearer,
+    peer_neox_rope,
+    peer_positions,
+    peer_rms_norm,
+    peer_table,
+)
 
 
-@lru_cache(maxsize=16)
-def _table(rotary_dim: int, rows: int, theta: float) -> torch.Tensor:
-    return rope_cos_sin_cache(rotary_dim, rows, theta)
+def planes_table(rotary_dim, positions, dtype, *, max_position, theta, device):
+    """:func:`support.peer_ports.peer_table` for ``[3, T]`` positions (the rows of every
+    plane real, the others NaN), on ``device``."""
+    return peer_table(
+        rotary_dim, positions.flatten(), dtype, max_position=max_position, theta=theta
+    ).to(device)
 
 
-def table(rotary_dim: int, rows: int, theta: float, dtype, device) -> torch.Tensor:
-    """A real fp32 RoPE table rounded to ``dtype`` (what the peer's op reads) on ``device``."""
-    return _table(rotary_dim, rows, theta).to(device=device, dtype=dtype)
+def _plane_positions(tokens, high, gen, device):
+    return torch.stack([peer_positions(tokens, high, gen) for _ in range(3)]).to(device)
 
 
 # ----------------------------------------------------------------------------- the check
-
-
-def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    return int((ordered_bits(a.cpu()) - ordered_bits(b.cpu())).abs().max()) if a.numel() else 0
 
 
 def check_like_peer(
@@ -60,32 +66,30 @@ def check_like_peer(
     head_dim: int,
     backend: str,
 ) -> str:
-    """``fused`` meets fqr's contract against ``exact`` (float64) and the peer's
-    ``assert_close(atol, rtol)`` against ``peer``; or, where it misses the peer's tolerance,
-    the peer's reference is farther from ``exact`` than ``fused`` and ``unfused`` is the
-    peer's reference (bit for bit on the reference backend, one ULP on a kernel). Returns
-    ``"close"`` or ``"peer farther"``."""
-    fused, peer, exact = fused.cpu(), peer.cpu(), exact.cpu()
-    contract = compare(fused, exact, head_dim=head_dim)
-    assert contract.passed, f"{name}: fqr's fused output against float64: {contract}"
-    try:
-        torch.testing.assert_close(fused, peer, atol=atol, rtol=rtol)
-        return "close"
-    except AssertionError as miss:
-        err_fqr = float((fused.double() - exact.double()).abs().max())
-        err_peer = float((peer.double() - exact.double()).abs().max())
-        print(
-            f"{name}: the peer's {peer.dtype} reference is {err_peer:.3g} from float64, fqr's "
-            f"fused output {err_fqr:.3g}; numerics='unfused' is checked against it instead"
-        )
-        assert err_peer > err_fqr, f"{name}: fqr is the farther from float64\n{miss}"
-        assert unfused is not None, f"{name}: no unfused mode rounds as the peer does\n{miss}"
-        unfused = unfused.cpu()
-        if backend == "reference":
-            assert torch.equal(unfused, peer), f"{name}: unfused is not the peer's, bit for bit"
-        else:
-            assert _ulps(unfused, peer) <= 1, f"{name}: unfused is {_ulps(unfused, peer)} ULP off"
-        return "peer farther"
+    """``fused`` meets fqr's contract against ``exact`` (float64,
+    :func:`support.peer_ports.assert_exact`) and the peer's ``assert_close(atol, rtol)``
+    against ``peer``, or is nearer float64 than the peer's reference with ``unfused`` equal
+    to it (:func:`support.peer_ports.assert_peer_or_nearer`; one ULP on a kernel, whose fp32
+    reduction order is not torch's). Returns ``"close"`` or ``"peer farther"``."""
+    assert_exact(name, fused, exact.cpu(), head_dim=head_dim)
+
+    def rounded_as_the_peer():
+        assert unfused is not None, f"{name}: no numerics mode rounds as this peer does"
+        return unfused
+
+    within = assert_peer_or_nearer(
+        name,
+        fused,
+        peer,
+        exact,
+        rounded_as_the_peer,
+        atol=atol,
+        rtol=rtol,
+        ulps=0 if backend == "reference" else 1,
+    )
+    if not within:
+        print(f"{name}: the peer's {peer.dtype} reference is the farther from float64")
+    return "close" if within else "peer farther"
 
 
 def assert_copy(name: str, out: torch.Tensor, peer: torch.Tensor) -> None:
@@ -139,7 +143,10 @@ def vllm_mrope_case(model: VlmText, tp: int, dtype, tokens: int, *, backend, dev
     positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
     q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
     k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
-    cache = table(model.rotary_dim, rows, model.theta, dtype, device)
+    # vLLM's table has 4 * max_position rows (MRotaryEmbedding); the tokens read below rows
+    cache = planes_table(
+        model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
+    )
     layout = dict(mrope_section=model.mrope_section, mrope_interleaved=model.interleaved)
     section, interleaved = model.mrope_section, model.interleaved
     peer = vllm_mrotary_embedding(positions, q, k, d, cache, True, section, interleaved)
@@ -172,7 +179,10 @@ def vllm_mrope_compiled_case(
     positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
     q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
     k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
-    cache = table(model.rotary_dim, rows, model.theta, dtype, device)
+    # vLLM's table has 4 * max_position rows (MRotaryEmbedding); the tokens read below rows
+    cache = planes_table(
+        model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
+    )
     section, interleaved = list(model.mrope_section), model.interleaved
 
     def functional_forward(pos, q, k):
@@ -221,7 +231,8 @@ def vllm_fused_qk_norm_mrope_case(
     positions = torch.randint(0, 1000, (3, tokens), generator=gen).to(device)
     q_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
     k_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
-    cache = table(d, 4096, 1e4, dtype, device)
+    # MRotaryEmbedding(max_position_embeddings=4096): 4 * 4096 rows, base 1e4, model dtype
+    cache = planes_table(d, positions, dtype, max_position=4 * 4096, theta=1e4, device=device)
     # the peer's reference: qkv.split, q_norm / k_norm per head, rope.forward_native
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     q = vllm_rms_norm(q.reshape(tokens, hq, d), q_weight, eps).reshape(tokens, -1)
@@ -285,14 +296,15 @@ def ascend_triton_mrope_case(section, tokens, dtype, *, backend, device, gen):
     hq, hk, d, r = 64, 1, 128, 128
     q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
     k = torch.randn(tokens, hk * d, generator=gen).to(device=device, dtype=dtype)
-    rows = 4096
-    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
-    cache = table(r, rows, 5e6, dtype, device)
+    positions = _plane_positions(tokens, ASCEND_MAX_POSITION, gen, device)
+    cache = planes_table(
+        r, positions, dtype, max_position=ASCEND_MAX_POSITION, theta=ASCEND_THETA, device=device
+    )
     cos, sin = cache[positions].chunk(2, dim=-1)  # [3, T, R/2] each, as the peer passes them
     cos_row, sin_row = ascend_interleaved_rows(cos, sin, section)
     cos_row, sin_row = cos_row[:, None, :], sin_row[:, None, :]
 
-    def rotate(x, heads):
+    def rotate(x, heads):  # in the activation dtype: every product and sum rounded
         x = x.view(tokens, heads, d)
         x1, x2 = x[..., : r // 2], x[..., r // 2 :]
         return torch.cat([x1 * cos_row - x2 * sin_row, x2 * cos_row + x1 * sin_row], -1)
@@ -346,9 +358,11 @@ def ascend_split_mrope_case(
     qkv = torch.randn(tokens, width, generator=gen).to(device=device, dtype=dtype)
     q_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
     k_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
-    rows = 4096
-    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
-    cache = table(rope_dim, rows, 5e6, dtype, device)
+    positions = _plane_positions(tokens, ASCEND_MAX_POSITION, gen, device)
+    cache = planes_table(
+        rope_dim, positions, dtype, max_position=ASCEND_MAX_POSITION, theta=ASCEND_THETA,
+        device=device,
+    )  # fmt: skip
     cos, sin = cache[positions].chunk(2, dim=-1)  # [3, T, R/2]: the peer's cos_sin split
     if gate:
         q_gate = qkv[:, : 2 * q_size].view(tokens, hq, 2 * d)
@@ -358,23 +372,17 @@ def ascend_split_mrope_case(
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     half = rope_dim // 2
     if interleaved:
-        cos_row, sin_row = (
-            vllm_apply_interleaved_rope(cos, section),
-            vllm_apply_interleaved_rope(sin, section),
-        )
+        cos_row = vllm_apply_interleaved_rope(cos, section)
+        sin_row = vllm_apply_interleaved_rope(sin, section)
     else:
         bounds = (0, section[0], section[0] + section[1], half)
         cos_row = torch.cat([cos[p, :, bounds[p] : bounds[p + 1]] for p in range(3)], dim=-1)
         sin_row = torch.cat([sin[p, :, bounds[p] : bounds[p + 1]] for p in range(3)], dim=-1)
-    cos_row, sin_row = cos_row[:, None, :], sin_row[:, None, :]
+    rows = torch.cat([cos_row, sin_row], dim=-1)  # [T, rope_dim]: each token's cos | sin
 
-    def norm_rope(x, w, heads):
-        x = x.reshape(tokens, heads, d).float()
-        x = x * (1 / torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True) + eps)) * w.float()
-        x1, x2 = x[..., :half], x[..., half:rope_dim]
-        rot = torch.cat([x1 * cos_row - x2 * sin_row, x2 * cos_row + x1 * sin_row], dim=-1)
-        x = torch.cat([rot, x[..., rope_dim:]], dim=-1)
-        return x.reshape(tokens, heads * d).to(dtype)
+    def norm_rope(x, w, heads):  # float32 norm, float32 NeoX rotation, rounded once
+        normed = peer_rms_norm(x.reshape(tokens, heads, d), w, eps)
+        return peer_neox_rope(normed, rows, rope_dim).reshape(tokens, heads * d).to(dtype)
 
     peer = (norm_rope(q, q_weight, hq), norm_rope(k, k_weight, hkv))
     kw = dict(
