@@ -41,6 +41,7 @@ from fqr.bench.report import (
     MissingPlotter,
     dispatch_table,
     failure_lines,
+    floors_table,
     matplotlib_missing,
     plot_document,
     results_table,
@@ -304,9 +305,9 @@ def _report(doc: dict, json_out: bool, plot: Path | None, from_json: bool) -> No
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         print_table(rich_table(results_table(doc), FAILED_CELLS))
-        dispatch = dispatch_table(doc)
-        if dispatch is not None:
-            print_table(rich_table(dispatch, FAILED_CELLS))
+        for extra in (floors_table(doc), dispatch_table(doc)):
+            if extra is not None:
+                print_table(rich_table(extra, FAILED_CELLS))
     # the lines quote the document (a saved one may hold any text): shown as written
     for line in timing_notes(doc):
         err.print(f"[yellow]not measured:[/yellow] {escape(printable(line))}", highlight=False)

@@ -143,6 +143,9 @@ class Preset:
     tp: int = 1
     total_heads: int = 0  # unsharded q heads (set by __post_init__ when 0)
     total_kv_heads: int = 0
+    # The model's hidden_size (config.hidden_size; 0: not recorded): the in_features of the
+    # projection whose output the op reads (the bench's "after GEMM" floor).
+    hidden_size: int = 0
 
     def __post_init__(self):
         self._check_rope()
@@ -312,6 +315,7 @@ def _mla_preset(
     scaling: tuple,
     q_lora_rank: int,
     cache_dtype: str = "auto",
+    hidden_size: int = 7168,
 ) -> Preset:
     """An MLA preset (the conventions in the comment above the MLA presets): ``heads`` q heads,
     one latent / rope key head, the 64-wide rope part as the spec's head, GPT-J pairs, the
@@ -321,7 +325,8 @@ def _mla_preset(
     ``block_size`` 64 (vLLM's paged MLA cache: the size vLLM forces for its FlashMLA and
     FlashMLA-sparse backends, the Hopper defaults; CUTLASS MLA on Blackwell takes 128) and
     ``cache_dtype`` (vLLM's ``kv_cache_dtype``: ``auto`` = the model dtype, ``fp8`` = E4M3
-    with a per-tensor scale, ``fp8_ds_mla`` = V3.2's 656-byte entry)."""
+    with a per-tensor scale, ``fp8_ds_mla`` = V3.2's 656-byte entry); ``hidden_size``: 7168 in
+    DeepSeek-V3/V3.2 and Kimi-K2, 2048 in DeepSeek-V2-Lite."""
     params = (
         ("q_lora_rank", q_lora_rank),
         ("kv_lora_rank", 512),
@@ -342,6 +347,7 @@ def _mla_preset(
         rope_scaling=scaling,
         variant="mla-kv",
         variant_params=params,
+        hidden_size=hidden_size,
     )
 
 
@@ -358,19 +364,40 @@ _LLAMA4_SCOUT = Preset(
     is_neox=False,
     rope_scaling=_LLAMA4_SCALING,
     variant="rope-l2norm",
+    hidden_size=5120,
 )
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960),
-        Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960),
-        Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960),
-        Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960),
-        Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960),
+        Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960, hidden_size=1024),
+        Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960, hidden_size=4096),
+        Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960, hidden_size=5120),
+        Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960, hidden_size=2048),
+        Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960, hidden_size=4096),
         # Gemma 3 global-attention layers (theta 1e6); Gemma norms scale by (1 + w).
-        Preset("gemma3-1b", "google/gemma-3-1b-it", 4, 1, 256, 1e6, 32768, weight_offset=1.0),
-        Preset("gemma3-27b", "google/gemma-3-27b-it", 32, 16, 128, 1e6, 131072, weight_offset=1.0),
+        Preset(
+            "gemma3-1b",
+            "google/gemma-3-1b-it",
+            4,
+            1,
+            256,
+            1e6,
+            32768,
+            weight_offset=1.0,
+            hidden_size=1152,
+        ),
+        Preset(
+            "gemma3-27b",
+            "google/gemma-3-27b-it",
+            32,
+            16,
+            128,
+            1e6,
+            131072,
+            weight_offset=1.0,
+            hidden_size=5376,
+        ),
         # Qwen3.5 full-attention layers (Qwen/Qwen3.5-27B config.json, text_config):
         # num_attention_heads 24, num_key_value_heads 4, head_dim 256, rms_norm_eps 1e-6,
         # max_position_embeddings 262144, attn_output_gate true (each q head followed by its
@@ -389,8 +416,19 @@ PRESETS: dict[str, Preset] = {
             partial_rotary_factor=0.25,
             variant="mrope-gate",
             variant_params=(("mrope_section", (11, 11, 10)), ("mrope_interleaved", True)),
+            hidden_size=5120,
         ),
-        Preset("olmo2-7b", "allenai/OLMo-2-1124-7B", 32, 32, 128, 5e5, 4096, norm="full"),
+        Preset(
+            "olmo2-7b",
+            "allenai/OLMo-2-1124-7B",
+            32,
+            32,
+            128,
+            5e5,
+            4096,
+            norm="full",
+            hidden_size=4096,
+        ),
         Preset(
             "llama3-8b",
             "meta-llama/Llama-3.1-8B",
@@ -402,6 +440,7 @@ PRESETS: dict[str, Preset] = {
             norm="none",
             eps=1e-5,
             rope_scaling=_LLAMA3_SCALING,
+            hidden_size=4096,
         ),
         Preset(
             "glm4-9b",
@@ -415,6 +454,7 @@ PRESETS: dict[str, Preset] = {
             eps=1.5625e-7,
             partial_rotary_factor=0.5,
             is_neox=False,
+            hidden_size=4096,
         ),
         # Qwen/Qwen3-VL-8B-Instruct config.json, text_config: num_attention_heads 32,
         # num_key_value_heads 8, head_dim 128, rms_norm_eps 1e-6, rope_theta 5e6,
@@ -431,6 +471,7 @@ PRESETS: dict[str, Preset] = {
             262144,
             variant="mrope",
             variant_params=(("mrope_section", (24, 20, 20)), ("mrope_interleaved", True)),
+            hidden_size=4096,
         ),
         # Gemma 4 31B (google/gemma-4-31B-it config.json, text_config): num_attention_heads 32,
         # head_dim 256, num_key_value_heads 16, rms_norm_eps 1e-6, max_position_embeddings 262144;
@@ -446,6 +487,7 @@ PRESETS: dict[str, Preset] = {
             1e4,
             262144,
             variant="split-qkv-vnorm",
+            hidden_size=5376,
         ),
         # Gemma 4 31B full_attention layers: global_head_dim 512, num_global_key_value_heads 4
         # (attention_k_eq_v: v's slot holds k's weights, the row stays [q | k | v]);
@@ -462,6 +504,7 @@ PRESETS: dict[str, Preset] = {
             262144,
             rope_scaling=(("rope_type", "proportional"), ("partial_rotary_factor", 0.25)),
             variant="split-qkv-vnorm",
+            hidden_size=5376,
         ),
         # Llama 4 Scout RoPE layers (meta-llama/Llama-4-Scout-17B-16E-Instruct config.json,
         # text_config): num_attention_heads 40, num_key_value_heads 8, head_dim 128, rope_theta
@@ -502,6 +545,7 @@ PRESETS: dict[str, Preset] = {
                 partial_rotary_factor=0.5,
                 variant=variant,
                 variant_params=params,
+                hidden_size=6144,
             )
             for name, variant, params in (
                 # the indexer heads, bf16 outputs / FP8 E4M3 outputs (vllm-ascend's
@@ -597,6 +641,7 @@ PRESETS: dict[str, Preset] = {
             163840,
             _DEEPSEEK_V2_LITE_YARN,
             0,
+            hidden_size=2048,
         ),
     ]
 }
@@ -777,6 +822,12 @@ def _mla_variant_params(text, model_type: str) -> tuple:
     )
 
 
+def _hidden_size(text) -> int:
+    """``config.hidden_size`` (a positive count), or 0 where the config has none."""
+    hidden = getattr(text, "hidden_size", None)
+    return 0 if hidden is None else positive_count("config.hidden_size", hidden)
+
+
 def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
     """``(num_attention_heads, num_key_value_heads, head_dim, where head_dim comes from)`` of
     a config of grouped-query attention: only a missing (or None) ``num_key_value_heads``
@@ -935,4 +986,5 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         rope_scaling=scaling,
         variant=family.variant,
         variant_params=variant_params,
+        hidden_size=_hidden_size(text),
     )

@@ -277,15 +277,17 @@ def index_prologue(
     index_q_weight: Tensor, index_k_weight: Tensor, *, num_heads: int, num_kv_heads: int,
     head_dim: int, num_index_heads: int, index_head_dim: int, eps: float,
     weight_offset: float = 1.0, is_neox: bool = True, attn_fp8: bool = False,
-    index_fp8: bool = False,
+    index_fp8: bool = False, q_bias: Tensor | None = None, k_bias: Tensor | None = None,
 ) -> tuple[Tensor, ...]:  # fmt: skip
     """MiniMax-M3's prologue with indexer heads, float64: the packed row ``[q | k | v |
     index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
-    index_k each RMS-normalised per head with its own weight (``(1 + w)`` Gemma norms) and
-    rotated by the same angle rows (the first R = table width features of each head; R <=
-    index_head_dim), v copied. Returns ``(q, k, v, index_q, index_k)``: float64 but v (the
-    row's dtype); ``attn_fp8`` / ``index_fp8``: q, k, v / index_q, index_k saturated to
-    +-448 (:func:`saturate_fp8`: what an FP8 E4M3 store rounds)."""
+    index_k each RMS-normalised per head with its own weight (``(1 + w)`` Gemma norms; q and k
+    plus ``q_bias``/``k_bias`` when given, added after the weight as vllm-ascend's kernel adds
+    them; the index heads take none) and rotated by the same angle rows (the first R = table
+    width features of each head; R <= index_head_dim), v copied. Returns ``(q, k, v, index_q,
+    index_k)``: float64 but v (the row's dtype); ``attn_fp8`` / ``index_fp8``: q, k, v /
+    index_q, index_k saturated to +-448 (:func:`saturate_fp8`: what an FP8 E4M3 store
+    rounds)."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     iq_at = q_size + 2 * kv_size
     sections = qkv_sections(num_heads, num_kv_heads, head_dim) + (
@@ -296,10 +298,11 @@ def index_prologue(
     rows = cos_sin_rows(cos_sin_cache, positions)
     out = []
     weights = (q_weight, k_weight, index_q_weight, index_k_weight)
+    biases = (q_bias, k_bias, None, None)
     dims = (head_dim, head_dim, index_head_dim, index_head_dim)
-    for x, w, d in zip((q, k, iq, ik), weights, dims):
+    for x, w, b, d in zip((q, k, iq, ik), weights, biases, dims):
         per_head = dict(head_dim=d, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
-        out.append(head_norm_rotate(x, w, rows, **per_head))
+        out.append(head_norm_rotate(x, w, rows, bias=b, **per_head))
     attn = [out[0], out[1], v]
     index = [out[2], out[3]]
     if attn_fp8:
@@ -426,16 +429,18 @@ def mrope_prologue(
 def vnorm_prologue(
     qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor, *,
     num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
-    weight_offset: float = 0.0,
+    q_bias: Tensor | None = None, k_bias: Tensor | None = None, weight_offset: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Gemma 4's prologue (:func:`fqr.split_qkv_rmsnorm_rope_vnorm`): float64 q and k each head
-    normalised with its weight, then rotated; v each head normalised without weight
-    (``v / sqrt(mean(v^2) + eps)``, no rotation). vLLM ``Gemma4Attention.forward``."""
+    normalised with its weight, plus its bias when given (``x / sqrt(mean(x^2) + eps) *
+    (weight_offset + w) + b``), then rotated; v each head normalised without weight or bias
+    (``v / sqrt(mean(v^2) + eps)``, no rotation). vLLM ``Gemma4Attention.forward``; the biases
+    as vllm-ascend's ``split_qkv_rmsnorm_rope_vnorm`` adds them."""
     q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
     rows = cos_sin_rows(cos_sin_cache, positions)
     per_head = dict(head_dim=head_dim, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
-    q = head_norm_rotate(q, q_weight, rows, **per_head)
-    k = head_norm_rotate(k, k_weight, rows, **per_head)
+    q = head_norm_rotate(q, q_weight, rows, bias=q_bias, **per_head)
+    k = head_norm_rotate(k, k_weight, rows, bias=k_bias, **per_head)
     return q, k, rms_norm(v, eps=eps, group_size=head_dim)
 
 

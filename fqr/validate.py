@@ -9,6 +9,8 @@ and rotates an out-of-range token by NaN.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .core import ACTIVATION_DTYPE_NAMES, DTYPE_NAMES, dtype_of
@@ -289,11 +291,12 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     that share no byte, never accepts two that do."""
     if not a.numel() or not b.numel() or a.device != b.device:
         return False
-    d = b.data_ptr() - a.data_ptr()
-    a_dims, a_reach = _byte_dims(a)
-    b_dims, b_reach = _byte_dims(b)
-    if d > a_reach or -d > b_reach:  # the spans do not meet
+    (a_first, a_last), (b_first, b_last) = byte_span(a), byte_span(b)
+    if a_first > b_last or b_first > a_last:  # the spans do not meet
         return False
+    d = b_first - a_first
+    a_dims, _ = _byte_dims(tuple(a.shape), a.stride(), a.element_size())
+    b_dims, _ = _byte_dims(tuple(b.shape), b.stride(), b.element_size())
     # one dim per byte stride: how far a's index may run ahead of b's, and behind
     ranges: dict[int, list[int]] = {}
     for stride, n in a_dims:
@@ -318,14 +321,24 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return solvable(0, d)
 
 
-def _byte_dims(t: torch.Tensor) -> tuple[list[tuple[int, int]], int]:
-    """``t``'s dims as ``(byte stride, size)`` (the element's bytes a dim of stride 1), and the
-    byte offset of its last byte from its first."""
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The addresses of ``t``'s first and last byte (a non-empty tensor; strides >= 0)."""
+    first = t.data_ptr()
     size = t.element_size()
+    return first, first + size - 1 + size * sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _byte_dims(
+    shape: tuple[int, ...], strides: tuple[int, ...], size: int
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """A tensor's dims (``shape``, element ``strides``, ``size`` bytes an element) as ``(byte
+    stride, size)`` (the element's bytes a dim of stride 1), and the byte offset of its last
+    byte from its first."""
     dims = [(1, size)]  # finest first; a dim that continues the finer one's bytes joins it
-    for st, n in sorted((st * size, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+    for st, n in sorted((st * size, n) for n, st in zip(shape, strides) if n > 1):
         if st == dims[-1][0] * dims[-1][1]:
             dims[-1] = (dims[-1][0], dims[-1][1] * n)
         else:
             dims.append((st, n))
-    return dims, sum((n - 1) * st for st, n in dims)
+    return tuple(dims), sum((n - 1) * st for st, n in dims)

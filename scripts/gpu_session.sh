@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -54,6 +54,13 @@ recheck)
   TAILN=12 step pytest_gpu_hostile timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_hostile.py -m gpu
   TAILN=30 step bench_dispatch timeout 100 python3 -m fqr bench --preset qwen3-8b,minimax-m3-kvcache,deepseek-v3.2,kimi-k2,deepseek-v3-q-rope --tokens 1 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_dispatch.json"
   TAILN=8 step pytest_ds_mla timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -m gpu -k "deepseek-v3.2"
+  ;;
+floors)
+  # issue 24: the same-size copy / GEMM floors in the bench, PDL after the GEMM, unfused bits
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  TAILN=22 step unfused_bits timeout 120 python3 scripts/unfused_cuda_bits.py
+  TAILN=25 step pdl_probe timeout 150 python3 scripts/pdl_probe.py qwen3-8b qwen3.5-27b deepseek-v3-q-rope
+  TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
   ;;
 esac
 printf '%s\n' "${summary[@]}"

@@ -28,6 +28,7 @@ class BenchConfig:
     graph_rep_ms: float = 20.0
     seed: int = 0
     dispatch: bool = True  # the dispatch table (backend triton only)
+    floors: bool = True  # per cell the same-size copy and the GEMM before the op (fqr.bench.floors)
 
     def __post_init__(self):
         if not self.presets:

@@ -8,7 +8,9 @@ as this one; a row is one (preset, dtype, tokens) cell:
 ``{"preset", "dtype", "tokens", "bytes", "traffic", "input_sets", "impls": {name: result},
 "speedup": {peer: peer us / fqr us}}``, and a result holds ``check`` (the numerics check),
 ``error``, one value per measurement (:mod:`fqr.bench.measurements`), ``gbps`` and
-``pct_ceiling``, and ``timing_errors`` where a secondary measurement could not be taken.
+``pct_ceiling``, and ``timing_errors`` where a secondary measurement could not be taken;
+a row's ``floors`` and fqr's ``pct_copy`` / ``after_gemm_us`` / ``after_gemm_x``, and the
+run's ``floors: {empty_kernel_us}``, are :mod:`fqr.bench.floors`'.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ _KINDS = {
     "a number": lambda v: (
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
     ),
+    # a difference of two times (the prologue after the GEMM): either sign
+    "a signed number": lambda v: (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ),
     "an object": lambda v: isinstance(v, dict),
 }
 
@@ -172,8 +178,12 @@ def _impl_problem(impl, where: str) -> str | None:
     """Why one implementation's result cannot be read, or None."""
     if not isinstance(impl, dict):
         return f"{where} must be a JSON object"
-    for key in ("gbps", "pct_ceiling", *(m.key for m in MEASUREMENTS)):
+    for key in ("gbps", "pct_ceiling", "pct_copy", *(m.key for m in MEASUREMENTS)):
         problem = _field_problem(impl, key, "a number or null", where, required=False)
+        if problem:
+            return problem
+    for key in ("after_gemm_us", "after_gemm_x"):
+        problem = _field_problem(impl, key, "a signed number or null", where, required=False)
         if problem:
             return problem
     for key, kind in (("error", "text or null"), ("check", "an object or null")):
@@ -189,6 +199,19 @@ def _impl_problem(impl, where: str) -> str | None:
     return None
 
 
+def _floors_problem(floors, where: str) -> str | None:
+    """Why a row's ``floors`` (:mod:`fqr.bench.floors`) cannot be read, or None."""
+    if not isinstance(floors, dict):
+        return f"{where} must be a JSON object"
+    for key in ("copy_us", "gemm_us", "gemm_op_us"):
+        problem = _field_problem(floors, key, "a number or null", where, required=False)
+        if problem:
+            return problem
+    if "errors" in floors:
+        return _map_problem(floors["errors"], "text", f"{where}.errors")
+    return None
+
+
 def _row_problem(row, where: str) -> str | None:
     if not isinstance(row, dict):
         return f"{where} must be a JSON object"
@@ -201,6 +224,10 @@ def _row_problem(row, where: str) -> str | None:
     problem = problem or _map_problem(row["speedup"], "a number", f"{where}.speedup")
     if problem:
         return problem
+    if "floors" in row:
+        problem = _floors_problem(row["floors"], f"{where}.floors")
+        if problem:
+            return problem
     if FQR not in row["impls"]:
         return f"{where} has no {FQR!r} measurement"
     for name, impl in row["impls"].items():
@@ -259,6 +286,13 @@ def document_problem(doc) -> str | None:
         problem = _row_problem(row, f"rows[{i}]")
         if problem:
             return problem
+    if doc.get("floors") is not None:
+        floors = doc["floors"]
+        if not isinstance(floors, dict):
+            return "'floors' must be a JSON object"
+        problem = _field_problem(floors, "empty_kernel_us", "a number", "floors")
+        if problem:
+            return problem
     if doc.get("dispatch") is not None:
         return _dispatch_problem(doc["dispatch"])
     return None
@@ -277,6 +311,8 @@ def merge_documents(docs: list[dict]) -> dict:
         merged["skipped"].update(d.get("skipped", {}))
         if d.get("dispatch"):
             merged.setdefault("dispatch", []).extend(d["dispatch"])
+        if d.get("floors") and "floors" not in merged:
+            merged["floors"] = d["floors"]  # the first run's launch floor
         merged["ok"] = merged["ok"] and d.get("ok", False)
         merged["complete"] = merged["complete"] and d.get("complete", True)
     return merged

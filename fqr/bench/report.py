@@ -125,6 +125,53 @@ def dispatch_table(doc: dict) -> ReportTable | None:
     )
 
 
+def floors_table(doc: dict) -> ReportTable | None:
+    """Per cell, fqr's device time beside its floors (:mod:`fqr.bench.floors`): the same-size
+    copy and fqr as % of it, the projection GEMM alone, GEMM then fqr, and what fqr costs
+    after the GEMM (also as a multiple of its time alone); None without floors."""
+    rows = [r for r in doc["rows"] if r.get("floors")]
+    if not rows:
+        return None
+    columns = [("preset", "left"), ("dtype", "left"), ("T", "right")]
+    columns += [
+        (h, "right")
+        for h in (
+            "copy us",
+            "device us",
+            "% copy",
+            "GEMM us",
+            "GEMM+fqr us",
+            "after GEMM us",
+            "x alone",
+        )
+    ]
+    table = []
+    for row in rows:
+        f, r = row["floors"], row["impls"][FQR]
+        table.append(
+            [row["preset"], row["dtype"], str(row["tokens"])]
+            + [
+                _num(f.get("copy_us"), ".2f"),
+                _num(r.get("graph_us"), ".2f"),
+                _num(r.get("pct_copy"), ".1f"),
+                _num(f.get("gemm_us"), ".2f"),
+                _num(f.get("gemm_op_us"), ".2f"),
+                _num(r.get("after_gemm_us"), ".2f"),
+                _num(r.get("after_gemm_x"), ".2f"),
+            ]
+        )
+    empty = (doc.get("floors") or {}).get("empty_kernel_us")
+    return ReportTable(
+        "floors: device us, CUDA-graph replays over rotating buffers, same run",
+        "copy: a device-to-device copy of exactly the call's bytes; % copy = copy / fqr; GEMM: "
+        "the projection whose output the op reads ([T, hidden] @ [hidden, width]); after GEMM "
+        "= (GEMM+fqr) - GEMM, x alone = that / fqr's device time"
+        + ("" if empty is None else f"; an empty Triton kernel: {empty:.2f} us"),
+        columns,
+        table,
+    )
+
+
 def failure_lines(doc: dict) -> list[str]:
     """One line per implementation that failed its check or raised."""
     lines = []

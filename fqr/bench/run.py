@@ -24,6 +24,7 @@ from .checks import cell_generator, check_outputs, check_row_index, poison_free_
 from .config import BenchConfig
 from .document import FQR, add_row, new_document
 from .environment import environment, require_gpu
+from .floors import empty_kernel_us, measure_floors
 from .measurements import DISPATCH_TOKENS, MEASUREMENTS
 from .timers import CudaTimers
 from .traffic import rotation_sets, traffic_bytes
@@ -200,6 +201,12 @@ def measure_cell(
         row["impls"][impl.name] = measure_impl(impl, cell, cfg, timers)
     primary = next(m.key for m in MEASUREMENTS if m.primary)
     ours = row["impls"][FQR][primary]
+    if cfg.floors and ours is not None:
+        progress(f"{cell.label}: floors")
+        fqr = next(i for i in impls if i.name == FQR)
+        row["floors"] = measure_floors(
+            cell, fqr, row["impls"][FQR], cfg.graph_rep_ms, timers, cfg.seed + cell.tokens
+        )
     for name, r in row["impls"].items():
         if name != FQR and ours and r[primary]:
             row["speedup"][name] = r[primary] / ours
@@ -294,6 +301,12 @@ def run_bench(
     ceiling = timers.copy_ceiling()
     advance()
     doc = new_document(cfg.settings(), env, ceiling)
+    if cfg.floors and device.type == "cuda":
+        progress("empty kernel")
+        try:
+            doc["floors"] = {"empty_kernel_us": empty_kernel_us(timers, cfg.graph_rep_ms)}
+        except Exception as e:  # no Triton here: the cells' floors stand without it
+            doc["skipped"]["floors/empty kernel"] = error_text(e)
     for preset in cfg.presets:
         variant = is_variant_preset(preset)  # another member of the family: its own cells
         cache = (variant_table(preset) if variant else preset.cos_sin_cache()).to(device)

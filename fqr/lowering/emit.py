@@ -64,12 +64,18 @@ class Tiling:
     # compiler that refuses pointer casts between widths, Triton-Ascend 3.2). Shown in the
     # repr (the kernel-cache key, the source header) only when not the default.
     byte_stores: str = "cast"
+    # Programmatic dependent launch (CUDA, sm90+): the kernel waits for the previous kernel's
+    # writes (``gdc_wait``) before its first load and lets the next kernel launch, so that its
+    # launch overlaps the tail of the kernel before it (the QKV projection GEMM). Shown in the
+    # repr only when on.
+    grid_dependency: bool = False
 
     def __repr__(self) -> str:
+        hidden_defaults = {"byte_stores": "cast", "grid_dependency": False}
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in dataclasses.fields(self)
-            if f.name != "byte_stores" or self.byte_stores != "cast"
+            if hidden_defaults.get(f.name, object()) != getattr(self, f.name)
         ]
         return f"Tiling({', '.join(shown)})"
 
@@ -802,6 +808,14 @@ class KernelBuilder:
             f"def {self.kernel_name}(\n    {params},\n):",
             "    pid = tl.program_id(0)",
             "    nprog = tl.num_programs(0)",
+            *(
+                (
+                    "    tl.extra.cuda.gdc_wait()  # the previous kernel's writes are visible",
+                    "    tl.extra.cuda.gdc_launch_dependents()",
+                )
+                if self.tiling.grid_dependency
+                else ()
+            ),
             "    tt = tl.arange(0, BLOCK_T)",
             "    if DENSE:  # every row stride equals its row width: constants, not arguments",
             *(f"        {name} = {width}" for name, width in self.dense_strides),

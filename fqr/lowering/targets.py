@@ -99,16 +99,31 @@ class CudaTarget(Target):
         pair_access = options.get("pair_access", "reshape")
         if pair_access not in ("split", "reshape"):
             raise ValueError(f"pair_access must be split or reshape, got {pair_access!r}")
+        if options.get("pdl") and self.interpret:
+            raise ValueError(
+                "pdl: programmatic dependent launch runs on a CUDA GPU (target cuda), not "
+                f"under the interpreter (target {self.name})"
+            )
         return Tiling(
             block_t=1,
             head_chunks=tuple(chunks),
             bf16_rounding=self.bf16_rounding,
             chunk_mode=mode,
             pair_access=pair_access,
+            grid_dependency=bool(options.get("pdl", False)),
         )
 
     def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
-        return {"num_warps": int(options.get("num_warps", 2))}
+        """``num_warps`` (default 2); where ``fp_fusion`` is given, Triton's
+        ``enable_fp_fusion`` (whether a multiply and an add may contract into one FMA); with
+        ``pdl``, Triton's ``launch_pdl`` (the kernel then waits on the one before it:
+        :attr:`Tiling.grid_dependency`)."""
+        launch: dict[str, Any] = {"num_warps": int(options.get("num_warps", 2))}
+        if "fp_fusion" in options:
+            launch["enable_fp_fusion"] = bool(options["fp_fusion"])
+        if options.get("pdl"):
+            launch["launch_pdl"] = True
+        return launch
 
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options: Any) -> int:
         return checked_block_t(options.get("block_t", tiling.block_t))

@@ -86,9 +86,10 @@ def head_norm_rope(
     )
 
 
-def split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s: dict):
+def split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s: dict, *, biases=(None, None)):
     """vLLM's packed ``[q | k | v]`` row split (``num_heads``, ``num_kv_heads``,
-    ``head_dim`` of ``s``), then :func:`head_norm_rope` of q and k: ``(q, k, v)``."""
+    ``head_dim`` of ``s``), then :func:`head_norm_rope` of q and k (``biases`` added after the
+    norm, before RoPE): ``(q, k, v)``."""
     q, k, v = ops.split_qkv(qkv, s["num_heads"], s["num_kv_heads"], s["head_dim"])
-    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s)
+    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s, biases=biases)
     return q, k, v

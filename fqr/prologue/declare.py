@@ -51,6 +51,7 @@ from ..core import Aval, Program, trace
 from ..ops.cache import overlaps_itself
 from ..validate import (
     POSITION_DTYPES,
+    byte_span,
     check_activation,
     check_choice,
     check_cos_sin_cache,
@@ -721,9 +722,17 @@ class Declaration:
             if self.used(p, call)
             for t in p.kind.guard_tensors(getattr(call, p.name))
         ]
+        # each tensor's first and last byte once: most pairs are told apart by their spans
+        spans = {id(t): byte_span(t) for _, t in others + written if t.numel()}
         for i, (name, t) in enumerate(written):
+            if id(t) not in spans:
+                continue
+            first, last = spans[id(t)]
             for other, u in others + written[:i]:
-                if other != name and overlaps(t, u):
+                span = spans.get(id(u))
+                if span is None or other == name or span[0] > last or first > span[1]:
+                    continue
+                if overlaps(t, u):
                     raise ValueError(
                         f"{name} overlaps {other} in memory (the call writes {name}): "
                         "give them separate memory"

@@ -42,11 +42,21 @@ from .variant import CaseSpec, Variant, register_variant
 
 
 def index_heads_prologue(
-    qkv, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight, **s
+    qkv,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    index_q_weight,
+    index_k_weight,
+    q_bias,
+    k_bias,
+    **s,
 ):
     """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
-    | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head, index_q
-    and the one index_k head per ``index_head_dim`` head, all four rotated by the same table;
+    | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head (plus
+    ``q_bias``/``k_bias`` when given, after the weight, before RoPE), index_q and the one
+    index_k head per ``index_head_dim`` head, all four rotated by the same table;
     ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
     as E4M3."""
     hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
@@ -62,7 +72,8 @@ def index_heads_prologue(
             ops.Section(1, di, iq_at + hi * di),
         ),
     )
-    q, k = head_norm_rope(q, k, positions, cos_sin_cache, (q_weight, k_weight), s)
+    weights, biases = (q_weight, k_weight), (q_bias, k_bias)
+    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s, biases=biases)
     index_weights = (index_q_weight, index_k_weight)
     iq, ik = head_norm_rope(iq, ik, positions, cos_sin_cache, index_weights, s, head_dim=di)
     attn, index = [q, k, v], [iq, ik]
@@ -131,6 +142,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         ),
         params.EPS,
         params.IS_NEOX,
+        params.Q_BIAS,
+        params.K_BIAS,
         params.with_default(params.WEIGHT_OFFSET, 1.0),
         Static(
             "attn_fp8",
@@ -159,7 +172,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         Output("index_k", head_dim=lambda s: s["index_head_dim"]),
     ),
     reference=reference.index_prologue,
-    static_checks=(params.heads_divide,),
+    static_checks=(params.heads_divide, params.biases_together),
     doc="""
     MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
     ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.
@@ -169,6 +182,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
 
         y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)      # Gemma (1 + w) by default
 
+    plus, for q and k only, ``q_bias``/``k_bias`` (``[D]``, optional, given together) added to
+    ``y`` before RoPE, as vllm-ascend's kernel adds them (the index heads and v take none);
     then NeoX (or GPT-J) RoPE of the first R features of every head of all four, R the
     ``cos_sin_cache`` width (R <= min(D, Di)), from the same rows ``cos_sin_cache[positions]``
     (MiniMax-M3's one ``rotary_emb`` for both); v is copied. ``attn_fp8``: q, k and v are

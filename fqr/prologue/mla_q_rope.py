@@ -212,6 +212,8 @@ MLA_Q_ROPE_VARIANT = register_variant(
         eager_chain=_eager,
         params=MLA_PARAMS,
         check_preset=check_mla_preset,
+        # q = q_b_proj(q_c) (q_lora_rank features), or q_proj(hidden) without q_lora_rank
+        projection_in=lambda p: dict(p.variant_params)["q_lora_rank"] or p.hidden_size,
         golden=(
             CaseSpec("deepseek-v3-q-rope", "bf16", 7, tp=8, max_position=1 << 18),
             CaseSpec("deepseek-v3-q-rope", "bf16", 1, "unfused", tp=16),

@@ -116,6 +116,9 @@ class Variant:
     reads_table: bool = True
     sharded_stats: Callable[[Preset, dict], dict] | None = None  # a TP shard's norm statistics
     tolerances: Callable[[Preset], dict[str, str]] | None = None  # kinds a preset decides
+    # in_features of the projection whose output is the op's first input (None: the model's
+    # hidden_size; MLA's q rope reads q_b_proj's output, of q_lora_rank features)
+    projection_in: Callable[[Preset], int] | None = None
 
     # -------------------------------------------------------------- what it is
     def outputs_of(self, preset: Preset | None = None) -> tuple[str, ...]:
@@ -124,6 +127,12 @@ class Variant:
         pins = self.pins(preset) if callable(self.pins) else self.pins
         pinned, decl = _Pinned(pins), self.declaration
         return tuple(o.name for o in decl.outputs if o.present is None or o.present(pinned))
+
+    def projection_in_features(self, preset: Preset) -> int:
+        """The in_features of the linear layer whose output the op's first input is (the QKV
+        projection: the model's ``hidden_size``); 0 where the preset does not record it. The
+        bench's "after GEMM" floor runs that GEMM before the op."""
+        return self.projection_in(preset) if self.projection_in else preset.hidden_size
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -19,10 +19,12 @@ from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
 from .variant import CaseSpec, Variant, register_variant
 
 
-def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, **s):
-    """Gemma 4: split, norm + RoPE of q and k (the split op's per-head form), and v normalised
-    per head without weight (traced into one program; ``s``: the declaration's statics)."""
-    q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, (q_weight, k_weight), s)
+def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **s):
+    """Gemma 4: split, norm + RoPE of q and k (the split op's per-head form: the biases, when
+    given, added after the weight and before RoPE), and v normalised per head without weight
+    or bias (traced into one program; ``s``: the declaration's statics)."""
+    weights, biases = (q_weight, k_weight), (q_bias, k_bias)
+    q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s, biases=biases)
     rounding = round_to(qkv, s["numerics"])
     v = ops.rms_norm(v, None, eps=s["eps"], group_size=s["head_dim"], round_to=rounding)
     return q, k, v
@@ -52,20 +54,24 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
         params.HEAD_DIM,
         params.EPS,
         params.IS_NEOX,
+        params.Q_BIAS,
+        params.K_BIAS,
         params.WEIGHT_OFFSET,
         numerics("fused", NUMERICS),
         BACKEND,
     ),
     (Output("q"), Output("k"), Output("v")),
     reference=reference.vnorm_prologue,
-    static_checks=(params.heads_divide, _gemma4),
+    static_checks=(params.heads_divide, params.biases_together, _gemma4),
     doc="""
     Gemma 4's prologue: split the packed row, RMS-normalise and rotate q and k, and
     RMS-normalise v per head without weight; return new q, k, v.
 
     Arguments as :func:`fqr.split_qkv_rmsnorm_rope` with ``norm="head"`` (weights ``[D]``). Per
-    head (``fqr.ops``): ``q, k = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` and
-    ``v = v * rsqrt(mean(v^2) + eps)``, the same ``eps`` (the model's ``rms_norm_eps``). This is
+    head (``fqr.ops``): ``q, k = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w) [+ b])``
+    and ``v = v * rsqrt(mean(v^2) + eps)``, the same ``eps`` (the model's ``rms_norm_eps``);
+    the optional ``q_bias``/``k_bias`` (``[D]``, given together) are added after the weight and
+    before RoPE, as vllm-ascend's kernel adds them; v takes no bias. This is
     vLLM's ``Gemma4Attention.forward`` (``q_norm``, ``k_norm``, ``rotary_emb``, ``v_norm =
     RMSNorm(head_dim, has_weight=False)``) and vllm-ascend's ``split_qkv_rmsnorm_rope_vnorm``;
     the reference it matches is :func:`fqr.reference.vnorm_prologue`. Gemma 4's full-attention

@@ -292,6 +292,8 @@ def test_torch_ops_registrations(gen):
         *(inputs[n] for n in ("qkv", "positions")),
         table,
         *(inputs[n] for n in ("q_weight", "k_weight", "index_q_weight", "index_k_weight")),
+        None,  # q_bias
+        None,  # k_bias
         8,
         1,
         128,

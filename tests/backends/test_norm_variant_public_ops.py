@@ -124,7 +124,7 @@ def test_torch_ops_are_the_public_ops(gen):
     s = preset.spec
     args = (x["qkv"], x["positions"], cache, x["q_weight"], x["k_weight"])
     got = torch.ops.fqr.split_qkv_rmsnorm_rope_vnorm(
-        *args, s.num_heads, s.num_kv_heads, s.head_dim, s.eps, s.is_neox, 0.0, "fused"
+        *args, None, None, s.num_heads, s.num_kv_heads, s.head_dim, s.eps, s.is_neox, 0.0, "fused"
     )
     want = fqr.split_qkv_rmsnorm_rope_vnorm(
         *args, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim

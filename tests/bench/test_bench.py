@@ -8,6 +8,7 @@ the ``reference`` backend and a clock that returns fixed times, so that the book
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -317,7 +318,7 @@ def test_json_round_trip_table_and_plot(monkeypatch, capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "plot written" in err
     lines = [ln for ln in out.splitlines() if "qwen3-0.6b" in ln]
-    assert len(lines) == 2  # one table row per cell
+    assert len(lines) == 4  # one row per cell in the results table, then in the floors table
     gbps = doc["rows"][1]["impls"]["fqr"]["gbps"]
     assert f"{gbps:.0f}" in lines[1] and "3.00" in lines[1]  # GB/s and x eager
 
@@ -668,3 +669,75 @@ def test_dispatch_table_renders_ratios_and_survives_a_merge(tmp_path):
     assert row["public op us"] == ("15.0", "1.50") and row["torch.ops.fqr us"] == ("20.0", "2.00")
     merged = fb.merge_documents([doc, doc])
     assert len(merged["dispatch"]) == 2
+
+
+# ------------------------------------------------------------------ floors
+
+
+class SequenceClock(FixedClock):
+    """FixedClock whose graph replays return ``graph_times`` in call order."""
+
+    def __init__(self, graph_times):
+        super().__init__([10.0])
+        self.graph_times = list(graph_times)
+        self.graphed = []
+
+    def graph_us(self, call, rep_ms):
+        self.graphed.append(call())
+        return self.graph_times.pop(0)
+
+
+def test_floors_are_measured_beside_the_device_time():
+    """fqr's device time, then the same-size copy, the GEMM and GEMM + op, in that order;
+    the ratios are taken from those four numbers."""
+    clock = SequenceClock([4.0, 3.0, 10.0, 15.0])
+    doc = fb.run_bench(_config(tokens=[3], compare=[]), device="cpu", timers=clock)
+    row = doc["rows"][0]
+    fqr = row["impls"]["fqr"]
+    assert row["floors"] == {"copy_us": 3.0, "gemm_us": 10.0, "gemm_op_us": 15.0}
+    assert fqr["pct_copy"] == pytest.approx(75.0)
+    assert fqr["after_gemm_us"] == pytest.approx(5.0)
+    assert fqr["after_gemm_x"] == pytest.approx(1.25)
+    assert "floors" not in doc  # the empty kernel is timed on CUDA only
+    table = report.floors_table(doc)
+    assert table is not None and table.rows[0][3:] == [
+        "3.00", "4.00", "75.0", "10.00", "15.00", "5.00", "1.25"
+    ]  # fmt: skip
+
+
+def test_the_copy_floor_moves_the_call_bytes_and_the_gemm_feeds_the_op():
+    """The copy reads and writes half the call's bytes each, over one buffer pair per input
+    set; GEMM + op runs the op on the GEMM's output (as serving runs it): its q is the op's
+    q of ``hidden @ weight``."""
+    from fqr.bench.floors import copy_call, gemm_calls
+
+    copied = copy_call(1 << 20, 3, torch.device("cpu"))
+    seen = {id(copied()) for _ in range(6)}
+    assert len(seen) == 3
+    dst = copied()
+    assert dst.nbytes == (1 << 20) // 2
+
+    preset = get_preset("qwen3-0.6b")
+    cfg = _config(tokens=[5], compare=[])
+    cache = preset.cos_sin_cache()
+    cell = bench_run.make_cell(cfg, preset, torch.bfloat16, 5, cache, {"l2_bytes": 1 << 20},
+                               1000.0, torch.device("cpu"))  # fmt: skip
+    fqr = bench_run.implementations(cfg, preset, torch.bfloat16, cache, {})[0]
+    gemm, gemm_then_op = gemm_calls(cell, fqr, preset.hidden_size, seed=1)
+    rows = gemm()
+    assert rows.shape == cell.sets[0].qkv.shape and rows.dtype == torch.bfloat16
+    assert 0.5 < rows.float().std().item() < 2.0  # unit scale, not zeros
+    q, k, v = gemm_then_op()
+    x = cell.sets[0]
+    want = fqr.call(dataclasses.replace(x, qkv=rows))
+    assert torch.equal(q, want[0]) and torch.equal(v, rows[:, -v.shape[1] :])
+
+
+def test_a_preset_without_hidden_size_names_the_missing_floor():
+    preset = dataclasses.replace(get_preset("qwen3-0.6b"), name="custom", hidden_size=0)
+    cfg = fb.BenchConfig(presets=[preset], tokens=[2], dtypes=[torch.bfloat16], compare=[],
+                         backend="reference", check_rows=0)  # fmt: skip
+    doc = fb.run_bench(cfg, device="cpu", timers=FixedClock([10.0]))
+    floors = doc["rows"][0]["floors"]
+    assert floors["gemm_us"] is None and "hidden_size" in floors["errors"]["gemm_us"]
+    assert floors["copy_us"] == 2.5

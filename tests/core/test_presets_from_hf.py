@@ -58,7 +58,7 @@ def config_of(preset: Preset):
         num_attention_heads=preset.num_heads,
         num_key_value_heads=preset.num_kv_heads,
         head_dim=preset.head_dim,
-        hidden_size=preset.num_heads * preset.head_dim,
+        hidden_size=preset.hidden_size,
         max_position_embeddings=preset.max_position,
         rms_norm_eps=preset.eps,
         rope_parameters=rope,

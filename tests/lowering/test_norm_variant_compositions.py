@@ -37,8 +37,8 @@ def _act(width, dtype=torch.bfloat16):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("head_dim, scaling", [(64, PROPORTIONAL), (32, None)])
-def test_vnorm_composition(gen, head_dim, scaling):
+@pytest.mark.parametrize("head_dim, scaling, bias", [(64, PROPORTIONAL, False), (32, None, True)])
+def test_vnorm_composition(gen, head_dim, scaling, bias):
     hq, hkv, d, t = 3, 2, head_dim, 5
     cache = rope_cos_sin_cache(d, MAX_POS, 1e6, scaling=scaling)
     static = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, eps=1e-6, is_neox=True)
@@ -49,15 +49,19 @@ def test_vnorm_composition(gen, head_dim, scaling):
         table_spec(d),
         spec(d),
         spec(d),
+        spec(d) if bias else None,  # q_bias, k_bias: added after the weight, before RoPE
+        spec(d) if bias else None,
         weight_offset=0.0,
         numerics="fused",
         **static,
     )
     qkv = randn(gen, t, (hq + 2 * hkv) * d, scale=3.0, centre=0.5)
     qw, kw = randn(gen, d, scale=0.3, centre=1.0), randn(gen, d, scale=0.3, centre=1.0)
+    qb, kb = (randn(gen, d, scale=0.5, centre=0.0) if bias else None for _ in "qk")
     pos = positions(gen, t)
-    expected = reference.vnorm_prologue(qkv, pos, cache, qw, kw, **static)
-    check_reference_and_kernel(program, (qkv, pos, cache, qw, kw), list(expected), [d] * 3)
+    expected = reference.vnorm_prologue(qkv, pos, cache, qw, kw, q_bias=qb, k_bias=kb, **static)
+    inputs = (qkv, pos, cache, qw, kw) + ((qb, kb) if bias else ())
+    check_reference_and_kernel(program, inputs, list(expected), [d] * 3)
 
 
 @needs_interpreter
