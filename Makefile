@@ -18,7 +18,6 @@ VERIFY_ARGS ?=
 TEST_RESULTS ?= .test-results
 
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
 RUN_STAMP := $(VENV)/.fqr-run.stamp
 STAMP := $(VENV)/.fqr-setup.stamp
 HAVE_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
@@ -35,9 +34,9 @@ $(RUN_STAMP): pyproject.toml
 	@echo "setting up $(VENV) for fqr verify (once; again when pyproject.toml changes)" >&2
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifneq ($(HAVE_NVIDIA),yes)
-	@$(PIP) install -q --disable-pip-version-check "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
+	@scripts/pip_install.sh $(PY) "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
 endif
-	@$(PIP) install -q --disable-pip-version-check -e '.$(RUN_EXTRAS)'
+	@scripts/pip_install.sh $(PY) -e '.$(RUN_EXTRAS)'
 	@touch $(RUN_STAMP)
 
 # `make test` / `make lint`: the dev extras on top.
@@ -45,7 +44,7 @@ setup: $(STAMP)
 
 $(STAMP): $(RUN_STAMP)
 	@echo "adding the dev extras to $(VENV) (once; again when pyproject.toml changes)" >&2
-	@$(PIP) install -q --disable-pip-version-check -e '.[triton,dev]'
+	@scripts/pip_install.sh $(PY) -e '.[triton,dev]'
 	@touch $(STAMP)
 
 run: setup-run
