@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fqr.golden import GOLDEN_DIR, list_cases, regen
+from fqr.golden import GOLDEN_DIR, is_source_checkout, list_cases, regen
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
 from .render import add_plain_row, plain, print_table
@@ -107,8 +107,28 @@ def golden_list(
 @golden_app.command(
     "regen", epilog=example("fqr golden regen --dir ./my-goldens --case 'qwen3-8b*'")
 )
-def golden_regen(directory: DirOption = GOLDEN_DIR, case: CaseOption = None):
+def golden_regen(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir",
+            help="directory to write (manifest.json + *.safetensors); default: the checkout's "
+            "golden/ in a source checkout, required for an installed fqr (its bundled goldens "
+            "are read-only)",
+            show_default=False,
+        ),
+    ] = None,
+    case: CaseOption = None,
+):
     """Rebuild the case files (all, or those matching --case) and the manifest; deterministic."""
+    if directory is None:
+        if not is_source_checkout():
+            raise UsageError(
+                "--dir: name a directory of your own to write (the goldens bundled in the "
+                "installed package are read-only): fqr golden regen --dir DIR, then "
+                "fqr verify --golden-dir DIR"
+            )
+        directory = GOLDEN_DIR
     written = regen(directory, case)
     total = sum(e["bytes"] for e in written)
     err.print(

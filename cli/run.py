@@ -112,6 +112,14 @@ def result_verification(result, rank: int) -> dict:
     return {} if result is None else result.verification.get(rank, {})
 
 
+ULP_NOTE = (
+    "max ULP: the worst element against the correctly rounded float64 value, counting elements "
+    "below the fp32 compute floor of their head (RoPE cancelling to near zero), which pass on "
+    "that absolute bound; err/tol: the worst error as a fraction of the numerics contract's "
+    "tolerance (<= 1 passes)"
+)
+
+
 def _print_tables(summary: dict) -> None:
     t = Table(
         title=Text(
@@ -131,13 +139,15 @@ def _print_tables(summary: dict) -> None:
         "tok/s",
         "MiB",
         "verified",
-        "ulp",
+        "max ULP",
+        "err/tol",
     ):
         t.add_column(col, justify="right")
     for r in summary["ranks"]:
         v = r["verification"]
         verified = f"{v.get('passed', 0)}/{v.get('checks', 0)}" if v else "-"
         ulp = str(v.get("max_ulp", "-")) if v else "-"
+        ratio = f"{v['max_err_ratio']:.2g}" if v and "max_err_ratio" in v else "-"
         mem = f"{r['memory_bytes'] / _MIB:,.0f}" if r["memory_bytes"] else "-"
         t.add_row(
             str(r["rank"]),
@@ -151,8 +161,11 @@ def _print_tables(summary: dict) -> None:
             mem,
             verified,
             ulp,
+            ratio,
         )
     out.print(t)
+    if any(r["verification"] for r in summary["ranks"]):
+        out.print(ULP_NOTE, highlight=False, markup=False)
     if "steps" in summary:
         s = summary["scheduling"]
         overlap = (

@@ -7,6 +7,8 @@ are compared with the float64 expectations (:func:`fqr.numerics.compare`, per th
 numerics), v bit for bit. Each row shows the worst ULP count and ``err/tol``, the worst
 element's error as a fraction of what its tolerance allows (<= 1 passes): an unfused case's ULP
 count far inside its bound reads as what it is.
+Without ``--backend``, every backend unavailable here gets one line on stderr, ``skipped NAME:
+REASON`` (the reason names the install command where one is the remedy).
 Status per row: ``pass``, ``FAIL`` (outside tolerance, or NaN/Inf), ``error`` (the backend
 raised), ``corrupt`` (the golden file's sha256 does not match the manifest). Exit 0 when every
 row passes, 1 otherwise, 2 on bad usage.
@@ -47,6 +49,12 @@ def choose_backends(spec: str | None) -> list[str]:
         if reason:
             raise UsageError(f"--backend: {name} is unavailable here: {reason}")
     return list(dict.fromkeys(names))
+
+
+def skipped_backends() -> dict[str, str]:
+    """The backends a plain ``fqr verify`` leaves out here, each with why (the reason says what
+    to install where installing is the remedy)."""
+    return {name: reason for name, b in BACKENDS.items() if (reason := b.unavailable_reason())}
 
 
 def verify_one(case, backend: str) -> dict:
@@ -174,6 +182,9 @@ def verify(
                 plain(f"{r['case']} [{r['backend']}]: {r['status']}: {r['detail']}"),
                 highlight=False,
             )
+    if backend is None:  # the default: every available backend; say which were not and why
+        for name, reason in skipped_backends().items():
+            err.print(plain(f"skipped {name}: {reason}"), highlight=False)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     err.print(
         f"{len(entries)} cases x {len(backends)} backends ({', '.join(backends)}): {summary}",

@@ -381,7 +381,10 @@ def read_manifest(directory: Path | str = GOLDEN_DIR) -> list:
     (FileNotFoundError when there is none)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"no golden manifest at {path} (run `fqr golden regen`)")
+        raise FileNotFoundError(
+            f"no golden manifest at {path} (write one there with `fqr golden regen --dir "
+            f"{Path(directory)}`, or leave --golden-dir out for the bundled goldens)"
+        )
     try:
         data = _read_regular_file(Path(directory), MANIFEST)
     except OSError as e:
@@ -570,11 +573,17 @@ def _label(entry, index: int) -> str:
     return f"<manifest entry {index}>"
 
 
+def is_source_checkout() -> bool:
+    """True when fqr runs from a source checkout (or an editable install), whose top-level
+    ``golden/`` is the bundled golden directory and the place to regenerate it."""
+    return (Path(__file__).resolve().parent.parent / "golden" / MANIFEST).is_file()
+
+
 def _inside_installed_package(directory: Path) -> bool:
     """True when ``directory`` lies inside an installed (site-packages) copy of fqr: nothing is
     ever written there (``pip uninstall`` would leave it behind)."""
     package = Path(__file__).resolve().parent
-    if (package.parent / "golden" / MANIFEST).is_file():
+    if is_source_checkout():
         return False  # a source checkout: the repository's golden/ is the place to regenerate
     target = directory.resolve()
     return target == package or package in target.parents

@@ -196,6 +196,22 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     The reference it matches is :func:`fqr.reference.index_prologue`. ``numerics`` as
     :func:`fqr.split_qkv_rmsnorm_rope` (``unfused``: vLLM's ``GemmaRMSNorm`` then
     ``RotaryEmbedding.forward_native`` in the model dtype, then clamp and cast for FP8).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> width = (4 + 2 * 2) * 64 + (2 + 1) * 64  # q | k | v | 2 index_q heads | index_k
+        >>> qkv = torch.randn(2, width, dtype=torch.bfloat16)
+        >>> w = torch.zeros(64, dtype=torch.bfloat16)  # (1 + w) weights: weight_offset=1.0
+        >>> q, k, v, index_q, index_k = fqr.split_qkv_index_rmsnorm_rope(
+        ...     qkv, torch.tensor([0, 1]), table, w, w, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64, num_index_heads=2, index_head_dim=64, attn_fp8=True,
+        ... )
+        >>> q.dtype, index_q.dtype, index_q.shape, index_k.shape
+        (torch.float8_e4m3fn, torch.bfloat16, torch.Size([2, 128]), torch.Size([2, 64]))
     """,
 )
 

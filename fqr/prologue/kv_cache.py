@@ -150,6 +150,24 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     :func:`fqr.reference.cache_prologue`. ``numerics="unfused"`` rounds k to qkv's dtype before
     the cache store, as the model's ``k_norm`` / ``rotary_emb`` / ``reshape_and_cache`` chain
     does.
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> qkv = torch.randn(3, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> key_cache = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)  # 2 blocks of 16 slots
+        >>> value_cache = torch.zeros_like(key_cache)
+        >>> slots = torch.tensor([17, -1, 3])  # token 1 is padding: written nowhere
+        >>> q = fqr.split_qkv_rmsnorm_rope_cache(
+        ...     qkv, torch.tensor([0, 1, 2]), table, w, w, key_cache, value_cache, slots,
+        ...     num_heads=4, num_kv_heads=2, head_dim=64,
+        ... )
+        >>> torch.equal(value_cache[1, 1].flatten(), qkv[0, 384:])  # slot 17: block 1, row 1
+        True
     """,
 )
 

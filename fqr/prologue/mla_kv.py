@@ -346,15 +346,22 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
     in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c).
 
-    Example (DeepSeek-V3, one rank)::
+    Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
+    ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
 
-        preset = fqr.get_preset("deepseek-v3")
-        table = preset.cos_sin_cache()            # the YaRN table, [163840, 64] float32
-        kv_cache = torch.zeros(num_blocks, 64, 576, dtype=torch.bfloat16, device="cuda")
-        q_c, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(
-            kv_a, positions, table, q_a_weight, kv_a_weight, kv_cache, slot_mapping,
-            q_lora_rank=1536, kv_lora_rank=512,
-        )
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # [4096, 64]: k_pe's rotation
+        >>> kv_a = torch.randn(2, 1536 + 512 + 64, dtype=torch.bfloat16)  # [q_c | kv_c | k_pe]
+        >>> kv_cache = torch.zeros(4, 64, 512 + 64, dtype=torch.bfloat16)  # 4 blocks of 64
+        >>> q_c, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(
+        ...     kv_a, torch.tensor([0, 1]), table, torch.ones(1536), torch.ones(512), kv_cache,
+        ...     torch.tensor([0, 65]), q_lora_rank=1536, kv_lora_rank=512,
+        ... )
+        >>> q_c.shape, kv_c.shape, k_pe.shape
+        (torch.Size([2, 1536]), torch.Size([2, 512]), torch.Size([2, 64]))
+        >>> torch.equal(kv_cache[1, 1], torch.cat([kv_c[1], k_pe[1]]))  # slot 65, in place
+        True
     """,
 )
 

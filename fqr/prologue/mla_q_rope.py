@@ -145,10 +145,17 @@ MLA_Q_ROPE = declare(
     :func:`fqr.prologue.mla_q_rope.mla_q_rope_reference`; ``numerics="unfused"`` rotates in the
     model dtype as vLLM's ``rotary_emb.forward_native``.
 
-    Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64)::
+    Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64; its table is
+    ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
 
-        table = fqr.get_preset("deepseek-v3").cos_sin_cache()
-        q = fqr.mla_q_rope(q, positions, table, num_heads=16, qk_nope_head_dim=128)
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)
+        >>> q = torch.randn(2, 16 * (128 + 64), dtype=torch.bfloat16)
+        >>> nope = q.view(2, 16, 192)[:, :, :128].clone()
+        >>> out = fqr.mla_q_rope(q, torch.tensor([3, 4]), table, num_heads=16, qk_nope_head_dim=128)
+        >>> out.data_ptr() == q.data_ptr(), torch.equal(q.view(2, 16, 192)[:, :, :128], nope)
+        (True, True)
     """,
 )
 

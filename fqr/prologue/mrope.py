@@ -162,6 +162,22 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
     is :func:`fqr.reference.mrope_prologue`. ``numerics`` as :func:`fqr.split_qkv_rmsnorm_rope`
     (``"unfused"`` rounds where vLLM's ``RMSNorm`` / ``GemmaRMSNorm`` and
     ``MRotaryEmbedding.forward_native`` round).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> positions = torch.tensor([[7, 7], [0, 1], [0, 0]])  # [3, T]: temporal, height, width
+        >>> q, k, v = fqr.split_qkv_rmsnorm_mrope(
+        ...     qkv, positions, table, w, w, num_heads=4, num_kv_heads=2, head_dim=64,
+        ...     mrope_section=(16, 8, 8), mrope_interleaved=True,  # sums to rotary_dim / 2
+        ... )
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([2, 256]), torch.Size([2, 128]), torch.Size([2, 128]))
     """,
 )
 

@@ -59,7 +59,8 @@ def weight(name: str, of: str, *, keyword: bool = False, optional: bool = False)
         annotation=OPTIONAL_TENSOR if optional else TENSOR,
         kind=Vector(),
         optional=optional,
-        doc=f"``[head_dim]`` RMSNorm weight of {of} (scaled as ``weight_offset + w``)",
+        doc=f"``[head_dim]`` RMSNorm weight of {of} (scaled as ``weight_offset + w``); "
+        "contiguous, any floating dtype (it need not be the activations')",
     )
 
 

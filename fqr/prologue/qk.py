@@ -106,6 +106,19 @@ QK_RMSNORM_ROPE = declare(
     ``k=None`` (with ``k_weight``/``k_bias`` None): q alone, returned as ``(q, None)`` -- vLLM's
     ``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft
     layers run it (their keys come from another layer's cache).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> q = torch.randn(2, 4 * 64, dtype=torch.bfloat16)  # 4 q heads of 64
+        >>> k = torch.randn(2, 2 * 64, dtype=torch.bfloat16)  # 2 kv heads
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> q, k = fqr.qk_rmsnorm_rope(q, k, torch.tensor([5, 9]), table, w, w, head_dim=64)
+        >>> q.shape, k.shape
+        (torch.Size([2, 256]), torch.Size([2, 128]))
     """,
 )
 

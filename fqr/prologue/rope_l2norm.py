@@ -138,6 +138,23 @@ SPLIT_QKV_ROPE_L2NORM = declare(
     :func:`fqr.reference.rope_l2norm_prologue`. ``numerics="unfused"`` rounds as vLLM's code
     (the rotation in the model dtype, the norm once), ``"unfused-hf"`` as Hugging Face's (the
     rotation in fp32, rounded once, then the norm once).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
+        >>> heads = dict(num_heads=4, num_kv_heads=2, head_dim=64)
+        >>> q, k, v = fqr.split_qkv_rope_l2norm(qkv, torch.tensor([3, 4]), table, **heads)
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([2, 256]), torch.Size([2, 128]), torch.Size([2, 128]))
+        >>> q, k, v = fqr.split_qkv_rope_l2norm(  # a NoPE layer: q scaled by the temperature
+        ...     qkv, torch.tensor([3, 9000]), None, floor_scale=8192.0, **heads
+        ... )
+        >>> torch.equal(k, qkv[:, 256:384])
+        True
     """,
 )
 

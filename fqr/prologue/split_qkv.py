@@ -338,7 +338,8 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
                 ),
                 optional=True,
                 doc=f"RMSNorm weight of {p.name[0]}: ``[D]`` (norm='head'), ``[H*D]`` of its "
-                "heads (norm='full'), None (norm='none')",
+                "heads (norm='full'), None (norm='none'); contiguous, any floating dtype (it "
+                "need not be qkv's)",
             )
             for p in (params.Q_WEIGHT, params.K_WEIGHT)
         ),
@@ -453,13 +454,21 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     Qwen3 / Gemma 3 modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it
     rounds otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`).
 
-    Example::
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
 
-        preset = fqr.get_preset("qwen3-8b")
-        table = preset.cos_sin_cache()                      # [40960, 128] float32
-        q, k, v = fqr.split_qkv_rmsnorm_rope(
-            qkv, positions, table, q_weight, k_weight, **preset.spec.kwargs()
-        )
+        >>> import torch, fqr
+        >>> preset = fqr.get_preset("qwen3-0.6b")  # 16 q heads, 8 kv heads, head_dim 128
+        >>> table = preset.cos_sin_cache()  # [40960, 128] float32, vLLM's cos | sin layout
+        >>> qkv = torch.randn(3, (16 + 2 * 8) * 128).to(torch.bfloat16)
+        >>> w = torch.ones(128, dtype=torch.bfloat16)  # q_norm.weight / k_norm.weight, any float
+        >>> q, k, v = fqr.split_qkv_rmsnorm_rope(
+        ...     qkv, torch.tensor([0, 1, 2]), table, w, w, **preset.spec.kwargs()
+        ... )  # spec.kwargs(): heads, head_dim, eps, is_neox, weight_offset, norm
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([3, 2048]), torch.Size([3, 1024]), torch.Size([3, 1024]))
+        >>> torch.equal(v, qkv[:, 3072:])  # v is copied bit for bit
+        True
     """,
 )
 

@@ -79,6 +79,20 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
     (:mod:`fqr.rope_cache`); their ``attention_k_eq_v`` checkpoints load k's weights into v's
     slot, so the row keeps its ``[q | k | v]`` layout. ``numerics="unfused"`` rounds where vLLM's
     native modules do (the v norm once, fp32 inside).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> q, k, v = fqr.split_qkv_rmsnorm_rope_vnorm(
+        ...     qkv, torch.tensor([0, 1]), table, w, w, num_heads=4, num_kv_heads=2, head_dim=64
+        ... )
+        >>> v.float().pow(2).mean(-1).round().tolist()  # v's heads RMS-normalised, no weight
+        [1.0, 1.0]
     """,
 )
 

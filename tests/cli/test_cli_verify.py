@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fqr.backends import available_backends
+from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, list_cases, peer_kwargs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +28,25 @@ def test_verify_reference_passes_every_case():
     for e in list_cases():
         assert e["name"] in r.stdout
     assert "FAIL" not in r.stdout and f"{len(list_cases())} pass" in r.stderr
+
+
+def test_verify_names_each_backend_it_skips_and_why():
+    """A plain ``fqr verify`` runs every available backend; each other one gets one stderr line
+    with the reason (an install command where installing is the remedy)."""
+    r = fqr("verify", "--case", "glm4-9b-bf16-t7-*", "--json")
+    assert r.returncode == 0, r.stderr
+    ran = json.loads(r.stdout)["backends"]
+    skipped = [line for line in r.stderr.splitlines() if line.startswith("skipped ")]
+    assert sorted(ran + [line.split()[1].rstrip(":") for line in skipped]) == sorted(BACKENDS)
+    for line in skipped:  # the reason as the backend gives it (this process's may differ)
+        assert len(line.split(": ", 1)[1]) > 10, line
+    if "ascend-interpret" not in ran:
+        assert "skipped ascend-interpret: triton-ascend is not installed (" in r.stderr
+    if "interpret" not in ran:
+        triton_missing = "upstream triton is not installed (pip install 'fqr[triton]')"
+        assert f"skipped interpret: {triton_missing}" in r.stderr
+    named = fqr("verify", "--backend", "reference", "--case", "glm4-9b-bf16-t7-*")
+    assert named.returncode == 0 and "skipped" not in named.stderr  # the user chose
 
 
 def test_verify_json_is_one_parseable_document():

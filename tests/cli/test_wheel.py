@@ -92,3 +92,21 @@ def test_wheel_installs_and_verifies_from_anywhere(tmp_path):
         cwd=work,
     )
     assert regen.returncode == 2 and "--dir" in regen.stderr and not regen.stdout
+    # Without --dir an installed fqr has no directory to write: the error names --dir and shows
+    # the whole command, never the bare `fqr golden regen` it refuses.
+    bare = subprocess.run(
+        [str(fqr), "golden", "regen", "--case", "llama3-8b-fp32-*"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    assert bare.returncode == 2 and not bare.stdout, bare.stderr
+    assert "fqr golden regen --dir DIR" in bare.stderr, bare.stderr
+    # ... and `--golden-dir` without a manifest says how to write one there.
+    missing = subprocess.run(
+        [str(fqr), "verify", "--backend", "reference", "--golden-dir", str(work / "none")],
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    assert missing.returncode == 2 and f"--dir {work / 'none'}" in missing.stderr, missing.stderr

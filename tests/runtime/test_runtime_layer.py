@@ -93,6 +93,9 @@ def test_tp_shards_match_the_unsharded_float64_expectation(preset, tp, dtype, ge
     assert v.check_step(plan, replies), v.failures
     for stats in v.ranks.values():
         assert stats.checks == 2 and stats.passed == 2  # its batch and the probe
+        # err/tol, the contract's own measure (fqr run's column beside the raw ULP count, which
+        # also counts elements below the fp32 compute floor): inside the bound
+        assert 0 <= stats.max_err_ratio <= 1, stats
     assert all(v.ranks[r].probe_identical == 1 for r in range(tp, 2 * tp))
     # Every q head of the model is covered exactly once by the shards.
     widths = sum(replies[r]["outputs"][0].shape[1] for r in range(tp))
@@ -131,6 +134,7 @@ def test_verifier_names_a_corrupted_rank_and_a_dp_replica_that_differs(gen):
     assert "v is not a bit-exact copy" in text
     assert "step 0 probe: rank 2 (dp 1, tp 0) differs bitwise from rank 0 (dp 0, tp 0)" in text
     assert ver.ranks[0].passed == ver.ranks[0].checks == 2
+    assert ver.ranks[3].max_err_ratio > 1 >= ver.ranks[0].max_err_ratio
 
 
 def test_shard_columns_cover_q_k_v_of_the_unsharded_row():
