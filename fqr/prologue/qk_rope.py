@@ -76,6 +76,18 @@ QK_ROPE = declare(
     The reference it matches is :func:`fqr.reference.qk_rope`; ``numerics="unfused"`` rounds
     where vLLM's ``forward_native`` does (the table in the activation dtype, every product and
     sum rounded: :mod:`fqr.ops.rope`).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
+    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+        >>> q = torch.randn(2, 4 * 64, dtype=torch.bfloat16)  # 4 q heads of 64
+        >>> k = torch.randn(2, 2 * 64, dtype=torch.bfloat16)  # 2 kv heads
+        >>> q2, k2 = fqr.qk_rope(q, k, torch.tensor([0, 7]), table, head_dim=64)
+        >>> torch.equal(q2[0], q[0]), torch.equal(q2[1], q[1])  # position 0 does not rotate
+        (True, False)
     """,
 )
 
@@ -110,6 +122,20 @@ QK_MROPE = declare(
     below ``3*w``, t elsewhere). The rotation is :func:`fqr.qk_rope`'s. The reference it
     matches is :func:`fqr.reference.qk_mrope`; ``numerics="unfused"`` rounds where vLLM's
     ``MRotaryEmbedding.forward_native`` does.
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 5e6)  # rotary_dim 64: 32 frequencies
+        >>> q = torch.randn(2, 4 * 64, dtype=torch.bfloat16)
+        >>> k = torch.randn(2, 2 * 64, dtype=torch.bfloat16)
+        >>> text = torch.tensor([[5, 9]] * 3)  # a text token: the same position on all planes
+        >>> q2, k2 = fqr.qk_mrope(q, k, text, table, head_dim=64, mrope_section=[12, 10, 10],
+        ...                       mrope_interleaved=True)
+        >>> q1, k1 = fqr.qk_rope(q, k, text[0], table, head_dim=64)  # plain RoPE
+        >>> torch.equal(q2, q1), torch.equal(k2, k1)
+        (True, True)
     """,
 )
 
