@@ -119,6 +119,16 @@ def rotate(x: torch.Tensor, rows: torch.Tensor, *, head_dim: int, is_neox: bool 
     return torch.cat([rotated, heads[..., r:]], dim=-1).reshape(t, width)
 
 
+def group_rows(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The angle rows a head group ``head_dim`` wide rotates by under rows ``[T, R]`` (cos |
+    sin): its first ``r = min(R, head_dim)`` features turn by the first ``r/2`` frequencies,
+    ``cos = row[:r/2]``, ``sin = row[R/2 : R/2 + r/2]`` (vllm-ascend's MiniMax indexer);
+    ``[T, r]``."""
+    half = rows.shape[1] // 2
+    h = min(rows.shape[1], head_dim) // 2
+    return torch.cat([rows[:, :h], rows[:, half : half + h]], dim=1)
+
+
 def rope(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -283,11 +293,11 @@ def index_prologue(
     index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
     index_k each RMS-normalised per head with its own weight (``(1 + w)`` Gemma norms; q and k
     plus ``q_bias``/``k_bias`` when given, added after the weight as vllm-ascend's kernel adds
-    them; the index heads take none) and rotated by the same angle rows (the first R = table
-    width features of each head; R <= index_head_dim), v copied. Returns ``(q, k, v, index_q,
-    index_k)``: float64 but v (the row's dtype); ``attn_fp8`` / ``index_fp8``: q, k, v /
-    index_q, index_k saturated to +-448 (:func:`saturate_fp8`: what an FP8 E4M3 store
-    rounds)."""
+    them; the index heads take none) and rotated by the same angle rows, each group over its
+    first ``min(R, its head_dim)`` features (:func:`group_rows`; R the table width), v copied.
+    Returns ``(q, k, v, index_q, index_k)``: float64 but v (the row's dtype); ``attn_fp8`` /
+    ``index_fp8``: q, k, v / index_q, index_k saturated to +-448 (:func:`saturate_fp8`: what an
+    FP8 E4M3 store rounds)."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     iq_at = q_size + 2 * kv_size
     sections = qkv_sections(num_heads, num_kv_heads, head_dim) + (
@@ -302,7 +312,7 @@ def index_prologue(
     dims = (head_dim, head_dim, index_head_dim, index_head_dim)
     for x, w, b, d in zip((q, k, iq, ik), weights, biases, dims):
         per_head = dict(head_dim=d, eps=eps, is_neox=is_neox, weight_offset=weight_offset)
-        out.append(head_norm_rotate(x, w, rows, bias=b, **per_head))
+        out.append(head_norm_rotate(x, w, group_rows(rows, d), bias=b, **per_head))
     attn = [out[0], out[1], v]
     index = [out[2], out[3]]
     if attn_fp8:

@@ -11,6 +11,12 @@ NeoX style pairs feature ``i`` with ``i + R/2``; GPT-J style pairs ``2i`` with `
 Features ``[R, D)`` pass through (partial rotary). This is vLLM's ``RotaryEmbedding.forward_native``
 (``apply_rotary_emb_torch``).
 
+``rotary_dim`` (``r``, even, ``2 <= r <= R``; default R) rotates only the first ``r`` features
+of each head with the first ``r/2`` frequencies of the one table: ``c = row[:r/2]``, ``s =
+row[R/2 : R/2 + r/2]`` (features ``[r, D)`` pass through). This is how vllm-ascend's MiniMax
+indexer (``split_qkv_index_rmsnorm_rope``) rotates a head group narrower than the table: each
+group over ``min(R, its head_dim)`` of the one ``cos_sin_cache``.
+
 ``round_to`` (a dtype, or None; the ``unfused`` contract) rounds where the model code rounds
 when it runs RoPE on ``round_to`` tensors (``round`` = round to nearest even)::
 
@@ -45,15 +51,31 @@ def rope(
     head_dim: int,
     is_neox: bool = True,
     round_to: torch.dtype | None = None,
+    rotary_dim: int | None = None,
 ):
-    """See the module docstring."""
+    """See the module docstring (``rotary_dim`` None: the table's width, and the equation
+    prints as it always did)."""
+    narrow = {} if rotary_dim is None else {"rotary_dim": rotary_dim}
     return rope_p.bind(
-        x, positions, cos_sin_cache, d=int(head_dim), neox=bool(is_neox), round_to=round_to
+        x,
+        positions,
+        cos_sin_cache,
+        d=int(head_dim),
+        neox=bool(is_neox),
+        round_to=round_to,
+        **narrow,
     )
 
 
+def rotary_width(cache: Aval, rotary_dim: int | None) -> int:
+    """The features rotated: ``rotary_dim``, else the table's width R."""
+    r = cache.shape[1]
+    assert isinstance(r, int)
+    return r if rotary_dim is None else rotary_dim
+
+
 @rope_p.def_abstract
-def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
+def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to, rotary_dim=None):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, heads*head_dim], got shape {list(x.shape)}")
     if d < 1 or x.shape[1] % d:
@@ -68,14 +90,35 @@ def _rope_abstract(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to):
     r = cache.shape[1]
     if not isinstance(r, int) or r % 2 or r < 2:
         raise ValueError(f"rotary_dim (cos_sin_cache width) must be even and >= 2, got {r}")
-    if r > d:
+    if rotary_dim is not None:
+        if not isinstance(rotary_dim, int) or isinstance(rotary_dim, bool):
+            raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+        if rotary_dim % 2 or not 2 <= rotary_dim <= r:
+            raise ValueError(
+                f"rotary_dim must be even, >= 2 and at most the cos_sin_cache width {r}, got "
+                f"{rotary_dim}"
+            )
+        if rotary_dim > d:
+            raise ValueError(f"rotary_dim {rotary_dim} exceeds head_dim {d}")
+    elif r > d:
         raise ValueError(f"rotary_dim (cos_sin_cache width) {r} exceeds head_dim {d}")
     return Aval(x.shape, x.dtype)
 
 
+def narrowed_rows(rows, rotary_dim: int | None):
+    """Table rows ``[T, R]`` (cos | sin) narrowed to the first ``rotary_dim / 2`` frequencies:
+    ``[T, rotary_dim]`` = ``row[:r/2] | row[R/2 : R/2 + r/2]`` (the rows as they are when
+    ``rotary_dim`` is None)."""
+    if rotary_dim is None or rotary_dim == rows.shape[1]:
+        return rows
+    half, h = rows.shape[1] // 2, rotary_dim // 2
+    return torch.cat([rows[:, :h], rows[:, half : half + h]], dim=1)
+
+
 @rope_p.def_impl
-def _rope_impl(x, positions, cache, *, d, neox, round_to):
-    return rotate_by_rows(x, table_rows(cache, positions), d=d, neox=neox, round_to=round_to)
+def _rope_impl(x, positions, cache, *, d, neox, round_to, rotary_dim=None):
+    rows = narrowed_rows(table_rows(cache, positions), rotary_dim)
+    return rotate_by_rows(x, rows, d=d, neox=neox, round_to=round_to)
 
 
 def rotate_by_rows(x, rows, *, d: int, neox: bool, round_to):
@@ -101,13 +144,13 @@ def rotate_by_rows(x, rows, *, d: int, neox: bool, round_to):
 
 
 @rope_p.def_facts
-def _rope_facts(x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to) -> HeadOp:
-    rotary_dim = cache.shape[1]
-    assert isinstance(rotary_dim, int)
+def _rope_facts(
+    x: Aval, positions: Aval, cache: Aval, *, d, neox, round_to, rotary_dim=None
+) -> HeadOp:
     return HeadOp(
         (Role.VALUE, Role.INDEX, Role.TABLE),
         head_dim=d,
-        layout=HeadLayout(rotary_dim, "neox" if neox else "gptj"),
+        layout=HeadLayout(rotary_width(cache, rotary_dim), "neox" if neox else "gptj"),
     )
 
 
@@ -116,12 +159,12 @@ def _rope_lowering(b: EmitContext, eqn: Eqn) -> None:
     # The layout (facts) holds the pairs as pieces a (x1) and b (x2); the rest passes through.
     x_var, pos_var, cache_var = eqn.inputs
     assert x_var is not None and pos_var is not None and cache_var is not None
+    # A narrower rotary_dim r takes the first r/2 frequencies of each half of the table.
     x = b.pieces(x_var)
-    rotary_dim = cache_var.aval.shape[1]
-    assert isinstance(rotary_dim, int)
-    half = rotary_dim // 2
+    sin_at = rotary_width(cache_var.aval, None) // 2
+    half = rotary_width(cache_var.aval, eqn.params.get("rotary_dim")) // 2
     cos = b.gather(cache_var, pos_var, 0, half, name="cos")
-    sin = b.gather(cache_var, pos_var, half, half, name="sin")
+    sin = b.gather(cache_var, pos_var, sin_at, half, name="sin")
     emit_rotation(b, eqn, x, cos, sin)
 
 

@@ -22,9 +22,11 @@ def norm_then_rope(
     weight_offset,
     numerics,
     full_norm=False,
+    rotary_dim=None,
 ):
     """RMSNorm of q and of k over groups of ``groups[i]`` features (no norm when ``groups`` is
-    None), then RoPE of both (none without a ``cos_sin_cache``: a NoPE layer); ``k`` None: q
+    None), then RoPE of both (none without a ``cos_sin_cache``: a NoPE layer) over the first
+    ``rotary_dim`` features (None: the table's width; :func:`fqr.ops.rope`); ``k`` None: q
     alone. ``numerics="unfused"`` rounds to q's dtype where the model code does, in the norm
     and in every RoPE step (:mod:`fqr.ops.norm`, :mod:`fqr.ops.rope`)."""
     round_to = q.dtype if numerics.startswith("unfused") else None
@@ -51,7 +53,12 @@ def norm_then_rope(
             for x, w, b, g, ss, n in zip(values, weights, biases, groups, sums, counts)
         ]
     if cos_sin_cache is not None:
-        rope = dict(head_dim=head_dim, is_neox=is_neox, round_to=None if hf_full_norm else round_to)
+        rope = dict(
+            head_dim=head_dim,
+            is_neox=is_neox,
+            round_to=None if hf_full_norm else round_to,
+            rotary_dim=rotary_dim,
+        )
         values = [
             None if x is None else ops.rope(x, positions, cos_sin_cache, **rope) for x in values
         ]
@@ -63,12 +70,30 @@ def round_to(x, numerics: str):
     return x.dtype if numerics.startswith("unfused") else None
 
 
+def group_rotary_dim(cos_sin_cache, head_dim: int) -> int | None:
+    """The rotary width of a head group ``head_dim`` wide under a table R wide: ``min(R,
+    head_dim)`` (vllm-ascend's MiniMax indexer rotates each group so), as :func:`fqr.ops.rope`'s
+    ``rotary_dim`` (None where the whole table fits, the default; no table: None)."""
+    if cos_sin_cache is None:
+        return None
+    return head_dim if cos_sin_cache.shape[1] > head_dim else None
+
+
 def head_norm_rope(
-    q, k, positions, cos_sin_cache, weights, s: dict, *, biases=(None, None), head_dim=None
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    weights,
+    s: dict,
+    *,
+    biases=(None, None),
+    head_dim=None,
+    rotary_dim=None,
 ):
     """Per-head RMSNorm + RoPE of q and k (:func:`norm_then_rope` over heads of ``head_dim``,
-    default the call's) with the call's static arguments ``s`` (``eps``, ``is_neox``,
-    ``weight_offset``, ``numerics``)."""
+    default the call's, rotating ``rotary_dim`` features, default the table's width) with the
+    call's static arguments ``s`` (``eps``, ``is_neox``, ``weight_offset``, ``numerics``)."""
     d = head_dim or s["head_dim"]
     return norm_then_rope(
         q,
@@ -83,6 +108,7 @@ def head_norm_rope(
         is_neox=s["is_neox"],
         weight_offset=s.get("weight_offset", 0.0),
         numerics=s["numerics"],
+        rotary_dim=rotary_dim,
     )
 
 

@@ -24,7 +24,7 @@ from ..inputs import (
 )
 from ..peers import minimax_index_prologue
 from . import params
-from .blocks import head_norm_rope
+from .blocks import group_rotary_dim, head_norm_rope
 from .declare import (
     BACKEND,
     Call,
@@ -56,7 +56,8 @@ def index_heads_prologue(
     """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
     | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head (plus
     ``q_bias``/``k_bias`` when given, after the weight, before RoPE), index_q and the one
-    index_k head per ``index_head_dim`` head, all four rotated by the same table;
+    index_k head per ``index_head_dim`` head, all four rotated by the same table, each group
+    over ``min(R, its head_dim)`` features (:func:`.blocks.group_rotary_dim`);
     ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
     as E4M3."""
     hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
@@ -72,10 +73,26 @@ def index_heads_prologue(
             ops.Section(1, di, iq_at + hi * di),
         ),
     )
-    weights, biases = (q_weight, k_weight), (q_bias, k_bias)
-    q, k = head_norm_rope(q, k, positions, cos_sin_cache, weights, s, biases=biases)
-    index_weights = (index_q_weight, index_k_weight)
-    iq, ik = head_norm_rope(iq, ik, positions, cos_sin_cache, index_weights, s, head_dim=di)
+    q, k = head_norm_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        s,
+        biases=(q_bias, k_bias),
+        rotary_dim=group_rotary_dim(cos_sin_cache, d),
+    )
+    iq, ik = head_norm_rope(
+        iq,
+        ik,
+        positions,
+        cos_sin_cache,
+        (index_q_weight, index_k_weight),
+        s,
+        head_dim=di,
+        rotary_dim=group_rotary_dim(cos_sin_cache, di),
+    )
     attn, index = [q, k, v], [iq, ik]
     if s["attn_fp8"]:
         attn = [ops.quantize_fp8(x) for x in attn]
@@ -117,7 +134,10 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         params.POSITIONS,
         replace(
             params.COS_SIN_CACHE,
-            kind=Table(head_dim=lambda call: min(call.head_dim, call.index_head_dim)),
+            # each head group rotates min(R, its head_dim): R may pass the narrower group
+            kind=Table(head_dim=lambda call: max(call.head_dim, call.index_head_dim)),
+            doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
+            "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
         ),
         replace(params.Q_WEIGHT, kind=_HEAD_WEIGHT),
         replace(params.K_WEIGHT, kind=_HEAD_WEIGHT),
@@ -184,9 +204,12 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
 
     plus, for q and k only, ``q_bias``/``k_bias`` (``[D]``, optional, given together) added to
     ``y`` before RoPE, as vllm-ascend's kernel adds them (the index heads and v take none);
-    then NeoX (or GPT-J) RoPE of the first R features of every head of all four, R the
-    ``cos_sin_cache`` width (R <= min(D, Di)), from the same rows ``cos_sin_cache[positions]``
-    (MiniMax-M3's one ``rotary_emb`` for both); v is copied. ``attn_fp8``: q, k and v are
+    then NeoX (or GPT-J) RoPE of the first ``r = min(R, d)`` features of every head of all
+    four, ``d`` the group's head width (D for q and k, Di for index_q and index_k), R the
+    ``cos_sin_cache`` width (R <= max(D, Di)), from the same rows ``row =
+    cos_sin_cache[positions]`` (MiniMax-M3's one ``rotary_emb`` for both): ``cos = row[:r/2]``,
+    ``sin = row[R/2 : R/2 + r/2]``, as vllm-ascend's kernel rotates each group (index head_dim
+    48 under a 64- or 128-wide table rotates 48 features); v is copied. ``attn_fp8``: q, k and v are
     returned as ``float8_e4m3fn``, ``clamp(y, -448, 448)`` rounded to nearest-even E4M3;
     ``index_fp8`` the same for index_q and index_k. The scale is 1, as vllm-ascend's kernel
     writes it (``clamp(y, -448, 448).to(float8_e4m3fn)``, no scale argument). Otherwise the
@@ -223,10 +246,11 @@ split_qkv_index_rmsnorm_rope = SPLIT_QKV_INDEX_RMSNORM_ROPE.function
 
 def _check_preset(variant: Variant, preset) -> None:
     p = preset.params
-    if not isinstance(p["index_head_dim"], int) or p["index_head_dim"] < preset.rotary_dim:
+    di = p["index_head_dim"]
+    if not isinstance(di, int) or isinstance(di, bool) or di < 2 or di % 2:
         raise ValueError(
-            f"preset {preset.name}: index_head_dim must be an int >= rotary_dim "
-            f"{preset.rotary_dim}, got {p['index_head_dim']!r}"
+            f"preset {preset.name}: index_head_dim must be an even int >= 2 (its heads rotate "
+            f"min(rotary_dim {preset.rotary_dim}, index_head_dim) features), got {di!r}"
         )
     for name in ("attn_fp8", "index_fp8"):
         if not isinstance(p[name], bool):

@@ -91,6 +91,46 @@ def test_rope_float64(gen, head_dim, rotary_fraction, is_neox):
     assert torch.equal(got.reshape(7, 3, head_dim)[..., rotary_dim:], heads[..., rotary_dim:])
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("head_dim, table_width", [(48, 64), (48, 128), (64, 128)])
+def test_rope_narrower_rotary_dim_takes_the_first_frequencies(gen, head_dim, table_width, is_neox):
+    """rotary_dim r < the table width R (the MiniMax indexer's narrow head group): the first r
+    features turn by the first r/2 frequencies of the R-wide table, cos = row[:r/2], sin =
+    row[R/2 : R/2 + r/2], checked against the angles pos * theta^(-2i/R) in float64."""
+    r, theta, max_position = head_dim, 1e7, 1 << 16
+    cache = rope_cos_sin_cache(table_width, max_position, theta)
+    x = _randn(gen, 5, 2 * head_dim)
+    pos = torch.randint(0, max_position, (5,), generator=gen)
+    got = ops.rope(x, pos, cache, head_dim=head_dim, is_neox=is_neox, rotary_dim=r)
+    inv_freq = theta ** (-torch.arange(0, r, 2, dtype=torch.float64) / table_width)
+    angle = pos.double()[:, None, None] * inv_freq
+    heads = x.double().reshape(5, 2, head_dim)
+    if is_neox:
+        x1, x2 = heads[..., : r // 2], heads[..., r // 2 : r]
+    else:
+        x1, x2 = heads[..., 0:r:2], heads[..., 1:r:2]
+    o1 = x1 * angle.cos() - x2 * angle.sin()
+    o2 = x2 * angle.cos() + x1 * angle.sin()
+    rotated = torch.cat([o1, o2], -1) if is_neox else torch.stack([o1, o2], -1).flatten(-2)
+    want = torch.cat([rotated, heads[..., r:]], -1).reshape(5, -1)
+    # the table is fp32 (cos/sin rounded once): the angles' float64 values within 1e-6
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+
+
+def test_rope_rotary_dim_errors_name_it(gen):
+    cache = rope_cos_sin_cache(64, 128, 1e4)
+    x, pos = _randn(gen, 2, 96), torch.tensor([0, 5])
+    for bad, message in ((47, "even"), (0, "even"), (80, "at most the cos_sin_cache width 64")):
+        with pytest.raises(ValueError, match=message):
+            ops.rope(x, pos, cache, head_dim=48, rotary_dim=bad)
+    with pytest.raises(ValueError, match="rotary_dim 64 exceeds head_dim 48"):
+        ops.rope(x, pos, cache, head_dim=48, rotary_dim=64)
+    with pytest.raises(ValueError, match="cos_sin_cache width.* 64 exceeds head_dim 48"):
+        ops.rope(x, pos, cache, head_dim=48)
+    with pytest.raises(TypeError, match="rotary_dim must be an int"):
+        ops.rope(x, pos, cache, head_dim=48, rotary_dim=48.0)
+
+
 def test_gptj_is_neox_on_interleaved_features(gen):
     """GPT-J pairs (2i, 2i+1); NeoX pairs (i, i+R/2): the same rotation up to a permutation."""
     d, r = 128, 64
