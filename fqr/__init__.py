@@ -20,7 +20,7 @@ from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .logger import configure_from_env
 from .presets import PRESETS, Preset, get_preset
-from .prologue import DECLARATIONS, NormStats, attention_prologue
+from .prologue import DECLARATIONS, NormStats, attention_prologue, minimax_qknorm_rope_cache
 from .rope_cache import rope_cos_sin_cache
 
 configure_from_env()
@@ -32,6 +32,7 @@ __all__ = [  # noqa: F822  (the declared ops are set above)
     *DECLARATIONS,
     "__version__",
     "attention_prologue",
+    "minimax_qknorm_rope_cache",
     "NormStats",
     "ops",
     "presets",

@@ -349,6 +349,47 @@ def cache_prologue(
     return q, key, value
 
 
+def index_cache_prologue(
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor,
+    index_q_weight: Tensor, index_k_weight: Tensor, key_cache: Tensor, value_cache: Tensor,
+    index_cache: Tensor, slot_mapping: Tensor, index_slot_mapping: Tensor, *, num_heads: int,
+    num_kv_heads: int, head_dim: int, num_index_heads: int, index_head_dim: int, eps: float,
+    is_neox: bool = True, weight_offset: float = 1.0, index_qkv: Tensor | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """MiniMax-M3's prologue with its caches, float64: q, k, v, index_q, index_k of
+    :func:`index_prologue` (the row ``[q | k | v | index_q | index_k]``, or ``qkv`` then
+    ``index_qkv`` side by side), k and v written into the 4-D caches by ``slot_mapping``,
+    index_k into the 3-D ``index_cache [blocks, block_size, Di]`` by ``index_slot_mapping``
+    (:func:`cache_insert`; an FP8 index cache saturates, no scale). Returns ``(q, index_q,
+    expected key_cache, expected value_cache, expected index_cache)``; index_q saturated to
+    +-448 when the index cache is FP8 (it is returned in that dtype)."""
+    row = qkv if index_qkv is None else torch.cat([_f64(qkv), _f64(index_qkv)], dim=1)
+    q, k, v, iq, ik = index_prologue(
+        row,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        index_q_weight,
+        index_k_weight,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        num_index_heads=num_index_heads,
+        index_head_dim=index_head_dim,
+        eps=eps,
+        weight_offset=weight_offset,
+        is_neox=is_neox,
+    )
+    key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
+    value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
+    index, _ = cache_insert(index_cache.unsqueeze(2), ik, index_slot_mapping)
+    if index_cache.dtype == torch.float8_e4m3fn:
+        iq = saturate_fp8(iq)
+    return q, iq, key, value, index.squeeze(2)
+
+
 def mrope_cos_sin_rows(
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,

@@ -231,15 +231,18 @@ def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None
     # the numerics contract silently.
 
 
-def check_slots_in_range(slot_mapping: torch.Tensor, cache: torch.Tensor) -> None:
+def check_slots_in_range(
+    slot_mapping: torch.Tensor, cache: torch.Tensor, name: str = "slot_mapping"
+) -> None:
     """On the host (a CPU ``slot_mapping``; an accelerator's would need a sync), every slot is
-    below the cache's ``num_blocks * block_size`` rows (negative slots are padding)."""
+    below the cache's ``num_blocks * block_size`` rows (negative slots are padding); ``name``:
+    the argument's, for the message."""
     if slot_mapping.device.type != "cpu" or not slot_mapping.numel():
         return
     top = int(slot_mapping.max())
     if top >= cache.shape[0] * cache.shape[1]:
         raise ValueError(
-            f"slot_mapping names slot {top}, past the caches' {cache.shape[0]} blocks x "
+            f"{name} names slot {top}, past the caches' {cache.shape[0]} blocks x "
             f"{cache.shape[1]} rows"
         )
 

@@ -60,9 +60,12 @@ del _name
 
 # Each declared op's public function, by its name (fqr.split_qkv_rmsnorm_rope, ...).
 globals().update((name, decl.function) for name, decl in DECLARATIONS.items())
+# vllm-ascend's MiniMax call as its callers write it, run by split_qkv_index_rmsnorm_rope_cache
+from .index_cache import minimax_qknorm_rope_cache  # noqa: E402
 
 __all__ = [  # noqa: F822  (the declared functions are set above)
     *DECLARATIONS, "DECLARATIONS", "VARIANTS", "CaseSpec", "CheckedCall", "Declaration",
     "NormStats", "Variant", "attention_prologue", "checked_calls", "forget_checked_calls",
-    "get_variant", "golden_cases", "presets_of", "program_of", "register_variant", "variant_of",
+    "get_variant", "golden_cases", "minimax_qknorm_rope_cache", "presets_of", "program_of",
+    "register_variant", "variant_of",
 ]  # fmt: skip

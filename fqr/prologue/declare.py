@@ -370,7 +370,7 @@ class Slots(TensorKind):
         check_unit_stride(name, x)
 
     def per_call(self, name, x, call):
-        check_slots_in_range(x, getattr(call, self.cache))
+        check_slots_in_range(x, getattr(call, self.cache), name)
 
 
 @dataclass(frozen=True)

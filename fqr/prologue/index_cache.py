@@ -1,0 +1,389 @@
+"""``split_qkv_index_rmsnorm_rope_cache``: MiniMax-M3's whole sparse-attention prologue in one
+kernel (vllm-ascend's ``minimax_qknorm_rope_cache``): norm + RoPE of q, k, index_q and index_k,
+k and v written into the paged KV cache, index_k into its own index cache; returns q and
+index_q.
+
+The composition (:func:`index_cache_prologue`) is ``split_heads`` of the row (or of the main
+row and a separate index projection) -> per-head norm + RoPE of the four head groups (each over
+``min(R, its head_dim)``, :func:`.blocks.group_rotary_dim`) -> three ``cache_insert`` (k and v
+into the 4-D caches by ``slot_mapping``, index_k into the 3-D index cache by
+``index_slot_mapping``) -> ``quantize_fp8`` of index_q where the index cache is FP8. The float64
+reference is :func:`fqr.reference.index_cache_prologue`.
+
+:func:`minimax_qknorm_rope_cache` takes vllm-ascend's call as its callers write it (positional
+order, ``num_actual_tokens``, slot mappings of at least ``num_actual_tokens`` entries,
+``index_packed=``) and runs this declaration.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops, reference
+from ..core import DTYPE_NAMES
+from ..ops.fp8 import FP8_E4M3
+from ..validate import check_tensor
+from . import params
+from .blocks import group_rotary_dim, head_norm_rope
+from .declare import (
+    BACKEND,
+    Cache,
+    Call,
+    Output,
+    Rows,
+    Slots,
+    Static,
+    Table,
+    Tensor,
+    Vector,
+    declare,
+    numerics,
+    positive_int,
+)
+from .kv_cache import _cache, _caches_agree, _scale
+
+
+def index_cache_prologue(
+    qkv, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight,
+    key_cache, value_cache, index_cache, slot_mapping, index_slot_mapping, index_qkv, k_scale,
+    v_scale, **s,
+):  # fmt: skip
+    """MiniMax-M3's prologue with its caches (traced into one program): the row ``[q | k | v
+    | index_q | index_k]`` (or ``[q | k | v]`` and ``index_qkv = [index_q | index_k]``)
+    split, q and k normalised per ``head_dim`` head, index_q and the one index_k head per
+    ``index_head_dim`` head, all four rotated by the one table (each group over ``min(R, its
+    head_dim)``), k and v inserted by ``slot_mapping``, index_k by ``index_slot_mapping``.
+    Returns ``(q, index_q, new key_cache, new value_cache, new index_cache)``."""
+    hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
+    hi, di = s["num_index_heads"], s["index_head_dim"]
+    main = (
+        ops.Section(hq, d, 0),
+        ops.Section(hkv, d, hq * d),
+        ops.Section(hkv, d, (hq + hkv) * d),
+    )
+    if index_qkv is None:
+        at = (hq + 2 * hkv) * d
+        q, k, v, iq, ik = ops.split_heads(
+            qkv, (*main, ops.Section(hi, di, at), ops.Section(1, di, at + hi * di))
+        )
+    else:
+        q, k, v = ops.split_heads(qkv, main)
+        iq, ik = ops.split_heads(index_qkv, (ops.Section(hi, di, 0), ops.Section(1, di, hi * di)))
+    q, k = head_norm_rope(
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        (q_weight, k_weight),
+        s,
+        rotary_dim=group_rotary_dim(cos_sin_cache, d),
+    )
+    iq, ik = head_norm_rope(
+        iq,
+        ik,
+        positions,
+        cos_sin_cache,
+        (index_q_weight, index_k_weight),
+        s,
+        head_dim=di,
+        rotary_dim=group_rotary_dim(cos_sin_cache, di),
+    )
+    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
+    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
+    index_cache = ops.cache_insert(index_cache, ik, index_slot_mapping)
+    if index_cache.dtype == FP8_E4M3:  # index_q in the index cache's dtype, as the peer's
+        iq = ops.quantize_fp8(iq)
+    return q, iq, key_cache, value_cache, index_cache
+
+
+def _main_width(call: Call) -> tuple[int, str]:
+    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
+    width = (hq + 2 * hkv) * d
+    if call.index_qkv is not None:
+        return width, (
+            f"(num_heads + 2*num_kv_heads) * head_dim = ({hq} + 2*{hkv}) * {d} = {width} "
+            "(the index heads are in index_qkv)"
+        )
+    hi, di = call.num_index_heads, call.index_head_dim
+    full = width + (hi + 1) * di
+    return full, (
+        f"(num_heads + 2*num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim = "
+        f"({hq} + 2*{hkv}) * {d} + ({hi} + 1) * {di} = {full}"
+    )
+
+
+def _index_width(call: Call) -> tuple[int, str]:
+    hi, di = call.num_index_heads, call.index_head_dim
+    width = (hi + 1) * di
+    return width, f"(num_index_heads + 1) * index_head_dim = ({hi} + 1) * {di} = {width}"
+
+
+def _index_cache_shape(call: Call):
+    di = call.index_head_dim
+    return (None, di), f"[num_blocks, block_size, index_head_dim={di}]"
+
+
+def _cache_dtypes(call: Call):
+    return (call.qkv.dtype, FP8_E4M3)
+
+
+def _cache_dtype_text(call: Call) -> str:
+    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
+
+
+def _index_vector(name: str, of: str) -> Tensor:
+    return Tensor(
+        name,
+        keyword=False,
+        annotation=params.TENSOR,
+        kind=Vector(length=lambda call: call.index_head_dim, what="index_head_dim"),
+        doc=f"``[index_head_dim]`` RMSNorm weight of {of} (scaled as ``weight_offset + w``)",
+    )
+
+
+_HEAD_WEIGHT = Vector(what="head_dim")
+
+SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
+    "split_qkv_index_rmsnorm_rope_cache",
+    index_cache_prologue,
+    (
+        Tensor(
+            "qkv",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Rows(what="[T, q | k | v (| index_q | index_k)]", width=_main_width),
+            doc="``[T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]``: the packed row ``[q | k | v | index_q | "
+            "index_k]`` (Hi indexer q heads and ONE indexer k head, Di wide); ``[T, (Hq + "
+            "2*Hkv)*D]`` when ``index_qkv`` is given; the row stride may exceed the width",
+        ),
+        params.POSITIONS,
+        Tensor(
+            "cos_sin_cache",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Table(head_dim=lambda call: max(call.head_dim, call.index_head_dim)),
+            doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
+            "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
+        ),
+        Tensor(
+            "q_weight",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=_HEAD_WEIGHT,
+            doc="``[head_dim]`` RMSNorm weight of q",
+        ),
+        Tensor(
+            "k_weight",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=_HEAD_WEIGHT,
+            doc="``[head_dim]`` RMSNorm weight of k",
+        ),
+        _index_vector("index_q_weight", "index_q"),
+        _index_vector("index_k_weight", "index_k"),
+        _cache("key_cache", "key"),
+        _cache("value_cache", "value"),
+        Tensor(
+            "index_cache",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Cache(
+                shape=_index_cache_shape,
+                dtypes=_cache_dtypes,
+                dtype_text=_cache_dtype_text,
+                last="index_head_dim",
+            ),
+            donated=True,
+            doc="``[num_blocks, block_size, Di]`` paged index-key cache (its own blocks and "
+            "block size, any strides with a contiguous last dim) in qkv's dtype or "
+            "float8_e4m3fn (saturated to +-448, no scale); updated in place",
+        ),
+        Tensor(
+            "slot_mapping",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Slots(),
+            doc="``[T]`` int32/int64 slot of each token in key_cache and value_cache: block "
+            "``s // block_size``, row ``s % block_size``; negative: padding, nothing stored",
+        ),
+        Tensor(
+            "index_slot_mapping",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Slots(cache="index_cache"),
+            doc="``[T]`` int32/int64 slot of each token's index_k in index_cache (its own "
+            "block size); negative: nothing stored",
+        ),
+        params.NUM_HEADS,
+        params.NUM_KV_HEADS,
+        params.HEAD_DIM,
+        Static(
+            "num_index_heads",
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="indexer q heads",
+        ),
+        Static(
+            "index_head_dim",
+            annotation="int",
+            check=positive_int,
+            schema="int",
+            doc="features per indexer head (MiniMax-M3: head_dim)",
+        ),
+        params.EPS,
+        params.IS_NEOX,
+        params.with_default(params.WEIGHT_OFFSET, 1.0),
+        Tensor(
+            "index_qkv",
+            None,
+            annotation=params.OPTIONAL_TENSOR,
+            kind=Rows(what="[T, index_q | index_k]", width=_index_width, like="qkv"),
+            optional=True,
+            doc="``[T, (Hi + 1)*Di]`` the index projection ``[index_q | index_k]`` when it is "
+            "a separate input (then qkv holds q | k | v only); qkv's dtype and tokens",
+        ),
+        _scale("k_scale", "key"),
+        _scale("v_scale", "value"),
+        numerics(),
+        BACKEND,
+    ),
+    (
+        Output("q"),
+        Output("index_q", head_dim=lambda s: s["index_head_dim"]),
+        Output("key_cache"),
+        Output("value_cache"),
+        Output("index_cache"),
+    ),
+    reference=reference.index_cache_prologue,
+    static_checks=(params.heads_divide,),
+    checks=(_caches_agree,),
+    doc="""
+    MiniMax-M3's sparse-attention prologue with its paged caches, fused: vllm-ascend's
+    ``minimax_qknorm_rope_cache`` (:func:`fqr.minimax_qknorm_rope_cache` takes its call as
+    written). Returns new ``(q [T, Hq*D], index_q [T, Hi*Di])``; k and v go into the KV cache,
+    index_k into the index cache, none of them is materialised.
+
+    Per head of q and k (width D) and of index_q and index_k (width Di), with its own weight::
+
+        y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)      # Gemma (1 + w) by default
+
+    then NeoX (or GPT-J) RoPE of the first ``r = min(R, d)`` features of every head (``d`` its
+    group's width), ``cos = row[:r/2]``, ``sin = row[R/2 : R/2 + r/2]`` of the one ``row =
+    cos_sin_cache[positions]``. Then for every token ``t`` with ``s = slot_mapping[t] >= 0``
+    and ``u = index_slot_mapping[t] >= 0``::
+
+        key_cache[s // bs, s % bs, h, :]    = store(k[t, h])
+        value_cache[s // bs, s % bs, h, :]  = store(v[t, h])
+        index_cache[u // ibs, u % ibs, :]   = store(index_k[t])
+
+    ``bs`` and ``ibs`` the block sizes of the caches (they may differ). ``store`` rounds to the
+    cache's dtype; an FP8 cache stores ``e4m3(clamp(x / scale, -448, 448))`` (``k_scale`` /
+    ``v_scale`` for the KV cache, default 1; the index cache takes none, as the peer's). A
+    negative slot writes nothing; rows no slot names keep their bytes. ``index_q`` is returned
+    in the index cache's dtype (FP8: saturated to +-448), q in qkv's.
+
+    The index heads come from the row after v, or from ``index_qkv`` (a separate projection,
+    no concatenation). **The caches are updated in place** (donated, as
+    :func:`fqr.split_qkv_rmsnorm_rope_cache`). The reference it matches is
+    :func:`fqr.reference.index_cache_prologue`. ``numerics="unfused"`` rounds where the model's
+    ``GemmaRMSNorm`` / ``rotary_emb`` chain does (k rounded to qkv's dtype before its store).
+    """,
+)
+
+split_qkv_index_rmsnorm_rope_cache = SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE.function
+
+
+# --------------------------------------------------- vllm-ascend's call, as its callers write it
+
+
+def _actual_slots(name: str, slots, num_actual_tokens: int, tokens: int):
+    """``slots`` as the ``[T]`` mapping the op takes: its first ``num_actual_tokens`` entries,
+    then -1 (nothing stored) for the tokens past them (the caller's tensor is not written)."""
+    check_tensor(name, slots)
+    if slots.dim() != 1 or slots.shape[0] < num_actual_tokens:
+        raise ValueError(
+            f"{name} must be 1-D with at least num_actual_tokens = {num_actual_tokens} "
+            f"entries, got shape {list(slots.shape)}"
+        )
+    if slots.shape[0] == tokens == num_actual_tokens:
+        return slots
+    padded = torch.full((tokens,), -1, dtype=slots.dtype, device=slots.device)
+    padded[:num_actual_tokens] = slots[:num_actual_tokens]
+    return padded
+
+
+def minimax_qknorm_rope_cache(
+    packed: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    index_q_weight: torch.Tensor,
+    index_k_weight: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    index_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    index_slot_mapping: torch.Tensor,
+    num_actual_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    num_index_heads: int,
+    eps: float,
+    index_packed: torch.Tensor | None = None,
+    *,
+    numerics: str = "fused",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vllm-ascend's ``minimax_qknorm_rope_cache(packed, cos_sin_cache, positions, q_weight,
+    k_weight, index_q_weight, index_k_weight, key_cache, value_cache, index_cache,
+    slot_mapping, index_slot_mapping, num_actual_tokens, num_q_heads, num_kv_heads,
+    num_index_heads, eps, index_packed=None)``, run as
+    :func:`fqr.split_qkv_index_rmsnorm_rope_cache` (its math and checks): Gemma ``(1 + w)``
+    norms, NeoX RoPE, ``head_dim`` = ``index_head_dim`` = the length of ``q_weight`` (the
+    peer's rule). Tokens ``t >= num_actual_tokens`` (graph padding) store nothing; the slot
+    mappings need only their first ``num_actual_tokens`` entries (vLLM's slot mapping of the
+    actual tokens). Returns ``(q, index_q)``."""
+    check_tensor("packed", packed)
+    check_tensor("q_weight", q_weight)
+    if packed.dim() != 2:
+        raise ValueError(f"packed must be 2-D [T, width], got shape {list(packed.shape)}")
+    if q_weight.dim() != 1:
+        raise ValueError(f"q_weight must be 1-D [head_dim], got shape {list(q_weight.shape)}")
+    tokens, head_dim = packed.shape[0], q_weight.shape[0]
+    if (
+        not isinstance(num_actual_tokens, int)
+        or isinstance(num_actual_tokens, bool)
+        or not 0 <= num_actual_tokens <= tokens
+    ):
+        raise ValueError(
+            f"num_actual_tokens must be an int in [0, T = {tokens}], got {num_actual_tokens!r}"
+        )
+    slots = _actual_slots("slot_mapping", slot_mapping, num_actual_tokens, tokens)
+    index_slots = _actual_slots("index_slot_mapping", index_slot_mapping, num_actual_tokens, tokens)
+    return split_qkv_index_rmsnorm_rope_cache(
+        packed,
+        positions,
+        cos_sin_cache,
+        q_weight,
+        k_weight,
+        index_q_weight,
+        index_k_weight,
+        key_cache,
+        value_cache,
+        index_cache,
+        slots,
+        index_slots,
+        num_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        num_index_heads=num_index_heads,
+        index_head_dim=head_dim,
+        eps=eps,
+        is_neox=True,
+        weight_offset=1.0,
+        index_qkv=index_packed,
+        numerics=numerics,
+        backend=backend,
+    )
