@@ -1,0 +1,411 @@
+"""vllm-ascend's own MiniMax-M3 prologue tests, ported onto fqr (issue 26, items 2 and 8).
+
+Two peer files, their grids, references and tolerances kept; the references are re-written here
+from the peers' formulas (in float64 where the peer computes in fp32; a rounding the peer's
+reference makes on purpose is kept and named):
+
+* ``tests/e2e/nightly/single_node/ops/singlecard_ops/triton/test_split_qkv_index_rmsnorm_rope.py``
+  (``_reference_impl``): every head group rotated over ``min(R, its head_dim)`` (item 2), plain
+  ``x * rstd * w`` norms (fqr ``weight_offset=0``) with fp32 weights, an optional bias after the
+  norm (item 1: run where fqr takes ``q_bias``), atol 5e-2 / rtol 5e-3.
+* ``tests/e2e/pull_request/one_card/test_minimax_qknorm_rope_cache.py`` (``reference``): Gemma
+  ``(1 + w)`` norms rounded to the activation dtype before RoPE (the peer's reference and kernel
+  round there), the caches by slot, atol 0.032 / rtol 0.01 (FP8: 0.25), untouched cache rows bit
+  for bit; called through :func:`fqr.minimax_qknorm_rope_cache` exactly as the peer calls its op.
+
+Inputs are fresh random values; the RoPE tables are real ones (:func:`fqr.rope_cache.
+rope_cos_sin_cache`, MiniMax-M3's theta) in the peer's table dtype where the peer draws random
+numbers, so every rotation is a real one. The CPU files sample the grids (the interpreter cases
+small); tests/gpu/test_gpu_peers_minimax.py runs them whole on ``triton``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+import fqr
+from fqr.prologue.index_heads import SPLIT_QKV_INDEX_RMSNORM_ROPE
+from fqr.rope_cache import rope_cos_sin_cache
+
+THETA = 5e6  # MiniMax-M3's rope_theta (fqr.presets, minimax-m3)
+E4M3 = torch.float8_e4m3fn
+
+
+@lru_cache(maxsize=8)
+def real_table(rotary_dim: int, max_position: int, dtype: torch.dtype) -> torch.Tensor:
+    """A real RoPE table ``[max_position, rotary_dim]`` rounded once to ``dtype`` (cached)."""
+    return rope_cos_sin_cache(rotary_dim, max_position, THETA).to(dtype)
+
+
+def _neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotation of the first ``2 * cos.shape[-1]`` features of ``x [T, H, D]`` (float64)
+    by per-token ``cos``, ``sin [T, r/2]``; the rest passes through."""
+    h = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x[..., :h], x[..., h : 2 * h]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * h :]], dim=-1)
+
+
+def assert_close_as_peer(name: str, got, want, atol: float, rtol: float) -> None:
+    """``torch.testing.assert_close`` with the peer's tolerances, the output named."""
+    torch.testing.assert_close(
+        got.cpu(), want.to(got.dtype), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}"
+    )
+
+
+# ------------------------------------------------------------- split_qkv_index_rmsnorm_rope
+
+INDEX_ATOL, INDEX_RTOL = 5e-2, 5e-3
+INDEX_MAX_POSITION = 262144
+FQR_TAKES_QK_BIAS = "q_bias" in SPLIT_QKV_INDEX_RMSNORM_ROPE.index  # issue 26 item 1
+
+
+@dataclass(frozen=True)
+class IndexCase:
+    tokens: int
+    num_q_heads: int
+    num_kv_heads: int
+    num_idx_heads: int
+    idx_head_dim: int
+    rope_dim: int
+    has_bias: bool
+    head_dim: int = 128
+    max_position: int = INDEX_MAX_POSITION
+
+    @property
+    def id(self) -> str:
+        return (
+            f"t{self.tokens}-h{self.num_q_heads}x{self.num_kv_heads}-i{self.num_idx_heads}"
+            f"x{self.idx_head_dim}-r{self.rope_dim}{'-bias' if self.has_bias else ''}"
+        )
+
+
+def index_grid(max_position: int = INDEX_MAX_POSITION) -> list[IndexCase]:
+    """The peer's grid: NUM_TOKENS x NUM_QKV_HEADS x NUM_IDX_HEADS x IDX_HEAD_DIMS x ROPE_DIMS x
+    HAS_BIAS (HEAD_DIMS [128], EPS [1e-6], bf16, seed 0): 128 cases."""
+    return [
+        IndexCase(t, hq, hkv, hi, di, r, b, max_position=max_position)
+        for t, (hq, hkv), hi, di, r, b in itertools.product(
+            [1, 8, 32, 1024], [(12, 1), (64, 4)], [8, 16], [48, 64], [64, 128], [False, True]
+        )
+    ]
+
+
+def peer_index_reference(qkv, table, positions, weights, biases, case: IndexCase, eps=1e-6):
+    """The peer's ``_reference_impl``, float64: split ``[q | k | v | index_q | index_k]``,
+    ``x * rsqrt(mean(x^2) + eps) * w`` per head (+ bias on q and k), NeoX RoPE of each group
+    over ``r = min(R, its head_dim)`` with ``cos = rows[:, :r/2]``, ``sin = rows[:, R/2 : R/2 +
+    r/2]``; v copied."""
+    t, d, di = qkv.shape[0], case.head_dim, case.idx_head_dim
+    sizes = [
+        case.num_q_heads * d,
+        case.num_kv_heads * d,
+        case.num_kv_heads * d,
+        case.num_idx_heads * di,
+        di,
+    ]
+    parts = list(qkv.double().split(sizes, dim=-1))
+    rows = table.double()[positions.long()]
+    half = rows.shape[1] // 2
+    out = []
+    for i, (x, w) in enumerate(zip((parts[0], parts[1], parts[3], parts[4]), weights)):
+        width = d if i < 2 else di
+        heads = x.reshape(t, -1, width)
+        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        if i < 2 and biases[i] is not None:
+            y = y + biases[i].double()
+        h = min(rows.shape[1], width) // 2
+        out.append(_neox(y, rows[:, :h], rows[:, half : half + h]).reshape(t, -1))
+    return out[0], out[1], parts[2], out[2], out[3]
+
+
+def run_index_case(case: IndexCase, backend: str, gen: torch.Generator, device="cpu") -> None:
+    """One case of the peer's ``test_split_qkv_index_rmsnorm_rope`` on fqr."""
+    d, di = case.head_dim, case.idx_head_dim
+    width = (case.num_q_heads + 2 * case.num_kv_heads) * d + (case.num_idx_heads + 1) * di
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    qkv = randn(case.tokens, width).to(torch.bfloat16)
+    weights = [randn(n) * 0.1 + 1.0 for n in (d, d, di, di)]  # fp32, as the peer's
+    biases = [randn(d) * 0.1, randn(d) * 0.1] if case.has_bias else [None, None]
+    table = real_table(case.rope_dim, case.max_position, torch.bfloat16)
+    positions = torch.randint(0, case.max_position, (case.tokens,), generator=gen)
+    expected = peer_index_reference(qkv, table, positions, weights, biases, case)
+    extra = dict(q_bias=biases[0].to(device), k_bias=biases[1].to(device)) if case.has_bias else {}
+    got = fqr.split_qkv_index_rmsnorm_rope(
+        qkv.to(device),
+        positions.to(device),
+        table.to(device),
+        *(w.to(device) for w in weights),
+        num_heads=case.num_q_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=d,
+        num_index_heads=case.num_idx_heads,
+        index_head_dim=di,
+        eps=1e-6,
+        weight_offset=0.0,  # the peer's weights multiply as they are (~1.0)
+        backend=backend,
+        **extra,
+    )
+    for name, out, want in zip(("q", "k", "v", "index_q", "index_k"), got, expected):
+        assert_close_as_peer(name, out.double(), want, INDEX_ATOL, INDEX_RTOL)
+
+
+# ------------------------------------------------------------------- minimax_qknorm_rope_cache
+
+CACHE_ATOL, CACHE_RTOL, FP8_ATOL = 0.032, 0.01, 0.25
+CACHE_TOKENS = [1, 4, 8, 16, 32, 64, 128, 192, 256, 513]
+CACHE_HEADS = [(8, 1, 1), (16, 2, 2), (5, 1, 3)]
+CACHE_ROTARY = [64, 128]
+HD, EPS = 128, 1e-6
+
+
+def peer_cache_reference(packed, table, positions, weights, q_heads, kv_heads, index_heads, eps):
+    """The peer's ``reference``: split in five by ``head_dim``, Gemma ``x * rsqrt(mean(x^2) +
+    eps) * (1 + w)`` per head of q, k, index_q, index_k, **rounded to the activation dtype**
+    (the peer's ``x.to(packed.dtype)``), then NeoX RoPE over the table's width R in float64 (the
+    peer: fp32). Returns ``[q, k, v, index_q, index_k]`` (float64; v as given)."""
+    head_dim = weights[0].numel()
+    sizes = [q_heads, kv_heads, kv_heads, index_heads, 1]
+    parts = list(packed.split([n * head_dim for n in sizes], -1))
+    half = table.shape[-1] // 2
+    rows = table.double()[positions.long()]
+    for part, weight in zip((0, 1, 3, 4), weights):
+        x = parts[part].reshape(packed.shape[0], -1, head_dim).double()
+        x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * (1 + weight.double())
+        x = x.to(packed.dtype).double()
+        parts[part] = _neox(x, rows[:, :half], rows[:, half:]).reshape(packed.shape[0], -1)
+    return parts
+
+
+def _assert_close(name, got, want, atol=CACHE_ATOL):
+    assert_close_as_peer(name, got.float(), want.float(), atol, CACHE_RTOL)
+
+
+def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> None:
+    """One case of the peer's ``test_minimax_qknorm_rope_cache``: a padded token stride, slot
+    mappings of ``num_actual_tokens = max(1, T - 3)`` entries (every 5th / 7th negative), caches
+    full of sentinels, the index projection separate for even T."""
+    q_heads, kv_heads, index_heads = heads
+    block_size = 16
+    total_heads = q_heads + 2 * kv_heads + index_heads + 1
+    width = total_heads * HD
+    packed = torch.randn((tokens, width + 32), generator=gen).to(torch.bfloat16)[:, :width]
+    weights = [torch.randn(HD, generator=gen).to(torch.bfloat16) * 0.1 for _ in range(4)]
+    table = real_table(rotary_dim, 257, torch.bfloat16)
+    positions = torch.randint(257, (tokens,), generator=gen)
+    actual = max(1, tokens - 3)
+    blocks = (2 * tokens + block_size - 1) // block_size
+    slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
+    index_slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
+    slots[::5] = -1
+    index_slots[::7] = -1
+    key_cache = torch.full((blocks, block_size, kv_heads, HD), -3.0, dtype=torch.bfloat16)
+    value_cache = torch.full_like(key_cache, -4.0)
+    index_cache = torch.full((blocks, block_size, HD), -5.0, dtype=torch.bfloat16)
+    key_cache, value_cache, index_cache = (
+        c.to(device) for c in (key_cache, value_cache, index_cache)
+    )
+    packed_dev = torch.empty((tokens, width + 32), dtype=packed.dtype, device=device)[:, :width]
+    packed_dev.copy_(packed)
+    main_width = (q_heads + 2 * kv_heads) * HD
+    separate_index = tokens % 2 == 0
+    q, iq = fqr.minimax_qknorm_rope_cache(
+        packed_dev[:, :main_width] if separate_index else packed_dev,
+        table.to(device),
+        positions.to(device),
+        *[w.to(device) for w in weights],
+        key_cache,
+        value_cache,
+        index_cache,
+        slots.to(device),
+        index_slots.to(device),
+        actual,
+        q_heads,
+        kv_heads,
+        index_heads,
+        EPS,
+        index_packed=packed_dev[:, main_width:] if separate_index else None,
+        backend=backend,
+    )
+    expected = peer_cache_reference(packed, table, positions, weights, *heads, EPS)
+    _assert_close("q", q, expected[0].to(q.dtype))
+    _assert_close("index_q", iq, expected[3].to(iq.dtype))
+    for name, cache, part, mapping, sentinel in (
+        ("key_cache", key_cache, expected[1], slots, -3.0),
+        ("value_cache", value_cache, expected[2], slots, -4.0),
+        ("index_cache", index_cache, expected[4], index_slots, -5.0),
+    ):
+        gold = torch.full(cache.shape, sentinel, dtype=cache.dtype).view(blocks * block_size, -1)
+        valid = mapping >= 0
+        gold[mapping[valid]] = part[:actual][valid].to(cache.dtype)
+        _assert_close(name, cache.cpu().reshape_as(gold), gold)
+        untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+        untouched[mapping[valid]] = False
+        assert torch.equal(cache.cpu().view(blocks * block_size, -1)[untouched], gold[untouched])
+
+
+def run_empty_case(backend, device="cpu") -> None:
+    """The peer's ``test_empty_minimax_qknorm_rope_cache``: no tokens, no store."""
+    weight = torch.zeros(128, dtype=torch.bfloat16, device=device)
+    cache = torch.zeros((1, 16, 1, 128), dtype=torch.bfloat16, device=device)
+    index_cache = torch.zeros((1, 16, 128), dtype=torch.bfloat16, device=device)
+    slots = torch.empty(0, dtype=torch.int64, device=device)
+    q, iq = fqr.minimax_qknorm_rope_cache(
+        torch.empty((0, 12 * 128), dtype=torch.bfloat16, device=device),
+        real_table(64, 16, torch.bfloat16).to(device),
+        slots,
+        weight,
+        weight,
+        weight,
+        weight,
+        cache,
+        cache.clone(),
+        index_cache,
+        slots,
+        slots,
+        0,
+        8,
+        1,
+        1,
+        1e-6,
+        backend=backend,
+    )
+    assert q.shape == (0, 1024) and iq.shape == (0, 128)
+    assert torch.count_nonzero(cache).item() == 0
+    assert torch.count_nonzero(index_cache).item() == 0
+
+
+DYNAMIC_CASES = [(3, 8), (64, 192), (5392, 192), (8192, 256)]
+
+
+def run_dynamic_capacity_case(blocks, tokens, backend, gen, device="cpu") -> None:
+    """The peer's ``test_dynamic_cache_capacity_and_strided_positions``: a table with padded
+    rows (row stride 80, width 64), slots at the end of a large cache (index slots reversed),
+    the index projection separate. The positions are a contiguous ``[T]`` here: the peer's
+    strided ``positions[:, 0]`` view of a ``[T, 2]`` buffer is issue 26 item 6."""
+    hd, block_size, max_position = 128, 128, 263000
+    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16)
+    weights = [torch.randn(hd, generator=gen).to(packed.dtype) * 0.1 for _ in range(4)]
+    cs = real_table(64, max_position, torch.bfloat16)
+    cs_dev = torch.empty((max_position, 80), dtype=packed.dtype, device=device)[:, :64]
+    cs_dev.copy_(cs)
+    positions = torch.randint(max_position, (tokens,), generator=gen)
+    positions[0], positions[-1] = 0, max_position - 1
+    slots = torch.arange(blocks * block_size - tokens, blocks * block_size)
+    index_slots = slots.flip(0)
+    key = torch.zeros((blocks, block_size, 1, hd), dtype=packed.dtype, device=device)
+    value = torch.zeros_like(key)
+    index = torch.zeros((blocks, block_size, hd), dtype=packed.dtype, device=device)
+    q, iq = fqr.minimax_qknorm_rope_cache(
+        packed[:, : 10 * hd].contiguous().to(device),
+        cs_dev,
+        positions.to(device),
+        *[w.to(device) for w in weights],
+        key,
+        value,
+        index,
+        slots.to(device),
+        index_slots.to(device),
+        tokens,
+        8,
+        1,
+        1,
+        1e-6,
+        index_packed=packed[:, 10 * hd :].contiguous().to(device),
+        backend=backend,
+    )
+    expected = peer_cache_reference(packed, cs, positions, weights, 8, 1, 1, 1e-6)
+    slots_dev, index_dev = slots.to(device), index_slots.to(device)
+    for name, got, gold in (
+        ("q", q, expected[0]),
+        ("index_q", iq, expected[3]),
+        ("key_cache", key.view(-1, hd)[slots_dev], expected[1]),
+        ("value_cache", value.view(-1, hd)[slots_dev], expected[2]),
+        ("index_cache", index.view(-1, hd)[index_dev], expected[4]),
+    ):
+        _assert_close(name, got, gold.to(packed.dtype))
+    assert torch.count_nonzero(key[0].float()).item() == 0
+
+
+def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=False) -> None:
+    """The peer's ``test_cache_graph_replay_updates_slots_and_preserves_strides``: caches with
+    padded block strides and three block sizes (16, 16, 8), an all-padding call that must leave
+    every row untouched, then new positions and slots (tokens past ``num_actual_tokens = 5``
+    named slots that must not be written), FP8 caches with v past +-448. ``graph``: the calls
+    are a captured CUDA graph replayed after the data change, then 100 more replays beside
+    another stream's traffic, as the peer replays its NPU graph (GPU only)."""
+    qh, kh, ih, hd, actual = 8, 1, 1, 128, 5
+    cache_dtype = E4M3 if fp8 else torch.bfloat16
+    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16).to(device)
+    if fp8:
+        packed[:, 9 * hd : 10 * hd] *= 1000  # v saturates whatever the norm does
+    weights = [(torch.randn(hd, generator=gen) * 0.1).to(packed.dtype).to(device) for _ in range(4)]
+    cs = real_table(64, tokens + 32, torch.bfloat16).to(device)
+    positions = torch.arange(tokens, device=device)
+    key = torch.zeros((3, 17, kh, hd), dtype=cache_dtype, device=device)[:, :16]
+    value = torch.zeros((3, 18, kh, hd), dtype=cache_dtype, device=device)[:, :16]
+    index = torch.zeros((6, 9, hd), dtype=cache_dtype, device=device)[:, :8]
+    slots = torch.full((tokens,), -1, dtype=torch.int64, device=device)
+    index_slots = slots.clone()
+
+    def run():
+        return fqr.minimax_qknorm_rope_cache(
+            packed, cs, positions, *weights, key, value, index, slots, index_slots, actual,
+            qh, kh, ih, 1e-6, backend=backend,
+        )  # fmt: skip
+
+    run()  # all padding: no row written
+    for cache in (key, value, index):
+        assert torch.count_nonzero(cache.float()).item() == 0
+    if graph:
+        torch.cuda.synchronize()
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            q, iq = run()
+    positions.copy_(torch.arange(tokens, device=device) + 11)
+    slots[:8].copy_(torch.tensor([17, -1, 0, 35, 7, 20, 21, 22], device=device))
+    index_slots[:8].copy_(torch.tensor([4, 18, -1, 9, 34, 30, 31, 32], device=device))
+    if graph:
+        cuda_graph.replay()
+        torch.cuda.synchronize()
+    else:
+        q, iq = run()
+    expected = peer_cache_reference(
+        packed.cpu(), cs.cpu(), positions.cpu(), [w.cpu() for w in weights], qh, kh, ih, 1e-6
+    )
+    _assert_close("q", q, expected[0].to(q.dtype))
+    expected_iq = expected[3].clamp(-448, 448) if fp8 else expected[3]
+    assert iq.dtype == cache_dtype  # index_q in the index cache's dtype, as the peer's
+    _assert_close("index_q", iq, expected_iq.to(iq.dtype), FP8_ATOL if fp8 else CACHE_ATOL)
+    for name, cache, part, mapping in (
+        ("key_cache", key, expected[1], slots),
+        ("value_cache", value, expected[2], slots),
+        ("index_cache", index, expected[4], index_slots),
+    ):
+        gold = torch.zeros(cache.shape, dtype=cache_dtype)
+        part = part.to(packed.dtype) if cache is not index else part
+        if fp8:
+            part = part.float().clamp(-448, 448)
+        for token, slot in enumerate(mapping.cpu().tolist()[:actual]):
+            if slot >= 0:
+                block, row = divmod(slot, cache.shape[1])
+                gold[block, row] = part[token].reshape_as(gold[0, 0]).to(cache_dtype)
+        _assert_close(name, cache, gold, FP8_ATOL if fp8 else CACHE_ATOL)
+    if graph:
+        traffic = torch.empty(1 << 20, device=device)
+        stream = torch.cuda.Stream()
+        saved = [x.clone() for x in (q, iq, key, index)]
+        for _ in range(100):
+            with torch.cuda.stream(stream):
+                traffic.fill_(1.0)
+            cuda_graph.replay()
+        torch.cuda.synchronize()
+        for before, now in zip(saved, (q, iq, key, index)):
+            assert torch.equal(before.float(), now.float())
