@@ -1,0 +1,76 @@
+"""vllm-ascend's MiniMax-M3 prologue tests, whole grids, on the GPU's ``triton`` backend (skipped
+without CUDA): ``test_split_qkv_index_rmsnorm_rope.py`` (128 cases: the per-group rotary width,
+issue 26 item 2; the 64 bias cases where fqr takes ``q_bias``, item 1) and
+``test_minimax_qknorm_rope_cache.py`` (60 + 1 + 4 + 4 cases: the fused cache op with its index
+cache, item 8; the graph-replay test as a captured CUDA graph). References and tolerances as the
+CPU ports (tests/peers, :mod:`support.vllm_ascend_minimax`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.vllm_ascend_minimax import (
+    CACHE_HEADS,
+    CACHE_ROTARY,
+    CACHE_TOKENS,
+    DYNAMIC_CASES,
+    FQR_TAKES_QK_BIAS,
+    index_grid,
+    run_cache_case,
+    run_dynamic_capacity_case,
+    run_empty_case,
+    run_index_case,
+    run_replay_case,
+)
+
+from fqr.backends import BACKENDS
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
+    ),
+]
+CUDA = "cuda"
+
+
+def _needs_bias(case):
+    return pytest.mark.skipif(
+        case.has_bias and not FQR_TAKES_QK_BIAS,
+        reason="q_bias/k_bias on split_qkv_index_rmsnorm_rope is issue 26 item 1",
+    )
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=_needs_bias(c)) for c in index_grid()]
+)
+def test_split_qkv_index_rmsnorm_rope(case, gen):
+    run_index_case(case, "triton", gen, CUDA)
+
+
+@pytest.mark.parametrize("rotary_dim", CACHE_ROTARY)
+@pytest.mark.parametrize("heads", CACHE_HEADS, ids=lambda h: "x".join(map(str, h)))
+@pytest.mark.parametrize("tokens", CACHE_TOKENS)
+def test_minimax_qknorm_rope_cache(tokens, heads, rotary_dim, gen):
+    run_cache_case(tokens, heads, rotary_dim, "triton", gen, CUDA)
+
+
+def test_empty_minimax_qknorm_rope_cache():
+    run_empty_case("triton", CUDA)
+
+
+@pytest.mark.parametrize("blocks, tokens", DYNAMIC_CASES)
+def test_dynamic_cache_capacity(blocks, tokens, gen):
+    run_dynamic_capacity_case(blocks, tokens, "triton", gen, CUDA)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("tokens", [8, 192])
+def test_cache_graph_replay_updates_slots_and_preserves_strides(fp8, tokens, gen):
+    run_replay_case(fp8, tokens, "triton", gen, CUDA, graph=True)
+
+
+def test_the_replay_semantics_hold_without_a_graph(gen):
+    """The same data change run eagerly: a graph-only failure is told apart from the op's."""
+    run_replay_case(True, 8, "triton", gen, CUDA)
+    assert torch.cuda.is_available()
