@@ -19,6 +19,10 @@
                                          (:mod:`.kv_cache`)
 =======================================  ====================================================
 
+:func:`split_qkv_index_rmsnorm_rope_cache` (:mod:`.index_cache`) is MiniMax-M3's prologue whole:
+the indexer heads, k and v into the KV cache and index_k into its own index cache, q and index_q
+returned; :func:`minimax_qknorm_rope_cache` takes vllm-ascend's call to it as written.
+
 Each module holds one declaration (:mod:`.declare`): the composition of :mod:`fqr.ops` that
 gets traced, the parameters with their kinds, the float64 reference, the outputs, and the
 variants that bind presets to it (:mod:`.variant`). The public function, its checks and fast

@@ -13,6 +13,8 @@ import torch
 import fqr
 from fqr import reference
 from fqr.numerics import compare
+from fqr.prologue.declare import torch_op_params
+from fqr.prologue.index_cache import SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE
 from fqr.rope_cache import rope_cos_sin_cache
 
 E4M3 = torch.float8_e4m3fn
@@ -188,3 +190,27 @@ def test_the_peer_call_stores_only_its_actual_tokens(gen):
     for overrides, message in bad:
         with pytest.raises(ValueError, match=message):
             fqr.minimax_qknorm_rope_cache(**(args | overrides), backend="reference")
+
+
+@pytest.mark.parametrize("fp8, separate", [(False, True), (True, False)])
+def test_the_torch_op_passes_opcheck_and_returns_new_memory(gen, fp8, separate):
+    """``torch.ops.fqr.split_qkv_index_rmsnorm_rope_cache``: ``torch.library.opcheck`` (schema
+    with three mutated caches, fake, autograd registration, AOT dispatch), index_q in the index
+    cache's dtype, no returned tensor sharing memory with an argument."""
+    decl = SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE
+    inputs = draw(gen, fp8)
+    if separate:
+        row = inputs.pop("qkv")
+        inputs["qkv"], inputs["index_qkv"] = row[:, :MAIN].contiguous(), row[:, MAIN:].contiguous()
+    bound = decl.bind((), inputs | STATICS)
+    args = [bound[decl.index[p.name]] for p in torch_op_params(decl)]
+    op = torch.ops.fqr.split_qkv_index_rmsnorm_rope_cache.default
+    # torch's schema check compares FP8 outputs with a CPU multiply it lacks for float8: the
+    # other three checks for the FP8 caches
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(op, args, **(dict(test_utils=utils) if fp8 else {}))
+    q, iq = op(*args)
+    assert q.shape == (T, HQ * D) and iq.shape == (T, HI * DI)
+    assert iq.dtype == (E4M3 if fp8 else torch.bfloat16)
+    given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    assert not {q.untyped_storage().data_ptr(), iq.untyped_storage().data_ptr()} & given
