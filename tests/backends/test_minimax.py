@@ -388,3 +388,35 @@ def test_a_cache_whose_elements_share_memory_is_refused(gen, name, how, backend)
         cache_call(inputs, table, **caches, **kwargs)
     for n, c in caches.items():
         assert torch.equal(bits(c), bits(before[n])), f"{n} was written"
+
+
+@pytest.mark.parametrize(
+    "backend", ["reference", pytest.param("interpret", marks=needs_interpreter)]
+)
+@pytest.mark.parametrize(
+    "head_dim, index_head_dim, is_neox", [(64, 48, True), (32, 64, False), (64, 32, False)]
+)
+def test_each_head_group_rotates_the_tables_first_frequencies(
+    gen, backend, head_dim, index_head_dim, is_neox
+):
+    """A 64-wide table over groups of other widths (issue 26 item 2): each group rotates min(R,
+    its head_dim) features by the table's first frequencies (vllm-ascend's indexer), the main
+    heads or the index heads the narrower; checked against the float64 reference."""
+    hq, hkv, hi, t, rows = 4, 2, 2, 5, 1 << 12
+    d, di = head_dim, index_head_dim
+    qkv = torch.randn(t, (hq + 2 * hkv) * d + (hi + 1) * di, generator=gen).bfloat16()
+    positions = torch.randint(0, rows, (t,), generator=gen)
+    table = fqr.rope_cos_sin_cache(64, rows, 5e6)
+    weights = [(0.2 * torch.randn(n, generator=gen)).bfloat16() for n in (d, d, di, di)]
+    statics = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, num_index_heads=hi)
+    statics.update(index_head_dim=di, eps=1e-6, is_neox=is_neox)
+    exact = reference.index_prologue(qkv, positions, table, *weights, **statics)
+    outs = fqr.split_qkv_index_rmsnorm_rope(
+        qkv, positions, table, *weights, **statics, backend=backend
+    )
+    for name, out, e in zip(("q", "k", "v", "index_q", "index_k"), outs, exact):
+        c = compare(out, e, head_dim=d if name in ("q", "k", "v") else di)
+        assert c.passed, f"{name}: {c}"
+    with pytest.raises(ValueError, match="cos_sin_cache width .*96 exceeds head_dim 64"):
+        wide = fqr.rope_cos_sin_cache(96, rows, 5e6)
+        fqr.split_qkv_index_rmsnorm_rope(qkv, positions, wide, *weights, **statics)
