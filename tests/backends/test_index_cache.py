@@ -13,6 +13,8 @@ import torch
 import fqr
 from fqr import reference
 from fqr.numerics import compare
+from fqr.peers import minimax_index_prologue
+from fqr.presets import PrologueSpec
 from fqr.prologue.declare import torch_op_params
 from fqr.prologue.index_cache import SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE
 from fqr.rope_cache import rope_cos_sin_cache
@@ -214,3 +216,44 @@ def test_the_torch_op_passes_opcheck_and_returns_new_memory(gen, fp8, separate):
     assert iq.dtype == (E4M3 if fp8 else torch.bfloat16)
     given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
     assert not {q.untyped_storage().data_ptr(), iq.untyped_storage().data_ptr()} & given
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_unfused_is_the_model_chain(gen, backend):
+    """``numerics="unfused"``: q, index_q and the stored k, v, index_k are the bits of
+    MiniMax-M3's own chain (vllm-ascend's fallback: ``GemmaRMSNorm`` and ``rotary_emb`` in
+    bf16, :func:`fqr.peers.minimax_index_prologue`) stored by slot."""
+    d = 64
+    spec = PrologueSpec(HQ, HKV, d, 32, eps=1e-6, is_neox=True, weight_offset=1.0)
+    table = rope_cos_sin_cache(32, MAX_POS, 5e6)
+    inputs = {
+        "qkv": torch.randn(T, (HQ + 2 * HKV + HI + 1) * d, generator=gen).bfloat16(),
+        "positions": torch.randint(0, MAX_POS, (T,), generator=gen),
+        **{
+            k: (0.2 * torch.randn(d, generator=gen)).bfloat16()
+            for k in ("q_weight", "k_weight", "index_q_weight", "index_k_weight")
+        },
+    }
+    q, k, v, iq, ik = minimax_index_prologue(
+        inputs, table.bfloat16(), spec, num_index_heads=HI, index_head_dim=d, attn_fp8=False,
+        index_fp8=False,
+    )  # fmt: skip
+    slots, index_slots = torch.tensor([3, -1, 15, 0, 9, -1]), torch.tensor([-1, 14, 2, 7, -1, 15])
+    caches = [torch.randn(4, BS, HKV, d, generator=gen).bfloat16() for _ in range(2)]
+    index_cache = torch.randn(2, IBS, d, generator=gen).bfloat16()
+    want = [c.clone() for c in (*caches, index_cache)]
+    for cache, x, mapping in zip(want, (k, v, ik), (slots, slots, index_slots)):
+        rows = cache.view(-1, x.shape[1])
+        rows[mapping[mapping >= 0]] = x[mapping >= 0]
+    got_q, got_iq = fqr.split_qkv_index_rmsnorm_rope_cache(
+        inputs["qkv"], inputs["positions"], table, inputs["q_weight"], inputs["k_weight"],
+        inputs["index_q_weight"], inputs["index_k_weight"], *caches, index_cache, slots,
+        index_slots, num_heads=HQ, num_kv_heads=HKV, head_dim=d, num_index_heads=HI,
+        index_head_dim=d, numerics="unfused", backend=backend,
+    )  # fmt: skip
+    for name, got, w in zip(
+        ("q", "index_q", "key_cache", "value_cache", "index_cache"),
+        (got_q, got_iq, *caches, index_cache),
+        (q, iq, *want),
+    ):
+        assert torch.equal(bits(got), bits(w)), name
