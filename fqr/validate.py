@@ -75,12 +75,14 @@ def check_head_params(*, head_dim, eps, is_neox, weight_offset) -> None:
         raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
 
 
-def check_rotary_dim(rotary_dim: int, head_dim: int, what: str = "rotary_dim") -> None:
-    """Even, at least 2, at most ``head_dim``."""
+def check_rotary_dim(
+    rotary_dim: int, head_dim: int, what: str = "rotary_dim", bound: str = "head_dim"
+) -> None:
+    """Even, at least 2, at most ``head_dim`` (``bound``: what that limit is called)."""
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"{what} must be even and >= 2, got {rotary_dim}")
     if rotary_dim > head_dim:
-        raise ValueError(f"{what} {rotary_dim} exceeds head_dim {head_dim}")
+        raise ValueError(f"{what} {rotary_dim} exceeds {bound} {head_dim}")
 
 
 def check_mrope_section(mrope_section, mrope_interleaved, rotary_dim: int, *, config=False) -> None:
@@ -185,8 +187,9 @@ def check_positions(positions, tokens: int, rows_of: str = "qkv") -> None:
     check_unit_stride("positions", positions)
 
 
-def check_cos_sin_cache(cos_sin_cache, head_dim: int) -> int:
-    """A ``[max_position, rotary_dim]`` float table, unit stride along a row; its rotary_dim."""
+def check_cos_sin_cache(cos_sin_cache, head_dim: int, bound: str = "head_dim") -> int:
+    """A ``[max_position, rotary_dim]`` float table, unit stride along a row, rotary_dim at
+    most ``head_dim`` (``bound``: what that limit is called); its rotary_dim."""
     check_tensor("cos_sin_cache", cos_sin_cache)
     if cos_sin_cache.dim() != 2:
         raise ValueError(
@@ -196,7 +199,7 @@ def check_cos_sin_cache(cos_sin_cache, head_dim: int) -> int:
     if not cos_sin_cache.dtype.is_floating_point:
         raise TypeError(f"cos_sin_cache must be floating, got {cos_sin_cache.dtype}")
     rotary_dim = cos_sin_cache.shape[1]
-    check_rotary_dim(rotary_dim, head_dim, what="cos_sin_cache width (rotary_dim)")
+    check_rotary_dim(rotary_dim, head_dim, what="cos_sin_cache width (rotary_dim)", bound=bound)
     if cos_sin_cache.stride(1) != 1:
         raise ValueError("cos_sin_cache must be contiguous in its last dim")
     if cos_sin_cache.shape[0] < 1:

@@ -290,13 +290,15 @@ class Positions(TensorKind):
 @dataclass(frozen=True)
 class Table(TensorKind):
     """``cos_sin_cache [max_position, rotary_dim]`` (vLLM layout), floating, unit stride along
-    a row; ``rotary_dim`` even and at most ``head_dim(call)``."""
+    a row; ``rotary_dim`` even and at most ``head_dim(call)`` (``bound``: its name in the
+    message)."""
 
     head_dim: Callable[[Call], int] = lambda call: call.head_dim
+    bound: str = "head_dim"
     leading = "P"
 
     def check(self, name, x, call):
-        check_cos_sin_cache(x, self.head_dim(call))
+        check_cos_sin_cache(x, self.head_dim(call), self.bound)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,10 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             "cos_sin_cache",
             keyword=False,
             annotation=params.TENSOR,
-            kind=Table(head_dim=lambda call: max(call.head_dim, call.index_head_dim)),
+            kind=Table(
+                head_dim=lambda call: max(call.head_dim, call.index_head_dim),
+                bound="max(head_dim, index_head_dim)",
+            ),
             doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
             "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
         ),

@@ -135,7 +135,10 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         replace(
             params.COS_SIN_CACHE,
             # each head group rotates min(R, its head_dim): R may pass the narrower group
-            kind=Table(head_dim=lambda call: max(call.head_dim, call.index_head_dim)),
+            kind=Table(
+                head_dim=lambda call: max(call.head_dim, call.index_head_dim),
+                bound="max(head_dim, index_head_dim)",
+            ),
             doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
             "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
         ),

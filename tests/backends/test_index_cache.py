@@ -132,7 +132,11 @@ def test_argument_errors_name_the_argument(gen):
         ({"index_cache": kc.view(-1)[: ic.numel()].view(ic.shape)}, ValueError, "overlaps"),
         ({"index_slot_mapping": torch.full((T,), 16)}, ValueError, "index_slot_mapping names"),
         ({"index_slot_mapping": torch.zeros(T - 1).long()}, ValueError, "index_slot_mapping"),
-        ({"cos_sin_cache": rope_cos_sin_cache(96, 8, 1e4)}, ValueError, "cos_sin_cache"),
+        (
+            {"cos_sin_cache": rope_cos_sin_cache(96, 8, 1e4)},
+            ValueError,
+            r"cos_sin_cache width \(rotary_dim\) 96 exceeds max\(head_dim, index_head_dim\) 64",
+        ),
         ({"index_k_weight": inputs["index_k_weight"][:32]}, ValueError, "index_k_weight must be"),
     ]
     before = [x.clone() for x in (kc, inputs["value_cache"], ic)]

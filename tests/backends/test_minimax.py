@@ -417,6 +417,7 @@ def test_each_head_group_rotates_the_tables_first_frequencies(
     for name, out, e in zip(("q", "k", "v", "index_q", "index_k"), outs, exact):
         c = compare(out, e, head_dim=d if name in ("q", "k", "v") else di)
         assert c.passed, f"{name}: {c}"
-    with pytest.raises(ValueError, match="cos_sin_cache width .*96 exceeds head_dim 64"):
+    wider = r"cos_sin_cache width .*96 exceeds max\(head_dim, index_head_dim\) 64"
+    with pytest.raises(ValueError, match=wider):
         wide = fqr.rope_cos_sin_cache(96, rows, 5e6)
         fqr.split_qkv_index_rmsnorm_rope(qkv, positions, wide, *weights, **statics)
