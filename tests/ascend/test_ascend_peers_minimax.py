@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import pytest
 from support.ascend import ASCEND_INTERPRET_MARKS
-from support.vllm_ascend_minimax import index_grid, run_cache_case, run_index_case, run_replay_case
+from support.peer_ports import case_id, load_port
+from support.vllm_ascend_minimax import run_cache_case, run_replay_case
 
 pytestmark = ASCEND_INTERPRET_MARKS
 
-INDEX_CASES = [
+INDEX = load_port("test_vllm_ascend_split_qkv_index_rmsnorm_rope")
+INDEX_CASES = [  # the peer's cases whose index heads rotate fewer features (item 2)
     c
-    for c in index_grid(max_position=4096)
-    if c.tokens == 8 and c.num_q_heads == 12 and c.num_idx_heads == 8 and not c.has_bias
-    and (c.idx_head_dim, c.rope_dim) in ((48, 64), (64, 128))
+    for c in INDEX.PEER_GRID
+    if c["num_tokens"] == 8 and c["heads"] == (12, 1) and c["num_idx_heads"] == 8
+    and not c["bias"] and c["fp8"] == (False, False)
+    and (c["idx_head_dim"], c["rope_dim"]) in ((48, 64), (64, 128))
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", INDEX_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", INDEX_CASES, ids=case_id)
 def test_index_heads_narrower_than_the_table(case, gen):
-    run_index_case(case, "ascend-interpret", gen)
+    INDEX.check_case(case, "ascend-interpret", gen)
 
 
 @pytest.mark.parametrize("tokens", [3, 4])  # odd: the packed row; even: a separate projection

@@ -6,8 +6,8 @@ float64 reference:
 
 - vllm-ascend ``test_split_qkv_rmsnorm_rope.py``: 32 cases (16 without bias, 16 with);
 - vllm-ascend ``test_split_qkv_rmsnorm_rope_vnorm.py``: 40 cases (20 + 20 with bias);
-- vllm-ascend ``test_split_qkv_index_rmsnorm_rope.py``: 256 cases, 64 run; the 192 that need
-  per-head-group rotary width (issue 26 item 2) are skipped with that reason;
+- vllm-ascend ``test_split_qkv_index_rmsnorm_rope.py``: 256 cases (192 of them with
+  per-head-group rotary width, issue 26 item 2);
 - vLLM ``tests/kernels/core/test_fused_qk_norm_rope.py``: 24 cases;
 - SGLang ``sgl-kernel/tests/test_fused_qk_norm_rope.py``: 200 cases;
 - SGLang ``python/sglang/jit_kernel/tests/test_fused_qknorm_rope.py``: 27 cases (of 34: the

@@ -1,9 +1,8 @@
-"""vllm-ascend's MiniMax-M3 prologue tests, whole grids, on the GPU's ``triton`` backend (skipped
-without CUDA): ``test_split_qkv_index_rmsnorm_rope.py`` (128 cases: the per-group rotary width,
-issue 26 item 2; the 64 bias cases where fqr takes ``q_bias``, item 1) and
-``test_minimax_qknorm_rope_cache.py`` (60 + 1 + 4 + 4 cases: the fused cache op with its index
-cache, item 8; the graph-replay test as a captured CUDA graph). References and tolerances as the
-CPU ports (tests/peers, :mod:`support.vllm_ascend_minimax`)."""
+"""vllm-ascend's ``test_minimax_qknorm_rope_cache.py``, whole, on the GPU's ``triton`` backend
+(skipped without CUDA): 60 + 1 + 4 + 4 cases of the fused cache op with its index cache (issue
+26 item 8), the graph-replay test as a captured CUDA graph. References and tolerances as the CPU
+port (tests/peers, :mod:`support.vllm_ascend_minimax`). The index-heads test's whole grid (the
+per-group rotary width, item 2) is in tests/gpu/test_gpu_peers_base.py."""
 
 from __future__ import annotations
 
@@ -14,12 +13,9 @@ from support.vllm_ascend_minimax import (
     CACHE_ROTARY,
     CACHE_TOKENS,
     DYNAMIC_CASES,
-    FQR_TAKES_QK_BIAS,
-    index_grid,
     run_cache_case,
     run_dynamic_capacity_case,
     run_empty_case,
-    run_index_case,
     run_replay_case,
 )
 
@@ -32,20 +28,6 @@ pytestmark = [
     ),
 ]
 CUDA = "cuda"
-
-
-def _needs_bias(case):
-    return pytest.mark.skipif(
-        case.has_bias and not FQR_TAKES_QK_BIAS,
-        reason="q_bias/k_bias on split_qkv_index_rmsnorm_rope is issue 26 item 1",
-    )
-
-
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.id, marks=_needs_bias(c)) for c in index_grid()]
-)
-def test_split_qkv_index_rmsnorm_rope(case, gen):
-    run_index_case(case, "triton", gen, CUDA)
 
 
 @pytest.mark.parametrize("rotary_dim", CACHE_ROTARY)

@@ -11,12 +11,11 @@ features, clamp to +-448 and a cast for FP8; :mod:`support.peer_ports`) and tole
 5e-2, rtol 5e-3; FP8 outputs atol 0.5, rtol 0.125) are kept; every case is also checked against
 fqr's float64 reference (:func:`fqr.reference.index_prologue`).
 
-Not ported here: the 192 cases whose index heads rotate fewer features than the attention heads
-(index head_dim 48, or rope_dim 128 with index head_dim 64): per-head-group rotary width is
-issue 26 item 2, built by another engineer; they are listed as skipped with that reason. The 64
-cases left (index head_dim 64, rope_dim 64) are ported. CPU: the 16 of one token and the 4 of 8
-tokens with (12, 1) heads and 8 index heads on the reference backend, 3 of those on the
-interpreter; all 64 on the GPU (``tests/gpu/test_gpu_peers_base.py``).
+Every case is ported: the 192 whose index heads rotate fewer features than the attention heads
+(index head_dim 48, or rope_dim 128 with index head_dim 64) take fqr's per-head-group rotary
+width (issue 26 item 2: each group over ``min(R, its head_dim)``). CPU: the 64 of one token and
+the 16 of 8 tokens with (12, 1) heads and 8 index heads on the reference backend, 5 of those on
+the interpreter (4 of them per-group); all 256 on the GPU (``tests/gpu/test_gpu_peers_base.py``).
 """
 
 from __future__ import annotations
@@ -63,28 +62,21 @@ def per_group_rotary_width(case: dict) -> bool:
     return min(case["rope_dim"], case["idx_head_dim"]) != min(case["rope_dim"], case["head_dim"])
 
 
-PER_GROUP_WIDTH = (
-    "per-head-group rotary width (index heads rotating fewer features than the attention "
-    "heads): issue 26 item 2, another engineer's"
-)
-EXPRESSIBLE = [c for c in PEER_GRID if not per_group_rotary_width(c)]
 CPU_GRID = [
     c
-    for c in EXPRESSIBLE
+    for c in PEER_GRID
     if c["num_tokens"] == 1
     or (c["num_tokens"] == 8 and c["heads"] == (12, 1) and c["num_idx_heads"] == 8)
 ]
-INTERPRET_GRID = spread(CPU_GRID, 3)
+PER_GROUP_48 = [c for c in CPU_GRID if per_group_rotary_width(c) and c["idx_head_dim"] == 48]
+INTERPRET_GRID = spread(CPU_GRID, 3) + [
+    c for c in spread(PER_GROUP_48[1:], 2) if c not in spread(CPU_GRID, 3)
+]
 
 
 def gpu_params() -> list:
-    """The whole peer grid for the GPU file, the per-group-width cases skipped with the reason."""
-    return [
-        pytest.param(c, marks=pytest.mark.skip(reason=PER_GROUP_WIDTH))
-        if per_group_rotary_width(c)
-        else c
-        for c in PEER_GRID
-    ]
+    """The whole peer grid for the GPU file."""
+    return list(PEER_GRID)
 
 
 def _to_fp8(x):

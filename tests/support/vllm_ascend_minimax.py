@@ -1,34 +1,24 @@
-"""vllm-ascend's own MiniMax-M3 prologue tests, ported onto fqr (issue 26, items 2 and 8).
+"""vllm-ascend's ``tests/e2e/pull_request/one_card/test_minimax_qknorm_rope_cache.py`` ported
+onto fqr (issue 26, item 8): the peer's four tests as functions any backend runs (the CPU port
+``tests/peers/test_vllm_ascend_minimax_qknorm_rope_cache.py``, the GPU file
+``tests/gpu/test_gpu_peers_minimax.py``, the Ascend interpreter sample).
 
-Two peer files, their grids, references and tolerances kept; the references are re-written here
-from the peers' formulas (in float64 where the peer computes in fp32; a rounding the peer's
-reference makes on purpose is kept and named):
-
-* ``tests/e2e/nightly/single_node/ops/singlecard_ops/triton/test_split_qkv_index_rmsnorm_rope.py``
-  (``_reference_impl``): every head group rotated over ``min(R, its head_dim)`` (item 2), plain
-  ``x * rstd * w`` norms (fqr ``weight_offset=0``) with fp32 weights, an optional bias after the
-  norm (item 1: run where fqr takes ``q_bias``), atol 5e-2 / rtol 5e-3.
-* ``tests/e2e/pull_request/one_card/test_minimax_qknorm_rope_cache.py`` (``reference``): Gemma
-  ``(1 + w)`` norms rounded to the activation dtype before RoPE (the peer's reference and kernel
-  round there), the caches by slot, atol 0.032 / rtol 0.01 (FP8: 0.25), untouched cache rows bit
-  for bit; called through :func:`fqr.minimax_qknorm_rope_cache` exactly as the peer calls its op.
-
-Inputs are fresh random values; the RoPE tables are real ones (:func:`fqr.rope_cache.
-rope_cos_sin_cache`, MiniMax-M3's theta) in the peer's table dtype where the peer draws random
-numbers, so every rotation is a real one. The CPU files sample the grids (the interpreter cases
-small); tests/gpu/test_gpu_peers_minimax.py runs them whole on ``triton``.
+The peer's ``reference`` (Gemma ``(1 + w)`` norms rounded to the activation dtype before RoPE,
+as the peer's reference and kernel round there) is re-written in float64, its tolerances kept
+(atol 0.032 / rtol 0.01; FP8 0.25), untouched cache rows compared bit for bit; fqr is called
+through :func:`fqr.minimax_qknorm_rope_cache` exactly as the peer calls its op. Inputs are fresh
+random values; the RoPE tables are real ones (:func:`fqr.rope_cache.rope_cos_sin_cache`,
+MiniMax-M3's theta) in the peer's table dtype where the peer draws random angles or numbers, so
+every rotation is a real one.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 import fqr
-from fqr.prologue.index_heads import SPLIT_QKV_INDEX_RMSNORM_ROPE
 from fqr.rope_cache import rope_cos_sin_cache
 
 THETA = 5e6  # MiniMax-M3's rope_theta (fqr.presets, minimax-m3)
@@ -55,106 +45,6 @@ def assert_close_as_peer(name: str, got, want, atol: float, rtol: float) -> None
     torch.testing.assert_close(
         got.cpu(), want.to(got.dtype), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}"
     )
-
-
-# ------------------------------------------------------------- split_qkv_index_rmsnorm_rope
-
-INDEX_ATOL, INDEX_RTOL = 5e-2, 5e-3
-INDEX_MAX_POSITION = 262144
-FQR_TAKES_QK_BIAS = "q_bias" in SPLIT_QKV_INDEX_RMSNORM_ROPE.index  # issue 26 item 1
-
-
-@dataclass(frozen=True)
-class IndexCase:
-    tokens: int
-    num_q_heads: int
-    num_kv_heads: int
-    num_idx_heads: int
-    idx_head_dim: int
-    rope_dim: int
-    has_bias: bool
-    head_dim: int = 128
-    max_position: int = INDEX_MAX_POSITION
-
-    @property
-    def id(self) -> str:
-        return (
-            f"t{self.tokens}-h{self.num_q_heads}x{self.num_kv_heads}-i{self.num_idx_heads}"
-            f"x{self.idx_head_dim}-r{self.rope_dim}{'-bias' if self.has_bias else ''}"
-        )
-
-
-def index_grid(max_position: int = INDEX_MAX_POSITION) -> list[IndexCase]:
-    """The peer's grid: NUM_TOKENS x NUM_QKV_HEADS x NUM_IDX_HEADS x IDX_HEAD_DIMS x ROPE_DIMS x
-    HAS_BIAS (HEAD_DIMS [128], EPS [1e-6], bf16, seed 0): 128 cases."""
-    return [
-        IndexCase(t, hq, hkv, hi, di, r, b, max_position=max_position)
-        for t, (hq, hkv), hi, di, r, b in itertools.product(
-            [1, 8, 32, 1024], [(12, 1), (64, 4)], [8, 16], [48, 64], [64, 128], [False, True]
-        )
-    ]
-
-
-def peer_index_reference(qkv, table, positions, weights, biases, case: IndexCase, eps=1e-6):
-    """The peer's ``_reference_impl``, float64: split ``[q | k | v | index_q | index_k]``,
-    ``x * rsqrt(mean(x^2) + eps) * w`` per head (+ bias on q and k), NeoX RoPE of each group
-    over ``r = min(R, its head_dim)`` with ``cos = rows[:, :r/2]``, ``sin = rows[:, R/2 : R/2 +
-    r/2]``; v copied."""
-    t, d, di = qkv.shape[0], case.head_dim, case.idx_head_dim
-    sizes = [
-        case.num_q_heads * d,
-        case.num_kv_heads * d,
-        case.num_kv_heads * d,
-        case.num_idx_heads * di,
-        di,
-    ]
-    parts = list(qkv.double().split(sizes, dim=-1))
-    rows = table.double()[positions.long()]
-    half = rows.shape[1] // 2
-    out = []
-    for i, (x, w) in enumerate(zip((parts[0], parts[1], parts[3], parts[4]), weights)):
-        width = d if i < 2 else di
-        heads = x.reshape(t, -1, width)
-        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-        if i < 2 and biases[i] is not None:
-            y = y + biases[i].double()
-        h = min(rows.shape[1], width) // 2
-        out.append(_neox(y, rows[:, :h], rows[:, half : half + h]).reshape(t, -1))
-    return out[0], out[1], parts[2], out[2], out[3]
-
-
-def run_index_case(case: IndexCase, backend: str, gen: torch.Generator, device="cpu") -> None:
-    """One case of the peer's ``test_split_qkv_index_rmsnorm_rope`` on fqr."""
-    d, di = case.head_dim, case.idx_head_dim
-    width = (case.num_q_heads + 2 * case.num_kv_heads) * d + (case.num_idx_heads + 1) * di
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    qkv = randn(case.tokens, width).to(torch.bfloat16)
-    weights = [randn(n) * 0.1 + 1.0 for n in (d, d, di, di)]  # fp32, as the peer's
-    biases = [randn(d) * 0.1, randn(d) * 0.1] if case.has_bias else [None, None]
-    table = real_table(case.rope_dim, case.max_position, torch.bfloat16)
-    positions = torch.randint(0, case.max_position, (case.tokens,), generator=gen)
-    expected = peer_index_reference(qkv, table, positions, weights, biases, case)
-    extra = dict(q_bias=biases[0].to(device), k_bias=biases[1].to(device)) if case.has_bias else {}
-    got = fqr.split_qkv_index_rmsnorm_rope(
-        qkv.to(device),
-        positions.to(device),
-        table.to(device),
-        *(w.to(device) for w in weights),
-        num_heads=case.num_q_heads,
-        num_kv_heads=case.num_kv_heads,
-        head_dim=d,
-        num_index_heads=case.num_idx_heads,
-        index_head_dim=di,
-        eps=1e-6,
-        weight_offset=0.0,  # the peer's weights multiply as they are (~1.0)
-        backend=backend,
-        **extra,
-    )
-    for name, out, want in zip(("q", "k", "v", "index_q", "index_k"), got, expected):
-        assert_close_as_peer(name, out.double(), want, INDEX_ATOL, INDEX_RTOL)
 
 
 # ------------------------------------------------------------------- minimax_qknorm_rope_cache
