@@ -6,7 +6,9 @@ onto fqr (issue 26, item 8): the peer's four tests as functions any backend runs
 The peer's ``reference`` (Gemma ``(1 + w)`` norms rounded to the activation dtype before RoPE,
 as the peer's reference and kernel round there) is re-written in float64, its tolerances kept
 (atol 0.032 / rtol 0.01; FP8 0.25), untouched cache rows compared bit for bit; fqr is called
-through :func:`fqr.minimax_qknorm_rope_cache` exactly as the peer calls its op. Inputs are fresh
+through :func:`fqr.minimax_qknorm_rope_cache` exactly as the peer calls its op, and every call of
+the grid and replay tests is also checked against fqr's float64 reference
+(:func:`fqr.reference.index_cache_prologue`, the numerics contract). Inputs are fresh
 random values; the RoPE tables are real ones (:func:`fqr.rope_cache.rope_cos_sin_cache`,
 MiniMax-M3's theta) in the peer's table dtype where the peer draws random angles or numbers, so
 every rotation is a real one.
@@ -19,7 +21,9 @@ from functools import lru_cache
 import torch
 
 import fqr
+from fqr import reference
 from fqr.rope_cache import rope_cos_sin_cache
+from support.peer_ports import assert_exact
 
 THETA = 5e6  # MiniMax-M3's rope_theta (fqr.presets, minimax-m3)
 E4M3 = torch.float8_e4m3fn
@@ -48,6 +52,31 @@ def assert_close_as_peer(name: str, got, want, atol: float, rtol: float) -> None
 
 
 # ------------------------------------------------------------------- minimax_qknorm_rope_cache
+
+
+def check_exact(packed, table, positions, weights, heads, before, slots, actual, outs) -> None:
+    """fqr's own check of one call: ``outs = (q, index_q, key, value, index cache)`` against the
+    float64 formulation (:func:`fqr.reference.index_cache_prologue`) of the packed row, the
+    caches ``before`` the call and the slot mappings ``slots`` (main, index) with the tokens
+    past ``actual`` storing nothing."""
+    tokens = packed.shape[0]
+
+    def mapping(m):
+        full = torch.full((tokens,), -1, dtype=torch.int64)
+        full[:actual] = m.cpu()[:actual]
+        return full
+
+    q_heads, kv_heads, index_heads = heads
+    exact = reference.index_cache_prologue(
+        packed.cpu(), positions.cpu(), table.cpu(), *(w.cpu() for w in weights),
+        *(c.cpu() for c in before), mapping(slots[0]), mapping(slots[1]), num_heads=q_heads,
+        num_kv_heads=kv_heads, head_dim=HD, num_index_heads=index_heads, index_head_dim=HD,
+        eps=EPS,
+    )  # fmt: skip
+    names = ("q", "index_q", "key_cache", "value_cache", "index_cache")
+    for name, out, want in zip(names, outs, exact):
+        assert_exact(name, out.cpu(), want, head_dim=HD)
+
 
 CACHE_ATOL, CACHE_RTOL, FP8_ATOL = 0.032, 0.01, 0.25
 CACHE_TOKENS = [1, 4, 8, 16, 32, 64, 128, 192, 256, 513]
@@ -102,6 +131,7 @@ def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> Non
     key_cache, value_cache, index_cache = (
         c.to(device) for c in (key_cache, value_cache, index_cache)
     )
+    before = [c.clone() for c in (key_cache, value_cache, index_cache)]
     packed_dev = torch.empty((tokens, width + 32), dtype=packed.dtype, device=device)[:, :width]
     packed_dev.copy_(packed)
     main_width = (q_heads + 2 * kv_heads) * HD
@@ -139,6 +169,9 @@ def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> Non
         untouched = torch.ones(blocks * block_size, dtype=torch.bool)
         untouched[mapping[valid]] = False
         assert torch.equal(cache.cpu().view(blocks * block_size, -1)[untouched], gold[untouched])
+    outs = (q, iq, key_cache, value_cache, index_cache)
+    mappings = (slots, index_slots)
+    check_exact(packed, table, positions, weights, heads, before, mappings, actual, outs)
 
 
 def run_empty_case(backend, device="cpu") -> None:
@@ -270,6 +303,10 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
     expected = peer_cache_reference(
         packed.cpu(), cs.cpu(), positions.cpu(), [w.cpu() for w in weights], qh, kh, ih, 1e-6
     )
+    zeros = [torch.zeros_like(c) for c in (key, value, index)]  # all padding before
+    outs = (q, iq, key, value, index)
+    mappings = (slots, index_slots)
+    check_exact(packed, cs, positions, weights, (qh, kh, ih), zeros, mappings, actual, outs)
     _assert_close("q", q, expected[0].to(q.dtype))
     expected_iq = expected[3].clamp(-448, 448) if fp8 else expected[3]
     assert iq.dtype == cache_dtype  # index_q in the index cache's dtype, as the peer's
