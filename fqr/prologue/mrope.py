@@ -45,12 +45,12 @@ def mrope_attention_prologue(
     q, k, v, *gate = ops.split_heads(qkv, sections)
     rounding = round_to(qkv, s["numerics"])
     norm = dict(eps=s["eps"], group_size=d, weight_offset=s["weight_offset"], round_to=rounding)
+    planes = (positions_t, positions_h, positions_w)
+    # each of q and k normalised, then rotated (the traced order the golden kernels record)
     q, k = (
-        ops.rms_norm(x, w, bias=b, **norm)
+        multimodal_rope((ops.rms_norm(x, w, bias=b, **norm),), planes, cos_sin_cache, s)[0]
         for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias))
     )
-    planes = (positions_t, positions_h, positions_w)
-    q, k = multimodal_rope((q, k), planes, cos_sin_cache, s)
     return (q, k, v, *gate)
 
 
