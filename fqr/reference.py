@@ -266,7 +266,10 @@ def cache_insert(
     heads (``x [T, H*D]``) at slot ``s = slot_mapping[t] >= 0`` (block ``s // block_size``,
     row ``s % block_size``), unrounded (saturated to +-448 by ``x / scale`` for an FP8
     cache); ``written`` is a bool ``[blocks, block_size]`` of the rows written. Rows not
-    written hold the cache's own values (compare them bit for bit)."""
+    written hold the cache's own values (compare them bit for bit). ``slot_mapping`` may be
+    ``[N]`` with N <= T: tokens ``t >= N`` are not written."""
+    if slot_mapping.shape[0] > x.shape[0]:
+        raise ValueError(f"{slot_mapping.shape[0]} slots for {x.shape[0]} tokens")
     blocks, block_size, heads, head_dim = cache.shape
     expected = _f64(cache).clone()
     written = torch.zeros(blocks, block_size, dtype=torch.bool)
@@ -327,10 +330,12 @@ def cache_prologue(
     key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor, *, num_heads: int,
     num_kv_heads: int, head_dim: int, eps: float = 1e-6, is_neox: bool = True,
     weight_offset: float = 0.0, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """The KV-cache prologue, float64: q and k of :func:`prologue` (per-head norm, RoPE), k
-    and v written into the paged caches by :func:`cache_insert`. Returns ``(q, expected
-    key_cache, expected value_cache)``."""
+    return_k: bool = False,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """The KV-cache prologue, float64: q and k of :func:`prologue` (per-head norm, RoPE) for
+    all T tokens, k and v of the first N (``slot_mapping [N]``, N <= T) written into the paged
+    caches by :func:`cache_insert`. Returns ``(q, expected key_cache, expected value_cache)``,
+    with ``return_k`` ``(q, k, ...)``."""
     q, k, v = prologue(
         qkv,
         positions,
@@ -346,7 +351,7 @@ def cache_prologue(
     )
     key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
     value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
-    return q, key, value
+    return (q, *((k,) if return_k else ()), key, value)
 
 
 def index_cache_prologue(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import ProgramPrinter, Reduction, Role, Var
+from ..core import TOKENS, ProgramPrinter, Reduction, Role, Var
 from .plan import Chain, KernelPlan, Layout, PlanError, Slot, next_pow2
 
 TL_DTYPES = {
@@ -178,11 +178,19 @@ class KernelBuilder:
         kernel_name: str,
         header: str,
         strided_outputs: bool = False,
+        strided_indices: bool = False,
     ) -> None:
         self.plan, self.tiling, self.kernel_name, self.header = plan, tiling, kernel_name, header
         # Each output takes its head stride as a parameter (``out{i}_hstride``): heads that sit
         # at a stride in the caller's buffer (a [T, H, D] view of a wider [T, H, D'] row).
         self.strided_outputs = strided_outputs
+        # Each INDEX input takes its element stride as a parameter (``{name}_istride``):
+        # positions read through their stride (``positions[:, 0]`` of a ``[T, 2]`` buffer).
+        self.strided_indices = strided_indices
+        # The runtime length parameters of the INDEX inputs whose length is their own symbol
+        # (not T): ``[N]`` with N <= T, read for tokens below N only (a slot mapping shorter
+        # than the padded batch). Not specialised, as T is not.
+        self.lengths: dict[int, str] = {}
         self.printer = ProgramPrinter(plan.program)
         self.printer.render()  # name every variable in program order, as the comment shows it
         self.pre: list[str] = []  # before the token loop (hoisted)
@@ -246,6 +254,11 @@ class KernelBuilder:
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
+            if role is Role.INDEX and self.strided_indices:
+                self.param_list.append(f"{self.var_name(v)}_istride")
+            if role is Role.INDEX and v.aval.shape[0] != TOKENS:
+                self.lengths[id(v)] = f"{self.var_name(v)}_len"
+                self.param_list.append(self.lengths[id(v)])
             if role is Role.CACHE:  # block, row-in-block (and head) strides; rows in all blocks
                 name = self.var_name(v)
                 strides = [f"{name}_s{i}" for i in range(v.aval.ndim - 1)]
@@ -406,13 +419,32 @@ class KernelBuilder:
 
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
-        """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token)."""
+        """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token), read
+        through its stride where the kernel takes one; an input of its own length ``[N]``
+        reads the tokens below N only (:meth:`index_mask`)."""
         key = ("index", id(var))
         if key not in self._tile:
             name = self.fresh("pos")
+            mask = self.index_mask(var)
+            at = "tok"
+            if self.strided_indices:
+                at = f"tok64 * {self.var_name(var)}_istride"
             self.emit_tile(
-                f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=0)"
+                f"{name} = tl.load({self.arg_names[id(var)]} + {at}, mask={mask}, other=0)"
             )
+            self._tile[key] = name
+        return str(self._tile[key])
+
+    def index_mask(self, var: Var) -> str:
+        """The tokens of the tile that INDEX input ``var`` has an entry for: ``tmask``, or
+        for an input of its own length ``[N]`` also ``tok < N``."""
+        length = self.lengths.get(id(var))
+        if length is None:
+            return "tmask"
+        key = ("imask", id(var))
+        if key not in self._tile:
+            name = self.fresh("imask")
+            self.emit_tile(f"{name} = tmask & (tok < {length})")
             self._tile[key] = name
         return str(self._tile[key])
 
@@ -433,8 +465,9 @@ class KernelBuilder:
             pos = self._index(index)
             t = self.var_name(table)
             ok, row = self.fresh("posok"), self.fresh(f"{t}row")
+            valid = self.index_mask(index)
             # An index outside the table reads nothing and yields NaN: loud, never OOB.
-            self.emit_tile(f"{ok} = ((tmask & ({pos} >= 0) & ({pos} < {t}_rows)))[:, None, None]")
+            self.emit_tile(f"{ok} = (({valid} & ({pos} >= 0) & ({pos} < {t}_rows)))[:, None, None]")
             self.emit_tile(f"{row} = {t}_ptr + {pos}.to(tl.int64)[:, None, None] * {t}_stride")
             self._tile[row_key] = (ok, row)
         ok, row = self._tile[row_key]  # type: ignore[misc]
@@ -464,12 +497,13 @@ class KernelBuilder:
         key = ("slotrow", id(root), id(slots))
         if key not in self._tile:
             slot = self._index(slots)
+            valid = self.index_mask(slots)  # a token past a shorter slot mapping: no store
             c = self.var_name(root)
             block_size = root.aval.shape[1]
             s64, ok, row = self.fresh("slot"), self.fresh("slotok"), self.fresh(f"{c}row")
             self.emit_tile(f"{s64} = {slot}.to(tl.int64)")
             # A negative slot is padding; one past the cache would be out of bounds: no store.
-            self.emit_tile(f"{ok} = (tmask & ({s64} >= 0) & ({s64} < {c}_rows))[:, None, None]")
+            self.emit_tile(f"{ok} = ({valid} & ({s64} >= 0) & ({s64} < {c}_rows))[:, None, None]")
             self.emit_tile(
                 f"{row} = ({c}_ptr + ({s64} // {block_size}) * {c}_s0 + ({s64} % {block_size})"
                 f" * {c}_s1)[:, None, None]"
@@ -804,7 +838,9 @@ class KernelBuilder:
             # A target whose bf16 conversion is not trusted (an interpreter) gets the bit-exact
             # fp8 encoder too: both casts are wrong in the same interpreters.
             *(ROUND_TO_FP8E4M3[self.tiling.bf16_rounding] if self.uses_round_fp8 else ()),
-            '@triton.jit(do_not_specialize=["T"])',
+            "@triton.jit(do_not_specialize=["
+            + ", ".join(f'"{n}"' for n in ("T", *self.lengths.values()))
+            + "])",
             f"def {self.kernel_name}(\n    {params},\n):",
             "    pid = tl.program_id(0)",
             "    nprog = tl.num_programs(0)",
@@ -828,9 +864,16 @@ class KernelBuilder:
 
 
 def emit_source(
-    plan: KernelPlan, tiling: Tiling, kernel_name: str, header: str, strided_outputs: bool = False
+    plan: KernelPlan,
+    tiling: Tiling,
+    kernel_name: str,
+    header: str,
+    strided_outputs: bool = False,
+    strided_indices: bool = False,
 ) -> str:
     """The kernel's source; ``strided_outputs``: every output takes its head stride as a
     parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
-    stride."""
-    return KernelBuilder(plan, tiling, kernel_name, header, strided_outputs).build()
+    stride; ``strided_indices``: every INDEX input (positions, slots) its element stride."""
+    return KernelBuilder(
+        plan, tiling, kernel_name, header, strided_outputs, strided_indices
+    ).build()

@@ -57,7 +57,9 @@ def bound_keys(variants) -> int:
     """How many (variant, specialisation) pairs are ready to launch without Triton's
     ``JITFunction.run``: grows when the general path binds one, the cue to regenerate."""
     total = 0
-    for kernel in variants.kernels + [k._strided for k in variants.kernels if k._strided]:
+    kernels = variants.kernels + [k._strided for k in variants.kernels if k._strided]
+    kernels += [k._index_strided for k in kernels if k._index_strided]
+    for kernel in kernels:
         direct = kernel._direct
         if direct is None:
             total += 1  # launched through fn[grid]: ready once lowered
@@ -81,9 +83,19 @@ class _Arg:
     def data_ptr(self) -> int:
         return self._t.data_ptr()
 
+    def runtime_length(self) -> _Length:
+        return _Length(self.name)
+
 
 class _Tokens:
     """Stands for T in the recorded argument order."""
+
+
+class _Length:
+    """Stands for an argument's length ``[N]``, read at run time (a slot mapping shorter than T)."""
+
+    def __init__(self, name: str):
+        self.name = name
 
 
 class _Unsupported(Exception):
@@ -95,6 +107,8 @@ def _literal(value: Any) -> str:
         return value.name
     if isinstance(value, _Tokens):
         return "T"
+    if isinstance(value, _Length):
+        return f"{value.name}.shape[0]"
     if type(value) is int or type(value) is bool:
         return repr(value)
     raise _Unsupported(f"argument kind {type(value).__name__}")
@@ -116,6 +130,11 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
         # [T, H, D] views run the kernels whose outputs take their head strides (each lowered
         # by the general path's first such call)
         kernels = [None if k is None else k._strided for k in kernels]
+    first_lowered = next((k for k in kernels if k is not None), None)
+    if first_lowered is not None and first_lowered.strided_index(args):
+        # strided positions or slots run the kernels that take their strides (each lowered by
+        # the general path's first such call)
+        kernels = [None if k is None else k._index_strided for k in kernels]
     lowered = [k for k in kernels if k is not None]
     if not lowered:
         return None

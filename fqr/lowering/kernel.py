@@ -42,6 +42,14 @@ class Kernel:
         # Whether each output takes its head stride (``[T, H, D]`` views, :meth:`launch`).
         self.strided_outputs = bool(self.options.get("strided_outputs"))
         self._strided: Kernel | None = None
+        self._index_strided: Kernel | None = None
+        # Whether each INDEX input takes its element stride (strided positions, :meth:`launch`),
+        # and the INDEX inputs of their own length ``[N]`` (a runtime argument, as T is).
+        self.strided_indices = bool(self.options.get("strided_indices"))
+        self._index_at = [i for i, r in enumerate(self._roles) if r is Role.INDEX]
+        self._own_length = frozenset(
+            i for i in self._index_at if self.program.inputs[i].aval.shape[0] != TOKENS
+        )
         # Output -> the input it is an updated copy of (a paged cache): written in place.
         self.aliases = self.program.aliases()
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
@@ -83,8 +91,14 @@ class Kernel:
                     tokens = a.shape[0]
                 elif a.shape[0] != tokens:
                     raise ValueError(f"argument {i} has {a.shape[0]} tokens, expected {tokens}")
-            if a.dim() and a.stride(-1) != 1:
+            # an index (positions, slots) may be read through its stride
+            if a.dim() and a.stride(-1) != 1 and i not in self._index_at:
                 raise ValueError(f"argument {i} must be contiguous in its last dim")
+        for i in self._own_length:
+            if tokens is not None and args[i].shape[0] > tokens:
+                raise ValueError(
+                    f"argument {i} has {args[i].shape[0]} entries, more than the {tokens} tokens"
+                )
         if out is not None:
             if len(out) != len(prog.outputs):
                 raise TypeError(f"out must hold {len(prog.outputs)} tensors, got {len(out)}")
@@ -127,6 +141,8 @@ class Kernel:
             and any(isinstance(o, torch.Tensor) and o.dim() == 3 for o in out)
         ):
             return self.strided_variant().launch(args, out, donate, direct=direct)
+        if not self.strided_indices and self.strided_index(args):
+            return self.index_strided_variant().launch(args, out, donate, direct=direct)
         tokens = args[0].shape[0]
         device = args[0].device
         if self.aliases:
@@ -172,11 +188,33 @@ class Kernel:
             self._strided = self.relower(**{**self.options, "strided_outputs": True})
         return self._strided
 
+    def strided_index(self, args) -> bool:
+        """Whether an INDEX argument (positions, slots) is not at unit stride: read through its
+        stride by :meth:`index_strided_variant` (``positions[:, 0]`` of a ``[T, 2]`` buffer)."""
+        return any(args[i].shape[0] > 1 and args[i].stride(0) != 1 for i in self._index_at)
+
+    def index_strided_variant(self) -> Kernel:
+        """This program's kernel on this target whose INDEX inputs take their element strides
+        (``lower(..., strided_indices=True)``, keeping the other options; lowered on first
+        use). Itself when it is that kernel."""
+        if self.strided_indices:
+            return self
+        if self._index_strided is None:
+            if self.relower is None:
+                raise TypeError(
+                    "this kernel was not made by fqr.lowering.lower: it has no variant for "
+                    "strided positions or slots"
+                )
+            self._index_strided = self.relower(**{**self.options, "strided_indices": True})
+        return self._index_strided
+
     def launch_arguments(
         self, args, outs, tokens: Any, allocated: bool
     ) -> tuple[list[Any], dict[str, Any], tuple]:
         """The kernel's parameters for one launch, in signature order: each input, followed by
-        its row stride (values and tables) and its rows (tables); each output and its row
+        its row stride (values and tables), its rows (tables), its element stride (indices, in
+        :meth:`index_strided_variant`) and its length (an index of its own length ``[N]``, at
+        run time); each output and its row
         stride (and, in :meth:`strided_variant`, its head stride: the ``[T, H, D]`` view's
         ``stride(1)``, else the head width); then ``tokens``. Also the constexprs
         (``BLOCK_T``, ``DENSE``: every row stride equals its row width, every head stride its
@@ -188,7 +226,7 @@ class Kernel:
         ints: list[int] = []  # the specialised ints (row strides, table rows)
         aligned: list[int] = []  # each input's address modulo 16
         dense = True
-        for role, a in zip(self._roles, args):
+        for i, (role, a) in enumerate(zip(self._roles, args)):
             flat.append(a)
             aligned.append(a.data_ptr() & 15)
             if role is Role.VALUE or role is Role.TABLE:
@@ -199,6 +237,11 @@ class Kernel:
             if role is Role.TABLE:
                 flat.append(a.shape[0])
                 ints.append(a.shape[0])
+            if role is Role.INDEX and self.strided_indices:
+                flat.append(a.stride(0))
+                ints.append(a.stride(0))
+            if role is Role.INDEX and i in self._own_length:  # runtime, as T is
+                flat.append(runtime_length(a))
             if role is Role.CACHE:  # its strides and rows are specialised ints too
                 strides = [a.stride(d) for d in range(len(a.shape) - 1)]
                 cache_ints = [*strides, a.shape[0] * a.shape[1]]
@@ -223,3 +266,10 @@ class Kernel:
         flat.append(tokens)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
         return flat, constexprs, (dense, tuple(ints), tuple(aligned), allocated)
+
+
+def runtime_length(a) -> Any:
+    """The length of a ``[N]`` argument passed at run time (a tensor's ``shape[0]``; the host
+    function's stand-in names the expression that reads it, :mod:`.host`)."""
+    length = getattr(a, "runtime_length", None)
+    return length() if length is not None else a.shape[0]

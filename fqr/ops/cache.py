@@ -9,10 +9,13 @@ token ``t``'s heads written at slot ``s = slot_mapping[t]``::
 ``cache`` is ``[num_blocks, block_size, num_kv_heads, head_dim]`` (vLLM's
 ``reshape_and_cache_flash`` layout, any strides with a contiguous last dim); a negative slot
 (vLLM's padding slots) writes nothing, and so does a slot past the cache's last row (the
-reference backend refuses one: it is a bad slot mapping). Rows no slot names keep their
-contents. ``store`` rounds to the cache's dtype; for a float8_e4m3fn cache it is vLLM's FP8
-KV-cache convention with the per-tensor ``scale`` (``k_scale`` / ``v_scale``, float32 ``[1]``,
-default 1)::
+reference backend refuses one: it is a bad slot mapping). ``slot_mapping`` may be shorter than
+x, ``[N]`` with ``N <= T`` (vLLM's ``reshape_and_cache_flash`` takes its token count from the
+slot mapping: a batch padded for CUDA graphs stores its ``num_actual_tokens`` rows): tokens
+``t >= N`` write nothing, and the kernel reads no slot past N (N is a runtime argument).
+Rows no slot names keep their contents. ``store`` rounds to the cache's dtype; for a
+float8_e4m3fn cache it is vLLM's FP8 KV-cache convention with the per-tensor ``scale``
+(``k_scale`` / ``v_scale``, float32 ``[1]``, default 1)::
 
     store(x) = e4m3(clamp(x / scale, -448, 448))
 
@@ -111,8 +114,10 @@ def _insert_abstract(
                 f"the value must be [T, w] with column + w <= entry_width: column {column}, "
                 f"value {x}, cache {cache}"
             )
-    if slots.ndim != 1 or slots.shape[0] != x.shape[0]:
-        raise ValueError(f"slot_mapping must be [T] with T = {x.shape[0]}, got {slots}")
+    if slots.ndim != 1 or not _slots_fit(slots.shape[0], x.shape[0]):
+        raise ValueError(
+            f"slot_mapping must be [T] with T = {x.shape[0]}, or [N] with N <= T, got {slots}"
+        )
     if slots.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping must be int32 or int64, got {slots.dtype}")
     check_scale(scale)
@@ -123,6 +128,16 @@ def _insert_abstract(
             f"a scale applies only to a float8_e4m3fn cache, not to a {cache.dtype} cache"
         )
     return Aval(cache.shape, cache.dtype)
+
+
+def _slots_fit(n: int | str, tokens: int | str) -> bool:
+    """Whether ``n`` slots serve ``tokens`` tokens: one each (``n == tokens``), or ``n <= T``:
+    the first ``n`` tokens are stored, the rest are not (vLLM's ``num_actual_tokens`` slots
+    under a batch padded for CUDA graphs). A length symbol other than T is such an ``N``;
+    the public op checks ``N <= T`` on every call."""
+    if n == tokens or isinstance(n, str):
+        return True
+    return isinstance(tokens, int) and n <= tokens
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
@@ -159,7 +174,7 @@ def _insert_impl(cache, x, slots, scale, *, fp8, column=None):
     out = cache.clone()
     blocks, block_size = cache.shape[:2]
     keep, block, row = written_slots(slots, blocks, block_size)
-    value = x[keep]
+    value = x[: slots.shape[0]][keep]  # tokens past a shorter slot mapping are not stored
     if scale is not None:
         value = value / scale.to(value.dtype)
     if fp8:

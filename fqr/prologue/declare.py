@@ -62,12 +62,13 @@ from ..validate import (
     check_row_stride,
     check_slots_in_range,
     check_tensor,
-    check_unit_stride,
     check_vector,
     overlaps,
 )
 
 MISSING = inspect.Parameter.empty
+# The program's symbol of a slot mapping's length N <= T (:class:`Slots` ``shorter``).
+SLOTS = "N"
 
 # ------------------------------------------------------------------------------ parameters
 
@@ -221,9 +222,11 @@ class Rows(TensorKind):
 
 @dataclass(frozen=True)
 class Positions(TensorKind):
-    """``positions [T]`` int32/int64, unit stride; with ``planes`` also ``[planes, T]`` (mRoPE:
-    one row per plane, each contiguous along T), given to the program as ``planes`` inputs
-    (a ``[T]`` tensor on every plane). ``table``: the table argument whose rows the positions
+    """``positions [T]`` int32/int64 at any stride (``positions[:, 0]`` of a ``[T, 2]``
+    buffer, as MiniMax's callers pass them: the kernel reads them through their stride); with
+    ``planes`` also ``[planes, T]`` (mRoPE: one row per plane, any strides), given to the
+    program as ``planes`` inputs (a ``[T]`` tensor on every plane). ``table``: the table
+    argument whose rows the positions
     index (range-checked on the host for CPU tensors; ``limit`` instead when there is no
     table). ``used(call)``: whether the program reads them (else checked and dropped)."""
 
@@ -248,11 +251,6 @@ class Positions(TensorKind):
                 raise ValueError(
                     f"{name} must be [{self.planes}, T] or [T] with T = {tokens} "
                     f"({self.rows_of} rows), got shape {list(x.shape)}"
-                )
-            if tokens > 1 and x.stride(1) != 1:
-                raise ValueError(
-                    f"{name} must be contiguous along T (stride 1), got stride {x.stride(1)};"
-                    f" pass {name}.contiguous()"
                 )
             return
         if self.planes and isinstance(x, torch.Tensor) and x.dim() != 1:
@@ -351,27 +349,53 @@ class Cache(TensorKind):
 
 @dataclass(frozen=True)
 class Slots(TensorKind):
-    """``slot_mapping [T]`` int32/int64, unit stride (negative: padding); the slots of the
-    ``cache`` argument are range-checked on the host for CPU tensors."""
+    """``slot_mapping [T]`` int32/int64 at any stride (negative: padding); the slots of the
+    ``cache`` argument are range-checked on the host for CPU tensors. ``shorter``: ``[N]``
+    with ``N <= T`` is accepted too (vLLM pads T for CUDA graphs and passes the
+    ``num_actual_tokens`` slots): tokens ``t >= N`` store nothing. Its length is then its own
+    symbol ``N`` in the program (a runtime argument of the kernel, as T is), the fast path
+    guards it as free and :meth:`per_call` checks ``N <= T`` on every call."""
 
     cache: str = "key_cache"
     rows_of: str = "qkv"
-    leading = "T"
-    token_dim = 0
+    shorter: bool = False
+
+    @property
+    def leading(self) -> str:  # type: ignore[override]
+        return SLOTS if self.shorter else "T"
+
+    @property
+    def token_dim(self) -> int | None:  # type: ignore[override]
+        return None if self.shorter else 0
 
     def check(self, name, x, call):
         check_tensor(name, x)
         if x.dtype not in POSITION_DTYPES:
             raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+        self._check_length(name, x, call)
+
+    def _check_length(self, name, x, call):
         tokens = _token_count(call)
-        if x.dim() != 1 or x.shape[0] != tokens:
+        if self.shorter:
+            if x.dim() != 1 or x.shape[0] > tokens:
+                raise ValueError(
+                    f"{name} must be [N] with N <= T = {tokens} ({self.rows_of} rows; tokens "
+                    f"t >= N are not stored), got shape {list(x.shape)}"
+                )
+        elif x.dim() != 1 or x.shape[0] != tokens:
             raise ValueError(
                 f"{name} must be [T] with T = {tokens} ({self.rows_of} rows), "
                 f"got shape {list(x.shape)}"
             )
-        check_unit_stride(name, x)
+
+    def guard_entries(self, x):
+        if self.shorter:  # N is free in the guard; per_call checks N <= T
+            return [(x, [None], [x.stride(0)], None)]
+        return super().guard_entries(x)
 
     def per_call(self, name, x, call):
+        if self.shorter:
+            self._check_length(name, x, call)
         check_slots_in_range(x, getattr(call, self.cache), name)
 
 
@@ -1139,6 +1163,8 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
         return None
     if len(returned) == 1:
         return result
+    if isinstance(result, torch.Tensor):  # the one output this call has, returned bare
+        result = (result,)
     got = [r for r in result if r is not None]
     mutates = any(p.donated for p in decl.tensor_params)
     rows = getattr(call, decl._anchor)

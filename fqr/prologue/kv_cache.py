@@ -1,6 +1,7 @@
 """``split_qkv_rmsnorm_rope_cache``: norm + RoPE of q and k, then k and v written into the
 paged KV cache by slot (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
-``reshape_and_cache_flash`` fused in); returns q.
+``reshape_and_cache_flash`` fused in, vLLM's ``fused_qk_norm_rope_kvcache``); returns q (and
+k with ``return_k``).
 
 The composition (:func:`cache_prologue`) is the split op's per-head form followed by two
 ``cache_insert``: functional updates of the caches, which the public op donates so the kernel
@@ -19,7 +20,19 @@ from ..ops.fp8 import FP8_E4M3
 from ..peers import minimax_cache_prologue
 from . import params
 from .blocks import split_head_norm_rope
-from .declare import BACKEND, Cache, Call, Output, Scale, Slots, Tensor, declare, numerics
+from .declare import (
+    BACKEND,
+    Cache,
+    Call,
+    Output,
+    Scale,
+    Slots,
+    Static,
+    Tensor,
+    declare,
+    flag,
+    numerics,
+)
 from .variant import CaseSpec, Variant, register_variant
 
 
@@ -28,12 +41,14 @@ def cache_prologue(
     k_scale, v_scale, **s,
 ):  # fmt: skip
     """Norm + RoPE of q and k, then k and v written into the paged caches by slot (traced into
-    one program): returns ``(q, new key_cache, new value_cache)``, the caches functional
-    updates (:func:`fqr.ops.cache_insert`) that the kernel stores in place when donated."""
+    one program): returns ``(q, new key_cache, new value_cache)`` (``(q, k, ...)`` with
+    ``return_k``), the caches functional updates (:func:`fqr.ops.cache_insert`) that the kernel
+    stores in place when donated."""
+    return_k = s.pop("return_k")
     q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, (q_weight, k_weight), s)
     key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
     value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
-    return q, key_cache, value_cache
+    return (q, *((k,) if return_k else ()), key_cache, value_cache)
 
 
 def _cache_shape(call: Call):
@@ -91,6 +106,18 @@ def _scale(name: str, of: str) -> Tensor:
     )
 
 
+RETURN_K = Static(
+    "return_k",
+    False,
+    annotation="bool",
+    check=flag,
+    schema="bool",
+    doc="also return the normalised, rotated ``k [T, Hkv*D]`` of every token (vLLM's "
+    "``fused_qk_norm_rope_kvcache`` writes q and k of all T tokens, stored or not): returns "
+    "``(q, k)``",
+)
+
+
 SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     "split_qkv_rmsnorm_rope_cache",
     cache_prologue,
@@ -106,9 +133,10 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
             "slot_mapping",
             keyword=False,
             annotation=params.TENSOR,
-            kind=Slots(),
-            doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
-            "``s % block_size``; negative: padding, nothing stored",
+            kind=Slots(shorter=True),
+            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
+            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
+            "``t >= N`` (a batch padded for CUDA graphs) are not stored",
         ),
         params.NUM_HEADS,
         params.NUM_KV_HEADS,
@@ -119,20 +147,32 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         _scale("k_scale", "key"),
         _scale("v_scale", "value"),
         numerics(),
+        RETURN_K,
         BACKEND,
     ),
-    (Output("q"), Output("key_cache"), Output("value_cache")),
+    (
+        Output("q"),
+        Output("k", present=lambda call: call.return_k),
+        Output("key_cache"),
+        Output("value_cache"),
+    ),
     reference=reference.cache_prologue,
     static_checks=(params.heads_divide,),
     checks=(_caches_agree,),
     doc="""
     Split the packed QKV row, RMS-normalise and rotate q and k, and write k and v into the
     paged KV cache (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
-    ``reshape_and_cache_flash`` fused in); returns the new ``q [T, Hq*D]`` only.
+    ``reshape_and_cache_flash`` fused in); returns the new ``q [T, Hq*D]``, or with
+    ``return_k=True`` ``(q, k)``, k ``[T, Hkv*D]`` as it is before the cache store (vLLM's
+    ``fused_qk_norm_rope_kvcache``: q and k of every token into its ``q_out`` / ``k_out``;
+    ``.view(T, H, D)`` gives its shapes).
 
     q and k: the math of :func:`fqr.split_qkv_rmsnorm_rope` (per-head norm, ``(weight_offset +
-    w)``, RoPE of the first R features). Then for every token ``t`` with ``s =
-    slot_mapping[t] >= 0``, block ``s // block_size``, row ``s % block_size``::
+    w)``, RoPE of the first R features), for all T tokens. Then for every token ``t < N``
+    (``slot_mapping`` is ``[N]``, ``N <= T``: vLLM pads T for CUDA graphs and passes the
+    ``num_actual_tokens`` slots, as its ``reshape_and_cache_flash`` takes its token count
+    from the slot mapping) with ``s = slot_mapping[t] >= 0``, block ``s // block_size``, row
+    ``s % block_size``::
 
         key_cache[s // bs, s % bs, h, :]   = store(k[t, h])
         value_cache[s // bs, s % bs, h, :] = store(v[t, h])

@@ -460,15 +460,21 @@ def test_norm_stats_of_the_wrong_type_is_refused_naming_it(gen, kind, make, erro
         fqr.split_qkv_rmsnorm_rope(*pb.args(), **pb.kwargs(norm_stats=stats, backend="reference"))
 
 
-def test_strided_positions_are_refused_not_misread(problem):
-    """Found by the property test: the kernel reads positions at ``ptr + t``, so a strided
-    view (accepted before) rotated tokens by other tokens' angles on the interpreter."""
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_strided_positions_are_read_through_their_stride(problem, backend):
+    """Found by the property test: the kernel read positions at ``ptr + t``, so a strided
+    view rotated tokens by other tokens' angles on the interpreter (then refused); issue 26.6:
+    the kernel reads them through their stride (``positions[:, 0]`` of a ``[T, 2]`` buffer),
+    bit for bit what the contiguous positions give."""
     pos = problem.positions
-    strided = torch.stack([pos, torch.zeros_like(pos)], 1).reshape(-1)[::2]
+    strided = torch.stack([pos, torch.zeros_like(pos)], 1)[:, 0]
+    assert strided.stride(0) == 2
     args = list(problem.args())
+    want = fqr.split_qkv_rmsnorm_rope(*args, **problem.kwargs(backend=backend))
     args[1] = strided
-    with pytest.raises(ValueError, match="^positions must be contiguous"):
-        fqr.split_qkv_rmsnorm_rope(*args, **problem.kwargs(backend="reference"))
+    got = fqr.split_qkv_rmsnorm_rope(*args, **problem.kwargs(backend=backend))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
 
 
 def test_a_bad_backend_is_refused_with_no_tokens_too(gen):
