@@ -370,17 +370,39 @@ def minimax_cache_prologue(inputs: dict, cos_sin_cache: torch.Tensor, spec: Prol
     ``(q, key_cache, value_cache)``."""
     d = spec.head_dim
 
-    def store(cache, x, slots, scale):
-        rows = cache.view(-1, spec.num_kv_heads, d)
-        keep = slots >= 0
-        x = x.view(-1, spec.num_kv_heads, d)[keep]
-        rows[slots[keep]] = fp8_store(x, scale) if cache.dtype == torch.float8_e4m3fn else x
-        return cache
-
     pos, slots = inputs["positions"], inputs["slot_mapping"]
     q, k, v = inputs["qkv"].split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
     q = vllm_norm_rope(q, inputs["q_weight"], pos, cos_sin_cache, d, spec)
     k = vllm_norm_rope(k, inputs["k_weight"], pos, cos_sin_cache, d, spec)
-    key_cache = store(inputs["key_cache"], k, slots, inputs.get("k_scale"))
-    value_cache = store(inputs["value_cache"], v, slots, inputs.get("v_scale"))
+    key_cache, value_cache = inputs["key_cache"], inputs["value_cache"]
+    shape = (-1, spec.num_kv_heads, d)
+    vllm_reshape_and_cache_flash(
+        k.view(shape), v.reshape(shape), key_cache, value_cache, slots,
+        inputs.get("k_scale"), inputs.get("v_scale"),
+    )  # fmt: skip
     return q, key_cache, value_cache
+
+
+def vllm_reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """vLLM's ``reshape_and_cache_flash`` in torch: ``key``/``value [T, H, D]`` of the first
+    ``N = len(slot_mapping)`` tokens with a slot ``>= 0`` put at rows ``slot`` of the caches
+    ``[blocks, block_size, H, D]`` (any strides: an advanced-index put, in place); an FP8
+    cache (float8_e4m3fn, or vLLM's uint8 bytes of it) takes ``x / scale`` clamped to +-448."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    n = slot_mapping.shape[0]
+    for cache, x, scale in ((key_cache, key, k_scale), (value_cache, value, v_scale)):
+        x = x[:n][keep]
+        typed = cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+        if typed.dtype == torch.float8_e4m3fn:
+            x = fp8_store(x, scale)
+        block_size = cache.shape[1]
+        typed[slots // block_size, slots % block_size] = x.to(typed.dtype)

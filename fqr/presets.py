@@ -372,6 +372,27 @@ PRESETS: dict[str, Preset] = {
     for p in [
         Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 16, 8, 128, 1e6, 40960, hidden_size=1024),
         Preset("qwen3-8b", "Qwen/Qwen3-8B", 32, 8, 128, 1e6, 40960, hidden_size=4096),
+        # The stand-alone paged KV insert (vLLM's reshape_and_cache_flash) of Qwen3-8B's 8 KV
+        # heads of 128 (config.json), vLLM's default block size 16 (CacheConfig.block_size):
+        # a cache in the model dtype (kv_cache_dtype "auto") and an FP8 E4M3 one
+        *(
+            Preset(
+                name,
+                "Qwen/Qwen3-8B",
+                32,
+                8,
+                128,
+                1e6,
+                40960,
+                hidden_size=4096,
+                variant="kv-insert",
+                variant_params=(("block_size", 16), ("cache_dtype", cache)),
+            )
+            for name, cache in (
+                ("qwen3-8b-kv-insert", "auto"),
+                ("qwen3-8b-kv-insert-fp8", "fp8e4m3"),
+            )
+        ),
         Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960, hidden_size=5120),
         Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 32, 4, 128, 1e6, 40960, hidden_size=2048),
         Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 64, 4, 128, 1e6, 40960, hidden_size=4096),

@@ -285,6 +285,26 @@ def cache_insert(
     return expected, written
 
 
+def kv_cache_insert(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+    *, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The stand-alone paged KV insert (vLLM's ``reshape_and_cache_flash``), float64: ``key``
+    and ``value [T, H, D]`` of the first ``N = len(slot_mapping)`` tokens at their slots by
+    :func:`cache_insert` (an FP8 cache given as vLLM's uint8 bytes read as E4M3). Returns the
+    expected ``(key_cache, value_cache)``."""
+
+    def typed(cache: Tensor) -> Tensor:
+        return cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+
+    tokens, heads, head_dim = key.shape
+    key_rows = key.reshape(tokens, heads * head_dim)
+    value_rows = value.reshape(tokens, heads * head_dim)
+    expected_key, _ = cache_insert(typed(key_cache), key_rows, slot_mapping, scale=k_scale)
+    expected_value, _ = cache_insert(typed(value_cache), value_rows, slot_mapping, scale=v_scale)
+    return expected_key, expected_value
+
+
 def index_prologue(
     qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor,
     index_q_weight: Tensor, index_k_weight: Tensor, *, num_heads: int, num_kv_heads: int,

@@ -17,6 +17,8 @@
                                          (:mod:`.index_heads`)
 :func:`split_qkv_rmsnorm_rope_cache`     norm + RoPE + the paged KV-cache insert
                                          (:mod:`.kv_cache`)
+:func:`kv_cache_insert`                  the paged KV-cache insert alone (vLLM's
+                                         ``reshape_and_cache_flash``; :mod:`.kv_insert`)
 =======================================  ====================================================
 
 :func:`split_qkv_index_rmsnorm_rope_cache` (:mod:`.index_cache`) is MiniMax-M3's prologue whole:

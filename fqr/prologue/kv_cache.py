@@ -94,10 +94,12 @@ def _cache(name: str, what: str) -> Tensor:
     )
 
 
-def _scale(name: str, of: str) -> Tensor:
+def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
+    """The optional per-tensor scale ``name`` of an FP8 ``of`` cache (k_scale, v_scale)."""
     return Tensor(
         name,
         None,
+        keyword=keyword,
         annotation=params.OPTIONAL_TENSOR,
         kind=Scale(),
         optional=True,
@@ -144,8 +146,8 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         params.EPS,
         params.IS_NEOX,
         params.WEIGHT_OFFSET,
-        _scale("k_scale", "key"),
-        _scale("v_scale", "value"),
+        cache_scale("k_scale", "key"),
+        cache_scale("v_scale", "value"),
         numerics(),
         RETURN_K,
         BACKEND,

@@ -216,7 +216,10 @@ class Variant:
         """The public op's keyword arguments for ``inputs`` of ``preset``."""
         table = cos_sin_cache if self.reads_table else None
         absent = {p.name: None for p in self.declaration.tensor_params if p.optional}
-        return {**absent, **inputs, "cos_sin_cache": table, **self.kwargs(preset), **extra}
+        # an op with no table (a stand-alone cache insert) takes none
+        has_table = "cos_sin_cache" in self.declaration.index
+        tables = {"cos_sin_cache": table} if has_table else {}
+        return {**absent, **inputs, **tables, **self.kwargs(preset), **extra}
 
     def run(self, preset: Preset, inputs: dict, cos_sin_cache, **options) -> tuple:
         """The public op on ``inputs`` (the donated ones copied first; ``options``:

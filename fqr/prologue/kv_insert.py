@@ -1,0 +1,333 @@
+"""``kv_cache_insert``: k and v written into the paged KV cache by slot, stand-alone (vLLM's
+``reshape_and_cache_flash``).
+
+The composition (:func:`kv_insert`) is two ``cache_insert`` (:mod:`fqr.ops.cache`), functional
+updates of the caches that the public op donates, so the kernel stores in place. It takes what
+vLLM's attention backends pass: ``key`` / ``value`` ``[T, Hkv, D]`` (views of the QKV output,
+rows at any stride), the caches in the flash layout ``[num_blocks, block_size, Hkv, D]`` at any
+strides (vLLM's ``NHC``, and its ``HNC`` as the permuted view), ``slot_mapping [N]`` with
+``N <= T`` (``num_actual_tokens``), ``kv_cache_dtype`` ``"auto"`` or ``"fp8"`` (an E4M3 cache:
+``float8_e4m3fn``, or vLLM's ``uint8`` allocation of it) with ``k_scale`` / ``v_scale``. The
+float64 reference is :func:`fqr.reference.kv_cache_insert`; the variant ``kv-insert``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import ops, reference
+from ..core import DTYPE_NAMES, Aval
+from ..inputs import random_qkv
+from ..ops.fp8 import FP8_E4M3
+from ..peers import vllm_reshape_and_cache_flash
+from ..validate import ACTIVATION_DTYPES, check_row_stride, check_tensor
+from . import params
+from .declare import (
+    BACKEND,
+    Cache,
+    Call,
+    Output,
+    Slots,
+    Static,
+    Tensor,
+    TensorKind,
+    choice,
+    declare,
+    numerics,
+)
+from .kv_cache import CACHE_DTYPE_NAMES, cache_scale
+from .variant import Variant, register_variant
+
+FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of an E4M3 cache
+KV_CACHE_DTYPES = ("auto", *FP8_NAMES)
+
+
+def kv_insert(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, **static):
+    """k and v written into the paged caches by slot (traced into one program): returns the
+    new ``(key_cache, value_cache)``, functional updates (:func:`fqr.ops.cache_insert`) that
+    the kernel stores in place when donated."""
+    key_cache = ops.cache_insert(key_cache, key, slot_mapping, k_scale)
+    value_cache = ops.cache_insert(value_cache, value, slot_mapping, v_scale)
+    return key_cache, value_cache
+
+
+# ------------------------------------------------------------------------- the kinds
+
+
+@dataclass(frozen=True)
+class HeadRows(TensorKind):
+    """``[T, heads, head_dim]`` activations (bf16/fp16/fp32) with the heads of a token back to
+    back (head stride ``head_dim``, unit stride within a head) and rows at any stride (vLLM's
+    ``key`` / ``value``: views of the QKV output); given to the program as the ``[T, heads *
+    head_dim]`` view of the same memory. ``like``: another argument whose dtype and shape this
+    one shares."""
+
+    like: str | None = None
+    leading = "T"
+    token_dim = 0
+
+    def check(self, name, x, call):
+        check_tensor(name, x)
+        if x.dim() != 3:
+            raise ValueError(
+                f"{name} must be 3-D [T, num_kv_heads, head_size], got {list(x.shape)}"
+            )
+        if x.dtype not in ACTIVATION_DTYPES:
+            raise TypeError(
+                f"{name} must be bf16, fp16 or fp32, got {DTYPE_NAMES.get(x.dtype, x.dtype)}"
+            )
+        if self.like is not None:
+            other = getattr(call, self.like)
+            if x.dtype != other.dtype or x.shape != other.shape:
+                raise ValueError(
+                    f"{name} ({DTYPE_NAMES.get(x.dtype)} {list(x.shape)}) must match "
+                    f"{self.like} ({DTYPE_NAMES.get(other.dtype)} {list(other.shape)})"
+                )
+        _, heads, head_dim = x.shape
+        if heads < 1 or head_dim < 1:
+            raise ValueError(f"{name} has no heads or features (shape {list(x.shape)})")
+        if x.shape[0] and (x.stride(2) != 1 or (heads > 1 and x.stride(1) != head_dim)):
+            raise ValueError(
+                f"{name} must hold each token's heads back to back (strides [*, {head_dim}, 1]), "
+                f"got strides {list(x.stride())}"
+            )
+        check_row_stride(name, x, heads * head_dim)
+
+    def operands(self, x):
+        return (x.view(x.shape[0], x.shape[1] * x.shape[2]),)
+
+    def avals(self, x):
+        return (Aval(("T", x.shape[1] * x.shape[2]), x.dtype),)
+
+
+@dataclass(frozen=True)
+class FlashCache(Cache):
+    """A :class:`~fqr.prologue.declare.Cache` of ``kv_cache_dtype`` (vLLM's): ``"auto"`` the
+    key's dtype; ``"fp8"`` float8_e4m3fn, or ``uint8`` (vLLM allocates its FP8 caches as
+    bytes) given to the program as the float8_e4m3fn view of the same memory."""
+
+    def operands(self, x):
+        return (x.view(FP8_E4M3) if x.dtype == torch.uint8 else x,)
+
+    def avals(self, x):
+        dtype = FP8_E4M3 if x.dtype == torch.uint8 else x.dtype
+        return (Aval(("B", *x.shape[1:]), dtype),)
+
+
+def _cache_shape(call: Call):
+    _, heads, head_dim = call.key.shape
+    return (None, heads, head_dim), (
+        f"[num_blocks, block_size, num_kv_heads={heads}, head_size={head_dim}] (key's heads)"
+    )
+
+
+def _cache_dtypes(call: Call):
+    if call.kv_cache_dtype == "auto":
+        return (call.key.dtype,)
+    return (FP8_E4M3, torch.uint8)
+
+
+def _cache_dtype_text(call: Call) -> str:
+    if call.kv_cache_dtype == "auto":
+        return f"key's dtype {DTYPE_NAMES.get(call.key.dtype)} (kv_cache_dtype 'auto')"
+    return f"float8_e4m3fn or its uint8 bytes (kv_cache_dtype {call.kv_cache_dtype!r})"
+
+
+def _cache(name: str, what: str) -> Tensor:
+    return Tensor(
+        name,
+        keyword=False,
+        annotation=params.TENSOR,
+        kind=FlashCache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text),
+        donated=True,
+        doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout "
+        "``NHC``, or ``HNC`` as its permuted view: any strides with a contiguous last dim) of "
+        "``kv_cache_dtype``; updated in place",
+    )
+
+
+def _caches_agree(call: Call) -> None:
+    key, value = call.key_cache, call.value_cache
+    if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
+        raise ValueError(
+            f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
+            f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
+        )
+    for name in ("k_scale", "v_scale"):
+        if getattr(call, name) is not None and call.kv_cache_dtype == "auto":
+            raise ValueError(
+                f"{name} applies only to an FP8 cache (kv_cache_dtype 'fp8'), not to "
+                f"kv_cache_dtype 'auto' (vLLM ignores it there; pass None)"
+            )
+
+
+KV_CACHE_INSERT = declare(
+    "kv_cache_insert",
+    kv_insert,
+    (
+        Tensor(
+            "key",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=HeadRows(),
+            doc="``[T, Hkv, D]`` keys, each token's heads back to back, rows at any stride",
+        ),
+        Tensor(
+            "value",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=HeadRows(like="key"),
+            doc="``[T, Hkv, D]`` values, as key",
+        ),
+        _cache("key_cache", "key"),
+        _cache("value_cache", "value"),
+        Tensor(
+            "slot_mapping",
+            keyword=False,
+            annotation=params.TENSOR,
+            kind=Slots(shorter=True, rows_of="key"),
+            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
+            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
+            "``t >= N`` are not stored",
+        ),
+        Static(
+            "kv_cache_dtype",
+            "auto",
+            keyword=False,
+            annotation="str",
+            check=choice(*KV_CACHE_DTYPES),
+            program=False,
+            schema="str",
+            doc="vLLM's name of the caches' dtype: ``'auto'`` (key's dtype) or ``'fp8'`` / "
+            "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes)",
+        ),
+        cache_scale("k_scale", "key", keyword=False),
+        cache_scale("v_scale", "value", keyword=False),
+        numerics(modes=("fused", "unfused")),
+        BACKEND,
+    ),
+    (Output("key_cache"), Output("value_cache")),
+    reference=reference.kv_cache_insert,
+    checks=(_caches_agree,),
+    returns=lambda call, outs: None,
+    doc="""
+    Write each token's key and value heads into the paged KV cache by slot: vLLM's
+    ``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+    kv_cache_dtype, k_scale, v_scale)``, same argument order and meaning; returns None.
+
+    For every token ``t < N`` (``slot_mapping`` is ``[N]``, ``N <= T``: vLLM takes the token
+    count from the slot mapping, so a batch padded for CUDA graphs stores only its
+    ``num_actual_tokens`` rows) with ``s = slot_mapping[t] >= 0``::
+
+        key_cache[s // block_size, s % block_size, h, :]   = store(key[t, h])
+        value_cache[s // block_size, s % block_size, h, :] = store(value[t, h])
+
+    ``store`` rounds to the cache's dtype once (``kv_cache_dtype="auto"``: the key's dtype, a
+    copy); an FP8 cache (``"fp8"``) stores ``e4m3(clamp(x / scale, -448, 448))`` with the
+    float32 ``[1]`` per-tensor ``k_scale`` / ``v_scale`` (default 1; vLLM's
+    ``scaled_convert``). A negative slot writes nothing, rows no slot names keep their
+    contents. The caches are updated in place (the composition is functional,
+    :func:`fqr.ops.cache_insert`, and the op donates them). ``numerics`` changes nothing here
+    (one rounding either way). The reference it matches is
+    :func:`fqr.reference.kv_cache_insert`.
+
+    Not expressed: vLLM's per-head scales (``kv_scale_type="attn_head"``, ``[Hkv]``), NVFP4
+    caches and ``fp8_e5m2``: refused by the checks.
+    """,
+)
+
+kv_cache_insert = KV_CACHE_INSERT.function
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def _check_preset(variant: Variant, preset) -> None:
+    p = preset.params
+    if not isinstance(p["block_size"], int) or p["block_size"] < 1:
+        raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
+    if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
+        raise ValueError(
+            f"preset {preset.name}: cache_dtype must be one of "
+            f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
+        )
+
+
+def _kwargs(preset) -> dict:
+    return {"kv_cache_dtype": "auto" if preset.params["cache_dtype"] == "auto" else "fp8"}
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """key and value as vLLM's attention layer has them (``[T, Hkv, D]`` views of the QKV
+    row, v with outliers past +-448), caches of twice the rows the tokens need (at least 32)
+    holding random values (a row written where no slot names it shows), slots with every
+    third one negative and the last token past a slot mapping one shorter than T (a CUDA-graph
+    pad), random per-tensor scales for an FP8 cache."""
+    spec, bs = preset.spec, preset.params["block_size"]
+    cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    device = generator.device
+    qkv = random_qkv(spec, tokens, dtype, generator)
+    hkv, d = spec.num_kv_heads, spec.head_dim
+    key = qkv[:, spec.q_size : spec.q_size + spec.kv_size].view(tokens, hkv, d)
+    value = qkv[:, spec.q_size + spec.kv_size :].view(tokens, hkv, d)
+    value[:, :, ::7] *= 600.0  # past E4M3's +-448: the clamp is exercised
+    blocks = -(-2 * max(tokens, 32) // bs) + 1  # one cache for every small T (as in serving)
+    caches = [
+        torch.randn(
+            (blocks, bs, hkv, d), generator=generator, dtype=torch.float64, device=device
+        ).to(cache_dtype)
+        for _ in range(2)
+    ]
+    slots = torch.randperm(blocks * bs, generator=generator, device=device)[: max(tokens - 1, 0)]
+    if tokens == 1:
+        slots = torch.randperm(blocks * bs, generator=generator, device=device)[:1]
+    if slots.numel() > 1:
+        slots[1::3] = -1
+    drawn = {
+        "key": key,
+        "value": value,
+        "key_cache": caches[0],
+        "value_cache": caches[1],
+        "slot_mapping": slots,
+    }
+    if cache_dtype == FP8_E4M3:
+        scales = 0.25 + 0.75 * torch.rand(
+            2, generator=generator, dtype=torch.float64, device=device
+        )
+        drawn["k_scale"] = scales[:1].float()
+        drawn["v_scale"] = scales[1:].float()
+    return drawn
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    def chain(inputs):
+        vllm_reshape_and_cache_flash(
+            inputs["key"],
+            inputs["value"],
+            inputs["key_cache"],
+            inputs["value_cache"],
+            inputs["slot_mapping"],
+            inputs.get("k_scale"),
+            inputs.get("v_scale"),
+        )
+        return inputs["key_cache"], inputs["value_cache"]
+
+    return chain
+
+
+# vLLM's reshape_and_cache_flash for a model's KV heads: a cache in the model dtype and an FP8
+# E4M3 one with per-tensor scales (presets kv-insert*).
+KV_INSERT = register_variant(
+    Variant(
+        "kv-insert",
+        KV_CACHE_INSERT,
+        kwargs=_kwargs,
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=("block_size", "cache_dtype"),
+        check_preset=_check_preset,
+        reads_table=False,
+    )
+)

@@ -1,0 +1,175 @@
+"""vLLM's ``tests/kernels/core/test_fused_qk_norm_rope_kvcache.py`` ported onto
+:func:`fqr.split_qkv_rmsnorm_rope_cache` (``return_k=True``: vLLM's op writes q and k of every
+token into ``q_out`` / ``k_out``), on the reference and interpret backends.
+
+The peer asserts that ``fused_qk_norm_rope_kvcache`` reproduces ``fused_qk_norm_rope`` followed
+by ``reshape_and_cache_flash`` bit for bit: same q and k, the same k / v rows in the paged cache
+(the FlashAttention backend's strided key / value views of one ``[blocks, Hkv, 16, 2*D]``
+buffer), qkv left untouched, rows past a shorter ``slot_mapping`` (CUDA-graph padding) and
+padded ``-1`` slots normalised and rotated but never cached. Its reference is vLLM's own CUDA
+kernel, fp32 compute rounded once; re-written here from that formula
+(:func:`vllm_cache.vllm_fused_qk_norm_rope`), bit for bit is the same up to the order of fp32
+operations, so the port holds fqr to the peer's reference at the one-rounding bound (<= 1 ULP,
+or within the fp32 compute floor where RoPE cancels), and to the float64 value under fqr's
+contract, and checks bit for bit what is exact: the cache holds exactly the returned k and the
+v bits, rows not stored keep their bits, qkv is unchanged.
+
+Peer grid: ``test_matches_unfused_pair`` 80 cases (dtype bf16/fp16 x is_neox x 5 head configs x
+T 1/5/300/2048), ``test_all_token_heads_per_warp`` 16, ``test_padded_and_short_slot_mapping``
+3. Here: the 20 of T 5 and 2 of the padded ones on the reference backend (full head sizes),
+a sample at small T on interpret (every head config once, T 1 and 5; the three kinds of
+padding at T <= 11); the GPU file (``tests/gpu/test_gpu_peers_cache.py``) runs all 83 on
+triton. Not ported: the 16 ``token_heads_per_warp`` cases
+(a launch knob of vLLM's CUDA kernel, which fqr's kernel does not have: the computation they
+check is the (32, 8, 128, 128) bf16 case at T 5 and 2048 of the first test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm_cache import (
+    BLOCK_SIZE,
+    flash_kv_buffer,
+    kvcache_inputs,
+    slot_mapping,
+    split_kv,
+    vllm_fused_qk_norm_rope,
+)
+
+import fqr
+from fqr import reference
+from fqr.numerics import compare
+from fqr.peers import vllm_reshape_and_cache_flash
+
+EPS = 1e-6
+HEAD_CONFIGS = [  # (num_heads, num_kv_heads, head_dim, rotary_dim): the peer's
+    (32, 8, 128, 128),
+    (16, 4, 64, 64),
+    (8, 2, 256, 256),
+    (8, 8, 128, 128),
+    (32, 8, 128, 64),
+]
+TOKENS = [1, 5, 300, 2048]  # the peer's; 5 on CPU (the float64 checks of 2048 tokens take
+CPU_TOKENS = [5]  # minutes on a 2-core machine; T 1 is in the interpret sample), all on GPU
+DTYPES = [torch.bfloat16, torch.float16]
+PADDED = [(64, 64, 7), (64, 40, 0), (300, 290, 5)]  # (T, slot_mapping length, -1 slots)
+CPU_PADDED = PADDED[:2]  # (300, 290, 5) in the GPU file: 20 s of float64 checks on CPU
+
+
+def run_and_check(gen, backend, dtype, is_neox, heads, kv_heads, head_dim, rotary_dim, tokens,
+                  slot_tokens=None, padded=0):  # fmt: skip
+    """The peer's ``_run_and_check`` on fqr: returns the errors of fqr and of the peer's
+    reference against float64 (max ULPs of q and k)."""
+    slot_tokens = tokens if slot_tokens is None else slot_tokens
+    qkv, positions, q_weight, k_weight, table = kvcache_inputs(
+        tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, gen
+    )
+    kv = flash_kv_buffer(tokens, kv_heads, head_dim, dtype, gen)
+    slots = slot_mapping(slot_tokens, kv.shape[0] * BLOCK_SIZE, padded, gen)
+    statics = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, eps=EPS)
+
+    # the peer's reference: fused_qk_norm_rope, then reshape_and_cache_flash of the first N
+    q_ref, k_ref, v_ref = vllm_fused_qk_norm_rope(
+        qkv, heads, kv_heads, head_dim, EPS, q_weight, k_weight, table, is_neox, positions
+    )
+    # the float64 formulation on the same inputs (the caches as the op receives them)
+    exact_q, exact_k, exact_key, exact_value = reference.cache_prologue(
+        qkv, positions, table, q_weight, k_weight, *split_kv(kv, head_dim), slots,
+        is_neox=is_neox, return_k=True, **statics,
+    )  # fmt: skip
+
+    qkv_in = qkv.clone()
+    kv_out = kv.clone()
+    key_cache, value_cache = split_kv(kv_out, head_dim)
+    q, k = fqr.split_qkv_rmsnorm_rope_cache(
+        qkv_in, positions, table, q_weight, k_weight, key_cache, value_cache, slots,
+        is_neox=is_neox, return_k=True, backend=backend, **statics,
+    )  # fmt: skip
+
+    assert torch.equal(qkv_in, qkv), "qkv must be read-only"
+    assert q.shape == (tokens, heads * head_dim) and k.shape == (tokens, kv_heads * head_dim)
+    # fqr's contract against float64, q and k of every token (stored or not)
+    for name, out, exact in (("q", q, exact_q), ("k", k, exact_k)):
+        c = compare(out, exact, head_dim=head_dim)
+        assert c.passed, f"{name} vs float64: {c}"
+    # the peer's reference (fp32, rounded once): the same up to fp32 operation order
+    for name, out, peer in (("q", q, q_ref), ("k", k, k_ref)):
+        c = compare(out, peer.reshape(tokens, -1).double(), head_dim=head_dim)
+        assert c.passed, f"{name} vs vLLM's fused_qk_norm_rope: {c}"
+    # the cache: exactly what reshape_and_cache_flash of the returned k and of v writes
+    kv_want = kv.clone()
+    vllm_reshape_and_cache_flash(
+        k.view(tokens, kv_heads, head_dim), v_ref, *split_kv(kv_want, head_dim), slots
+    )
+    assert torch.equal(kv_out, kv_want), "cache rows differ from the returned k / v"
+    # and the float64 expectation of the caches: the stored key rows under the contract
+    # (the returned k is checked above), v's bits, every other row its own bits
+    rows = exact_key.reshape(-1, kv_heads * head_dim)
+    stored_rows = key_cache.reshape(rows.shape)[slots[slots >= 0]]
+    c = compare(stored_rows, rows[slots[slots >= 0]], head_dim=head_dim)
+    assert c.passed, f"key_cache vs float64: {c}"
+    assert torch.equal(value_cache.double(), exact_value)
+    # rows past N and -1 slots are computed but never cached
+    stored = slots[slots >= 0]
+    untouched = torch.ones(kv.shape[0] * BLOCK_SIZE, dtype=torch.bool)
+    untouched[stored] = False
+    before = split_kv(kv, head_dim)[0].reshape(-1, kv_heads, head_dim)
+    after = key_cache.reshape(-1, kv_heads, head_dim)
+    assert torch.equal(after[untouched], before[untouched])
+    peer_errors = [compare(p.reshape(tokens, -1), e, head_dim=head_dim) for p, e in
+                   ((q_ref, exact_q), (k_ref, exact_k))]  # fmt: skip
+    fqr_errors = [compare(o, e, head_dim=head_dim) for o, e in ((q, exact_q), (k, exact_k))]
+    return fqr_errors, peer_errors
+
+
+@pytest.mark.parametrize("tokens", CPU_TOKENS)
+@pytest.mark.parametrize("config", HEAD_CONFIGS, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_matches_unfused_pair_reference(gen, dtype, is_neox, config, tokens):
+    """The peer's grid at T 5 on the reference backend (the op's rules run eagerly)."""
+    fqr_errors, peer_errors = run_and_check(gen, "reference", dtype, is_neox, *config, tokens)
+    # the peer's reference computes as fqr's fused contract does: it meets it too
+    assert all(e.passed for e in peer_errors), peer_errors
+
+
+INTERPRET_SAMPLE = [  # (dtype, is_neox, config, tokens): every head config once, both styles
+    (torch.bfloat16, True, (16, 4, 64, 64), 5),
+    (torch.bfloat16, False, (16, 4, 64, 64), 1),
+    (torch.float16, True, (8, 2, 256, 256), 5),
+    (torch.bfloat16, False, (8, 8, 128, 128), 5),
+    (torch.float16, False, (32, 8, 128, 64), 5),
+    (torch.bfloat16, True, (32, 8, 128, 128), 5),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,is_neox,config,tokens",
+    INTERPRET_SAMPLE,
+    ids=[
+        f"{str(d)[6:]}-{'neox' if n else 'gptj'}-{c[0]}-{c[2]}-{c[3]}-t{t}"
+        for d, n, c, t in INTERPRET_SAMPLE
+    ],  # fmt: skip
+)
+def test_matches_unfused_pair_interpret(gen, dtype, is_neox, config, tokens):
+    """A sample of the peer's grid through the generated kernel (interpreted)."""
+    run_and_check(gen, "interpret", dtype, is_neox, *config, tokens)
+
+
+@pytest.mark.parametrize("tokens,slot_tokens,padded", CPU_PADDED)
+def test_padded_and_short_slot_mapping_reference(gen, tokens, slot_tokens, padded):
+    """Rows without a slot are still normalised / rotated but never cached (the peer's
+    cases: 16 q / 4 kv heads of 128, bf16, NeoX)."""
+    run_and_check(
+        gen, "reference", torch.bfloat16, True, 16, 4, 128, 128, tokens, slot_tokens, padded
+    )
+
+
+@pytest.mark.parametrize("tokens,slot_tokens,padded", [(9, 9, 2), (9, 5, 0), (11, 9, 1)])
+def test_padded_and_short_slot_mapping_interpret(gen, tokens, slot_tokens, padded):
+    """The peer's three kinds of padding at interpreter size: trailing -1 slots, a slot
+    mapping shorter than T, both (the kernel reads no slot past N: N is a runtime argument)."""
+    run_and_check(
+        gen, "interpret", torch.bfloat16, True, 16, 4, 128, 128, tokens, slot_tokens, padded
+    )
