@@ -26,12 +26,12 @@ def kvcache_inputs(tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype
     0.1 + 1`` in the model dtype, and the RoPE table of ``RotaryEmbedding(head_dim, rotary_dim,
     4096, 10000, is_neox, dtype)``: ``[4096, rotary_dim]`` in the model dtype (here the real
     table of :func:`fqr.rope_cache.rope_cos_sin_cache`, rounded once to it)."""
-    width = (heads + 2 * kv_heads) * head_dim
-    qkv = torch.randn(tokens, width, generator=gen).to(dtype)
-    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen)
-    q_weight = (torch.randn(head_dim, generator=gen) * 0.1 + 1.0).to(dtype)
-    k_weight = (torch.randn(head_dim, generator=gen) * 0.1 + 1.0).to(dtype)
-    return qkv, positions, q_weight, k_weight, rope_table(rotary_dim, dtype)
+    width, device = (heads + 2 * kv_heads) * head_dim, gen.device
+    qkv = torch.randn(tokens, width, generator=gen, device=device).to(dtype)
+    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen, device=device)
+    q_weight = (torch.randn(head_dim, generator=gen, device=device) * 0.1 + 1.0).to(dtype)
+    k_weight = (torch.randn(head_dim, generator=gen, device=device) * 0.1 + 1.0).to(dtype)
+    return qkv, positions, q_weight, k_weight, rope_table(rotary_dim, dtype).to(device)
 
 
 @lru_cache(maxsize=16)
@@ -42,9 +42,10 @@ def rope_table(rotary_dim: int, dtype: torch.dtype) -> torch.Tensor:
 
 def flash_kv_buffer(tokens, kv_heads, head_dim, dtype, gen):
     """vLLM's ``_make_flash_kv_cache``: one ``[num_blocks, Hkv, 16, 2*D]`` buffer of random
-    values, ``num_blocks = ceil(T / 16) + 2``."""
+    values, ``num_blocks = ceil(T / 16) + 2`` (on the generator's device, as every input here)."""
     blocks = (tokens + BLOCK_SIZE - 1) // BLOCK_SIZE + 2
-    return torch.randn(blocks, kv_heads, BLOCK_SIZE, 2 * head_dim, generator=gen).to(dtype)
+    shape = (blocks, kv_heads, BLOCK_SIZE, 2 * head_dim)
+    return torch.randn(shape, generator=gen, device=gen.device).to(dtype)
 
 
 def split_kv(kv: torch.Tensor, head_dim: int):
@@ -55,7 +56,7 @@ def split_kv(kv: torch.Tensor, head_dim: int):
 
 def slot_mapping(tokens: int, num_slots: int, padded: int, gen) -> torch.Tensor:
     """vLLM's ``_make_slot_mapping``: distinct random slots, the last ``padded`` ones -1."""
-    slots = torch.randperm(num_slots, generator=gen)[:tokens].to(torch.int64)
+    slots = torch.randperm(num_slots, generator=gen, device=gen.device)[:tokens].to(torch.int64)
     if padded:
         slots[tokens - padded :] = -1
     return slots
