@@ -38,6 +38,9 @@ TL_DTYPES = {
     torch.uint8: "tl.uint8",
 }
 EMITTER_VERSION = "3"
+# The [T] inputs read one element per token (an index, or a number): with ``strided_indices``
+# each is read through its element stride.
+PER_TOKEN = (Role.INDEX, Role.TOKEN_VALUE)
 
 
 @dataclass(frozen=True, repr=False)
@@ -184,8 +187,9 @@ class KernelBuilder:
         # Each output takes its head stride as a parameter (``out{i}_hstride``): heads that sit
         # at a stride in the caller's buffer (a [T, H, D] view of a wider [T, H, D'] row).
         self.strided_outputs = strided_outputs
-        # Each INDEX input takes its element stride as a parameter (``{name}_istride``):
-        # positions read through their stride (``positions[:, 0]`` of a ``[T, 2]`` buffer).
+        # Each per-token input (INDEX, TOKEN_VALUE) takes its element stride as a parameter
+        # (``{name}_istride``): positions read through their stride (``positions[:, 0]`` of
+        # a ``[T, 2]`` buffer), as indices or as numbers.
         self.strided_indices = strided_indices
         # The runtime length parameters of the INDEX inputs whose length is their own symbol
         # (not T): ``[N]`` with N <= T, read for tokens below N only (a slot mapping shorter
@@ -254,7 +258,7 @@ class KernelBuilder:
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
                 self.param_list.append(f"{self.var_name(v)}_rows")
-            if role is Role.INDEX and self.strided_indices:
+            if role in PER_TOKEN and self.strided_indices:
                 self.param_list.append(f"{self.var_name(v)}_istride")
             if role is Role.INDEX and v.aval.shape[0] != TOKENS:
                 self.lengths[id(v)] = f"{self.var_name(v)}_len"
@@ -452,8 +456,9 @@ class KernelBuilder:
         key = ("tokval", id(var))
         if key not in self._tile:
             name = self.fresh("tokval")
+            at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
             self.emit_tile(
-                f"{name} = tl.load({self.arg_names[id(var)]} + tok, mask=tmask, other=1.0)"
+                f"{name} = tl.load({self.arg_names[id(var)]} + {at}, mask=tmask, other=1.0)"
                 f".to(tl.float32)"
             )
             self._tile[key] = name
@@ -873,7 +878,8 @@ def emit_source(
 ) -> str:
     """The kernel's source; ``strided_outputs``: every output takes its head stride as a
     parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
-    stride; ``strided_indices``: every INDEX input (positions, slots) its element stride."""
+    stride; ``strided_indices``: every per-token input (positions, slots, per-token numbers)
+    its element stride."""
     return KernelBuilder(
         plan, tiling, kernel_name, header, strided_outputs, strided_indices
     ).build()

@@ -43,12 +43,17 @@ class Kernel:
         self.strided_outputs = bool(self.options.get("strided_outputs"))
         self._strided: Kernel | None = None
         self._index_strided: Kernel | None = None
-        # Whether each INDEX input takes its element stride (strided positions, :meth:`launch`),
-        # and the INDEX inputs of their own length ``[N]`` (a runtime argument, as T is).
+        # Whether each per-token input (INDEX, TOKEN_VALUE) takes its element stride (strided
+        # positions, :meth:`launch`), and the INDEX inputs of their own length ``[N]`` (a
+        # runtime argument, as T is).
         self.strided_indices = bool(self.options.get("strided_indices"))
-        self._index_at = [i for i, r in enumerate(self._roles) if r is Role.INDEX]
+        self._index_at = [
+            i for i, r in enumerate(self._roles) if r is Role.INDEX or r is Role.TOKEN_VALUE
+        ]
         self._own_length = frozenset(
-            i for i in self._index_at if self.program.inputs[i].aval.shape[0] != TOKENS
+            i
+            for i in self._index_at
+            if self._roles[i] is Role.INDEX and self.program.inputs[i].aval.shape[0] != TOKENS
         )
         # Output -> the input it is an updated copy of (a paged cache): written in place.
         self.aliases = self.program.aliases()
@@ -91,7 +96,7 @@ class Kernel:
                     tokens = a.shape[0]
                 elif a.shape[0] != tokens:
                     raise ValueError(f"argument {i} has {a.shape[0]} tokens, expected {tokens}")
-            # an index (positions, slots) may be read through its stride
+            # a per-token input (positions, slots) may be read through its stride
             if a.dim() and a.stride(-1) != 1 and i not in self._index_at:
                 raise ValueError(f"argument {i} must be contiguous in its last dim")
         for i in self._own_length:
@@ -189,12 +194,13 @@ class Kernel:
         return self._strided
 
     def strided_index(self, args) -> bool:
-        """Whether an INDEX argument (positions, slots) is not at unit stride: read through its
-        stride by :meth:`index_strided_variant` (``positions[:, 0]`` of a ``[T, 2]`` buffer)."""
+        """Whether a per-token argument (positions, slots, per-token numbers) is not at unit
+        stride: read through its stride by :meth:`index_strided_variant` (``positions[:, 0]``
+        of a ``[T, 2]`` buffer)."""
         return any(args[i].shape[0] > 1 and args[i].stride(0) != 1 for i in self._index_at)
 
     def index_strided_variant(self) -> Kernel:
-        """This program's kernel on this target whose INDEX inputs take their element strides
+        """This program's kernel on this target whose per-token inputs take their element strides
         (``lower(..., strided_indices=True)``, keeping the other options; lowered on first
         use). Itself when it is that kernel."""
         if self.strided_indices:
@@ -237,7 +243,7 @@ class Kernel:
             if role is Role.TABLE:
                 flat.append(a.shape[0])
                 ints.append(a.shape[0])
-            if role is Role.INDEX and self.strided_indices:
+            if (role is Role.INDEX or role is Role.TOKEN_VALUE) and self.strided_indices:
                 flat.append(a.stride(0))
                 ints.append(a.stride(0))
             if role is Role.INDEX and i in self._own_length:  # runtime, as T is

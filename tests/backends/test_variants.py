@@ -147,3 +147,46 @@ def test_every_torch_op_passes_opcheck_and_returns_new_memory(gen, name, variant
     for out in result if isinstance(result, tuple) else (result,):
         if isinstance(out, torch.Tensor):
             assert out.untyped_storage().data_ptr() not in given
+
+
+def _smallest(name: str) -> Preset:
+    """The variant's first preset at the largest TP of 8, 4, 2, 1 it splits at."""
+    from fqr.presets import get_preset
+
+    base = next(p.name for p in PRESETS.values() if p.variant == name)
+    for tp in (8, 4, 2, 1):
+        try:
+            return get_preset(base, tp)
+        except ValueError:
+            continue
+    raise AssertionError(f"{base} splits at no TP")
+
+
+def _through_a_stride(positions: torch.Tensor) -> torch.Tensor:
+    """The same positions read through a stride: ``[T]`` as column 0 of a ``[T, 2]`` buffer
+    (MiniMax's ``positions[:, 0]``), ``[planes, T]`` as the transpose of a ``[T, planes]``
+    buffer (each plane at stride ``planes``)."""
+    if positions.dim() == 1:
+        return torch.stack([positions, torch.full_like(positions, -7)], 1)[:, 0]
+    return positions.t().contiguous().t()
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n, v in VARIANTS.items() if "positions" in v.declaration.index),
+)
+def test_strided_positions_give_every_variant_the_same_outputs(gen, name, backend):
+    """Issue 26.6: every op reads its positions through their stride (the Positions kind and
+    the lowering's index loads: shared machinery), bit for bit what contiguous positions
+    give, on the reference backend and through the kernel."""
+    p = _smallest(name)
+    variant = variant_of(p)
+    table = p.cos_sin_cache(64)
+    inputs = variant.draw(p, 3, torch.bfloat16, gen, max_position=64)
+    strided = _through_a_stride(inputs["positions"])
+    assert strided.stride(-1) != 1 and torch.equal(strided, inputs["positions"])
+    want = variant.run(p, inputs, table, backend=backend)
+    got = variant.run(p, dict(inputs, positions=strided), table, backend=backend)
+    for n, g, w in zip(variant.outputs_of(p), got, want):
+        assert torch.equal(g, w), n
