@@ -47,12 +47,19 @@ def test_bad_input_refused_at_every_token_count(gen, tokens):
     assert "eps" in _refusal(lambda: _call(p, eps=float("nan")))[1]
 
 
-def test_strided_positions_refused_after_a_contiguous_call(gen):
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_strided_positions_after_a_contiguous_call_are_read_through_their_stride(gen, backend):
+    """Refused once (the kernel read ``ptr + t``); issue 26.6: a strided call is a new kept
+    call (the guard holds strides) whose kernel reads the positions through their stride, bit
+    for bit what the contiguous call gave."""
     p = make_problem(gen, tokens=6)
     forget_checked_calls()
-    _call(p)
-    strided = torch.stack([p.positions, p.positions], 1)[:, 0]
-    assert "positions must be contiguous" in _refusal(lambda: _call(p, positions=strided))[1]
+    want = _call(p, backend=backend)
+    strided = torch.stack([p.positions, -p.positions], 1)[:, 0]
+    for _ in range(2):  # the full checks, then the fast path
+        got = _call(p, positions=strided, backend=backend)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
 
 
 def test_qk_op_warm_refusals_match_cold(gen):
