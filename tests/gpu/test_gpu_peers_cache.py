@@ -1,38 +1,22 @@
-"""The ports of vLLM's cache tests (``tests/peers/test_vllm_fused_qk_norm_rope_kvcache.py``,
-``tests/peers/test_vllm_cache.py``) at the peer's full grids and sizes on the ``triton``
-backend (skipped without CUDA): every case of ``test_matches_unfused_pair`` (T up to 2048) and
-``test_padded_and_short_slot_mapping``, and every expressed call of
-``test_reshape_and_cache_flash`` at its cache sizes (num_blocks 512 / 5000). The checks are the
-CPU ports' own: the same function runs with the inputs drawn on the GPU."""
+"""The ports of vLLM's cache tests at the peer's full grids and sizes on the compiled kernels
+(backend ``triton``) of a CUDA GPU; skipped without one. The ports (``tests/peers/``) run a
+sample on the CPU; here every case, each also checked against fqr's float64 reference:
+
+- vLLM ``tests/kernels/core/test_fused_qk_norm_rope_kvcache.py``: the 80 cases of
+  ``test_matches_unfused_pair`` (T up to 2048) and the 3 of
+  ``test_padded_and_short_slot_mapping`` (16 ``test_all_token_heads_per_warp`` cases are a
+  launch knob fqr's kernel does not have);
+- vLLM ``tests/kernels/attention/test_cache.py``, ``test_reshape_and_cache_flash``: the 144
+  calls fqr expresses (auto / fp8 with per-tensor scales, NHC / HNC, head_size 64 / 80 / 256,
+  block_size 8 / 16 / 32, num_blocks 512 / 5000), inputs drawn on the GPU.
+"""
 
 from __future__ import annotations
 
-import os
-import random
-import sys
-from pathlib import Path
-
 import pytest
-import torch
+from support.peer_ports import case_id, load_port
 
 from fqr.backends import BACKENDS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
-
-from test_vllm_cache import (  # noqa: E402
-    BLOCK_SIZES,
-    DTYPES,
-    HEAD_SIZES,
-    KV_CACHE_DTYPES,
-    LAYOUTS,
-    run_reshape_and_cache_flash,
-)
-from test_vllm_fused_qk_norm_rope_kvcache import (  # noqa: E402
-    HEAD_CONFIGS,
-    PADDED,
-    TOKENS,
-    run_and_check,
-)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,39 +24,21 @@ pytestmark = [
         not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
     ),
 ]
-PEER_BLOCKS = [512, 5000]  # test_reshape_and_cache_flash halves NUM_BLOCKS [1024, 10000]
+
+KVCACHE = load_port("test_vllm_fused_qk_norm_rope_kvcache")
+CACHE = load_port("test_vllm_cache")
 
 
-@pytest.fixture
-def cuda_gen() -> torch.Generator:
-    seed = int(os.environ.get("FQR_TEST_SEED") or random.SystemRandom().randrange(2**31))
-    print(f"FQR_TEST_SEED={seed}")
-    return torch.Generator(device="cuda").manual_seed(seed)
+@pytest.mark.parametrize("case", KVCACHE.PEER_GRID, ids=case_id)
+def test_vllm_fused_qk_norm_rope_kvcache(gen, case):
+    KVCACHE.check_case(case, "triton", gen, device="cuda")
 
 
-@pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("config", HEAD_CONFIGS, ids=lambda c: "-".join(map(str, c)))
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_matches_unfused_pair_triton(cuda_gen, dtype, is_neox, config, tokens):
-    run_and_check(cuda_gen, "triton", dtype, is_neox, *config, tokens)
+@pytest.mark.parametrize("case", KVCACHE.PADDED_GRID, ids=case_id)
+def test_vllm_fused_qk_norm_rope_kvcache_padded(gen, case):
+    KVCACHE.check_case(case, "triton", gen, device="cuda")
 
 
-@pytest.mark.parametrize("tokens,slot_tokens,padded", PADDED)
-def test_padded_and_short_slot_mapping_triton(cuda_gen, tokens, slot_tokens, padded):
-    run_and_check(
-        cuda_gen, "triton", torch.bfloat16, True, 16, 4, 128, 128, tokens, slot_tokens, padded
-    )
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
-@pytest.mark.parametrize("num_blocks", PEER_BLOCKS)
-@pytest.mark.parametrize("block_size", BLOCK_SIZES)
-@pytest.mark.parametrize("head_size", HEAD_SIZES)
-def test_reshape_and_cache_flash_triton(cuda_gen, head_size, block_size, num_blocks, dtype,
-                                        kv_cache_dtype, layout):  # fmt: skip
-    run_reshape_and_cache_flash(
-        cuda_gen, "triton", head_size, block_size, num_blocks, dtype, kv_cache_dtype, layout
-    )
+@pytest.mark.parametrize("case", CACHE.PEER_GRID, ids=case_id)
+def test_vllm_reshape_and_cache_flash(gen, case):
+    CACHE.check_case(case, "triton", gen, device="cuda")

@@ -33,19 +33,40 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.peer_caches import on_device
+from support.peer_ports import INTERPRET, case_id, grid, spread
 
 import fqr
 from fqr import reference
 from fqr.numerics import compare
 
 NUM_HEADS = 8
-HEAD_SIZES = [64, 80, 256]
-BLOCK_SIZES = [8, 16, 32]
 NUM_TOKENS = 21  # the peer's 42, halved by test_reshape_and_cache_flash
-CPU_BLOCKS = 4  # 32+ rows for 21 tokens; the peer's 512 / 5000 (halved) in the GPU file
-DTYPES = [torch.bfloat16, torch.float32]
-KV_CACHE_DTYPES = ["auto", "fp8"]
-LAYOUTS = ["NHC", "HNC"]
+PEER_GRID = grid(
+    head_size=[64, 80, 256],
+    block_size=[8, 16, 32],
+    num_blocks=[512, 5000],  # the peer's [1024, 10000], halved by the test
+    dtype=[torch.bfloat16, torch.float32],
+    kv_cache_dtype=["auto", "fp8"],
+    layout=["NHC", "HNC"],
+)
+CPU_BLOCKS = 4  # 32+ rows for 21 tokens: the CPU cases' caches
+# Every head_size x block_size x kv_cache_dtype once, the dtype and the layout cycling so
+# that every kv_cache_dtype x dtype x layout is met twice: 18 of the 72 calls of one cache size
+CPU_GRID = [
+    dict(
+        c,
+        num_blocks=CPU_BLOCKS,
+        dtype=(torch.bfloat16, torch.float32)[n // 2 % 2],
+        layout=("NHC", "HNC")[n // 4 % 2],
+    )
+    for n, c in enumerate(
+        c
+        for c in PEER_GRID
+        if c["num_blocks"] == 512 and c["dtype"] == torch.bfloat16 and c["layout"] == "NHC"
+    )
+]
+INTERPRET_GRID = [dict(c, tokens=9) for c in spread(CPU_GRID, 6)]
 E4M3 = torch.float8_e4m3fn
 
 
@@ -68,8 +89,18 @@ def dequantize(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (cache.view(E4M3).to(torch.float32) * scale).to(torch.float16)
 
 
-def run_reshape_and_cache_flash(gen, backend, head_size, block_size, blocks, dtype, kv_cache_dtype,
-                                layout, tokens=NUM_TOKENS):  # fmt: skip
+def check_case(case: dict, backend: str, gen, device: str = "cpu") -> None:
+    """One call of the peer's grid (``tokens``: 21 unless the case says)."""
+    run_reshape_and_cache_flash(
+        on_device(gen, device), backend, case["head_size"], case["block_size"],
+        case["num_blocks"], case["dtype"], case["kv_cache_dtype"], case["layout"],
+        case.get("tokens", NUM_TOKENS),
+    )  # fmt: skip
+
+
+def run_reshape_and_cache_flash(gen, backend, head_size, block_size, blocks, dtype,
+                                kv_cache_dtype, layout, tokens=NUM_TOKENS):  # fmt: skip
+    """The peer's test body on fqr, inputs drawn on ``gen``'s device."""
     device = gen.device
     slots = torch.randperm(blocks * block_size, generator=gen, device=device)[:tokens].long()
     qkv = torch.randn(tokens, 3, NUM_HEADS, head_size, generator=gen, device=device).to(dtype)
@@ -123,48 +154,17 @@ def run_reshape_and_cache_flash(gen, backend, head_size, block_size, blocks, dty
         assert torch.equal(cache.reshape(width)[~written], before.reshape(width)[~written])
 
 
-# Every head_size x block_size x kv_cache_dtype, the dtype and the layout cycling so that
-# every kv_cache_dtype x dtype x layout is met twice: 18 of the 72 calls (all in the GPU file).
-REFERENCE_SAMPLE = [
-    (h, b, DTYPES[n // 2 % 2], KV_CACHE_DTYPES[n % 2], LAYOUTS[n // 4 % 2])
-    for n, (h, b) in enumerate((h, b) for h in HEAD_SIZES for b in BLOCK_SIZES for _ in (0, 1))
-]
-
-
-@pytest.mark.parametrize(
-    "head_size,block_size,dtype,kv_cache_dtype,layout",
-    REFERENCE_SAMPLE,
-    ids=[f"{h}-{b}-{str(d)[6:]}-{k}-{lay}" for h, b, d, k, lay in REFERENCE_SAMPLE],
-)
-def test_reshape_and_cache_flash_reference(gen, head_size, block_size, dtype, kv_cache_dtype,
-                                           layout):  # fmt: skip
+@pytest.mark.parametrize("case", CPU_GRID, ids=case_id)
+def test_reshape_and_cache_flash_reference(gen, case):
     """The peer's grid (per-tensor scales), sampled, on a 4-block cache, reference backend."""
-    run_reshape_and_cache_flash(
-        gen, "reference", head_size, block_size, CPU_BLOCKS, dtype, kv_cache_dtype, layout
-    )
+    check_case(case, "reference", gen)
 
 
-INTERPRET_SAMPLE = [  # (head_size, block_size, dtype, kv_cache_dtype, layout)
-    (64, 8, torch.bfloat16, "auto", "NHC"),
-    (80, 16, torch.float32, "fp8", "HNC"),
-    (256, 32, torch.bfloat16, "fp8", "NHC"),
-    (80, 8, torch.bfloat16, "auto", "HNC"),
-    (64, 32, torch.float32, "auto", "NHC"),
-    (256, 16, torch.float32, "fp8", "HNC"),
-]
-
-
-@pytest.mark.parametrize(
-    "head_size,block_size,dtype,kv_cache_dtype,layout",
-    INTERPRET_SAMPLE,
-    ids=[f"{h}-{b}-{str(d)[6:]}-{k}-{lay}" for h, b, d, k, lay in INTERPRET_SAMPLE],
-)
-def test_reshape_and_cache_flash_interpret(gen, head_size, block_size, dtype, kv_cache_dtype,
-                                           layout):  # fmt: skip
+@pytest.mark.parametrize("backend", [INTERPRET])
+@pytest.mark.parametrize("case", INTERPRET_GRID, ids=case_id)
+def test_reshape_and_cache_flash_interpret(gen, case, backend):
     """A sample of the peer's grid through the generated kernel (interpreted, 9 tokens)."""
-    run_reshape_and_cache_flash(
-        gen, "interpret", head_size, block_size, CPU_BLOCKS, dtype, kv_cache_dtype, layout, 9
-    )
+    check_case(case, backend, gen)
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])

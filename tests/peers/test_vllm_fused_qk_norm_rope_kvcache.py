@@ -17,9 +17,9 @@ v bits, rows not stored keep their bits, qkv is unchanged.
 Peer grid: ``test_matches_unfused_pair`` 80 cases (dtype bf16/fp16 x is_neox x 5 head configs x
 T 1/5/300/2048), ``test_all_token_heads_per_warp`` 16, ``test_padded_and_short_slot_mapping``
 3. Here: the 20 of T 5 and 2 of the padded ones on the reference backend (full head sizes),
-a sample at small T on interpret (every head config once, T 1 and 5; the three kinds of
-padding at T <= 11); the GPU file (``tests/gpu/test_gpu_peers_cache.py``) runs all 83 on
-triton. Not ported: the 16 ``token_heads_per_warp`` cases
+a sample at small T on interpret (6 spread over the grid's head configs at T 5, and the three
+kinds of padding at T <= 11); the GPU file (``tests/gpu/test_gpu_peers_cache.py``) runs all
+83 on triton. Not ported: the 16 ``token_heads_per_warp`` cases
 (a launch knob of vLLM's CUDA kernel, which fqr's kernel does not have: the computation they
 check is the (32, 8, 128, 128) bf16 case at T 5 and 2048 of the first test).
 """
@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_cache import (
+from support.peer_caches import (
     BLOCK_SIZE,
     flash_kv_buffer,
     kvcache_inputs,
+    on_device,
     slot_mapping,
     split_kv,
     vllm_fused_qk_norm_rope,
 )
+from support.peer_ports import INTERPRET, case_id, grid, spread
 
 import fqr
 from fqr import reference
@@ -43,18 +45,41 @@ from fqr.numerics import compare
 from fqr.peers import vllm_reshape_and_cache_flash
 
 EPS = 1e-6
-HEAD_CONFIGS = [  # (num_heads, num_kv_heads, head_dim, rotary_dim): the peer's
-    (32, 8, 128, 128),
-    (16, 4, 64, 64),
-    (8, 2, 256, 256),
-    (8, 8, 128, 128),
-    (32, 8, 128, 64),
-]
-TOKENS = [1, 5, 300, 2048]  # the peer's; 5 on CPU (the float64 checks of 2048 tokens take
-CPU_TOKENS = [5]  # minutes on a 2-core machine; T 1 is in the interpret sample), all on GPU
-DTYPES = [torch.bfloat16, torch.float16]
-PADDED = [(64, 64, 7), (64, 40, 0), (300, 290, 5)]  # (T, slot_mapping length, -1 slots)
-CPU_PADDED = PADDED[:2]  # (300, 290, 5) in the GPU file: 20 s of float64 checks on CPU
+PEER_GRID = grid(
+    dtype=[torch.bfloat16, torch.float16],
+    is_neox=[True, False],
+    # (num_heads, num_kv_heads, head_dim, rotary_dim)
+    config=[
+        (32, 8, 128, 128),
+        (16, 4, 64, 64),
+        (8, 2, 256, 256),
+        (8, 8, 128, 128),
+        (32, 8, 128, 64),
+    ],
+    tokens=[1, 5, 300, 2048],
+)
+# CPU: T 5 (the float64 checks of 2048 tokens take minutes on a 2-core machine; T 1 is in the
+# GPU file and in the shorter slot mappings' sample below)
+CPU_GRID = [c for c in PEER_GRID if c["tokens"] == 5]
+INTERPRET_GRID = spread(CPU_GRID, 6)
+# (T, slot_mapping length, -1 slots): the peer's test_padded_and_short_slot_mapping (16 q / 4 kv
+# heads of 128, bf16, NeoX)
+PADDED_GRID = [dict(tokens=t, slot_tokens=n, padded=p) for t, n, p in
+               ((64, 64, 7), (64, 40, 0), (300, 290, 5))]  # fmt: skip
+CPU_PADDED = PADDED_GRID[:2]  # (300, 290, 5) in the GPU file: 20 s of float64 checks on CPU
+INTERPRET_PADDED = [dict(tokens=t, slot_tokens=n, padded=p) for t, n, p in
+                    ((9, 9, 2), (9, 5, 0), (11, 9, 1))]  # fmt: skip
+
+
+def check_case(case: dict, backend: str, gen, device: str = "cpu", peer_errors=False):
+    """One case of either of the peer's grids (a padded case: 16/4/128 heads, bf16, NeoX)."""
+    if "config" in case:
+        shape = (case["dtype"], case["is_neox"], *case["config"], case["tokens"])
+        return run_and_check(on_device(gen, device), backend, *shape, peer_errors=peer_errors)
+    return run_and_check(
+        on_device(gen, device), backend, torch.bfloat16, True, 16, 4, 128, 128, case["tokens"],
+        case["slot_tokens"], case["padded"],
+    )  # fmt: skip
 
 
 def run_and_check(gen, backend, dtype, is_neox, heads, kv_heads, head_dim, rotary_dim, tokens,
@@ -123,53 +148,30 @@ def run_and_check(gen, backend, dtype, is_neox, heads, kv_heads, head_dim, rotar
             ((q_ref, exact_q), (k_ref, exact_k))]  # fmt: skip
 
 
-@pytest.mark.parametrize("tokens", CPU_TOKENS)
-@pytest.mark.parametrize("config", HEAD_CONFIGS, ids=lambda c: "-".join(map(str, c)))
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_matches_unfused_pair_reference(gen, dtype, is_neox, config, tokens):
-    """The peer's grid at T 5 on the reference backend (the op's rules run eagerly)."""
-    peer = run_and_check(gen, "reference", dtype, is_neox, *config, tokens, peer_errors=True)
-    # the peer's reference computes as fqr's fused contract does: it meets it too
+@pytest.mark.parametrize("case", CPU_GRID, ids=case_id)
+def test_matches_unfused_pair_reference(gen, case):
+    """The peer's grid at T 5 on the reference backend (the op's rules run eagerly); the
+    peer's reference (fp32, one rounding) meets fqr's fused contract too."""
+    peer = check_case(case, "reference", gen, peer_errors=True)
     assert all(e.passed for e in peer), peer
 
 
-INTERPRET_SAMPLE = [  # (dtype, is_neox, config, tokens): every head config once, both styles
-    (torch.bfloat16, True, (16, 4, 64, 64), 5),
-    (torch.bfloat16, False, (16, 4, 64, 64), 1),
-    (torch.float16, True, (8, 2, 256, 256), 5),
-    (torch.bfloat16, False, (8, 8, 128, 128), 5),
-    (torch.float16, False, (32, 8, 128, 64), 5),
-    (torch.bfloat16, True, (32, 8, 128, 128), 5),
-]
-
-
-@pytest.mark.parametrize(
-    "dtype,is_neox,config,tokens",
-    INTERPRET_SAMPLE,
-    ids=[
-        f"{str(d)[6:]}-{'neox' if n else 'gptj'}-{c[0]}-{c[2]}-{c[3]}-t{t}"
-        for d, n, c, t in INTERPRET_SAMPLE
-    ],  # fmt: skip
-)
-def test_matches_unfused_pair_interpret(gen, dtype, is_neox, config, tokens):
+@pytest.mark.parametrize("backend", [INTERPRET])
+@pytest.mark.parametrize("case", INTERPRET_GRID, ids=case_id)
+def test_matches_unfused_pair_interpret(gen, case, backend):
     """A sample of the peer's grid through the generated kernel (interpreted)."""
-    run_and_check(gen, "interpret", dtype, is_neox, *config, tokens)
+    check_case(case, backend, gen)
 
 
-@pytest.mark.parametrize("tokens,slot_tokens,padded", CPU_PADDED)
-def test_padded_and_short_slot_mapping_reference(gen, tokens, slot_tokens, padded):
-    """Rows without a slot are still normalised / rotated but never cached (the peer's
-    cases: 16 q / 4 kv heads of 128, bf16, NeoX)."""
-    run_and_check(
-        gen, "reference", torch.bfloat16, True, 16, 4, 128, 128, tokens, slot_tokens, padded
-    )
+@pytest.mark.parametrize("case", CPU_PADDED, ids=case_id)
+def test_padded_and_short_slot_mapping_reference(gen, case):
+    """Rows without a slot are still normalised / rotated but never cached."""
+    check_case(case, "reference", gen)
 
 
-@pytest.mark.parametrize("tokens,slot_tokens,padded", [(9, 9, 2), (9, 5, 0), (11, 9, 1)])
-def test_padded_and_short_slot_mapping_interpret(gen, tokens, slot_tokens, padded):
+@pytest.mark.parametrize("backend", [INTERPRET])
+@pytest.mark.parametrize("case", INTERPRET_PADDED, ids=case_id)
+def test_padded_and_short_slot_mapping_interpret(gen, case, backend):
     """The peer's three kinds of padding at interpreter size: trailing -1 slots, a slot
     mapping shorter than T, both (the kernel reads no slot past N: N is a runtime argument)."""
-    run_and_check(
-        gen, "interpret", torch.bfloat16, True, 16, 4, 128, 128, tokens, slot_tokens, padded
-    )
+    check_case(case, backend, gen)

@@ -4,8 +4,9 @@ its own formulas (never from fqr.ops): vLLM's ``fused_qk_norm_rope`` CUDA kernel
 one rounding at the store) and ``reshape_and_cache_flash`` (:func:`fqr.peers.
 vllm_reshape_and_cache_flash`).
 
-Used by ``test_vllm_fused_qk_norm_rope_kvcache.py``, ``test_vllm_cache.py`` and the GPU file
-``tests/gpu/test_gpu_peers_cache.py``.
+Used by ``tests/peers/test_vllm_fused_qk_norm_rope_kvcache.py`` and
+``tests/peers/test_vllm_cache.py`` (and through them ``tests/gpu/test_gpu_peers_cache.py``).
+Every input is drawn on the generator's device (:func:`on_device`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from fqr.rope_cache import rope_cos_sin_cache
 BLOCK_SIZE = 16  # vLLM's test_fused_qk_norm_rope_kvcache.py
 MAX_POSITION = 4096
 ROPE_BASE = 10000.0
+
+
+def on_device(gen: torch.Generator, device: str) -> torch.Generator:
+    """``gen`` where it is on ``device``, else a generator there seeded from it (the GPU file
+    draws the peer's full-size caches on the GPU)."""
+    if torch.device(device) == gen.device:
+        return gen
+    seed = int(torch.randint(2**62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def kvcache_inputs(tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, gen):
