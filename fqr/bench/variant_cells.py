@@ -55,7 +55,8 @@ def is_variant_preset(preset: Preset) -> bool:
 def _token_rows(variant: Variant, inputs: dict, rows: torch.Tensor) -> dict:
     """The inputs at the checked rows: each token-indexed argument (its kind's token dim:
     rows, positions, planes, slots) cut to them, every other one (weights, caches) as it
-    is."""
+    is. A slot mapping of the first N <= T tokens keeps the checked rows below N (``rows``
+    ascend: the sample's first tokens keep their slots)."""
     token_dims = {
         p.name: p.kind.token_dim
         for p in variant.declaration.tensor_params
@@ -66,7 +67,7 @@ def _token_rows(variant: Variant, inputs: dict, rows: torch.Tensor) -> dict:
         dim = token_dims.get(name)
         if dim is not None and x.dim() > 1 and name == "positions":
             dim = x.dim() - 1  # [planes, T] positions
-        sample[name] = x if dim is None else x.index_select(dim, rows)
+        sample[name] = x if dim is None else x.index_select(dim, rows[rows < x.shape[dim]])
     return sample
 
 

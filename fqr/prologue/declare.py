@@ -354,7 +354,7 @@ class Slots(TensorKind):
     with ``N <= T`` is accepted too (vLLM pads T for CUDA graphs and passes the
     ``num_actual_tokens`` slots): tokens ``t >= N`` store nothing. Its length is then its own
     symbol ``N`` in the program (a runtime argument of the kernel, as T is), the fast path
-    guards it as free and :meth:`per_call` checks ``N <= T`` on every call."""
+    guards it as free (not as T) and :meth:`per_call` checks ``N <= T`` on every call."""
 
     cache: str = "key_cache"
     rows_of: str = "qkv"
@@ -364,9 +364,7 @@ class Slots(TensorKind):
     def leading(self) -> str:  # type: ignore[override]
         return SLOTS if self.shorter else "T"
 
-    @property
-    def token_dim(self) -> int | None:  # type: ignore[override]
-        return None if self.shorter else 0
+    token_dim = 0  # slot t is token t's (the first N tokens')
 
     def check(self, name, x, call):
         check_tensor(name, x)

@@ -211,7 +211,6 @@ def test_public_op_matches_float64_and_copies_v_and_gate(gen, name):
     [
         (dict(positions=lambda x: x["positions"][:2]), "positions must be \\[3, T\\]"),
         (dict(positions=lambda x: x["positions"].float()), "positions must be int32 or int64"),
-        (dict(positions=lambda x: x["positions"].mT.contiguous().mT), "contiguous along T"),
         (
             dict(mrope_section=(24, 20, 21), mrope_interleaved=False),
             "mrope_section .* must sum to rotary_dim/2 = 64 \\(contiguous sections",
