@@ -40,7 +40,7 @@ from .declare import (
     numerics,
     positive_int,
 )
-from .kv_cache import _cache, _caches_agree, _scale
+from .kv_cache import _cache, _caches_agree, cache_scale
 
 
 def index_cache_prologue(
@@ -246,8 +246,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             doc="``[T, (Hi + 1)*Di]`` the index projection ``[index_q | index_k]`` when it is "
             "a separate input (then qkv holds q | k | v only); qkv's dtype and tokens",
         ),
-        _scale("k_scale", "key"),
-        _scale("v_scale", "value"),
+        cache_scale("k_scale", "key"),
+        cache_scale("v_scale", "value"),
         numerics(),
         BACKEND,
     ),
