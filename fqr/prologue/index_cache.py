@@ -40,7 +40,6 @@ from .declare import (
     numerics,
     positive_int,
 )
-from .kv_cache import _cache, _caches_agree, cache_scale
 
 
 def index_cache_prologue(
@@ -184,8 +183,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
         ),
         _index_vector("index_q_weight", "index_q"),
         _index_vector("index_k_weight", "index_k"),
-        _cache("key_cache", "key"),
-        _cache("value_cache", "value"),
+        params.paged_cache("key_cache", "key"),
+        params.paged_cache("value_cache", "value"),
         Tensor(
             "index_cache",
             keyword=False,
@@ -246,8 +245,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             doc="``[T, (Hi + 1)*Di]`` the index projection ``[index_q | index_k]`` when it is "
             "a separate input (then qkv holds q | k | v only); qkv's dtype and tokens",
         ),
-        cache_scale("k_scale", "key"),
-        cache_scale("v_scale", "value"),
+        params.cache_scale("k_scale", "key"),
+        params.cache_scale("v_scale", "value"),
         numerics(),
         BACKEND,
     ),
@@ -260,7 +259,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     ),
     reference=reference.index_cache_prologue,
     static_checks=(params.heads_divide,),
-    checks=(_caches_agree,),
+    checks=(params.caches_agree,),
     doc="""
     MiniMax-M3's sparse-attention prologue with its paged caches, fused: vllm-ascend's
     ``minimax_qknorm_rope_cache`` (:func:`fqr.minimax_qknorm_rope_cache` takes its call as
@@ -291,6 +290,27 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     :func:`fqr.split_qkv_rmsnorm_rope_cache`). The reference it matches is
     :func:`fqr.reference.index_cache_prologue`. ``numerics="unfused"`` rounds where the model's
     ``GemmaRMSNorm`` / ``rotary_emb`` chain does (k rounded to qkv's dtype before its store).
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend)::
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(32, 4096, 5e6)  # rotary_dim 32 of head_dim 64
+        >>> hq, hkv, d, hi, di = 4, 2, 64, 2, 48  # index heads narrower than the main ones
+        >>> qkv = torch.randn(2, (hq + 2 * hkv) * d + (hi + 1) * di, dtype=torch.bfloat16)
+        >>> w, wi = torch.zeros(d, dtype=torch.bfloat16), torch.zeros(di, dtype=torch.bfloat16)
+        >>> key_cache = torch.zeros(2, 16, hkv, d, dtype=torch.bfloat16)  # 2 blocks of 16
+        >>> value_cache = torch.zeros_like(key_cache)
+        >>> index_cache = torch.zeros(2, 8, di, dtype=torch.bfloat16)  # its own blocks of 8
+        >>> q, index_q = fqr.split_qkv_index_rmsnorm_rope_cache(
+        ...     qkv, torch.tensor([0, 9]), table, w, w, wi, wi, key_cache, value_cache,
+        ...     index_cache, torch.tensor([3, 20]), torch.tensor([1, 12]), num_heads=hq,
+        ...     num_kv_heads=hkv, head_dim=d, num_index_heads=hi, index_head_dim=di)
+        >>> q.shape, index_q.shape
+        (torch.Size([2, 256]), torch.Size([2, 96]))
+        >>> v = qkv[:, (hq + hkv) * d : (hq + 2 * hkv) * d]  # v is stored as it is
+        >>> torch.equal(value_cache[1, 4].flatten(), v[1])
+        True
     """,
 )
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from .. import ops, reference
-from ..core import DTYPE_NAMES
 from ..inputs import random_norm_params, random_positions, random_qkv, with_outliers
 from ..ops.fp8 import FP8_E4M3
 from ..peers import minimax_cache_prologue
@@ -22,10 +21,7 @@ from . import params
 from .blocks import split_head_norm_rope
 from .declare import (
     BACKEND,
-    Cache,
-    Call,
     Output,
-    Scale,
     Slots,
     Static,
     Tensor,
@@ -51,63 +47,6 @@ def cache_prologue(
     return (q, *((k,) if return_k else ()), key_cache, value_cache)
 
 
-def _cache_shape(call: Call):
-    hkv, d = call.num_kv_heads, call.head_dim
-    return (None, hkv, d), (f"[num_blocks, block_size, num_kv_heads={hkv}, head_dim={d}]")
-
-
-def _cache_dtypes(call: Call):
-    return (call.qkv.dtype, FP8_E4M3)
-
-
-def _cache_dtype_text(call: Call) -> str:
-    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
-
-
-_CACHE = Cache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text)
-
-
-def _caches_agree(call: Call) -> None:
-    key, value = call.key_cache, call.value_cache
-    if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
-        raise ValueError(
-            f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
-            f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
-        )
-    for name in ("k_scale", "v_scale"):
-        if getattr(call, name) is not None and key.dtype != FP8_E4M3:
-            raise ValueError(
-                f"{name} applies only to a float8_e4m3fn cache, not to a "
-                f"{DTYPE_NAMES.get(key.dtype)} cache"
-            )
-
-
-def _cache(name: str, what: str) -> Tensor:
-    return Tensor(
-        name,
-        keyword=False,
-        annotation=params.TENSOR,
-        kind=_CACHE,
-        donated=True,
-        doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
-        "strides with a contiguous last dim) in qkv's dtype or float8_e4m3fn; updated in place",
-    )
-
-
-def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
-    """The optional per-tensor scale ``name`` of an FP8 ``of`` cache (k_scale, v_scale)."""
-    return Tensor(
-        name,
-        None,
-        keyword=keyword,
-        annotation=params.OPTIONAL_TENSOR,
-        kind=Scale(),
-        optional=True,
-        doc=f"float32 ``[1]`` per-tensor scale of an FP8 {of} cache (default 1): stored "
-        "``e4m3(clamp(x / scale, -448, 448))``, vLLM's convention",
-    )
-
-
 RETURN_K = Static(
     "return_k",
     False,
@@ -129,8 +68,8 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         params.COS_SIN_CACHE,
         params.Q_WEIGHT,
         params.K_WEIGHT,
-        _cache("key_cache", "key"),
-        _cache("value_cache", "value"),
+        params.paged_cache("key_cache", "key"),
+        params.paged_cache("value_cache", "value"),
         Tensor(
             "slot_mapping",
             keyword=False,
@@ -146,8 +85,8 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         params.EPS,
         params.IS_NEOX,
         params.WEIGHT_OFFSET,
-        cache_scale("k_scale", "key"),
-        cache_scale("v_scale", "value"),
+        params.cache_scale("k_scale", "key"),
+        params.cache_scale("v_scale", "value"),
         numerics(),
         RETURN_K,
         BACKEND,
@@ -160,7 +99,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     ),
     reference=reference.cache_prologue,
     static_checks=(params.heads_divide,),
-    checks=(_caches_agree,),
+    checks=(params.caches_agree,),
     doc="""
     Split the packed QKV row, RMS-normalise and rotate q and k, and write k and v into the
     paged KV cache (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
@@ -218,26 +157,13 @@ split_qkv_rmsnorm_rope_cache = SPLIT_QKV_RMSNORM_ROPE_CACHE.function
 
 # ------------------------------------------------------------------------- the variant
 
-CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}  # auto: the model dtype (vLLM's)
-
-
-def _check_preset(variant: Variant, preset) -> None:
-    p = preset.params
-    if not isinstance(p["block_size"], int) or p["block_size"] < 1:
-        raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
-    if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
-        raise ValueError(
-            f"preset {preset.name}: cache_dtype must be one of "
-            f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
-        )
-
 
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
     """The row (v with outliers past +-448), positions, weights, caches of twice the rows the
     tokens need holding random values (a row written where no slot names it shows), slots with
     every third one negative (padding), random per-tensor scales for an FP8 cache."""
     spec, bs = preset.spec, preset.params["block_size"]
-    cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    cache_dtype = params.CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
     v_at = spec.q_size + spec.kv_size
     qkv = with_outliers(
         random_qkv(spec, tokens, dtype, generator), slice(v_at, v_at + spec.kv_size), generator
@@ -289,7 +215,7 @@ KV_CACHE = register_variant(
         draw_inputs=_draw,
         eager_chain=_eager,
         params=("block_size", "cache_dtype"),
-        check_preset=_check_preset,
+        check_preset=params.check_paged_cache_preset,
         golden=(
             CaseSpec("minimax-m3-kvcache", "bf16", 7, tp=8),
             CaseSpec("minimax-m3-kvcache-fp8", "bf16", 7, tp=8),

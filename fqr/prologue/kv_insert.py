@@ -37,7 +37,6 @@ from .declare import (
     declare,
     numerics,
 )
-from .kv_cache import CACHE_DTYPE_NAMES, cache_scale
 from .variant import Variant, register_variant
 
 FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of an E4M3 cache
@@ -203,8 +202,8 @@ KV_CACHE_INSERT = declare(
             doc="vLLM's name of the caches' dtype: ``'auto'`` (key's dtype) or ``'fp8'`` / "
             "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes)",
         ),
-        cache_scale("k_scale", "key", keyword=False),
-        cache_scale("v_scale", "value", keyword=False),
+        params.cache_scale("k_scale", "key", keyword=False),
+        params.cache_scale("v_scale", "value", keyword=False),
         numerics(modes=("fused", "unfused")),
         BACKEND,
     ),
@@ -235,6 +234,21 @@ KV_CACHE_INSERT = declare(
 
     Not expressed: vLLM's per-head scales (``kv_scale_type="attn_head"``, ``[Hkv]``), NVFP4
     caches and ``fp8_e5m2``: refused by the checks.
+
+    Example (CPU tensors: ``backend="auto"`` runs the reference backend)::
+
+        >>> import torch, fqr
+        >>> key = torch.randn(3, 2, 64, dtype=torch.bfloat16)  # 3 tokens, 2 kv heads of 64
+        >>> value = torch.randn(3, 2, 64, dtype=torch.bfloat16)
+        >>> key_cache = torch.randn(4, 16, 2, 64, dtype=torch.bfloat16)  # 4 blocks of 16
+        >>> value_cache = torch.randn(4, 16, 2, 64, dtype=torch.bfloat16)
+        >>> before = key_cache.clone()
+        >>> fqr.kv_cache_insert(key, value, key_cache, value_cache, torch.tensor([17, -1, 5]),
+        ...                     "auto")
+        >>> torch.equal(key_cache[1, 1], key[0]), torch.equal(value_cache[0, 5], value[2])
+        (True, True)
+        >>> int((key_cache != before).any(-1).any(-1).sum())  # two rows written, slot -1 none
+        2
     """,
 )
 
@@ -242,17 +256,6 @@ kv_cache_insert = KV_CACHE_INSERT.function
 
 
 # ------------------------------------------------------------------------- the variant
-
-
-def _check_preset(variant: Variant, preset) -> None:
-    p = preset.params
-    if not isinstance(p["block_size"], int) or p["block_size"] < 1:
-        raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
-    if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
-        raise ValueError(
-            f"preset {preset.name}: cache_dtype must be one of "
-            f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
-        )
 
 
 def _kwargs(preset) -> dict:
@@ -266,7 +269,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     third one negative and the last token past a slot mapping one shorter than T (a CUDA-graph
     pad), random per-tensor scales for an FP8 cache."""
     spec, bs = preset.spec, preset.params["block_size"]
-    cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    cache_dtype = params.CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
     device = generator.device
     qkv = random_qkv(spec, tokens, dtype, generator)
     hkv, d = spec.num_kv_heads, spec.head_dim
@@ -327,7 +330,7 @@ KV_INSERT = register_variant(
         draw_inputs=_draw,
         eager_chain=_eager,
         params=("block_size", "cache_dtype"),
-        check_preset=_check_preset,
+        check_preset=params.check_paged_cache_preset,
         reads_table=False,
     )
 )

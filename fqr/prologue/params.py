@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..core import DTYPE_NAMES
+from ..ops.fp8 import FP8_E4M3
 from ..validate import check_head_counts
 from .declare import (
     BACKEND,
     MISSING,
+    Cache,
     Call,
     Positions,
     Rows,
+    Scale,
     Static,
     Table,
     Tensor,
@@ -177,3 +181,81 @@ __all__ = [
     "qkv_width",
     "with_default",
 ]
+
+
+# ------------------------------------------------------------ paged KV caches (vLLM's flash layout)
+
+
+def _cache_shape(call: Call):
+    hkv, d = call.num_kv_heads, call.head_dim
+    return (None, hkv, d), (f"[num_blocks, block_size, num_kv_heads={hkv}, head_dim={d}]")
+
+
+def _cache_dtypes(call: Call):
+    return (call.qkv.dtype, FP8_E4M3)
+
+
+def _cache_dtype_text(call: Call) -> str:
+    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
+
+
+PAGED_CACHE = Cache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text)
+
+
+def caches_agree(call: Call) -> None:
+    """key_cache and value_cache of one dtype and blocks; a scale only for an FP8 cache."""
+    key, value = call.key_cache, call.value_cache
+    if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
+        raise ValueError(
+            f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
+            f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
+        )
+    for name in ("k_scale", "v_scale"):
+        if getattr(call, name) is not None and key.dtype != FP8_E4M3:
+            raise ValueError(
+                f"{name} applies only to a float8_e4m3fn cache, not to a "
+                f"{DTYPE_NAMES.get(key.dtype)} cache"
+            )
+
+
+def paged_cache(name: str, what: str) -> Tensor:
+    """The donated paged ``what`` cache ``name`` in vLLM's flash layout."""
+    return Tensor(
+        name,
+        keyword=False,
+        annotation=TENSOR,
+        kind=PAGED_CACHE,
+        donated=True,
+        doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
+        "strides with a contiguous last dim) in qkv's dtype or float8_e4m3fn; updated in place",
+    )
+
+
+def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
+    """The optional per-tensor scale ``name`` of an FP8 ``of`` cache (k_scale, v_scale)."""
+    return Tensor(
+        name,
+        None,
+        keyword=keyword,
+        annotation=OPTIONAL_TENSOR,
+        kind=Scale(),
+        optional=True,
+        doc=f"float32 ``[1]`` per-tensor scale of an FP8 {of} cache (default 1): stored "
+        "``e4m3(clamp(x / scale, -448, 448))``, vLLM's convention",
+    )
+
+
+# A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
+CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}
+
+
+def check_paged_cache_preset(variant, preset) -> None:
+    """A paged-cache preset's ``block_size`` (an int >= 1) and ``cache_dtype``."""
+    p = preset.params
+    if not isinstance(p["block_size"], int) or p["block_size"] < 1:
+        raise ValueError(f"preset {preset.name}: block_size must be an int >= 1")
+    if p["cache_dtype"] not in CACHE_DTYPE_NAMES:
+        raise ValueError(
+            f"preset {preset.name}: cache_dtype must be one of "
+            f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
+        )
