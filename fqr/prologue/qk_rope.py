@@ -30,7 +30,7 @@ from .mrope import (
     section_fits,
 )
 from .qk import K_ROWS, Q_POSITIONS, Q_ROWS, returns_q_alone
-from .variant import Variant, register_variant
+from .variant import CaseSpec, Variant, register_variant
 
 ROPE_NUMERICS = numerics("fused", ("fused", "unfused"))
 OUTPUTS = (Output("q"), Output("k", present=lambda call: call.k is not None))
@@ -208,6 +208,10 @@ QK_ROPE_VARIANT = register_variant(
         eager_chain=_eager_rope,
         pins=K_GIVEN,
         binds=("llama3-8b", "glm4-9b"),
+        golden=(
+            CaseSpec("llama3-8b", "bf16", 7, tp=2, variant="qk-rope"),
+            CaseSpec("glm4-9b", "fp16", 5, "unfused", variant="qk-rope"),
+        ),
     )
 )
 # Qwen3-VL (interleaved sections) and Qwen3.5 (interleaved, partial rotary).
@@ -222,5 +226,9 @@ QK_MROPE_VARIANT = register_variant(
         check_preset=lambda variant, preset: check_preset_section(preset),
         pins=K_GIVEN,
         binds=("qwen3-vl-8b", "qwen3.5-27b"),
+        golden=(
+            CaseSpec("qwen3-vl-8b", "bf16", 7, tp=4, variant="qk-mrope"),
+            CaseSpec("qwen3.5-27b", "bf16", 3, "unfused", variant="qk-mrope"),
+        ),
     )
 )
