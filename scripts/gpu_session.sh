@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|peers
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -61,6 +61,14 @@ floors)
   TAILN=22 step unfused_bits timeout 120 python3 scripts/unfused_cuda_bits.py
   TAILN=25 step pdl_probe timeout 150 python3 scripts/pdl_probe.py qwen3-8b qwen3.5-27b deepseek-v3-q-rope
   TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
+  ;;
+peers)
+  # issue 26: the ported peer grids in full on triton, the goldens (qk_rope / qk_mrope included)
+  # and the hostile GPU tests after the strided-positions and short-slot changes
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  step verify_triton timeout 120 python3 -m fqr verify --backend triton
+  TAILN=15 step pytest_peers timeout 420 python3 -m pytest -q -p no:cacheprovider -x --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
+  TAILN=12 step pytest_gpu_hostile timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_hostile.py -m gpu
   ;;
 esac
 printf '%s\n' "${summary[@]}"
