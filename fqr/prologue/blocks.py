@@ -121,6 +121,42 @@ def split_head_norm_rope(qkv, positions, cos_sin_cache, weights, s: dict, *, bia
     return q, k, v
 
 
+def index_split_norm_rope(
+    qkv, index_qkv, positions, cos_sin_cache, weights, index_weights, s: dict, *,
+    biases=(None, None),
+):  # fmt: skip
+    """MiniMax-M3's heads: the row ``[q | k | v | index_q | index_k]`` split (or ``[q | k |
+    v]`` and ``index_qkv = [index_q | index_k]``: Hi index q heads and one index k head,
+    ``index_head_dim`` wide), q and k normalised per ``head_dim`` head (``biases`` after the
+    weight) and index_q / index_k per ``index_head_dim`` head, every group rotated over
+    ``min(R, its head_dim)`` features of the one table (:func:`group_rotary_dim`). Returns
+    ``(q, k, v, index_q, index_k)``."""
+    hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
+    hi, di = s["num_index_heads"], s["index_head_dim"]
+    main = (
+        ops.Section(hq, d, 0),
+        ops.Section(hkv, d, hq * d),
+        ops.Section(hkv, d, (hq + hkv) * d),
+    )
+    if index_qkv is None:
+        at = (hq + 2 * hkv) * d
+        q, k, v, iq, ik = ops.split_heads(
+            qkv, (*main, ops.Section(hi, di, at), ops.Section(1, di, at + hi * di))
+        )
+    else:
+        q, k, v = ops.split_heads(qkv, main)
+        iq, ik = ops.split_heads(index_qkv, (ops.Section(hi, di, 0), ops.Section(1, di, hi * di)))
+    q, k = head_norm_rope(
+        q, k, positions, cos_sin_cache, weights, s, biases=biases,
+        rotary_dim=group_rotary_dim(cos_sin_cache, d),
+    )  # fmt: skip
+    iq, ik = head_norm_rope(
+        iq, ik, positions, cos_sin_cache, index_weights, s, head_dim=di,
+        rotary_dim=group_rotary_dim(cos_sin_cache, di),
+    )  # fmt: skip
+    return q, k, v, iq, ik
+
+
 def multimodal_rope(values, planes, cos_sin_cache, s: dict):
     """``ops.mrope`` of each of ``values`` (None passes) by the three position ``planes``,
     with the call's ``head_dim``, ``mrope_section``, ``mrope_interleaved``, ``is_neox`` and

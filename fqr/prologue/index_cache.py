@@ -24,7 +24,7 @@ from ..core import DTYPE_NAMES
 from ..ops.fp8 import FP8_E4M3
 from ..validate import check_tensor
 from . import params
-from .blocks import group_rotary_dim, head_norm_rope
+from .blocks import index_split_norm_rope
 from .declare import (
     BACKEND,
     Cache,
@@ -53,40 +53,10 @@ def index_cache_prologue(
     ``index_head_dim`` head, all four rotated by the one table (each group over ``min(R, its
     head_dim)``), k and v inserted by ``slot_mapping``, index_k by ``index_slot_mapping``.
     Returns ``(q, index_q, new key_cache, new value_cache, new index_cache)``."""
-    hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
-    hi, di = s["num_index_heads"], s["index_head_dim"]
-    main = (
-        ops.Section(hq, d, 0),
-        ops.Section(hkv, d, hq * d),
-        ops.Section(hkv, d, (hq + hkv) * d),
-    )
-    if index_qkv is None:
-        at = (hq + 2 * hkv) * d
-        q, k, v, iq, ik = ops.split_heads(
-            qkv, (*main, ops.Section(hi, di, at), ops.Section(1, di, at + hi * di))
-        )
-    else:
-        q, k, v = ops.split_heads(qkv, main)
-        iq, ik = ops.split_heads(index_qkv, (ops.Section(hi, di, 0), ops.Section(1, di, hi * di)))
-    q, k = head_norm_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        s,
-        rotary_dim=group_rotary_dim(cos_sin_cache, d),
-    )
-    iq, ik = head_norm_rope(
-        iq,
-        ik,
-        positions,
-        cos_sin_cache,
-        (index_q_weight, index_k_weight),
-        s,
-        head_dim=di,
-        rotary_dim=group_rotary_dim(cos_sin_cache, di),
-    )
+    q, k, v, iq, ik = index_split_norm_rope(
+        qkv, index_qkv, positions, cos_sin_cache, (q_weight, k_weight),
+        (index_q_weight, index_k_weight), s,
+    )  # fmt: skip
     key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
     value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
     index_cache = ops.cache_insert(index_cache, ik, index_slot_mapping)

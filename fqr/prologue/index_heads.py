@@ -24,7 +24,7 @@ from ..inputs import (
 )
 from ..peers import minimax_index_prologue
 from . import params
-from .blocks import group_rotary_dim, head_norm_rope
+from .blocks import index_split_norm_rope
 from .declare import (
     BACKEND,
     Call,
@@ -60,39 +60,10 @@ def index_heads_prologue(
     over ``min(R, its head_dim)`` features (:func:`.blocks.group_rotary_dim`);
     ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
     as E4M3."""
-    hq, hkv, d = s["num_heads"], s["num_kv_heads"], s["head_dim"]
-    hi, di = s["num_index_heads"], s["index_head_dim"]
-    iq_at = (hq + 2 * hkv) * d
-    q, k, v, iq, ik = ops.split_heads(
-        qkv,
-        (
-            ops.Section(hq, d, 0),
-            ops.Section(hkv, d, hq * d),
-            ops.Section(hkv, d, (hq + hkv) * d),
-            ops.Section(hi, di, iq_at),
-            ops.Section(1, di, iq_at + hi * di),
-        ),
-    )
-    q, k = head_norm_rope(
-        q,
-        k,
-        positions,
-        cos_sin_cache,
-        (q_weight, k_weight),
-        s,
-        biases=(q_bias, k_bias),
-        rotary_dim=group_rotary_dim(cos_sin_cache, d),
-    )
-    iq, ik = head_norm_rope(
-        iq,
-        ik,
-        positions,
-        cos_sin_cache,
-        (index_q_weight, index_k_weight),
-        s,
-        head_dim=di,
-        rotary_dim=group_rotary_dim(cos_sin_cache, di),
-    )
+    q, k, v, iq, ik = index_split_norm_rope(
+        qkv, None, positions, cos_sin_cache, (q_weight, k_weight),
+        (index_q_weight, index_k_weight), s, biases=(q_bias, k_bias),
+    )  # fmt: skip
     attn, index = [q, k, v], [iq, ik]
     if s["attn_fp8"]:
         attn = [ops.quantize_fp8(x) for x in attn]

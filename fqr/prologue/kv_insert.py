@@ -148,12 +148,9 @@ def _cache(name: str, what: str) -> Tensor:
 
 
 def _caches_agree(call: Call) -> None:
-    key, value = call.key_cache, call.value_cache
-    if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
-        raise ValueError(
-            f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
-            f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
-        )
+    """:func:`params.caches_match`, and a scale only where ``kv_cache_dtype`` is FP8 (a uint8
+    cache holds E4M3 bytes, so the dtype alone does not say)."""
+    params.caches_match(call)
     for name in ("k_scale", "v_scale"):
         if getattr(call, name) is not None and call.kv_cache_dtype == "auto":
             raise ValueError(

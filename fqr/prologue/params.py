@@ -202,14 +202,20 @@ def _cache_dtype_text(call: Call) -> str:
 PAGED_CACHE = Cache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text)
 
 
-def caches_agree(call: Call) -> None:
-    """key_cache and value_cache of one dtype and blocks; a scale only for an FP8 cache."""
+def caches_match(call: Call) -> None:
+    """key_cache and value_cache of one dtype and the same blocks and block size."""
     key, value = call.key_cache, call.value_cache
     if value.dtype != key.dtype or value.shape[:2] != key.shape[:2]:
         raise ValueError(
             f"value_cache ({DTYPE_NAMES.get(value.dtype)} {list(value.shape)}) must "
             f"match key_cache ({DTYPE_NAMES.get(key.dtype)} {list(key.shape)})"
         )
+
+
+def caches_agree(call: Call) -> None:
+    """:func:`caches_match`, and a scale only for a float8_e4m3fn cache."""
+    caches_match(call)
+    key = call.key_cache
     for name in ("k_scale", "v_scale"):
         if getattr(call, name) is not None and key.dtype != FP8_E4M3:
             raise ValueError(
