@@ -24,7 +24,7 @@ import fqr
 from fqr.backends import BACKENDS
 from fqr.numerics import compare_kind
 from fqr.prologue import VARIANTS, presets_of, variant_of
-from fqr.prologue.declare import Form, Static
+from fqr.prologue.declare import Form, Slots, Static
 
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -48,14 +48,18 @@ def _small(name: str):
 PRESETS_OF = {variant: presets_of(variant) for variant in VARIANTS}
 
 
-def _tensor_changes(x) -> list[tuple[str, object]]:
-    """Hostile replacements of a tensor argument ``x`` (None: an absent optional one)."""
+def _tensor_changes(x, param) -> list[tuple[str, object]]:
+    """Hostile replacements of a tensor argument ``x`` (None: an absent optional one) of
+    ``param``; a slot mapping that may be shorter than T (vLLM's CUDA-graph padding) is made
+    one element longer instead."""
     changes: list[tuple[str, object]] = [("a str", "garbage")]
     if not isinstance(x, torch.Tensor):
         return changes
     wrong = torch.float32 if not x.is_floating_point() else torch.int32
     changes.append((f"dtype {wrong}", x.to(wrong)))
-    if x.dim() and x.shape[-1]:
+    if isinstance(param.kind, Slots) and param.kind.shorter:
+        changes.append(("one element long", torch.cat([x, x.new_full((1,), -1)])))
+    elif x.dim() and x.shape[-1]:
         changes.append(("one element short", x[..., :-1]))
     changes.append(("a meta tensor", x.to("meta")))
     return changes
@@ -102,7 +106,7 @@ def calls(draw):
         options = (
             _static_changes(value)
             if isinstance(param, Static)
-            else _tensor_changes(value)[: None if param is params[0] else 3]
+            else _tensor_changes(value, param)[: None if param is params[0] else 3]
         )
         what, hostile = draw(st.sampled_from(options))
         change = (param.name, what, hostile)
