@@ -18,7 +18,7 @@ random.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -201,3 +201,70 @@ def random_row(
         tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
     )
     return {"qkv": qkv, "positions": positions}
+
+
+def random_paged_cache(
+    blocks: int, entry: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
+    """A paged cache ``[blocks, *entry]`` (``entry`` = block size, then one slot's shape)
+    holding ``N(0, 1)`` values in ``dtype``: a row written where no slot names it shows."""
+    shape = (blocks, *entry)
+    device = generator.device
+    return torch.randn(shape, generator=generator, dtype=F64, device=device).to(dtype)
+
+
+def random_slot_mapping(
+    tokens: int, slots: int, generator: torch.Generator, *, padding_from: int = 1
+) -> torch.Tensor:
+    """``[tokens]`` distinct slots of ``[0, slots)``, every third one from ``padding_from``
+    on negative (padding tokens: nothing stored), as a serving engine's slot mapping."""
+    mapping = torch.randperm(slots, generator=generator, device=generator.device)[:tokens]
+    if tokens > 1:
+        mapping[padding_from::3] = -1
+    return mapping
+
+
+def random_fp8_scales(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``{"k_scale", "v_scale"}``: float32 ``[1]`` per-tensor scales of an FP8 KV cache,
+    uniform in ``[0.25, 1)``."""
+    device = generator.device
+    scales = 0.25 + 0.75 * torch.rand(2, generator=generator, dtype=F64, device=device)
+    return {"k_scale": scales[:1].float(), "v_scale": scales[1:].float()}
+
+
+def random_index_row(
+    spec: PrologueSpec,
+    tokens: int,
+    num_index_heads: int,
+    index_head_dim: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    max_position: int,
+    positions_dtype: torch.dtype = torch.int64,
+) -> dict[str, torch.Tensor]:
+    """One call of MiniMax-M3's indexer prologue: the row ``[q | k | v | index_q | index_k]``
+    (:func:`random_qkv`, then ``num_index_heads + 1`` heads of ``index_head_dim``, v with
+    :data:`OUTLIERS`), positions covering the table's ends, then the norm weights of q and k
+    and of index_q and index_k (drawn in this order)."""
+    main = random_qkv(spec, tokens, dtype, generator)
+    index = random_heads(tokens, num_index_heads + 1, index_head_dim, dtype, generator)
+    v_at = spec.q_size + spec.kv_size
+    v_columns = slice(v_at, v_at + spec.kv_size)
+    qkv = with_outliers(torch.cat([main, index], dim=1), v_columns, generator)
+    positions = random_positions(
+        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
+    )
+    q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
+    index_spec = replace(
+        spec, num_heads=1, num_kv_heads=1, head_dim=index_head_dim, rotary_dim=index_head_dim
+    )
+    iq_weight, ik_weight, _, _ = random_norm_params(index_spec, dtype, generator)
+    return {
+        "qkv": qkv,
+        "positions": positions,
+        "q_weight": q_weight,
+        "k_weight": k_weight,
+        "index_q_weight": iq_weight,
+        "index_k_weight": ik_weight,
+    }

@@ -363,6 +363,39 @@ def minimax_index_prologue(
     return (*attn, *index)
 
 
+def minimax_index_cache_prologue(
+    inputs: dict,
+    cos_sin_cache: torch.Tensor,
+    spec: PrologueSpec,
+    *,
+    num_index_heads: int,
+    index_head_dim: int,
+):
+    """MiniMax-M3's unfused chain with its caches (vllm-ascend ``MiniMaxM3SparseAttention``'s
+    fallback for ``minimax_qknorm_rope_cache``): :func:`minimax_index_prologue`, then k and v
+    by :func:`vllm_reshape_and_cache_flash` with ``slot_mapping``, index_k by
+    ``index_slot_mapping`` into the 3-D index cache (an FP8 one: clamped and cast, no scale),
+    index_q cast like the index cache. Updates the given caches in place; returns ``(q,
+    index_q, key_cache, value_cache, index_cache)``."""
+    q, k, v, iq, ik = minimax_index_prologue(
+        inputs, cos_sin_cache, spec, num_index_heads=num_index_heads,
+        index_head_dim=index_head_dim, attn_fp8=False, index_fp8=False,
+    )  # fmt: skip
+    key_cache, value_cache = inputs["key_cache"], inputs["value_cache"]
+    shape = (-1, spec.num_kv_heads, spec.head_dim)
+    vllm_reshape_and_cache_flash(
+        k.reshape(shape), v.reshape(shape), key_cache, value_cache, inputs["slot_mapping"],
+        inputs.get("k_scale"), inputs.get("v_scale"),
+    )  # fmt: skip
+    index_cache, index_slots = inputs["index_cache"], inputs["index_slot_mapping"]
+    keep = index_slots >= 0
+    slots, block_size = index_slots[keep].long(), index_cache.shape[1]
+    if index_cache.dtype == torch.float8_e4m3fn:
+        ik, iq = fp8_store(ik), fp8_store(iq)
+    index_cache[slots // block_size, slots % block_size] = ik[keep].to(index_cache.dtype)
+    return q, iq, key_cache, value_cache, index_cache
+
+
 def minimax_cache_prologue(inputs: dict, cos_sin_cache: torch.Tensor, spec: PrologueSpec):
     """The model's unfused chain with the cache insert: split, ``GemmaRMSNorm`` on q and k,
     ``rotary_emb``, then vLLM's ``reshape_and_cache_flash`` as an ``index_put`` on the valid

@@ -590,6 +590,19 @@ PRESETS: dict[str, Preset] = {
                     "kv-cache",
                     (("block_size", 128), ("cache_dtype", "fp8e4m3")),
                 ),
+                # the whole sparse-attention prologue with its caches (vllm-ascend's
+                # minimax_qknorm_rope_cache): the KV cache and the index cache (its own slot
+                # mapping) in the model dtype / in FP8 E4M3 (index_q returned in FP8)
+                (
+                    "minimax-m3-index-cache",
+                    "index-cache",
+                    (("index_head_dim", 128), ("block_size", 128), ("cache_dtype", "auto")),
+                ),
+                (
+                    "minimax-m3-index-cache-fp8",
+                    "index-cache",
+                    (("index_head_dim", 128), ("block_size", 128), ("cache_dtype", "fp8e4m3")),
+                ),
             )
         ),
         # Multi-head Latent Attention (DeepSeek-V2/V3/V3.2, Kimi-K2): the records the MLA op

@@ -315,12 +315,15 @@ class Vector(TensorKind):
 @dataclass(frozen=True)
 class Cache(TensorKind):
     """A paged cache, updated in place: ``shape(call)`` the sizes after the blocks (with the
-    message's description), dtypes ``dtypes(call)``, contiguous last dim."""
+    message's description), dtypes ``dtypes(call)``, contiguous last dim; ``slots`` the
+    argument holding the slot of each token's entry (what a call stores: one entry per slot
+    ``>= 0``)."""
 
     shape: Callable[[Call], tuple[tuple[int, ...], str]] = None  # type: ignore[assignment]
     dtypes: Callable[[Call], tuple[torch.dtype, ...]] = None  # type: ignore[assignment]
     dtype_text: Callable[[Call], str] = lambda call: ""
     last: str = "head_dim"  # what the last dim is called in the message
+    slots: str = "slot_mapping"
     leading = "B"
 
     def check(self, name, x, call):

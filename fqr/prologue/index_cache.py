@@ -21,7 +21,9 @@ import torch
 
 from .. import ops, reference
 from ..core import DTYPE_NAMES
+from ..inputs import random_fp8_scales, random_index_row, random_paged_cache, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3
+from ..peers import minimax_index_cache_prologue
 from ..validate import check_tensor
 from . import params
 from .blocks import index_split_norm_rope
@@ -40,6 +42,7 @@ from .declare import (
     numerics,
     positive_int,
 )
+from .variant import CaseSpec, Variant, register_variant
 
 
 def index_cache_prologue(
@@ -164,6 +167,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
                 dtypes=_cache_dtypes,
                 dtype_text=_cache_dtype_text,
                 last="index_head_dim",
+                slots="index_slot_mapping",
             ),
             donated=True,
             doc="``[num_blocks, block_size, Di]`` paged index-key cache (its own blocks and "
@@ -380,3 +384,64 @@ def minimax_qknorm_rope_cache(
         numerics=numerics,
         backend=backend,
     )
+
+
+# ------------------------------------------------------------------------- the variant
+
+
+def _check_preset(variant: Variant, preset) -> None:
+    params.check_index_head_dim(preset)
+    params.check_paged_cache_preset(variant, preset)
+
+
+def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """MiniMax-M3's row (v with outliers past +-448), positions and weights
+    (:func:`fqr.inputs.random_index_row`), then random-valued caches of twice the rows the
+    tokens need (a stray write shows), the KV cache's and the index cache's own slot mappings
+    (distinct slots, every third one padding, at other tokens), per-tensor scales for an FP8
+    KV cache."""
+    kw = params.index_head_kwargs(preset)
+    spec, di, bs = preset.spec, kw["index_head_dim"], preset.params["block_size"]
+    drawn = random_index_row(
+        spec, tokens, kw["num_index_heads"], di, dtype, generator, max_position=max_position,
+        positions_dtype=positions_dtype,
+    )  # fmt: skip
+    cache_dtype = params.CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    blocks = -(-2 * tokens // bs) + 1  # twice the rows the tokens need, plus a block
+    kv_entry = (bs, spec.num_kv_heads, spec.head_dim)
+    drawn["key_cache"] = random_paged_cache(blocks, kv_entry, cache_dtype, generator)
+    drawn["value_cache"] = random_paged_cache(blocks, kv_entry, cache_dtype, generator)
+    drawn["index_cache"] = random_paged_cache(blocks, (bs, di), cache_dtype, generator)
+    drawn["slot_mapping"] = random_slot_mapping(tokens, blocks * bs, generator)
+    drawn["index_slot_mapping"] = random_slot_mapping(
+        tokens, blocks * bs, generator, padding_from=2
+    )
+    if cache_dtype == FP8_E4M3:
+        drawn |= random_fp8_scales(generator)
+    return drawn
+
+
+def _eager(variant, preset, cos_sin_cache, dtype):
+    kw = {k: v for k, v in params.index_head_kwargs(preset).items() if "index" in k}
+    table = cos_sin_cache.to(dtype)
+    return lambda inputs: minimax_index_cache_prologue(inputs, table, preset.spec, **kw)
+
+
+# MiniMax-M3's whole sparse-attention prologue with its caches: bf16 and FP8 caches (the FP8
+# index cache returns index_q in FP8), each cache with its own slot mapping.
+INDEX_CACHE = register_variant(
+    Variant(
+        "index-cache",
+        SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE,
+        kwargs=params.index_head_kwargs,
+        draw_inputs=_draw,
+        eager_chain=_eager,
+        params=("index_head_dim", "block_size", "cache_dtype"),
+        check_preset=_check_preset,
+        golden=(
+            CaseSpec("minimax-m3-index-cache", "bf16", 7, tp=8),
+            CaseSpec("minimax-m3-index-cache", "bf16", 1, "unfused", tp=4),
+            CaseSpec("minimax-m3-index-cache-fp8", "bf16", 7, tp=8),
+        ),
+    )
+)

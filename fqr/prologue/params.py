@@ -265,3 +265,23 @@ def check_paged_cache_preset(variant, preset) -> None:
             f"preset {preset.name}: cache_dtype must be one of "
             f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
         )
+
+
+def check_index_head_dim(preset) -> None:
+    """A MiniMax-M3 preset's ``index_head_dim``: an even int >= 2."""
+    di = preset.params["index_head_dim"]
+    if not isinstance(di, int) or isinstance(di, bool) or di < 2 or di % 2:
+        raise ValueError(
+            f"preset {preset.name}: index_head_dim must be an even int >= 2 (its heads rotate "
+            f"min(rotary_dim {preset.rotary_dim}, index_head_dim) features), got {di!r}"
+        )
+
+
+def index_head_kwargs(preset, **more) -> dict:
+    """A MiniMax-M3 preset's static arguments (and ``more``): as many indexer q heads as kv
+    heads, sharded alike (vllm-ascend ``MiniMaxM3SparseAttention``); the one index_k head is
+    on every rank."""
+    spec = preset.spec
+    return spec.head_kwargs(
+        num_index_heads=spec.num_kv_heads, index_head_dim=preset.params["index_head_dim"], **more
+    )

@@ -31,7 +31,7 @@ import torch
 
 from ..core import TOKENS, Program
 from ..presets import Preset, get_preset
-from .declare import Declaration, Slots, torch_op_params
+from .declare import Cache, Declaration, torch_op_params
 
 
 @dataclass(frozen=True)
@@ -306,21 +306,18 @@ class Variant:
 
     def bytes_written(self, program: Program, inputs: dict[str, torch.Tensor]) -> int:
         """Bytes one call on ``inputs`` stores: every ``[T, width]`` output once, and for a
-        donated cache one entry per stored slot (``slot >= 0``): its other rows are not
-        touched."""
+        donated paged cache one entry per stored slot of its own slot mapping (``slot >= 0``,
+        ``Cache.slots``): its other rows are not touched."""
         tokens = next(iter(inputs.values())).shape[0]
         total = sum(
             tokens * v.aval.shape[1] * v.aval.dtype.itemsize
             for v in program.outputs
             if v.aval.shape[0] == TOKENS
         )
-        slots = [p for p in self.declaration.tensor_params if isinstance(p.kind, Slots)]
-        if not slots:
-            return total
-        stored = int((inputs[slots[0].name] >= 0).sum())
-        for name in self.donated:
-            cache = inputs[name]
-            total += stored * cache[0, 0].numel() * cache.element_size()
+        for p in self.declaration.tensor_params:
+            if p.donated and isinstance(p.kind, Cache):
+                cache, stored = inputs[p.name], int((inputs[p.kind.slots] >= 0).sum())
+                total += stored * cache[0, 0].numel() * cache.element_size()
         return total
 
     def eager(self, preset: Preset, cos_sin_cache: torch.Tensor, dtype: torch.dtype):

@@ -270,3 +270,37 @@ def test_unfused_is_the_model_chain(gen, backend):
             rows = w.reshape(-1, d).double()
             scale = rows.abs().amax(-1, keepdim=True)
             assert ((got.reshape(-1, d).double() - rows).abs() <= 2**-7 * scale).all(), name
+
+
+@pytest.mark.parametrize("preset_name", ["minimax-m3-index-cache", "minimax-m3-index-cache-fp8"])
+def test_bytes_written_counts_each_cache_by_its_own_slots(gen, preset_name):
+    """``Variant.bytes_written`` (the bench's traffic): q and index_q once, then per cache one
+    entry per slot ``>= 0`` of ITS slot mapping (the index cache's differs from the KV cache's),
+    checked against the entries a call really changes in caches filled with NaN."""
+    from fqr.presets import get_preset
+    from fqr.prologue import variant_of
+
+    preset = get_preset(preset_name, 8)
+    variant = variant_of(preset)
+    inputs = variant.draw(preset, 9, torch.bfloat16, gen, max_position=MAX_POS)
+    inputs["index_slot_mapping"][:5] = -1  # fewer index entries than KV entries
+    for name in ("key_cache", "value_cache", "index_cache"):
+        inputs[name] = torch.full_like(inputs[name], float("nan"))
+    table = preset.cos_sin_cache(MAX_POS)
+    q, iq, *caches = variant.run(preset, inputs, table, backend="reference")
+    changed = sum(
+        int((~c.float().isnan()).reshape(c.shape[0] * c.shape[1], -1).all(-1).sum())
+        * c[0, 0].numel()
+        * c.element_size()
+        for c in caches
+    )
+    assert (
+        changed
+        == 2
+        * int((inputs["slot_mapping"] >= 0).sum())
+        * preset.head_dim
+        * (caches[0].element_size())
+        + int((inputs["index_slot_mapping"] >= 0).sum()) * 128 * caches[2].element_size()
+    )
+    outputs = q.numel() * q.element_size() + iq.numel() * iq.element_size()
+    assert variant.bytes_written(variant.program(preset), inputs) == outputs + changed
