@@ -274,7 +274,8 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
 
 def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """A case of any other variant: its inputs drawn by the variant, the RoPE rows its positions
-    use, and the variant's float64 expectation of each output (``expected_<output>``)."""
+    use (none for an op without positions: a stand-alone cache insert), and the variant's
+    float64 expectation of each output (``expected_<output>``)."""
     variant = get_variant(case.variant_name)
     preset = get_preset(case.preset, case.tp)
     variant.check(preset)
@@ -292,9 +293,13 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
         positions_dtype=dtype_of(case.positions_dtype),
         bias=case.bias,
     )
-    index, rows = _table_rows_used(preset, inputs["positions"], max_position)
-    expected = variant.expected(preset, inputs, _sparse_table(rows, index, max_position))
-    tensors = dict(inputs, cos_sin_index=index, cos_sin_rows=rows)
+    # a case file holds each input's values (a [T, H, D] view of a row is stored contiguous)
+    tensors, table = {name: x.contiguous() for name, x in inputs.items()}, None
+    if _reads_positions(variant.name):
+        index, rows = _table_rows_used(preset, inputs["positions"], max_position)
+        tensors.update(cos_sin_index=index, cos_sin_rows=rows)
+        table = _sparse_table(rows, index, max_position)
+    expected = variant.expected(preset, inputs, table)
     outputs = variant.outputs_of(preset)
     tensors.update((f"expected_{name}", expected[name]) for name in outputs)
     spec = preset.spec
@@ -342,6 +347,11 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
 
 def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
+
+
+def _reads_positions(variant: str) -> bool:
+    """Whether a variant's op takes positions (and its case files the RoPE rows they read)."""
+    return "positions" in get_variant(variant).declaration.index
 
 
 def _sparse_table(rows: torch.Tensor, index: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -878,23 +888,26 @@ def _variant_tensor_problem(entry: dict, t: dict) -> str | None:
     extra = sorted(set(t) - set(want))
     if extra:
         return f"unexpected tensor {extra[0]!r} (the entry does not describe it)"
-    for name in ("positions", "cos_sin_index", "cos_sin_rows"):
-        if name not in t:
-            return f"no tensor {name!r}"
     for name in entry["outputs"]:
         if f"expected_{name}" not in t:
             return f"no tensor 'expected_{name}'"
+    if not _reads_positions(entry["variant"]):
+        return None
+    for name in ("positions", "cos_sin_index", "cos_sin_rows"):
+        if name not in t:
+            return f"no tensor {name!r}"
     return _table_problem(entry, t)
 
 
 @dataclass
 class VariantCase:
     """One loaded case of a variant other than split-qkv: its named inputs, the RoPE table
-    (NaN in every row the case does not use) and the expectation of each output."""
+    (NaN in every row the case does not use; None for an op without positions) and the
+    expectation of each output."""
 
     entry: dict
     inputs: dict[str, torch.Tensor]
-    cos_sin_cache: torch.Tensor
+    cos_sin_cache: torch.Tensor | None
     expected: dict[str, torch.Tensor]
 
     @property
@@ -912,7 +925,8 @@ class VariantCase:
     def to(self, device) -> VariantCase:
         """The inputs on ``device`` (expectations stay on the CPU)."""
         moved = {k: x.to(device) for k, x in self.inputs.items()}
-        return VariantCase(self.entry, moved, self.cos_sin_cache.to(device), self.expected)
+        table = None if self.cos_sin_cache is None else self.cos_sin_cache.to(device)
+        return VariantCase(self.entry, moved, table, self.expected)
 
     def run(self, backend: str = "reference") -> tuple[torch.Tensor, ...]:
         """The variant's public op on this case's inputs."""
@@ -990,7 +1004,9 @@ def load_case(
     if problem is not None:
         raise GoldenCorrupt(f"{path}: {problem}")
     if variant != SPLIT_QKV.name:
-        table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
+        table = None
+        if "cos_sin_rows" in t:
+            table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
         expected = {name: t[f"expected_{name}"] for name in entry["outputs"]}
         inputs = {
             k: x

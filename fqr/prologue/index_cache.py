@@ -440,7 +440,6 @@ INDEX_CACHE = register_variant(
         check_preset=_check_preset,
         golden=(
             CaseSpec("minimax-m3-index-cache", "bf16", 7, tp=8),
-            CaseSpec("minimax-m3-index-cache", "bf16", 1, "unfused", tp=4),
             CaseSpec("minimax-m3-index-cache-fp8", "bf16", 7, tp=8),
         ),
     )

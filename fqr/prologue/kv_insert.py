@@ -37,7 +37,7 @@ from .declare import (
     declare,
     numerics,
 )
-from .variant import Variant, register_variant
+from .variant import CaseSpec, Variant, register_variant
 
 FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of an E4M3 cache
 KV_CACHE_DTYPES = ("auto", *FP8_NAMES)
@@ -329,5 +329,9 @@ KV_INSERT = register_variant(
         params=("block_size", "cache_dtype"),
         check_preset=params.check_paged_cache_preset,
         reads_table=False,
+        golden=(
+            CaseSpec("qwen3-8b-kv-insert-fp8", "bf16", 7, tp=2),
+            CaseSpec("qwen3-8b-kv-insert", "fp16", 1, tp=8),
+        ),
     )
 )

@@ -52,11 +52,8 @@ def test_cases_cover_the_required_variations(entries):
     def have(**kw):
         return [e for e in entries if all(e[k] == v for k, v in kw.items())]
 
-    # every preset but the stand-alone cache insert's (kv-insert: no RoPE table, no packed
-    # row for the case format to hold; its presets are checked against float64 by
-    # tests/peers/test_vllm_cache.py and every variant test)
-    without = {name for name, p in fqr.PRESETS.items() if p.variant == "kv-insert"}
-    assert {e["preset"] for e in entries} == set(fqr.PRESETS) - without
+    # every preset, the stand-alone cache insert's (no positions, no RoPE table) included
+    assert {e["preset"] for e in entries} == set(fqr.PRESETS)
     assert {e["dtype"] for e in entries} == {"bf16", "fp16", "fp32"}
     assert {e["tokens"] for e in entries} >= {1, 7, 257}
     for kw in (
