@@ -362,10 +362,11 @@ class Slots(TensorKind):
     cache: str = "key_cache"
     rows_of: str = "qkv"
     shorter: bool = False
+    symbol: str = SLOTS  # N's name in the program (an op with two mappings names each its own)
 
     @property
     def leading(self) -> str:  # type: ignore[override]
-        return SLOTS if self.shorter else "T"
+        return self.symbol if self.shorter else "T"
 
     token_dim = 0  # slot t is token t's (the first N tokens')
 

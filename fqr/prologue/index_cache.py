@@ -178,17 +178,19 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             "slot_mapping",
             keyword=False,
             annotation=params.TENSOR,
-            kind=Slots(),
-            doc="``[T]`` int32/int64 slot of each token in key_cache and value_cache: block "
-            "``s // block_size``, row ``s % block_size``; negative: padding, nothing stored",
+            kind=Slots(shorter=True),
+            doc="``[N]`` (``N <= T``) int32/int64 slot of each of the first N tokens in "
+            "key_cache and value_cache: block ``s // block_size``, row ``s % block_size``; "
+            "negative: padding, nothing stored; tokens ``t >= N`` store nothing",
         ),
         Tensor(
             "index_slot_mapping",
             keyword=False,
             annotation=params.TENSOR,
-            kind=Slots(cache="index_cache"),
-            doc="``[T]`` int32/int64 slot of each token's index_k in index_cache (its own "
-            "block size); negative: nothing stored",
+            kind=Slots(cache="index_cache", shorter=True, symbol="Ni"),
+            doc="``[Ni]`` (``Ni <= T``) int32/int64 slot of each of the first Ni tokens' "
+            "index_k in index_cache (its own block size); negative or ``t >= Ni``: nothing "
+            "stored",
         ),
         params.NUM_HEADS,
         params.NUM_KV_HEADS,
@@ -247,7 +249,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     then NeoX (or GPT-J) RoPE of the first ``r = min(R, d)`` features of every head (``d`` its
     group's width), ``cos = row[:r/2]``, ``sin = row[R/2 : R/2 + r/2]`` of the one ``row =
     cos_sin_cache[positions]``. Then for every token ``t`` with ``s = slot_mapping[t] >= 0``
-    and ``u = index_slot_mapping[t] >= 0``::
+    (``t < N``) and ``u = index_slot_mapping[t] >= 0`` (``t < Ni``)::
 
         key_cache[s // bs, s % bs, h, :]    = store(k[t, h])
         value_cache[s // bs, s % bs, h, :]  = store(v[t, h])
@@ -256,7 +258,9 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     ``bs`` and ``ibs`` the block sizes of the caches (they may differ). ``store`` rounds to the
     cache's dtype; an FP8 cache stores ``e4m3(clamp(x / scale, -448, 448))`` (``k_scale`` /
     ``v_scale`` for the KV cache, default 1; the index cache takes none, as the peer's). A
-    negative slot writes nothing; rows no slot names keep their bytes. ``index_q`` is returned
+    negative slot writes nothing, nor does a token past its mapping's length (``[N]`` and
+    ``[Ni]``, at most T: vLLM pads T for CUDA graphs and passes the actual tokens' slots);
+    rows no slot names keep their bytes. ``index_q`` is returned
     in the index cache's dtype (FP8: saturated to +-448), q in qkv's.
 
     The index heads come from the row after v, or from ``index_qkv`` (a separate projection,
@@ -294,20 +298,16 @@ split_qkv_index_rmsnorm_rope_cache = SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE.function
 # --------------------------------------------------- vllm-ascend's call, as its callers write it
 
 
-def _actual_slots(name: str, slots, num_actual_tokens: int, tokens: int):
-    """``slots`` as the ``[T]`` mapping the op takes: its first ``num_actual_tokens`` entries,
-    then -1 (nothing stored) for the tokens past them (the caller's tensor is not written)."""
+def _actual_slots(name: str, slots, num_actual_tokens: int):
+    """The first ``num_actual_tokens`` entries of ``slots`` (a view: the op takes a mapping
+    shorter than T and stores nothing for the tokens past it)."""
     check_tensor(name, slots)
     if slots.dim() != 1 or slots.shape[0] < num_actual_tokens:
         raise ValueError(
             f"{name} must be 1-D with at least num_actual_tokens = {num_actual_tokens} "
             f"entries, got shape {list(slots.shape)}"
         )
-    if slots.shape[0] == tokens == num_actual_tokens:
-        return slots
-    padded = torch.full((tokens,), -1, dtype=slots.dtype, device=slots.device)
-    padded[:num_actual_tokens] = slots[:num_actual_tokens]
-    return padded
+    return slots[:num_actual_tokens]
 
 
 def minimax_qknorm_rope_cache(
@@ -357,8 +357,8 @@ def minimax_qknorm_rope_cache(
         raise ValueError(
             f"num_actual_tokens must be an int in [0, T = {tokens}], got {num_actual_tokens!r}"
         )
-    slots = _actual_slots("slot_mapping", slot_mapping, num_actual_tokens, tokens)
-    index_slots = _actual_slots("index_slot_mapping", index_slot_mapping, num_actual_tokens, tokens)
+    slots = _actual_slots("slot_mapping", slot_mapping, num_actual_tokens)
+    index_slots = _actual_slots("index_slot_mapping", index_slot_mapping, num_actual_tokens)
     return split_qkv_index_rmsnorm_rope_cache(
         packed,
         positions,

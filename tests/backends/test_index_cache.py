@@ -131,7 +131,7 @@ def test_argument_errors_name_the_argument(gen):
         ),
         ({"index_cache": kc.view(-1)[: ic.numel()].view(ic.shape)}, ValueError, "overlaps"),
         ({"index_slot_mapping": torch.full((T,), 16)}, ValueError, "index_slot_mapping names"),
-        ({"index_slot_mapping": torch.zeros(T - 1).long()}, ValueError, "index_slot_mapping"),
+        ({"index_slot_mapping": torch.zeros(T + 1).long()}, ValueError, "index_slot_mapping"),
         (
             {"cos_sin_cache": rope_cos_sin_cache(96, 8, 1e4)},
             ValueError,
@@ -304,3 +304,28 @@ def test_bytes_written_counts_each_cache_by_its_own_slots(gen, preset_name):
     )
     outputs = q.numel() * q.element_size() + iq.numel() * iq.element_size()
     assert variant.bytes_written(variant.program(preset), inputs) == outputs + changed
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_slot_mappings_shorter_than_t_store_only_their_tokens(gen, backend):
+    """vLLM pads T for CUDA graphs and passes the actual tokens' slots: ``slot_mapping [N]``
+    and ``index_slot_mapping [Ni]`` (each its own length, at most T) store exactly what
+    ``[T]`` mappings with -1 past them store; q and index_q cover all T tokens."""
+    inputs = draw(gen)
+    n, ni = 4, 2
+    short = dict(inputs)
+    short["slot_mapping"] = inputs["slot_mapping"][:n]
+    short["index_slot_mapping"] = inputs["index_slot_mapping"][:ni]
+    padded = dict(inputs)
+    padded["slot_mapping"] = torch.cat([inputs["slot_mapping"][:n], torch.full((T - n,), -1)])
+    padded["index_slot_mapping"] = torch.cat(
+        [inputs["index_slot_mapping"][:ni], torch.full((T - ni,), -1)]
+    )
+    caches = ("key_cache", "value_cache", "index_cache")
+    for d in (short, padded):
+        d.update({c: inputs[c].clone() for c in caches})
+    got, want = call(short, backend=backend), call(padded, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for c in caches:
+        assert torch.equal(bits(short[c]), bits(padded[c])), c
+    assert not torch.equal(bits(short["index_cache"]), bits(inputs["index_cache"]))
