@@ -541,6 +541,12 @@ class EmitContext(Protocol):
         """``expr`` (fp32) rounded to ``dtype`` (round to nearest even on every target)."""
         ...
 
+    def round_point(self, expr: str, dtype: torch.dtype) -> str:
+        """``expr`` (fp32) rounded to ``dtype`` and read back as fp32: a rounding point of a
+        contract that rounds between steps (``numerics="unfused"``). The kernel keeps it: a
+        multiply and an add are never contracted into one FMA across it."""
+        ...
+
 
 FactsRule = Callable[..., "Views | HeadOp"]
 EmitRule = Callable[[EmitContext, Eqn], None]

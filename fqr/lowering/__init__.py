@@ -28,7 +28,7 @@ import torch
 
 from ..core import TOKENS, Aval, Program, trace
 from . import ascend  # noqa: F401  (registers the ascend and ascend-interpret targets)
-from .emit import EMITTER_VERSION, Tiling, emit_source
+from .emit import EMITTER_VERSION, EmittedKernel, Tiling, emit_source
 from .kernel import Kernel
 from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
@@ -66,12 +66,12 @@ def tiling_of(program: Program, target: str = "cuda", **options: Any) -> Tiling:
 
 def kernel_source(program: Program, target: str = "cuda", **options: Any) -> str:
     """The generated Triton source for ``program`` on ``target`` (no file, no import)."""
-    return _build(program, target, options)[3]
+    return _build(program, target, options)[3].source
 
 
 def _build(
     program: Program, target_name: str, options: dict[str, Any]
-) -> tuple[Target, KernelPlan, Tiling, str, str, str]:
+) -> tuple[Target, KernelPlan, Tiling, EmittedKernel, str, str]:
     target = get_target(target_name)
     plan = plan_program(program)
     tiling = target.tiling(plan, **_tiling_options(options))
@@ -97,8 +97,8 @@ def _build(
         + (", indices with element strides" if strided_indices else "")
         + ".\n# Do not edit: regenerate with `fqr lower`."
     )
-    source = emit_source(plan, tiling, kernel_name, header, strided, strided_indices)
-    return target, plan, tiling, source, key, kernel_name
+    emitted = emit_source(plan, tiling, kernel_name, header, strided, strided_indices)
+    return target, plan, tiling, emitted, key, kernel_name
 
 
 def lower(program: Program, target: str = "cuda", **options) -> Kernel:
@@ -113,11 +113,12 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
     memo = (program.fingerprint(), target, tuple(sorted(options.items())))
     if memo in _KERNELS:
         return _KERNELS[memo]
-    tgt, plan, tiling, source, key, kernel_name = _build(program, target, options)
-    loaded = load_kernel(key, source, kernel_name, interpret=tgt.interpret)
+    tgt, plan, tiling, emitted, key, kernel_name = _build(program, target, options)
+    loaded = load_kernel(key, emitted.source, kernel_name, interpret=tgt.interpret)
     kernel = Kernel(
-        program, plan, tgt, tiling, source, loaded.path, loaded.cache_hit, loaded.fn, dict(options)
-    )
+        program, plan, tgt, tiling, emitted.source, loaded.path, loaded.cache_hit, loaded.fn,
+        dict(options), rounding_points=emitted.rounding_points,
+    )  # fmt: skip
     kernel.relower = functools.partial(lower, program, target)
     _KERNELS[memo] = kernel
     log.info(

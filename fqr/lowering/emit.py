@@ -213,6 +213,7 @@ class KernelBuilder:
         self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
         self.uses_round_fp8 = False
+        self.rounding_points = False  # round_point was emitted: no FMA contraction
         self.aliases = plan.program.aliases()  # output index -> the input it updates in place
         self.head_tile = "1"  # heads in the current chunk's tiles (a literal)
         self.param_list: list[str] = []
@@ -286,6 +287,10 @@ class KernelBuilder:
             self.uses_round_fp8 = True
             return f"round_to_fp8e4m3({expr})"
         return f"({expr}).to({TL_DTYPES[dtype]})"
+
+    def round_point(self, expr: str, dtype: torch.dtype) -> str:
+        self.rounding_points = True
+        return f"{self.cast(expr, dtype)}.to(tl.float32)"
 
     # -------------------------------------------------------------- index vectors
     def cols(self, padded: int) -> str:
@@ -868,6 +873,16 @@ class KernelBuilder:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class EmittedKernel:
+    """A kernel's generated source and what its code asks of the compiler: with
+    ``rounding_points`` it rounds between steps (``EmitContext.round_point``), which a
+    multiply-add contraction would skip, so it is compiled without one."""
+
+    source: str
+    rounding_points: bool
+
+
 def emit_source(
     plan: KernelPlan,
     tiling: Tiling,
@@ -875,11 +890,11 @@ def emit_source(
     header: str,
     strided_outputs: bool = False,
     strided_indices: bool = False,
-) -> str:
+) -> EmittedKernel:
     """The kernel's source; ``strided_outputs``: every output takes its head stride as a
     parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
     stride; ``strided_indices``: every per-token input (positions, slots, per-token numbers)
     its element stride."""
-    return KernelBuilder(
-        plan, tiling, kernel_name, header, strided_outputs, strided_indices
-    ).build()
+    builder = KernelBuilder(plan, tiling, kernel_name, header, strided_outputs, strided_indices)
+    source = builder.build()
+    return EmittedKernel(source, builder.rounding_points)

@@ -28,6 +28,8 @@ class Kernel:
     cache_hit: bool
     fn: Any = field(repr=False)
     options: dict[str, Any] = field(default_factory=dict)
+    # its code rounds between steps (EmittedKernel): compiled without multiply-add contraction
+    rounding_points: bool = False
     # lower(program, target, **options): how :meth:`strided_variant` lowers its sibling
     relower: Any = field(default=None, repr=False, compare=False)
 
@@ -58,7 +60,9 @@ class Kernel:
         # Output -> the input it is an updated copy of (a paged cache): written in place.
         self.aliases = self.program.aliases()
         self._block_t = self.target.block_t(self.plan, self.tiling, **self.options)
-        self._launch = self.target.launch_options(self.plan, **self.options)
+        self._launch = self.target.launch_options(
+            self.plan, rounding_points=self.rounding_points, **self.options
+        )
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
         self.grid_blocks = (
             len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1

@@ -61,7 +61,11 @@ class Target:
         function (:mod:`fqr.lowering.host`); None: it calls :meth:`grid`."""
         return None
 
-    def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
+    def launch_options(
+        self, plan: KernelPlan, *, rounding_points: bool = False, **options: Any
+    ) -> dict[str, Any]:
+        """The compile and launch keywords of the kernel (``rounding_points``: its code rounds
+        between steps, :class:`~fqr.lowering.emit.EmittedKernel`)."""
         return {}
 
     def token_buckets(
@@ -113,14 +117,20 @@ class CudaTarget(Target):
             grid_dependency=bool(options.get("pdl", False)),
         )
 
-    def launch_options(self, plan: KernelPlan, **options: Any) -> dict[str, Any]:
-        """``num_warps`` (default 2); where ``fp_fusion`` is given, Triton's
-        ``enable_fp_fusion`` (whether a multiply and an add may contract into one FMA); with
+    def launch_options(
+        self, plan: KernelPlan, *, rounding_points: bool = False, **options: Any
+    ) -> dict[str, Any]:
+        """``num_warps`` (default 2); Triton's ``enable_fp_fusion`` (whether a multiply and an
+        add may contract into one FMA): ``fp_fusion`` where given, else off for a kernel with
+        ``rounding_points`` and Triton's default (on) otherwise. A contraction skips the
+        rounding between the product and the sum: in the PTX of an unfused kernel ``round(
+        round(a * c) - round(b * s))`` became ``fma.rn.bf16(a, c, -round(b * s))``. With
         ``pdl``, Triton's ``launch_pdl`` (the kernel then waits on the one before it:
         :attr:`Tiling.grid_dependency`)."""
         launch: dict[str, Any] = {"num_warps": int(options.get("num_warps", 2))}
-        if "fp_fusion" in options:
-            launch["enable_fp_fusion"] = bool(options["fp_fusion"])
+        fp_fusion = options.get("fp_fusion", None if not rounding_points else False)
+        if fp_fusion is not None:
+            launch["enable_fp_fusion"] = bool(fp_fusion)
         if options.get("pdl"):
             launch["launch_pdl"] = True
         return launch

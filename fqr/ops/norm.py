@@ -209,7 +209,7 @@ def _norm_lowering(b: EmitContext, eqn: Eqn) -> None:
     round_to = p.get("round_to")
 
     def rnd(e: str) -> str:
-        return e if round_to is None else f"{b.cast(e, round_to)}.to(tl.float32)"
+        return e if round_to is None else b.round_point(e, round_to)
 
     out = {}
     for name, v in x.items():

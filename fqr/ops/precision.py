@@ -43,4 +43,4 @@ def _rp_lowering(b: EmitContext, eqn: Eqn) -> None:
     x_var = eqn.inputs[0]
     assert x_var is not None
     dtype = eqn.params["dtype"]
-    emit_elementwise(b, eqn, x_var, lambda v: f"{b.cast(v, dtype)}.to(tl.float32)")
+    emit_elementwise(b, eqn, x_var, lambda v: b.round_point(v, dtype))

@@ -176,7 +176,7 @@ def emit_rotation(b: EmitContext, eqn: Eqn, x: dict[str, str], cos: str, sin: st
     if rt is not None:
 
         def rnd(e: str) -> str:
-            return f"{b.cast(e, rt)}.to(tl.float32)"
+            return b.round_point(e, rt)
 
         c, s = b.fresh("cosr"), b.fresh("sinr")
         b.emit(f"{c} = {rnd(cos)}")

@@ -16,14 +16,11 @@ generated and, where upstream Triton compiles here without a GPU, compiled for s
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from support.cuda_ptx import run_compiling
 from support.mla import EPS, FLAVOURS, KV_LORA, Q_LORA, check_cache, draw, mla_program
 
 from fqr import reference
@@ -132,21 +129,11 @@ def test_deepseek_v3_cuda_sources():
 
 CUDA_COMPILE = textwrap.dedent(
     """
-    import sys, torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sys.path.insert(0, {tests!r})
+    from support.cuda_ptx import compile_for_sm90
     from support.mla import mla_program
     from fqr.lowering import lower
-    from fqr.lowering.ascend_compile import kernel_signature, launch_arguments
     for flavour in ("auto", "fp8", "fp8_ds_mla"):
-        kernel = lower(mla_program(flavour), "cuda")
-        args, kwargs, _ = launch_arguments(kernel, 1024)
-        signature, constants = kernel_signature(kernel.fn, args, kwargs)
-        signature = {{k: v for k, v in signature.items() if v != "constexpr"}}
-        src = ASTSource(kernel.fn, signature, constexprs={{(kernel.fn.arg_names.index(k),): v
-                        for k, v in constants.items()}})
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        compiled = compile_for_sm90(lower(mla_program(flavour), "cuda"))
         ptx = compiled.asm["ptx"]
         print(flavour, len(compiled.asm.get("cubin", b"")) > 0,
               "cvt.rn.satfinite.e4m3x2" in ptx, "div.rn.f32" in ptx, "div.full.f32" in ptx)
@@ -154,36 +141,20 @@ CUDA_COMPILE = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(
-    os.environ.get("FQR_SKIP_CUDA_COMPILE") == "1", reason="FQR_SKIP_CUDA_COMPILE=1"
-)
 def test_deepseek_v3_cuda_kernels_compile_for_sm90(tmp_path):
     """Upstream Triton compiles the three kernels for sm_90 without a GPU (TTIR -> TTGIR ->
     LLVM -> PTX -> cubin with its bundled ptxas), in a process of its own (this one may run
     Triton interpreted)."""
-    pytest.importorskip("triton.backends.nvidia")
-    tests = str(Path(__file__).parents[1])
-    env = {**os.environ, "TRITON_INTERPRET": "0", "FQR_CACHE_DIR": str(tmp_path)}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(tests).parent), env.get("PYTHONPATH", "")])
-    r = subprocess.run(
-        [sys.executable, "-c", CUDA_COMPILE.format(tests=tests)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if r.returncode and "cuda" in r.stderr.lower() and "driver" in r.stderr.lower():
-        pytest.skip(f"upstream triton cannot compile for cuda here: {r.stderr[-300:]}")
-    assert r.returncode == 0, r.stderr[-3000:]
+    stdout = run_compiling(CUDA_COMPILE, tmp_path)
     # flavour, a cubin, E4M3 conversions, IEEE divisions, approximate ones (Triton's fp32 "/")
-    found = [line.split() for line in r.stdout.split("\n") if line]
+    found = [line.split() for line in stdout.split("\n") if line]
     assert found == [
         ["auto", "True", "False", "False", "False"],
         # x / scale of the per-tensor FP8 store (cache_insert, as before this op had entries)
         ["fp8", "True", "True", "False", "True"],
         # the tile scales and x / scale_j divide as vLLM's CUDA code: IEEE, round to nearest
         ["fp8_ds_mla", "True", "True", "True", "False"],
-    ], r.stdout
+    ], stdout
 
 
 @pytest.mark.skipif(
