@@ -4,8 +4,10 @@ prologue on CUDA at rotary widths <= 64, and whether FMA contraction is the caus
 For each case of vLLM's grid (head_dim 64/128/256, rotary ratio 1, 1/2, 1/4, NeoX and GPT-J;
 bf16, table in bf16 as vLLM keeps it), the share of bit-identical q/k elements between:
 vLLM's native code on CUDA and on the CPU (same inputs), fqr's kernel on CUDA as it launches
-by default and with ``fp_fusion=False`` (Triton's ``enable_fp_fusion``), and fqr's reference
-backend on the CPU. Prints one table; JSON under ``$OUT``.
+by default (an unfused kernel without contraction: its rounding points, EmittedKernel) and
+with contraction forced on (``fp_fusion=True``, Triton's ``enable_fp_fusion``: what the
+default was before), and fqr's reference backend on the CPU. Prints one table; JSON under
+``$OUT``.
 
     PYTHONPATH=. python3 scripts/unfused_cuda_bits.py
 """
@@ -54,7 +56,7 @@ def main() -> int:
         return 2
     device = "cuda"
     gen = torch.Generator().manual_seed(24)
-    rows, header = [], ["case", "cuda~cpu native", "fqr~cuda", "nofma~cuda", "fqr~cpu", "ref~cpu"]
+    rows, header = [], ["case", "cuda~cpu native", "fqr~cuda", "fma~cuda", "fqr~cpu", "ref~cpu"]
     for d in (64, 128, 256):
         for ratio in (1.0, 0.5, 0.25):
             for is_neox in (True, False):
@@ -73,7 +75,7 @@ def main() -> int:
                     *native.args, **native.fqr_kwargs(backend="reference")
                 )
                 fqr_q, fqr_k = kernel_qk(cuda)
-                nofma_q, nofma_k = kernel_qk(cuda, fp_fusion=False)
+                fma_q, fma_k = kernel_qk(cuda, fp_fusion=True)
 
                 def both(a, b, a2, b2):
                     return round(min(share(a, b), share(a2, b2)), 5)
@@ -83,7 +85,7 @@ def main() -> int:
                         f"d={d} r={r} {'neox' if is_neox else 'gptj'}",
                         both(cuda_q, cpu_q, cuda_k, cpu_k),
                         both(fqr_q, cuda_q, fqr_k, cuda_k),
-                        both(nofma_q, cuda_q, nofma_k, cuda_k),
+                        both(fma_q, cuda_q, fma_k, cuda_k),
                         both(fqr_q, cpu_q, fqr_k, cpu_k),
                         both(ref_q, cpu_q, ref_k, cpu_k),
                     ]
