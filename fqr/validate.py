@@ -338,6 +338,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses of ``t``'s first and last byte (a non-empty tensor; strides >= 0)."""
     first = t.data_ptr()
+    if t.is_contiguous():  # its bytes back to back (the per-call write checks' common case)
+        return first, first + t.nbytes - 1
     size = t.element_size()
     return first, first + size - 1 + size * sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
