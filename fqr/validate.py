@@ -222,7 +222,7 @@ def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None
     if positions.numel() == 0:
         return
     if positions.device.type == "cpu":
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = (int(end) for end in torch.aminmax(positions))
         if lo < 0 or hi >= max_position:
             bad = lo if lo < 0 else hi
             raise ValueError(

@@ -1202,14 +1202,32 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
     return tuple(values)
 
 
-def _torch_impl(decl: Declaration):
-    names = [p.name for p in torch_op_params(decl)]
+def _torch_values(decl: Declaration) -> Callable[[tuple], list]:
+    """How the arguments of ``torch.ops.fqr.<name>`` (schema order, all given: the dispatcher
+    fills in the defaults) become the public function's, in parameter order; the parameters
+    the op does not take keep their defaults (``backend``: "auto")."""
+    at = [decl.index[p.name] for p in torch_op_params(decl)]
+    left_out = [p.name for p in decl.params if p.required and decl.index[p.name] not in at]
+    if left_out:
+        raise TypeError(f"{decl.name}: torch.ops.fqr would leave out {left_out[0]!r}")
+    defaults = decl._defaults
 
+    def values(args: tuple) -> list:
+        bound = list(defaults)
+        for i, arg in zip(at, args):
+            bound[i] = arg
+        return bound
+
+    return values
+
+
+def _torch_impl(decl: Declaration):
+    values_of = _torch_values(decl)
     returned = _returned(decl)
     optional = any(o.present is not None for o in returned)
 
     def impl(*args):
-        values = decl.bind((), dict(zip(names, args)))  # backend: its default, "auto"
+        values = values_of(args)
         result = decl.call(values)
         if optional:
             return _as_schema_returns(decl, decl.bound(values), result)
@@ -1219,10 +1237,10 @@ def _torch_impl(decl: Declaration):
 
 
 def _torch_fake(decl: Declaration):
-    names = [p.name for p in torch_op_params(decl)]
+    values_of = _torch_values(decl)
 
     def fake(*args):
-        values = decl.bind((), dict(zip(names, args)))
+        values = values_of(args)
         call = decl.bound(values)
         decl.validate(call, values_too=False)
         program = decl.program(call)
