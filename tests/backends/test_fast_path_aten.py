@@ -16,9 +16,12 @@ the host (CPU positions, slots, FP8 scales: docs/RELIABILITY.md); what they disp
 apart, and :func:`test_value_checks_read_nothing_on_a_device` checks they dispatch nothing for
 device tensors.
 
-Run as a script, it prints the audit table (op, form, launch path -> aten ops and counts)::
+Run as a script, it prints the audit table (op, form, launch path -> aten ops and counts);
+with ``--cuda``, on a CUDA machine, the same calls on the real ``triton`` backend (nothing
+stubbed): per repeat call the aten ops, the CUDA runtime / driver calls and kernels the
+profiler sees, whether the fast path ran, and host µs per call beside ``F.rms_norm``'s::
 
-    PYTHONPATH=. python tests/backends/test_fast_path_aten.py
+    PYTHONPATH=. python tests/backends/test_fast_path_aten.py [--cuda]
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from unittest import mock
 
-if __name__ == "__main__":  # as the suite runs: kernels interpreted without a GPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__":
+    if "--cuda" not in sys.argv:  # as the suite runs: kernels interpreted without a GPU
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
@@ -88,22 +92,23 @@ def example_calls(name: str) -> tuple[tuple, ...]:
     return tuple(calls)
 
 
-def fresh(value):
+def fresh(value, device: str | None = None):
     """``value`` with every tensor in it replaced by a new one of the same metadata (sizes,
-    strides, dtype, device) and values."""
+    strides, dtype; on ``device`` when given, else the same) and values."""
     if isinstance(value, torch.Tensor):
         new = torch.empty_strided(
-            value.shape, value.stride(), dtype=value.dtype, device=value.device
+            value.shape, value.stride(), dtype=value.dtype, device=device or value.device
         )
         return new.copy_(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
         return dataclasses.replace(
-            value, **{f.name: fresh(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            value, **{f.name: fresh(getattr(value, f.name), device) for f in fields}
         )
     if isinstance(value, (tuple, list)):
-        return type(value)(fresh(v) for v in value)
+        return type(value)(fresh(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: fresh(v) for k, v in value.items()}
+        return {k: fresh(v, device) for k, v in value.items()}
     return value
 
 
@@ -325,12 +330,12 @@ def test_a_repeat_call_takes_the_fast_path(case, launch):
     assert calls == {}, f"{_case_id(case)} on the {launch} path: {dict(calls)}"
 
 
-def _interpret(name: str, index: int) -> tuple:
-    """Example call ``index`` of op ``name`` on the ``interpret`` backend."""
+def _interpret(name: str, index: int, backend: str = "interpret") -> tuple:
+    """Example call ``index`` of op ``name`` on ``backend``."""
     decl = DECLARATIONS[name]
     values = list(example_calls(name)[index])
     if "backend" in decl.index:
-        values[decl.index["backend"]] = "interpret"
+        values[decl.index["backend"]] = backend
     return tuple(values)
 
 
@@ -365,6 +370,70 @@ def _table(launch: str) -> list[str]:
     return rows
 
 
+def _host_us(call: Callable[[], object], calls: int = 2000, rounds: int = 5) -> float:
+    """Host µs per call, back to back (the median of ``rounds``), as ``fqr bench`` times it."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _cuda_table() -> list[str]:
+    """The repeat calls on the ``triton`` backend, on CUDA: what :func:`dispatched` counts,
+    the CUDA runtime / driver calls (``cu*``) and kernels of the profile, the full checks and
+    general launches the call took (none on the fast path), host µs per call."""
+    import torch.nn.functional as F
+
+    x = torch.randn(2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    w = torch.ones(128, dtype=torch.bfloat16, device="cuda")
+    with torch.inference_mode():
+        rows = [f"F.rms_norm: {_host_us(lambda: F.rms_norm(x, (128,), w, 1e-6)):.1f} us/call"]
+        for name, index, form in cases():
+            decl = DECLARATIONS[name]
+            values = fresh(_interpret(name, index, "triton"), "cuda")
+            for _ in range(2):  # checks, trace, compile; then the host function is made
+                call_of(decl, form, values)()
+            taken: collections.Counter = collections.Counter()
+            with contextlib.ExitStack() as stack:
+                for what, owner, attr in (
+                    ("checks", Declaration, "validate"),
+                    ("general launches", kernel_module.Kernel, "launch"),
+                ):
+                    original = getattr(owner, attr)
+
+                    def counted(*args, _what=what, _original=original, _taken=taken, **kwargs):
+                        _taken[_what] += 1
+                        return _original(*args, **kwargs)
+
+                    stack.enter_context(mock.patch.object(owner, attr, counted))
+                repeat = call_of(decl, form, values)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    repeat()
+                    torch.cuda.synchronize()
+            own, _ = dispatched(repeat)
+            api = collections.Counter(e.name for e in prof.events() if e.name.startswith("cu"))
+            kernels = collections.Counter(
+                e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            )
+            us = _host_us(call_of(decl, form, values))
+            rows.append(
+                f"{_case_id((name, index, form))}: {us:.1f} us/call; aten {dict(own)}; "
+                f"cuda api {dict(api)}; kernels {dict(kernels)}; slow path {dict(taken)}"
+            )
+    return rows
+
+
 if __name__ == "__main__":
-    for launch in LAUNCHES:
-        print("\n".join(_table(launch)))
+    if "--cuda" in sys.argv:
+        print("\n".join(_cuda_table()))
+    else:
+        for launch in LAUNCHES:
+            print("\n".join(_table(launch)))
