@@ -2,7 +2,7 @@
 declaration in :data:`fqr.prologue.DECLARATIONS`) and its ``torch.ops.fqr`` form, called a
 second time with fresh tensors of the same metadata, takes the fast path (no full checks, no
 general launch: the generated host function) and dispatches no aten op but the allocation of
-its outputs and the operand views listed in :data:`OPERAND_VIEWS`. On CUDA any other aten op
+its outputs and the views of arguments listed in :data:`VIEWS`. On CUDA any other aten op
 on a device tensor is a kernel launch or a device-to-host sync (``.item()``, ``bool(t)``,
 ``.min()`` of positions), and each view a round trip through the dispatcher.
 
@@ -51,22 +51,23 @@ import fqr.lowering as lowering
 import fqr.lowering.kernel as kernel_module
 import fqr.lowering.launcher as launcher
 from fqr.prologue import DECLARATIONS, Declaration, forget_checked_calls
-from fqr.prologue.declare import TensorKind, torch_op_params
+from fqr.prologue.declare import Form, TensorKind, torch_op_params
 
 # What a repeat call may dispatch: its outputs' allocation (and, for the torch op, the
 # dispatcher's entry into fqr's implementation).
 ALLOWED = frozenset(("aten::empty", "aten::empty_strided", "aten::new_empty"))
-# Views of arguments that the program takes in another shape: metadata only (no device work),
-# but each a round trip through the dispatcher; listed so that a new one is a decision.
-OPERAND_VIEWS = {
+# Views of arguments (by op, or by op and form): operands the program takes in another shape,
+# outputs written into or returned as views of an argument. Metadata only (no device work), but
+# each a round trip through the dispatcher; listed so that a new one is a decision.
+VIEWS = {
     "kv_cache_insert": {"aten::view": 2},  # key, value [T, H, D] as the program's [T, H*D] rows
     "mla_q_rope": {"aten::view": 1, "aten::slice": 1},  # q's rope columns, rotated in place
     "split_qkv_rmsnorm_mrope": {"aten::unbind": 1},  # [3, T] positions: an input per plane
     "qk_mrope": {"aten::unbind": 1},
+    "split_qkv_rmsnorm_rope public inplace=True": {"aten::slice": 3},  # q, k, v in qkv
 }
 HOST_VALUE_CHECK = "fqr host value check"  # the label of the checks that read CPU values
 LAUNCHES = ("interpret", "cuda")
-FORMS = ("public", "torch.ops.fqr")
 
 
 # ------------------------------------------------------------------------ the calls
@@ -113,9 +114,12 @@ def fresh(value, device: str | None = None):
 
 
 def call_of(decl: Declaration, form: str, values: tuple) -> Callable[[], object]:
-    """The call of ``decl`` in ``form`` on fresh copies of ``values``, ready to run."""
-    if form == "public":
+    """The call of ``decl`` in ``form`` (``"public"``, with ``" flag=True"`` for each flag
+    given, or ``"torch.ops.fqr"``) on fresh copies of ``values``, ready to run."""
+    if form.startswith("public"):
         kwargs = fresh({p.name: v for p, v in zip(decl.params, values)})
+        for flag in form.split()[1:]:
+            kwargs[flag.removesuffix("=True")] = True
         return functools.partial(decl.function, **kwargs)
     op = getattr(torch.ops.fqr, decl.torch_op_name).default
     return functools.partial(
@@ -124,9 +128,14 @@ def call_of(decl: Declaration, form: str, values: tuple) -> Callable[[], object]
 
 
 def cases() -> Iterator[tuple[str, int, str]]:
+    """``(op, example call, form)``: each example call as made, with each of the public op's
+    flags (a :class:`Form` that is False by default, ``inplace``) set, and as the torch op."""
     for name, decl in DECLARATIONS.items():
+        flags = [p.name for p in decl.params if isinstance(p, Form) and p.default is False]
         for i in range(len(example_calls(name))):
             yield name, i, "public"
+            for flag in flags:
+                yield name, i, f"public {flag}=True"
             if decl.torch_op_name is not None:
                 yield name, i, "torch.ops.fqr"
 
@@ -275,13 +284,13 @@ def audit_repeat_call(name: str, index: int, form: str) -> tuple:
 
 def _case_id(case) -> str:
     name, index, form = case
-    return f"{name}-{index}-{form}"
+    return f"{name}-{index}-{form.replace(' ', '-')}"
 
 
-def beyond_allowed(name: str, own: collections.Counter) -> dict[str, int]:
-    """The aten ops of a repeat call of op ``name`` beyond its outputs' allocation and its
-    listed operand views."""
-    views = OPERAND_VIEWS.get(name, {})
+def beyond_allowed(name: str, form: str, own: collections.Counter) -> dict[str, int]:
+    """The aten ops of a repeat call of op ``name`` in ``form`` beyond its outputs' allocation
+    and its listed :data:`VIEWS`."""
+    views = VIEWS.get(f"{name} {form}", VIEWS.get(name, {}))
     extra = {
         op: n - views.get(op, 0)
         for op, n in own.items()
@@ -295,7 +304,7 @@ def beyond_allowed(name: str, own: collections.Counter) -> dict[str, int]:
 def test_a_repeat_call_dispatches_only_its_outputs_allocation(case, launch):
     with stubbed_kernels(launch):
         own, _ = audit_repeat_call(*case)
-    extra = beyond_allowed(case[0], own)
+    extra = beyond_allowed(case[0], case[2], own)
     assert not extra, f"{_case_id(case)} on the {launch} path dispatches {extra}"
     assert own["aten::empty"] + own["aten::new_empty"] <= len(DECLARATIONS[case[0]].outputs)
 
