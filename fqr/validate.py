@@ -222,7 +222,7 @@ def check_positions_in_range(positions: torch.Tensor, max_position: int) -> None
     if positions.numel() == 0:
         return
     if positions.device.type == "cpu":
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = (int(end) for end in torch.aminmax(positions))
         if lo < 0 or hi >= max_position:
             bad = lo if lo < 0 else hi
             raise ValueError(
@@ -338,6 +338,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses of ``t``'s first and last byte (a non-empty tensor; strides >= 0)."""
     first = t.data_ptr()
+    if t.is_contiguous():  # its bytes back to back (the per-call write checks' common case)
+        return first, first + t.nbytes - 1
     size = t.element_size()
     return first, first + size - 1 + size * sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 

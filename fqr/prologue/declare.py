@@ -510,6 +510,18 @@ class Output:
 # ----------------------------------------------------------------------------- the record
 
 
+@dataclass(frozen=True)
+class PerCallChecks:
+    """What :meth:`Declaration.per_call` runs for the calls of one key: the arguments whose
+    kind checks values every call (``TensorKind.per_call``), the declaration's value checks
+    that apply, and the arguments the program reads (what a written tensor must not
+    overlap)."""
+
+    kinds: tuple[Tensor, ...]
+    value_checks: tuple[Callable[[Call], None], ...]
+    read: tuple[Tensor, ...]
+
+
 class Call:
     """The bound arguments of one call, by name (``call.qkv``), without copying them."""
 
@@ -717,16 +729,27 @@ class Declaration:
         if values_too:
             self.per_call(call)
 
-    def per_call(self, call: Call) -> None:
+    def per_call(self, call: Call, checks: PerCallChecks | None = None) -> None:
         """The checks that read values (ranges of CPU positions and slots) or addresses
-        (distinct caches, ``out=`` buffers): the fast path runs them on every call."""
-        for p in self.tensor_params:
-            if self.used(p, call):
-                p.kind.per_call(p.name, getattr(call, p.name), call)
-        for when, check in self.value_checks:
-            if when(call):
-                check(call)
-        self.check_writes(call)
+        (distinct caches, ``out=`` buffers): the fast path runs them on every call, with the
+        ``checks`` of its key (:meth:`per_call_checks`, else found for ``call``)."""
+        if checks is None:
+            checks = self.per_call_checks(call)
+        for p in checks.kinds:
+            p.kind.per_call(p.name, getattr(call, p.name), call)
+        for check in checks.value_checks:
+            check(call)
+        self.check_writes(call, checks.read)
+
+    def per_call_checks(self, call: Call) -> PerCallChecks:
+        """Which of :meth:`per_call`'s checks apply to ``call``: decided by its static
+        arguments and which tensors it is given, so the same for every call of its key."""
+        read = tuple(p for p in self.tensor_params if self.used(p, call))
+        return PerCallChecks(
+            kinds=tuple(p for p in read if type(p.kind).per_call is not TensorKind.per_call),
+            value_checks=tuple(check for when, check in self.value_checks if when(call)),
+            read=read,
+        )
 
     def written(self, call: Call) -> list[tuple[str, torch.Tensor]]:
         """The caller's tensors the call writes: donated arguments, then ``writes(call)``."""
@@ -737,19 +760,17 @@ class Declaration:
         ]
         return written if self._writes is None else written + self._writes(call)
 
-    def check_writes(self, call: Call) -> None:
+    def check_writes(self, call: Call, read: Sequence[Tensor] | None = None) -> None:
         """No tensor the call writes shares a byte of memory with another argument or another
         written tensor (by address: views of one buffer, two storages over one allocation);
-        otherwise a write would change what the call still reads. Every call that writes."""
+        otherwise a write would change what the call still reads. Every call that writes.
+        ``read``: the arguments the program reads (default: found for ``call``)."""
         written = self.written(call)
         if not written:
             return
-        others = [
-            (p.name, t)
-            for p in self.tensor_params
-            if self.used(p, call)
-            for t in p.kind.guard_tensors(getattr(call, p.name))
-        ]
+        if read is None:
+            read = [p for p in self.tensor_params if self.used(p, call)]
+        others = [(p.name, t) for p in read for t in p.kind.guard_tensors(getattr(call, p.name))]
         # each tensor's first and last byte once: most pairs are told apart by their spans
         spans = {id(t): byte_span(t) for _, t in others + written if t.numel()}
         for i, (name, t) in enumerate(written):
@@ -908,6 +929,7 @@ class CheckedCall:
         "launch",
         "backend",
         "per_call",
+        "_checks",
         "host",
         "_host_builds",
         "_guard",
@@ -939,6 +961,7 @@ class CheckedCall:
             or any(when(call) for when, _ in decl.value_checks)
             or bool(decl.written(call))
         )
+        self._checks = decl.per_call_checks(call)
         self.host: list = [None, None]
         self._host_builds = 0
         self._tokens_class = min(call._tokens, 2)
@@ -995,7 +1018,7 @@ class CheckedCall:
         if self.per_call and not checked_now:
             call = decl.bound(values)
             call._tokens = values[self._anchor_at].shape[0]
-            decl.per_call(call)
+            decl.per_call(call, self._checks)
         args = []
         for i, kind in self._recipe:
             if kind is None:
@@ -1179,14 +1202,32 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
     return tuple(values)
 
 
-def _torch_impl(decl: Declaration):
-    names = [p.name for p in torch_op_params(decl)]
+def _torch_values(decl: Declaration) -> Callable[[tuple], list]:
+    """How the arguments of ``torch.ops.fqr.<name>`` (schema order, all given: the dispatcher
+    fills in the defaults) become the public function's, in parameter order; the parameters
+    the op does not take keep their defaults (``backend``: "auto")."""
+    at = [decl.index[p.name] for p in torch_op_params(decl)]
+    left_out = [p.name for p in decl.params if p.required and decl.index[p.name] not in at]
+    if left_out:
+        raise TypeError(f"{decl.name}: torch.ops.fqr would leave out {left_out[0]!r}")
+    defaults = decl._defaults
 
+    def values(args: tuple) -> list:
+        bound = list(defaults)
+        for i, arg in zip(at, args):
+            bound[i] = arg
+        return bound
+
+    return values
+
+
+def _torch_impl(decl: Declaration):
+    values_of = _torch_values(decl)
     returned = _returned(decl)
     optional = any(o.present is not None for o in returned)
 
     def impl(*args):
-        values = decl.bind((), dict(zip(names, args)))  # backend: its default, "auto"
+        values = values_of(args)
         result = decl.call(values)
         if optional:
             return _as_schema_returns(decl, decl.bound(values), result)
@@ -1196,10 +1237,10 @@ def _torch_impl(decl: Declaration):
 
 
 def _torch_fake(decl: Declaration):
-    names = [p.name for p in torch_op_params(decl)]
+    values_of = _torch_values(decl)
 
     def fake(*args):
-        values = decl.bind((), dict(zip(names, args)))
+        values = values_of(args)
         call = decl.bound(values)
         decl.validate(call, values_too=False)
         program = decl.program(call)

@@ -258,17 +258,12 @@ def _widths(call: Call) -> tuple[int, int, int]:
     return call.num_heads * call.head_dim, call.num_kv_heads * call.head_dim, hv * dv
 
 
-def _inplace_views(call: Call) -> tuple:
-    q_size, kv_size, _ = _widths(call)
-    qkv = call.qkv
-    return qkv[:, :q_size], qkv[:, q_size : q_size + kv_size], qkv[:, q_size + kv_size :]
-
-
 def _out(call: Call) -> list | None:
     if call.out is not None:
         return list(call.out)
-    if call.inplace:
-        return list(_inplace_views(call)[:2])
+    if call.inplace:  # q and k written back where they were read
+        q_size, kv_size, _ = _widths(call)
+        return [call.qkv[:, :q_size], call.qkv[:, q_size : q_size + kv_size]]
     return None
 
 
@@ -280,8 +275,9 @@ def _writes(call: Call) -> list:
 
 
 def _returns(call: Call, outs: tuple):
-    if call.inplace and call.out is None:
-        return _inplace_views(call)
+    if call.inplace and call.out is None:  # outs: _out's views of q and k, written
+        q_size, kv_size, _ = _widths(call)
+        return (*outs, call.qkv[:, q_size + kv_size :])
     return tuple(outs)
 
 
