@@ -59,8 +59,9 @@ floors)
   # issue 24: the same-size copy / GEMM floors in the bench, PDL after the GEMM, unfused bits
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   TAILN=22 step unfused_bits timeout 120 python3 scripts/unfused_cuda_bits.py
+  TAILN=40 step fast_path_cuda timeout 90 python3 tests/backends/test_fast_path_aten.py --cuda
   TAILN=25 step pdl_probe timeout 150 python3 scripts/pdl_probe.py qwen3-8b qwen3.5-27b deepseek-v3-q-rope
-  TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
+  TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
   ;;
 peers)
   # issue 26: the ported peer grids in full on triton, the goldens (qk_rope / qk_mrope included)
