@@ -76,6 +76,24 @@ def vllm_apply_rotary_emb(
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
+def _vllm_rotate_heads(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_tokens: int,
+    head_size: int,
+    rotary_dim: int,
+    is_neox_style: bool,
+) -> torch.Tensor:
+    """The lines vLLM's rotary embeddings run on query, then on key: ``x`` viewed as
+    ``num_tokens`` rows of ``head_size``-wide heads, the first ``rotary_dim`` features of each
+    head rotated by :func:`vllm_apply_rotary_emb`, the rest as they are, in ``x``'s shape."""
+    shape = x.shape
+    x = x.view(num_tokens, -1, head_size)
+    x_rot = vllm_apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox_style)
+    return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
+
+
 def vllm_rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -90,14 +108,10 @@ def vllm_rotary_embedding(
     num_tokens = positions.shape[0]
     cos_sin = cos_sin_cache.index_select(0, positions)
     cos, sin = cos_sin.chunk(2, dim=-1)
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:  # query, then key: the same lines in vLLM
-        shape = x.shape
-        x = x.view(num_tokens, -1, head_size)
-        x_rot = vllm_apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox_style)
-        return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
-
-    return rotate(query), rotate(key)
+    return (
+        _vllm_rotate_heads(query, cos, sin, num_tokens, head_size, rotary_dim, is_neox_style),
+        _vllm_rotate_heads(key, cos, sin, num_tokens, head_size, rotary_dim, is_neox_style),
+    )
 
 
 def vllm_apply_interleaved_rope(x: torch.Tensor, mrope_section) -> torch.Tensor:
@@ -137,13 +151,10 @@ def vllm_mrotary_embedding(
             cos = torch.cat([m[i] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1)
             sin = torch.cat([m[i] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:  # query, then key: the same lines in vLLM
-        shape = x.shape
-        x = x.view(num_tokens, -1, head_size)
-        x_rot = vllm_apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox_style)
-        return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
-
-    return rotate(query), rotate(key)
+    return (
+        _vllm_rotate_heads(query, cos, sin, num_tokens, head_size, rotary_dim, is_neox_style),
+        _vllm_rotate_heads(key, cos, sin, num_tokens, head_size, rotary_dim, is_neox_style),
+    )
 
 
 def vllm_qk_norm_rope(
