@@ -245,6 +245,15 @@ class KernelBuilder:
         self._tile_at, self._tile_indent = len(self.body), self.indent
         self._tile = {}
 
+    def _tile_value(self, key: tuple, prefix: str, expr: Callable[[], str]) -> str:
+        """A fresh name (``prefix`` and a number) bound to ``expr()`` at the top of the current
+        token tile, once per tile and ``key``: later requests for ``key`` get that name."""
+        if key not in self._tile:
+            name = self.fresh(prefix)
+            self.emit_tile(f"{name} = {expr()}")
+            self._tile[key] = name
+        return str(self._tile[key])
+
     def var_name(self, var: Var) -> str:
         return self.printer.name(var)
 
@@ -431,18 +440,14 @@ class KernelBuilder:
         """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token), read
         through its stride where the kernel takes one; an input of its own length ``[N]``
         reads the tokens below N only (:meth:`index_mask`)."""
-        key = ("index", id(var))
-        if key not in self._tile:
-            name = self.fresh("pos")
-            mask = self.index_mask(var)
-            at = "tok"
-            if self.strided_indices:
-                at = f"tok64 * {self.var_name(var)}_istride"
-            self.emit_tile(
-                f"{name} = tl.load({self.arg_names[id(var)]} + {at}, mask={mask}, other=0)"
-            )
-            self._tile[key] = name
-        return str(self._tile[key])
+        at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
+        return self._tile_value(
+            ("index", id(var)),
+            "pos",
+            lambda: (
+                f"tl.load({self.arg_names[id(var)]} + {at}, mask={self.index_mask(var)}, other=0)"
+            ),
+        )
 
     def index_mask(self, var: Var) -> str:
         """The tokens of the tile that INDEX input ``var`` has an entry for: ``tmask``, or
@@ -450,24 +455,17 @@ class KernelBuilder:
         length = self.lengths.get(id(var))
         if length is None:
             return "tmask"
-        key = ("imask", id(var))
-        if key not in self._tile:
-            name = self.fresh("imask")
-            self.emit_tile(f"{name} = tmask & (tok < {length})")
-            self._tile[key] = name
-        return str(self._tile[key])
+        return self._tile_value(("imask", id(var)), "imask", lambda: f"tmask & (tok < {length})")
 
     def token_values(self, var: Var) -> str:
-        key = ("tokval", id(var))
-        if key not in self._tile:
-            name = self.fresh("tokval")
-            at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
-            self.emit_tile(
-                f"{name} = tl.load({self.arg_names[id(var)]} + {at}, mask=tmask, other=1.0)"
-                f".to(tl.float32)"
-            )
-            self._tile[key] = name
-        return str(self._tile[key])
+        at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
+        return self._tile_value(
+            ("tokval", id(var)),
+            "tokval",
+            lambda: (
+                f"tl.load({self.arg_names[id(var)]} + {at}, mask=tmask, other=1.0).to(tl.float32)"
+            ),
+        )
 
     def gather(self, table: Var, index: Var, start: int, count: int, name: str = "g") -> str:
         row_key = ("row", id(table), id(index))
@@ -481,16 +479,15 @@ class KernelBuilder:
             self.emit_tile(f"{row} = {t}_ptr + {pos}.to(tl.int64)[:, None, None] * {t}_stride")
             self._tile[row_key] = (ok, row)
         ok, row = self._tile[row_key]  # type: ignore[misc]
-        key = ("gather", id(table), id(index), start, count)
-        if key not in self._tile:
-            padded = next_pow2(count)
-            c = self.cols(padded)
-            out = self.fresh(name)
-            m = ok + ("" if padded == count else f" & ({c} < {count})")
-            at = f"{row} + {c}" if start == 0 else f"{row} + {start} + {c}"
-            self.emit_tile(f"{out} = tl.load({at}, mask={m}, other=float('nan')).to(tl.float32)")
-            self._tile[key] = out
-        return str(self._tile[key])
+        padded = next_pow2(count)
+        c = self.cols(padded)
+        m = ok + ("" if padded == count else f" & ({c} < {count})")
+        at = f"{row} + {c}" if start == 0 else f"{row} + {start} + {c}"
+        return self._tile_value(
+            ("gather", id(table), id(index), start, count),
+            name,
+            lambda: f"tl.load({at}, mask={m}, other=float('nan')).to(tl.float32)",
+        )
 
     def scalar(self, var: Var) -> str:
         key = ("scalar", id(var))
