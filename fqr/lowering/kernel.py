@@ -189,12 +189,7 @@ class Kernel:
         if self.strided_outputs:
             return self
         if self._strided is None:
-            if self.relower is None:
-                raise TypeError(
-                    "this kernel was not made by fqr.lowering.lower: it has no variant for "
-                    "[T, H, D] output views"
-                )
-            self._strided = self.relower(**{**self.options, "strided_outputs": True})
+            self._strided = self._relowered("strided_outputs", "[T, H, D] output views")
         return self._strided
 
     def strided_index(self, args) -> bool:
@@ -210,13 +205,19 @@ class Kernel:
         if self.strided_indices:
             return self
         if self._index_strided is None:
-            if self.relower is None:
-                raise TypeError(
-                    "this kernel was not made by fqr.lowering.lower: it has no variant for "
-                    "strided positions or slots"
-                )
-            self._index_strided = self.relower(**{**self.options, "strided_indices": True})
+            self._index_strided = self._relowered("strided_indices", "strided positions or slots")
         return self._index_strided
+
+    def _relowered(self, option: str, needed_for: str) -> Kernel:
+        """This program's kernel on this target lowered again with the flag ``option`` on,
+        keeping the other options; a kernel not made by :func:`fqr.lowering.lower` cannot be:
+        TypeError, naming the calls it was ``needed_for``."""
+        if self.relower is None:
+            raise TypeError(
+                "this kernel was not made by fqr.lowering.lower: it has no variant for "
+                + needed_for
+            )
+        return self.relower(**{**self.options, option: True})
 
     def launch_arguments(
         self, args, outs, tokens: Any, allocated: bool
