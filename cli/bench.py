@@ -27,6 +27,7 @@ import typer
 from rich.markup import escape
 
 from fqr.bench import (
+    DEFAULT_PRESETS,
     DEFAULT_TOKENS,
     BenchConfig,
     NoGPU,
@@ -63,17 +64,6 @@ from .options import (
     parse_dtypes,
 )
 from .render import print_table, progress_bar, rich_table
-
-# The H200 target set of docs/PERFORMANCE.md: Qwen3 0.6B/8B/32B/235B-A22B, Gemma 3 27B,
-# Qwen3.5 27B (all TP1).
-DEFAULT_PRESETS = (
-    "qwen3-0.6b",
-    "qwen3-8b",
-    "qwen3-32b",
-    "qwen3-235b-a22b",
-    "gemma3-27b",
-    "qwen3.5-27b",
-)
 
 
 def _parse_presets(values: list[str] | None) -> list:

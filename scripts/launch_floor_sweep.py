@@ -25,16 +25,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from fqr.bench.config import DEFAULT_PRESETS
+
 OUT = os.environ.get("OUT", "/tmp/out")
-PRESETS = [
-    "qwen3-0.6b",
-    "qwen3-8b",
-    "qwen3-32b",
-    "qwen3-235b-a22b",
-    "gemma3-27b",
-    "qwen3.5-27b",
-    "glm4-9b",
-]
+PRESETS = [*DEFAULT_PRESETS, "glm4-9b"]  # the bench's target set and a GPT-J (pairs) model
 TOKENS = [1, 16, 1024, 4096, 16384, 65536]
 CONFIGS = [
     dict(num_warps=w, block_t=b, tile_elems=e, chunk_mode=m)
@@ -104,16 +98,9 @@ def graph_us(calls, reps=20):
 
 
 def host_us(call, calls=3000, rounds=5):
-    call()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            call()
-        per.append((time.perf_counter() - t) / calls * 1e6)
-        torch.cuda.synchronize()
-    return sorted(per)[len(per) // 2]
+    from fqr.bench.timers import CudaTimers
+
+    return CudaTimers().dispatch_us(call, calls=calls, rounds=rounds)
 
 
 def ceiling():

@@ -43,7 +43,7 @@ module              holds
 """
 
 from .checks import check_outputs, check_row_index
-from .config import DEFAULT_TOKENS, BenchConfig
+from .config import DEFAULT_PRESETS, DEFAULT_TOKENS, BenchConfig
 from .document import SCHEMA, load_document, merge_documents, save_document
 from .environment import NoGPU, environment, require_gpu
 from .measurements import GRAPH_MAX_TOKENS, MEASUREMENTS, Measurement
@@ -55,6 +55,7 @@ __all__ = [
     "BenchConfig",
     "CEILING_BYTES",
     "CudaTimers",
+    "DEFAULT_PRESETS",
     "DEFAULT_TOKENS",
     "FQR",
     "GRAPH_MAX_TOKENS",

@@ -12,6 +12,16 @@ from ..presets import Preset
 from ..validate import ACTIVATION_DTYPES, NUMERICS, check_choice
 
 DEFAULT_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
+# The H200 target set of docs/PERFORMANCE.md: Qwen3 0.6B/8B/32B/235B-A22B, Gemma 3 27B,
+# Qwen3.5 27B (all TP1).
+DEFAULT_PRESETS = (
+    "qwen3-0.6b",
+    "qwen3-8b",
+    "qwen3-32b",
+    "qwen3-235b-a22b",
+    "gemma3-27b",
+    "qwen3.5-27b",
+)
 
 
 @dataclass
