@@ -52,6 +52,17 @@ def poison(device) -> None:
         torch.full((256 << 20,), float("nan"), dtype=torch.float32, device=device)
 
 
+def record(rows: list[dict], check: str, comparisons: dict, logged_as: str | None = None) -> None:
+    """One check row (passed: every output's comparison passed) and its log line, the check
+    (or ``logged_as``) with each output's ULP count."""
+    ok = all(c.passed for c in comparisons.values())
+    rows.append({"check": check, "passed": ok})
+    log(
+        f"{'PASS' if ok else 'FAIL'} {logged_as or check}: "
+        + " ".join(f"{n}={c.max_ulp}ulp" for n, c in comparisons.items())
+    )
+
+
 def check_goldens(backend: str, device) -> list[dict]:
     rows = []
     for entry in list_cases():
@@ -60,12 +71,11 @@ def check_goldens(backend: str, device) -> list[dict]:
         case = load_case(entry).to(device)
         poison(device)
         outs = case.run(backend)
-        checks = case.check(*(o.cpu() for o in outs))
-        ok = all(c.passed for c in checks.values())
-        rows.append({"check": f"golden {entry['name']} [{backend}]", "passed": ok})
-        log(
-            f"{'PASS' if ok else 'FAIL'} golden {entry['name']} {backend}: "
-            + " ".join(f"{n}={c.max_ulp}ulp" for n, c in checks.items())
+        record(
+            rows,
+            f"golden {entry['name']} [{backend}]",
+            case.check(*(o.cpu() for o in outs)),
+            logged_as=f"golden {entry['name']} {backend}",
         )
     return rows
 
@@ -90,13 +100,7 @@ def check_presets(device) -> list[dict]:
                         )
                         for n, o in zip(variant.outputs, outs)
                     }
-                    ok = all(c.passed for c in res.values())
-                    label = f"{p.label} {str(dtype)[6:]} T={tokens}"
-                    rows.append({"check": f"float64 {label}", "passed": ok})
-                    log(
-                        f"{'PASS' if ok else 'FAIL'} float64 {label}: "
-                        + " ".join(f"{n}={c.max_ulp}ulp" for n, c in res.items())
-                    )
+                    record(rows, f"float64 {p.label} {str(dtype)[6:]} T={tokens}", res)
     return rows
 
 
