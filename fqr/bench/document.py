@@ -93,13 +93,13 @@ def upgrade_document(doc):
 
 _ROW_FIELDS = (("preset", str), ("dtype", str), ("tokens", int), ("impls", dict), ("speedup", dict))
 # a failed output's check, as fqr.bench.checks writes it (the failure line quotes them)
-_FAILED_OUTPUT_FIELDS = (
-    ("bad", "a count"),
-    ("tolerance", "text"),
-    ("max_ulp", "a count or null"),
-    ("max_rel_head", "a number"),
-    ("nonfinite_all_rows", "a count"),
-)
+_FAILED_OUTPUT_FIELDS = {
+    "bad": "a count",
+    "tolerance": "text",
+    "max_ulp": "a count or null",
+    "max_rel_head": "a number",
+    "nonfinite_all_rows": "a count",
+}
 _KINDS = {
     "text": lambda v: isinstance(v, str),
     "true or false": lambda v: isinstance(v, bool),
@@ -134,6 +134,18 @@ def _field_problem(obj: dict, key: str, kind: str, where: str, required: bool = 
     return None
 
 
+def _fields_problem(
+    obj: dict, fields: dict[str, str], where: str, required: bool = True
+) -> str | None:
+    """The first problem :func:`_field_problem` finds among ``fields`` (key -> kind, in
+    order), or None."""
+    for key, kind in fields.items():
+        problem = _field_problem(obj, key, kind, where, required)
+        if problem:
+            return problem
+    return None
+
+
 def _map_problem(obj, kind: str, where: str) -> str | None:
     """Why ``obj`` is not a JSON object of text keys to ``kind`` values, or None."""
     if not isinstance(obj, dict):
@@ -147,15 +159,14 @@ def _map_problem(obj, kind: str, where: str) -> str | None:
 def _check_problem(check: dict, where: str) -> str | None:
     """Why an implementation's ``check`` cannot be read, or None: ``passed``, and for every
     output (an object) its ``passed`` and, when it failed, its ``error`` or its figures."""
-    for key, kind, required in (
-        ("passed", "true or false", True),
-        ("numerics", "text", False),
-        ("error", "text or null", False),
-        ("rows", "a count", False),
-    ):
-        problem = _field_problem(check, key, kind, where, required)
-        if problem:
-            return problem
+    problem = _field_problem(check, "passed", "true or false", where) or _fields_problem(
+        check,
+        {"numerics": "text", "error": "text or null", "rows": "a count"},
+        where,
+        required=False,
+    )
+    if problem:
+        return problem
     for name, out in check.items():
         if not isinstance(out, dict):
             continue
@@ -167,10 +178,9 @@ def _check_problem(check: dict, where: str) -> str | None:
             return problem
         if out["passed"] or out.get("error"):
             continue
-        for key, kind in _FAILED_OUTPUT_FIELDS:
-            problem = _field_problem(out, key, kind, at)
-            if problem:
-                return problem
+        problem = _fields_problem(out, _FAILED_OUTPUT_FIELDS, at)
+        if problem:
+            return problem
     return None
 
 
@@ -178,18 +188,17 @@ def _impl_problem(impl, where: str) -> str | None:
     """Why one implementation's result cannot be read, or None."""
     if not isinstance(impl, dict):
         return f"{where} must be a JSON object"
-    for key in ("gbps", "pct_ceiling", "pct_copy", *(m.key for m in MEASUREMENTS)):
-        problem = _field_problem(impl, key, "a number or null", where, required=False)
-        if problem:
-            return problem
-    for key in ("after_gemm_us", "after_gemm_x"):
-        problem = _field_problem(impl, key, "a signed number or null", where, required=False)
-        if problem:
-            return problem
-    for key, kind in (("error", "text or null"), ("check", "an object or null")):
-        problem = _field_problem(impl, key, kind, where)
-        if problem:
-            return problem
+    times = ("gbps", "pct_ceiling", "pct_copy", *(m.key for m in MEASUREMENTS))
+    differences = ("after_gemm_us", "after_gemm_x")
+    problem = (
+        _fields_problem(impl, dict.fromkeys(times, "a number or null"), where, required=False)
+        or _fields_problem(
+            impl, dict.fromkeys(differences, "a signed number or null"), where, required=False
+        )
+        or _fields_problem(impl, {"error": "text or null", "check": "an object or null"}, where)
+    )
+    if problem:
+        return problem
     if impl["check"] is not None:
         problem = _check_problem(impl["check"], f"{where}.check")
         if problem:
@@ -203,10 +212,12 @@ def _floors_problem(floors, where: str) -> str | None:
     """Why a row's ``floors`` (:mod:`fqr.bench.floors`) cannot be read, or None."""
     if not isinstance(floors, dict):
         return f"{where} must be a JSON object"
-    for key in ("copy_us", "gemm_us", "gemm_op_us"):
-        problem = _field_problem(floors, key, "a number or null", where, required=False)
-        if problem:
-            return problem
+    times = ("copy_us", "gemm_us", "gemm_op_us")
+    problem = _fields_problem(
+        floors, dict.fromkeys(times, "a number or null"), where, required=False
+    )
+    if problem:
+        return problem
     if "errors" in floors:
         return _map_problem(floors["errors"], "text", f"{where}.errors")
     return None
@@ -246,10 +257,11 @@ def _dispatch_problem(entries) -> str | None:
         where = f"dispatch[{i}]"
         if not isinstance(entry, dict):
             return f"{where} must be a JSON object"
-        for key, kind in (("preset", "text"), ("dtype", "text"), ("tokens", "a count")):
-            problem = _field_problem(entry, key, kind, where)
-            if problem:
-                return problem
+        problem = _fields_problem(
+            entry, {"preset": "text", "dtype": "text", "tokens": "a count"}, where
+        )
+        if problem:
+            return problem
         for key in ("host_us", "x_rms_norm"):
             if key not in entry:
                 return f"{where} has no {key!r} (an object)"
