@@ -32,7 +32,7 @@ from fqr.fusion.models import MODELS
 from fqr.presets import DEFAULT_PRESET, get_preset
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
-from .options import Dtype, PresetName, choice_enum, parse_dtype
+from .options import Dtype, DtypeOption, PresetName, choice_enum, parse_dtype
 from .render import add_plain_row
 
 FuseDevice = choice_enum("FuseDevice", ("cpu", "cuda"))
@@ -62,7 +62,7 @@ def fuse(
         int | None,
         typer.Option("--tokens", help="tokens of the numerics check (default: 16 cpu, 512 cuda)"),
     ] = None,
-    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
+    dtype: DtypeOption = Dtype.bf16,
     device: Annotated[FuseDevice, typer.Option("--device", help="where it runs")] = FuseDevice.cpu,
     model: Annotated[
         FuseModel,

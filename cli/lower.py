@@ -13,7 +13,16 @@ from fqr.files import write_file
 from fqr.lowering.ascend import CHIPS
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
-from .options import Dtype, Numerics, PresetName, TargetName, choice_enum, parse_dtype
+from .options import (
+    Dtype,
+    DtypeOption,
+    Numerics,
+    NumericsOption,
+    PresetName,
+    TargetName,
+    choice_enum,
+    parse_dtype,
+)
 from .render import add_plain_row, print_table
 
 Chip = choice_enum("Chip", CHIPS)
@@ -40,13 +49,11 @@ def lower(
             "4, 8 the preset allows)",
         ),
     ] = None,
-    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
+    dtype: DtypeOption = Dtype.bf16,
     target: Annotated[
         TargetName, typer.Option("--target", help="the lowering target")
     ] = TargetName.cuda,
-    numerics: Annotated[
-        Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
-    ] = Numerics.fused,
+    numerics: NumericsOption = Numerics.fused,
     bias: Annotated[bool, typer.Option("--bias", help="norm with a bias term")] = False,
     ir: Annotated[bool, typer.Option("--ir", help="print the traced program (jaxpr-like)")] = False,
     output: Annotated[

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from enum import StrEnum
+from typing import Annotated
 
 import torch
+import typer
 
 from fqr.backends import BACKENDS
 from fqr.core import ACTIVATION_DTYPE_NAMES, dtype_of
@@ -75,6 +77,12 @@ def parse_dtypes(text: str, option: str = "--dtype") -> list[torch.dtype]:
     names = parse_csv(text, option.removeprefix("--"))
     return list(dict.fromkeys(parse_dtype(n, option) for n in names))
 
+
+# Options that mean the same in every command that takes them (``dtype: DtypeOption = Dtype.bf16``).
+DtypeOption = Annotated[Dtype, typer.Option("--dtype", help="activation dtype")]
+NumericsOption = Annotated[
+    Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
+]
 
 complete_dtypes = complete_csv(lambda: ACTIVATION_DTYPE_NAMES)
 complete_backends = complete_csv(lambda: BACKENDS)

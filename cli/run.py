@@ -26,7 +26,9 @@ from .options import (
     BackendName,
     DeviceType,
     Dtype,
+    DtypeOption,
     Numerics,
+    NumericsOption,
     PresetName,
     choice_enum,
 )
@@ -209,10 +211,8 @@ def run(
         BackendName,
         typer.Option("--backend", help=f"fqr backend; auto: {AUTO_HELP}, else reference"),
     ] = BackendName.auto,
-    dtype: Annotated[Dtype, typer.Option("--dtype", help="activation dtype")] = Dtype.bf16,
-    numerics: Annotated[
-        Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
-    ] = Numerics.fused,
+    dtype: DtypeOption = Dtype.bf16,
+    numerics: NumericsOption = Numerics.fused,
     launcher: Annotated[
         Launcher,
         typer.Option("--launcher", help="mp: fqr spawns the workers; torchrun: torchrun did"),
