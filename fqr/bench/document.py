@@ -156,6 +156,12 @@ def _map_problem(obj, kind: str, where: str) -> str | None:
     return None
 
 
+def _optional_map_problem(obj: dict, key: str, kind: str, where: str) -> str | None:
+    """:func:`_map_problem` of ``obj[key]`` (named ``where.key``) where ``obj`` has ``key``;
+    None where it has not."""
+    return _map_problem(obj[key], kind, f"{where}.{key}") if key in obj else None
+
+
 def _check_problem(check: dict, where: str) -> str | None:
     """Why an implementation's ``check`` cannot be read, or None: ``passed``, and for every
     output (an object) its ``passed`` and, when it failed, its ``error`` or its figures."""
@@ -203,9 +209,7 @@ def _impl_problem(impl, where: str) -> str | None:
         problem = _check_problem(impl["check"], f"{where}.check")
         if problem:
             return problem
-    if "timing_errors" in impl:
-        return _map_problem(impl["timing_errors"], "text", f"{where}.timing_errors")
-    return None
+    return _optional_map_problem(impl, "timing_errors", "text", where)
 
 
 def _floors_problem(floors, where: str) -> str | None:
@@ -213,14 +217,9 @@ def _floors_problem(floors, where: str) -> str | None:
     if not isinstance(floors, dict):
         return f"{where} must be a JSON object"
     times = ("copy_us", "gemm_us", "gemm_op_us")
-    problem = _fields_problem(
+    return _fields_problem(
         floors, dict.fromkeys(times, "a number or null"), where, required=False
-    )
-    if problem:
-        return problem
-    if "errors" in floors:
-        return _map_problem(floors["errors"], "text", f"{where}.errors")
-    return None
+    ) or _optional_map_problem(floors, "errors", "text", where)
 
 
 def _row_problem(row, where: str) -> str | None:
