@@ -440,13 +440,8 @@ class KernelBuilder:
         """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token), read
         through its stride where the kernel takes one; an input of its own length ``[N]``
         reads the tokens below N only (:meth:`index_mask`)."""
-        at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
         return self._tile_value(
-            ("index", id(var)),
-            "pos",
-            lambda: (
-                f"tl.load({self.arg_names[id(var)]} + {at}, mask={self.index_mask(var)}, other=0)"
-            ),
+            ("index", id(var)), "pos", lambda: self._per_token_load(var, self.index_mask(var), "0")
         )
 
     def index_mask(self, var: Var) -> str:
@@ -458,14 +453,17 @@ class KernelBuilder:
         return self._tile_value(("imask", id(var)), "imask", lambda: f"tmask & (tok < {length})")
 
     def token_values(self, var: Var) -> str:
-        at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
         return self._tile_value(
             ("tokval", id(var)),
             "tokval",
-            lambda: (
-                f"tl.load({self.arg_names[id(var)]} + {at}, mask=tmask, other=1.0).to(tl.float32)"
-            ),
+            lambda: self._per_token_load(var, "tmask", "1.0") + ".to(tl.float32)",
         )
+
+    def _per_token_load(self, var: Var, mask: str, other: str) -> str:
+        """``tl.load`` of the per-token input ``var`` (``[T]``: an INDEX or TOKEN_VALUE) at
+        every token of the tile, through its element stride where the kernel takes one."""
+        at = f"tok64 * {self.var_name(var)}_istride" if self.strided_indices else "tok"
+        return f"tl.load({self.arg_names[id(var)]} + {at}, mask={mask}, other={other})"
 
     def gather(self, table: Var, index: Var, start: int, count: int, name: str = "g") -> str:
         row_key = ("row", id(table), id(index))
