@@ -17,10 +17,11 @@ order, ``num_actual_tokens``, slot mappings of at least ``num_actual_tokens`` en
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import ops, reference
-from ..core import DTYPE_NAMES
 from ..inputs import random_fp8_scales, random_index_row, random_paged_cache, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3
 from ..peers import minimax_index_cache_prologue
@@ -34,13 +35,9 @@ from .declare import (
     Output,
     Rows,
     Slots,
-    Static,
-    Table,
     Tensor,
-    Vector,
     declare,
     numerics,
-    positive_int,
 )
 from .variant import CaseSpec, Variant, register_variant
 
@@ -69,19 +66,10 @@ def index_cache_prologue(
 
 
 def _main_width(call: Call) -> tuple[int, str]:
-    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
-    width = (hq + 2 * hkv) * d
-    if call.index_qkv is not None:
-        return width, (
-            f"(num_heads + 2*num_kv_heads) * head_dim = ({hq} + 2*{hkv}) * {d} = {width} "
-            "(the index heads are in index_qkv)"
-        )
-    hi, di = call.num_index_heads, call.index_head_dim
-    full = width + (hi + 1) * di
-    return full, (
-        f"(num_heads + 2*num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim = "
-        f"({hq} + 2*{hkv}) * {d} + ({hi} + 1) * {di} = {full}"
-    )
+    if call.index_qkv is None:
+        return params.index_row_width(call)
+    width, text = params.qkv_width(call)
+    return width, f"{text} (the index heads are in index_qkv)"
 
 
 def _index_width(call: Call) -> tuple[int, str]:
@@ -90,82 +78,38 @@ def _index_width(call: Call) -> tuple[int, str]:
     return width, f"(num_index_heads + 1) * index_head_dim = ({hi} + 1) * {di} = {width}"
 
 
+SCALED = " (scaled as ``weight_offset + w``)"  # the index weights' documentation
+
+
 def _index_cache_shape(call: Call):
     di = call.index_head_dim
     return (None, di), f"[num_blocks, block_size, index_head_dim={di}]"
 
 
-def _cache_dtypes(call: Call):
-    return (call.qkv.dtype, FP8_E4M3)
-
-
-def _cache_dtype_text(call: Call) -> str:
-    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
-
-
-def _index_vector(name: str, of: str) -> Tensor:
-    return Tensor(
-        name,
-        keyword=False,
-        annotation=params.TENSOR,
-        kind=Vector(length=lambda call: call.index_head_dim, what="index_head_dim"),
-        doc=f"``[index_head_dim]`` RMSNorm weight of {of} (scaled as ``weight_offset + w``)",
-    )
-
-
-_HEAD_WEIGHT = Vector(what="head_dim")
-
 SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     "split_qkv_index_rmsnorm_rope_cache",
     index_cache_prologue,
     (
-        Tensor(
-            "qkv",
-            keyword=False,
-            annotation=params.TENSOR,
+        replace(
+            params.QKV,
             kind=Rows(what="[T, q | k | v (| index_q | index_k)]", width=_main_width),
             doc="``[T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]``: the packed row ``[q | k | v | index_q | "
             "index_k]`` (Hi indexer q heads and ONE indexer k head, Di wide); ``[T, (Hq + "
             "2*Hkv)*D]`` when ``index_qkv`` is given; the row stride may exceed the width",
         ),
         params.POSITIONS,
-        Tensor(
-            "cos_sin_cache",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Table(
-                head_dim=lambda call: max(call.head_dim, call.index_head_dim),
-                bound="max(head_dim, index_head_dim)",
-            ),
-            doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
-            "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
-        ),
-        Tensor(
-            "q_weight",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=_HEAD_WEIGHT,
-            doc="``[head_dim]`` RMSNorm weight of q",
-        ),
-        Tensor(
-            "k_weight",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=_HEAD_WEIGHT,
-            doc="``[head_dim]`` RMSNorm weight of k",
-        ),
-        _index_vector("index_q_weight", "index_q"),
-        _index_vector("index_k_weight", "index_k"),
-        params.paged_cache("key_cache", "key"),
-        params.paged_cache("value_cache", "value"),
-        Tensor(
+        params.INDEX_COS_SIN_CACHE,
+        replace(params.Q_WEIGHT, doc="``[head_dim]`` RMSNorm weight of q"),
+        replace(params.K_WEIGHT, doc="``[head_dim]`` RMSNorm weight of k"),
+        params.index_weight("index_q_weight", "index_q", what="index_head_dim", note=SCALED),
+        params.index_weight("index_k_weight", "index_k", what="index_head_dim", note=SCALED),
+        *params.KV_CACHES,
+        params.positional(
             "index_cache",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Cache(
+            Cache(
                 shape=_index_cache_shape,
-                dtypes=_cache_dtypes,
-                dtype_text=_cache_dtype_text,
+                dtypes=params.cache_dtypes,
+                dtype_text=params.cache_dtype_text,
                 last="index_head_dim",
                 slots="index_slot_mapping",
             ),
@@ -174,20 +118,16 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             "block size, any strides with a contiguous last dim) in qkv's dtype or "
             "float8_e4m3fn (saturated to +-448, no scale); updated in place",
         ),
-        Tensor(
+        params.positional(
             "slot_mapping",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Slots(shorter=True),
+            Slots(shorter=True),
             doc="``[N]`` (``N <= T``) int32/int64 slot of each of the first N tokens in "
             "key_cache and value_cache: block ``s // block_size``, row ``s % block_size``; "
             "negative: padding, nothing stored; tokens ``t >= N`` store nothing",
         ),
-        Tensor(
+        params.positional(
             "index_slot_mapping",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Slots(cache="index_cache", shorter=True, symbol="Ni"),
+            Slots(cache="index_cache", shorter=True, symbol="Ni"),
             doc="``[Ni]`` (``Ni <= T``) int32/int64 slot of each of the first Ni tokens' "
             "index_k in index_cache (its own block size); negative or ``t >= Ni``: nothing "
             "stored",
@@ -195,20 +135,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
         params.NUM_HEADS,
         params.NUM_KV_HEADS,
         params.HEAD_DIM,
-        Static(
-            "num_index_heads",
-            annotation="int",
-            check=positive_int,
-            schema="int",
-            doc="indexer q heads",
-        ),
-        Static(
-            "index_head_dim",
-            annotation="int",
-            check=positive_int,
-            schema="int",
-            doc="features per indexer head (MiniMax-M3: head_dim)",
-        ),
+        params.NUM_INDEX_HEADS,
+        replace(params.INDEX_HEAD_DIM, doc="features per indexer head (MiniMax-M3: head_dim)"),
         params.EPS,
         params.IS_NEOX,
         params.with_default(params.WEIGHT_OFFSET, 1.0),
@@ -221,8 +149,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             doc="``[T, (Hi + 1)*Di]`` the index projection ``[index_q | index_k]`` when it is "
             "a separate input (then qkv holds q | k | v only); qkv's dtype and tokens",
         ),
-        params.cache_scale("k_scale", "key"),
-        params.cache_scale("v_scale", "value"),
+        *params.KV_SCALES,
         numerics(),
         BACKEND,
     ),

@@ -27,32 +27,21 @@ from . import params
 from .blocks import index_split_norm_rope
 from .declare import (
     BACKEND,
-    Call,
     Output,
     Rows,
     Static,
-    Table,
     Vector,
     declare,
     flag,
     numerics,
-    positive_int,
 )
 from .variant import CaseSpec, Variant, register_variant
 
 
 def index_heads_prologue(
-    qkv,
-    positions,
-    cos_sin_cache,
-    q_weight,
-    k_weight,
-    index_q_weight,
-    index_k_weight,
-    q_bias,
-    k_bias,
-    **s,
-):
+    qkv, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight, q_bias,
+    k_bias, **s,
+):  # fmt: skip
     """MiniMax-M3's sparse-attention prologue (traced into one program): the row ``[q | k | v
     | index_q | index_k]`` split in five, q and k normalised per ``head_dim`` head (plus
     ``q_bias``/``k_bias`` when given, after the weight, before RoPE), index_q and the one
@@ -72,24 +61,6 @@ def index_heads_prologue(
     return (*attn, *index)
 
 
-def index_width(call: Call) -> tuple[int, str]:
-    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
-    hi, di = call.num_index_heads, call.index_head_dim
-    width = (hq + 2 * hkv) * d + (hi + 1) * di
-    return width, (
-        f"(num_heads + 2*num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim = "
-        f"({hq} + 2*{hkv}) * {d} + ({hi} + 1) * {di} = {width}"
-    )
-
-
-def _index_weight(name: str, of: str):
-    return replace(
-        params.weight(name, of),
-        kind=Vector(length=lambda call: call.index_head_dim, what="its head_dim"),
-        doc=f"``[index_head_dim]`` RMSNorm weight of {of}",
-    )
-
-
 _HEAD_WEIGHT = Vector(what="its head_dim")
 
 SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
@@ -98,42 +69,21 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     (
         replace(
             params.QKV,
-            kind=Rows(what="[T, q | k | v | index_q | index_k]", width=index_width),
+            kind=Rows(what="[T, q | k | v | index_q | index_k]", width=params.index_row_width),
             doc="``[T, (Hq + 2*Hkv)*D + (Hi + 1)*Di]``: the packed row ``[q | k | v | index_q | "
             "index_k]``, Hi indexer q heads and ONE indexer k head shared by them, both Di wide",
         ),
         params.POSITIONS,
-        replace(
-            params.COS_SIN_CACHE,
-            # each head group rotates min(R, its head_dim): R may pass the narrower group
-            kind=Table(
-                head_dim=lambda call: max(call.head_dim, call.index_head_dim),
-                bound="max(head_dim, index_head_dim)",
-            ),
-            doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
-            "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
-        ),
+        params.INDEX_COS_SIN_CACHE,
         replace(params.Q_WEIGHT, kind=_HEAD_WEIGHT),
         replace(params.K_WEIGHT, kind=_HEAD_WEIGHT),
-        _index_weight("index_q_weight", "index_q"),
-        _index_weight("index_k_weight", "index_k"),
+        params.index_weight("index_q_weight", "index_q", what="its head_dim"),
+        params.index_weight("index_k_weight", "index_k", what="its head_dim"),
         params.NUM_HEADS,
         params.NUM_KV_HEADS,
         params.HEAD_DIM,
-        Static(
-            "num_index_heads",
-            annotation="int",
-            check=positive_int,
-            schema="int",
-            doc="indexer q heads (MiniMax-M3: as many as kv heads)",
-        ),
-        Static(
-            "index_head_dim",
-            annotation="int",
-            check=positive_int,
-            schema="int",
-            doc="features per indexer head",
-        ),
+        replace(params.NUM_INDEX_HEADS, doc="indexer q heads (MiniMax-M3: as many as kv heads)"),
+        params.INDEX_HEAD_DIM,
         params.EPS,
         params.IS_NEOX,
         params.Q_BIAS,

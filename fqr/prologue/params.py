@@ -33,24 +33,32 @@ from .declare import (
 TENSOR = "torch.Tensor"
 OPTIONAL_TENSOR = "torch.Tensor | None"
 
-POSITIONS = Tensor(
+
+def positional(name: str, kind, doc: str, **more) -> Tensor:
+    """The required positional tensor argument ``name`` of ``kind`` (``more``: other fields of
+    :class:`~fqr.prologue.declare.Tensor`, e.g. ``donated=True`` for a cache updated in place)."""
+    return Tensor(name, keyword=False, annotation=TENSOR, kind=kind, doc=doc, **more)
+
+
+POSITIONS = positional(
     "positions",
-    keyword=False,
-    annotation=TENSOR,
-    kind=Positions(),
+    Positions(),
     doc="``[T]`` int32/int64 token positions, rows of ``cos_sin_cache`` (checked against its "
     "rows on the host for CPU tensors; on an accelerator the kernel rotates an out-of-range "
     "token by NaN)",
 )
-COS_SIN_CACHE = Tensor(
+COS_SIN_CACHE = positional(
     "cos_sin_cache",
-    keyword=False,
-    annotation=TENSOR,
-    kind=Table(),
+    Table(),
     doc="``[max_position, R]`` float RoPE table in vLLM's layout (cos in ``[0, R/2)``, sin in "
     "``[R/2, R)``; R = rotary_dim, even, at most head_dim); build it with "
     "``fqr.rope_cache.rope_cos_sin_cache`` or ``preset.cos_sin_cache()``",
 )
+
+
+def positions_of(rows: str) -> Tensor:
+    """:data:`POSITIONS` of the tokens of the rows argument ``rows`` (an op without ``qkv``)."""
+    return replace(POSITIONS, kind=Positions(rows_of=rows))
 
 
 def weight(name: str, of: str, *, keyword: bool = False, optional: bool = False) -> Tensor:
@@ -136,11 +144,9 @@ def qkv_width(call: Call) -> tuple[int, str]:
     return width, f"(num_heads + 2*num_kv_heads) * head_dim = ({hq} + 2*{hkv}) * {d} = {width}"
 
 
-QKV = Tensor(
+QKV = positional(
     "qkv",
-    keyword=False,
-    annotation=TENSOR,
-    kind=Rows(width=qkv_width),
+    Rows(width=qkv_width),
     doc="``[T, (Hq + 2*Hkv)*D]`` packed q | k | v rows, bf16/fp16/fp32; the row stride may "
     "exceed the width",
 )
@@ -191,15 +197,17 @@ def _cache_shape(call: Call):
     return (None, hkv, d), (f"[num_blocks, block_size, num_kv_heads={hkv}, head_dim={d}]")
 
 
-def _cache_dtypes(call: Call):
+def cache_dtypes(call: Call):
+    """The dtypes a paged cache of a ``qkv`` op may have: qkv's, or FP8 E4M3."""
     return (call.qkv.dtype, FP8_E4M3)
 
 
-def _cache_dtype_text(call: Call) -> str:
+def cache_dtype_text(call: Call) -> str:
+    """:func:`cache_dtypes` as the message names them."""
     return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
 
 
-PAGED_CACHE = Cache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text)
+PAGED_CACHE = Cache(shape=_cache_shape, dtypes=cache_dtypes, dtype_text=cache_dtype_text)
 
 
 def caches_match(call: Call) -> None:
@@ -226,11 +234,9 @@ def caches_agree(call: Call) -> None:
 
 def paged_cache(name: str, what: str) -> Tensor:
     """The donated paged ``what`` cache ``name`` in vLLM's flash layout."""
-    return Tensor(
+    return positional(
         name,
-        keyword=False,
-        annotation=TENSOR,
-        kind=PAGED_CACHE,
+        PAGED_CACHE,
         donated=True,
         doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
         "strides with a contiguous last dim) in qkv's dtype or float8_e4m3fn; updated in place",
@@ -251,6 +257,12 @@ def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
     )
 
 
+# The key and value caches of a prologue that stores k and v (donated: updated in place), and
+# the per-tensor scales of FP8 ones, in their signature order.
+KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))
+KV_SCALES = (cache_scale("k_scale", "key"), cache_scale("v_scale", "value"))
+
+
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
 CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}
 
@@ -265,6 +277,9 @@ def check_paged_cache_preset(variant, preset) -> None:
             f"preset {preset.name}: cache_dtype must be one of "
             f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
         )
+
+
+# ------------------------------------------------------- MiniMax-M3's lightning-indexer heads
 
 
 def check_index_head_dim(preset) -> None:
@@ -284,4 +299,48 @@ def index_head_kwargs(preset, **more) -> dict:
     spec = preset.spec
     return spec.head_kwargs(
         num_index_heads=spec.num_kv_heads, index_head_dim=preset.params["index_head_dim"], **more
+    )
+
+
+def index_row_width(call: Call) -> tuple[int, str]:
+    """The width of MiniMax-M3's packed ``[q | k | v | index_q | index_k]`` row (Hi indexer q
+    heads and one indexer k head, ``index_head_dim`` wide), and how it is made."""
+    hq, hkv, d = call.num_heads, call.num_kv_heads, call.head_dim
+    hi, di = call.num_index_heads, call.index_head_dim
+    width = (hq + 2 * hkv) * d + (hi + 1) * di
+    return width, (
+        f"(num_heads + 2*num_kv_heads) * head_dim + (num_index_heads + 1) * index_head_dim = "
+        f"({hq} + 2*{hkv}) * {d} + ({hi} + 1) * {di} = {width}"
+    )
+
+
+NUM_INDEX_HEADS = Static(
+    "num_index_heads", annotation="int", check=positive_int, schema="int", doc="indexer q heads"
+)
+INDEX_HEAD_DIM = Static(
+    "index_head_dim",
+    annotation="int",
+    check=positive_int,
+    schema="int",
+    doc="features per indexer head",
+)
+INDEX_COS_SIN_CACHE = replace(
+    COS_SIN_CACHE,
+    # each head group rotates min(R, its head_dim): R may pass the narrower group
+    kind=Table(
+        head_dim=lambda call: max(call.head_dim, call.index_head_dim),
+        bound="max(head_dim, index_head_dim)",
+    ),
+    doc="``[max_position, R]`` cos | sin rows (vLLM layout), R even and at most "
+    "max(head_dim, index_head_dim): each head group rotates min(R, its head_dim)",
+)
+
+
+def index_weight(name: str, of: str, *, what: str, note: str = "") -> Tensor:
+    """The ``[index_head_dim]`` RMSNorm weight ``name`` of the indexer heads ``of`` (``what``:
+    the message's name for its length; ``note``: the rest of its line of documentation)."""
+    return replace(
+        weight(name, of),
+        kind=Vector(length=lambda call: call.index_head_dim, what=what),
+        doc=f"``[index_head_dim]`` RMSNorm weight of {of}{note}",
     )
