@@ -11,11 +11,8 @@ stores in place. The float64 reference is :func:`fqr.reference.cache_prologue`. 
 
 from __future__ import annotations
 
-import torch
-
 from .. import ops, reference
 from ..inputs import random_norm_params, random_positions, random_qkv, with_outliers
-from ..ops.fp8 import FP8_E4M3
 from ..peers import minimax_cache_prologue
 from . import params
 from .blocks import split_head_norm_rope
@@ -24,7 +21,6 @@ from .declare import (
     Output,
     Slots,
     Static,
-    Tensor,
     declare,
     flag,
     numerics,
@@ -68,13 +64,10 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         params.COS_SIN_CACHE,
         params.Q_WEIGHT,
         params.K_WEIGHT,
-        params.paged_cache("key_cache", "key"),
-        params.paged_cache("value_cache", "value"),
-        Tensor(
+        *params.KV_CACHES,
+        params.positional(
             "slot_mapping",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Slots(shorter=True),
+            Slots(shorter=True),
             doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
             "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
             "``t >= N`` (a batch padded for CUDA graphs) are not stored",
@@ -85,8 +78,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
         params.EPS,
         params.IS_NEOX,
         params.WEIGHT_OFFSET,
-        params.cache_scale("k_scale", "key"),
-        params.cache_scale("v_scale", "value"),
+        *params.KV_SCALES,
         numerics(),
         RETURN_K,
         BACKEND,
@@ -162,8 +154,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     """The row (v with outliers past +-448), positions, weights, caches of twice the rows the
     tokens need holding random values (a row written where no slot names it shows), slots with
     every third one negative (padding), random per-tensor scales for an FP8 cache."""
-    spec, bs = preset.spec, preset.params["block_size"]
-    cache_dtype = params.CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    spec = preset.spec
     v_at = spec.q_size + spec.kv_size
     qkv = with_outliers(
         random_qkv(spec, tokens, dtype, generator), slice(v_at, v_at + spec.kv_size), generator
@@ -172,33 +163,8 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
         tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
     )
     q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
-    blocks = -(-2 * tokens // bs) + 1  # twice the rows the tokens need, plus a block
-    shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
-    caches = [
-        torch.randn(shape, generator=generator, dtype=torch.float64, device=generator.device).to(
-            cache_dtype
-        )
-        for _ in range(2)
-    ]
-    slots = torch.randperm(blocks * bs, generator=generator, device=generator.device)[:tokens]
-    if tokens > 1:
-        slots[1::3] = -1  # padding tokens: nothing stored
-    drawn = {
-        "qkv": qkv,
-        "positions": positions,
-        "q_weight": q_weight,
-        "k_weight": k_weight,
-        "key_cache": caches[0],
-        "value_cache": caches[1],
-        "slot_mapping": slots,
-    }
-    if cache_dtype == FP8_E4M3:
-        scales = 0.25 + 0.75 * torch.rand(
-            2, generator=generator, dtype=torch.float64, device=generator.device
-        )
-        drawn["k_scale"] = scales[:1].float()
-        drawn["v_scale"] = scales[1:].float()
-    return drawn
+    drawn = {"qkv": qkv, "positions": positions, "q_weight": q_weight, "k_weight": k_weight}
+    return drawn | params.random_kv_caches(preset, dtype, generator, holds=tokens, slots=tokens)
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

@@ -135,11 +135,9 @@ def _cache_dtype_text(call: Call) -> str:
 
 
 def _cache(name: str, what: str) -> Tensor:
-    return Tensor(
+    return params.positional(
         name,
-        keyword=False,
-        annotation=params.TENSOR,
-        kind=FlashCache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text),
+        FlashCache(shape=_cache_shape, dtypes=_cache_dtypes, dtype_text=_cache_dtype_text),
         donated=True,
         doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout "
         "``NHC``, or ``HNC`` as its permuted view: any strides with a contiguous last dim) of "
@@ -163,27 +161,17 @@ KV_CACHE_INSERT = declare(
     "kv_cache_insert",
     kv_insert,
     (
-        Tensor(
+        params.positional(
             "key",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=HeadRows(),
+            HeadRows(),
             doc="``[T, Hkv, D]`` keys, each token's heads back to back, rows at any stride",
         ),
-        Tensor(
-            "value",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=HeadRows(like="key"),
-            doc="``[T, Hkv, D]`` values, as key",
-        ),
+        params.positional("value", HeadRows(like="key"), doc="``[T, Hkv, D]`` values, as key"),
         _cache("key_cache", "key"),
         _cache("value_cache", "value"),
-        Tensor(
+        params.positional(
             "slot_mapping",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Slots(shorter=True, rows_of="key"),
+            Slots(shorter=True, rows_of="key"),
             doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
             "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
             "``t >= N`` are not stored",
@@ -265,40 +253,17 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     holding random values (a row written where no slot names it shows), slots with every
     third one negative and the last token past a slot mapping one shorter than T (a CUDA-graph
     pad), random per-tensor scales for an FP8 cache."""
-    spec, bs = preset.spec, preset.params["block_size"]
-    cache_dtype = params.CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
-    device = generator.device
+    spec = preset.spec
     qkv = random_qkv(spec, tokens, dtype, generator)
     hkv, d = spec.num_kv_heads, spec.head_dim
     key = qkv[:, spec.q_size : spec.q_size + spec.kv_size].view(tokens, hkv, d)
     value = qkv[:, spec.q_size + spec.kv_size :].view(tokens, hkv, d)
     value[:, :, ::7] *= 600.0  # past E4M3's +-448: the clamp is exercised
-    blocks = -(-2 * max(tokens, 32) // bs) + 1  # one cache for every small T (as in serving)
-    caches = [
-        torch.randn(
-            (blocks, bs, hkv, d), generator=generator, dtype=torch.float64, device=device
-        ).to(cache_dtype)
-        for _ in range(2)
-    ]
-    slots = torch.randperm(blocks * bs, generator=generator, device=device)[: max(tokens - 1, 0)]
-    if tokens == 1:
-        slots = torch.randperm(blocks * bs, generator=generator, device=device)[:1]
-    if slots.numel() > 1:
-        slots[1::3] = -1
-    drawn = {
-        "key": key,
-        "value": value,
-        "key_cache": caches[0],
-        "value_cache": caches[1],
-        "slot_mapping": slots,
-    }
-    if cache_dtype == FP8_E4M3:
-        scales = 0.25 + 0.75 * torch.rand(
-            2, generator=generator, dtype=torch.float64, device=device
-        )
-        drawn["k_scale"] = scales[:1].float()
-        drawn["v_scale"] = scales[1:].float()
-    return drawn
+    # one cache for every small T (as in serving); N = T - 1 slots (one at T = 1)
+    caches = params.random_kv_caches(
+        preset, dtype, generator, holds=max(tokens, 32), slots=max(tokens - 1, 1)
+    )
+    return {"key": key, "value": value} | caches
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

@@ -29,8 +29,6 @@ reference is :func:`mla_kv_reference` (:func:`fqr.reference.mla_kv`,
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from .. import ops, reference
@@ -50,7 +48,6 @@ from .declare import (
     Scale,
     Slots,
     Static,
-    Table,
     Tensor,
     Vector,
     declare,
@@ -224,22 +221,15 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     "split_mla_rmsnorm_rope_cache",
     mla_kv_prologue,
     (
-        Tensor(
+        params.positional(
             "kv_a",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Rows(width=_row_width),
+            Rows(width=_row_width),
             doc="``[T, q_lora_rank + kv_lora_rank + qk_rope_head_dim]``: the fused q_a / kv_a "
             "projection row ``[q_c | kv_c | k_pe]`` (``[kv_c | k_pe]`` without q_lora_rank), "
             "bf16/fp16/fp32",
         ),
-        replace(params.POSITIONS, kind=type(params.POSITIONS.kind)(rows_of="kv_a")),
-        replace(
-            params.COS_SIN_CACHE,
-            kind=Table(head_dim=lambda call: call.qk_rope_head_dim),
-            doc=params.COS_SIN_CACHE.doc.replace("at most head_dim", "qk_rope_head_dim")
-            + " (the model's YaRN table: preset.cos_sin_cache())",
-        ),
+        params.positions_of("kv_a"),
+        params.mla_cos_sin_cache(lambda call: call.qk_rope_head_dim, "qk_rope_head_dim"),
         Tensor(
             "q_a_weight",
             keyword=False,
@@ -248,18 +238,14 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             optional=True,
             doc="``[q_lora_rank]`` weight of q_a_layernorm (None without q_lora_rank)",
         ),
-        Tensor(
+        params.positional(
             "kv_a_weight",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Vector(length=lambda call: call.kv_lora_rank, what="kv_lora_rank"),
+            Vector(length=lambda call: call.kv_lora_rank, what="kv_lora_rank"),
             doc="``[kv_lora_rank]`` weight of kv_a_layernorm",
         ),
-        Tensor(
+        params.positional(
             "kv_cache",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Cache(
+            Cache(
                 shape=_entry,
                 dtypes=_cache_dtypes,
                 dtype_text=_cache_dtype_text,
@@ -271,11 +257,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             "uint8 ``[num_blocks, block_size, 656]`` (DeepSeek-V3.2's 'fp8_ds_mla'); any strides "
             "with a contiguous last dim",
         ),
-        Tensor(
+        params.positional(
             "slot_mapping",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Slots(cache="kv_cache", rows_of="kv_a"),
+            Slots(cache="kv_cache", rows_of="kv_a"),
             doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
             "``s % block_size``; negative: padding, nothing stored",
         ),
@@ -302,7 +286,7 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             doc="width of k_pe, the one rotated key head (64)",
         ),
         params.EPS,
-        replace(params.IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        params.DEEPSEEK_IS_NEOX,
         Tensor(
             "k_scale",
             None,
@@ -452,16 +436,13 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     bs = p["block_size"]
     blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
     cache = _cache(preset, blocks, dtype, generator)
-    slots = torch.randperm(blocks * bs, generator=generator, device=device)[:tokens]
-    if tokens > 1:
-        slots[1::3] = -1
     drawn = {
         "kv_a": kv_a,
         "positions": positions,
         **({"q_a_weight": weight(q)} if q else {}),
         "kv_a_weight": weight(kv),
         "kv_cache": cache,
-        "slot_mapping": slots,
+        "slot_mapping": params.random_slots(tokens, blocks * bs, generator),
     }
     if p["cache_dtype"] == "fp8":  # some values past +-448 / scale: the clamp is exercised
         scale = torch.rand(1, generator=generator, dtype=torch.float64, device=device)

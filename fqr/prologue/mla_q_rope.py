@@ -15,8 +15,6 @@ binds the DeepSeek / Kimi presets.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from .. import ops, reference
@@ -25,7 +23,7 @@ from ..inputs import random_heads, random_positions
 from ..unfused import vllm_rotary_embedding
 from . import params
 from .blocks import round_to
-from .declare import BACKEND, Call, Output, Rows, Static, Table, Tensor, declare, numerics
+from .declare import BACKEND, Call, Output, Rows, Static, declare, numerics
 from .mla_kv import MLA_PARAMS, check_mla_preset
 from .variant import CaseSpec, Variant, register_variant
 
@@ -101,23 +99,17 @@ MLA_Q_ROPE = declare(
     "mla_q_rope",
     mla_q_rope_prologue,
     (
-        Tensor(
+        params.positional(
             "q",
-            keyword=False,
-            annotation=params.TENSOR,
-            kind=Rows(what="[T, num_heads * (nope + rope)]", width=_width),
+            Rows(what="[T, num_heads * (nope + rope)]", width=_width),
             donated=True,
             doc="``[T, H * (qk_nope_head_dim + rope)]``, q_b_proj's output (bf16/fp16/fp32), "
             "each head ``[nope | rope]``; its rope parts are rotated in place (the row "
             "stride may exceed the width)",
         ),
-        replace(params.POSITIONS, kind=type(params.POSITIONS.kind)(rows_of="q")),
-        replace(
-            params.COS_SIN_CACHE,
-            kind=Table(head_dim=lambda call: 1 << 30),  # any even width: the rope part is R
-            doc=params.COS_SIN_CACHE.doc.replace("at most head_dim", "the rope part of a head")
-            + " (the model's YaRN table: preset.cos_sin_cache())",
-        ),
+        params.positions_of("q"),
+        # any even width: the rope part is R
+        params.mla_cos_sin_cache(lambda call: 1 << 30, "the rope part of a head"),
         params.NUM_HEADS,
         Static(
             "qk_nope_head_dim",
@@ -126,7 +118,7 @@ MLA_Q_ROPE = declare(
             schema="int",
             doc="features before the rope part of each head (DeepSeek-V3: 128)",
         ),
-        replace(params.IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"),
+        params.DEEPSEEK_IS_NEOX,
         numerics(),
         BACKEND,
     ),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from ..core import DTYPE_NAMES
 from ..ops.fp8 import FP8_E4M3
 from ..validate import check_head_counts
@@ -59,6 +61,17 @@ COS_SIN_CACHE = positional(
 def positions_of(rows: str) -> Tensor:
     """:data:`POSITIONS` of the tokens of the rows argument ``rows`` (an op without ``qkv``)."""
     return replace(POSITIONS, kind=Positions(rows_of=rows))
+
+
+def mla_cos_sin_cache(rotary_dim, width: str) -> Tensor:
+    """:data:`COS_SIN_CACHE` of an MLA op (the model's YaRN table): its rotary width at most
+    ``rotary_dim(call)``, documented as ``width`` (what R is) instead of "at most head_dim"."""
+    return replace(
+        COS_SIN_CACHE,
+        kind=Table(head_dim=rotary_dim),
+        doc=COS_SIN_CACHE.doc.replace("at most head_dim", width)
+        + " (the model's YaRN table: preset.cos_sin_cache())",
+    )
 
 
 def weight(name: str, of: str, *, keyword: bool = False, optional: bool = False) -> Tensor:
@@ -125,6 +138,9 @@ IS_NEOX = Static(
     check=flag,
     schema="bool",
     doc="RoPE pairs: NeoX halves (i, i + R/2) when True, GPT-J neighbours (2i, 2i+1) when False",
+)
+DEEPSEEK_IS_NEOX = replace(
+    IS_NEOX, default=False, doc="NeoX halves instead of DeepSeek's GPT-J pairs"
 )
 WEIGHT_OFFSET = Static(
     "weight_offset",
@@ -277,6 +293,43 @@ def check_paged_cache_preset(variant, preset) -> None:
             f"preset {preset.name}: cache_dtype must be one of "
             f"{', '.join(CACHE_DTYPE_NAMES)}, got {p['cache_dtype']!r}"
         )
+
+
+def random_slots(tokens: int, rows: int, generator: torch.Generator) -> torch.Tensor:
+    """A slot mapping of ``tokens`` tokens: distinct rows of a cache of ``rows``, every third
+    one negative (padding: nothing stored)."""
+    slots = torch.randperm(rows, generator=generator, device=generator.device)[:tokens]
+    if slots.numel() > 1:
+        slots[1::3] = -1
+    return slots
+
+
+def random_kv_caches(preset, dtype, generator, *, holds: int, slots: int) -> dict:
+    """A paged-cache preset's cache arguments for one call, drawn: ``key_cache`` and
+    ``value_cache`` ``[blocks, block_size, Hkv, D]`` of twice the rows ``holds`` tokens need
+    plus a block, holding random values (a row written where no slot names it shows) in the
+    preset's ``cache_dtype`` (``"auto"``: ``dtype``); :func:`random_slots` of ``slots`` tokens;
+    for an FP8 cache random per-tensor ``k_scale`` / ``v_scale`` (float32 ``[1]``, in
+    [0.25, 1))."""
+    spec, bs = preset.spec, preset.params["block_size"]
+    cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
+    blocks = -(-2 * holds // bs) + 1
+    shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
+
+    def normal(*size):
+        return torch.randn(size, generator=generator, dtype=torch.float64, device=generator.device)
+
+    drawn = {
+        "key_cache": normal(*shape).to(cache_dtype),
+        "value_cache": normal(*shape).to(cache_dtype),
+        "slot_mapping": random_slots(slots, blocks * bs, generator),
+    }
+    if cache_dtype == FP8_E4M3:
+        scales = 0.25 + 0.75 * torch.rand(
+            2, generator=generator, dtype=torch.float64, device=generator.device
+        )
+        drawn.update(k_scale=scales[:1].float(), v_scale=scales[1:].float())
+    return drawn
 
 
 # ------------------------------------------------------- MiniMax-M3's lightning-indexer heads

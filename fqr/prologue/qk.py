@@ -41,11 +41,9 @@ def returns_q_alone(call: Call, outs: tuple):
     return (outs[0], None) if call.k is None else tuple(outs)
 
 
-Q_ROWS = Tensor(
+Q_ROWS = params.positional(
     "q",
-    keyword=False,
-    annotation=params.TENSOR,
-    kind=Rows(what="[T, heads*head_dim]", multiple_of="head_dim"),
+    Rows(what="[T, heads*head_dim]", multiple_of="head_dim"),
     doc="``[T, Hq*D]`` q rows (bf16/fp16/fp32)",
 )
 K_ROWS = Tensor(
@@ -57,13 +55,7 @@ K_ROWS = Tensor(
     optional=True,
     doc="``[T, Hkv*D]`` k rows in q's dtype, or None: q alone",
 )
-Q_POSITIONS = Tensor(
-    "positions",
-    keyword=False,
-    annotation=params.TENSOR,
-    kind=type(params.POSITIONS.kind)(rows_of="q"),
-    doc=params.POSITIONS.doc,
-)
+Q_POSITIONS = params.positions_of("q")
 
 QK_RMSNORM_ROPE = declare(
     "qk_rmsnorm_rope",
