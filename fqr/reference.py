@@ -166,15 +166,8 @@ def prologue(
     None: no rotation); returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in
     qkv's dtype.
     """
-    sections = qkv_sections(
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        num_v_heads=num_v_heads,
-        v_head_dim=v_head_dim,
-        head_stride=head_stride,
-    )
-    q, k, v = split_row(qkv, sections)
+    layout = dict(num_v_heads=num_v_heads, v_head_dim=v_head_dim, head_stride=head_stride)
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim, **layout))
     q, k = _f64(q), _f64(k)
     if norm != "none":
         stats = {"q": (None, None), "k": (None, None)}
@@ -285,6 +278,17 @@ def cache_insert(
     return expected, written
 
 
+def store_kv(
+    key_cache: Tensor, value_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor,
+    k_scale: Tensor | None, v_scale: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The expected ``(key_cache, value_cache)`` once ``k`` and ``v [T, H*D]`` of the tokens
+    are written at their slots (:func:`cache_insert`, each cache with its own scale)."""
+    key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
+    value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
+    return key, value
+
+
 def kv_cache_insert(
     key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
     *, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
@@ -300,9 +304,9 @@ def kv_cache_insert(
     tokens, heads, head_dim = key.shape
     key_rows = key.reshape(tokens, heads * head_dim)
     value_rows = value.reshape(tokens, heads * head_dim)
-    expected_key, _ = cache_insert(typed(key_cache), key_rows, slot_mapping, scale=k_scale)
-    expected_value, _ = cache_insert(typed(value_cache), value_rows, slot_mapping, scale=v_scale)
-    return expected_key, expected_value
+    return store_kv(
+        typed(key_cache), typed(value_cache), key_rows, value_rows, slot_mapping, k_scale, v_scale
+    )
 
 
 def index_prologue(
@@ -357,20 +361,11 @@ def cache_prologue(
     caches by :func:`cache_insert`. Returns ``(q, expected key_cache, expected value_cache)``,
     with ``return_k`` ``(q, k, ...)``."""
     q, k, v = prologue(
-        qkv,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        eps=eps,
-        is_neox=is_neox,
+        qkv, positions, cos_sin_cache, q_weight, k_weight, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, eps=eps, is_neox=is_neox,
         weight_offset=weight_offset,
-    )
-    key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
-    value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
+    )  # fmt: skip
+    key, value = store_kv(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
     return (q, *((k,) if return_k else ()), key, value)
 
 
@@ -391,24 +386,12 @@ def index_cache_prologue(
     +-448 when the index cache is FP8 (it is returned in that dtype)."""
     row = qkv if index_qkv is None else torch.cat([_f64(qkv), _f64(index_qkv)], dim=1)
     q, k, v, iq, ik = index_prologue(
-        row,
-        positions,
-        cos_sin_cache,
-        q_weight,
-        k_weight,
-        index_q_weight,
-        index_k_weight,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        num_index_heads=num_index_heads,
-        index_head_dim=index_head_dim,
-        eps=eps,
-        weight_offset=weight_offset,
-        is_neox=is_neox,
-    )
-    key, _ = cache_insert(key_cache, k, slot_mapping, scale=k_scale)
-    value, _ = cache_insert(value_cache, v, slot_mapping, scale=v_scale)
+        row, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        num_index_heads=num_index_heads, index_head_dim=index_head_dim, eps=eps,
+        weight_offset=weight_offset, is_neox=is_neox,
+    )  # fmt: skip
+    key, value = store_kv(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
     index, _ = cache_insert(index_cache.unsqueeze(2), ik, index_slot_mapping)
     if index_cache.dtype == torch.float8_e4m3fn:
         iq = saturate_fp8(iq)

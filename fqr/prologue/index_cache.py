@@ -156,8 +156,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
     (
         Output("q"),
         Output("index_q", head_dim=lambda s: s["index_head_dim"]),
-        Output("key_cache"),
-        Output("value_cache"),
+        *params.KV_CACHE_OUTPUTS,
         Output("index_cache"),
     ),
     reference=reference.index_cache_prologue,

@@ -86,8 +86,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     (
         Output("q"),
         Output("k", present=lambda call: call.return_k),
-        Output("key_cache"),
-        Output("value_cache"),
+        *params.KV_CACHE_OUTPUTS,
     ),
     reference=reference.cache_prologue,
     static_checks=(params.heads_divide,),

@@ -122,11 +122,7 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
         params.HEAD_DIM,
         MROPE_SECTION,
         MROPE_INTERLEAVED,
-        params.EPS,
-        params.IS_NEOX,
-        params.Q_BIAS,
-        params.K_BIAS,
-        params.WEIGHT_OFFSET,
+        *params.NORM_ROPE,
         Static(
             "output_gate",
             False,

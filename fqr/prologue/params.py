@@ -19,6 +19,7 @@ from .declare import (
     MISSING,
     Cache,
     Call,
+    Output,
     Positions,
     Rows,
     Scale,
@@ -152,6 +153,10 @@ WEIGHT_OFFSET = Static(
     doc="the norm scales by ``weight_offset + w`` (1.0: Gemma-style ``(1 + w)`` weights)",
 )
 
+# The norm and RoPE arguments of fqr.split_qkv_rmsnorm_rope after its heads, in its order; the
+# members that take them as it does list them so (qk_rmsnorm_rope, the v-norm and mRoPE ops).
+NORM_ROPE = (EPS, IS_NEOX, Q_BIAS, K_BIAS, WEIGHT_OFFSET)
+
 
 def qkv_width(call: Call) -> tuple[int, str]:
     """The width of vLLM's packed ``[q | k | v]`` row, and how it is made (for the message)."""
@@ -191,6 +196,7 @@ __all__ = [
     "IS_NEOX",
     "K_BIAS",
     "K_WEIGHT",
+    "NORM_ROPE",
     "NUM_HEADS",
     "NUM_KV_HEADS",
     "POSITIONS",
@@ -273,10 +279,11 @@ def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
     )
 
 
-# The key and value caches of a prologue that stores k and v (donated: updated in place), and
-# the per-tensor scales of FP8 ones, in their signature order.
+# The key and value caches of a prologue that stores k and v (donated: updated in place), the
+# per-tensor scales of FP8 ones, in their signature order, and the caches' outputs.
 KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))
 KV_SCALES = (cache_scale("k_scale", "key"), cache_scale("v_scale", "value"))
+KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not returned
 
 
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").

@@ -301,6 +301,15 @@ def _check_inplace_grad(call: Call) -> None:
         )
 
 
+def _row_layout(name: str, *, doc: str, check=optional_positive_int) -> Static:
+    """An optional int of the packed row's layout (None: vLLM's ``[q | k | v]`` of
+    ``head_dim`` heads back to back): a layout of the public op's callers, not in the torch
+    op."""
+    return Static(
+        name, None, torch_op=False, annotation="int | None", check=check, schema="int?", doc=doc
+    )
+
+
 # ----------------------------------------------------------------------- the declaration
 
 SPLIT_QKV_RMSNORM_ROPE = declare(
@@ -376,32 +385,15 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             torch_op=False,  # a graph passes the statistics' tensors through the public op
             doc="all-reduced statistics of a full-width norm sharded over TP ranks (fqr.NormStats)",
         ),
-        Static(
+        _row_layout(
             "num_v_heads",
-            None,
-            torch_op=False,  # a layout of the public op's callers
-            annotation="int | None",
-            check=optional_positive_int,
-            schema="int?",
             doc="v's own head count (default num_kv_heads): the row is [q | k | v] with "
             "num_v_heads*v_head_dim columns of v",
         ),
-        Static(
-            "v_head_dim",
-            None,
-            torch_op=False,  # a layout of the public op's callers
-            annotation="int | None",
-            check=optional_positive_int,
-            schema="int?",
-            doc="v's own head width (default head_dim)",
-        ),
-        Static(
+        _row_layout("v_head_dim", doc="v's own head width (default head_dim)"),
+        _row_layout(
             "head_stride",
-            None,
-            torch_op=False,  # a layout of the public op's callers
-            annotation="int | None",
             check=lambda name, v: None,  # the layout check names it (it reads head_dim too)
-            schema="int?",
             doc="every head of the row starts head_stride >= head_dim columns after the previous "
             "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
             "written); the outputs are contiguous",
