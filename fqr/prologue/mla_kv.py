@@ -436,13 +436,14 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     bs = p["block_size"]
     blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
     cache = _cache(preset, blocks, dtype, generator)
+    slots = params.random_slots(tokens, blocks * bs, generator)
     drawn = {
         "kv_a": kv_a,
         "positions": positions,
         **({"q_a_weight": weight(q)} if q else {}),
         "kv_a_weight": weight(kv),
         "kv_cache": cache,
-        "slot_mapping": params.random_slots(tokens, blocks * bs, generator),
+        "slot_mapping": slots,
     }
     if p["cache_dtype"] == "fp8":  # some values past +-448 / scale: the clamp is exercised
         scale = torch.rand(1, generator=generator, dtype=torch.float64, device=device)

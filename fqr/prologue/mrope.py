@@ -16,13 +16,13 @@ import torch
 
 from .. import ops, reference
 from ..core import Section
-from ..inputs import random_norm_params, random_positions, random_qkv
+from ..inputs import random_positions, random_qkv
 from ..peers import vllm_mrope_prologue
 from ..validate import check_mrope_section
 from . import params
 from .blocks import multimodal_rope, round_to
 from .declare import BACKEND, Call, Output, Positions, Rows, Static, declare, flag, numerics
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, random_norm_inputs, register_variant
 
 
 def mrope_attention_prologue(
@@ -237,11 +237,9 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     heads = replace(spec, num_heads=2 * spec.num_heads) if gated else spec
     qkv = random_qkv(heads, tokens, dtype, generator)
     positions = random_position_planes(tokens, max_position, generator, dtype=positions_dtype)
-    names = ("q_weight", "k_weight", "q_bias", "k_bias")
-    norm = random_norm_params(spec, dtype, generator, bias=bias)
-    drawn = {"qkv": qkv, "positions": positions}
-    drawn.update((n, x) for n, x in zip(names, norm) if x is not None)
-    return drawn
+    return {"qkv": qkv, "positions": positions} | random_norm_inputs(
+        spec, dtype, generator, bias=bias
+    )
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

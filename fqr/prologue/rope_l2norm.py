@@ -12,13 +12,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import ops, reference
-from ..inputs import random_row
 from ..peers import llama4_prologue
 from ..validate import check_finite_scalar
 from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Positions, Static, declare, numerics
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, draw_row, register_variant
 
 MAX_TEMPERATURE_POSITION = 1 << 24  # positions are exact as fp32 numbers below this
 
@@ -164,11 +163,6 @@ split_qkv_rope_l2norm = SPLIT_QKV_ROPE_L2NORM.function
 # ------------------------------------------------------------------------ the variants
 
 
-def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    row = dict(max_position=max_position, positions_dtype=positions_dtype)
-    return random_row(preset.spec, tokens, dtype, generator, **row)
-
-
 def _kwargs(preset) -> dict:
     spec = preset.spec
     kwargs = dict(
@@ -203,7 +197,7 @@ ROPE_L2NORM = register_variant(
         "rope-l2norm",
         SPLIT_QKV_ROPE_L2NORM,
         kwargs=_kwargs,
-        draw_inputs=_draw,
+        draw_inputs=draw_row,
         eager_chain=_eager,
         golden=(
             CaseSpec("llama4-scout", "bf16", 7, tp=8, max_position=POS_2_18),
@@ -224,7 +218,7 @@ NOPE_TEMPERATURE = register_variant(
         "nope-temperature",
         SPLIT_QKV_ROPE_L2NORM,
         kwargs=_kwargs,
-        draw_inputs=_draw,
+        draw_inputs=draw_row,
         eager_chain=_eager,
         params=("floor_scale", "attn_scale"),
         copies_too=frozenset({"k"}),  # no rotation, no norm: k is the row's

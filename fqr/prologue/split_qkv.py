@@ -15,7 +15,6 @@ import torch
 
 from .. import ops, reference
 from ..core import Aval
-from ..inputs import random_norm_params, random_row
 from ..peers import vllm_prologue
 from ..validate import (
     NORM_KINDS,
@@ -42,7 +41,7 @@ from .declare import (
     numerics,
     optional_positive_int,
 )
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, draw_row, register_variant, row_chain
 
 
 @dataclass(frozen=True)
@@ -512,14 +511,6 @@ PEER_CASES: tuple[CaseSpec, ...] = (
 # ------------------------------------------------------------------------- the variant
 
 
-def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    row = dict(max_position=max_position, positions_dtype=positions_dtype)
-    drawn = random_row(preset.spec, tokens, dtype, generator, **row)
-    names = ("q_weight", "k_weight", "q_bias", "k_bias")
-    norm = random_norm_params(preset.spec, dtype, generator, bias=bias)
-    return drawn | {n: x for n, x in zip(names, norm) if x is not None}
-
-
 def _sharded_stats(preset, inputs: dict) -> dict:
     """A full-width norm at tp > 1 takes the all-reduced sums of squares (:class:`NormStats`)."""
     if preset.spec.norm != "full":
@@ -530,29 +521,13 @@ def _sharded_stats(preset, inputs: dict) -> dict:
     return dict(inputs, norm_stats=stats)
 
 
-def _eager(variant, preset, cos_sin_cache, dtype):
-    spec, table = preset.spec, cos_sin_cache.to(dtype)  # vLLM holds the table in the dtype
-
-    def run(inputs):
-        return vllm_prologue(
-            inputs["qkv"],
-            inputs["positions"],
-            table,
-            inputs.get("q_weight"),
-            inputs.get("k_weight"),
-            spec,
-        )
-
-    return run
-
-
 SPLIT_QKV = register_variant(
     Variant(
         "split-qkv",
         SPLIT_QKV_RMSNORM_ROPE,
         kwargs=lambda preset: preset.spec.kwargs(),
-        draw_inputs=_draw,
-        eager_chain=_eager,
+        draw_inputs=draw_row,
+        eager_chain=row_chain(vllm_prologue),
         has_bias=True,
         sharded_stats=_sharded_stats,
         golden=CASES + PEER_CASES,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core import TOKENS, Program
+from ..inputs import random_norm_params, random_row
 from ..presets import Preset, get_preset
 from .declare import Cache, Declaration, torch_op_params
 
@@ -383,3 +384,39 @@ def program_of(preset: Preset, dtype: torch.dtype = torch.bfloat16, **options) -
 def golden_cases() -> tuple[CaseSpec, ...]:
     """Every variant's golden cases, in registration order."""
     return tuple(c for v in VARIANTS.values() for c in v.golden)
+
+
+# ------------------------------------------------------------ hooks several variants share
+
+
+def random_norm_inputs(spec, dtype, generator, *, bias: bool = False) -> dict:
+    """The norm's ``q_weight`` / ``k_weight`` (and ``q_bias`` / ``k_bias`` with ``bias``) of
+    ``spec`` (:func:`fqr.inputs.random_norm_params`) by parameter name; none without a norm."""
+    names = ("q_weight", "k_weight", "q_bias", "k_bias")
+    norm = random_norm_params(spec, dtype, generator, bias=bias)
+    return {n: x for n, x in zip(names, norm) if x is not None}
+
+
+def draw_row(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
+    """The ``draw_inputs`` of an op of vLLM's packed row: ``qkv`` and ``positions``
+    (:func:`fqr.inputs.random_row`), then the preset's :func:`random_norm_inputs`."""
+    row = dict(max_position=max_position, positions_dtype=positions_dtype)
+    drawn = random_row(preset.spec, tokens, dtype, generator, **row)
+    return drawn | random_norm_inputs(preset.spec, dtype, generator, bias=bias)
+
+
+def row_chain(peer: Callable) -> Callable:
+    """The ``eager_chain`` of a peer written ``peer(qkv, positions, table, q_weight, k_weight,
+    spec)`` (:mod:`fqr.peers`: the model's unfused chain), the table in the model dtype (as
+    vLLM holds it)."""
+
+    def eager(variant, preset, cos_sin_cache, dtype):
+        spec, table = preset.spec, cos_sin_cache.to(dtype)
+
+        def run(inputs):
+            qkv, positions = inputs["qkv"], inputs["positions"]
+            return peer(qkv, positions, table, inputs.get("q_weight"), inputs.get("k_weight"), spec)
+
+        return run
+
+    return eager

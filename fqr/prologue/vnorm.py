@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import ops, reference
-from ..inputs import random_norm_params, random_row
 from ..peers import gemma4_prologue
 from . import params
 from .blocks import round_to, split_head_norm_rope
 from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, draw_row, register_variant, row_chain
 
 
 def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **s):
@@ -98,32 +97,14 @@ split_qkv_rmsnorm_rope_vnorm = SPLIT_QKV_RMSNORM_ROPE_VNORM.function
 # ------------------------------------------------------------------------- the variant
 
 
-def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
-    row = dict(max_position=max_position, positions_dtype=positions_dtype)
-    drawn = random_row(preset.spec, tokens, dtype, generator, **row)
-    q_weight, k_weight, _, _ = random_norm_params(preset.spec, dtype, generator)
-    return drawn | {"q_weight": q_weight, "k_weight": k_weight}
-
-
-def _eager(variant, preset, cos_sin_cache, dtype):
-    spec, table = preset.spec, cos_sin_cache.to(dtype)
-    keys = ("qkv", "positions", "q_weight", "k_weight")
-
-    def run(inputs):
-        qkv, positions, q_weight, k_weight = (inputs[k] for k in keys)
-        return gemma4_prologue(qkv, positions, table, q_weight, k_weight, spec)
-
-    return run
-
-
 # Gemma 4's v norm: head_dim 256 (sliding layers) and 512 (full layers, the proportional table).
 VNORM = register_variant(
     Variant(
         "split-qkv-vnorm",
         SPLIT_QKV_RMSNORM_ROPE_VNORM,
         kwargs=lambda preset: preset.spec.head_kwargs(),
-        draw_inputs=_draw,
-        eager_chain=_eager,
+        draw_inputs=draw_row,
+        eager_chain=row_chain(gemma4_prologue),
         golden=(
             CaseSpec("gemma4-31b-sliding", "bf16", 7, tp=8),
             CaseSpec("gemma4-31b-sliding", "fp16", 1, "unfused", tp=8),
