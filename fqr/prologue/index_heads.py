@@ -117,7 +117,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     ),
     reference=reference.index_prologue,
     static_checks=(params.heads_divide, params.biases_together),
-    doc="""
+    doc=f"""
     MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
     ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.
 
@@ -144,12 +144,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     :func:`fqr.split_qkv_rmsnorm_rope` (``unfused``: vLLM's ``GemmaRMSNorm`` then
     ``RotaryEmbedding.forward_native`` in the model dtype, then clamp and cast for FP8).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> width = (4 + 2 * 2) * 64 + (2 + 1) * 64  # q | k | v | 2 index_q heads | index_k
         >>> qkv = torch.randn(2, width, dtype=torch.bfloat16)
         >>> w = torch.zeros(64, dtype=torch.bfloat16)  # (1 + w) weights: weight_offset=1.0

@@ -25,7 +25,7 @@ from .declare import (
     flag,
     numerics,
 )
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, head_kwargs, register_variant
 
 
 def cache_prologue(
@@ -91,7 +91,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     reference=reference.cache_prologue,
     static_checks=(params.heads_divide,),
     checks=(params.caches_agree,),
-    doc="""
+    doc=f"""
     Split the packed QKV row, RMS-normalise and rotate q and k, and write k and v into the
     paged KV cache (vllm-ascend's ``minimax_qknorm_rope_cache`` for the main heads, vLLM's
     ``reshape_and_cache_flash`` fused in); returns the new ``q [T, Hq*D]``, or with
@@ -123,12 +123,7 @@ SPLIT_QKV_RMSNORM_ROPE_CACHE = declare(
     the cache store, as the model's ``k_norm`` / ``rotary_emb`` / ``reshape_and_cache`` chain
     does.
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> qkv = torch.randn(3, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
         >>> w = torch.ones(64, dtype=torch.bfloat16)
         >>> key_cache = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)  # 2 blocks of 16 slots
@@ -176,10 +171,10 @@ KV_CACHE = register_variant(
     Variant(
         "kv-cache",
         SPLIT_QKV_RMSNORM_ROPE_CACHE,
-        kwargs=lambda preset: preset.spec.head_kwargs(),
+        kwargs=head_kwargs,
         draw_inputs=_draw,
         eager_chain=_eager,
-        params=("block_size", "cache_dtype"),
+        params=params.PAGED_CACHE_FIELDS,
         check_preset=params.check_paged_cache_preset,
         golden=(
             CaseSpec("minimax-m3-kvcache", "bf16", 7, tp=8),

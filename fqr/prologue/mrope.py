@@ -144,7 +144,7 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
     reference=reference.mrope_prologue,
     static_checks=(params.heads_divide, params.biases_together),
     checks=(section_fits,),
-    doc="""
+    doc=f"""
     Split the packed row, RMS-normalise q and k per head, rotate them by multimodal RoPE;
     return new ``q, k, v`` (and ``gate`` with ``output_gate``). vllm-ascend's
     ``split_qkv_rmsnorm_mrope`` (Qwen3-VL, Qwen3.5), with fqr's argument names and numerics.
@@ -159,12 +159,7 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
     (``"unfused"`` rounds where vLLM's ``RMSNorm`` / ``GemmaRMSNorm`` and
     ``MRotaryEmbedding.forward_native`` round).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
         >>> w = torch.ones(64, dtype=torch.bfloat16)
         >>> positions = torch.tensor([[7, 7], [0, 1], [0, 0]])  # [3, T]: temporal, height, width
@@ -181,6 +176,10 @@ split_qkv_rmsnorm_mrope = SPLIT_QKV_RMSNORM_MROPE.function
 
 
 # ------------------------------------------------------------------------ the variants
+
+
+# The preset fields an mRoPE variant reads (checked by check_preset_section).
+MROPE_FIELDS = ("mrope_section", "mrope_interleaved")
 
 
 def check_preset_section(preset) -> None:
@@ -256,7 +255,7 @@ def _mrope_variant(name: str, gated: bool) -> Variant:
             kwargs=_kwargs(gated),
             draw_inputs=_draw,
             eager_chain=_eager,
-            params=("mrope_section", "mrope_interleaved"),
+            params=MROPE_FIELDS,
             check_preset=_check_preset,
             pins={"output_gate": gated},
             has_bias=True,

@@ -188,10 +188,28 @@ def with_default(param, default):
     return replace(param, default=default)
 
 
+# The opening of a public op's runnable ``Example::`` (tests/docs/test_docstring_examples.py
+# runs it) for the ops every backend runs: where a CPU or CUDA example runs. A declaration's
+# ``doc`` (an f-string) places it on a line of its own; its first line takes the docstring's
+# indentation, the next ones carry their own.
+EXAMPLE_HEADING = (
+    'Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the\n'
+    "    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::"
+)
+# ... then the example's imports and its RoPE table (rotary_dim 64, 4096 positions).
+EXAMPLE_WITH_TABLE = f"""{EXAMPLE_HEADING}
+
+        >>> import torch, fqr
+        >>> from fqr.rope_cache import rope_cos_sin_cache
+        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions"""
+
+
 __all__ = [
     "BACKEND",
     "COS_SIN_CACHE",
     "EPS",
+    "EXAMPLE_HEADING",
+    "EXAMPLE_WITH_TABLE",
     "HEAD_DIM",
     "IS_NEOX",
     "K_BIAS",
@@ -288,6 +306,8 @@ KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not 
 
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
 CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}
+# The preset fields a paged-cache variant reads (checked by check_paged_cache_preset).
+PAGED_CACHE_FIELDS = ("block_size", "cache_dtype")
 
 
 def check_paged_cache_preset(variant, preset) -> None:

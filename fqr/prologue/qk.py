@@ -84,7 +84,7 @@ QK_RMSNORM_ROPE = declare(
     reference=reference.qk_prologue,
     static_checks=(_q_alone,),
     returns=returns_q_alone,
-    doc="""
+    doc=f"""
     RMS-normalise each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]``, then rotate them.
 
     Same math, arguments and numerics modes as :func:`fqr.split_qkv_rmsnorm_rope` with
@@ -95,12 +95,7 @@ QK_RMSNORM_ROPE = declare(
     ``rotary_emb(positions, q, None)`` after ``q_norm``, as Gemma 4's KV-shared and MTP draft
     layers run it (their keys come from another layer's cache).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> q = torch.randn(2, 4 * 64, dtype=torch.bfloat16)  # 4 q heads of 64
         >>> k = torch.randn(2, 2 * 64, dtype=torch.bfloat16)  # 2 kv heads
         >>> w = torch.ones(64, dtype=torch.bfloat16)

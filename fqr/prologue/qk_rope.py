@@ -22,6 +22,7 @@ from . import params
 from .blocks import multimodal_rope, round_to
 from .declare import BACKEND, Output, Positions, declare, numerics
 from .mrope import (
+    MROPE_FIELDS,
     MROPE_INTERLEAVED,
     MROPE_POSITIONS,
     MROPE_SECTION,
@@ -66,7 +67,7 @@ QK_ROPE = declare(
     OUTPUTS,
     reference=reference.qk_rope,
     returns=returns_q_alone,
-    doc="""
+    doc=f"""
     Rotate the first R features of each head of ``q [T, Hq*D]`` and ``k [T, Hkv*D]`` by the
     token's row of ``cos_sin_cache`` (R its width); return new contiguous ``q`` and ``k``
     (``k=None``: ``(q, None)``). vLLM's ``RotaryEmbedding.forward(positions, query, key)``.
@@ -77,12 +78,7 @@ QK_ROPE = declare(
     where vLLM's ``forward_native`` does (the table in the activation dtype, every product and
     sum rounded: :mod:`fqr.ops.rope`).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> q = torch.randn(2, 4 * 64, dtype=torch.bfloat16)  # 4 q heads of 64
         >>> k = torch.randn(2, 2 * 64, dtype=torch.bfloat16)  # 2 kv heads
         >>> q2, k2 = fqr.qk_rope(q, k, torch.tensor([0, 7]), table, head_dim=64)
@@ -222,7 +218,7 @@ QK_MROPE_VARIANT = register_variant(
         kwargs=_mrope_kwargs,
         draw_inputs=_draw,
         eager_chain=_eager_mrope,
-        params=("mrope_section", "mrope_interleaved"),
+        params=MROPE_FIELDS,
         check_preset=lambda variant, preset: check_preset_section(preset),
         pins=K_GIVEN,
         binds=("qwen3-vl-8b", "qwen3.5-27b"),

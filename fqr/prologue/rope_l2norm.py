@@ -20,6 +20,8 @@ from .declare import BACKEND, Call, Output, Positions, Static, declare, numerics
 from .variant import CaseSpec, Variant, draw_row, register_variant
 
 MAX_TEMPERATURE_POSITION = 1 << 24  # positions are exact as fp32 numbers below this
+# A NoPE layer's preset fields: the attention temperature's (the op's statics of those names)
+TEMPERATURE_FIELDS = ("floor_scale", "attn_scale")
 
 
 def rope_l2norm_prologue(qkv, positions, cos_sin_cache, **s):
@@ -118,7 +120,7 @@ SPLIT_QKV_ROPE_L2NORM = declare(
     reference=reference.rope_l2norm_prologue,
     static_checks=(params.heads_divide, _temperature),
     program_statics=_program_statics,
-    doc="""
+    doc=f"""
     Llama 4's prologue: split the packed row; rotate q and k, then L2-normalise each head
     without weight; return new q, k, v (v a copy).
 
@@ -138,12 +140,7 @@ SPLIT_QKV_ROPE_L2NORM = declare(
     (the rotation in the model dtype, the norm once), ``"unfused-hf"`` as Hugging Face's (the
     rotation in fp32, rounded once, then the norm once).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
         >>> heads = dict(num_heads=4, num_kv_heads=2, head_dim=64)
         >>> q, k, v = fqr.split_qkv_rope_l2norm(qkv, torch.tensor([3, 4]), table, **heads)
@@ -181,7 +178,7 @@ def _kwargs(preset) -> dict:
 def _eager(variant, preset, cos_sin_cache, dtype):
     spec = preset.spec
     table = cos_sin_cache.to(dtype) if variant.reads_table else None
-    temperature = {k: v for k, v in _kwargs(preset).items() if k in ("floor_scale", "attn_scale")}
+    temperature = {k: v for k, v in _kwargs(preset).items() if k in TEMPERATURE_FIELDS}
 
     def run(inputs):
         return llama4_prologue(inputs["qkv"], inputs["positions"], table, spec, **temperature)
@@ -220,7 +217,7 @@ NOPE_TEMPERATURE = register_variant(
         kwargs=_kwargs,
         draw_inputs=draw_row,
         eager_chain=_eager,
-        params=("floor_scale", "attn_scale"),
+        params=TEMPERATURE_FIELDS,
         copies_too=frozenset({"k"}),  # no rotation, no norm: k is the row's
         reads_table=False,
         golden=(

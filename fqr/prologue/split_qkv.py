@@ -430,7 +430,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     out=_out,
     writes=_writes,
     returns=_returns,
-    doc="""
+    doc=f"""
     Split the packed QKV row, RMS-normalise q and k, rotate them; return new q, k, v.
 
     Math per head (see ``fqr.ops``): ``y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w) + b``
@@ -441,8 +441,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     Qwen3 / Gemma 3 modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it
     rounds otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
+    {params.EXAMPLE_HEADING}
 
         >>> import torch, fqr
         >>> preset = fqr.get_preset("qwen3-0.6b")  # 16 q heads, 8 kv heads, head_dim 128

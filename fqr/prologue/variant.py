@@ -389,6 +389,12 @@ def golden_cases() -> tuple[CaseSpec, ...]:
 # ------------------------------------------------------------ hooks several variants share
 
 
+def head_kwargs(preset) -> dict:
+    """The ``kwargs`` of a per-head op: the preset's :meth:`fqr.presets.PrologueSpec.head_kwargs`
+    (heads, head_dim, eps, rotary pairing, weight offset)."""
+    return preset.spec.head_kwargs()
+
+
 def random_norm_inputs(spec, dtype, generator, *, bias: bool = False) -> dict:
     """The norm's ``q_weight`` / ``k_weight`` (and ``q_bias`` / ``k_bias`` with ``bias``) of
     ``spec`` (:func:`fqr.inputs.random_norm_params`) by parameter name; none without a norm."""

@@ -15,7 +15,7 @@ from ..peers import gemma4_prologue
 from . import params
 from .blocks import round_to, split_head_norm_rope
 from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
-from .variant import CaseSpec, Variant, draw_row, register_variant, row_chain
+from .variant import CaseSpec, Variant, draw_row, head_kwargs, register_variant, row_chain
 
 
 def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_bias, **s):
@@ -58,7 +58,7 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
     (Output("q"), Output("k"), Output("v")),
     reference=reference.vnorm_prologue,
     static_checks=(params.heads_divide, params.biases_together, _gemma4),
-    doc="""
+    doc=f"""
     Gemma 4's prologue: split the packed row, RMS-normalise and rotate q and k, and
     RMS-normalise v per head without weight; return new q, k, v.
 
@@ -75,12 +75,7 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
     slot, so the row keeps its ``[q | k | v]`` layout. ``numerics="unfused"`` rounds where vLLM's
     native modules do (the v norm once, fp32 inside).
 
-    Example (CPU tensors: ``backend="auto"`` runs the reference backend, ``"interpret"`` the
-    generated kernel under Triton's interpreter; CUDA tensors run the compiled kernel)::
-
-        >>> import torch, fqr
-        >>> from fqr.rope_cache import rope_cos_sin_cache
-        >>> table = rope_cos_sin_cache(64, 4096, 10000.0)  # rotary_dim 64, 4096 positions
+    {params.EXAMPLE_WITH_TABLE}
         >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)
         >>> w = torch.ones(64, dtype=torch.bfloat16)
         >>> q, k, v = fqr.split_qkv_rmsnorm_rope_vnorm(
@@ -102,7 +97,7 @@ VNORM = register_variant(
     Variant(
         "split-qkv-vnorm",
         SPLIT_QKV_RMSNORM_ROPE_VNORM,
-        kwargs=lambda preset: preset.spec.head_kwargs(),
+        kwargs=head_kwargs,
         draw_inputs=draw_row,
         eager_chain=row_chain(gemma4_prologue),
         golden=(
