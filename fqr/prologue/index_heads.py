@@ -12,16 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from .. import ops, reference
-from ..inputs import (
-    random_heads,
-    random_norm_params,
-    random_positions,
-    random_qkv,
-    with_outliers,
-)
+from ..inputs import random_index_row
 from ..peers import minimax_index_prologue
 from . import params
 from .blocks import index_split_norm_rope
@@ -164,53 +156,24 @@ split_qkv_index_rmsnorm_rope = SPLIT_QKV_INDEX_RMSNORM_ROPE.function
 
 
 def _check_preset(variant: Variant, preset) -> None:
-    p = preset.params
-    di = p["index_head_dim"]
-    if not isinstance(di, int) or isinstance(di, bool) or di < 2 or di % 2:
-        raise ValueError(
-            f"preset {preset.name}: index_head_dim must be an even int >= 2 (its heads rotate "
-            f"min(rotary_dim {preset.rotary_dim}, index_head_dim) features), got {di!r}"
-        )
+    params.check_index_head_dim(preset)
     for name in ("attn_fp8", "index_fp8"):
-        if not isinstance(p[name], bool):
+        if not isinstance(preset.params[name], bool):
             raise ValueError(f"preset {preset.name}: {name} must be a bool")
 
 
 def _kwargs(preset) -> dict:
-    """MiniMax-M3 has as many indexer q heads as kv heads and shards them alike (vllm-ascend
-    ``MiniMaxM3SparseAttention``); the one index_k head is on every rank."""
-    spec, p = preset.spec, preset.params
-    return spec.head_kwargs(
-        num_index_heads=spec.num_kv_heads,
-        index_head_dim=p["index_head_dim"],
-        attn_fp8=p["attn_fp8"],
-        index_fp8=p["index_fp8"],
-    )
+    """MiniMax-M3's static arguments (:func:`.params.index_head_kwargs`) and its FP8 outputs."""
+    p = preset.params
+    return params.index_head_kwargs(preset, attn_fp8=p["attn_fp8"], index_fp8=p["index_fp8"])
 
 
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
     kw = _kwargs(preset)
-    spec, di = preset.spec, kw["index_head_dim"]
-    main = random_qkv(spec, tokens, dtype, generator)
-    index = random_heads(tokens, kw["num_index_heads"] + 1, di, dtype, generator)
-    v_at = spec.q_size + spec.kv_size
-    qkv = with_outliers(
-        torch.cat([main, index], dim=1), slice(v_at, v_at + spec.kv_size), generator
-    )
-    positions = random_positions(
-        tokens, max_position, generator, dtype=positions_dtype, cover_ends=True
-    )
-    q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
-    index_spec = replace(spec, num_heads=1, num_kv_heads=1, head_dim=di, rotary_dim=di)
-    iq_weight, ik_weight, _, _ = random_norm_params(index_spec, dtype, generator)
-    return {
-        "qkv": qkv,
-        "positions": positions,
-        "q_weight": q_weight,
-        "k_weight": k_weight,
-        "index_q_weight": iq_weight,
-        "index_k_weight": ik_weight,
-    }
+    return random_index_row(
+        preset.spec, tokens, kw["num_index_heads"], kw["index_head_dim"], dtype, generator,
+        max_position=max_position, positions_dtype=positions_dtype,
+    )  # fmt: skip
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

@@ -12,7 +12,13 @@ stores in place. The float64 reference is :func:`fqr.reference.cache_prologue`. 
 from __future__ import annotations
 
 from .. import ops, reference
-from ..inputs import random_norm_params, random_positions, random_qkv, with_outliers
+from ..inputs import (
+    random_norm_params,
+    random_positions,
+    random_qkv,
+    random_slot_mapping,
+    with_outliers,
+)
 from ..peers import minimax_cache_prologue
 from . import params
 from .blocks import split_head_norm_rope
@@ -158,7 +164,11 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     )
     q_weight, k_weight, _, _ = random_norm_params(spec, dtype, generator)
     drawn = {"qkv": qkv, "positions": positions, "q_weight": q_weight, "k_weight": k_weight}
-    return drawn | params.random_kv_caches(preset, dtype, generator, holds=tokens, slots=tokens)
+    caches = params.random_kv_caches(
+        preset, dtype, generator, holds=tokens,
+        slot_mapping=lambda rows: random_slot_mapping(tokens, rows, generator),
+    )  # fmt: skip
+    return drawn | caches
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

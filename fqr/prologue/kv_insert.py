@@ -19,7 +19,7 @@ import torch
 
 from .. import ops, reference
 from ..core import DTYPE_NAMES, Aval
-from ..inputs import random_qkv
+from ..inputs import random_qkv, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3
 from ..peers import vllm_reshape_and_cache_flash
 from ..validate import ACTIVATION_DTYPES, check_row_stride, check_tensor
@@ -258,11 +258,21 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     key = qkv[:, spec.q_size : spec.q_size + spec.kv_size].view(tokens, hkv, d)
     value = qkv[:, spec.q_size + spec.kv_size :].view(tokens, hkv, d)
     value[:, :, ::7] *= 600.0  # past E4M3's +-448: the clamp is exercised
-    # one cache for every small T (as in serving); N = T - 1 slots (one at T = 1)
+    # one cache for every small T (as in serving)
     caches = params.random_kv_caches(
-        preset, dtype, generator, holds=max(tokens, 32), slots=max(tokens - 1, 1)
-    )
+        preset, dtype, generator, holds=max(tokens, 32),
+        slot_mapping=lambda rows: _short_slot_mapping(tokens, rows, generator),
+    )  # fmt: skip
     return {"key": key, "value": value} | caches
+
+
+def _short_slot_mapping(tokens: int, rows: int, generator) -> torch.Tensor:
+    """``[T - 1]`` slots (the last token a CUDA-graph pad; one slot at T = 1, drawn after an
+    empty draw, as the golden cases were) of a cache of ``rows``, every third one padding."""
+    slots = random_slot_mapping(max(tokens - 1, 0), rows, generator)
+    if tokens == 1:
+        slots = random_slot_mapping(1, rows, generator)
+    return slots
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

@@ -33,7 +33,7 @@ import torch
 
 from .. import ops, reference
 from ..core import DTYPE_NAMES, Section
-from ..inputs import random_heads, random_positions
+from ..inputs import random_heads, random_positions, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3 as FP8
 from ..unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..validate import check_positive_int
@@ -436,7 +436,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     bs = p["block_size"]
     blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
     cache = _cache(preset, blocks, dtype, generator)
-    slots = params.random_slots(tokens, blocks * bs, generator)
+    slots = random_slot_mapping(tokens, blocks * bs, generator)
     drawn = {
         "kv_a": kv_a,
         "positions": positions,

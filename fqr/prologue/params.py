@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from ..core import DTYPE_NAMES
+from ..inputs import random_fp8_scales, random_paged_cache
 from ..ops.fp8 import FP8_E4M3
 from ..validate import check_head_counts
 from .declare import (
@@ -322,40 +321,24 @@ def check_paged_cache_preset(variant, preset) -> None:
         )
 
 
-def random_slots(tokens: int, rows: int, generator: torch.Generator) -> torch.Tensor:
-    """A slot mapping of ``tokens`` tokens: distinct rows of a cache of ``rows``, every third
-    one negative (padding: nothing stored)."""
-    slots = torch.randperm(rows, generator=generator, device=generator.device)[:tokens]
-    if slots.numel() > 1:
-        slots[1::3] = -1
-    return slots
-
-
-def random_kv_caches(preset, dtype, generator, *, holds: int, slots: int) -> dict:
-    """A paged-cache preset's cache arguments for one call, drawn: ``key_cache`` and
-    ``value_cache`` ``[blocks, block_size, Hkv, D]`` of twice the rows ``holds`` tokens need
-    plus a block, holding random values (a row written where no slot names it shows) in the
-    preset's ``cache_dtype`` (``"auto"``: ``dtype``); :func:`random_slots` of ``slots`` tokens;
-    for an FP8 cache random per-tensor ``k_scale`` / ``v_scale`` (float32 ``[1]``, in
-    [0.25, 1))."""
+def random_kv_caches(preset, dtype, generator, *, holds: int, slot_mapping) -> dict:
+    """A paged-cache preset's cache arguments for one call, drawn in this order: ``key_cache``
+    and ``value_cache`` ``[blocks, block_size, Hkv, D]`` of twice the rows ``holds`` tokens
+    need plus a block, holding random values in the preset's ``cache_dtype`` (``"auto"``:
+    ``dtype``; :func:`fqr.inputs.random_paged_cache`), ``slot_mapping(rows)`` over their rows,
+    and for an FP8 cache per-tensor ``k_scale`` / ``v_scale`` (:func:`fqr.inputs.
+    random_fp8_scales`)."""
     spec, bs = preset.spec, preset.params["block_size"]
     cache_dtype = CACHE_DTYPE_NAMES[preset.params["cache_dtype"]] or dtype
     blocks = -(-2 * holds // bs) + 1
-    shape = (blocks, bs, spec.num_kv_heads, spec.head_dim)
-
-    def normal(*size):
-        return torch.randn(size, generator=generator, dtype=torch.float64, device=generator.device)
-
+    entry = (bs, spec.num_kv_heads, spec.head_dim)
     drawn = {
-        "key_cache": normal(*shape).to(cache_dtype),
-        "value_cache": normal(*shape).to(cache_dtype),
-        "slot_mapping": random_slots(slots, blocks * bs, generator),
+        "key_cache": random_paged_cache(blocks, entry, cache_dtype, generator),
+        "value_cache": random_paged_cache(blocks, entry, cache_dtype, generator),
+        "slot_mapping": slot_mapping(blocks * bs),
     }
     if cache_dtype == FP8_E4M3:
-        scales = 0.25 + 0.75 * torch.rand(
-            2, generator=generator, dtype=torch.float64, device=generator.device
-        )
-        drawn.update(k_scale=scales[:1].float(), v_scale=scales[1:].float())
+        drawn |= random_fp8_scales(generator)
     return drawn
 
 
