@@ -39,7 +39,7 @@ from .declare import (
     declare,
     numerics,
 )
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, register_variant, spec_chain
 
 
 def index_cache_prologue(
@@ -347,10 +347,9 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     return drawn
 
 
-def _eager(variant, preset, cos_sin_cache, dtype):
-    kw = {k: v for k, v in params.index_head_kwargs(preset).items() if "index" in k}
-    table = cos_sin_cache.to(dtype)
-    return lambda inputs: minimax_index_cache_prologue(inputs, table, preset.spec, **kw)
+def _peer_kwargs(preset) -> dict:
+    """What the peer takes besides the spec: the indexer heads."""
+    return {k: v for k, v in params.index_head_kwargs(preset).items() if "index" in k}
 
 
 # MiniMax-M3's whole sparse-attention prologue with its caches: bf16 and FP8 caches (the FP8
@@ -361,8 +360,8 @@ INDEX_CACHE = register_variant(
         SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE,
         kwargs=params.index_head_kwargs,
         draw_inputs=_draw,
-        eager_chain=_eager,
-        params=("index_head_dim", "block_size", "cache_dtype"),
+        eager_chain=spec_chain(minimax_index_cache_prologue, _peer_kwargs),
+        params=("index_head_dim", *params.PAGED_CACHE_FIELDS),
         check_preset=_check_preset,
         golden=(
             CaseSpec("minimax-m3-index-cache", "bf16", 7, tp=8),

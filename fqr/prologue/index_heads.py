@@ -27,7 +27,7 @@ from .declare import (
     flag,
     numerics,
 )
-from .variant import CaseSpec, Variant, register_variant
+from .variant import CaseSpec, Variant, register_variant, spec_chain
 
 
 def index_heads_prologue(
@@ -176,10 +176,9 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     )  # fmt: skip
 
 
-def _eager(variant, preset, cos_sin_cache, dtype):
-    kw = {k: v for k, v in _kwargs(preset).items() if "index" in k or "fp8" in k}
-    table = cos_sin_cache.to(dtype)
-    return lambda inputs: minimax_index_prologue(inputs, table, preset.spec, **kw)
+def _peer_kwargs(preset) -> dict:
+    """What the peer takes besides the spec: the indexer heads and the FP8 outputs."""
+    return {k: v for k, v in _kwargs(preset).items() if "index" in k or "fp8" in k}
 
 
 # MiniMax-M3's indexer heads: bf16 and FP8 E4M3 outputs (v with outliers past +-448).
@@ -189,7 +188,7 @@ INDEX_HEADS = register_variant(
         SPLIT_QKV_INDEX_RMSNORM_ROPE,
         kwargs=_kwargs,
         draw_inputs=_draw,
-        eager_chain=_eager,
+        eager_chain=spec_chain(minimax_index_prologue, _peer_kwargs),
         params=("index_head_dim", "attn_fp8", "index_fp8"),
         check_preset=_check_preset,
         golden=(

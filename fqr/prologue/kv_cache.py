@@ -31,7 +31,7 @@ from .declare import (
     flag,
     numerics,
 )
-from .variant import CaseSpec, Variant, head_kwargs, register_variant
+from .variant import CaseSpec, Variant, head_kwargs, register_variant, spec_chain
 
 
 def cache_prologue(
@@ -171,11 +171,6 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     return drawn | caches
 
 
-def _eager(variant, preset, cos_sin_cache, dtype):
-    table = cos_sin_cache.to(dtype)
-    return lambda inputs: minimax_cache_prologue(inputs, table, preset.spec)
-
-
 # MiniMax-M3's KV-cache insert: bf16 and FP8 caches, every third slot negative.
 KV_CACHE = register_variant(
     Variant(
@@ -183,7 +178,7 @@ KV_CACHE = register_variant(
         SPLIT_QKV_RMSNORM_ROPE_CACHE,
         kwargs=head_kwargs,
         draw_inputs=_draw,
-        eager_chain=_eager,
+        eager_chain=spec_chain(minimax_cache_prologue),
         params=params.PAGED_CACHE_FIELDS,
         check_preset=params.check_paged_cache_preset,
         golden=(

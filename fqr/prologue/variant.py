@@ -426,3 +426,15 @@ def row_chain(peer: Callable) -> Callable:
         return run
 
     return eager
+
+
+def spec_chain(peer: Callable, kwargs: Callable[[Preset], dict] = lambda preset: {}) -> Callable:
+    """The ``eager_chain`` of a peer written ``peer(inputs, table, spec, **kwargs(preset))``
+    (:mod:`fqr.peers`: the model's unfused chain over a call's inputs by name), the table in
+    the model dtype (as vLLM holds it)."""
+
+    def eager(variant, preset, cos_sin_cache, dtype):
+        table, kw = cos_sin_cache.to(dtype), kwargs(preset)
+        return lambda inputs: peer(inputs, table, preset.spec, **kw)
+
+    return eager
