@@ -236,9 +236,8 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     heads = replace(spec, num_heads=2 * spec.num_heads) if gated else spec
     qkv = random_qkv(heads, tokens, dtype, generator)
     positions = random_position_planes(tokens, max_position, generator, dtype=positions_dtype)
-    return {"qkv": qkv, "positions": positions} | random_norm_inputs(
-        spec, dtype, generator, bias=bias
-    )
+    drawn = {"qkv": qkv, "positions": positions}
+    return drawn | random_norm_inputs(spec, dtype, generator, bias=bias)
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):
