@@ -54,11 +54,11 @@ def assert_close_as_peer(name: str, got, want, atol: float, rtol: float) -> None
 # ------------------------------------------------------------------- minimax_qknorm_rope_cache
 
 
-def check_exact(packed, table, positions, weights, heads, before, slots, actual, outs) -> None:
+def check_exact(packed, table, positions, weights, heads, before, slots, actual, outs) -> tuple:
     """fqr's own check of one call: ``outs = (q, index_q, key, value, index cache)`` against the
     float64 formulation (:func:`fqr.reference.index_cache_prologue`) of the packed row, the
     caches ``before`` the call and the slot mappings ``slots`` (main, index) with the tokens
-    past ``actual`` storing nothing."""
+    past ``actual`` storing nothing. Returns that float64 formulation's outputs."""
     tokens = packed.shape[0]
 
     def mapping(m):
@@ -76,6 +76,22 @@ def check_exact(packed, table, positions, weights, heads, before, slots, actual,
     names = ("q", "index_q", "key_cache", "value_cache", "index_cache")
     for name, out, want in zip(names, outs, exact):
         assert_exact(name, out.cpu(), want, head_dim=HD)
+    return exact
+
+
+def assert_fp8_close_or_nearer(name, got, peer, exact) -> None:
+    """The peer's FP8 check (atol 0.25), or, for an element outside it, fqr's value nearer the
+    float64 value (saturated to +-448) than the peer's reference: that reference rounds the norm
+    to bf16 before RoPE and then to E4M3, a double rounding that can land one E4M3 step away
+    (0.5 for ``|x|`` in [4, 8)) where fqr rounds once."""
+    g, p = got.cpu().double(), peer.cpu().double()
+    e = exact.cpu().double().clamp(-448.0, 448.0)
+    outside = (g - p).abs() > FP8_ATOL + CACHE_RTOL * p.abs()
+    nearer = (g - e).abs() <= (p - e).abs()
+    assert bool(nearer[outside].all()), (
+        f"{name}: {int(outside.sum())} elements outside the peer's tolerance, "
+        f"{int((outside & ~nearer).sum())} of them no nearer the float64 value than the peer's"
+    )
 
 
 CACHE_ATOL, CACHE_RTOL, FP8_ATOL = 0.032, 0.01, 0.25
@@ -306,15 +322,18 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
     zeros = [torch.zeros_like(c) for c in (key, value, index)]  # all padding before
     outs = (q, iq, key, value, index)
     mappings = (slots, index_slots)
-    check_exact(packed, cs, positions, weights, (qh, kh, ih), zeros, mappings, actual, outs)
+    exact = check_exact(packed, cs, positions, weights, (qh, kh, ih), zeros, mappings, actual, outs)
     _assert_close("q", q, expected[0].to(q.dtype))
-    expected_iq = expected[3].clamp(-448, 448) if fp8 else expected[3]
     assert iq.dtype == cache_dtype  # index_q in the index cache's dtype, as the peer's
-    _assert_close("index_q", iq, expected_iq.to(iq.dtype), FP8_ATOL if fp8 else CACHE_ATOL)
-    for name, cache, part, mapping in (
-        ("key_cache", key, expected[1], slots),
-        ("value_cache", value, expected[2], slots),
-        ("index_cache", index, expected[4], index_slots),
+    if fp8:
+        peer_iq = expected[3].clamp(-448, 448).to(iq.dtype)
+        assert_fp8_close_or_nearer("index_q", iq, peer_iq.float(), exact[1])
+    else:
+        _assert_close("index_q", iq, expected[3].to(iq.dtype))
+    for name, cache, part, mapping, exact_cache in (
+        ("key_cache", key, expected[1], slots, exact[2]),
+        ("value_cache", value, expected[2], slots, exact[3]),
+        ("index_cache", index, expected[4], index_slots, exact[4]),
     ):
         gold = torch.zeros(cache.shape, dtype=cache_dtype)
         part = part.to(packed.dtype) if cache is not index else part
@@ -324,7 +343,10 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
             if slot >= 0:
                 block, row = divmod(slot, cache.shape[1])
                 gold[block, row] = part[token].reshape_as(gold[0, 0]).to(cache_dtype)
-        _assert_close(name, cache, gold, FP8_ATOL if fp8 else CACHE_ATOL)
+        if fp8:
+            assert_fp8_close_or_nearer(name, cache.float(), gold.float(), exact_cache)
+        else:
+            _assert_close(name, cache, gold)
     if graph:
         traffic = torch.empty(1 << 20, device=device)
         stream = torch.cuda.Stream()
