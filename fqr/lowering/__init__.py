@@ -28,7 +28,7 @@ import torch
 
 from ..core import TOKENS, Aval, Program, trace
 from . import ascend  # noqa: F401  (registers the ascend and ascend-interpret targets)
-from .emit import EMITTER_VERSION, EmittedKernel, Tiling, emit_source
+from .emit import EMITTER_VERSION, EmittedKernel, KernelBuilder, Tiling
 from .kernel import Kernel
 from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
@@ -97,7 +97,7 @@ def _build(
         + (", indices with element strides" if strided_indices else "")
         + ".\n# Do not edit: regenerate with `fqr lower`."
     )
-    emitted = emit_source(plan, tiling, kernel_name, header, strided, strided_indices)
+    emitted = KernelBuilder(plan, tiling, kernel_name, header, strided, strided_indices).build()
     return target, plan, tiling, emitted, key, kernel_name
 
 

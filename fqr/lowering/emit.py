@@ -171,8 +171,21 @@ ROUND_TO_FP8E4M3 = {
 }
 
 
+@dataclass(frozen=True)
+class EmittedKernel:
+    """A kernel's generated source and what its code asks of the compiler: with
+    ``rounding_points`` it rounds between steps (``EmitContext.round_point``), which a
+    multiply-add contraction would skip, so it is compiled without one."""
+
+    source: str
+    rounding_points: bool
+
+
 class KernelBuilder:
-    """Writes one kernel; emit rules see it as a :class:`fqr.core.EmitContext`."""
+    """Writes one kernel (:meth:`build`); emit rules see it as a :class:`fqr.core.EmitContext`.
+    ``strided_outputs``: every output takes its head stride as a parameter, for ``[T, H, D]``
+    output views whose heads sit at a stride; ``strided_indices``: every per-token input
+    (positions, slots, per-token numbers) its element stride."""
 
     def __init__(
         self,
@@ -808,7 +821,8 @@ class KernelBuilder:
                 )
 
     # -------------------------------------------------------------- whole kernel
-    def build(self) -> str:
+    def build(self) -> EmittedKernel:
+        """The kernel's source, and whether its code has rounding points."""
         self.emit("tok = t0 + tt")
         self.emit("tmask = tok < T")
         self.emit("tok64 = tok.to(tl.int64)")
@@ -865,31 +879,4 @@ class KernelBuilder:
             *self.body,
             "",
         ]
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class EmittedKernel:
-    """A kernel's generated source and what its code asks of the compiler: with
-    ``rounding_points`` it rounds between steps (``EmitContext.round_point``), which a
-    multiply-add contraction would skip, so it is compiled without one."""
-
-    source: str
-    rounding_points: bool
-
-
-def emit_source(
-    plan: KernelPlan,
-    tiling: Tiling,
-    kernel_name: str,
-    header: str,
-    strided_outputs: bool = False,
-    strided_indices: bool = False,
-) -> EmittedKernel:
-    """The kernel's source; ``strided_outputs``: every output takes its head stride as a
-    parameter (:class:`KernelBuilder`), for ``[T, H, D]`` output views whose heads sit at a
-    stride; ``strided_indices``: every per-token input (positions, slots, per-token numbers)
-    its element stride."""
-    builder = KernelBuilder(plan, tiling, kernel_name, header, strided_outputs, strided_indices)
-    source = builder.build()
-    return EmittedKernel(source, builder.rounding_points)
+        return EmittedKernel("\n".join(lines), self.rounding_points)
