@@ -15,6 +15,7 @@ import torch
 from conftest import make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cuda_launcher import cuda_launcher
 from test_host_function import FakeJit, _poisoning
 
 import fqr
@@ -147,27 +148,11 @@ class FakeCompiledCuda:
     ``__call__`` runs), built without CUDA, with a recording inner ``launch``."""
 
     def __init__(self, log, **fields):
-        from triton.backends.nvidia.driver import CudaLauncher
-
         self.function, self.packed_metadata = object(), object()
-        runner = object.__new__(CudaLauncher)
-        values = dict(
-            launch=Recorder(log),
-            gsan_enabled=False,
-            global_scratch_size=0,
-            global_scratch_align=1,
-            profile_scratch_size=0,
-            profile_scratch_align=1,
-            num_ctas=1,
-            launch_cooperative_grid=False,
-            launch_pdl=False,
-            arg_annotations=object(),
-            kernel_signature=object(),
+        fields = (
+            dict(launch=Recorder(log), arg_annotations=object(), kernel_signature=object()) | fields
         )
-        values.update(fields)
-        for name, value in values.items():
-            setattr(runner, name, value)
-        self.run = runner
+        self.run = cuda_launcher(**fields)
 
 
 class Recorder:

@@ -40,16 +40,19 @@ from unittest import mock
 if __name__ == "__main__":
     if "--cuda" not in sys.argv:  # as the suite runs: kernels interpreted without a GPU
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    sys.path.insert(0, os.path.dirname(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]  # this folder and tests/ (support)
 
 import pytest
 import torch
+from support.cuda_launcher import cuda_launcher
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import fqr.backends as backends
 import fqr.lowering as lowering
 import fqr.lowering.kernel as kernel_module
 import fqr.lowering.launcher as launcher
+from fqr.bench.timers import CudaTimers
 from fqr.prologue import DECLARATIONS, Declaration, forget_checked_calls
 from fqr.prologue.declare import Form, TensorKind, torch_op_params
 
@@ -151,24 +154,8 @@ class _NoKernel:
         self.fn = fn
 
     def __getitem__(self, grid):
-        from triton.backends.nvidia.driver import CudaLauncher
-
         def compile_and_launch(*args, **kwargs):
-            runner = object.__new__(CudaLauncher)
-            for name, value in dict(
-                launch=_CFunction(),
-                gsan_enabled=False,
-                global_scratch_size=0,
-                global_scratch_align=1,
-                profile_scratch_size=0,
-                profile_scratch_align=1,
-                num_ctas=1,
-                launch_cooperative_grid=False,
-                launch_pdl=False,
-                arg_annotations=(),
-                kernel_signature=(),
-            ).items():
-                setattr(runner, name, value)
+            runner = cuda_launcher(_CFunction())
             return SimpleNamespace(run=runner, function=object(), packed_metadata=object())
 
         return compile_and_launch
@@ -379,22 +366,6 @@ def _table(launch: str) -> list[str]:
     return rows
 
 
-def _host_us(call: Callable[[], object], calls: int = 2000, rounds: int = 5) -> float:
-    """Host µs per call, back to back (the median of ``rounds``), as ``fqr bench`` times it."""
-    import statistics
-    import time
-
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
 def _cuda_table() -> list[str]:
     """The repeat calls on the ``triton`` backend, on CUDA: what :func:`dispatched` counts,
     the CUDA runtime / driver calls (``cu*``) and kernels of the profile, the full checks and
@@ -404,7 +375,8 @@ def _cuda_table() -> list[str]:
     x = torch.randn(2, 8, 128, dtype=torch.bfloat16, device="cuda")
     w = torch.ones(128, dtype=torch.bfloat16, device="cuda")
     with torch.inference_mode():
-        rows = [f"F.rms_norm: {_host_us(lambda: F.rms_norm(x, (128,), w, 1e-6)):.1f} us/call"]
+        rms_norm_us = CudaTimers().dispatch_us(lambda: F.rms_norm(x, (128,), w, 1e-6))
+        rows = [f"F.rms_norm: {rms_norm_us:.1f} us/call"]
         for name, index, form in cases():
             decl = DECLARATIONS[name]
             values = fresh(_interpret(name, index, "triton"), "cuda")
@@ -432,7 +404,7 @@ def _cuda_table() -> list[str]:
             kernels = collections.Counter(
                 e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
             )
-            us = _host_us(call_of(decl, form, values))
+            us = CudaTimers().dispatch_us(call_of(decl, form, values))
             rows.append(
                 f"{_case_id((name, index, form))}: {us:.1f} us/call; aten {dict(own)}; "
                 f"cuda api {dict(api)}; kernels {dict(kernels)}; slow path {dict(taken)}"
