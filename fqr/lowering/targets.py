@@ -122,15 +122,14 @@ class CudaTarget(Target):
     ) -> dict[str, Any]:
         """``num_warps`` (default 2); Triton's ``enable_fp_fusion`` (whether a multiply and an
         add may contract into one FMA): ``fp_fusion`` where given, else off for a kernel with
-        ``rounding_points`` and Triton's default (on) otherwise. A contraction skips the
-        rounding between the product and the sum: in the PTX of an unfused kernel ``round(
-        round(a * c) - round(b * s))`` became ``fma.rn.bf16(a, c, -round(b * s))``. With
+        ``rounding_points`` and on otherwise (always passed: Triton 3.9 warns that its own
+        default turns off in 3.10). A contraction skips the rounding between the product and
+        the sum: in the PTX of an unfused kernel ``round(round(a * c) - round(b * s))`` became
+        ``fma.rn.bf16(a, c, -round(b * s))``; in a fused kernel it only adds precision. With
         ``pdl``, Triton's ``launch_pdl`` (the kernel then waits on the one before it:
         :attr:`Tiling.grid_dependency`)."""
         launch: dict[str, Any] = {"num_warps": int(options.get("num_warps", 2))}
-        fp_fusion = options.get("fp_fusion", None if not rounding_points else False)
-        if fp_fusion is not None:
-            launch["enable_fp_fusion"] = bool(fp_fusion)
+        launch["enable_fp_fusion"] = bool(options.get("fp_fusion", not rounding_points))
         if options.get("pdl"):
             launch["launch_pdl"] = True
         return launch
