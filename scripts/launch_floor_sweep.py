@@ -348,6 +348,30 @@ def sweep(ceil):
     return results
 
 
+def write_tuning(results):
+    """The sweep's tuning table (:func:`fqr.lowering.tuning.table_from_sweep`) as
+    ``$OUT/tuning.json``: review it, then copy it over fqr/lowering/tuning.json."""
+    from fqr.lowering import plan_program
+    from fqr.lowering.targets import UNTUNED, shape_key
+    from fqr.lowering.tuning import table_from_sweep
+    from fqr.presets import get_preset
+    from fqr.prologue import program_of
+
+    presets = {name: get_preset(name) for name in PRESETS}
+    shapes = {n: shape_key(plan_program(program_of(p, torch.bfloat16))) for n, p in presets.items()}
+    doc = table_from_sweep(
+        results,
+        shapes,
+        UNTUNED,
+        source=f"scripts/launch_floor_sweep.py on {torch.cuda.get_device_name()}, bf16, "
+        f"T = {TOKENS}, device us of CUDA-graph replays over rotating inputs",
+        models={n: p.hf_id for n, p in presets.items()},
+    )
+    with open(f"{OUT}/tuning.json", "w") as f:
+        json.dump(doc, f, indent=1)
+    log(f"tuning table: {OUT}/tuning.json ({len(doc['entries'])} shapes)")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     import triton
@@ -366,7 +390,7 @@ def main():
             json.dump(disp, f)
     ceil = ceiling()
     log(f"ceiling {ceil:.0f} GB/s; {time.time() - t0:.0f}s so far")
-    sweep(ceil)
+    write_tuning(sweep(ceil))
     log(f"done in {time.time() - t0:.0f}s")
     for tag in ("before", "after"):
         p = f"{OUT}/profile-{tag}.txt"

@@ -22,6 +22,7 @@ import torch
 
 from .emit import Tiling
 from .plan import KernelPlan, next_pow2
+from .tuning import TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_table
 
 
 def cdiv(a: int, b: int) -> int:
@@ -162,13 +163,7 @@ class CudaTarget(Target):
         )
 
 
-# The options a tuned variant sets, in the order of a TUNED entry.
-TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode")
-TOKEN_BUCKETS = (256, 8192, None)  # the upper T of each variant (None: any T)
-Config = tuple[int, int, int, str]
-
-
-def tuned_variants(plan: KernelPlan) -> tuple[Config, Config, Config]:
+def tuned_variants(plan: KernelPlan) -> Variants:
     """The (decode, middle, large) variants :data:`TUNED` holds for ``plan``: its entry for
     the shape and the outputs' dtype where one was measured apart, else the shape's entry,
     else :data:`UNTUNED`."""
@@ -183,45 +178,11 @@ def shape_key(plan: KernelPlan) -> tuple:
     return tuple((c.heads, c.head_dim, c.head_layout.tag, c.compute_free) for c in plan.chains)
 
 
-_DECODE: Config = (2, 1, 2048, "grid")  # heads spread over programs: one per chunk
-_MIDDLE: Config = (2, 1, 2048, "grid")
-# Variants (decode, middle, large) for shapes the H200 sweep did not cover: grid chunks
-# below 8192 tokens, then the earlier single default (2 warps, 2048-element unrolled chunks).
-UNTUNED: tuple[Config, Config, Config] = (_DECODE, _MIDDLE, (2, 1, 2048, "unroll"))
-
-
-_LARGE_2W: Config = (2, 1, 2048, "unroll")
-
-
-def _qk(q: int, kv: int, d: int = 128, rot: str = "neox128") -> tuple:
-    return ((q, d, rot, False), (kv, d, rot, False), (kv, d, "plain", True))
-
-
-# Measured per shape on the H200, bf16, T = 1 .. 65,536, device time of CUDA-graph replays
-# over rotating inputs (docs/PERFORMANCE.md, "Tuning"; docs/results/launch-floor-sweep.json).
-# Keys: a shape (:func:`shape_key`), or ``(shape, dtype)`` for a dtype measured apart.
-TUNED: dict[tuple, tuple[Config, Config, Config]] = {
-    _qk(16, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-0.6B
-    _qk(32, 8): (_DECODE, _MIDDLE, (1, 1, 2048, "unroll")),  # Qwen3-8B
-    _qk(64, 8): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Qwen3-32B
-    _qk(64, 4): (_DECODE, _MIDDLE, (1, 1, 4096, "unroll")),  # Qwen3-235B-A22B
-    _qk(32, 16): (_DECODE, _MIDDLE, (2, 1, 4096, "unroll")),  # Gemma 3 27B
-    _qk(24, 4, 256, "neox64"): (_DECODE, (1, 1, 2048, "grid"), (2, 1, 2048, "unroll")),  # Qwen3.5
-    _qk(32, 2, 128, "gptj64"): ((4, 1, 2048, "grid"), _LARGE_2W, _LARGE_2W),  # GLM-4-9B
-    # Qwen3.5-27B as the model runs it (its gate chain after v): the variants of its q/k/v
-    # shape above, so that text-only mRoPE positions tile, reduce and round as plain RoPE does
-    # (bit-identical on the H200, scripts/mrope_gpu.py; untuned variants differed at T = 4,099)
-    _qk(24, 4, 256, "neox64") + ((24, 256, "plain", True),): (
-        _DECODE,
-        (1, 1, 2048, "grid"),
-        (2, 1, 2048, "unroll"),
-    ),
-    # fp16 measured apart (second pass, docs/results/launch-floor-2-sweep.json): on the 1-warp
-    # large variants two tokens per program gain 1-2 points in fp16 (Qwen3-8B 65,536 tokens
-    # 93.8 -> 94.7%, 16,384 89.4 -> 90.8%) and lose 2-3 in bf16, so the entries are per dtype.
-    (_qk(16, 8), torch.float16): (_DECODE, _MIDDLE, (1, 2, 2048, "unroll")),  # Qwen3-0.6B
-    (_qk(32, 8), torch.float16): (_DECODE, _MIDDLE, (1, 2, 4096, "unroll")),  # Qwen3-8B
-}
+# The H200 tuning table (fqr/lowering/tuning.json, :mod:`fqr.lowering.tuning`): variants per
+# shape (:func:`shape_key`) or ``(shape, dtype)`` for a dtype measured apart, and the variants
+# of shapes no sweep covered (grid chunks below 8192 tokens, then 2 warps and 2048-element
+# unrolled chunks).
+UNTUNED, TUNED = load_table()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""The cuda target's tuning table as data (issue 24.2: tuning a sweep can regenerate):
+``fqr/lowering/tuning.json`` parses into what the target reads, a sweep's rows become a table
+by the stated rule (least summed time relative to each T's best, per token bucket), and a
+malformed document is refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from fqr.bench.config import DEFAULT_PRESETS
+from fqr.lowering import plan_program
+from fqr.lowering.targets import TUNED, UNTUNED, shape_key
+from fqr.lowering.tuning import (
+    TUNING_FILE,
+    TuningError,
+    load_table,
+    parse_table,
+    table_from_sweep,
+)
+from fqr.presets import get_preset
+from fqr.prologue import program_of
+
+
+def test_the_shipped_table_is_what_the_target_reads_and_covers_the_bench_presets():
+    untuned, table = load_table()
+    assert (untuned, table) == (UNTUNED, TUNED)
+    for name in DEFAULT_PRESETS:
+        assert shape_key(plan_program(program_of(get_preset(name)))) in table, name
+
+
+A, B, C = [1, 1, 2048, "grid"], [2, 1, 2048, "unroll"], [4, 2, 4096, "loop"]
+
+
+def _rows(us: dict) -> list[dict]:
+    """Sweep rows of one preset: ``us[(T, config index)]``, plus a hand-written kernel's."""
+    configs = (A, B, C)
+    rows = [
+        {"preset": "p", "T": t, "cfg": dict(zip(("num_warps", "block_t", "tile_elems",
+         "chunk_mode"), configs[i])), "us": v}
+        for (t, i), v in us.items()
+    ]  # fmt: skip
+    rows.append({"preset": "p", "T": 1, "cfg": "handwritten-w4", "us": 0.001})
+    return rows
+
+
+def test_a_sweep_becomes_a_table_by_each_buckets_least_relative_time():
+    """Per bucket (T <= 256, <= 8192, larger) the option set whose times, each divided by the
+    best at its T, sum least: at T = 16 B is 10% slower but A is 3x slower at T = 1."""
+    us = {
+        (1, 0): 3.0, (1, 1): 1.0, (1, 2): 2.0,
+        (16, 0): 1.0, (16, 1): 1.1, (16, 2): 2.0,
+        (1024, 0): 5.0, (1024, 1): 6.0, (1024, 2): 9.0,
+        (65536, 0): 400.0, (65536, 1): 390.0, (65536, 2): 380.0,
+    }  # fmt: skip
+    shape = ((8, 128, "neox128", False), (2, 128, "plain", True))
+    doc = table_from_sweep(_rows(us), {"p": shape}, UNTUNED, source="test", models={"p": "Model-P"})
+    assert doc["entries"] == [
+        {
+            "model": "Model-P",
+            "shape": [[8, 128, "neox128", False], [2, 128, "plain", True]],
+            "dtype": None,
+            "variants": [B, A, C],
+        }
+    ]
+    untuned, table = parse_table(json.loads(json.dumps(doc)))  # as written to a file
+    assert untuned == UNTUNED and table == {shape: (tuple(B), tuple(A), tuple(C))}
+
+
+def test_a_bucket_without_an_option_set_measured_at_all_its_t_is_refused():
+    us = {(1, 0): 1.0, (16, 1): 1.0, (1024, 0): 1.0, (65536, 0): 1.0}
+    with pytest.raises(TuningError, match="p: no option set measured at every T of a bucket"):
+        table_from_sweep(_rows(us), {"p": ((8, 128, "plain", True),)}, UNTUNED, source="t")
+
+
+def _break(path: str, value):
+    doc = json.loads(TUNING_FILE.read_text())
+    target, *keys = path.split(".")
+    node = doc
+    for key in [target, *keys][:-1]:
+        node = node[int(key)] if key.isdigit() else node[key]
+    last = [target, *keys][-1]
+    node[int(last) if last.isdigit() else last] = copy.deepcopy(value)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("schema", "fqr.tuning/0", "'schema' must be 'fqr.tuning/1'"),
+        ("options", ["num_warps"], "'options' must be"),
+        ("buckets", [256, None], "'buckets' must be"),
+        ("untuned", [A, A], "'untuned' must hold one option set per bucket"),
+        ("entries.0.variants.2", [3, 1, 2048, "grid"], "entries\\[0\\].variants\\[2\\]: .* powers"),
+        ("entries.0.variants.0", [2, 1, 2048, "tiles"], "chunk_mode must be one of"),
+        ("entries.0.shape", [], "entries\\[0\\].shape must be a non-empty list"),
+        ("entries.0.dtype", "bf17", "entries\\[0\\].dtype must be a dtype name"),
+        ("entries.1.shape", [[16, 128, "neox128", False], [8, 128, "neox128", False],
+                             [8, 128, "plain", True]], "entries\\[1\\]: .* tuned twice"),
+    ],
+)  # fmt: skip
+def test_a_malformed_table_is_refused_naming_the_field(path, value, message):
+    with pytest.raises(TuningError, match=message):
+        parse_table(_break(path, value))
+
+
+def test_an_unreadable_file_is_named(tmp_path):
+    bad = tmp_path / "tuning.json"
+    bad.write_text("{not json")
+    with pytest.raises(TuningError, match="tuning.json: not a readable JSON document"):
+        load_table(bad)
