@@ -12,7 +12,7 @@ import pytest
 
 from fqr.bench.config import DEFAULT_PRESETS
 from fqr.lowering import plan_program
-from fqr.lowering.targets import TUNED, UNTUNED, shape_key
+from fqr.lowering.targets import UNTUNED, shape_key
 from fqr.lowering.tuning import (
     TUNING_FILE,
     TuningError,
@@ -24,9 +24,8 @@ from fqr.presets import get_preset
 from fqr.prologue import program_of
 
 
-def test_the_shipped_table_is_what_the_target_reads_and_covers_the_bench_presets():
-    untuned, table = load_table()
-    assert (untuned, table) == (UNTUNED, TUNED)
+def test_the_shipped_table_covers_the_bench_presets():
+    _, table = load_table()
     for name in DEFAULT_PRESETS:
         assert shape_key(plan_program(program_of(get_preset(name)))) in table, name
 
