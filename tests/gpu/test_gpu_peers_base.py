@@ -17,16 +17,9 @@ float64 reference:
 from __future__ import annotations
 
 import pytest
-from support.peer_ports import case_id, load_port
+from support.peer_ports import ON_TRITON, case_id, load_port
 
-from fqr.backends import BACKENDS
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
-    ),
-]
+pytestmark = ON_TRITON
 
 ASCEND_BASE = load_port("test_vllm_ascend_split_qkv_rmsnorm_rope")
 ASCEND_VNORM = load_port("test_vllm_ascend_split_qkv_rmsnorm_rope_vnorm")

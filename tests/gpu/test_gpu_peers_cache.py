@@ -14,16 +14,9 @@ sample on the CPU; here every case, each also checked against fqr's float64 refe
 from __future__ import annotations
 
 import pytest
-from support.peer_ports import case_id, load_port
+from support.peer_ports import ON_TRITON, case_id, load_port
 
-from fqr.backends import BACKENDS
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
-    ),
-]
+pytestmark = ON_TRITON
 
 KVCACHE = load_port("test_vllm_fused_qk_norm_rope_kvcache")
 CACHE = load_port("test_vllm_cache")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.peer_ports import ON_TRITON
 from support.vllm_ascend_minimax import (
     CACHE_HEADS,
     CACHE_ROTARY,
@@ -19,14 +20,7 @@ from support.vllm_ascend_minimax import (
     run_replay_case,
 )
 
-from fqr.backends import BACKENDS
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
-    ),
-]
+pytestmark = ON_TRITON
 CUDA = "cuda"
 
 

@@ -8,6 +8,7 @@ on the CPU backends."""
 from __future__ import annotations
 
 import pytest
+from support.peer_ports import ON_TRITON
 from support.peers_mrope import (
     ASCEND_SPLIT_MROPE_GRID,
     ASCEND_TRITON_MROPE_GRID,
@@ -20,14 +21,7 @@ from support.peers_mrope import (
     vllm_mrope_compiled_case,
 )
 
-from fqr.backends import BACKENDS
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
-    ),
-]
+pytestmark = ON_TRITON
 GPU = dict(backend="triton", device="cuda")
 
 

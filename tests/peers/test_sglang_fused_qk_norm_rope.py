@@ -20,9 +20,14 @@ backend, 4 of those on the interpreter; all 200 on the GPU (``tests/gpu/test_gpu
 
 from __future__ import annotations
 
-import pytest
 import torch
-from support.peer_ports import INTERPRET, assert_exact, assert_peer_close, case_id, grid, spread
+from support.peer_ports import (
+    assert_exact,
+    assert_peer_close,
+    cpu_backend_tests,
+    grid,
+    spread,
+)
 
 import fqr
 from fqr import reference
@@ -102,12 +107,6 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
         assert_exact(name, o, ex, head_dim=d, bitwise=name == "v")
 
 
-@pytest.mark.parametrize("case", CPU_GRID, ids=case_id)
-def test_reference_backend(gen, case):
-    check_case(case, "reference", gen)
-
-
-@pytest.mark.parametrize("backend", [INTERPRET])
-@pytest.mark.parametrize("case", INTERPRET_GRID, ids=case_id)
-def test_interpreted_kernel(gen, case, backend):
-    check_case(case, backend, gen)
+test_reference_backend, test_interpreted_kernel = cpu_backend_tests(
+    check_case, CPU_GRID, INTERPRET_GRID
+)

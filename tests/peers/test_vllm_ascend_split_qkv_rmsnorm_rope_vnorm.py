@@ -21,10 +21,9 @@ import pytest
 import torch
 from support.peer_ports import (
     ASCEND_MAX_POSITION,
-    INTERPRET,
     assert_exact,
     assert_peer_close,
-    case_id,
+    cpu_backend_tests,
     grid,
     peer_norm_rope,
     peer_positions,
@@ -99,15 +98,9 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
         assert_exact(name, out, ex, head_dim=d)
 
 
-@pytest.mark.parametrize("case", CPU_GRID, ids=case_id)
-def test_reference_backend(gen, case):
-    check_case(case, "reference", gen)
-
-
-@pytest.mark.parametrize("backend", [INTERPRET])
-@pytest.mark.parametrize("case", INTERPRET_GRID, ids=case_id)
-def test_interpreted_kernel(gen, case, backend):
-    check_case(case, backend, gen)
+test_reference_backend, test_interpreted_kernel = cpu_backend_tests(
+    check_case, CPU_GRID, INTERPRET_GRID
+)
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,14 @@ CPU: all 24 cases on the reference backend, 3 on the interpreter; all 24 on the 
 
 from __future__ import annotations
 
-import pytest
 import torch
-from support.peer_ports import INTERPRET, assert_exact, assert_peer_or_nearer, case_id, grid, spread
+from support.peer_ports import (
+    assert_exact,
+    assert_peer_or_nearer,
+    cpu_backend_tests,
+    grid,
+    spread,
+)
 
 import fqr
 from fqr import reference
@@ -86,12 +91,6 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     return within
 
 
-@pytest.mark.parametrize("case", CPU_GRID, ids=case_id)
-def test_reference_backend(gen, case):
-    check_case(case, "reference", gen)
-
-
-@pytest.mark.parametrize("backend", [INTERPRET])
-@pytest.mark.parametrize("case", INTERPRET_GRID, ids=case_id)
-def test_interpreted_kernel(gen, case, backend):
-    check_case(case, backend, gen)
+test_reference_backend, test_interpreted_kernel = cpu_backend_tests(
+    check_case, CPU_GRID, INTERPRET_GRID
+)

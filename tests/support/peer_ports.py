@@ -40,6 +40,34 @@ INTERPRET = pytest.param(
     ),
 )
 
+# The GPU files' marks (``pytestmark``): the full grids on the compiled kernel, skipped where
+# no CUDA GPU is visible.
+ON_TRITON = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not BACKENDS["triton"].available, reason=BACKENDS["triton"].unavailable_reason() or ""
+    ),
+]
+
+
+def cpu_backend_tests(check_case: Callable, cpu_grid: list, interpret_grid: list) -> tuple:
+    """The two CPU tests of a port whose ``check_case(case, backend, gen)`` checks one case:
+    ``cpu_grid`` on the reference backend and ``interpret_grid`` (a spread of it) through the
+    interpreted kernel, as ``(test_reference_backend, test_interpreted_kernel)`` to bind at
+    module level, where pytest collects them."""
+
+    @pytest.mark.parametrize("case", cpu_grid, ids=case_id)
+    def test_reference_backend(gen, case):
+        check_case(case, "reference", gen)
+
+    @pytest.mark.parametrize("backend", [INTERPRET])
+    @pytest.mark.parametrize("case", interpret_grid, ids=case_id)
+    def test_interpreted_kernel(gen, case, backend):
+        check_case(case, backend, gen)
+
+    return test_reference_backend, test_interpreted_kernel
+
+
 # vllm-ascend's tests hold their tables in bf16 with max_position_embeddings 262144 rows; their
 # noise tables have no theta: the ports take Qwen3's / MiniMax-M3's 1e6.
 ASCEND_MAX_POSITION = 262144
