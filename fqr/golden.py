@@ -1005,7 +1005,7 @@ def load_case(
         raise GoldenCorrupt(f"{path}: {problem}")
     if variant != SPLIT_QKV.name:
         table = None
-        if "cos_sin_rows" in t:
+        if _reads_positions(variant):
             table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
         expected = {name: t[f"expected_{name}"] for name in entry["outputs"]}
         inputs = {
