@@ -22,7 +22,7 @@ import torch
 
 from .emit import Tiling
 from .plan import KernelPlan, next_pow2
-from .tuning import TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_table
+from .tuning import CHUNK_MODES, TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_table
 
 
 def cdiv(a: int, b: int) -> int:
@@ -94,7 +94,7 @@ class CudaTarget(Target):
     def tiling(self, plan: KernelPlan, **options: Any) -> Tiling:
         budget = int(options.get("tile_elems", 2048))
         mode = options.get("chunk_mode", "unroll")
-        if mode not in ("loop", "unroll", "grid"):
+        if mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")
         chunks = []
         for c in plan.chains:

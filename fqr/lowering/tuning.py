@@ -33,7 +33,7 @@ TUNING_FILE = Path(__file__).with_name("tuning.json")
 # The options a variant sets, in the order of an entry's option sets.
 TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode")
 TOKEN_BUCKETS = (256, 8192, None)  # the upper T of each variant (None: any T)
-CHUNK_MODES = ("loop", "unroll", "grid")
+CHUNK_MODES = ("loop", "unroll", "grid")  # the cuda target's chunk modes
 
 Config = tuple[int, int, int, str]
 Variants = tuple[Config, ...]
