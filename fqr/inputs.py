@@ -127,6 +127,16 @@ def random_norm_params(
     return weights + biases
 
 
+def random_norm_inputs(
+    spec: PrologueSpec, dtype: torch.dtype, generator: torch.Generator, *, bias: bool = False
+) -> dict[str, torch.Tensor]:
+    """:func:`random_norm_params` by parameter name (``q_weight``, ``k_weight``, and
+    ``q_bias`` / ``k_bias`` with ``bias``); none without a norm."""
+    names = ("q_weight", "k_weight", "q_bias", "k_bias")
+    norm = random_norm_params(spec, dtype, generator, bias=bias)
+    return {n: x for n, x in zip(names, norm) if x is not None}
+
+
 def random_inputs(
     spec: PrologueSpec,
     tokens: int,

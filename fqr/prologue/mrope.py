@@ -16,13 +16,13 @@ import torch
 
 from .. import ops, reference
 from ..core import Section
-from ..inputs import random_positions, random_qkv
+from ..inputs import random_norm_inputs, random_positions, random_qkv
 from ..peers import vllm_mrope_prologue
 from ..validate import check_mrope_section
 from . import params
 from .blocks import multimodal_rope, round_to
 from .declare import BACKEND, Call, Output, Positions, Rows, Static, declare, flag, numerics
-from .variant import CaseSpec, Variant, random_norm_inputs, register_variant
+from .variant import CaseSpec, Variant, register_variant
 
 
 def mrope_attention_prologue(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core import TOKENS, Program
-from ..inputs import random_norm_params, random_row
+from ..inputs import random_norm_inputs, random_row
 from ..presets import Preset, get_preset
 from .declare import Cache, Declaration, torch_op_params
 
@@ -395,17 +395,9 @@ def head_kwargs(preset) -> dict:
     return preset.spec.head_kwargs()
 
 
-def random_norm_inputs(spec, dtype, generator, *, bias: bool = False) -> dict:
-    """The norm's ``q_weight`` / ``k_weight`` (and ``q_bias`` / ``k_bias`` with ``bias``) of
-    ``spec`` (:func:`fqr.inputs.random_norm_params`) by parameter name; none without a norm."""
-    names = ("q_weight", "k_weight", "q_bias", "k_bias")
-    norm = random_norm_params(spec, dtype, generator, bias=bias)
-    return {n: x for n, x in zip(names, norm) if x is not None}
-
-
 def draw_row(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
     """The ``draw_inputs`` of an op of vLLM's packed row: ``qkv`` and ``positions``
-    (:func:`fqr.inputs.random_row`), then the preset's :func:`random_norm_inputs`."""
+    (:func:`fqr.inputs.random_row`), then the preset's :func:`fqr.inputs.random_norm_inputs`."""
     row = dict(max_position=max_position, positions_dtype=positions_dtype)
     drawn = random_row(preset.spec, tokens, dtype, generator, **row)
     return drawn | random_norm_inputs(preset.spec, dtype, generator, bias=bias)
