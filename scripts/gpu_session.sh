@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|peers
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|peers
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -62,6 +62,15 @@ floors)
   TAILN=40 step fast_path_cuda timeout 90 python3 tests/backends/test_fast_path_aten.py --cuda
   TAILN=25 step pdl_probe timeout 150 python3 scripts/pdl_probe.py qwen3-8b qwen3.5-27b deepseek-v3-q-rope
   TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
+  ;;
+probe)
+  # the declared ops' host dispatch on CUDA (profile of every op's repeat call, and the bench's
+  # dispatch rows of one preset per variant at T = 1), unfused bits, PDL after the GEMM
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  TAILN=40 step fast_path_cuda timeout 100 python3 tests/backends/test_fast_path_aten.py --cuda
+  TAILN=45 step bench_dispatch timeout 230 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-full,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3-q-rope --tokens 1 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_dispatch.json"
+  TAILN=22 step unfused_bits timeout 100 python3 scripts/unfused_cuda_bits.py
+  TAILN=25 step pdl_probe timeout 100 python3 scripts/pdl_probe.py qwen3-8b deepseek-v3-q-rope
   ;;
 peers)
   # issue 26: the ported peer grids in full on triton, the goldens (qk_rope / qk_mrope included)
