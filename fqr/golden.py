@@ -526,6 +526,8 @@ def entry_problem(entry) -> str | None:
         preset = get_preset(entry["preset"], entry["tp"])
     except (KeyError, ValueError) as e:
         return f"'preset': {e}"
+    if variant != preset.variant:
+        return f"'variant' {variant} is not the variant of preset {preset.name} ({preset.variant})"
     if variant != SPLIT_QKV.name:
         try:
             VARIANTS[variant].check(preset)

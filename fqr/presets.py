@@ -680,11 +680,24 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 
-# The same models' query rotation (variant mla-q-rope): after q_b_proj, the rope part of each q
-# head rotated in place. A layer runs both MLA ops; each op is a preset of its own.
+# An op a model's layer calls beside its own prologue is a preset of its own, named
+# ``{model}-{suffix}``, with the model's fields and the op's variant: the MLA models' query
+# rotation (mla-q-rope: after q_b_proj, the rope part of each q head rotated in place), and the
+# RoPE of separate q and k as vLLM's attention layers call ``rotary_emb(positions, q, k)``
+# (qk-rope on Llama 3 and GLM-4; qk-mrope, ``MRotaryEmbedding.forward``, on Qwen3-VL and
+# Qwen3.5).
+_SECOND_OPS = (
+    ("deepseek-v3", "q-rope", "mla-q-rope"),
+    ("kimi-k2", "q-rope", "mla-q-rope"),
+    ("deepseek-v2-lite", "q-rope", "mla-q-rope"),
+    ("llama3-8b", "qk-rope", "qk-rope"),
+    ("glm4-9b", "qk-rope", "qk-rope"),
+    ("qwen3-vl-8b", "qk-mrope", "qk-mrope"),
+    ("qwen3.5-27b", "qk-mrope", "qk-mrope"),
+)
 PRESETS.update(
-    (f"{name}-q-rope", replace(PRESETS[name], name=f"{name}-q-rope", variant="mla-q-rope"))
-    for name in ("deepseek-v3", "kimi-k2", "deepseek-v2-lite")
+    (f"{model}-{suffix}", replace(PRESETS[model], name=f"{model}-{suffix}", variant=variant))
+    for model, suffix, variant in _SECOND_OPS
 )
 
 

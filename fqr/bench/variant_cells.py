@@ -79,7 +79,9 @@ def variant_traffic(
     rotated in place, is not read), of the table one row per token, of a donated cache
     nothing; every output written once (:meth:`Variant.bytes_written`: a cache only at its
     stored slots)."""
-    program = variant.program(preset, dtype, positions_dtype=inputs["positions"].dtype)
+    positions = inputs.get("positions")  # an op without positions (a cache insert) has none
+    options = {} if positions is None else {"positions_dtype": positions.dtype}
+    program = variant.program(preset, dtype, **options)
     operands = variant.program_args(preset, inputs, cache)
     tokens = next(iter(inputs.values())).shape[0]
     read = {"rows": 0, "index": 0, "table": 0, "call": 0}

@@ -6,9 +6,10 @@ runs the same kernel): ``q [T, Hq*D]`` and ``k [T, Hkv*D]`` rotated by the rows 
 ``cos_sin_cache`` (R = its width = vLLM's ``rotary_dim``; features past R pass through). The
 compositions are ``rope`` (:func:`qk_rope_prologue`) and ``mrope`` (:func:`qk_mrope_prologue`)
 of q and of k; the float64 references are :func:`fqr.reference.qk_rope` and
-:func:`fqr.reference.qk_mrope`. Variants ``qk-rope`` (Llama 3, GLM-4: models whose prologue is
-RoPE alone) and ``qk-mrope`` (Qwen3-VL, Qwen3.5) bind presets of other members by name
-(``Variant.binds``).
+:func:`fqr.reference.qk_mrope`. Variants ``qk-rope`` (presets ``llama3-8b-qk-rope``,
+``glm4-9b-qk-rope``: models whose prologue is RoPE alone) and ``qk-mrope``
+(``qwen3-vl-8b-qk-mrope``, ``qwen3.5-27b-qk-mrope``): the models' fields, this op
+(:mod:`fqr.presets`).
 """
 
 from __future__ import annotations
@@ -203,10 +204,9 @@ QK_ROPE_VARIANT = register_variant(
         draw_inputs=_draw,
         eager_chain=_eager_rope,
         pins=K_GIVEN,
-        binds=("llama3-8b", "glm4-9b"),
         golden=(
-            CaseSpec("llama3-8b", "bf16", 7, tp=2, variant="qk-rope"),
-            CaseSpec("glm4-9b", "fp16", 5, "unfused", variant="qk-rope"),
+            CaseSpec("llama3-8b-qk-rope", "bf16", 7, tp=2),
+            CaseSpec("glm4-9b-qk-rope", "fp16", 5, "unfused"),
         ),
     )
 )
@@ -221,10 +221,9 @@ QK_MROPE_VARIANT = register_variant(
         params=MROPE_FIELDS,
         check_preset=lambda variant, preset: check_preset_section(preset),
         pins=K_GIVEN,
-        binds=("qwen3-vl-8b", "qwen3.5-27b"),
         golden=(
-            CaseSpec("qwen3-vl-8b", "bf16", 7, tp=4, variant="qk-mrope"),
-            CaseSpec("qwen3.5-27b", "bf16", 3, "unfused", variant="qk-mrope"),
+            CaseSpec("qwen3-vl-8b-qk-mrope", "bf16", 7, tp=4),
+            CaseSpec("qwen3.5-27b-qk-mrope", "bf16", 3, "unfused"),
         ),
     )
 )

@@ -41,7 +41,7 @@ class CaseSpec:
     the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
     ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
     row (row stride > width); ``peer`` a layout or form of the split op (:data:`fqr.golden.
-    PEER_FORMS`); ``variant`` another member of the family than the preset's own."""
+    PEER_FORMS`). The case runs its preset's variant."""
 
     preset: str
     dtype: str
@@ -54,11 +54,10 @@ class CaseSpec:
     positions_dtype: str = "int64"
     row_pad: int = 0
     peer: str | None = None
-    variant: str | None = None
 
     @property
     def variant_name(self) -> str:
-        return self.variant or get_preset(self.preset).variant
+        return get_preset(self.preset).variant
 
     @property
     def name(self) -> str:
@@ -80,8 +79,6 @@ class CaseSpec:
             parts.append("strided")
         if self.peer:
             parts.append(self.peer)
-        if self.variant is not None and self.variant != get_preset(self.preset).variant:
-            parts.append(self.variant)
         return "-".join(parts)
 
     @property
@@ -120,7 +117,6 @@ class Variant:
     # in_features of the projection whose output is the op's first input (None: the model's
     # hidden_size; MLA's q rope reads q_b_proj's output, of q_lora_rank features)
     projection_in: Callable[[Preset], int] | None = None
-    binds: tuple[str, ...] = ()  # presets it runs besides those naming it (presets_of)
 
     # -------------------------------------------------------------- what it is
     def outputs_of(self, preset: Preset | None = None) -> tuple[str, ...]:
@@ -358,22 +354,20 @@ def get_variant(name: str) -> Variant:
         raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}") from None
 
 
-def variant_of(preset: Preset, name: str | None = None) -> Variant:
-    """The preset's variant (or the variant ``name``: one that binds it, :func:`presets_of`),
-    the preset's fields checked against it."""
-    variant = get_variant(preset.variant if name is None else name)
+def variant_of(preset: Preset) -> Variant:
+    """The preset's variant, the preset's fields checked against it."""
+    variant = get_variant(preset.variant)
     variant.check(preset)
     return variant
 
 
 def presets_of(name: str) -> list[str]:
-    """The presets variant ``name`` runs: those whose ``variant`` it is, then those it binds
-    (``Variant.binds``: an op a model's layer calls beside its own member of the family, as
-    ``qk-mrope`` on Qwen3-VL)."""
+    """The presets of variant ``name`` (an op a model's layer calls beside its own prologue
+    is a preset of its own, as ``qwen3-vl-8b-qk-mrope``: :mod:`fqr.presets`)."""
     from ..presets import PRESETS
 
-    own = [p.name for p in PRESETS.values() if p.variant == name]
-    return own + [b for b in get_variant(name).binds if b not in own]
+    get_variant(name)
+    return [p.name for p in PRESETS.values() if p.variant == name]
 
 
 def program_of(preset: Preset, dtype: torch.dtype = torch.bfloat16, **options) -> Program:

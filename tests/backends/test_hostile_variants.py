@@ -82,7 +82,7 @@ def _static_changes(value) -> list[tuple[str, object]]:
 def calls(draw):
     name = draw(st.sampled_from(sorted(VARIANTS)))
     preset = _small(draw(st.sampled_from(PRESETS_OF[name])))
-    variant = variant_of(preset, name)
+    variant = variant_of(preset)
     dtypes = (
         [torch.bfloat16]
         if preset.variant_params and dict(preset.variant_params).get("cache_dtype") == "fp8_ds_mla"

@@ -99,12 +99,10 @@ def test_a_variant_case_round_trips_through_the_golden_files(tmp_path, test_vari
 
 
 def test_entries_record_their_variant():
-    """Each entry records the variant it runs: its preset's own, or one that binds the preset
-    (qk-rope runs llama3-8b)."""
+    """Each entry records the variant it runs: its preset's (an op a layer calls beside its
+    own prologue is a preset of its own: llama3-8b-qk-rope)."""
     for e in golden.list_cases():
-        assert e["variant"] == PRESETS[e["preset"]].variant or e["preset"] in presets_of(
-            e["variant"]
-        )
+        assert e["variant"] == PRESETS[e["preset"]].variant
     assert {e["variant"] for e in golden.list_cases()} >= {
         SPLIT_QKV.name, "mrope", "mrope-gate", "qk-rope", "qk-mrope"
     }  # fmt: skip
@@ -121,7 +119,7 @@ def test_new_token_counts_reuse_the_checked_call(gen, name):
     ``[3, T]`` positions were keyed through a stride that holds T, so each new T added an
     entry to the table all ops share)."""
     p = PRESETS[presets_of(name)[0]]
-    variant = variant_of(p, name)
+    variant = variant_of(p)
     table = p.cos_sin_cache(64)
     forget_checked_calls()
     for tokens in (2, 3, 5, 9, 17):
@@ -143,7 +141,7 @@ def test_every_torch_op_passes_opcheck_and_returns_new_memory(gen, name, variant
     that mutates its cache and returns an optional output once failed it as ``Tensor[]``),
     and no returned tensor shares memory with an argument."""
     p = PRESETS[name]
-    variant = variant_of(p, variant_name)
+    variant = variant_of(p)
     table = p.cos_sin_cache(64)
     inputs = variant.draw(p, 5, torch.bfloat16, gen, max_position=64)
     op, args = variant.torch_op(p, inputs, table)
@@ -187,7 +185,7 @@ def test_strided_positions_give_every_variant_the_same_outputs(gen, name, backen
     the lowering's index loads: shared machinery), bit for bit what contiguous positions
     give, on the reference backend and through the kernel."""
     p = _smallest(name)
-    variant = variant_of(p, name)
+    variant = variant_of(p)
     table = p.cos_sin_cache(64)
     inputs = variant.draw(p, 3, torch.bfloat16, gen, max_position=64)
     strided = _through_a_stride(inputs["positions"])

@@ -175,3 +175,26 @@ def test_an_mla_preset_runs_and_checks_its_whole_cache(name):
     for row in doc["rows"]:
         for impl in ("fqr", "eager"):
             assert row["impls"][impl]["check"]["passed"]
+
+
+def _first_preset_of_each_variant() -> list[str]:
+    from fqr.presets import PRESETS
+    from fqr.prologue import VARIANTS
+
+    first = {}
+    for name, p in PRESETS.items():
+        first.setdefault(p.variant, name)
+    return [first.get(v, f"<no preset of variant {v}>") for v in sorted(VARIANTS)]
+
+
+@pytest.mark.parametrize("name", _first_preset_of_each_variant())
+def test_every_variant_has_a_preset_whose_cells_run(name):
+    """The bench reaches every member of the family through a preset of its own (issue 22:
+    device, wall and dispatch rows for every variant): the cells are drawn, timed and checked
+    against float64, whatever the op reads (an op without positions included)."""
+    preset = get_preset(name)
+    cfg = _config(preset, compare=["eager"], tokens=[3])
+    doc = fb.run_bench(cfg, device="cpu", timers=FixedClock([10.0, 40.0]))
+    assert doc["ok"] is True, report.failure_lines(doc)
+    (row,) = doc["rows"]
+    assert row["impls"]["fqr"]["check"]["passed"] and row["bytes"] > 0

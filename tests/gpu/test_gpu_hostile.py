@@ -23,7 +23,7 @@ ROWS = 4096
 
 def _problem(name: str, gen, tokens: int = 7):
     preset = fqr.PRESETS[presets_of(name)[0]]
-    variant = variant_of(preset, name)
+    variant = variant_of(preset)
     table = preset.cos_sin_cache(ROWS)
     inputs = variant.draw(preset, tokens, torch.bfloat16, gen, max_position=ROWS)
     return preset, variant, inputs, table
