@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|peers
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|peers
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -71,6 +71,18 @@ probe)
   TAILN=45 step bench_dispatch timeout 230 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-full,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3-q-rope --tokens 1 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_dispatch.json"
   TAILN=22 step unfused_bits timeout 100 python3 scripts/unfused_cuda_bits.py
   TAILN=25 step pdl_probe timeout 100 python3 scripts/pdl_probe.py qwen3-8b deepseek-v3-q-rope
+  ;;
+variants)
+  # issue 22: the goldens on triton, then device, wall and dispatch rows of one preset of every
+  # variant (deepseek-v3.2 besides) next to the model's eager chain, one run
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  TAILN=6 step verify_triton timeout 130 python3 -m fqr verify --backend triton
+  TAILN=70 step bench_variants timeout 420 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3.2,deepseek-v3-q-rope,llama3-8b-qk-rope,qwen3-vl-8b-qk-mrope --tokens 1,1024,16384 --dtype bf16 --compare eager --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_variants.json"
+  ;;
+gputests)
+  # the GPU test files: the ported peer grids, the declared ops' GPU tests, the hostile ones
+  TAILN=10 step pytest_peers timeout -s INT 380 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
+  TAILN=10 step pytest_gpu timeout -s INT 190 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_gpu_hostile.py tests/gpu/test_out_buffers_gpu.py tests/gpu/test_fusion_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu
   ;;
 peers)
   # issue 26: the ported peer grids in full on triton, the goldens (qk_rope / qk_mrope included)
