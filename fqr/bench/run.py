@@ -232,10 +232,10 @@ def dispatch_callables(preset: Preset, dtype: torch.dtype, numerics: str, inputs
     public = variant.arguments(preset, inputs, cache, numerics=numerics)
     op, op_args = variant.torch_op(preset, inputs, cache, numerics)
     operands = variant.program_args(preset, inputs, cache)
-    rows = inputs[decl.tensor_params[0].name]
-    tokens, width = rows.shape
+    rows = inputs[decl.tensor_params[0].name]  # [T, W], or [T, H, D] (a cache insert's key)
+    tokens, width = rows.shape[0], rows[0].numel()
     d = preset.head_dim if width % preset.head_dim == 0 else width
-    heads = rows.view(tokens, width // d, d)
+    heads = rows.reshape(tokens, width // d, d)
     weight = torch.ones(d, dtype=rows.dtype, device=rows.device)
     kernel = kernels.kernel_for(tokens)
     return {
