@@ -113,15 +113,12 @@ def verify(
     backend: Annotated[
         str | None,
         typer.Option(
-            "--backend",
             help=f"comma list of {', '.join(BACKENDS)} (default: every available one)",
             autocompletion=complete_backends,
         ),
     ] = None,
-    case: Annotated[
-        str, typer.Option("--case", help="only cases whose name matches this glob")
-    ] = "*",
-    golden_dir: Annotated[Path, typer.Option("--golden-dir", help="golden directory")] = GOLDEN_DIR,
+    case: Annotated[str, typer.Option(help="only cases whose name matches this glob")] = "*",
+    golden_dir: Annotated[Path, typer.Option(help="golden directory")] = GOLDEN_DIR,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON document to stdout")
     ] = False,
