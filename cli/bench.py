@@ -57,6 +57,7 @@ from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, pars
 from .options import (
     ACTIVATION_DTYPES_HELP,
     BackendName,
+    JsonOption,
     Numerics,
     complete_csv,
     complete_dtypes,
@@ -158,9 +159,7 @@ def bench(
     rep_ms: Annotated[float, typer.Option(help="do_bench repetition time per timing (ms)")] = 50.0,
     warmup_ms: Annotated[float, typer.Option(help="do_bench warm-up time (ms)")] = 10.0,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="print one JSON document instead of the table")
-    ] = False,
+    json_out: JsonOption = False,
     save: Annotated[
         Path | None,
         typer.Option(

@@ -32,7 +32,7 @@ from fqr.fusion.models import MODELS
 from fqr.presets import DEFAULT_PRESET, get_preset
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
-from .options import Dtype, DtypeOption, PresetName, choice_enum, parse_dtype
+from .options import Dtype, DtypeOption, JsonOption, PresetName, choice_enum, parse_dtype
 from .render import add_plain_row
 
 FuseDevice = choice_enum("FuseDevice", ("cpu", "cuda"))
@@ -74,7 +74,7 @@ def fuse(
     profile: Annotated[bool, typer.Option(help="cuda: profile split at prefill T >= 4096")] = True,
     seed: Annotated[int, typer.Option(help="seed of weights and inputs")] = 0,
     runs: Annotated[int, typer.Option(help="cpu: timed runs after the first")] = 5,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    json_out: JsonOption = False,
 ):
     """Fuse a model's attention prologues; compare with the model compiled without the pass."""
     preset, device, model = preset.value, device.value, model.value

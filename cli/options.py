@@ -83,6 +83,15 @@ DtypeOption = Annotated[Dtype, typer.Option("--dtype", help="activation dtype")]
 NumericsOption = Annotated[
     Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
 ]
+# The convention of every command with a JSON form (cli/common.py): one document on stdout,
+# ``schema`` and ``ok`` first.
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="print one JSON document instead of the table")
+]
+# A glob over the golden cases' names (fqr.golden.list_cases).
+CaseOption = Annotated[
+    str | None, typer.Option("--case", help="only cases whose name matches this glob")
+]
 
 complete_dtypes = complete_csv(lambda: ACTIVATION_DTYPE_NAMES)
 complete_backends = complete_csv(lambda: BACKENDS)

@@ -27,6 +27,7 @@ from .options import (
     DeviceType,
     Dtype,
     DtypeOption,
+    JsonOption,
     Numerics,
     NumericsOption,
     PresetName,
@@ -196,9 +197,10 @@ AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
     )
 )
 def run(
-    preset: Annotated[PresetName, typer.Option(help="model preset (fqr.presets)")] = PresetName[
-        DEFAULT_PRESET
-    ],
+    preset: Annotated[
+        PresetName,
+        typer.Option(help="model preset (fqr.presets)"),
+    ] = PresetName[DEFAULT_PRESET],
     dp: Annotated[
         int | None, typer.Option(help="data-parallel replicas (default 1; torchrun: world / tp)")
     ] = None,
@@ -235,7 +237,7 @@ def run(
     collective_timeout: Annotated[
         float, typer.Option(help="timeout of every collective (s)")
     ] = 60.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Run the fused op across DP x TP ranks as vLLM's workers do, verifying every step."""
     from fqr.runtime.config import RunConfig
