@@ -59,6 +59,7 @@ from .options import (
     BackendName,
     JsonOption,
     Numerics,
+    NumericsOption,
     complete_csv,
     complete_dtypes,
     complete_presets,
@@ -152,7 +153,7 @@ def bench(
     backend: Annotated[
         BackendName, typer.Option(help="fqr backend that runs the kernel")
     ] = BackendName.triton,
-    numerics: Annotated[Numerics, typer.Option(help="numerics contract for fqr")] = Numerics.fused,
+    numerics: NumericsOption = Numerics.fused,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,

@@ -81,7 +81,7 @@ def parse_dtypes(text: str, option: str = "--dtype") -> list[torch.dtype]:
 # Options that mean the same in every command that takes them (``dtype: DtypeOption = Dtype.bf16``).
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", help="activation dtype")]
 NumericsOption = Annotated[
-    Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
+    Numerics, typer.Option("--numerics", help="numerics contract of fqr's kernel (fqr.numerics)")
 ]
 # The convention of every command with a JSON form (cli/common.py): one document on stdout,
 # ``schema`` and ``ok`` first.
