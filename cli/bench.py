@@ -57,7 +57,9 @@ from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, pars
 from .options import (
     ACTIVATION_DTYPES_HELP,
     BackendName,
+    JsonOption,
     Numerics,
+    NumericsOption,
     complete_csv,
     complete_dtypes,
     complete_presets,
@@ -136,7 +138,6 @@ def bench(
     dtype: Annotated[
         str | None,
         typer.Option(
-            "--dtype",
             help=f"{ACTIVATION_DTYPES_HELP}, comma list (default: bf16)",
             autocompletion=complete_dtypes,
         ),
@@ -144,50 +145,36 @@ def bench(
     compare: Annotated[
         str | None,
         typer.Option(
-            "--compare",
             help=f"peers: {','.join(PEER_NAMES)} or none (default: all; liger only where "
             "installed)",
             autocompletion=complete_csv(lambda: (*PEER_NAMES, "none")),
         ),
     ] = None,
     backend: Annotated[
-        BackendName, typer.Option("--backend", help="fqr backend that runs the kernel")
+        BackendName, typer.Option(help="fqr backend that runs the kernel")
     ] = BackendName.triton,
-    numerics: Annotated[
-        Numerics, typer.Option("--numerics", help="numerics contract for fqr")
-    ] = Numerics.fused,
+    numerics: NumericsOption = Numerics.fused,
     check_rows: Annotated[
-        int,
-        typer.Option("--check-rows", help="rows checked against float64 before timing (0 = all)"),
+        int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
-    rep_ms: Annotated[
-        float, typer.Option("--rep-ms", help="do_bench repetition time per timing (ms)")
-    ] = 50.0,
-    warmup_ms: Annotated[
-        float, typer.Option("--warmup-ms", help="do_bench warm-up time (ms)")
-    ] = 10.0,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the random inputs")] = 0,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="print one JSON document instead of the table")
-    ] = False,
+    rep_ms: Annotated[float, typer.Option(help="do_bench repetition time per timing (ms)")] = 50.0,
+    warmup_ms: Annotated[float, typer.Option(help="do_bench warm-up time (ms)")] = 10.0,
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    json_out: JsonOption = False,
     save: Annotated[
         Path | None,
         typer.Option(
-            "--save",
             help="also write the JSON document here, rewritten after every cell (a run cut "
             "short keeps its rows)",
         ),
     ] = None,
     plot: Annotated[
         Path | None,
-        typer.Option(
-            "--plot", help="write a PNG here: % of the copy ceiling vs tokens, small-T latency"
-        ),
+        typer.Option(help="write a PNG here: % of the copy ceiling vs tokens, small-T latency"),
     ] = None,
     from_json: Annotated[
         list[Path] | None,
         typer.Option(
-            "--from-json",
             help="render saved --json output (repeatable: runs are merged) instead of measuring",
         ),
     ] = None,

@@ -12,14 +12,13 @@ import importlib.metadata as md
 import importlib.util
 import json
 import platform
-from typing import Annotated
 
 import torch
-import typer
 from rich.table import Table
 from rich.text import Text
 
 from .common import app, example, out, schema
+from .options import JsonOption
 
 # The libraries fqr plugs into or is measured against: (import name, distribution name).
 PEERS = {
@@ -71,7 +70,7 @@ def _facts() -> dict:
 
 
 @app.command(epilog=example("fqr doctor --json"))
-def doctor(json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False):
+def doctor(json_out: JsonOption = False):
     """Report fqr, the kernel cache, torch / triton / Ascend, peers and backend status."""
     from fqr.backends import BACKENDS
 

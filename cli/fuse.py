@@ -32,7 +32,7 @@ from fqr.fusion.models import MODELS
 from fqr.presets import DEFAULT_PRESET, get_preset
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
-from .options import Dtype, DtypeOption, PresetName, choice_enum, parse_dtype
+from .options import Dtype, DtypeOption, JsonOption, PresetName, choice_enum, parse_dtype
 from .render import add_plain_row
 
 FuseDevice = choice_enum("FuseDevice", ("cpu", "cuda"))
@@ -55,34 +55,26 @@ def fuse_document(report) -> dict:
 )
 def fuse(
     preset: Annotated[
-        PresetName, typer.Option("--preset", help="model preset (per-head QK-norm)")
+        PresetName, typer.Option(help="model preset (per-head QK-norm)")
     ] = PresetName[DEFAULT_PRESET],
-    layers: Annotated[int, typer.Option("--layers", help="layers in the model")] = 2,
+    layers: Annotated[int, typer.Option(help="layers in the model")] = 2,
     tokens: Annotated[
-        int | None,
-        typer.Option("--tokens", help="tokens of the numerics check (default: 16 cpu, 512 cuda)"),
+        int | None, typer.Option(help="tokens of the numerics check (default: 16 cpu, 512 cuda)")
     ] = None,
     dtype: DtypeOption = Dtype.bf16,
-    device: Annotated[FuseDevice, typer.Option("--device", help="where it runs")] = FuseDevice.cpu,
+    device: Annotated[FuseDevice, typer.Option(help="where it runs")] = FuseDevice.cpu,
     model: Annotated[
         FuseModel,
-        typer.Option(
-            "--model", help="cuda: vllm (the preset's shapes) or hf-qwen3 (transformers' Qwen3)"
-        ),
+        typer.Option(help="cuda: vllm (the preset's shapes) or hf-qwen3 (transformers' Qwen3)"),
     ] = FuseModel.vllm,
     prefill: Annotated[
-        str, typer.Option("--prefill", help="cuda: prefill token counts")
+        str, typer.Option(help="cuda: prefill token counts")
     ] = "512,2048,4096,16384",
-    decode: Annotated[
-        str, typer.Option("--decode", help="cuda: decode-sized token counts")
-    ] = "1,2,4,8,16",
-    profile: Annotated[
-        bool,
-        typer.Option("--profile/--no-profile", help="cuda: profile split at prefill T >= 4096"),
-    ] = True,
-    seed: Annotated[int, typer.Option("--seed", help="seed of weights and inputs")] = 0,
-    runs: Annotated[int, typer.Option("--runs", help="cpu: timed runs after the first")] = 5,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    decode: Annotated[str, typer.Option(help="cuda: decode-sized token counts")] = "1,2,4,8,16",
+    profile: Annotated[bool, typer.Option(help="cuda: profile split at prefill T >= 4096")] = True,
+    seed: Annotated[int, typer.Option(help="seed of weights and inputs")] = 0,
+    runs: Annotated[int, typer.Option(help="cpu: timed runs after the first")] = 5,
+    json_out: JsonOption = False,
 ):
     """Fuse a model's attention prologues; compare with the model compiled without the pass."""
     preset, device, model = preset.value, device.value, model.value

@@ -15,6 +15,7 @@ from rich.table import Table
 from fqr.golden import GOLDEN_DIR, is_source_checkout, list_cases, regen
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, schema
+from .options import CaseOption, JsonOption
 from .render import add_plain_row, plain, print_table
 
 golden_app = typer.Typer(no_args_is_help=True, help="List and regenerate the golden cases.")
@@ -23,16 +24,13 @@ app.add_typer(golden_app, name="golden")
 DirOption = Annotated[
     Path, typer.Option("--dir", help="golden directory (manifest.json + *.safetensors)")
 ]
-CaseOption = Annotated[
-    str | None, typer.Option("--case", help="only cases whose name matches this glob")
-]
 
 
 @golden_app.command("list", epilog=example("fqr golden list --case 'gemma3*' --json"))
 def golden_list(
     directory: DirOption = GOLDEN_DIR,
     case: CaseOption = None,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON to stdout")] = False,
+    json_out: JsonOption = False,
 ):
     """Show the cases in the manifest: shape, dtype, numerics, variations and tolerance (exit 1
     when an entry is malformed: it is listed with the reason)."""

@@ -37,22 +37,17 @@ Chip = choice_enum("Chip", CHIPS)
 def lower(
     preset: Annotated[
         PresetName | None,
-        typer.Option(
-            "--preset", help="model preset, e.g. qwen3-8b (--check: default every preset)"
-        ),
+        typer.Option(help="model preset, e.g. qwen3-8b (--check: default every preset)"),
     ] = None,
     tp: Annotated[
         int | None,
         typer.Option(
-            "--tp",
             help="tensor-parallel size (per-rank head counts); default 1 (--check: each of 1, 2, "
             "4, 8 the preset allows)",
         ),
     ] = None,
     dtype: DtypeOption = Dtype.bf16,
-    target: Annotated[
-        TargetName, typer.Option("--target", help="the lowering target")
-    ] = TargetName.cuda,
+    target: Annotated[TargetName, typer.Option(help="the lowering target")] = TargetName.cuda,
     numerics: NumericsOption = Numerics.fused,
     bias: Annotated[bool, typer.Option("--bias", help="norm with a bias term")] = False,
     ir: Annotated[bool, typer.Option("--ir", help="print the traced program (jaxpr-like)")] = False,
@@ -70,15 +65,12 @@ def lower(
     num_vectorcore: Annotated[
         int | None,
         typer.Option(
-            "--num-vectorcore",
             help="ascend: persistent grid size (default: the NPU's vector cores, offline 40)",
         ),
     ] = None,
-    chip: Annotated[
-        Chip | None, typer.Option("--chip", help="ascend: the chip (UB budget, arch)")
-    ] = None,
+    chip: Annotated[Chip | None, typer.Option(help="ascend: the chip (UB budget, arch)")] = None,
     ub_bytes: Annotated[
-        int | None, typer.Option("--ub-bytes", help="ascend: override the chip's UB size")
+        int | None, typer.Option(help="ascend: override the chip's UB size")
     ] = None,
     json_out: Annotated[
         bool,

@@ -81,7 +81,16 @@ def parse_dtypes(text: str, option: str = "--dtype") -> list[torch.dtype]:
 # Options that mean the same in every command that takes them (``dtype: DtypeOption = Dtype.bf16``).
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", help="activation dtype")]
 NumericsOption = Annotated[
-    Numerics, typer.Option("--numerics", help="numerics contract (fqr.numerics)")
+    Numerics, typer.Option("--numerics", help="numerics contract of fqr's kernel (fqr.numerics)")
+]
+# The convention of every command with a JSON form (cli/common.py): one document on stdout,
+# ``schema`` and ``ok`` first.
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="print one JSON document instead of the table")
+]
+# A glob over the golden cases' names (fqr.golden.list_cases).
+CaseOption = Annotated[
+    str | None, typer.Option("--case", help="only cases whose name matches this glob")
 ]
 
 complete_dtypes = complete_csv(lambda: ACTIVATION_DTYPE_NAMES)

@@ -27,6 +27,7 @@ from .options import (
     DeviceType,
     Dtype,
     DtypeOption,
+    JsonOption,
     Numerics,
     NumericsOption,
     PresetName,
@@ -197,59 +198,46 @@ AUTO_HELP = ", ".join(f"{b} on {d}" for d, b in AUTO_BACKENDS.items())
 )
 def run(
     preset: Annotated[
-        PresetName, typer.Option("--preset", help="model preset (fqr.presets)")
+        PresetName,
+        typer.Option(help="model preset (fqr.presets)"),
     ] = PresetName[DEFAULT_PRESET],
     dp: Annotated[
-        int | None,
-        typer.Option("--dp", help="data-parallel replicas (default 1; torchrun: world / tp)"),
+        int | None, typer.Option(help="data-parallel replicas (default 1; torchrun: world / tp)")
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size")] = 1,
-    device: Annotated[
-        DeviceType, typer.Option("--device", help="device type of the ranks")
-    ] = DeviceType.cpu,
+    tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
+    device: Annotated[DeviceType, typer.Option(help="device type of the ranks")] = DeviceType.cpu,
     backend: Annotated[
-        BackendName,
-        typer.Option("--backend", help=f"fqr backend; auto: {AUTO_HELP}, else reference"),
+        BackendName, typer.Option(help=f"fqr backend; auto: {AUTO_HELP}, else reference")
     ] = BackendName.auto,
     dtype: DtypeOption = Dtype.bf16,
     numerics: NumericsOption = Numerics.fused,
     launcher: Annotated[
-        Launcher,
-        typer.Option("--launcher", help="mp: fqr spawns the workers; torchrun: torchrun did"),
+        Launcher, typer.Option(help="mp: fqr spawns the workers; torchrun: torchrun did")
     ] = Launcher.mp,
-    requests: Annotated[int, typer.Option("--requests", help="synthetic requests")] = 8,
-    prompt_len: Annotated[
-        str, typer.Option("--prompt-len", help="prompt length range A..B")
-    ] = "16..64",
-    decode_steps: Annotated[
-        int, typer.Option("--decode-steps", help="decode tokens per request")
-    ] = 4,
+    requests: Annotated[int, typer.Option(help="synthetic requests")] = 8,
+    prompt_len: Annotated[str, typer.Option(help="prompt length range A..B")] = "16..64",
+    decode_steps: Annotated[int, typer.Option(help="decode tokens per request")] = 4,
     max_batched_tokens: Annotated[
-        int, typer.Option("--max-batched-tokens", help="token budget per step and DP replica")
+        int, typer.Option(help="token budget per step and DP replica")
     ] = 64,
-    seed: Annotated[int, typer.Option("--seed", help="workload, weights and activations seed")] = 0,
-    verify_every: Annotated[
-        int, typer.Option("--verify-every", help="verify every K-th step (0: never)")
-    ] = 1,
+    seed: Annotated[int, typer.Option(help="workload, weights and activations seed")] = 0,
+    verify_every: Annotated[int, typer.Option(help="verify every K-th step (0: never)")] = 1,
     async_scheduling: Annotated[
         bool, typer.Option("--async-scheduling", help="two batches in flight")
     ] = False,
     inject_fault: Annotated[
-        str | None,
-        typer.Option(
-            "--inject-fault", help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent"
-        ),
+        str | None, typer.Option(help="rank=R,at=init|step:N,kind=raise|exit|hang|kill-parent")
     ] = None,
     init_timeout: Annotated[
-        float, typer.Option("--init-timeout", help="seconds for every worker to report READY")
+        float, typer.Option(help="seconds for every worker to report READY")
     ] = 120.0,
     step_timeout: Annotated[
-        float, typer.Option("--step-timeout", help="seconds for every rank to answer a step")
+        float, typer.Option(help="seconds for every rank to answer a step")
     ] = 60.0,
     collective_timeout: Annotated[
-        float, typer.Option("--collective-timeout", help="timeout of every collective (s)")
+        float, typer.Option(help="timeout of every collective (s)")
     ] = 60.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Run the fused op across DP x TP ranks as vLLM's workers do, verifying every step."""
     from fqr.runtime.config import RunConfig

@@ -29,7 +29,7 @@ from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 from fqr.text import printable
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
-from .options import complete_backends
+from .options import CaseOption, JsonOption, complete_backends
 from .render import plain, print_table, progress_bar
 
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
@@ -113,18 +113,13 @@ def verify(
     backend: Annotated[
         str | None,
         typer.Option(
-            "--backend",
             help=f"comma list of {', '.join(BACKENDS)} (default: every available one)",
             autocompletion=complete_backends,
         ),
     ] = None,
-    case: Annotated[
-        str, typer.Option("--case", help="only cases whose name matches this glob")
-    ] = "*",
-    golden_dir: Annotated[Path, typer.Option("--golden-dir", help="golden directory")] = GOLDEN_DIR,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="print one JSON document to stdout")
-    ] = False,
+    case: CaseOption = "*",
+    golden_dir: Annotated[Path, typer.Option(help="golden directory")] = GOLDEN_DIR,
+    json_out: JsonOption = False,
 ):
     """Check backends against the golden files (exit 0 all pass, 1 a mismatch, 2 bad usage)."""
     backends = choose_backends(backend)
