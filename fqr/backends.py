@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from .core import TOKENS, Program, eval_program
+from .core import TOKENS, Program, eval_program, lookup
 from .lowering.targets import ACCELERATOR_TARGETS
 
 
@@ -446,12 +446,7 @@ AUTO_BACKENDS = {
 
 
 def get_backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ValueError(
-            f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}"
-        ) from None
+    return lookup(BACKENDS, name, "backend", extra_choices=("auto",))
 
 
 def auto_backend_name(device: torch.device | str) -> str:

@@ -37,13 +37,32 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 TOKENS = "T"
+
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
+
+
+def lookup(
+    table: Mapping[_Key, _Value], name: _Key, what: str, *, extra_choices: Sequence[str] = ()
+) -> _Value:
+    """``table[name]`` from one of fqr's registries (backends, targets, chips, variants,
+    presets, dtypes, ...). A name that is not a key (an unhashable one included) is a ValueError
+    naming the argument ``what`` and listing the choices, ``extra_choices`` (names the caller
+    resolves before the lookup, such as ``auto``) first:
+    ``backend must be one of auto, reference, interpret, got 'x'``."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        choices = ", ".join(str(choice) for choice in (*extra_choices, *table))
+        raise ValueError(f"{what} must be one of {choices}, got {name!r}") from None
+
 
 # The one dtype vocabulary of fqr: programs print with it, and the goldens, the CLI, the bench
 # and the runtime name dtypes by it (``dtype_of("bf16")``, ``dtype_name(torch.float16)``).
@@ -63,18 +82,12 @@ ACTIVATION_DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
 def dtype_name(dtype: torch.dtype) -> str:
     """fqr's name of ``dtype`` (``torch.bfloat16`` -> ``"bf16"``)."""
-    try:
-        return DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype} has no fqr name; fqr knows {', '.join(DTYPES)}") from None
+    return lookup(DTYPE_NAMES, dtype, "dtype")
 
 
 def dtype_of(name: str) -> torch.dtype:
     """The torch dtype fqr calls ``name`` (``"bf16"`` -> ``torch.bfloat16``)."""
-    try:
-        return DTYPES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}") from None
+    return lookup(DTYPES, name, "dtype")
 
 
 class TraceError(TypeError):

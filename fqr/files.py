@@ -5,23 +5,25 @@ half-written.
 :func:`write_file` writes the bytes to a fresh file in the destination's directory (a random
 name, created with ``O_EXCL | O_NOFOLLOW``), then renames it onto the destination
 (``os.replace``: atomic, a reader sees the old file or the new one, and a rename replaces a
-link rather than following it). A destination that already is a symlink is refused
+link rather than following it), the kernel cache's own write
+(:func:`fqr.lowering.loader.replace_file_at`). A destination that already is a symlink is refused
 (:class:`UnsafeDestination`, naming the path): writing through it would change a file
 somewhere else (someone may have planted it in a shared directory), and replacing it would
 silently change what the user put there. A directory is refused (``IsADirectoryError``), as
 are a FIFO, a socket or a block device. A character device the user names (``/dev/null``) is
 written in place: there is nothing there to replace. An existing file keeps its permission
 bits. :func:`check_destination` gives the same refusals before any work (a command checks its
-outputs before it measures or writes anything). Imports nothing of fqr.
+outputs before it measures or writes anything).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
+
+from .lowering.loader import replace_file_at, write_all
 
 _SYMLINK = (
     "a symlink (refused: fqr never writes through a symlink; remove it or choose another path)"
@@ -90,12 +92,6 @@ def write_file(path: Path | str, data: bytes | str) -> None:
         os.close(dfd)
 
 
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _write_in_place(dfd: int, name: str, path: Path, payload: bytes) -> None:
     """Into a character device (``/dev/null``), opened without following a symlink."""
     try:
@@ -107,7 +103,7 @@ def _write_in_place(dfd: int, name: str, path: Path, payload: bytes) -> None:
     try:
         if not stat.S_ISCHR(os.fstat(fd).st_mode):
             raise UnsafeDestination(errno.EINVAL, "changed while fqr was writing it", str(path))
-        _write_all(fd, payload)
+        write_all(fd, payload)
     except UnsafeDestination:
         raise
     except OSError as e:
@@ -121,33 +117,15 @@ def _write_and_rename(
 ) -> None:
     """A fresh file beside the destination (``O_EXCL``: never an existing one), then a rename
     onto it; an existing file's permission bits are kept."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(16):
-        # at most 22 more bytes than a short stem: a long destination name still fits NAME_MAX
-        tmp = f".{name[:32]}.{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o666, dir_fd=dfd)  # the umask applies, as to any new file
-            break
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise OSError(e.errno, e.strerror, str(path)) from None
-    else:
-        raise FileExistsError(errno.EEXIST, "no fresh temporary name beside it", str(path))
     try:
-        try:
-            if st is not None:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
-            _write_all(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        replace_file_at(
+            dfd,
+            name,
+            payload,
+            mode=0o666,  # the umask applies, as to any new file
+            chmod=None if st is None else stat.S_IMODE(st.st_mode),
+        )
     except OSError as e:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
         raise OSError(e.errno, e.strerror, str(path)) from None
 
 

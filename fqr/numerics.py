@@ -64,6 +64,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .core import lookup
+
 COMPUTE_FLOOR = 2.0**-20
 HEAD_RELATIVE_BOUND = {
     ("fused", torch.float32): 2.0**-16,
@@ -239,12 +241,7 @@ def compare_kind(
 ) -> Comparison:
     """Compare one output with its expectation under the tolerance ``kind``
     (:data:`TOLERANCE_KINDS`)."""
-    try:
-        rule = TOLERANCE_KINDS[kind]
-    except KeyError:
-        raise ValueError(
-            f"unknown tolerance kind {kind!r}; choose from {', '.join(TOLERANCE_KINDS)}"
-        ) from None
+    rule = lookup(TOLERANCE_KINDS, kind, "tolerance kind")
     return rule(out, exact, head_dim=head_dim, numerics=numerics)
 
 

@@ -24,6 +24,7 @@ from functools import cached_property
 
 import torch
 
+from .core import lookup
 from .rope_cache import (
     SCALING_REQUIRED,
     YARN_DEFAULTS,
@@ -707,10 +708,7 @@ DEFAULT_PRESET = "qwen3-8b"
 
 def get_preset(name: str, tp: int = 1) -> Preset:
     """The preset called ``name`` (lower case, e.g. ``qwen3-8b``), viewed at TP size ``tp``."""
-    try:
-        preset = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+    preset = lookup(PRESETS, name, "preset")
     return preset.shard(tp) if tp != 1 else preset
 
 

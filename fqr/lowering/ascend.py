@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core import Role
+from ..core import Role, lookup
 from .emit import Tiling, static_parts
 from .plan import Chain, KernelPlan, next_pow2
 from .targets import Target, cdiv, register_target
@@ -148,10 +148,7 @@ class TileDoesNotFit(ValueError):
 
 def get_chip(name: str | None = None) -> AscendChip:
     name = name or os.environ.get("FQR_ASCEND_CHIP") or DEFAULT_CHIP
-    try:
-        return CHIPS[name]
-    except KeyError:
-        raise ValueError(f"chip must be one of {', '.join(CHIPS)}, got {name!r}") from None
+    return lookup(CHIPS, name, "chip")
 
 
 def chip_of_arch(arch: str) -> AscendChip:

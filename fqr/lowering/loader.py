@@ -141,26 +141,59 @@ def _entry_matches(dfd: int, name: str, path: Path, expected: bytes) -> bool:
         os.close(fd)
 
 
-def _write_entry(dfd: int, name: str, path: Path, data: bytes) -> None:
-    """Atomically replace the entry (concurrent writers of one key agree on the bytes)."""
-    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def replace_file_at(
+    dfd: int, name: str, data: bytes, *, mode: int, chmod: int | None = None
+) -> None:
+    """Replace the file ``name`` in the directory open as ``dfd`` by ``data``, atomically and
+    never through a symlink (the kernel cache's entries, and every file :mod:`fqr.files`
+    writes).
+
+    The bytes go to a fresh file beside it (a random name opened with ``O_EXCL | O_NOFOLLOW``:
+    never an existing file, never a link), created with ``mode`` under the umask (``chmod``:
+    these permission bits exactly, e.g. the replaced file's), written in full and synced, then
+    renamed onto ``name`` (``os.replace``: a reader sees the old file or the new one, and a
+    link there is replaced rather than followed). On failure the fresh file is removed and the
+    OS's error raised (``FileExistsError`` when no fresh name was found)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+    for _ in range(16):
+        # at most 22 more bytes than a short stem: a long destination name still fits NAME_MAX
+        tmp = f".{name[:32]}.{secrets.token_hex(8)}.tmp"
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            fd = os.open(tmp, flags, mode, dir_fd=dfd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no fresh temporary name beside it")
+    try:
+        try:
+            if chmod is not None:
+                os.fchmod(fd, chmod)
+            write_all(fd, data)
+            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except OSError as e:
+    except OSError:
         try:
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
-        if isinstance(e, KernelCacheError):
-            raise
+        raise
+
+
+def _write_entry(dfd: int, name: str, path: Path, data: bytes) -> None:
+    """Atomically replace the entry (concurrent writers of one key agree on the bytes)."""
+    try:
+        replace_file_at(dfd, name, data, mode=0o600)
+    except OSError as e:
         if e.errno == errno.EISDIR:
             raise KernelCacheError(
                 f"kernel cache entry {path} is a directory, not a kernel source file; remove it",

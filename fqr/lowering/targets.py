@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..core import lookup
 from .emit import Tiling
 from .plan import KernelPlan, next_pow2
 from .tuning import CHUNK_MODES, TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_table
@@ -229,9 +230,4 @@ register_target(InterpretTarget("interpret", interpret=True))
 
 
 def get_target(name: str) -> Target:
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise ValueError(
-            f"target must be one of {', '.join(sorted(TARGETS))}; got {name!r}"
-        ) from None
+    return lookup(TARGETS, name, "target")

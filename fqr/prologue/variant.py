@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core import TOKENS, Program
+from ..core import TOKENS, Program, lookup
 from ..inputs import random_norm_inputs, random_row
 from ..presets import Preset, get_preset
 from .declare import Cache, Declaration, torch_op_params
@@ -348,10 +348,7 @@ def register_variant(variant: Variant) -> Variant:
 
 
 def get_variant(name: str) -> Variant:
-    try:
-        return VARIANTS[name]
-    except KeyError:
-        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}") from None
+    return lookup(VARIANTS, name, "variant")
 
 
 def variant_of(preset: Preset) -> Variant:

@@ -14,12 +14,13 @@ FQR = Path(__file__).resolve().parents[2] / "fqr"
 LAYERS = {
     "fqr._version": 1,  # the version string, imports nothing
     "fqr.logger": 1,  # the fqr logger and FQR_LOG_LEVEL, imports nothing of fqr
-    "fqr.files": 1,  # writing user-visible files (never through a symlink), imports nothing
     "fqr.text": 1,  # text from files as shown to a user (control characters escaped)
     "fqr.core": 1,
     "fqr.ops": 2,
     "fqr.lowering": 3,
     "fqr.reference": 4,
+    # writing user-visible files (never through a symlink) with the kernel cache's atomic write
+    "fqr.files": 4,
     "fqr.numerics": 4,
     "fqr.validate": 4,
     "fqr.rope_cache": 4,

@@ -125,6 +125,20 @@ def test_a_corrupt_entry_is_regenerated(gen, cache, monkeypatch):
     assert not third.cache_hit and kernel.path.read_text() == kernel.source
 
 
+def test_an_entry_is_written_private_with_nothing_left_beside_it(gen, cache, monkeypatch):
+    """The entry is this user's alone (0600), also where it replaces one others could read (a
+    user file's mode is kept, fqr.files; a cache entry's never is); no temporary file stays."""
+    pb, program = _problem(gen)
+    kernel = _run(pb, program)
+    assert stat.S_IMODE(os.stat(kernel.path).st_mode) == 0o600
+    kernel.path.write_bytes(b"stale")
+    kernel.path.chmod(0o644)
+    _forget_loaded_kernels(monkeypatch)
+    again = _run(pb, program)
+    assert not again.cache_hit and stat.S_IMODE(os.stat(kernel.path).st_mode) == 0o600
+    assert os.listdir(cache) == [kernel.path.name]
+
+
 def test_a_symlinked_entry_is_replaced_not_followed(gen, cache, tmp_path, monkeypatch):
     pb, program = _problem(gen)
     kernel = _run(pb, program)

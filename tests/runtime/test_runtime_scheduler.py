@@ -155,7 +155,7 @@ def test_parse_fault():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(preset="nope"), "unknown preset"),
+        (dict(preset="nope"), "preset must be one of .*, got .nope."),
         (dict(tp=3), "does not divide"),
         (dict(dp=0), "--dp"),
         (dict(device="tpu"), "--device"),
