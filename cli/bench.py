@@ -48,9 +48,10 @@ from fqr.bench.report import (
     results_table,
     timing_notes,
 )
+from fqr.core import ACTIVATION_DTYPE_NAMES
 from fqr.files import check_destination
 from fqr.peers import PEER_NAMES
-from fqr.presets import get_preset
+from fqr.presets import PRESETS, get_preset
 from fqr.text import printable
 
 from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, parse_csv
@@ -60,9 +61,7 @@ from .options import (
     JsonOption,
     Numerics,
     NumericsOption,
-    complete_csv,
-    complete_dtypes,
-    complete_presets,
+    comma_list,
     parse_dtypes,
 )
 from .render import print_table, progress_bar, rich_table
@@ -120,16 +119,16 @@ def _check_backend(name: str) -> None:
 def bench(
     preset: Annotated[
         list[str] | None,
-        typer.Option(
+        comma_list(
             "--preset",
             "-p",
             help=f"preset name(s); repeatable or comma list (default: {','.join(DEFAULT_PRESETS)})",
-            autocompletion=complete_presets,
+            choices=lambda: PRESETS,
         ),
     ] = None,
     tokens: Annotated[
         str | None,
-        typer.Option(
+        comma_list(
             "--tokens",
             "-t",
             help=f"token counts, comma list (default: {','.join(map(str, DEFAULT_TOKENS))})",
@@ -137,17 +136,17 @@ def bench(
     ] = None,
     dtype: Annotated[
         str | None,
-        typer.Option(
+        comma_list(
             help=f"{ACTIVATION_DTYPES_HELP}, comma list (default: bf16)",
-            autocompletion=complete_dtypes,
+            choices=lambda: ACTIVATION_DTYPE_NAMES,
         ),
     ] = None,
     compare: Annotated[
         str | None,
-        typer.Option(
+        comma_list(
             help=f"peers: {','.join(PEER_NAMES)} or none (default: all; liger only where "
             "installed)",
-            autocompletion=complete_csv(lambda: (*PEER_NAMES, "none")),
+            choices=lambda: (*PEER_NAMES, "none"),
         ),
     ] = None,
     backend: Annotated[

@@ -4,7 +4,7 @@ Choices are :class:`enum.StrEnum` types built from where each choice is defined 
 names :data:`fqr.core.ACTIVATION_DTYPE_NAMES`, :data:`fqr.validate.NUMERICS`, the backend
 registry :data:`fqr.backends.BACKENDS`, :data:`fqr.presets.PRESETS` ...): Typer lists their
 values in ``--help`` and completes them in the shell. Options that take a comma list of choices
-(``--backend a,b``) complete each item through :func:`complete_csv`.
+(``--backend a,b``) are declared by :func:`comma_list`, which completes each item.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ CaseOption = Annotated[
     str | None, typer.Option("--case", help="only cases whose name matches this glob")
 ]
 
-complete_dtypes = complete_csv(lambda: ACTIVATION_DTYPE_NAMES)
-complete_backends = complete_csv(lambda: BACKENDS)
-complete_presets = complete_csv(lambda: PRESETS)
+
+def comma_list(*flags: str, help: str, choices: Callable[[], Iterable[str]] | None = None):
+    """The ``typer.Option`` of a comma list (``--backend a,b``, split by
+    :func:`cli.common.parse_csv`), each item completed from ``choices`` (:func:`complete_csv`)."""
+    completion = None if choices is None else complete_csv(choices)
+    return typer.Option(*flags, help=help, autocompletion=completion)

@@ -29,7 +29,7 @@ from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case
 from fqr.text import printable
 
 from .common import EXIT_FAILED, UsageError, app, err, example, out, parse_csv, schema
-from .options import CaseOption, JsonOption, complete_backends
+from .options import CaseOption, JsonOption, comma_list
 from .render import plain, print_table, progress_bar
 
 STATUS_STYLE = {"pass": "green", "FAIL": "red", "error": "red", "corrupt": "magenta"}
@@ -112,9 +112,9 @@ def _table(rows: list[dict]) -> Table:
 def verify(
     backend: Annotated[
         str | None,
-        typer.Option(
+        comma_list(
             help=f"comma list of {', '.join(BACKENDS)} (default: every available one)",
-            autocompletion=complete_backends,
+            choices=lambda: BACKENDS,
         ),
     ] = None,
     case: CaseOption = "*",
