@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|peers
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -83,6 +83,12 @@ gputests)
   # the GPU test files: the ported peer grids, the declared ops' GPU tests, the hostile ones
   TAILN=10 step pytest_peers timeout -s INT 380 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
   TAILN=10 step pytest_gpu timeout -s INT 190 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_gpu_hostile.py tests/gpu/test_out_buffers_gpu.py tests/gpu/test_fusion_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu
+  ;;
+second-ops)
+  # after the dispatch-table fix: kv-insert's rows, the qk-rope / qk-mrope presets' bench rows
+  # and their GPU tests against float64
+  TAILN=40 step bench_second_ops timeout 120 python3 -m fqr bench --preset qwen3-8b-kv-insert,glm4-9b-qk-rope,qwen3.5-27b-qk-mrope --tokens 1,1024,16384 --dtype bf16 --compare eager --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_second_ops.json"
+  TAILN=12 step pytest_second_ops timeout -s INT 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_gpu_hostile.py -m gpu -k "qk-rope or qk-mrope or kv-insert"
   ;;
 peers)
   # issue 26: the ported peer grids in full on triton, the goldens (qk_rope / qk_mrope included)
