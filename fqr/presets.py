@@ -137,7 +137,7 @@ class Preset:
     partial_rotary_factor: float = 1.0
     is_neox: bool = True
     rope_scaling: tuple = field(default=())  # (("rope_type", "llama3"), ("factor", 8.0), ...)
-    # The member of the prologue family this model runs (fqr.variants.VARIANTS) and its own
+    # The member of the prologue family this model runs (fqr.prologue.VARIANTS) and its own
     # fields as (name, value) pairs (e.g. (("mrope_section", (11, 11, 10)), ...)).
     variant: str = "split-qkv"
     variant_params: tuple = field(default=())
@@ -759,7 +759,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
     # DeepseekV3ForCausalLM (vLLM runs it as DeepSeek-V3).
     "kimi_k2": HFFamily(**_MLA, note="Kimi-K2: DeepSeek-V3's attention"),
 }
-# Families whose prologue is a variant (fqr.variants), not the split-qkv op: why.
+# Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
     "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (the rope-l2norm variant)",
@@ -931,7 +931,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
     fqr builds for the family (:attr:`HFFamily.scalings`, keys in :data:`HF_ROPE_SCALINGS`;
     another is a ValueError naming its type); for an mRoPE family (Qwen3-VL: ``mrope``,
-    Qwen3.5: ``mrope-gate``, :mod:`fqr.variants`) its ``mrope_section`` and
+    Qwen3.5: ``mrope-gate``, :mod:`fqr.prologue`) its ``mrope_section`` and
     ``mrope_interleaved``. From the family: the norm kind, its weight offset, the RoPE pairing
     and the variant. Families whose prologue is another variant (:data:`HF_VARIANT_FAMILIES`)
     are refused.

@@ -1,4 +1,4 @@
-"""Cells of a preset whose prologue is another member of the family (:mod:`fqr.variants`):
+"""Cells of a preset whose prologue is another member of the family (:mod:`fqr.prologue`):
 the same run loop, columns and document rows as the split-qkv presets, with every part taken
 from the preset's :class:`~fqr.variants.Variant`:
 

@@ -5,7 +5,7 @@ when asked.
 The composition (:func:`index_heads_prologue`) is ``split_heads`` in five -> per-head norm +
 RoPE of q, k, index_q and index_k -> ``quantize_fp8`` where asked; the float64 reference is
 :func:`fqr.reference.index_prologue`. The variant ``index-heads`` binds MiniMax-M3's presets
-(:mod:`.variants`).
+(:mod:`.variant`).
 """
 
 from __future__ import annotations

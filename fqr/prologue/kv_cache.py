@@ -6,7 +6,7 @@ k with ``return_k``).
 The composition (:func:`cache_prologue`) is the split op's per-head form followed by two
 ``cache_insert``: functional updates of the caches, which the public op donates so the kernel
 stores in place. The float64 reference is :func:`fqr.reference.cache_prologue`. The variant
-``kv-cache`` binds MiniMax-M3's presets (:mod:`.variants`).
+``kv-cache`` binds MiniMax-M3's presets (:mod:`.variant`).
 """
 
 from __future__ import annotations

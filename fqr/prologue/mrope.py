@@ -5,7 +5,7 @@ The composition (:func:`mrope_attention_prologue`) is ``split_heads`` (with the 
 head followed by its gate head) -> per-head ``rms_norm`` of q and k -> ``mrope`` of both from
 the three position planes; v and the gate are copies. The float64 reference is
 :func:`fqr.reference.mrope_prologue`. Variants ``mrope`` (Qwen3-VL) and ``mrope-gate``
-(Qwen3.5) bind the presets (:mod:`.variants`).
+(Qwen3.5) bind the presets (:mod:`.variant`).
 """
 
 from __future__ import annotations

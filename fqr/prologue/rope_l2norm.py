@@ -4,7 +4,7 @@ NoPE layers neither, q scaled by the attention temperature.
 The composition (:func:`rope_l2norm_prologue`) is ``split_qkv`` -> ``rope`` -> ``rms_norm``
 without weight of q and k, or on NoPE layers ``attn_temperature`` of q; the float64 reference is
 :func:`fqr.reference.rope_l2norm_prologue`. Variants ``rope-l2norm`` and ``nope-temperature``
-bind Llama 4's presets (:mod:`.variants`).
+bind Llama 4's presets (:mod:`.variant`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The composition (:func:`attention_prologue`) is ``split_qkv`` -> ``rms_norm`` of
 head, over the whole width as OLMo2, or none) -> ``rope`` of both; v is a copy. Its float64
 reference is :func:`fqr.reference.prologue`. The declaration below derives the public function
 (``fqr.split_qkv_rmsnorm_rope``), its checks and fast path, and ``torch.ops.fqr.
-split_qkv_rmsnorm_rope``; the variant ``split-qkv`` binds the presets to it (:mod:`.variants`).
+split_qkv_rmsnorm_rope``; the variant ``split-qkv`` binds the presets to it (:mod:`.variant`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The composition (:func:`vnorm_prologue`) is the split op's per-head form (norm + RoPE of q and
 k) plus ``rms_norm`` of v without weight; the float64 reference is
 :func:`fqr.reference.vnorm_prologue`. The variant ``split-qkv-vnorm`` binds Gemma 4's presets
-(:mod:`.variants`).
+(:mod:`.variant`).
 """
 
 from __future__ import annotations
