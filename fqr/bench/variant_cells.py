@@ -1,6 +1,6 @@
 """Cells of a preset whose prologue is another member of the family (:mod:`fqr.prologue`):
 the same run loop, columns and document rows as the split-qkv presets, with every part taken
-from the preset's :class:`~fqr.variants.Variant`:
+from the preset's :class:`~fqr.prologue.Variant`:
 
 ==============  ============================================================================
 inputs          :meth:`Variant.draw` (fresh per cell, rotated like the split-qkv sets)
