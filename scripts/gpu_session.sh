@@ -80,8 +80,10 @@ variants)
   TAILN=70 step bench_variants timeout 420 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3.2,deepseek-v3-q-rope,llama3-8b-qk-rope,qwen3-vl-8b-qk-mrope --tokens 1,1024,16384 --dtype bf16 --compare eager --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_variants.json"
   ;;
 gputests)
-  # the GPU test files: the ported peer grids, the declared ops' GPU tests, the hostile ones
-  TAILN=10 step pytest_peers timeout -s INT 380 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
+  # the GPU test files: the ported peer grids, the declared ops' GPU tests, the hostile ones.
+  # Each peer case compiles its own kernel (~4 s serially: 1,108 cases ~75 min), so the grids
+  # run in 12 pytest-xdist workers (the image has pytest-xdist) sharing the GPU and the caches
+  TAILN=10 step pytest_peers timeout -s INT 380 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
   TAILN=10 step pytest_gpu timeout -s INT 190 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_gpu_hostile.py tests/gpu/test_out_buffers_gpu.py tests/gpu/test_fusion_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu
   ;;
 second-ops)
@@ -95,7 +97,7 @@ peers)
   # and the hostile GPU tests after the strided-positions and short-slot changes
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   step verify_triton timeout 120 python3 -m fqr verify --backend triton
-  TAILN=15 step pytest_peers timeout 420 python3 -m pytest -q -p no:cacheprovider -x --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
+  TAILN=15 step pytest_peers timeout -s INT 420 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
   TAILN=12 step pytest_gpu_hostile timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_hostile.py -m gpu
   ;;
 esac
