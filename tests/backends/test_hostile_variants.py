@@ -48,17 +48,19 @@ def _small(name: str):
 PRESETS_OF = {variant: presets_of(variant) for variant in VARIANTS}
 
 
-def _tensor_changes(x, param) -> list[tuple[str, object]]:
+def _tensor_changes(x, param, tokens: int) -> list[tuple[str, object]]:
     """Hostile replacements of a tensor argument ``x`` (None: an absent optional one) of
     ``param``; a slot mapping that may be shorter than T (vLLM's CUDA-graph padding) is made
-    one element longer instead."""
+    one element longer than T instead (padded with -1 from its own length, which the draw may
+    already have made shorter than T)."""
     changes: list[tuple[str, object]] = [("a str", "garbage")]
     if not isinstance(x, torch.Tensor):
         return changes
     wrong = torch.float32 if not x.is_floating_point() else torch.int32
     changes.append((f"dtype {wrong}", x.to(wrong)))
     if isinstance(param.kind, Slots) and param.kind.shorter:
-        changes.append(("one element long", torch.cat([x, x.new_full((1,), -1)])))
+        padding = x.new_full((tokens + 1 - x.shape[0],), -1)
+        changes.append(("one element longer than T", torch.cat([x, padding])))
     elif x.dim() and x.shape[-1]:
         changes.append(("one element short", x[..., :-1]))
     changes.append(("a meta tensor", x.to("meta")))
@@ -106,7 +108,7 @@ def calls(draw):
         options = (
             _static_changes(value)
             if isinstance(param, Static)
-            else _tensor_changes(value, param)[: None if param is params[0] else 3]
+            else _tensor_changes(value, param, tokens)[: None if param is params[0] else 3]
         )
         what, hostile = draw(st.sampled_from(options))
         change = (param.name, what, hostile)
