@@ -363,7 +363,7 @@ def presets_of(name: str) -> list[str]:
     is a preset of its own, as ``qwen3-vl-8b-qk-mrope``: :mod:`fqr.presets`)."""
     from ..presets import PRESETS
 
-    get_variant(name)
+    get_variant(name)  # an unknown name is refused, naming the variants
     return [p.name for p in PRESETS.values() if p.variant == name]
 
 
