@@ -28,6 +28,7 @@ import torch
 
 from ..core import TOKENS, Aval, Program, trace
 from . import ascend  # noqa: F401  (registers the ascend and ascend-interpret targets)
+from .bundle import note_kernel
 from .emit import EMITTER_VERSION, EmittedKernel, KernelBuilder, Tiling
 from .kernel import Kernel
 from .loader import cache_key, load_kernel
@@ -115,6 +116,7 @@ def lower(program: Program, target: str = "cuda", **options) -> Kernel:
         return _KERNELS[memo]
     tgt, plan, tiling, emitted, key, kernel_name = _build(program, target, options)
     loaded = load_kernel(key, emitted.source, kernel_name, interpret=tgt.interpret)
+    note_kernel(loaded.fn, key, emitted.source)  # a kernel bundle may hold it compiled
     kernel = Kernel(
         program, plan, tgt, tiling, emitted.source, loaded.path, loaded.cache_hit, loaded.fn,
         dict(options), rounding_points=emitted.rounding_points,

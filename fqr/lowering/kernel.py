@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..core import TOKENS, Program, Role
+from .bundle import compile_ahead, launch_through_triton
 from .emit import Tiling, chunk_blocks
 from .launcher import direct_launcher
 from .plan import KernelPlan
@@ -173,13 +174,16 @@ class Kernel:
             return outs
         flat, constexprs, key = self.launch_arguments(args, outs, tokens, out is None)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
+        if device.type == "meta":  # no values: compiled into the bundle being built, not run
+            compile_ahead(self.fn, grid, flat, {**constexprs, **self._launch})
+            return outs
         bound = self._direct
         if bound is False:
             bound = self._direct = direct_launcher(self.fn, self._launch)
         if bound is not None and direct:
             bound.launch(grid, flat, constexprs, key)
         else:
-            self.fn[grid](*flat, **constexprs, **self._launch)
+            launch_through_triton(self.fn, grid, flat, {**constexprs, **self._launch})
         return outs
 
     def strided_variant(self) -> Kernel:

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from .bundle import launch_through_triton
+
 log = logging.getLogger(__name__)
 
 # Triton releases whose launcher convention this module was written against.
@@ -84,7 +86,7 @@ class DirectLauncher:
         device = self._device()
         bound = self._bound.get((device, key))
         if bound is None or self.hooks_installed():
-            kernel = self.fn[grid](*args, **constexprs, **self.options)
+            kernel = launch_through_triton(self.fn, grid, args, {**constexprs, **self.options})
             if kernel is None or self.hooks_installed():
                 return
             run = kernel.run  # loads the module: binds function and launcher
