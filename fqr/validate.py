@@ -305,6 +305,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     that share no byte, never accepts two that do."""
     if not a.numel() or not b.numel() or a.device != b.device:
         return False
+    if a.device.type == "meta" and a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+        return False  # no memory: every meta storage starts at address 0, views share one
     (a_first, a_last), (b_first, b_last) = byte_span(a), byte_span(b)
     if a_first > b_last or b_first > a_last:  # the spans do not meet
         return False
