@@ -1,0 +1,143 @@
+"""Cold start: the time from a fresh process to its first result, JIT against a kernel bundle.
+
+A serving process pays, before its first prologue returns, the interpreter and imports, CUDA's
+start, the inputs, and the first call of each kernel: lowering, and either Triton's compile
+(JIT) or loading the compiled kernel (:mod:`fqr.lowering.bundle`). :func:`measure_cold_start`
+starts fresh Python processes that each make one call of a preset's public op and wait for its
+result, each with an empty kernel cache and an empty Triton cache of its own, so nothing
+compiled by an earlier run is found:
+
+``jit``     no bundle: every kernel the call needs is compiled in the process;
+``bundle``  ``FQR_KERNEL_BUNDLE`` set: the kernels are loaded, none compiled.
+
+Triton's own runtime pieces (its CUDA utilities, which it builds with the host's C compiler the
+first time it runs on a machine) come from an untimed call before: each process starts with a
+copy of a Triton cache that holds them and no fqr kernel. Each mode runs ``repeats`` times,
+alternating; the medians of two wall-clock spans are kept:
+``to_first_result`` from just before the process is spawned to the first result on the host
+(``torch.cuda.synchronize`` after the call), and ``first_call`` the call alone (the inputs
+are on the GPU and synchronised before it starts). The child also reports how many kernels
+were loaded from the bundle (:data:`fqr.lowering.bundle.STATS`); the fqr kernels Triton compiled
+are counted in its cache after the process ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("jit", "bundle")
+
+# Runs in the fresh process: argv = preset, TP, tokens; the spawn time in FQR_COLD_START_T0.
+_CHILD = r"""
+import json, os, sys, time
+import torch
+from fqr.lowering.bundle import STATS
+from fqr.presets import get_preset
+from fqr.prologue import variant_of
+
+preset = get_preset(sys.argv[1], int(sys.argv[2]))
+tokens = int(sys.argv[3])
+variant = variant_of(preset)
+gen = torch.Generator().manual_seed(0)
+inputs = variant.draw(preset, tokens, torch.bfloat16, gen, max_position=preset.max_position)
+inputs = {k: v.cuda() for k, v in inputs.items()}
+table = preset.cos_sin_cache(preset.max_position).cuda()
+torch.cuda.synchronize()
+ready = time.time()
+variant.run_in_place(preset, inputs, table, backend="triton")
+torch.cuda.synchronize()
+done = time.time()
+print(json.dumps({
+    "to_first_result_s": done - float(os.environ["FQR_COLD_START_T0"]),
+    "first_call_s": done - ready,
+    "loaded": STATS.loaded,
+}))
+"""
+
+
+def _run_child(
+    preset: str, tp: int, tokens: int, bundle: str | None, triton_runtime: Path | None
+) -> dict:
+    """One fresh process; ``triton_runtime``: a Triton cache holding only Triton's own
+    compiled runtime pieces, copied in first (a machine that ran Triton before has them)."""
+    with tempfile.TemporaryDirectory(prefix="fqr-cold-") as scratch:
+        kernels, triton_cache = Path(scratch, "kernels"), Path(scratch, "triton")
+        kernels.mkdir(mode=0o700)
+        if triton_runtime is None:
+            triton_cache.mkdir(mode=0o700)
+        else:
+            shutil.copytree(triton_runtime, triton_cache)
+        env = dict(os.environ)
+        env.pop("FQR_KERNEL_BUNDLE", None)
+        env |= {"FQR_CACHE_DIR": str(kernels), "TRITON_CACHE_DIR": str(triton_cache)}
+        if bundle is not None:
+            env["FQR_KERNEL_BUNDLE"] = bundle
+        env["FQR_COLD_START_T0"] = repr(time.time())
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, preset, str(tp), str(tokens)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        # what Triton compiled in the process: fqr's kernels among its cache's binaries
+        compiled = len(list(triton_cache.rglob("fqr_*.cubin")))
+    if done.returncode:
+        raise RuntimeError(f"cold-start child ({preset}) failed: {done.stderr.strip()[-2000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "compiled": compiled}
+
+
+def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Path) -> Path:
+    """A Triton cache with Triton's runtime pieces (its CUDA utilities, built with the host's C
+    compiler on first use) and no fqr kernel: what an untimed call from the bundle leaves."""
+    runtime = scratch / "triton"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(runtime), FQR_KERNEL_BUNDLE=bundle)
+    env |= {"FQR_CACHE_DIR": str(scratch / "kernels"), "FQR_COLD_START_T0": repr(time.time())}
+    runtime.mkdir(mode=0o700)
+    (scratch / "kernels").mkdir(mode=0o700)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, preset, str(tp), str(tokens)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode:
+        raise RuntimeError(f"cold-start warm-up ({preset}) failed: {done.stderr.strip()[-2000:]}")
+    compiled = sorted(p.name for p in runtime.rglob("fqr_*.cubin"))
+    if compiled:
+        raise RuntimeError(f"the bundle {bundle} lacks {preset}'s kernels {compiled}")
+    return runtime
+
+
+def measure_cold_start(
+    preset: str, bundle: str, *, tp: int = 1, tokens: int = 1, repeats: int = 3
+) -> dict:
+    """Median spans of ``repeats`` fresh processes per mode (:data:`MODES`), alternating, for
+    one call of ``preset`` (TP ``tp``) with ``tokens`` tokens; ``bundle`` holds its kernels
+    (``fqr build --preset PRESET``)."""
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="fqr-cold-runtime-") as scratch:
+        runtime = _triton_runtime(preset, tp, tokens, bundle, Path(scratch))
+        for _ in range(repeats):
+            for mode in MODES:
+                chosen = bundle if mode == "bundle" else None
+                runs[mode].append(_run_child(preset, tp, tokens, chosen, runtime))
+    rows = {}
+    for mode, results in runs.items():
+        rows[mode] = {
+            "to_first_result_s": statistics.median(r["to_first_result_s"] for r in results),
+            "first_call_s": statistics.median(r["first_call_s"] for r in results),
+            "loaded": max(r["loaded"] for r in results),
+            "compiled": max(r["compiled"] for r in results),
+            "runs": results,
+        }
+    return {"preset": preset, "tp": tp, "tokens": tokens, "repeats": repeats, "modes": rows}
