@@ -25,15 +25,17 @@ pytestmark = ON_TRITON
 
 @pytest.mark.parametrize("tokens", [1, 16384])
 def test_pdl_launch_after_the_projection_gemm_reads_its_output(gen, tokens):
-    """Qwen3-8B bf16 at a decode and a prefill size (two kernel variants): hidden ``[T, 4096]``
-    times a ``[4096, 6144]`` weight of unit-scale output into qkv, then the kernel, plain and
-    with PDL."""
+    """Qwen3-8B bf16 at a decode and a prefill size (two kernel variants): qkv poisoned with
+    NaN, then hidden ``[T, 4096]`` times a ``[4096, 6144]`` weight (unit-scale output) into it,
+    then the kernel, plain and with PDL: a kernel that read before the GEMM finished would
+    read NaN."""
     p, dtype = fqr.get_preset("qwen3-8b"), torch.bfloat16
     program = program_of(p, dtype)
     plain = lower_by_tokens(program, "cuda")
     pdl = lower_by_tokens(program, "cuda", pdl=True)
     x = random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache())
     in_features = variant_of(p).projection_in_features(p)
+    assert in_features == 4096, "Qwen3-8B's hidden size"
     hidden = torch.randn(tokens, in_features, generator=gen).to(dtype)
     weight = (torch.randn(in_features, p.spec.qkv_width, generator=gen) * in_features**-0.5).to(
         dtype
@@ -42,7 +44,9 @@ def test_pdl_launch_after_the_projection_gemm_reads_its_output(gen, tokens):
     hidden, weight = hidden.to(GPU_DEVICE), weight.to(GPU_DEVICE)
 
     def after_gemm(kernels) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The GEMM into qkv, then ``kernels``: (what the GEMM wrote, the kernel's outputs)."""
+        """NaN into qkv, the GEMM into it, then ``kernels``: (what the GEMM wrote, the kernel's
+        outputs)."""
+        on_gpu.qkv.fill_(float("nan"))
         torch.mm(hidden, weight, out=on_gpu.qkv)
         outs = kernels.launch(on_gpu.operands())
         return on_gpu.qkv.cpu(), [o.cpu() for o in outs]
