@@ -10,8 +10,10 @@ The table (stdout) has one row per (preset, dtype, tokens): fqr's median kernel 
 achieved bandwidth over the minimal traffic, % of the same-run copy ceiling, device time
 (CUDA-graph replays over rotating inputs) and wall time with host dispatch, each with its own %
 of the ceiling, host dispatch cost (tokens <= 256), and the speed-up over each peer; then the
-dispatch table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``,
-``F.rms_norm`` and a bare Triton launch). Progress goes to stderr. Exit 0 when every
+floors table (a same-size copy, the projection GEMM alone and followed by fqr; with ``--pdl``
+also followed by fqr's kernel launched with programmatic dependent launch) and the dispatch
+table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``, ``F.rms_norm``
+and a bare Triton launch). Progress goes to stderr. Exit 0 when every
 implementation passed its numerics check, 1 when one did not (it is reported, not timed), 2 on
 bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
 """
@@ -153,6 +155,14 @@ def bench(
         BackendName, typer.Option(help="fqr backend that runs the kernel")
     ] = BackendName.triton,
     numerics: NumericsOption = Numerics.fused,
+    pdl: Annotated[
+        bool,
+        typer.Option(
+            "--pdl",
+            help="also time, after the projection GEMM, fqr's kernel launched with "
+            "programmatic dependent launch (floors table; triton backend)",
+        ),
+    ] = False,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
@@ -188,6 +198,7 @@ def bench(
                 ("--dtype", dtype),
                 ("--compare", compare),
                 ("--save", save),
+                ("--pdl", pdl),
             )
             if v
         ]
@@ -208,6 +219,7 @@ def bench(
                 rep_ms,
                 warmup_ms,
                 seed,
+                pdl,
             ),
             save,
             plot,
@@ -216,9 +228,11 @@ def bench(
 
 
 def _config(
-    preset, tokens, dtype, compare, backend, numerics, check_rows, rep_ms, warmup_ms, seed
+    preset, tokens, dtype, compare, backend, numerics, check_rows, rep_ms, warmup_ms, seed, pdl
 ) -> BenchConfig:
     _check_backend(backend)
+    if pdl and backend != "triton":
+        raise UsageError(f"--pdl: programmatic dependent launch runs on triton, not {backend!r}")
     return BenchConfig(
         presets=_parse_presets(preset),
         tokens=_parse_tokens(tokens),
@@ -230,6 +244,7 @@ def _config(
         warmup_ms=warmup_ms,
         rep_ms=rep_ms,
         seed=seed,
+        pdl=pdl,
     )
 
 

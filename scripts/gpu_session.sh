@@ -56,21 +56,22 @@ recheck)
   TAILN=8 step pytest_ds_mla timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -m gpu -k "deepseek-v3.2"
   ;;
 floors)
-  # issue 24: the same-size copy / GEMM floors in the bench, PDL after the GEMM, unfused bits
+  # issue 24: the same-size copy / GEMM floors in the bench with PDL after the GEMM (--pdl),
+  # unfused bits against vLLM's and transformers' code on CUDA, PDL's bits after the GEMM
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  TAILN=22 step unfused_bits timeout 120 python3 scripts/unfused_cuda_bits.py
+  TAILN=12 step pytest_unfused_pdl timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_unfused_gpu.py tests/gpu/test_pdl_gpu.py -m gpu
   TAILN=40 step fast_path_cuda timeout 90 python3 tests/backends/test_fast_path_aten.py --cuda
-  TAILN=25 step pdl_probe timeout 150 python3 scripts/pdl_probe.py qwen3-8b qwen3.5-27b deepseek-v3-q-rope
-  TAILN=80 step bench_floors timeout 280 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3 --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
+  TAILN=80 step bench_floors timeout 330 python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,qwen3-vl-8b,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3-q-rope --tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --pdl --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_floors.json"
   ;;
 probe)
   # the declared ops' host dispatch on CUDA (profile of every op's repeat call, and the bench's
-  # dispatch rows of one preset per variant at T = 1), unfused bits, PDL after the GEMM
+  # dispatch rows of one preset per variant at T = 1), unfused bits, PDL after the GEMM (its
+  # bits in tests/gpu/test_pdl_gpu.py, its cost in the bench's floors with --pdl)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   TAILN=40 step fast_path_cuda timeout 100 python3 tests/backends/test_fast_path_aten.py --cuda
   TAILN=45 step bench_dispatch timeout 230 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-full,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3-q-rope --tokens 1 --dtype bf16 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_dispatch.json"
-  TAILN=22 step unfused_bits timeout 100 python3 scripts/unfused_cuda_bits.py
-  TAILN=25 step pdl_probe timeout 100 python3 scripts/pdl_probe.py qwen3-8b deepseek-v3-q-rope
+  TAILN=12 step pytest_unfused_pdl timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_unfused_gpu.py tests/gpu/test_pdl_gpu.py -m gpu
+  TAILN=40 step bench_pdl timeout 150 python3 -m fqr bench --preset qwen3-8b,deepseek-v3-q-rope --tokens 1,16,128,1024,4096,16384,65536 --dtype bf16 --compare none --pdl --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_pdl.json"
   ;;
 variants)
   # issue 22: the goldens on triton, then device, wall and dispatch rows of one preset of every
@@ -80,11 +81,11 @@ variants)
   TAILN=70 step bench_variants timeout 420 python3 -m fqr bench --preset qwen3-8b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,llama4-scout-nope,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3.2,deepseek-v3-q-rope,llama3-8b-qk-rope,qwen3-vl-8b-qk-mrope --tokens 1,1024,16384 --dtype bf16 --compare eager --rep-ms 10 --warmup-ms 3 --save "$OUT/bench_variants.json"
   ;;
 gputests)
-  # the GPU test files: the ported peer grids, the declared ops' GPU tests, the hostile ones.
-  # Each peer case compiles its own kernel (~4 s serially: 1,108 cases ~75 min), so the grids
-  # run in 12 pytest-xdist workers (the image has pytest-xdist) sharing the GPU and the caches
+  # the GPU test files: the ported peer grids, then every other file of tests/gpu. Each peer
+  # case compiles its own kernel (~4 s serially: 1,108 cases ~75 min), so the grids run in 12
+  # pytest-xdist workers (the image has pytest-xdist) sharing the GPU and the caches
   TAILN=10 step pytest_peers timeout -s INT 380 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 tests/gpu/test_gpu_peers_base.py tests/gpu/test_gpu_peers_mrope.py tests/gpu/test_gpu_peers_cache.py tests/gpu/test_gpu_peers_minimax.py -m gpu
-  TAILN=10 step pytest_gpu timeout -s INT 190 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu/test_gpu.py tests/gpu/test_gpu_hostile.py tests/gpu/test_out_buffers_gpu.py tests/gpu/test_fusion_gpu.py tests/gpu/test_ascend_on_cuda_gpu.py -m gpu
+  TAILN=10 step pytest_gpu timeout -s INT 190 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/gpu --ignore-glob='tests/gpu/test_gpu_peers_*.py' -m gpu
   ;;
 second-ops)
   # after the dispatch-table fix: kv-insert's rows, the qk-rope / qk-mrope presets' bench rows

@@ -42,7 +42,7 @@ if os.environ.get("SWEEP") == "glm":  # session 2: GPT-J pairs read as split til
         for w, m, a in itertools.product((1, 2, 4, 8), ("unroll", "grid"), ("split", "reshape"))
     ]
 # Session 2 also compiles these (preset, dtype) kernel variants in the same process pool, for
-# the fqr bench run that follows (scripts/launch_floor_gpu.py: warm).
+# the fqr bench run that follows (_warm_bench).
 WARM_BENCH = [n for n in os.environ.get("WARM_BENCH", "").split(",") if n]
 ROTATE_BYTES = 256 << 20
 
@@ -231,12 +231,35 @@ def dispatch_table():
 
 
 # --------------------------------------------------------------------------- 4. sweep
+# One T per kernel variant of the cuda target's token buckets: decode, middle, large.
+BUCKET_TOKENS = (1, 300, 9000)
+
+
+def _warm_bench(name, dtype_name):
+    """Compile one preset's kernel variants (one launch per token bucket) in this process, for
+    the ``fqr bench`` run that follows (Triton's disk cache)."""
+    try:
+        from fqr.core import dtype_of
+        from fqr.inputs import random_inputs
+        from fqr.lowering import lower_by_tokens
+        from fqr.presets import get_preset
+        from fqr.prologue import program_of
+
+        preset, dtype = get_preset(name), dtype_of(dtype_name)
+        variants = lower_by_tokens(program_of(preset, dtype), "cuda")
+        cache = preset.cos_sin_cache().cuda()
+        g = torch.Generator("cuda").manual_seed(0)
+        for tokens in BUCKET_TOKENS:
+            variants.launch(random_inputs(preset.spec, tokens, dtype, g, cache).operands())
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001  (reported, the run goes on)
+        return f"{name} {dtype_name}: {type(e).__name__}: {str(e)[:300]}"
+
+
 def _warm(job):
     if len(job) == 3:  # a bench (preset, dtype): every token-bucket variant
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from launch_floor_gpu import _warm as warm_variants
-
-        return warm_variants((job[0], job[1], {}))
+        return _warm_bench(job[0], job[1])
     name, cfg = job
     import fqr.lowering as L
     from fqr.presets import get_preset

@@ -19,12 +19,15 @@ from .traffic import Traffic
 @dataclass
 class Implementation:
     """One contender: ``call(inputs) -> (q, k, v)``, held to ``numerics``; fqr on triton also
-    has its bare kernel ``launcher``."""
+    has its bare kernel ``launcher``, and with ``--pdl`` that kernel launched with
+    programmatic dependent launch (``pdl_launcher``, timed after the GEMM:
+    :mod:`fqr.bench.floors`)."""
 
     name: str
     call: Callable[[PrologueInputs], tuple]
     numerics: str
     launcher: Callable[[PrologueInputs], object] | None = None
+    pdl_launcher: Callable[[PrologueInputs], object] | None = None
 
 
 @dataclass

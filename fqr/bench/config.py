@@ -39,6 +39,8 @@ class BenchConfig:
     seed: int = 0
     dispatch: bool = True  # the dispatch table (backend triton only)
     floors: bool = True  # per cell the same-size copy and the GEMM before the op (fqr.bench.floors)
+    # with the floors, GEMM then fqr's kernel launched with programmatic dependent launch (triton)
+    pdl: bool = False
 
     def __post_init__(self):
         if not self.presets:
@@ -57,6 +59,11 @@ class BenchConfig:
         for c in self.compare:
             check_choice("compare", c, PEER_NAMES)
         check_choice("--numerics", self.numerics, NUMERICS)
+        if self.pdl and (self.backend != "triton" or not self.floors):
+            raise ValueError(
+                "pdl: programmatic dependent launch is timed after the GEMM floor, on the "
+                "triton backend"
+            )
         if self.check_rows < 0:
             raise ValueError(f"check_rows must be >= 0, got {self.check_rows}")
         for name in ("warmup_ms", "rep_ms", "graph_rep_ms"):

@@ -9,8 +9,9 @@ as this one; a row is one (preset, dtype, tokens) cell:
 "speedup": {peer: peer us / fqr us}}``, and a result holds ``check`` (the numerics check),
 ``error``, one value per measurement (:mod:`fqr.bench.measurements`), ``gbps`` and
 ``pct_ceiling``, and ``timing_errors`` where a secondary measurement could not be taken;
-a row's ``floors`` and fqr's ``pct_copy`` / ``after_gemm_us`` / ``after_gemm_x``, and the
-run's ``floors: {empty_kernel_us}``, are :mod:`fqr.bench.floors`'.
+a row's ``floors`` and fqr's ``pct_copy`` / ``after_gemm_us`` / ``after_gemm_x`` (with
+``--pdl``, ``after_gemm_pdl_us``), and the run's ``floors: {empty_kernel_us}``, are
+:mod:`fqr.bench.floors`'.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def _impl_problem(impl, where: str) -> str | None:
     if not isinstance(impl, dict):
         return f"{where} must be a JSON object"
     times = ("gbps", "pct_ceiling", "pct_copy", *(m.key for m in MEASUREMENTS))
-    differences = ("after_gemm_us", "after_gemm_x")
+    differences = ("after_gemm_us", "after_gemm_x", "after_gemm_pdl_us")
     problem = (
         _fields_problem(impl, dict.fromkeys(times, "a number or null"), where, required=False)
         or _fields_problem(
@@ -216,7 +217,7 @@ def _floors_problem(floors, where: str) -> str | None:
     """Why a row's ``floors`` (:mod:`fqr.bench.floors`) cannot be read, or None."""
     if not isinstance(floors, dict):
         return f"{where} must be a JSON object"
-    times = ("copy_us", "gemm_us", "gemm_op_us")
+    times = ("copy_us", "gemm_us", "gemm_op_us", "gemm_op_pdl_us")
     return _fields_problem(
         floors, dict.fromkeys(times, "a number or null"), where, required=False
     ) or _optional_map_problem(floors, "errors", "text", where)

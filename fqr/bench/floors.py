@@ -11,13 +11,19 @@ nothing served from L2), so that each ratio is of two numbers taken side by side
                        = :meth:`fqr.prologue.Variant.projection_in_features`, ``W`` the op's
                        first input's width), alone
 ``gemm_op_us``         that GEMM followed by fqr's op on its output, in one graph
+``gemm_op_pdl_us``     with ``--pdl`` (:attr:`BenchConfig.pdl`): that GEMM followed by fqr's
+                       kernel lowered with ``pdl=True`` (programmatic dependent launch:
+                       Triton's ``launch_pdl``, the kernel waiting on the GEMM with
+                       ``gdc_wait`` before its first load), in one graph
 =====================  ======================================================================
 
 fqr's result gains ``pct_copy`` (``100 * copy_us / graph_us``), ``after_gemm_us``
 (``gemm_op_us - gemm_us``: what the prologue costs where serving runs it, right after the
 QKV projection) and ``after_gemm_x`` (that over fqr's own device time: 1.0 when the kernel
-boundary costs nothing). The run records ``empty_kernel_us``, an empty Triton kernel's replay:
-the floor of any launch. What could not be measured is named in ``floors["errors"]``.
+boundary costs nothing), and with ``--pdl`` ``after_gemm_pdl_us`` (``gemm_op_pdl_us -
+gemm_us``). The run records ``empty_kernel_us``, an empty Triton kernel's replay: the floor of
+any launch. What could not be measured is named in ``floors["errors"]``. That the PDL kernel
+reads what the GEMM wrote is ``tests/gpu/test_pdl_gpu.py``'s.
 """
 
 from __future__ import annotations
@@ -119,12 +125,21 @@ def measure_floors(
             floors["gemm_op_us"] = timers.graph_us(gemm_then_op, graph_rep_ms)
         except Exception as e:
             errors["gemm_us"] = f"{type(e).__name__}: {e}"[:300]
+        if fqr.pdl_launcher is not None and floors["gemm_us"] is not None:
+            try:
+                pdl = dataclasses.replace(fqr, call=fqr.pdl_launcher)
+                _, gemm_then_pdl = gemm_calls(cell, pdl, in_features, seed)
+                floors["gemm_op_pdl_us"] = timers.graph_us(gemm_then_pdl, graph_rep_ms)
+            except Exception as e:
+                errors["gemm_op_pdl_us"] = f"{type(e).__name__}: {e}"[:300]
     if device_us:
         if floors["copy_us"] is not None:
             result["pct_copy"] = 100 * floors["copy_us"] / device_us
         if floors["gemm_op_us"] is not None and floors["gemm_us"] is not None:
             result["after_gemm_us"] = floors["gemm_op_us"] - floors["gemm_us"]
             result["after_gemm_x"] = result["after_gemm_us"] / device_us
+        if floors.get("gemm_op_pdl_us") is not None:
+            result["after_gemm_pdl_us"] = floors["gemm_op_pdl_us"] - floors["gemm_us"]
     if errors:
         floors["errors"] = errors
     return floors

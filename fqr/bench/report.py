@@ -128,10 +128,12 @@ def dispatch_table(doc: dict) -> ReportTable | None:
 def floors_table(doc: dict) -> ReportTable | None:
     """Per cell, fqr's device time beside its floors (:mod:`fqr.bench.floors`): the same-size
     copy and fqr as % of it, the projection GEMM alone, GEMM then fqr, and what fqr costs
-    after the GEMM (also as a multiple of its time alone); None without floors."""
+    after the GEMM (also as a multiple of its time alone), and with ``--pdl`` what its
+    kernel costs there launched with programmatic dependent launch; None without floors."""
     rows = [r for r in doc["rows"] if r.get("floors")]
     if not rows:
         return None
+    pdl = any("gemm_op_pdl_us" in r["floors"] for r in rows)
     columns = [("preset", "left"), ("dtype", "left"), ("T", "right")]
     columns += [
         (h, "right")
@@ -143,6 +145,7 @@ def floors_table(doc: dict) -> ReportTable | None:
             "GEMM+fqr us",
             "after GEMM us",
             "x alone",
+            *(("after GEMM us, PDL",) if pdl else ()),
         )
     ]
     table = []
@@ -158,6 +161,7 @@ def floors_table(doc: dict) -> ReportTable | None:
                 _num(f.get("gemm_op_us"), ".2f"),
                 _num(r.get("after_gemm_us"), ".2f"),
                 _num(r.get("after_gemm_x"), ".2f"),
+                *((_num(r.get("after_gemm_pdl_us"), ".2f"),) if pdl else ()),
             ]
         )
     empty = (doc.get("floors") or {}).get("empty_kernel_us")
@@ -166,6 +170,7 @@ def floors_table(doc: dict) -> ReportTable | None:
         "copy: a device-to-device copy of exactly the call's bytes; % copy = copy / fqr; GEMM: "
         "the projection whose output the op reads ([T, hidden] @ [hidden, width]); after GEMM "
         "= (GEMM+fqr) - GEMM, x alone = that / fqr's device time"
+        + ("; PDL: fqr's kernel launched with programmatic dependent launch" if pdl else "")
         + ("" if empty is None else f"; an empty Triton kernel: {empty:.2f} us"),
         columns,
         table,

@@ -50,14 +50,16 @@ def fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: st
     return run
 
 
-def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str):
+def launcher_callable(preset: Preset, dtype: torch.dtype, numerics: str, **options):
     """The bare generated-kernel launcher (the kernel variant for the call's token count,
-    ``fqr.lowering.lower_by_tokens``), without the public op's argument checks: its dispatch
-    cost, beside the public op's, splits host time between them."""
+    ``fqr.lowering.lower_by_tokens`` with the cuda target's ``options``, e.g. ``pdl=True``),
+    without the public op's argument checks: its dispatch cost, beside the public op's, splits
+    host time between them."""
     from ..lowering import lower_by_tokens
     from ..prologue import program_of
 
-    variants = lower_by_tokens(program_of(preset, dtype, numerics=numerics), target="cuda")
+    program = program_of(preset, dtype, numerics=numerics)
+    variants = lower_by_tokens(program, target="cuda", **options)
     return lambda x: variants.launch(x.operands())
 
 
@@ -75,6 +77,11 @@ def implementations(
             ours.launcher = launcher_callable(preset, dtype, cfg.numerics)
         except Exception as e:  # the public op's own check reports a broken lowering
             skipped[f"launcher/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
+    if cfg.pdl:
+        try:
+            ours.pdl_launcher = launcher_callable(preset, dtype, cfg.numerics, pdl=True)
+        except Exception as e:  # the floors then have no PDL figure; the run goes on
+            skipped[f"pdl/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
     impls = [ours]
     for peer in cfg.compare:
         reason = peer_unavailable_reason(peer, preset.spec)

@@ -248,6 +248,9 @@ def variant_implementations(
         program = variant.program(preset, dtype, numerics=cfg.numerics)
         kernels = lower_by_tokens(program, target="cuda")
         fqr.launcher = lambda x: kernels.launch(variant.program_args(preset, x, cache))
+        if cfg.pdl:
+            pdl = lower_by_tokens(program, target="cuda", pdl=True)
+            fqr.pdl_launcher = lambda x: pdl.launch(variant.program_args(preset, x, cache))
     impls = [fqr]
     for peer in cfg.compare:
         if peer not in ("eager", "compile"):

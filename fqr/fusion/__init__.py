@@ -13,8 +13,7 @@ into real model code.
 * :mod:`fqr.fusion.models`, :mod:`fqr.fusion.evaluate`: small vLLM-style models and the
   fused-vs-unfused comparison behind ``fqr fuse``;
 * :mod:`fqr.fusion.hf_models`, :mod:`fqr.fusion.compiled`: Hugging Face Qwen3 and the
-  vLLM-shaped stack compiled with and without the pass on a GPU (``fqr fuse --device cuda``,
-  scripts/gpu_fusion.py).
+  vLLM-shaped stack compiled with and without the pass on a GPU (``fqr fuse --device cuda``).
 
 Supported: torch 2.11 and newer.
 

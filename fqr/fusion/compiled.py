@@ -621,7 +621,7 @@ def compare_compiled(
 
 def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
     """``(title, header, rows)`` for the summary, latency and profile tables of ``c`` (the
-    CLI renders them with Rich, scripts/gpu_fusion.py as text)."""
+    CLI renders them with Rich)."""
     name = f"{c.model} ({c.layers} layers, {c.dtype}, {c.device}"
     name += ", CUDA graphs)" if c.cudagraphs else ")"
     summary = [

@@ -1,5 +1,5 @@
-"""fqr.fusion.compiled: the compiled-model comparison behind scripts/gpu_fusion.py and
-``fqr fuse --device cuda``, at test size on the CPU (the real sizes run on the GPU)."""
+"""fqr.fusion.compiled: the compiled-model comparison behind ``fqr fuse --device cuda``, at
+test size on the CPU (the real sizes run on the GPU)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Skips without a GPU. Same mixed-shape vLLM-style model as ``test_fusion_graph.py``; and the
 compiled-model comparison (fqr.fusion.compiled) at small sizes under CUDA graphs: the profile
-must find fqr's kernel on the fused side (the full-size run is scripts/gpu_fusion.py).
+must find fqr's kernel on the fused side (the full-size run is ``fqr fuse --device cuda``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hugging Face transformers' attention prologues (Qwen3, Gemma 3) run as the models run them,
 with q and k captured where the attention function receives them: the bitwise reference of
-``numerics="unfused"`` (tests/core/test_unfused_models.py, scripts/gpu_peers_numerics.py)."""
+``numerics="unfused"`` (tests/core/test_unfused_models.py, tests/gpu/test_unfused_gpu.py)."""
 
 from __future__ import annotations
 

@@ -75,26 +75,36 @@ def peer_inputs(case: PeerCase, gen: torch.Generator):
     return buffer, qkv, positions, table, qw, kw_
 
 
-def check_peer_case(case: PeerCase, backend: str, gen: torch.Generator) -> None:
-    buffer, qkv, positions, table, qw, kw_ = peer_inputs(case, gen)
-    before = buffer.clone()
+def check_peer_case(
+    case: PeerCase, backend: str, gen: torch.Generator, device: str | torch.device = "cpu"
+) -> None:
+    """``case`` on ``backend`` with its tensors on ``device`` (drawn on the CPU, the float64
+    expectation computed there): q and k under the contract, v bit for bit, and where the
+    outputs live (new tensors; in place: views of qkv, no other byte of the buffer written)."""
+    cpu_buffer, cpu_qkv, positions, table, qw, kw_ = peer_inputs(case, gen)
+    before = cpu_buffer.clone()
+    buffer = cpu_buffer.to(device, copy=True)
+    qkv = buffer[:, : cpu_qkv.shape[1]]
     kwargs = dict(num_heads=HQ, num_kv_heads=HKV, head_dim=D, **case.kwargs)
     inplace = kwargs.get("inplace", False)
     feature = {k: v for k, v in kwargs.items() if k != "inplace"}
     exact_q, exact_k, exact_v = reference.prologue(
-        qkv.clone(), positions, table, qw, kw_, **feature
+        cpu_qkv.clone(), positions, table, qw, kw_, **feature
     )
     # no RoPE: positions may be None
-    pos_arg = None if table is None else positions
+    pos_arg = None if table is None else positions.to(device)
+    table_arg = None if table is None else table.to(device)
     q, k, v = fqr.split_qkv_rmsnorm_rope(
-        qkv, pos_arg, table, qw, kw_, numerics=case.numerics, backend=backend, **kwargs
-    )
+        qkv, pos_arg, table_arg, qw.to(device), kw_.to(device), numerics=case.numerics,
+        backend=backend, **kwargs,
+    )  # fmt: skip
     for name, got, exact in (("q", q, exact_q), ("k", k, exact_k)):
         c = compare(got, exact, head_dim=D, numerics=case.numerics)
         assert c.passed, f"{case.name} {name} on {backend}: {c}"
-    assert torch.equal(v.view(torch.int16), exact_v.view(torch.int16)), f"{case.name}: v"
+    assert torch.equal(v.cpu().view(torch.int16), exact_v.view(torch.int16)), f"{case.name}: v"
+    bits, was = buffer.cpu().view(torch.int16), before.view(torch.int16)
     if not inplace:
-        assert torch.equal(buffer.view(torch.int16), before.view(torch.int16)), "qkv was written"
+        assert torch.equal(bits, was), "qkv was written"
         for o in (q, k, v):
             assert o.is_contiguous() and o.data_ptr() != qkv.data_ptr()
         return
@@ -102,34 +112,39 @@ def check_peer_case(case: PeerCase, backend: str, gen: torch.Generator) -> None:
     q_size, kv_size = HQ * D, HKV * D
     assert q.data_ptr() == qkv.data_ptr() and k.data_ptr() == qkv[:, q_size:].data_ptr()
     assert v.data_ptr() == qkv[:, q_size + kv_size :].data_ptr()
-    written = torch.zeros_like(buffer, dtype=torch.bool)
+    written = torch.zeros_like(bits, dtype=torch.bool)
     written[:, : q_size + kv_size] = True
-    bits, was = buffer.view(torch.int16), before.view(torch.int16)
     assert torch.equal(bits[~written], was[~written]), f"{case.name}: bytes outside q/k moved"
 
 
-def check_q_only(backend: str, gen: torch.Generator, numerics: str = "fused") -> None:
+def check_q_only(
+    backend: str,
+    gen: torch.Generator,
+    numerics: str = "fused",
+    device: str | torch.device = "cpu",
+) -> None:
     """``fqr.qk_rmsnorm_rope(q, None, ...)``: q normalised and rotated alone, as vLLM's
-    ``rotary_emb(positions, q, None)`` after ``q_norm`` (Gemma 4's KV-shared / MTP layers)."""
+    ``rotary_emb(positions, q, None)`` after ``q_norm`` (Gemma 4's KV-shared / MTP layers), with
+    its tensors on ``device``; q is not written."""
     t = 5
     q = (torch.randn(t, HQ * D, generator=gen) * 2).to(torch.bfloat16)
     positions = torch.randint(0, MAX_POS, (t,), generator=gen)
     table = rope_cos_sin_cache(D, MAX_POS, 1e4)
     qw = (0.2 * torch.randn(D, generator=gen)).to(torch.bfloat16)  # Gemma: (1 + w)
-    before = q.clone()
+    on_device = q.to(device, copy=True)
     out, none = fqr.qk_rmsnorm_rope(
-        q,
+        on_device,
         None,
-        positions,
-        table,
-        qw,
+        positions.to(device),
+        table.to(device),
+        qw.to(device),
         None,
         head_dim=D,
         weight_offset=1.0,
         numerics=numerics,
         backend=backend,
     )
-    assert none is None and torch.equal(q.view(torch.int16), before.view(torch.int16))
+    assert none is None and torch.equal(on_device.cpu().view(torch.int16), q.view(torch.int16))
     exact, _ = reference.qk_prologue(
         q, None, positions, table, qw, None, head_dim=D, weight_offset=1.0
     )

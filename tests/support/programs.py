@@ -11,20 +11,22 @@ from fqr.core import Program, eval_program
 from fqr.numerics import compare
 
 
-def poisoned_outputs(program: Program, tokens: int) -> list[torch.Tensor]:
-    """NaN-filled outputs of the program's shapes and dtypes (unwritten elements show)."""
+def poisoned_outputs(program: Program, tokens: int, device="cpu") -> list[torch.Tensor]:
+    """NaN-filled outputs of the program's shapes and dtypes on ``device`` (unwritten elements
+    show)."""
     return [
-        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype)
+        torch.full((tokens, v.aval.shape[1]), float("nan"), dtype=v.aval.dtype, device=device)
         for v in program.outputs
     ]
 
 
 def run_kernel(program: Program, args: Sequence[torch.Tensor], target="interpret", **options):
-    """The program's fused kernel on ``args``, into poisoned outputs; (outputs, kernel)."""
+    """The program's fused kernel on ``args``, into poisoned outputs on the first argument's
+    device; (outputs, kernel)."""
     from fqr.lowering import lower
 
     kernel = lower(program, target, **options)
-    outs = poisoned_outputs(program, args[0].shape[0])
+    outs = poisoned_outputs(program, args[0].shape[0], args[0].device)
     kernel(*args, out=outs)
     return outs, kernel
 

@@ -4,8 +4,8 @@
 ask :func:`fqr.split_qkv_rmsnorm_rope` for the same prologue under ``numerics="unfused"``.
 
 Shared by the CPU test (``tests/core/test_unfused_models.py``), the Ascend interpreter test
-(``tests/ascend/test_ascend_unfused_bitwise.py``) and the GPU script
-(``scripts/gpu_peers_numerics.py``), so the three prove the same claim on the same kind of data.
+(``tests/ascend/test_ascend_unfused_bitwise.py``) and the GPU test
+(``tests/gpu/test_unfused_gpu.py``), so the three prove the same claim on the same kind of data.
 """
 
 from __future__ import annotations
