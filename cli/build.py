@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -69,7 +70,7 @@ def build(
         if mode not in NUMERICS:
             raise UsageError(f"--numerics must be among {', '.join(NUMERICS)}, got {mode!r}")
     dtypes = parse_dtypes(dtype)
-    if triton_mode() == "interpreted":
+    if triton_mode() == "interpreted" or os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("fqr build compiles kernels: run it without TRITON_INTERPRET=1")
     try:
         import triton.backends.nvidia  # noqa: F401
