@@ -18,6 +18,7 @@ from . import (
 from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
+from .lowering.bundle import KernelBundleError, use_kernel_bundle
 from .logger import configure_from_env
 from .presets import PRESETS, Preset, get_preset
 from .prologue import DECLARATIONS, NormStats, attention_prologue, minimax_qknorm_rope_cache
@@ -51,6 +52,8 @@ __all__ = [  # noqa: F822  (the declared ops are set above)
     "available_backends",
     "lower",
     "jit",
+    "use_kernel_bundle",
+    "KernelBundleError",
 ]
 
 
