@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests
+# and on the CPU machine, before the visit (no GPU; issue 30):
+#   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
+#
+# bundle-build makes .venv-device (the device image's Triton, $DEVICE_TRITON, beside CPU torch,
+# from the package index, not the GPU image) and runs every file of tests/gpu there on meta
+# tensors (FQR_GPU_TEST_DEVICE=meta): each launch is compiled for cuda:90 into the bundle instead
+# of running. Carry .bundle (git ignores it: add /.bundle/ to .git/info/exclude) and run
+# bundle-tests on the device: all of tests/gpu in 12 pytest-xdist workers, each with a share of
+# the GPU's memory, kernels loaded from the bundle; last lines: the kernels the suite needed, how
+# many were compiled there (0 when the bundle is complete), the fqr kernels in Triton's cache.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/fqr_path && ln -sfn "$PWD/cli" /tmp/fqr_path/fqr_cli   # import name of cli/
@@ -13,7 +23,30 @@ fqr() { python3 -m fqr "$@"; }
 summary=()
 step() { local name=$1; shift; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$name rc=$rc"); tail -n "${TAILN:-25}" "$OUT/$name.log"; }
 
+BUNDLE=${FQR_TEST_BUNDLE:-$PWD/.bundle/tests-gpu}
+
 case "${1:-checks}" in
+bundle-build)
+  DEVICE_TRITON=${DEVICE_TRITON:-3.6.0}
+  VENV=${DEVICE_VENV:-.venv-device}
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV" || exit 2
+    scripts/pip_install.sh "$VENV/bin/python" torch==2.13.0 "triton==$DEVICE_TRITON" pytest-xdist || exit 2
+    scripts/pip_install.sh "$VENV/bin/python" -e '.[dev]' || exit 2
+  fi
+  rm -rf "$BUNDLE"; mkdir -p -m 700 "$BUNDLE"
+  export FQR_GPU_TEST_DEVICE=meta TRITON_INTERPRET=0 FQR_BUNDLE_BUILD_DIR=$BUNDLE
+  export FQR_CACHE_DIR=$(mktemp -d)
+  TAILN=8 step bundle_build "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${BUILD_WORKERS:-2}" tests/gpu
+  echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE"
+  ;;
+bundle-tests)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  chmod -R go-w "$BUNDLE"
+  export FQR_KERNEL_BUNDLE=$BUNDLE TRITON_CACHE_DIR=$(mktemp -d)
+  TAILN=12 step pytest_all timeout -s INT "${TEST_SECONDS:-540}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" --durations=10 tests/gpu -m gpu
+  echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
+  ;;
 checks)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   step verify_triton fqr verify --backend triton
