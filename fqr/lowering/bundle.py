@@ -260,7 +260,9 @@ class BundleWriter:
 
     Use as a context manager, or :meth:`open` / :meth:`close`: while open, a launch on
     ``meta`` tensors (:meth:`fqr.lowering.kernel.Kernel.launch`) comes here instead of running.
-    Several processes may add to one bundle at once (each file is replaced atomically)."""
+    A specialisation the bundle already holds intact is not compiled again (a build adds what
+    is new); several processes may add to one bundle at once (each file is replaced
+    atomically)."""
 
     def __init__(self, directory: str | os.PathLike, target: str | BundleTarget = "cuda:90"):
         self.directory = Path(directory)
@@ -310,6 +312,13 @@ class BundleWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _holds(self, ident: str, key: str, source: str) -> bool:
+        """Whether the bundle already holds specialisation ``ident`` of kernel ``key``, intact."""
+        try:
+            return KernelBundle.open(self.directory).metadata_group(ident, key, source) is not None
+        except KernelBundleError:
+            return False  # damaged: compiled again and replaced
+
     def compile(self, fn: Any, grid: tuple, args: list, kwargs: dict[str, Any]) -> None:
         """Compile ``fn``'s launch with ``args`` (``meta`` tensors and ints) and ``kwargs``
         (constexprs and launch options) as the target GPU would, into the bundle."""
@@ -321,8 +330,14 @@ class BundleWriter:
         key, source = known
         captured: list[str] = []
 
-        def capture(**hook_args: Any) -> None:
-            captured.append(hook_args["compile"]["specialization_data"])
+        def capture(**hook_args: Any) -> bool | None:
+            data = hook_args["compile"]["specialization_data"]
+            ident, _ = specialisation_id(data)
+            if self._holds(ident, key, source):  # an earlier build compiled it: no compile
+                self.seen.add(ident)
+                return True
+            captured.append(data)
+            return None
 
         previous = knobs.runtime.jit_cache_hook
         knobs.runtime.jit_cache_hook = capture
@@ -330,7 +345,7 @@ class BundleWriter:
             compiled = fn.run(*args, grid=grid, warmup=True, **kwargs)
         finally:
             knobs.runtime.jit_cache_hook = previous
-        if not captured:  # this process compiled that specialisation before: already written
+        if not captured:  # in the bundle already, or compiled by this process before
             return
         ident, record = specialisation_id(captured[0])
         self.seen.add(ident)
