@@ -18,8 +18,8 @@ from . import (
 from ._version import __version__
 from .backends import BACKENDS, BackendUnavailable, available_backends
 from .core import Aval, Program, TraceError, eval_program, spec, trace
-from .lowering.bundle import KernelBundleError, use_kernel_bundle
 from .logger import configure_from_env
+from .lowering.bundle import KernelBundleError, use_kernel_bundle
 from .presets import PRESETS, Preset, get_preset
 from .prologue import DECLARATIONS, NormStats, attention_prologue, minimax_qknorm_rope_cache
 from .rope_cache import rope_cos_sin_cache
