@@ -56,7 +56,7 @@ from fqr.peers import PEER_NAMES
 from fqr.presets import PRESETS, get_preset
 from fqr.text import printable
 
-from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, parse_csv
+from .common import EXIT_FAILED, EXIT_USAGE, UsageError, app, err, example, parse_csv, schema
 from .options import (
     ACTIVATION_DTYPES_HELP,
     BackendName,
@@ -163,6 +163,17 @@ def bench(
             "programmatic dependent launch (floors table; triton backend)",
         ),
     ] = False,
+    cold_start: Annotated[
+        bool,
+        typer.Option(
+            "--cold-start",
+            help="instead of the table: per preset, fresh processes to their first result, "
+            "JIT against a kernel bundle (--bundle, else one built first), medians of 3",
+        ),
+    ] = False,
+    bundle: Annotated[
+        Path | None, typer.Option(help="the kernel bundle --cold-start loads (fqr build)")
+    ] = None,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
@@ -189,6 +200,13 @@ def bench(
     ] = None,
 ):
     """Benchmark the fused kernel: copy ceiling, GB/s, graph replay, dispatch, speed-up."""
+    if bundle is not None and not cold_start:
+        raise UsageError("--bundle is the kernel bundle of --cold-start")
+    if cold_start:
+        if from_json:
+            raise UsageError("--cold-start measures; it takes no --from-json")
+        _cold_start(preset, tokens, bundle, json_out)
+        return
     if from_json:
         given = [
             n
@@ -225,6 +243,50 @@ def bench(
             plot,
         )
     _report(doc, json_out, plot, from_json=bool(from_json))
+
+
+def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
+    """``--cold-start``: one row per preset (TP 1, bf16, the first of --tokens, default 1)."""
+    import tempfile
+
+    from fqr.bench.cold_start import measure_cold_start
+    from fqr.tools.kernel_bundle import build_bundle
+
+    presets = _parse_presets(preset or ["qwen3-8b"])
+    count = _parse_tokens(tokens)[0] if tokens else 1
+    try:
+        require_gpu()
+    except NoGPU as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    if bundle is not None and not bundle.is_dir():
+        raise UsageError(f"--bundle {bundle}: not a directory (build one with fqr build)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fqr-cold-bundle-") as scratch:
+        for p in presets:
+            directory = bundle
+            if directory is None:
+                directory = Path(scratch, p.name)
+                err.print(f"building a kernel bundle for {p.name} ...", highlight=False)
+                build_bundle(directory, [(p.name, 1)])
+            err.print(f"cold start of {p.name}: fresh processes, JIT and bundle", highlight=False)
+            rows.append(measure_cold_start(p.name, str(directory), tokens=count))
+    if json_out:
+        doc = {"schema": schema("bench.cold-start"), "ok": True, "rows": rows}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        return
+    from rich.table import Table
+
+    table = Table(title="cold start: a fresh process to its first result (medians, wall s)")
+    for column in ("preset", "T", "mode", "to first result", "first call", "compiled", "loaded"):
+        table.add_column(column, justify="left" if column in ("preset", "mode") else "right")
+    for row in rows:
+        for mode, m in row["modes"].items():
+            table.add_row(
+                row["preset"], str(row["tokens"]), mode, f"{m['to_first_result_s']:.2f}",
+                f"{m['first_call_s']:.2f}", str(m["compiled"]), str(m["loaded"]),
+            )  # fmt: skip
+    print_table(table)
 
 
 def _config(
