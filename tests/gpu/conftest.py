@@ -16,8 +16,9 @@ pytest-xdist each worker writes its counts to a file and the controller adds the
 On a GPU each xdist worker gets a share of the GPU's memory (``FQR_GPU_MEMORY_FRACTION``,
 default ``0.9 / workers``: a case too big for its share fails in its own worker with an
 out-of-memory error instead of starving the others) and of the host's cores for torch's CPU
-threads (the float64 references run on the CPU: 16 threads in each of 12 workers oversubscribe
-16 cores).
+threads (``FQR_TEST_TORCH_THREADS``: ``share`` by default, a number, or ``torch`` for torch's
+own default; inputs are drawn and outputs compared on the CPU: 16 threads in each of 12 workers
+oversubscribe 16 cores).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def pytest_sessionstart(session) -> None:
     elif torch.cuda.is_available() and hasattr(session.config, "workerinput"):
         fraction = float(os.environ.get("FQR_GPU_MEMORY_FRACTION", 0.9 / workers))
         torch.cuda.set_per_process_memory_fraction(fraction)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        threads = os.environ.get("FQR_TEST_TORCH_THREADS", "share")  # "torch": its default
+        if threads != "torch":
+            share = max(1, (os.cpu_count() or 1) // workers)
+            torch.set_num_threads(share if threads == "share" else int(threads))
 
 
 def _counts() -> dict | None:
