@@ -84,8 +84,8 @@ class Backend:
         ``ValueError`` / :class:`BackendUnavailable` saying ``named`` (default ``backend
         'name'``) and ``where`` the tensors are (default ``<device_type> tensors``)."""
         named = named or f"backend {self.name!r}"
-        if device_type == "meta" and self.target is not None and building_for(self.target):
-            return  # a kernel bundle build: launches on meta tensors are compiled, not run
+        if device_type == "meta" and self.target is not None and building_for(self.home_device):
+            return  # a bundle build for this backend's device: meta launches compiled, not run
         if device_type not in self.device_types:
             where = where or f"{device_type} tensors"
             raise ValueError(

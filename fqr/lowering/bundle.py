@@ -381,10 +381,10 @@ def active_writer() -> BundleWriter | None:
     return _WRITER
 
 
-def building_for(target_name: str) -> bool:
-    """Whether a bundle build is open in this process for fqr's lowering target
-    ``target_name`` (``cuda`` for a ``cuda:<arch>`` bundle)."""
-    return _WRITER is not None and _WRITER.target.backend == target_name
+def building_for(device_type: str) -> bool:
+    """Whether a bundle build is open in this process for kernels that run on ``device_type``
+    (``cuda`` for a ``cuda:<arch>`` bundle: every lowering target compiled for CUDA)."""
+    return _WRITER is not None and _WRITER.target.backend == device_type
 
 
 def compile_ahead(fn: Any, grid: tuple, args: list, kwargs: dict[str, Any]) -> None:
