@@ -187,6 +187,9 @@ def vllm_mrope_compiled_case(
         model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
     )
     section, interleaved = list(model.mrope_section), model.interleaved
+    # every case compiles its own closure: Dynamo's recompile limit (8) counts them per code
+    # object and would refuse the 9th case of a process (fullgraph=True)
+    torch._dynamo.reset()
 
     def functional_forward(pos, q, k, numerics="fused"):
         return torch.ops.fqr.qk_mrope(q, k, pos, cache, d, section, interleaved, True, numerics)
