@@ -20,6 +20,11 @@ from fqr.numerics import compare
 pytestmark = gpu_marks("triton")
 
 
+@pytest.mark.skipif(
+    BUILDING,
+    reason="Inductor cannot compile this model on meta tensors (torch 2.13, without fqr's pass "
+    "too: 'Argument ... of Node split_with_sizes was used before it has been defined')",
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fused_model_on_gpu(dtype):
     print(f"FQR_TEST_SEED={SEED}")
