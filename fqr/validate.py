@@ -302,9 +302,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     the finer dims of both tensors): row-strided column slices of one buffer, the key and
     value halves of one ``[num_blocks, 2, block_size, H, D]`` cache, head-major views. Else
     whether their spans (first to last byte) meet, which may refuse two interleaved views
-    that share no byte, never accepts two that do. Meta tensors hold no memory (every one's
-    address is 0): they share none."""
-    if not a.numel() or not b.numel() or a.device != b.device or a.is_meta:
+    that share no byte, never accepts two that do."""
+    if not a.numel() or not b.numel() or a.device != b.device:
         return False
     if a.device.type == "meta" and a.untyped_storage()._cdata != b.untyped_storage()._cdata:
         return False  # no memory: every meta storage starts at address 0, views share one
