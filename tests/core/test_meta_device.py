@@ -245,6 +245,7 @@ RUN_ON_META = {
 NO_TENSORS = {
     "__version__", "presets", "PRESETS", "Preset", "get_preset", "trace", "spec", "Aval",
     "Program", "TraceError", "BACKENDS", "BackendUnavailable", "available_backends",
+    "use_kernel_bundle", "KernelBundleError",
 }  # fmt: skip
 
 
