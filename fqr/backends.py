@@ -402,7 +402,7 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "reference",
             "torch impl rules, fp32 compute",
-            ("cpu", "cuda", "npu"),
+            ("cpu", "cuda", "npu", "meta"),  # meta: shapes and devices only, no values
             None,
             lambda: None,
         ),

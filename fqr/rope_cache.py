@@ -249,6 +249,7 @@ def cos_sin_scale(scaling: dict | None) -> float:
 
 
 def _yarn_inverse_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling):
+    """YaRN's blend of ``inv_freq`` (module docstring), on ``inv_freq``'s device."""
     p = _yarn_params(scaling)
     original = p["original_max_position_embeddings"]
 
@@ -259,14 +260,22 @@ def _yarn_inverse_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: fl
     high = min(math.ceil(correction_dim(float(p["beta_slow"]))), rotary_dim - 1)
     if low == high:
         high += 0.001
-    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    i = torch.arange(rotary_dim // 2, dtype=torch.float64, device=inv_freq.device)
     ramp = ((i - low) / (high - low)).clamp(0.0, 1.0)
     extrapolated = (1.0 - ramp) * float(p["extrapolation_factor"])
     return inv_freq / float(p["factor"]) * (1.0 - extrapolated) + inv_freq * extrapolated
 
 
-def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+def inverse_frequencies(
+    rotary_dim: int,
+    theta: float,
+    scaling: dict | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """float64 ``[rotary_dim/2]`` frequencies ``f_i`` of ``scaling`` (module docstring), on
+    ``device`` (default: the CPU)."""
+    even = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device)
+    inv_freq = 1.0 / (theta ** (even / rotary_dim))
     if scaling and scaling.get("rope_type") == "llama3":
         factor = scaling["factor"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -294,8 +303,8 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None = No
 def rope_angles(
     positions: torch.Tensor, rotary_dim: int, theta: float, scaling: dict | None = None
 ) -> torch.Tensor:
-    """float64 angles ``[len(positions), rotary_dim/2]``."""
-    inv_freq = inverse_frequencies(rotary_dim, theta, scaling)
+    """float64 angles ``[len(positions), rotary_dim/2]``, on the positions' device."""
+    inv_freq = inverse_frequencies(rotary_dim, theta, scaling, device=positions.device)
     return positions.to(torch.float64)[:, None] * inv_freq[None, :]
 
 
@@ -309,7 +318,7 @@ def rope_cos_sin_cache(
 ) -> torch.Tensor:
     """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given): cos and sin
     of the float64 angles, times :func:`cos_sin_scale` (YaRN's mscale; 1 otherwise), rounded
-    once to ``dtype``."""
+    once to ``dtype``; on the device of ``rows`` (the CPU without them), every step there."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     positions = torch.arange(max_position) if rows is None else rows

@@ -158,7 +158,12 @@ def overlaps_itself(t: torch.Tensor) -> bool:
 
 def written_slots(slots, blocks: int, block_size: int):
     """``(keep, block, row)``: the tokens with a slot ``>= 0`` and where their slots are,
-    refusing a slot past the cache's last row (a bad slot mapping)."""
+    refusing a slot past the cache's last row (a bad slot mapping). A ``meta`` slot mapping
+    holds no values to tell padding apart: every token is kept (``keep`` is ``slice(None)``),
+    so the write has the shapes and devices of a real one."""
+    if slots.is_meta:
+        slot = slots.long()
+        return slice(None), slot // block_size, slot % block_size
     keep = slots >= 0
     slot = slots[keep].long()
     if slot.numel() and int(slot.max()) >= blocks * block_size:

@@ -515,7 +515,7 @@ def _sharded_stats(preset, inputs: dict) -> dict:
     if preset.spec.norm != "full":
         return inputs
     tokens, d = inputs["qkv"].shape[0], preset.head_dim
-    sums = torch.ones(tokens)
+    sums = torch.ones(tokens, device=inputs["qkv"].device)
     stats = NormStats(sums, sums, preset.total_heads * d, preset.total_kv_heads * d)
     return dict(inputs, norm_stats=stats)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support.compositions import gated_case, indexer_case, narrow_case, padded_case
-from support.devices import GPU_DEVICE
+from support.devices import GPU_DEVICE, has_values
 from support.peer_ports import ON_TRITON
 from support.programs import check_outputs, run_kernel
 
@@ -67,4 +67,5 @@ def test_outputs_written_as_rows_of_a_wider_buffer(gen):
     ]
     run_on_gpu(case, out=[b[:, :-pad] for b in buffers])
     for i, b in enumerate(buffers):
-        assert b[:, -pad:].isnan().all(), f"output {i}: the padding after its rows was written"
+        if has_values(b):
+            assert b[:, -pad:].isnan().all(), f"output {i}: the padding after its rows was written"

@@ -17,6 +17,7 @@ float64 reference:
 from __future__ import annotations
 
 import pytest
+from support.devices import GPU_DEVICE
 from support.peer_ports import ON_TRITON, case_id, load_port
 
 pytestmark = ON_TRITON
@@ -31,29 +32,29 @@ SGLANG_JIT = load_port("test_sglang_jit_fused_qknorm_rope")
 
 @pytest.mark.parametrize("case", ASCEND_BASE.PEER_GRID, ids=case_id)
 def test_vllm_ascend_split_qkv_rmsnorm_rope(gen, case):
-    ASCEND_BASE.check_case(case, "triton", gen, device="cuda")
+    ASCEND_BASE.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", ASCEND_VNORM.PEER_GRID, ids=case_id)
 def test_vllm_ascend_split_qkv_rmsnorm_rope_vnorm(gen, case):
-    ASCEND_VNORM.check_case(case, "triton", gen, device="cuda")
+    ASCEND_VNORM.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", ASCEND_INDEX.gpu_params(), ids=case_id)
 def test_vllm_ascend_split_qkv_index_rmsnorm_rope(gen, case):
-    ASCEND_INDEX.check_case(case, "triton", gen, device="cuda")
+    ASCEND_INDEX.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", VLLM.PEER_GRID, ids=case_id)
 def test_vllm_fused_qk_norm_rope(gen, case):
-    VLLM.check_case(case, "triton", gen, device="cuda")
+    VLLM.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", SGLANG.PEER_GRID, ids=case_id)
 def test_sglang_fused_qk_norm_rope(gen, case):
-    SGLANG.check_case(case, "triton", gen, device="cuda")
+    SGLANG.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", SGLANG_JIT.PEER_GRID, ids=case_id)
 def test_sglang_jit_fused_qknorm_rope(gen, case):
-    SGLANG_JIT.check_case(case, "triton", gen, device="cuda")
+    SGLANG_JIT.check_case(case, "triton", gen, device=GPU_DEVICE)

@@ -14,6 +14,7 @@ sample on the CPU; here every case, each also checked against fqr's float64 refe
 from __future__ import annotations
 
 import pytest
+from support.devices import GPU_DEVICE
 from support.peer_ports import ON_TRITON, case_id, load_port
 
 pytestmark = ON_TRITON
@@ -24,14 +25,14 @@ CACHE = load_port("test_vllm_cache")
 
 @pytest.mark.parametrize("case", KVCACHE.PEER_GRID, ids=case_id)
 def test_vllm_fused_qk_norm_rope_kvcache(gen, case):
-    KVCACHE.check_case(case, "triton", gen, device="cuda")
+    KVCACHE.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", KVCACHE.PADDED_GRID, ids=case_id)
 def test_vllm_fused_qk_norm_rope_kvcache_padded(gen, case):
-    KVCACHE.check_case(case, "triton", gen, device="cuda")
+    KVCACHE.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
 @pytest.mark.parametrize("case", CACHE.PEER_GRID, ids=case_id)
 def test_vllm_reshape_and_cache_flash(gen, case):
-    CACHE.check_case(case, "triton", gen, device="cuda")
+    CACHE.check_case(case, "triton", gen, device=GPU_DEVICE)

@@ -8,6 +8,7 @@ on the CPU backends."""
 from __future__ import annotations
 
 import pytest
+from support.devices import GPU_DEVICE
 from support.peer_ports import ON_TRITON
 from support.peers_mrope import (
     ASCEND_SPLIT_MROPE_GRID,
@@ -22,7 +23,7 @@ from support.peers_mrope import (
 )
 
 pytestmark = ON_TRITON
-GPU = dict(backend="triton", device="cuda")
+GPU = dict(backend="triton", device=GPU_DEVICE)
 
 
 def _ids(grid):
@@ -40,7 +41,7 @@ def test_vllm_mrope(gen, case):
 @pytest.mark.parametrize("case", VLLM_MROPE_GRID, ids=_ids(VLLM_MROPE_GRID))
 def test_vllm_mrope_torch_compile_tracing(gen, case):
     vllm_mrope_compiled_case(
-        *case, compile_backend="inductor", mode="reduce-overhead", device="cuda", gen=gen
+        *case, compile_backend="inductor", mode="reduce-overhead", device=GPU_DEVICE, gen=gen
     )
 
 

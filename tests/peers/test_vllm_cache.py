@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.peer_caches import on_device
+from support.devices import has_values
+from support.peer_caches import Draws, on_device
 from support.peer_ports import INTERPRET, case_id, grid, spread
 
 import fqr
@@ -70,15 +71,15 @@ INTERPRET_GRID = [dict(c, tokens=9) for c in spread(CPU_GRID, 6)]
 E4M3 = torch.float8_e4m3fn
 
 
-def flash_caches(blocks, block_size, heads, head_size, kv_cache_dtype, dtype, layout, gen):
+def flash_caches(blocks, block_size, heads, head_size, kv_cache_dtype, dtype, layout, draws):
     """vLLM's ``kv_cache_factory_flashinfer`` for one layer: the key and value halves of one
     buffer, ``[num_blocks, block_size, H, D]`` views (``HNC``: of a head-major buffer),
-    random values (``fp8``: uint8 bytes of random E4M3 values)."""
+    random values (``fp8``: uint8 bytes of random E4M3 values), as ``draws`` says."""
     if layout == "NHC":
         shape, order = (blocks, 2, block_size, heads, head_size), (0, 1, 2, 3, 4)
     else:
         shape, order = (blocks, 2, heads, block_size, head_size), (0, 1, 3, 2, 4)
-    values = torch.randn(shape, generator=gen, device=gen.device)
+    values = torch.randn(shape, generator=draws.generator, device=draws.device)
     buffer = values.to(E4M3).view(torch.uint8) if kv_cache_dtype == "fp8" else values.to(dtype)
     kv = buffer.permute(order)
     return kv[:, 0], kv[:, 1]
@@ -98,39 +99,43 @@ def check_case(case: dict, backend: str, gen, device: str = "cpu") -> None:
     )  # fmt: skip
 
 
-def run_reshape_and_cache_flash(gen, backend, head_size, block_size, blocks, dtype,
+def run_reshape_and_cache_flash(draws: Draws, backend, head_size, block_size, blocks, dtype,
                                 kv_cache_dtype, layout, tokens=NUM_TOKENS):  # fmt: skip
-    """The peer's test body on fqr, inputs drawn on ``gen``'s device."""
-    device = gen.device
+    """The peer's test body on fqr, inputs as ``draws`` says (on ``meta``: the op runs,
+    nothing is compared)."""
+    gen, device = draws.generator, draws.device
     slots = torch.randperm(blocks * block_size, generator=gen, device=device)[:tokens].long()
     qkv = torch.randn(tokens, 3, NUM_HEADS, head_size, generator=gen, device=device).to(dtype)
     _, key, value = qkv.unbind(dim=1)
     key_cache, value_cache = flash_caches(
-        blocks, block_size, NUM_HEADS, head_size, kv_cache_dtype, dtype, layout, gen
+        blocks, block_size, NUM_HEADS, head_size, kv_cache_dtype, dtype, layout, draws
     )
     fp8 = kv_cache_dtype == "fp8"
     k_scale = (key.amax() / 64.0).to(torch.float32).reshape(1) if fp8 else None
     v_scale = (value.amax() / 64.0).to(torch.float32).reshape(1) if fp8 else None
-
-    # the peer's reference: the raw values put into (a dequantised) copy of the cache
-    if fp8:
-        want_key, want_value = dequantize(key_cache, k_scale), dequantize(value_cache, v_scale)
-    else:
-        want_key, want_value = key_cache.clone(), value_cache.clone()
-    exact_key, exact_value = reference.kv_cache_insert(
-        key, value, key_cache, value_cache, slots, k_scale=k_scale, v_scale=v_scale
-    )
     before_key, before_value = key_cache.clone(), value_cache.clone()
-    for i, slot in enumerate(slots.tolist()):
-        block, offset = divmod(slot, block_size)
-        want_key[block, offset] = key[i].to(want_key.dtype)
-        want_value[block, offset] = value[i].to(want_value.dtype)
 
     result = fqr.kv_cache_insert(
         key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale,
         backend=backend,
     )  # fmt: skip
     assert result is None  # the caches are updated in place, as vLLM's op does
+    if not has_values(key_cache, value_cache):
+        return
+
+    # the peer's reference: the raw values put into (a dequantised) copy of the cache
+    if fp8:
+        want_key = dequantize(before_key, k_scale)
+        want_value = dequantize(before_value, v_scale)
+    else:
+        want_key, want_value = before_key.clone(), before_value.clone()
+    exact_key, exact_value = reference.kv_cache_insert(
+        key, value, before_key, before_value, slots, k_scale=k_scale, v_scale=v_scale
+    )
+    for i, slot in enumerate(slots.tolist()):
+        block, offset = divmod(slot, block_size)
+        want_key[block, offset] = key[i].to(want_key.dtype)
+        want_value[block, offset] = value[i].to(want_value.dtype)
 
     if fp8:
         got_key, got_value = dequantize(key_cache, k_scale), dequantize(value_cache, v_scale)
@@ -176,7 +181,7 @@ def test_a_shorter_slot_mapping_stores_its_tokens_only(gen, backend):
     key = torch.randn(tokens, NUM_HEADS, head_size, generator=gen).bfloat16()
     value = torch.randn(tokens, NUM_HEADS, head_size, generator=gen).bfloat16()
     key_cache, value_cache = flash_caches(
-        4, block_size, NUM_HEADS, head_size, "auto", torch.bfloat16, "NHC", gen
+        4, block_size, NUM_HEADS, head_size, "auto", torch.bfloat16, "NHC", on_device(gen, "cpu")
     )
     slots = torch.randperm(4 * block_size, generator=gen)[:n]
     slots[2] = -1

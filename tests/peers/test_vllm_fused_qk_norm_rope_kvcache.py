@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.devices import has_values
 from support.peer_caches import (
     BLOCK_SIZE,
+    Draws,
     flash_kv_buffer,
     kvcache_inputs,
     on_device,
@@ -82,27 +84,18 @@ def check_case(case: dict, backend: str, gen, device: str = "cpu", peer_errors=F
     )  # fmt: skip
 
 
-def run_and_check(gen, backend, dtype, is_neox, heads, kv_heads, head_dim, rotary_dim, tokens,
-                  slot_tokens=None, padded=0, peer_errors=False):  # fmt: skip
-    """The peer's ``_run_and_check`` on fqr (inputs on ``gen``'s device); ``peer_errors``:
-    also return the peer reference's comparisons of q and k with float64."""
+def run_and_check(draws: Draws, backend, dtype, is_neox, heads, kv_heads, head_dim, rotary_dim,
+                  tokens, slot_tokens=None, padded=0, peer_errors=False):  # fmt: skip
+    """The peer's ``_run_and_check`` on fqr (inputs as ``draws`` says); ``peer_errors``: also
+    return the peer reference's comparisons of q and k with float64. On ``meta`` the op runs
+    and nothing is compared (no values)."""
     slot_tokens = tokens if slot_tokens is None else slot_tokens
     qkv, positions, q_weight, k_weight, table = kvcache_inputs(
-        tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, gen
+        tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, draws
     )
-    kv = flash_kv_buffer(tokens, kv_heads, head_dim, dtype, gen)
-    slots = slot_mapping(slot_tokens, kv.shape[0] * BLOCK_SIZE, padded, gen)
+    kv = flash_kv_buffer(tokens, kv_heads, head_dim, dtype, draws)
+    slots = slot_mapping(slot_tokens, kv.shape[0] * BLOCK_SIZE, padded, draws)
     statics = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, eps=EPS)
-
-    # the peer's reference: fused_qk_norm_rope, then reshape_and_cache_flash of the first N
-    q_ref, k_ref, v_ref = vllm_fused_qk_norm_rope(
-        qkv, heads, kv_heads, head_dim, EPS, q_weight, k_weight, table, is_neox, positions
-    )
-    # the float64 formulation on the same inputs (the caches as the op receives them)
-    exact_q, exact_k, exact_key, exact_value = reference.cache_prologue(
-        qkv, positions, table, q_weight, k_weight, *split_kv(kv, head_dim), slots,
-        is_neox=is_neox, return_k=True, **statics,
-    )  # fmt: skip
 
     qkv_in = qkv.clone()
     kv_out = kv.clone()
@@ -111,9 +104,21 @@ def run_and_check(gen, backend, dtype, is_neox, heads, kv_heads, head_dim, rotar
         qkv_in, positions, table, q_weight, k_weight, key_cache, value_cache, slots,
         is_neox=is_neox, return_k=True, backend=backend, **statics,
     )  # fmt: skip
+    assert q.shape == (tokens, heads * head_dim) and k.shape == (tokens, kv_heads * head_dim)
+    if not has_values(q, k, kv_out):
+        return None
+
+    # the peer's reference: fused_qk_norm_rope, then reshape_and_cache_flash of the first N
+    q_ref, k_ref, v_ref = vllm_fused_qk_norm_rope(
+        qkv, heads, kv_heads, head_dim, EPS, q_weight, k_weight, table, is_neox, positions
+    )
+    # the float64 formulation on the same inputs (the caches as the op received them: kv)
+    exact_q, exact_k, exact_key, exact_value = reference.cache_prologue(
+        qkv, positions, table, q_weight, k_weight, *split_kv(kv, head_dim), slots,
+        is_neox=is_neox, return_k=True, **statics,
+    )  # fmt: skip
 
     assert torch.equal(qkv_in, qkv), "qkv must be read-only"
-    assert q.shape == (tokens, heads * head_dim) and k.shape == (tokens, kv_heads * head_dim)
     # fqr's contract against float64, q and k of every token (stored or not)
     for name, out, exact in (("q", q, exact_q), ("k", k, exact_k)):
         c = compare(out, exact, head_dim=head_dim)

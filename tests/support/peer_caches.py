@@ -6,11 +6,13 @@ vllm_reshape_and_cache_flash`).
 
 Used by ``tests/peers/test_vllm_fused_qk_norm_rope_kvcache.py`` and
 ``tests/peers/test_vllm_cache.py`` (and through them ``tests/gpu/test_gpu_peers_cache.py``).
-Every input is drawn on the generator's device (:func:`on_device`).
+Every input is drawn where a :class:`Draws` says (:func:`on_device`): on the GPU for the GPU
+file's full-size caches, on ``meta`` (no values) in the bundle build.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -22,21 +24,32 @@ MAX_POSITION = 4096
 ROPE_BASE = 10000.0
 
 
-def on_device(gen: torch.Generator, device: str) -> torch.Generator:
-    """``gen`` where it is on ``device``, else a generator there seeded from it (the GPU file
-    draws the peer's full-size caches on the GPU)."""
-    if torch.device(device) == gen.device:
-        return gen
+@dataclass(frozen=True)
+class Draws:
+    """Where a port's inputs come from: ``generator``'s random numbers, as tensors on
+    ``device`` (the generator's own; or ``meta``, where any generator draws, no values)."""
+
+    generator: torch.Generator
+    device: torch.device
+
+
+def on_device(gen: torch.Generator, device: str | torch.device) -> Draws:
+    """Draws on ``device``: from ``gen`` where it is there (or ``device`` is ``meta``), else
+    from a generator there seeded from it (the GPU file draws the peer's full-size caches on
+    the GPU)."""
+    device = torch.device(device)
+    if device == gen.device or device.type == "meta":
+        return Draws(gen, device)
     seed = int(torch.randint(2**62, (1,), generator=gen))
-    return torch.Generator(device=device).manual_seed(seed)
+    return Draws(torch.Generator(device=device).manual_seed(seed), device)
 
 
-def kvcache_inputs(tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, gen):
+def kvcache_inputs(tokens, heads, kv_heads, head_dim, rotary_dim, is_neox, dtype, draws: Draws):
     """vLLM's ``_make_inputs``: qkv ``randn``, positions in ``[0, 4096)``, weights ``randn *
     0.1 + 1`` in the model dtype, and the RoPE table of ``RotaryEmbedding(head_dim, rotary_dim,
     4096, 10000, is_neox, dtype)``: ``[4096, rotary_dim]`` in the model dtype (here the real
     table of :func:`fqr.rope_cache.rope_cos_sin_cache`, rounded once to it)."""
-    width, device = (heads + 2 * kv_heads) * head_dim, gen.device
+    width, gen, device = (heads + 2 * kv_heads) * head_dim, draws.generator, draws.device
     qkv = torch.randn(tokens, width, generator=gen, device=device).to(dtype)
     positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen, device=device)
     q_weight = (torch.randn(head_dim, generator=gen, device=device) * 0.1 + 1.0).to(dtype)
@@ -50,12 +63,12 @@ def rope_table(rotary_dim: int, dtype: torch.dtype) -> torch.Tensor:
     return rope_cos_sin_cache(rotary_dim, MAX_POSITION, ROPE_BASE, dtype=dtype)
 
 
-def flash_kv_buffer(tokens, kv_heads, head_dim, dtype, gen):
+def flash_kv_buffer(tokens, kv_heads, head_dim, dtype, draws: Draws):
     """vLLM's ``_make_flash_kv_cache``: one ``[num_blocks, Hkv, 16, 2*D]`` buffer of random
-    values, ``num_blocks = ceil(T / 16) + 2`` (on the generator's device, as every input here)."""
+    values, ``num_blocks = ceil(T / 16) + 2``."""
     blocks = (tokens + BLOCK_SIZE - 1) // BLOCK_SIZE + 2
     shape = (blocks, kv_heads, BLOCK_SIZE, 2 * head_dim)
-    return torch.randn(shape, generator=gen, device=gen.device).to(dtype)
+    return torch.randn(shape, generator=draws.generator, device=draws.device).to(dtype)
 
 
 def split_kv(kv: torch.Tensor, head_dim: int):
@@ -64,9 +77,10 @@ def split_kv(kv: torch.Tensor, head_dim: int):
     return kv.transpose(1, 2).split(head_dim, dim=-1)
 
 
-def slot_mapping(tokens: int, num_slots: int, padded: int, gen) -> torch.Tensor:
+def slot_mapping(tokens: int, num_slots: int, padded: int, draws: Draws) -> torch.Tensor:
     """vLLM's ``_make_slot_mapping``: distinct random slots, the last ``padded`` ones -1."""
-    slots = torch.randperm(num_slots, generator=gen, device=gen.device)[:tokens].to(torch.int64)
+    slots = torch.randperm(num_slots, generator=draws.generator, device=draws.device)
+    slots = slots[:tokens].to(torch.int64)
     if padded:
         slots[tokens - padded :] = -1
     return slots

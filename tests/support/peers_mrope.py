@@ -26,7 +26,9 @@ import torch
 
 import fqr
 from fqr import reference
+from fqr.backends import auto_backend_name
 from fqr.unfused import vllm_apply_interleaved_rope, vllm_mrotary_embedding, vllm_rms_norm
+from support.devices import has_values, on_host
 from support.peer_ports import (
     ASCEND_MAX_POSITION,
     ASCEND_THETA,
@@ -41,10 +43,10 @@ from support.peer_ports import (
 
 def planes_table(rotary_dim, positions, dtype, *, max_position, theta, device):
     """:func:`support.peer_ports.peer_table` for ``[3, T]`` positions (the rows of every
-    plane real, the others NaN), on ``device``."""
+    plane real, the others NaN), built on ``device``."""
     return peer_table(
-        rotary_dim, positions.flatten(), dtype, max_position=max_position, theta=theta
-    ).to(device)
+        rotary_dim, positions, dtype, max_position=max_position, theta=theta, device=device
+    )
 
 
 def _plane_positions(tokens, high, gen, device):
@@ -71,18 +73,13 @@ def check_like_peer(
     against ``peer``, or is nearer float64 than the peer's reference with ``unfused`` equal
     to it (:func:`support.peer_ports.assert_peer_or_nearer`; one ULP on a kernel, whose fp32
     reduction order is not torch's). Returns ``"close"`` or ``"peer farther"``."""
-    assert_exact(name, fused, exact.cpu(), head_dim=head_dim)
-
-    def rounded_as_the_peer():
-        assert unfused is not None, f"{name}: no numerics mode rounds as this peer does"
-        return unfused
-
+    assert_exact(name, fused, exact, head_dim=head_dim)
     within = assert_peer_or_nearer(
         name,
         fused,
         peer,
         exact,
-        rounded_as_the_peer,
+        None if unfused is None else lambda: unfused,
         atol=atol,
         rtol=rtol,
         ulps=0 if backend == "reference" else 1,
@@ -92,8 +89,11 @@ def check_like_peer(
     return "close" if within else "peer farther"
 
 
-def assert_copy(name: str, out: torch.Tensor, peer: torch.Tensor) -> None:
-    assert torch.equal(out.cpu(), peer.cpu()), f"{name}: a copy differs"
+def assert_identical(name: str, out: torch.Tensor, want: torch.Tensor) -> None:
+    """``out`` equals ``want`` bit for bit (a copied v or gate, a compiled op against the op
+    run eagerly; nothing to check on ``meta``)."""
+    if has_values(out, want):
+        assert torch.equal(out.cpu(), want.cpu()), f"{name}: differs bit for bit"
 
 
 # ------------------------------------------------- vLLM tests/kernels/core/test_mrope.py
@@ -154,7 +154,7 @@ def vllm_mrope_case(model: VlmText, tp: int, dtype, tokens: int, *, backend, dev
     unfused = fqr.qk_mrope(
         q, k, positions, cache, head_dim=d, backend=backend, numerics="unfused", **layout
     )
-    exact = reference.qk_mrope(q.cpu(), k.cpu(), positions.cpu(), cache.cpu(), head_dim=d, **layout)
+    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), head_dim=d, **layout)
     return [
         check_like_peer(
             f"{model.name} tp{tp} T{tokens} {n}",
@@ -173,7 +173,10 @@ def vllm_mrope_compiled_case(
 ):
     """vLLM ``test_mrope_torch_compile_tracing``: ``torch.ops.fqr.qk_mrope`` under
     ``torch.compile(fullgraph=True, dynamic=False)`` (the peer: Inductor, ``reduce-overhead``)
-    equals the op run eagerly, and both meet ``forward_native`` at atol 1e-2 / rtol 1.6e-2."""
+    equals the op run eagerly, and both meet ``forward_native`` at atol 1e-2 / rtol 1.6e-2 or,
+    as every port's check (:func:`check_like_peer`), are nearer float64 than ``forward_native``
+    is, with the op's ``numerics="unfused"`` equal to it (at 8,192 tokens a few of the 16-67M
+    elements fall outside the peer's tolerance, ``forward_native`` the farther)."""
     hq, hkv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
     d, rows = model.head_dim, model.max_position // 4
     positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
@@ -184,19 +187,29 @@ def vllm_mrope_compiled_case(
         model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
     )
     section, interleaved = list(model.mrope_section), model.interleaved
+    # every case compiles its own closure: Dynamo's recompile limit (8) counts them per code
+    # object and would refuse the 9th case of a process (fullgraph=True)
+    torch._dynamo.reset()
 
-    def functional_forward(pos, q, k):
-        return torch.ops.fqr.qk_mrope(q, k, pos, cache, d, section, interleaved, True, "fused")
+    def functional_forward(pos, q, k, numerics="fused"):
+        return torch.ops.fqr.qk_mrope(q, k, pos, cache, d, section, interleaved, True, numerics)
 
     compiled = torch.compile(
         functional_forward, fullgraph=True, backend=compile_backend, mode=mode, dynamic=False
     )
     got = compiled(positions, q, k)
     eager = functional_forward(positions, q, k)
+    unfused = functional_forward(positions, q, k, "unfused")
     native = vllm_mrotary_embedding(positions, q, k, d, cache, True, section, interleaved)
-    for out, same, want in zip(got, eager, native):
-        assert torch.equal(out, same)
-        torch.testing.assert_close(out, want, atol=1e-2, rtol=1.6e-2)
+    layout = dict(mrope_section=model.mrope_section, mrope_interleaved=model.interleaved)
+    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), head_dim=d, **layout)
+    backend = auto_backend_name(q.device)  # the one torch.ops.fqr runs on
+    for n, out, same, want, ex, rounded in zip("qk", got, eager, native, exact, unfused):
+        name = f"{model.name} tp{tp} T{tokens} compiled {n}"
+        assert_identical(f"{name} (against the op run eagerly)", out, same)
+        check_like_peer(
+            name, out, want, ex, rounded, atol=1e-2, rtol=1.6e-2, head_dim=d, backend=backend
+        )
 
 
 # ------------------------------------ vLLM tests/kernels/core/test_fused_qk_norm_mrope.py
@@ -252,14 +265,14 @@ def vllm_fused_qk_norm_mrope_case(
     args = (qkv, positions, cache, q_weight, k_weight)
     fused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
     unfused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, numerics="unfused", **kw)
-    exact = reference.mrope_prologue(*(a.cpu() for a in args), **kw)
+    exact = reference.mrope_prologue(*map(on_host, args), **kw)
     atol = rtol = 2e-3 if dtype == torch.float16 else 4e-2
     name = f"{dtype} neox={is_neox} interleaved={interleaved} eps={eps} {config}"
     outcomes = [
         check_like_peer(f"{name} {n}", *outs, atol=atol, rtol=rtol, head_dim=d, backend=backend)
         for n, outs in zip("qk", zip(fused, (peer_q, peer_k), exact, unfused))
     ]
-    assert_copy(f"{name} v", fused[2], v)
+    assert_identical(f"{name} v", fused[2], v)
     return outcomes
 
 
@@ -313,7 +326,7 @@ def ascend_triton_mrope_case(section, tokens, dtype, *, backend, device, gen):
     kw = dict(head_dim=d, mrope_section=section, mrope_interleaved=True)
     fused = fqr.qk_mrope(q, k, positions, cache, backend=backend, **kw)
     unfused = fqr.qk_mrope(q, k, positions, cache, backend=backend, numerics="unfused", **kw)
-    exact = reference.qk_mrope(q.cpu(), k.cpu(), positions.cpu(), cache.cpu(), **kw)
+    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), **kw)
     atol = rtol = 1e-2 if dtype == torch.bfloat16 else 1e-3
     return [
         check_like_peer(
@@ -396,7 +409,7 @@ def ascend_split_mrope_case(
     )
     args = (qkv, positions, cache, q_weight, k_weight)
     outs = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
-    exact = reference.mrope_prologue(*(a.cpu() for a in args), **kw)
+    exact = reference.mrope_prologue(*map(on_host, args), **kw)
     name = f"T{tokens} {heads} D{d} {section} interleaved={interleaved} gate={gate} {dtype}"
     outcomes = [
         check_like_peer(
@@ -404,7 +417,7 @@ def ascend_split_mrope_case(
         )
         for n, out, p, e in zip("qk", outs[:2], peer, exact[:2])
     ]
-    assert_copy(f"{name} v", outs[2], v)
+    assert_identical(f"{name} v", outs[2], v)
     if gate:
-        assert_copy(f"{name} gate", outs[3], peer_gate)
+        assert_identical(f"{name} gate", outs[3], peer_gate)
     return outcomes
