@@ -39,7 +39,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .core import TOKENS, Program, eval_program, lookup
-from .lowering.bundle import building_for
+from .lowering.bundle import active_writer, building_for
 from .lowering.targets import ACCELERATOR_TARGETS
 
 
@@ -453,8 +453,13 @@ def get_backend(name: str) -> Backend:
 
 
 def auto_backend_name(device: torch.device | str) -> str:
-    """The backend ``auto`` picks for tensors on ``device`` (a device or a device type)."""
+    """The backend ``auto`` picks for tensors on ``device`` (a device or a device type); on
+    ``meta`` while a kernel bundle is built, the one it picks on the bundle's device (the
+    build makes the launches the GPU run makes)."""
     device_type = device if isinstance(device, str) else device.type
+    writer = active_writer() if device_type == "meta" else None
+    if writer is not None:
+        device_type = writer.target.backend
     return AUTO_BACKENDS.get(device_type, "reference")
 
 
@@ -469,7 +474,8 @@ def resolve_backend(name: str, device: torch.device) -> Backend:
         return _RESOLVED[key]
     backend = get_backend(auto_backend_name(device) if name == "auto" else name)
     backend.require(device.type)
-    _RESOLVED[key] = backend
+    if device.type != "meta":  # on meta it depends on whether a bundle is being built
+        _RESOLVED[key] = backend
     return backend
 
 

@@ -291,3 +291,15 @@ def test_fqr_build_misuse_is_one_line_and_exit_2(args, line, tmp_path, capsys, m
     assert e.value.code == 2
     assert err.count("\n") == 1 and err.startswith(line), err
     assert not (tmp_path / "b").exists()  # refused before anything was written
+
+
+def test_auto_on_meta_is_the_bundle_devices_backend_while_building(tmp_path):
+    """A build makes the launches the GPU run makes: ``auto`` on meta picks what it picks on
+    the bundle's device (``torch.ops.fqr`` calls run ``auto``), and reference otherwise."""
+    from fqr.backends import auto_backend_name, resolve_backend
+
+    assert auto_backend_name("meta") == "reference"
+    with B.building(tmp_path / "b", "cuda:90"):
+        assert auto_backend_name("meta") == "triton"
+        assert resolve_backend("auto", torch.device("meta")).name == "triton"
+    assert resolve_backend("auto", torch.device("meta")).name == "reference"
