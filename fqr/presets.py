@@ -729,12 +729,31 @@ class HFFamily:
     # mrope / mrope-gate: mrope_section read from the RoPE settings; mla-kv: the MLA dims
     variant: str = "split-qkv"
     scalings: tuple[str, ...] = ("default", "linear", "llama3")
+    # The config key the family's code reads for its RoPE pairing, as that code reads it
+    # (transformers' DeepseekV3Attention: ``if self.config.rope_interleave`` -> GPT-J pairs,
+    # else NeoX halves); None: the code reads none and ``is_neox`` holds whatever the config
+    # says (DeepSeek-V2 and V3.2 always rotate GPT-J pairs).
+    interleave_key: str | None = None
+    # Config keys the family's code needs present (DeepseekV32Attention always builds q_a_proj)
+    required: tuple[str, ...] = ()
+    # vLLM's kv_cache_dtype for the family's default ("auto"): V3.2 runs "fp8_ds_mla"
+    cache_dtype: str = "auto"
+    # The norm eps the family's code uses whatever rms_norm_eps says (transformers builds
+    # DeepSeek's q_a_layernorm / kv_a_layernorm with its 1e-6 default; vLLM passes
+    # rms_norm_eps): another rms_norm_eps would make the two differ, and is refused
+    fixed_eps: float | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
 # vllm/model_executor/models/deepseek_v2.py, which also runs Kimi-K2): GPT-J pairs, and any
 # non-default rope_type becomes "deepseek_yarn" (DeepseekScalingRotaryEmbedding).
-_MLA = {"norm": "head", "is_neox": False, "variant": "mla-kv", "scalings": ("default", "yarn")}
+_MLA = {
+    "norm": "head",
+    "is_neox": False,
+    "variant": "mla-kv",
+    "scalings": ("default", "yarn"),
+    "fixed_eps": 1e-6,
+}
 
 # transformers ``model_type`` (of the text config) -> the family's prologue facts.
 HF_FAMILIES: dict[str, HFFamily] = {
@@ -754,10 +773,23 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
     "glm4": HFFamily("none", is_neox=False, note="GLM-4-0414: GPT-J pairs, no QK norm"),
     "deepseek_v2": HFFamily(**_MLA, note="DeepSeek-V2: MLA, yarn"),
-    "deepseek_v3": HFFamily(**_MLA, note="DeepSeek-V3: MLA, yarn"),
+    "deepseek_v3": HFFamily(
+        **_MLA, interleave_key="rope_interleave", note="DeepSeek-V3: MLA, yarn"
+    ),
+    # DeepseekV32Attention always rotates interleaved (apply_rotary_pos_emb_interleave) and
+    # always has q_a_proj; vLLM's DeepseekV32ForCausalLM turns kv_cache_dtype "auto" into
+    # "fp8_ds_mla" (the deepseek-v3.2 preset's comment). Its indexer is not this prologue.
+    "deepseek_v32": HFFamily(
+        **_MLA,
+        required=("q_lora_rank",),
+        cache_dtype="fp8_ds_mla",
+        note="DeepSeek-V3.2: MLA, yarn, fp8_ds_mla cache",
+    ),
     # Kimi-K2's config.json says model_type "kimi_k2" with architectures
     # DeepseekV3ForCausalLM (vLLM runs it as DeepSeek-V3).
-    "kimi_k2": HFFamily(**_MLA, note="Kimi-K2: DeepSeek-V3's attention"),
+    "kimi_k2": HFFamily(
+        **_MLA, interleave_key="rope_interleave", note="Kimi-K2: DeepSeek-V3's attention"
+    ),
 }
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
@@ -852,7 +884,7 @@ def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str
     return (("rope_type", rope_type), *((k, checked[k]) for k, _ in pairs))
 
 
-def _mla_variant_params(text, model_type: str) -> tuple:
+def _mla_variant_params(text, model_type: str, family: HFFamily) -> tuple:
     """The ``mla-kv`` fields of a DeepSeek-style config (see :func:`preset_from_hf_config`)."""
     dims = {k: getattr(text, k, None) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
     missing = [k for k, v in dims.items() if v is None]
@@ -863,8 +895,21 @@ def _mla_variant_params(text, model_type: str) -> tuple:
         ("q_lora_rank", positive_count("config.q_lora_rank", q_lora_rank) if q_lora_rank else 0),
         *((k, positive_count(f"config.{k}", v)) for k, v in dims.items()),
         ("block_size", 64),
-        ("cache_dtype", "auto"),
+        ("cache_dtype", family.cache_dtype),
     )
+
+
+def _is_neox(text, family: HFFamily) -> bool:
+    """The RoPE pairing the family's code takes from the config: ``family.interleave_key``
+    read as that code reads it (a truth test: True / missing default True -> GPT-J pairs,
+    False or None -> NeoX halves); a value of another type is refused, naming its key."""
+    key = family.interleave_key
+    if key is None or not hasattr(text, key):
+        return family.is_neox
+    value = getattr(text, key)
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"config.{key} must be a bool, got {type(value).__name__} {value!r}")
+    return not value
 
 
 def _hidden_size(text) -> int:
@@ -936,13 +981,18 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     and the variant. Families whose prologue is another variant (:data:`HF_VARIANT_FAMILIES`)
     are refused.
 
-    Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``: the ``mla-kv``
-    variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads`` is
-    ``num_attention_heads``, ``num_kv_heads`` 1 (the one latent / k_pe head, whatever
-    ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J pairs,
-    and the variant's ``q_lora_rank`` (None: 0, a model with one ``q_proj``), ``kv_lora_rank``,
-    ``qk_nope_head_dim``, ``v_head_dim`` from the config, with ``block_size`` 64 and
-    ``cache_dtype`` ``"auto"``, what vLLM runs these models with by default (its FlashMLA
+    Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32``,
+    ``kimi_k2``: the ``mla-kv`` variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads``
+    is ``num_attention_heads``, ``num_kv_heads`` 1 (the one latent / k_pe head, whatever
+    ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J
+    pairs (``deepseek_v3`` / ``kimi_k2``: NeoX halves where ``rope_interleave`` is false, as
+    transformers' DeepseekV3Attention reads it; V2 and V3.2 rotate GPT-J pairs whatever it
+    says), ``rms_norm_eps`` 1e-6 (transformers' DeepSeek q_a / kv_a norms use 1e-6 whatever
+    the config says, vLLM's use the config's: another value is refused), and the variant's
+    ``q_lora_rank`` (None: 0, a model with one ``q_proj``; required by ``deepseek_v32``),
+    ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` from the config, with
+    ``block_size`` 64 and ``cache_dtype`` ``"auto"`` (``deepseek_v32``: ``"fp8_ds_mla"``, the
+    cache vLLM runs V3.2 with), what vLLM runs these models with by default (its FlashMLA
     backend forces blocks of 64; ``kv_cache_dtype`` defaults to the model dtype). Their RoPE is
     ``default`` or ``yarn`` (vLLM turns any other type into DeepSeek's yarn too: refused here).
     A yarn scaling records ``factor``, ``original_max_position_embeddings`` (both required),
@@ -990,7 +1040,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             raise ValueError(f"config: {model_type} (MLA) has no qk_rope_head_dim")
         kv_heads, head_dim = 1, positive_count("config.qk_rope_head_dim", head_dim)
         head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
-        variant_params = _mla_variant_params(text, model_type)
+        variant_params = _mla_variant_params(text, model_type, family)
     else:
         heads, kv_heads, head_dim, head_key = _head_counts(text, model_type)
         partial_rotary_factor, factor_key = 1.0, None
@@ -1007,9 +1057,16 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         )
     if family.variant.startswith("mrope"):
         variant_params = _mrope_params(rope, origin, model_type, rotary_dim)
+    for key in family.required:
+        _required(text, key, model_type)
     eps_key = "config.rms_norm_eps"
     eps = positive_number(eps_key, _required(text, "rms_norm_eps", model_type))
     check_finite_scalar(eps_key, eps, positive=True)  # and within float32 (the compute dtype)
+    if family.fixed_eps is not None and eps != family.fixed_eps:
+        raise ValueError(
+            f"config.rms_norm_eps {eps!r} ({model_type}): Hugging Face's attention norms use "
+            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
+        )
     max_position = positive_count(
         "config.max_position_embeddings",
         _required(text, "max_position_embeddings", model_type),
@@ -1027,7 +1084,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         eps=eps,
         weight_offset=family.weight_offset,
         partial_rotary_factor=partial_rotary_factor,
-        is_neox=family.is_neox,
+        is_neox=_is_neox(text, family),
         rope_scaling=scaling,
         variant=family.variant,
         variant_params=variant_params,
