@@ -618,6 +618,13 @@ def mla_kv(
     return q_c_normed, norm(kv_c, kv_a_weight), rotated
 
 
+def _stored_tokens(slot_mapping: torch.Tensor, rows: torch.Tensor) -> int:
+    """N, the tokens a slot mapping ``[N]`` stores (N <= T, the rows' count)."""
+    if slot_mapping.shape[0] > rows.shape[0]:
+        raise ValueError(f"{slot_mapping.shape[0]} slots for {rows.shape[0]} tokens")
+    return slot_mapping.shape[0]
+
+
 def mla_cache_entry(
     cache: torch.Tensor,
     kv_c: torch.Tensor,
@@ -632,9 +639,11 @@ def mla_cache_entry(
     block_size``), unrounded; for an FP8 cache each value is ``clamp(x / scale, +-448)``
     (``scale`` the per-tensor ``[1]`` scale, default 1). ``written``: bool ``[blocks,
     block_size]``, the entries written (the others hold the cache's own values: compare them
-    bit for bit)."""
+    bit for bit). ``slot_mapping`` may be ``[N]`` with N <= T: tokens ``t >= N`` are not
+    written."""
     blocks, block_size, width = cache.shape
-    entry = torch.cat([_f64(kv_c), _f64(k_pe)], dim=-1)
+    tokens = _stored_tokens(slot_mapping, kv_c)
+    entry = torch.cat([_f64(kv_c[:tokens]), _f64(k_pe[:tokens])], dim=-1)
     if entry.shape[1] != width:
         raise ValueError(f"kv_c and k_pe are {entry.shape[1]} wide, the entry {width}")
     if cache.dtype == torch.float8_e4m3fn:
@@ -708,7 +717,10 @@ def ds_mla_entry(
     block_size, L + 4 * L / tile + 2 * R]``, float64: for each written token, ``kv_c [L]`` in
     tiles of ``tile``, tile ``j``'s scale ``max(max|x_j| / 448, FLT_MIN)`` and its values
     ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype by
-    the store). Tokens with a negative slot write nothing."""
+    the store). Tokens with a negative slot write nothing; ``slot_mapping`` may be ``[N]``
+    with N <= T: tokens ``t >= N`` are not written."""
+    tokens = _stored_tokens(slot_mapping, kv_c)
+    kv_c, k_pe = kv_c[:tokens], k_pe[:tokens]
     blocks, block_size, entry_bytes = cache.shape
     n, r = kv_c.shape[1], k_pe.shape[1]
     if n % tile or entry_bytes != n + 4 * (n // tile) + 2 * r:

@@ -114,7 +114,7 @@ def _insert_abstract(
                 f"the value must be [T, w] with column + w <= entry_width: column {column}, "
                 f"value {x}, cache {cache}"
             )
-    if slots.ndim != 1 or not _slots_fit(slots.shape[0], x.shape[0]):
+    if slots.ndim != 1 or not slots_fit(slots.shape[0], x.shape[0]):
         raise ValueError(
             f"slot_mapping must be [T] with T = {x.shape[0]}, or [N] with N <= T, got {slots}"
         )
@@ -130,7 +130,7 @@ def _insert_abstract(
     return Aval(cache.shape, cache.dtype)
 
 
-def _slots_fit(n: int | str, tokens: int | str) -> bool:
+def slots_fit(n: int | str, tokens: int | str) -> bool:
     """Whether ``n`` slots serve ``tokens`` tokens: one each (``n == tokens``), or ``n <= T``:
     the first ``n`` tokens are stored, the rest are not (vLLM's ``num_actual_tokens`` slots
     under a batch padded for CUDA graphs). A length symbol other than T is such an ``N``;

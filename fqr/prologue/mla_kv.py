@@ -259,9 +259,11 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         ),
         params.positional(
             "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_a"),
-            doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
-            "``s % block_size``; negative: padding, nothing stored",
+            Slots(cache="kv_cache", rows_of="kv_a", shorter=True),
+            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
+            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
+            "``t >= N`` are not stored (vLLM's padded CUDA-graph batches), their q_c, kv_c and "
+            "k_pe still returned",
         ),
         Static(
             "q_lora_rank",
@@ -320,7 +322,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
 
     Per token: ``q_c = x * rsqrt(mean(x^2) + eps) * w_q`` over its ``q_lora_rank`` features,
     ``kv_c`` the same over ``kv_lora_rank`` with ``w_kv``, ``k_pe`` rotated by the token's row
-    of ``cos_sin_cache`` (GPT-J pairs: DeepSeek's). Then for each token whose slot ``s >= 0``:
+    of ``cos_sin_cache`` (GPT-J pairs: DeepSeek's). Then for each of the first N tokens
+    (``slot_mapping [N]``, N <= T: vLLM's cache kernels store ``slot_mapping.size(0)`` tokens
+    of a batch padded for CUDA graphs) whose slot ``s >= 0``:
     the cache entry ``[s // block_size, s % block_size]`` gets ``[kv_c | k_pe]`` in the
     cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``); a uint8 cache gets
     the ``fp8_ds_mla`` entry: kv_c in tiles of 128 values, each stored as
@@ -472,18 +476,20 @@ def vllm_mla_kv(
     q_c, kv_c, k_pe = kv_a.split([q_lora_rank, kv_lora_rank, qk_rope_head_dim], dim=-1)
     kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], eps)
     _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, qk_rope_head_dim, cos_sin_cache, is_neox)
-    keep = slots >= 0
+    keep = slots >= 0  # of the first N tokens (concat_and_cache_mla: N = slot_mapping.size(0))
+    n = slots.shape[0]
     rows = cache.view(-1, cache.shape[-1])
+    kv_c_n, k_pe_n = kv_c[:n], k_pe[:n]
     if cache_dtype == "fp8_ds_mla":
-        tiles = kv_c[keep].float().view(-1, kv_lora_rank // TILE, TILE)
+        tiles = kv_c_n[keep].float().view(-1, kv_lora_rank // TILE, TILE)
         scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
         values = (tiles / scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
         entry = torch.cat(
-            [values.flatten(1), scale.view(BYTES), k_pe[keep].contiguous().view(BYTES)], dim=-1
+            [values.flatten(1), scale.view(BYTES), k_pe_n[keep].contiguous().view(BYTES)], dim=-1
         )
         rows[slots[keep]] = entry
     else:
-        entry = torch.cat([kv_c, k_pe], dim=-1)[keep]
+        entry = torch.cat([kv_c_n, k_pe_n], dim=-1)[keep]
         if cache.dtype == FP8:
             entry = (entry.float() / inputs["k_scale"]).clamp(-448.0, 448.0).to(FP8)
         rows[slots[keep]] = entry

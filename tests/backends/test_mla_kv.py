@@ -79,6 +79,33 @@ def test_cache_updated_in_place_and_other_entries_untouched(gen):
     assert torch.equal(rows[slots[t], 528:].view(torch.bfloat16), k_pe[t])
 
 
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2"])
+def test_a_shorter_slot_mapping_stores_only_its_tokens(gen, name, backend):
+    """``slot_mapping [N < T]`` (vLLM pads a CUDA-graph batch to T and its cache kernels store
+    ``slot_mapping.size(0)`` tokens): the first N tokens' entries are written, tokens ``t >=
+    N`` write nothing (not even where their slot would have been), every output still has T
+    rows, all against float64 (the cache flavours: model dtype, FP8, fp8_ds_mla)."""
+    preset, variant, table, inputs = _case(gen, name, tokens=5)
+    full = inputs["slot_mapping"]  # [5]: token 1 and 4 padding, tokens 0, 2, 3 a slot each
+    assert bool(full[3] >= 0)  # token 3's slot is past N: nothing may be stored there
+    inputs["slot_mapping"] = full[:3]
+    before = inputs["kv_cache"].clone()
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{name} {n}: {c}"
+    cache = outs[-1]
+    rows, was = cache.view(-1, cache.shape[-1]), before.view(-1, before.shape[-1])
+    changed = (rows.view(torch.uint8) != was.view(torch.uint8)).any(dim=1)
+    stored = full[:3][full[:3] >= 0]
+    assert set(changed.nonzero().flatten().tolist()) == set(stored.tolist())
+    assert outs[0].shape[0] == 5  # q_c (and kv_c, k_pe) of every token
+
+
 def test_without_q_lora_rank_q_c_is_none(gen):
     preset, variant, table, inputs = _case(gen, "deepseek-v2-lite")
     args = variant.arguments(preset, inputs, table, backend="reference")
@@ -97,7 +124,11 @@ BAD = [
     ("table width", "cos_sin_cache", lambda a: dict(a, cos_sin_cache=a["cos_sin_cache"][:, :32])),
     ("q_lora_rank", "q_lora_rank", lambda a: dict(a, q_lora_rank=-1)),
     ("kv_lora_rank", "kv_lora_rank", lambda a: dict(a, kv_lora_rank=0)),
-    ("slots length", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"][:-1])),
+    (
+        "slots longer than T",
+        "slot_mapping",
+        lambda a: dict(a, slot_mapping=torch.cat([a["slot_mapping"], a["slot_mapping"][:1]])),
+    ),
     ("slot past cache", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"] + 10**6)),
     ("positions", "positions", lambda a: dict(a, positions=a["positions"].float())),
 ]
