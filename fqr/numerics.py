@@ -349,7 +349,8 @@ def compare_packed_ds_mla(
     """The tolerance kind ``fp8-ds-mla``: the ``uint8`` ``fp8_ds_mla`` cache ``out [blocks,
     block_size, L + 4*L/128 + 2*R]`` against its float64 expectation packed as one tensor
     ``[blocks, block_size, L + L/128 + R + 1]`` (:meth:`fqr.reference.DsMlaEntry.packed`:
-    values, scales and rope of each entry, then 1 where the call wrote it). Written entries are
+    values, scales and rope of each entry, then where the call wrote it the code of the rope's
+    dtype, 1 bf16 or 2 fp16). Written entries are
     held part by part as :func:`compare_ds_mla_entry` holds them (``unfused``: the tile's max
     is taken over the model-dtype norm outputs, so the scale gets the unfused bound); every
     other entry must decode to exactly what it held before (the expectation holds the cache's
@@ -358,9 +359,13 @@ def compare_packed_ds_mla(
     width = packed.shape[-1] - 1 - rope_dim
     n = width * tile // (tile + 1)
     tiles = n // tile
-    written = packed[..., -1] != 0
+    codes = packed[..., -1]
+    written = codes != 0
     out = out.detach().cpu()
-    rope_dtype, size = torch.bfloat16, 2  # the entry's rope part is bf16 (vLLM's)
+    # the entry's rope part is the 16-bit model dtype (vLLM's), named by the written code
+    # (fqr.reference.DS_MLA_ROPE_CODES: 1 bf16, 2 fp16)
+    rope_dtype = torch.float16 if bool((codes == 2).any()) else torch.bfloat16
+    size = 2
 
     def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -414,4 +419,12 @@ def compare_packed_ds_mla(
 
 TOLERANCE_KINDS["fp8-ds-mla"] = lambda out, exact, *, head_dim, numerics: compare_packed_ds_mla(
     out, exact, rope_dim=head_dim, numerics=numerics
+)
+# A per-tensor FP8 cache held as vLLM allocates it, uint8 bytes of E4M3 values: compared as the
+# E4M3 values it holds (the contract's FP8 rule).
+TOLERANCE_KINDS["fp8-e4m3-bytes"] = lambda out, exact, *, head_dim, numerics: compare(
+    out.view(torch.float8_e4m3fn) if out.dtype == torch.uint8 else out,
+    exact,
+    head_dim=head_dim,
+    numerics=numerics,
 )

@@ -691,6 +691,10 @@ _SECOND_OPS = (
     ("deepseek-v3", "q-rope", "mla-q-rope"),
     ("kimi-k2", "q-rope", "mla-q-rope"),
     ("deepseek-v2-lite", "q-rope", "mla-q-rope"),
+    # the MLA cache insert alone (vLLM's concat_and_cache_mla / _ds_mla), per cache flavour
+    ("deepseek-v3", "mla-insert", "mla-insert"),
+    ("deepseek-v3-fp8", "mla-insert", "mla-insert"),
+    ("deepseek-v3.2", "mla-insert", "mla-insert"),
     ("llama3-8b", "qk-rope", "qk-rope"),
     ("glm4-9b", "qk-rope", "qk-rope"),
     ("qwen3-vl-8b", "qk-mrope", "qk-mrope"),

@@ -657,6 +657,11 @@ def mla_cache_entry(
     return expected, written.cpu()
 
 
+# The last column of a packed fp8_ds_mla expectation where an entry was written: the dtype of
+# its rope part (vLLM stores k_pe in the model dtype, bf16 or fp16).
+DS_MLA_ROPE_CODES = {torch.bfloat16: 1.0, torch.float16: 2.0}
+
+
 @dataclass(frozen=True)
 class DsMlaEntry:
     """The expected ``fp8_ds_mla`` cache (:func:`ds_mla_entry`), float64, unrounded:
@@ -671,6 +676,7 @@ class DsMlaEntry:
     rope: torch.Tensor
     written: torch.Tensor
     tile: int
+    rope_dtype: torch.dtype = torch.bfloat16
 
     @property
     def scale_offset(self) -> int:
@@ -682,9 +688,10 @@ class DsMlaEntry:
 
     def packed(self, original: torch.Tensor) -> torch.Tensor:
         """The whole expected cache as one float64 tensor ``[blocks, block_size, L + L/tile +
-        R + 1]``: each written entry's values, scales and rope values, then 1; every other
-        entry as ``original`` (the cache before the call) holds it, decoded (E4M3 values,
-        float32 scales, bf16 rope values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
+        R + 1]``: each written entry's values, scales and rope values, then the rope's dtype
+        code (:data:`DS_MLA_ROPE_CODES`: 1 bf16, 2 fp16); every other entry as ``original``
+        (the cache before the call) holds it, decoded (E4M3 values, float32 scales, rope
+        values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
         raw = original.detach().cpu()
         n, tiles, r = self.values.shape[-1], self.scales.shape[-1], self.rope.shape[-1]
 
@@ -696,13 +703,14 @@ class DsMlaEntry:
             [
                 decode(0, n, torch.float8_e4m3fn),
                 decode(self.scale_offset, tiles, torch.float32),
-                decode(self.rope_offset, r, torch.bfloat16),
+                decode(self.rope_offset, r, self.rope_dtype),
             ],
             dim=-1,
         )
         mine = torch.cat([self.values, self.scales, self.rope], dim=-1)
         entries = torch.where(self.written[..., None], mine, before)
-        return torch.cat([entries, self.written.to(F64)[..., None]], dim=-1)
+        code = self.written.to(F64) * DS_MLA_ROPE_CODES[self.rope_dtype]
+        return torch.cat([entries, code[..., None]], dim=-1)
 
 
 def ds_mla_entry(
@@ -712,13 +720,14 @@ def ds_mla_entry(
     slot_mapping: torch.Tensor,
     *,
     tile: int = 128,
+    rope_dtype: torch.dtype = torch.bfloat16,
 ) -> DsMlaEntry:
     """``concat_and_cache_ds_mla``'s write into the ``uint8`` ``fp8_ds_mla`` cache ``[blocks,
     block_size, L + 4 * L / tile + 2 * R]``, float64: for each written token, ``kv_c [L]`` in
     tiles of ``tile``, tile ``j``'s scale ``max(max|x_j| / 448, FLT_MIN)`` and its values
-    ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype by
-    the store). Tokens with a negative slot write nothing; ``slot_mapping`` may be ``[N]``
-    with N <= T: tokens ``t >= N`` are not written."""
+    ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype
+    ``rope_dtype``, bf16 or fp16, by the store). Tokens with a negative slot write nothing;
+    ``slot_mapping`` may be ``[N]`` with N <= T: tokens ``t >= N`` are not written."""
     tokens = _stored_tokens(slot_mapping, kv_c)
     kv_c, k_pe = kv_c[:tokens], k_pe[:tokens]
     blocks, block_size, entry_bytes = cache.shape
@@ -742,4 +751,4 @@ def ds_mla_entry(
     scale_at[at] = scales.cpu()[keep]
     rope[at] = _f64(k_pe).cpu()[keep]
     written[at] = True
-    return DsMlaEntry(values, scale_at, rope, written, tile)
+    return DsMlaEntry(values, scale_at, rope, written, tile, rope_dtype)

@@ -99,19 +99,42 @@ def mla_kv_prologue(
         is_neox=s["is_neox"],
         round_to=rounding,
     )
-    if byte_entry:
-        cache = ops.cache_insert_fp8_tiles(
-            kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
-        )
-        rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
-        cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=kv_a.dtype)
-    else:  # concat_and_cache_mla: [kv_c | k_pe] in the cache's dtype (FP8: per-tensor scale)
-        cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, k_scale, column=0)
-        cache = ops.cache_insert(cache, k_pe, slot_mapping, k_scale, column=kv_lora_rank)
+    cache = mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype)
     if not q_lora_rank:
         return kv_c, k_pe, cache
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
     return q_c, kv_c, k_pe, cache
+
+
+def mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype):
+    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new cache):
+    ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
+    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``), or for a uint8
+    cache ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as
+    heads of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`)."""
+    kv_lora_rank = kv_c.shape[1]
+    if kv_cache.dtype == BYTES:
+        cache = ops.cache_insert_fp8_tiles(
+            kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
+        )
+        rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
+        return ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=rope_dtype)
+    cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0)
+    return ops.cache_insert(cache, k_pe, slot_mapping, scale, column=kv_lora_rank)
+
+
+def mla_cache_expected(kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype):
+    """float64 expectation of :func:`mla_cache_stores`: :func:`fqr.reference.mla_cache_entry`
+    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first), or for the
+    ``fp8_ds_mla`` uint8 cache :func:`fqr.reference.ds_mla_entry` packed with the cache's other
+    entries decoded."""
+    if kv_cache.dtype == BYTES:
+        entry = reference.ds_mla_entry(
+            kv_cache, kv_c, k_pe, slot_mapping, tile=TILE, rope_dtype=rope_dtype
+        )
+        return entry.packed(kv_cache)
+    cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=scale)
+    return cache
 
 
 def mla_kv_reference(
@@ -133,11 +156,9 @@ def mla_kv_reference(
         eps=eps,
         is_neox=is_neox,
     )
-    if kv_cache.dtype == BYTES:
-        entry = reference.ds_mla_entry(kv_cache, kv_c, k_pe, slot_mapping, tile=TILE)
-        cache = entry.packed(kv_cache)
-    else:
-        cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale)
+    cache = mla_cache_expected(
+        kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype
+    )
     return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, cache)
 
 
@@ -200,15 +221,21 @@ def _flavour(call: Call) -> None:
             f"{DTYPE_NAMES.get(dtype, dtype)} cache"
         )
     if dtype == BYTES:
-        if call.kv_a.dtype != torch.bfloat16:
-            raise TypeError(
-                f"an fp8_ds_mla (uint8) kv_cache holds its rope part in bf16: kv_a must be bf16, "
-                f"got {DTYPE_NAMES.get(call.kv_a.dtype)}"
-            )
+        check_ds_mla_rows("kv_a", call.kv_a)
         if call.kv_lora_rank % TILE:
             raise ValueError(
                 f"kv_lora_rank {call.kv_lora_rank} is not a multiple of the fp8_ds_mla tile {TILE}"
             )
+
+
+def check_ds_mla_rows(name: str, rows) -> None:
+    """An ``fp8_ds_mla`` entry holds its rope part in the model dtype, 16 bits (vLLM's
+    ``concat_and_cache_ds_mla`` checks ``itemsize() == 2``): bf16 or fp16 rows."""
+    if rows.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(
+            f"an fp8_ds_mla (uint8) kv_cache holds its rope part in the model dtype, 16 bits: "
+            f"{name} must be bf16 or fp16, got {DTYPE_NAMES.get(rows.dtype)}"
+        )
 
 
 def _returns(call: Call, outs: tuple):
@@ -398,10 +425,10 @@ def _kwargs(preset) -> dict:
     )
 
 
-def _cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
+def random_mla_cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
     """A cache of random entries (an entry written where no slot names it shows): values of
     the cache's dtype; for ``fp8_ds_mla`` well-formed random entries (E4M3 values, positive
-    float32 scales, bf16 rope values)."""
+    float32 scales, rope values in the 16-bit model dtype, bf16 otherwise)."""
     p, bs = preset.params, preset.params["block_size"]
     kv, r, device = p["kv_lora_rank"], preset.head_dim, generator.device
 
@@ -412,7 +439,8 @@ def _cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
         return normal(blocks, bs, kv + r).to(FP8 if p["cache_dtype"] == "fp8" else dtype)
     values = (normal(blocks, bs, kv) * 50).to(FP8).view(BYTES)
     scales = (normal(blocks, bs, kv // TILE).abs() + 0.01).float().view(BYTES)
-    rope = normal(blocks, bs, r).to(torch.bfloat16).view(BYTES)
+    rope_dtype = dtype if dtype == torch.float16 else torch.bfloat16
+    rope = normal(blocks, bs, r).to(rope_dtype).view(BYTES)
     return torch.cat([values, scales, rope], dim=-1).contiguous()
 
 
@@ -439,7 +467,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
 
     bs = p["block_size"]
     blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
-    cache = _cache(preset, blocks, dtype, generator)
+    cache = random_mla_cache(preset, blocks, dtype, generator)
     slots = random_slot_mapping(tokens, blocks * bs, generator)
     drawn = {
         "kv_a": kv_a,
@@ -476,25 +504,34 @@ def vllm_mla_kv(
     q_c, kv_c, k_pe = kv_a.split([q_lora_rank, kv_lora_rank, qk_rope_head_dim], dim=-1)
     kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], eps)
     _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, qk_rope_head_dim, cos_sin_cache, is_neox)
-    keep = slots >= 0  # of the first N tokens (concat_and_cache_mla: N = slot_mapping.size(0))
-    n = slots.shape[0]
-    rows = cache.view(-1, cache.shape[-1])
-    kv_c_n, k_pe_n = kv_c[:n], k_pe[:n]
-    if cache_dtype == "fp8_ds_mla":
-        tiles = kv_c_n[keep].float().view(-1, kv_lora_rank // TILE, TILE)
-        scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
-        values = (tiles / scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
-        entry = torch.cat(
-            [values.flatten(1), scale.view(BYTES), k_pe_n[keep].contiguous().view(BYTES)], dim=-1
-        )
-        rows[slots[keep]] = entry
-    else:
-        entry = torch.cat([kv_c_n, k_pe_n], dim=-1)[keep]
-        if cache.dtype == FP8:
-            entry = (entry.float() / inputs["k_scale"]).clamp(-448.0, 448.0).to(FP8)
-        rows[slots[keep]] = entry
+    vllm_concat_and_cache_mla(kv_c, k_pe, cache, slots, cache_dtype, inputs.get("k_scale"))
     outs = (kv_c, k_pe, cache)
     return (vllm_rms_norm(q_c, inputs["q_a_weight"], eps), *outs) if q_lora_rank else outs
+
+
+def vllm_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """vLLM's ``concat_and_cache_mla`` / ``concat_and_cache_ds_mla`` as torch stores into
+    ``kv_cache`` (in place): the first ``N = slot_mapping.size(0)`` tokens, a negative slot
+    none; ``"fp8_ds_mla"``: per 128-value tile ``scale = max(amax / 448, FLT_MIN)``, the
+    values ``e4m3(clamp(x / scale))``, the scales, then k_pe's 16-bit bits; an FP8
+    ``kv_cache_dtype`` (a float8_e4m3fn cache or its uint8 bytes): ``e4m3(clamp(x /
+    scale))`` of ``[kv_c | k_pe]``; ``"auto"``: the values as they are."""
+    keep = slot_mapping >= 0
+    n = slot_mapping.shape[0]
+    rows = kv_cache.view(-1, kv_cache.shape[-1])
+    kv_c, k_pe, slots = kv_c[:n][keep], k_pe[:n][keep], slot_mapping[keep]
+    if kv_cache_dtype == "fp8_ds_mla":
+        tiles = kv_c.float().view(kv_c.shape[0], -1, TILE)
+        tile_scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
+        values = (tiles / tile_scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
+        rope = k_pe.contiguous().view(BYTES)
+        rows[slots] = torch.cat([values.flatten(1), tile_scale.view(BYTES), rope], dim=-1)
+        return
+    entry = torch.cat([kv_c, k_pe], dim=-1)
+    if kv_cache_dtype != "auto":
+        entry = (entry.float() / scale).clamp(-448.0, 448.0).to(FP8)
+        rows = rows.view(FP8)
+    rows[slots] = entry
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):

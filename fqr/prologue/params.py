@@ -303,6 +303,10 @@ KV_SCALES = (cache_scale("k_scale", "key"), cache_scale("v_scale", "value"))
 KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not returned
 
 
+# vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
+# allocates such a cache as uint8 bytes: an op reads those as this dtype).
+FP8_KV_CACHE_DTYPES = {"fp8": FP8_E4M3, "fp8_e4m3": FP8_E4M3}
+
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
 CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}
 # The preset fields a paged-cache variant reads (checked by check_paged_cache_preset).

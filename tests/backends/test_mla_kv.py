@@ -145,11 +145,31 @@ def test_bad_arguments_are_named_before_anything_runs(gen, what, argument, overr
     assert torch.equal(inputs["kv_cache"], cache)  # nothing was written
 
 
-def test_fp8_ds_mla_needs_bf16_rows(gen):
+def test_fp8_ds_mla_needs_16_bit_rows(gen):
     preset, variant, table, inputs = _case(gen, "deepseek-v3.2")
     args = variant.arguments(preset, inputs, table, backend="reference")
-    with pytest.raises(TypeError, match="kv_a must be bf16"):
-        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kv_a=args["kv_a"].half()))
+    with pytest.raises(TypeError, match="kv_a must be bf16 or fp16, got fp32"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kv_a=args["kv_a"].float()))
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_fp8_ds_mla_with_fp16_rows_stores_fp16_rope(gen, backend):
+    """vLLM's host check for ``fp8_ds_mla`` takes any 2-byte kv_c / k_pe: fp16 rows store
+    their rope part as fp16 (the entry's last 128 bytes are k_pe's fp16 bits); every output
+    against float64."""
+    preset, variant, table, inputs = _case(gen, "deepseek-v3.2", dtype=torch.float16)
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{n}: {c}"
+    q_c, kv_c, k_pe, cache = outs
+    assert k_pe.dtype == torch.float16
+    slots = inputs["slot_mapping"]
+    t = int((slots >= 0).nonzero()[0])
+    assert torch.equal(cache.view(-1, 656)[slots[t], 528:].view(torch.float16), k_pe[t])
 
 
 def test_new_token_counts_take_the_kept_call(gen):
