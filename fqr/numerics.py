@@ -45,7 +45,10 @@ the ``8 u`` of the table (a bias adds one rounding of the biased value).
 full-width norm (``norm="full"``, OLMo2) HF's ``Olmo2RMSNorm`` rounds once, ``n = round(x * rstd
 * w)``, and its ``apply_rotary_pos_emb`` multiplies the bf16 ``n`` by fp32 cos/sin and rounds
 once, ``round(n1*c - n2*s)`` (vLLM's OLMo2 uses ``RMSNorm`` and its rotary embedding:
-``unfused``). Per-head norms, no norm and their RoPE round the same in both (HF Qwen3 / Gemma 3
+``unfused``). The MLA ops (``split_mla_rmsnorm_rope_cache``, ``mla_q_rope``): HF's DeepSeek-V2
+rotates with an fp32 complex product (``apply_rotary_emb``) rounded once, its norms round as
+vLLM's (HF's DeepSeek-V3 rounds as vLLM: ``unfused``). Per-head norms, no norm and their RoPE
+round the same in both (HF Qwen3 / Gemma 3
 / Llama = vLLM), so there the two modes are one.
 
 The norm variants (issue 15): a norm without weight rounds once, ``n = round(x * rstd)``

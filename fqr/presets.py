@@ -732,6 +732,25 @@ class HFFamily:
     note: str = ""
     # mrope / mrope-gate: mrope_section read from the RoPE settings; mla-kv: the MLA dims
     variant: str = "split-qkv"
+    # mRoPE as the family's code reads it: ``mrope_section`` where the config has none (the
+    # code's ``rope_parameters.get("mrope_section", default)``; None: required), and the
+    # interleaving the code always applies (True: Qwen3-VL / Qwen3.5's rotary embedding
+    # interleaves whatever ``mrope_interleaved`` says; None: read from the config, missing False)
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool | None = None
+    # Config settings with which the family's attention does what fqr has no form for:
+    # (key, the value that leaves it out, what it does); another value is refused
+    refused_keys: tuple[tuple[str, object, str], ...] = ()
+    # The config key of the QK norms' eps (LFM2: norm_eps)
+    eps_key: str = "rms_norm_eps"
+    # The config key that picks the QK-norm kind, and the kind each of its values gives (a
+    # value not listed is refused; a config without the key: ``norm``)
+    norm_key: str | None = None
+    norm_kinds: tuple[tuple[object, str], ...] = ()
+    # The numerics mode in which fqr's op equals the family's transformers code bit for bit
+    # (fqr.numerics: "unfused-hf" where HF rounds elsewhere than vLLM, OLMo 2's full-width
+    # norms, DeepSeek-V2's fp32 complex RoPE)
+    numerics: str = "unfused"
     scalings: tuple[str, ...] = ("default", "linear", "llama3")
     # The config key the family's code reads for its RoPE pairing, as that code reads it
     # (transformers' DeepseekV3Attention: ``if self.config.rope_interleave`` -> GPT-J pairs,
@@ -759,24 +778,38 @@ _MLA = {
     "fixed_eps": 1e-6,
 }
 
+# Qwen3-VL / Qwen3.5: their rotary embedding always interleaves the sections
+# (``apply_interleaved_mrope``; ``mrope_interleaved`` is never read) and defaults the sections
+# to [24, 20, 20] / [11, 11, 10] (modeling_qwen3_vl.py / modeling_qwen3_5.py)
+_QWEN3_VL = dict(norm="head", variant="mrope", mrope_section=(24, 20, 20), mrope_interleaved=True)
+_QWEN3_5 = dict(
+    norm="head",
+    weight_offset=1.0,
+    variant="mrope-gate",
+    mrope_section=(11, 11, 10),
+    mrope_interleaved=True,
+)
+
 # transformers ``model_type`` (of the text config) -> the family's prologue facts.
 HF_FAMILIES: dict[str, HFFamily] = {
     "qwen3": HFFamily("head", note="Qwen3: per-head q_norm / k_norm"),
     "qwen3_moe": HFFamily("head", note="Qwen3-MoE: as Qwen3"),
     "gemma3_text": HFFamily("head", 1.0, note="Gemma 3: (1 + w) norms, the global layers"),
-    "qwen3_5_text": HFFamily(
-        "head", 1.0, variant="mrope-gate", note="Qwen3.5 full attention: gated q, (1 + w) norms"
-    ),
-    "qwen3_5_moe_text": HFFamily(
-        "head", 1.0, variant="mrope-gate", note="Qwen3.5-MoE full attention: as Qwen3.5"
-    ),
-    "qwen3_vl_text": HFFamily("head", variant="mrope", note="Qwen3-VL: Qwen3 with mRoPE"),
-    "qwen3_vl_moe_text": HFFamily("head", variant="mrope", note="Qwen3-VL-MoE: as Qwen3-VL"),
+    "qwen3_5_text": HFFamily(**_QWEN3_5, note="Qwen3.5 full attention: gated q, (1 + w) norms"),
+    "qwen3_5_moe_text": HFFamily(**_QWEN3_5, note="Qwen3.5-MoE full attention: as Qwen3.5"),
+    "qwen3_vl_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL: Qwen3 with interleaved mRoPE"),
+    "qwen3_vl_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL-MoE: as Qwen3-VL"),
     "llama": HFFamily("none", note="Llama 3: no QK norm"),
-    "olmo2": HFFamily("full", note="OLMo 2: one norm over the whole q and the whole k"),
+    "olmo2": HFFamily(
+        "full", numerics="unfused-hf", note="OLMo 2: one norm over the whole q and the whole k"
+    ),
     "glm": HFFamily("none", is_neox=False, note="GLM-4 (-hf): GPT-J pairs, no QK norm"),
     "glm4": HFFamily("none", is_neox=False, note="GLM-4-0414: GPT-J pairs, no QK norm"),
-    "deepseek_v2": HFFamily(**_MLA, note="DeepSeek-V2: MLA, yarn"),
+    # transformers' DeepseekV2 rotates with an fp32 complex product rounded once
+    # (apply_rotary_emb), its norms round as vLLM's: "unfused-hf" of the MLA ops
+    "deepseek_v2": HFFamily(
+        **_MLA, numerics="unfused-hf", note="DeepSeek-V2: MLA, yarn, fp32 complex RoPE"
+    ),
     "deepseek_v3": HFFamily(
         **_MLA, interleave_key="rope_interleave", note="DeepSeek-V3: MLA, yarn"
     ),
@@ -794,7 +827,63 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "kimi_k2": HFFamily(
         **_MLA, interleave_key="rope_interleave", note="Kimi-K2: DeepSeek-V3's attention"
     ),
+    # GLM-4.5 / 4.6 (Glm4MoeAttention): per-head q_norm / k_norm only with use_qk_norm
+    "glm4_moe": HFFamily(
+        "none",
+        norm_key="use_qk_norm",
+        norm_kinds=((False, "none"), (True, "head")),
+        note="GLM-4.5: as Llama, per-head QK norm with use_qk_norm",
+    ),
+    # Molmo 2's text model: Qwen3's per-head norms or OLMo 2's full-width ones (qk_norm_type)
+    "molmo2_text": HFFamily(
+        "head",
+        norm_key="qk_norm_type",
+        norm_kinds=(("qwen3", "head"), ("olmo", "full")),
+        note="Molmo 2: qk_norm_type qwen3 (as Qwen3) or olmo (as OLMo 2)",
+    ),
 }
+# Families whose attention prologue is one fqr already has, as transformers' code for each
+# runs it (tests/core/test_hf_zoo.py holds each to the model's own attention, bit for bit);
+# a family whose layers differ (sliding / NoPE layers) is the layers that apply RoPE.
+_SAME_PROLOGUE = {
+    "llama": (
+        "arcee", "aria_text", "bitnet", "cwm", "diffllama", "falcon_h1", "gemma", "gemma2",
+        "granite", "granite_docling_text", "granite_swa", "granitemoe", "granitemoe_swa",
+        "granitemoeshared", "hrm_text", "hyperclovax", "jais2", "minimax", "ministral",
+        "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe", "qwen2",
+        "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
+    ),
+    "glm": ("helium",),
+    "qwen3": (
+        "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
+        "kolibri1", "laguna", "mellum",
+    ),
+    "olmo2": ("flex_olmo",),
+    "deepseek_v3": ("axk1", "youtu"),
+}  # fmt: skip
+# OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection
+_CLIP_QKV = (("clip_qkv", None, "q, k and v clamped after the projection"),)
+# Full-width QK norms that round as Llama's RMSNorm (vLLM's and HF's code alike: "unfused")
+_FULL_NORM_UNFUSED = ("olmoe", "minimax_m2")
+# No QK norm, RoPE computed in fp32 from fp32 cos/sin and rounded once (``q.float() * cos``
+# ... ``.to(dtype)``): the fused contract's arithmetic, bit for bit on the reference backend
+_FP32_ROPE = {
+    "ernie4_5": HFFamily("none", is_neox=False, numerics="fused", note="ERNIE 4.5: GPT-J pairs"),
+}
+_FP32_ROPE["ernie4_5_moe"] = replace(_FP32_ROPE["ernie4_5"], note="ERNIE 4.5 MoE: GPT-J pairs")
+_FP32_ROPE["olmo"] = HFFamily(
+    "none", numerics="fused", refused_keys=_CLIP_QKV, note="OLMo: no QK norm, fp32 RoPE"
+)
+HF_FAMILIES |= {
+    model_type: replace(HF_FAMILIES[like], note=f"{model_type}: as {like}")
+    for like, model_types in _SAME_PROLOGUE.items()
+    for model_type in model_types
+}
+HF_FAMILIES |= {
+    model_type: replace(HF_FAMILIES["olmo2"], numerics="unfused", note=f"{model_type}: as olmo2")
+    for model_type in _FULL_NORM_UNFUSED
+} | _FP32_ROPE
+HF_FAMILIES["olmoe"] = replace(HF_FAMILIES["olmoe"], refused_keys=_CLIP_QKV)
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
@@ -802,6 +891,31 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
+# Families fqr builds no preset for, with what their attention prologue needs (read from their
+# transformers modeling code; the zoo test prints each refusal).
+_NEEDS = {
+    "a LayerNorm (not RMSNorm) on q and k": ("persimmon",),
+    "an RMSNorm after RoPE": ("hunyuan_v1_dense", "hunyuan_v1_moe"),
+    "a fused qkv whose rows interleave per head": ("gpt_neox", "gpt_neox_japanese", "codegen"),
+    "an MLA variant with NeoX pairs and its own norm eps": ("hy_v4", "minicpm3"),
+    "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note"),
+    "an MLA variant (q temperature)": ("mistral_large4_text",),
+    "an MLA variant (a gate fused with q)": ("axk2",),
+    "an MLA variant with mRoPE": ("hy_v4_vl_text",),
+    "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
+    "xdrope (its own position layout)": ("hunyuan_vl_text",),
+    "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
+    "a preset builder for the qk-mrope variant (contiguous mRoPE sections, no QK norm)": (
+        "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", "glm4v_text",
+        "glm4v_moe_text", "glm_image_text", "glm_ocr_text", "paddleocr_vl_text",
+    ),
+    "a preset builder for the split-qkv-vnorm variant (v normalised too)": (
+        "gemma3n_text", "gemma4_unified_text",
+    ),
+    "a preset builder for the rope-l2norm variant (RoPE, then a weightless norm)": ("nanochat",),
+}  # fmt: skip
+HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}
+
 # RoPE scalings fqr.rope_cache builds from a config, with the config keys each requires.
 HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {"default": ()} | {
     t: SCALING_REQUIRED[t] for t in ("linear", "llama3", "yarn")
@@ -903,6 +1017,40 @@ def _mla_variant_params(text, model_type: str, family: HFFamily) -> tuple:
     )
 
 
+def _norm_kind(text, model_type: str, family: HFFamily) -> str:
+    """The QK-norm kind: the family's, or the one its :attr:`HFFamily.norm_key` value picks
+    (a value the family's code does not take is refused, naming the key)."""
+    key = family.norm_key
+    if key is None or not hasattr(text, key):
+        return family.norm
+    value = getattr(text, key)
+    kinds = dict(family.norm_kinds)
+    if isinstance(value, (bool, str)) and value in kinds:
+        return kinds[value]
+    raise ValueError(
+        f"config.{key} {value!r} ({model_type}): fqr builds "
+        + ", ".join(f"{v!r} ({kind} norm)" for v, kind in family.norm_kinds)
+    )
+
+
+def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
+    """The QK norms' eps, ``config.<family.eps_key>``: required where a norm reads it (any
+    norm kind but "none", and MLA's q_a / kv_a norms); without a norm a missing one is the
+    spec's default, which nothing reads."""
+    key = family.eps_key
+    if norm == "none" and family.variant == "split-qkv" and getattr(text, key, None) is None:
+        return PrologueSpec.eps
+    where = f"config.{key}"
+    eps = positive_number(where, _required(text, key, model_type))
+    check_finite_scalar(where, eps, positive=True)  # and within float32 (the compute dtype)
+    if family.fixed_eps is not None and eps != family.fixed_eps:
+        raise ValueError(
+            f"{where} {eps!r} ({model_type}): Hugging Face's attention norms use "
+            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
+        )
+    return eps
+
+
 def _is_neox(text, family: HFFamily) -> bool:
     """The RoPE pairing the family's code takes from the config: ``family.interleave_key``
     read as that code reads it (a truth test: True / missing default True -> GPT-J pairs,
@@ -949,24 +1097,42 @@ def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
     return heads, kv_heads, hidden // heads, "config.hidden_size / config.num_attention_heads"
 
 
-def _mrope_params(rope: dict, origin: dict[str, str], model_type: str, rotary_dim: int) -> tuple:
-    """``mrope_section`` (three ints summing to ``rotary_dim / 2``) and ``mrope_interleaved``
-    (a bool; missing: False) of an mRoPE family's RoPE settings."""
+def _mrope_params(
+    rope: dict, origin: dict[str, str], model_type: str, rotary_dim: int, family: HFFamily
+) -> tuple:
+    """``mrope_section`` (three ints summing to ``rotary_dim / 2``; missing: the family code's
+    default, else refused) and ``mrope_interleaved`` (a bool; where the family's code always
+    interleaves, :attr:`HFFamily.mrope_interleaved`, True whatever the config says, and an
+    explicit False is refused: the model would rotate otherwise than the config says; else
+    the config's, missing False) of an mRoPE family's RoPE settings."""
     section = rope.get("mrope_section")
+    where = origin.get("mrope_section", f"{model_type}'s default mrope_section")
     if section is None:
-        raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
-    interleaved = rope.get("mrope_interleaved", False)
-    if not isinstance(interleaved, bool):
+        if family.mrope_section is None:
+            raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
+        section = family.mrope_section
+    interleaved = rope.get("mrope_interleaved")
+    if interleaved is not None and not isinstance(interleaved, bool):
         raise TypeError(
             f"{origin.get('mrope_interleaved')} must be a bool, got "
             f"{type(interleaved).__name__} {interleaved!r}"
         )
+    if family.mrope_interleaved is not None:
+        if interleaved is not None and interleaved != family.mrope_interleaved:
+            raise ValueError(
+                f"{origin['mrope_interleaved']} is {interleaved} but {model_type}'s code "
+                f"ignores it and {'interleaves' if family.mrope_interleaved else 'does not'}"
+                f": refused rather than guessed"
+            )
+        interleaved = family.mrope_interleaved
+    elif interleaved is None:
+        interleaved = False
     if isinstance(section, (list, tuple)):  # numpy ints as ints; anything else is refused
         section = [int(n) if isinstance(n, numbers.Integral) else n for n in section]
     try:
         check_mrope_section(section, interleaved, rotary_dim, config=True)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{origin['mrope_section']}: {e}") from None
+        raise type(e)(f"{where}: {e}") from None
     return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))
 
 
@@ -1018,9 +1184,14 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             f"prologue's variants are not built from a config yet"
         )
     if family is None:
+        needs = HF_NEEDS.get(model_type) if isinstance(model_type, str) else None
         raise ValueError(
-            f"config: model_type {model_type!r} is not a family fqr builds presets for; "
-            f"supported: {', '.join(HF_FAMILIES)}"
+            f"config: model_type {model_type!r} is not a family fqr builds presets for: "
+            + (
+                f"it needs {needs}"
+                if needs
+                else "its attention is not checked against fqr's ops (tests/core/test_hf_zoo.py)"
+            )
         )
     rope, origin = _rope_parameters(text)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -1060,17 +1231,18 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             else f"{head_key} ({head_dim}) must be even: RoPE rotates the head in pairs"
         )
     if family.variant.startswith("mrope"):
-        variant_params = _mrope_params(rope, origin, model_type, rotary_dim)
+        variant_params = _mrope_params(rope, origin, model_type, rotary_dim, family)
     for key in family.required:
         _required(text, key, model_type)
-    eps_key = "config.rms_norm_eps"
-    eps = positive_number(eps_key, _required(text, "rms_norm_eps", model_type))
-    check_finite_scalar(eps_key, eps, positive=True)  # and within float32 (the compute dtype)
-    if family.fixed_eps is not None and eps != family.fixed_eps:
-        raise ValueError(
-            f"config.rms_norm_eps {eps!r} ({model_type}): Hugging Face's attention norms use "
-            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
-        )
+    for key, harmless, what in family.refused_keys:
+        value = getattr(text, key, harmless)
+        if value != harmless:
+            raise ValueError(
+                f"config.{key} {value!r} ({model_type}): the model's attention then has {what}, "
+                f"which fqr has no form for"
+            )
+    norm = _norm_kind(text, model_type, family)
+    eps = _eps(text, model_type, family, norm)
     max_position = positive_count(
         "config.max_position_embeddings",
         _required(text, "max_position_embeddings", model_type),
@@ -1084,7 +1256,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         head_dim=head_dim,
         rope_theta=theta,
         max_position=max_position,
-        norm=family.norm,
+        norm=norm,
         eps=eps,
         weight_offset=family.weight_offset,
         partial_rotary_factor=partial_rotary_factor,

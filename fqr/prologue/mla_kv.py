@@ -38,7 +38,7 @@ from ..ops.fp8 import FP8_E4M3 as FP8
 from ..unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..validate import check_positive_int
 from . import params
-from .blocks import round_to
+from .blocks import complex_rope_round_to, round_to
 from .declare import (
     BACKEND,
     Cache,
@@ -76,7 +76,9 @@ def mla_kv_prologue(
     kv_cache)``, without ``q_c`` when ``q_lora_rank`` is 0. ``numerics="unfused"`` rounds to the
     model dtype where vLLM's ``RMSNorm.forward_native`` and rotary code round (an
     ``fp8_ds_mla`` tile's max is then taken over the rounded kv_c, as vLLM's cache kernel
-    takes it over ``kv_c_normed``)."""
+    takes it over ``kv_c_normed``); ``"unfused-hf"`` as transformers' DeepSeek-V2: the norms
+    as ``"unfused"``, k_pe's rotation an fp32 complex product rounded once
+    (:func:`fqr.prologue.blocks.complex_rope_round_to`)."""
     q_lora_rank, kv_lora_rank, rope_dim = s["q_lora_rank"], s["kv_lora_rank"], s["qk_rope_head_dim"]
     eps = s["eps"]
     byte_entry = kv_cache.dtype == BYTES
@@ -97,7 +99,7 @@ def mla_kv_prologue(
         cos_sin_cache,
         head_dim=rope_dim,
         is_neox=s["is_neox"],
-        round_to=rounding,
+        round_to=complex_rope_round_to(kv_a, s["numerics"]),
     )
     cache = mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype)
     if not q_lora_rank:
@@ -359,7 +361,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     (float32, stored after the values), then k_pe as bf16. Entries no slot names are left as
     they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
-    in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c).
+    in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c);
+    ``"unfused-hf"`` where transformers' DeepSeek-V2 rounds (its norms as ``"unfused"``, the
+    rotation an fp32 complex product rounded once).
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::

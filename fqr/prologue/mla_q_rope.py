@@ -22,7 +22,7 @@ from ..core import Section
 from ..inputs import random_heads, random_positions
 from ..unfused import vllm_rotary_embedding
 from . import params
-from .blocks import round_to
+from .blocks import complex_rope_round_to
 from .declare import BACKEND, Call, Output, Rows, Static, declare, numerics
 from .mla_kv import MLA_PARAMS, check_mla_preset
 from .variant import CaseSpec, Variant, register_variant
@@ -42,7 +42,7 @@ def mla_q_rope_prologue(
         cos_sin_cache,
         head_dim=rope_dim,
         is_neox=is_neox,
-        round_to=round_to(q, numerics),
+        round_to=complex_rope_round_to(q, numerics),
     )
     return (pe,)
 
@@ -135,7 +135,8 @@ MLA_Q_ROPE = declare(
     ``q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe)`` after ``q_b_proj``
     (``MultiHeadLatentAttentionWrapper.forward``). The reference it matches is
     :func:`fqr.prologue.mla_q_rope.mla_q_rope_reference`; ``numerics="unfused"`` rotates in the
-    model dtype as vLLM's ``rotary_emb.forward_native``.
+    model dtype as vLLM's ``rotary_emb.forward_native``, ``"unfused-hf"`` in fp32 rounded once
+    as transformers' DeepSeek-V2 (``apply_rotary_emb``, a complex product).
 
     Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64; its table is
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::

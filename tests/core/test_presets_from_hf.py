@@ -97,10 +97,36 @@ def test_rope_scaling_fqr_cannot_build_is_named(rope_type):
         Preset.from_hf_config(config)
 
 
-def test_mrope_family_needs_its_sections():
-    config = transformers.Qwen3VLTextConfig()
-    with pytest.raises(ValueError, match="qwen3_vl_text runs mRoPE but has no mrope_section"):
+@pytest.mark.parametrize(
+    "cls_name,section", [("Qwen3VLTextConfig", (24, 20, 20)), ("Qwen3_5TextConfig", (11, 11, 10))]
+)
+def test_mrope_is_read_as_the_models_code_reads_it(cls_name, section):
+    """Qwen3-VL / Qwen3.5's rotary embedding defaults the sections and always interleaves
+    (``mrope_interleaved`` is never read: a config without it was read as False, issue 33;
+    ``tests/core/test_hf_zoo.py`` compares both with the model's own attention)."""
+    config = getattr(transformers, cls_name)()
+    assert "mrope_interleaved" not in config.rope_parameters
+    preset = Preset.from_hf_config(config)
+    assert preset.params == {"mrope_section": section, "mrope_interleaved": True}
+
+
+def test_an_mrope_interleaving_the_model_ignores_is_refused():
+    config = rope("qwen3-vl-8b", mrope_interleaved=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^config\.rope_parameters\['mrope_interleaved'\] is False but qwen3_vl_text's code "
+        r"ignores it and interleaves",
+    ):
         Preset.from_hf_config(config)
+
+
+def test_mrope_family_without_default_sections_needs_them(monkeypatch):
+    from fqr.presets import HF_FAMILIES
+
+    family = replace(HF_FAMILIES["qwen3_vl_text"], mrope_section=None)
+    monkeypatch.setitem(HF_FAMILIES, "qwen3_vl_text", family)
+    with pytest.raises(ValueError, match="qwen3_vl_text runs mRoPE but has no mrope_section"):
+        Preset.from_hf_config(transformers.Qwen3VLTextConfig())
 
 
 @pytest.mark.parametrize("model_type", ["gemma4", "llama4", "qwen3_next"])

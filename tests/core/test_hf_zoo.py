@@ -1,0 +1,146 @@
+"""The transformers zoo (issue 33): every decoder model type of the installed transformers whose
+attention applies rotary embeddings (the scope: :func:`support.hf_zoo.zoo_model_types`) comes out
+of ``Preset.from_hf_config`` exact or refused, never wrong.
+
+For each model type, a tiny config of that type (:func:`support.hf_zoo.tiny_config`, with
+:data:`TINY_EXTRA` where the type's defaults need other sizes), then either
+
+* ``Preset.from_hf_config`` refuses it: a ``ValueError`` / ``TypeError`` of one line that names
+  the model type or the config key it stops at (``fqr hf-config`` prints the same line); or
+* the model's own attention (one layer, bf16, random weights and norm weights, random token
+  positions; three random position planes for mRoPE) is run until its rotary function, and
+  fqr's op of the preset's variant, given the model's projection output, norm weights and
+  RoPE table, on the ``reference`` backend under the family's numerics
+  (:attr:`fqr.presets.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
+  rotated q parts) equal to the model's bit for bit; and the preset's own table
+  (``preset.cos_sin_cache()``: theta, scaling, partial rotary) agrees with the model's rotary
+  embedding to float32 precision.
+
+A family in :data:`fqr.presets.HF_FAMILIES` must come out exact (its tiny config is not
+refused). ``-s`` prints the census: exact, refused with each one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fqr.presets import HF_FAMILIES, Preset
+
+transformers = pytest.importorskip("transformers")
+
+from support import hf_zoo  # noqa: E402
+
+ZOO = hf_zoo.zoo_model_types()
+
+# Sizes a type's defaults need beyond hf_zoo.TINY: mRoPE's default sections fix the rotary
+# width (Qwen3-VL [24, 20, 20]: 128; Qwen3.5 [11, 11, 10] of a quarter: head_dim 256); the
+# first layer is the one run, so the layers the preset describes come first.
+TINY_EXTRA = {
+    "qwen3_vl_text": dict(head_dim=128),
+    "qwen3_vl_moe_text": dict(head_dim=128),
+    "qwen3_5_text": dict(head_dim=256, layer_types=["full_attention"]),
+    "qwen3_5_moe_text": dict(head_dim=256, layer_types=["full_attention"]),
+    "gemma3_text": dict(layer_types=["full_attention"]),
+}
+
+# The model's table against the preset's float64-derived one: the model computes its angles
+# in float32 (one rounding of the inverse frequency and of the product, at positions < 64)
+TABLE_ATOL = 1e-5
+
+CENSUS: dict[str, str] = {}
+
+
+def tiny(model_type: str):
+    """``(config, whether it is the tiny one)``: the tiny config; where transformers refuses
+    the tiny sizes, the type's default config (its defaults must then be refused by fqr too:
+    a preset fqr builds must be compared with the model)."""
+    try:
+        return hf_zoo.tiny_config(model_type, **TINY_EXTRA.get(model_type, {})), True
+    except Exception:  # noqa: BLE001 - a config class's own validation of the tiny sizes
+        return transformers.AutoConfig.for_model(model_type).get_text_config(), False
+
+
+def run(model_type: str, config, preset: Preset, numerics: str, generator, **params):
+    """``[(name, fqr's, the model's)]`` for ``preset`` (with ``params`` replacing its variant
+    params) under ``numerics``, and the largest table difference."""
+    from dataclasses import replace
+
+    family = HF_FAMILIES[config.model_type]
+    mrope = preset.variant.startswith("mrope")
+    shape = (3, hf_zoo.TOKENS) if mrope else (hf_zoo.TOKENS,)
+    positions = torch.randint(0, hf_zoo.POSITIONS, shape, generator=generator)
+    offset = 0.0 if family.weight_offset else 1.0
+    model, capture = hf_zoo.run_model(config, positions, generator, offset=offset)
+    assert capture.function, f"{model_type}: no rotary function of its modeling module ran"
+    table = hf_zoo.model_table(model, mrope)
+    table_error = (table - preset.cos_sin_cache(hf_zoo.POSITIONS)).abs().max().item()
+    if params:
+        preset = replace(preset, variant_params=tuple((preset.params | params).items()))
+    pairs = hf_zoo.compared_outputs(preset, numerics, model, capture, positions, table)
+    return pairs, table_error
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_model_type_is_exact_or_refused(model_type, gen):
+    config, is_tiny = tiny(model_type)
+    try:
+        preset = Preset.from_hf_config(config, name="tiny")
+    except (ValueError, TypeError) as e:
+        line = str(e)
+        assert line and "\n" not in line, f"{model_type}: refusal is not one line: {line!r}"
+        assert config.model_type in line or "config." in line, line
+        assert config.model_type not in HF_FAMILIES or "config" in line, line
+        CENSUS[model_type] = f"refused: {line}"
+        return
+    assert is_tiny, f"{model_type}: fqr builds it, it needs a tiny config (TINY_EXTRA)"
+    family = HF_FAMILIES[config.model_type]
+    pairs, table_error = run(model_type, config, preset, family.numerics, gen)
+    assert table_error <= TABLE_ATOL, f"{model_type}: preset table off by {table_error:.2e}"
+    for name, ours, theirs in pairs:
+        assert ours.shape == theirs.shape, (model_type, name, ours.shape, theirs.shape)
+        assert theirs.float().abs().max() > 0, f"{model_type}: {name} is all zeros"
+        assert torch.equal(ours, theirs), (
+            f"{model_type}: {name} differs from the model's by up to "
+            f"{(ours.float() - theirs.float()).abs().max().item():.3e}"
+        )
+    CENSUS[model_type] = f"exact ({preset.variant}, numerics {family.numerics})"
+
+
+@pytest.mark.parametrize(
+    "model_type", [t for t in ZOO if t in HF_FAMILIES or t.removesuffix("_text") in HF_FAMILIES]
+)
+def test_a_family_fqr_builds_is_not_refused(model_type):
+    """Its tiny config builds a preset (so the test above compares it with the model)."""
+    Preset.from_hf_config(tiny(model_type)[0], name="tiny")
+
+
+# The comparison can fail: the other reading of what this issue fixed gives other values
+# (Qwen3-VL / Qwen3.5 without interleaving: thousands of ULP on the position planes;
+# DeepSeek-V2 rounding its RoPE as vLLM does)
+OTHER_READINGS = [
+    ("qwen3_vl_text", None, dict(mrope_interleaved=False)),
+    ("qwen3_5_text", None, dict(mrope_interleaved=False)),
+    ("deepseek_v2", "unfused", {}),
+]
+
+
+@pytest.mark.parametrize("model_type,numerics,params", OTHER_READINGS)
+def test_another_reading_of_the_config_is_caught(model_type, numerics, params, gen):
+    config, _ = tiny(model_type)
+    preset = Preset.from_hf_config(config, name="tiny")
+    numerics = numerics or HF_FAMILIES[model_type].numerics
+    pairs, _ = run(model_type, config, preset, numerics, gen, **params)
+    assert not all(torch.equal(ours, theirs) for _, ours, theirs in pairs)
+
+
+def test_census_counts(request):
+    """Every model type in scope was decided (run last: ``-s`` prints the census)."""
+    if len(CENSUS) < len(ZOO):
+        pytest.skip("the census needs the whole zoo run")
+    exact = sorted(t for t, r in CENSUS.items() if r.startswith("exact"))
+    refused = sorted(t for t, r in CENSUS.items() if r.startswith("refused"))
+    print(f"\nzoo: {len(ZOO)} model types, {len(exact)} exact, {len(refused)} refused, 0 wrong")
+    for t in sorted(CENSUS):
+        print(f"  {t}: {CENSUS[t]}")
+    assert len(exact) + len(refused) == len(CENSUS)
