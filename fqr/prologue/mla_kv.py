@@ -69,8 +69,9 @@ def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
 
 
 def mla_kv_prologue(
-    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale, **s
-):
+    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale,
+    quant_scale_q, **s,
+):  # fmt: skip
     """Split ``[q_c | kv_c | k_pe]``, norm q_c and kv_c over their widths, rotate k_pe, store
     ``[kv_c | k_pe]`` into the cache (traced into one program): returns ``(q_c, kv_c, k_pe, new
     kv_cache)``, without ``q_c`` when ``q_lora_rank`` is 0. ``numerics="unfused"`` rounds to the
@@ -103,6 +104,8 @@ def mla_kv_prologue(
     if not q_lora_rank:
         return kv_c, k_pe, cache
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
+    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: e4m3(clamp(q_c * scale))
+        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True)
     return q_c, kv_c, k_pe, cache
 
 
@@ -139,7 +142,7 @@ def mla_cache_expected(kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_d
 
 def mla_kv_reference(
     kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
-    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None,
+    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None, quant_scale_q=None,
 ):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
@@ -159,6 +162,8 @@ def mla_kv_reference(
     cache = mla_cache_expected(
         kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype
     )
+    if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
+        q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))
     return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, cache)
 
 
@@ -181,6 +186,8 @@ def _ranks(call: Call) -> None:
         raise ValueError(
             "q_a_weight is required with q_lora_rank > 0 and must be None with q_lora_rank 0"
         )
+    if call.quant_scale_q is not None and call.q_lora_rank == 0:
+        raise ValueError("quant_scale_q quantizes q_c: it needs q_lora_rank > 0")
 
 
 def _entry(call: Call):
@@ -325,6 +332,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
             "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
         ),
+        params.quant_scale(
+            "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
+        ),
         numerics(),
         BACKEND,
     ),
@@ -360,6 +370,10 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
     in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c).
+
+    With ``quant_scale_q`` (float32 ``[1]`` or 0-dim) q_c is returned as float8_e4m3fn,
+    ``e4m3(clamp(q_c * quant_scale_q, -448, 448))`` (FlashInfer's convention for FP8 q: the
+    factor multiplies), for an FP8 ``q_b_proj``.
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
@@ -566,5 +580,44 @@ MLA_KV = register_variant(
             CaseSpec("kimi-k2", "fp16", 7, tp=4, max_position=POS_2_18),
             CaseSpec("deepseek-v2-lite", "fp32", 3, "unfused", tp=2),
         ),
+    )
+)
+
+
+# --------------------------------------------------- FP8 q_c (quant_scale_q): a variant of its own
+
+
+def _draw_fp8_q(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, then a 0-dim ``quant_scale_q`` in ``[100, 200)`` (q_c's largest
+    products pass +-448: the clamp is exercised)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    unit = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)
+    return drawn | {"quant_scale_q": (100 + 100 * unit).float()}
+
+
+def _eager_fp8_q(variant, preset, cos_sin_cache, dtype):
+    chain = _eager(variant, preset, cos_sin_cache, dtype)
+
+    def run(inputs):
+        q_c, *rest = chain(inputs)
+        scaled = (q_c.float() * inputs["quant_scale_q"]).clamp(-448.0, 448.0)
+        return (scaled.to(FP8), *rest)
+
+    return run
+
+
+# The MLA prologue with an FP8 q_c (the input of an FP8 q_b_proj), per-tensor factor
+MLA_KV_FP8_Q = register_variant(
+    Variant(
+        "mla-kv-fp8-q",
+        SPLIT_MLA_RMSNORM_ROPE_CACHE,
+        kwargs=_kwargs,
+        draw_inputs=_draw_fp8_q,
+        eager_chain=_eager_fp8_q,
+        params=MLA_PARAMS,
+        check_preset=check_mla_preset,
+        pins=lambda preset: {"q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"]},
+        tolerances=mla_tolerances,
+        golden=(CaseSpec("deepseek-v3.2-fp8-q", "bf16", 3, tp=8),),
     )
 )

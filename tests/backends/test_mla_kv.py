@@ -267,3 +267,45 @@ def test_a_cache_whose_elements_share_memory_is_refused(gen, name, how, backend)
     with pytest.raises(ValueError, match=r"^kv_cache overlaps itself"):
         fqr.split_mla_rmsnorm_rope_cache(**args)
     assert torch.equal(bad.view(torch.uint8), before.view(torch.uint8))  # nothing was written
+
+
+# ------------------------------------------------------------- FP8 q_c (quant_scale_q)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_fp8_q_c_against_float64(gen, backend):
+    """quant_scale_q given: q_c comes back as float8_e4m3fn, ``e4m3(clamp(q_c * scale))``
+    within one E4M3 ULP of float64 (some values saturate), the rest as without it."""
+    preset = get_preset("deepseek-v3.2-fp8-q", 8)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 5, torch.bfloat16, gen, max_position=MAX_POSITION)
+    exact = variant.expected(preset, inputs, table)
+    assert bool((exact["q_c"].abs() == 448).any())  # the clamp is exercised
+    outs = variant.run(preset, inputs, table, backend=backend)
+    assert outs[0].dtype == torch.float8_e4m3fn and outs[1].dtype == torch.bfloat16
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{n}: {c}"
+
+
+def test_fp8_q_c_unfused_is_the_eager_chain_bit_for_bit(gen):
+    preset = get_preset("deepseek-v3.2-fp8-q")
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 7, torch.bfloat16, gen, max_position=MAX_POSITION)
+    got = variant.run(preset, inputs, table, numerics="unfused", backend="reference")
+    want = variant.eager(preset, table, torch.bfloat16)(
+        dict(inputs, kv_cache=inputs["kv_cache"].clone())
+    )
+    for n, a, b in zip(variant.outputs_of(preset), got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
+
+
+def test_fp8_q_c_needs_q_c(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v2-lite")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    with pytest.raises(ValueError, match="quant_scale_q quantizes q_c: it needs q_lora_rank"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, quant_scale_q=torch.tensor(2.0)))
