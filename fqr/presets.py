@@ -699,6 +699,8 @@ _SECOND_OPS = (
     ("deepseek-v3.2", "mla-insert", "mla-insert"),
     # the MLA prologue returning an FP8 q_c (quant_scale_q: what an FP8 q_b_proj reads)
     ("deepseek-v3.2", "fp8-q", "mla-kv-fp8-q"),
+    # the MLA prologue into FlashInfer's two caches (ckv_cache, kpe_cache)
+    ("deepseek-v3", "two-caches", "mla-kv-two-caches"),
     ("llama3-8b", "qk-rope", "qk-rope"),
     ("glm4-9b", "qk-rope", "qk-rope"),
     ("qwen3-vl-8b", "qk-mrope", "qk-mrope"),
