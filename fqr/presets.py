@@ -691,10 +691,16 @@ _SECOND_OPS = (
     ("deepseek-v3", "q-rope", "mla-q-rope"),
     ("kimi-k2", "q-rope", "mla-q-rope"),
     ("deepseek-v2-lite", "q-rope", "mla-q-rope"),
+    # the query rotation with FP8 outputs (FlashInfer's mla_rope_quantize_fp8 q)
+    ("deepseek-v3", "q-rope-fp8", "mla-q-rope-fp8"),
     # the MLA cache insert alone (vLLM's concat_and_cache_mla / _ds_mla), per cache flavour
     ("deepseek-v3", "mla-insert", "mla-insert"),
     ("deepseek-v3-fp8", "mla-insert", "mla-insert"),
     ("deepseek-v3.2", "mla-insert", "mla-insert"),
+    # the MLA prologue returning an FP8 q_c (quant_scale_q: what an FP8 q_b_proj reads)
+    ("deepseek-v3.2", "fp8-q", "mla-kv-fp8-q"),
+    # the MLA prologue into FlashInfer's two caches (ckv_cache, kpe_cache)
+    ("deepseek-v3", "two-caches", "mla-kv-two-caches"),
     ("llama3-8b", "qk-rope", "qk-rope"),
     ("glm4-9b", "qk-rope", "qk-rope"),
     ("qwen3-vl-8b", "qk-mrope", "qk-mrope"),

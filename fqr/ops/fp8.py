@@ -11,6 +11,11 @@ MiniMax-M3's FP8 path (vllm-ascend ``split_qkv_index_rmsnorm_rope``: ``clamp(y, 
 saturating E4M3 conversion) and vLLM's ``scaled_convert`` (``__nv_cvt_float_to_fp8(x / scale,
 __NV_SATFINITE, __NV_E4M3)``). NaN stays NaN (E4M3 has no infinity; +-Inf saturate to +-448).
 
+With ``multiply=True`` the per-tensor factor multiplies instead (FlashInfer's convention for
+its FP8 outputs, ``quant_scale_q`` of ``mla_rope_quantize_fp8``: ``cast(x * quant_scale_q)``)::
+
+    y = clamp(x * scale, -448, 448)          stored as float8_e4m3fn
+
 Like every op, the value stays in fp32 inside a program: the rounding to E4M3 happens once,
 where the output is stored (round to nearest, ties to even, on every target; the reference
 backend's ``Tensor.to(float8_e4m3fn)`` of the clamped value). The reference it matches is
@@ -29,9 +34,11 @@ FP8_E4M3_MAX = float(torch.finfo(FP8_E4M3).max)  # 448.0
 quantize_fp8_p = primitive("quantize_fp8")
 
 
-def quantize_fp8(x, scale=None):
-    """See the module docstring."""
-    return quantize_fp8_p.bind(x, scale)
+def quantize_fp8(x, scale=None, *, multiply: bool = False):
+    """See the module docstring (``multiply``: the scale multiplies, FlashInfer's)."""
+    if multiply and scale is None:
+        raise ValueError("multiply=True needs a scale")
+    return quantize_fp8_p.bind(x, scale, **({"multiply": True} if multiply else {}))
 
 
 def check_scale(scale: Aval | None, name: str = "scale") -> None:
@@ -41,7 +48,7 @@ def check_scale(scale: Aval | None, name: str = "scale") -> None:
 
 
 @quantize_fp8_p.def_abstract
-def _quantize_abstract(x: Aval, scale: Aval | None):
+def _quantize_abstract(x: Aval, scale: Aval | None, *, multiply: bool = False):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
     if not x.dtype.is_floating_point:
@@ -51,25 +58,36 @@ def _quantize_abstract(x: Aval, scale: Aval | None):
 
 
 @quantize_fp8_p.def_impl
-def _quantize_impl(x, scale):
-    y = x if scale is None else x / scale.to(x.dtype)
+def _quantize_impl(x, scale, *, multiply: bool = False):
+    if scale is None:
+        y = x
+    else:
+        y = x * scale.to(x.dtype) if multiply else x / scale.to(x.dtype)
     return y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
 
 
 @quantize_fp8_p.def_facts
-def _quantize_facts(x: Aval, scale: Aval | None) -> HeadOp:
+def _quantize_facts(x: Aval, scale: Aval | None, *, multiply: bool = False) -> HeadOp:
     return HeadOp((Role.VALUE, Role.SCALAR if scale is not None else None))  # elementwise
 
 
 def saturate_lines(
-    b: EmitContext, value: str, scale: str | None, prefix: str, *, exact_division: bool = False
+    b: EmitContext,
+    value: str,
+    scale: str | None,
+    prefix: str,
+    *,
+    exact_division: bool = False,
+    multiply: bool = False,
 ) -> str:
     """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name.
     ``exact_division``: divide with ``tl.math.div_rn`` (IEEE round to nearest; Triton's ``/``
-    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp)."""
+    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp); ``multiply``: ``value * scale``."""
     y = b.fresh(prefix)
     if scale is None:
         scaled = value
+    elif multiply:
+        scaled = f"({value} * {scale})"
     elif exact_division:
         scaled = f"tl.math.div_rn({value}, {scale})"
     else:
@@ -87,8 +105,9 @@ def _quantize_lowering(b: EmitContext, eqn: Eqn) -> None:
     assert x_var is not None
     scale = b.scalar(scale_var) if scale_var is not None else None
     name = b.var_name(eqn.outputs[0])
+    multiply = bool(eqn.params.get("multiply"))
     out = {
-        piece: saturate_lines(b, v, scale, f"{name}_{piece}_")
+        piece: saturate_lines(b, v, scale, f"{name}_{piece}_", multiply=multiply)
         for piece, v in b.pieces(x_var).items()
     }
     b.set(eqn.outputs[0], out)

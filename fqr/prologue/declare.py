@@ -1145,7 +1145,9 @@ DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
 def _schema_type(p: Param) -> str:
     if isinstance(p, Tensor):
-        return "Tensor(a!)" if p.donated else ("Tensor?" if p.optional else "Tensor")
+        if p.donated:  # an optional cache updated in place: a mutable optional tensor
+            return "Tensor(a!)?" if p.optional else "Tensor(a!)"
+        return "Tensor?" if p.optional else "Tensor"
     assert isinstance(p, Static)
     return p.schema
 
@@ -1168,8 +1170,8 @@ def _schema(decl: Declaration) -> str:
     parts = []
     for i, p in enumerate(params):
         kind = _schema_type(p)
-        if kind == "Tensor(a!)":
-            kind = f"Tensor({next(aliases)}!)"
+        if kind.startswith("Tensor(a!)"):
+            kind = kind.replace("(a!)", f"({next(aliases)}!)")
         default = ""
         if i >= first_default:
             default = "=" + ("None" if p.default is None else _schema_default(p.default))

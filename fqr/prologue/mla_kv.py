@@ -29,6 +29,9 @@ reference is :func:`mla_kv_reference` (:func:`fqr.reference.mla_kv`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .. import ops, reference
@@ -69,8 +72,9 @@ def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
 
 
 def mla_kv_prologue(
-    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale, **s
-):
+    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale,
+    quant_scale_q, kpe_cache, **s,
+):  # fmt: skip
     """Split ``[q_c | kv_c | k_pe]``, norm q_c and kv_c over their widths, rotate k_pe, store
     ``[kv_c | k_pe]`` into the cache (traced into one program): returns ``(q_c, kv_c, k_pe, new
     kv_cache)``, without ``q_c`` when ``q_lora_rank`` is 0. ``numerics="unfused"`` rounds to the
@@ -101,47 +105,120 @@ def mla_kv_prologue(
         is_neox=s["is_neox"],
         round_to=complex_rope_round_to(kv_a, s["numerics"]),
     )
-    cache = mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype)
+    caches = mla_cache_stores(
+        kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache
+    )
     if not q_lora_rank:
-        return kv_c, k_pe, cache
+        return kv_c, k_pe, *caches
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
-    return q_c, kv_c, k_pe, cache
+    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: e4m3(clamp(q_c * scale))
+        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True)
+    return q_c, kv_c, k_pe, *caches
 
 
-def mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype):
-    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new cache):
+def mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None):
+    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches):
     ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
-    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``), or for a uint8
-    cache ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as
-    heads of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`)."""
+    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``); for a uint8 cache
+    ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as heads
+    of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`); with
+    ``kpe_cache`` FlashInfer's two caches, kv_c into ``kv_cache`` (its ``ckv_cache``) and k_pe
+    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each."""
     kv_lora_rank = kv_c.shape[1]
+    if kpe_cache is not None:
+        return (
+            ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0),
+            ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0),
+        )
     if kv_cache.dtype == BYTES:
         cache = ops.cache_insert_fp8_tiles(
             kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
         )
         rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
-        return ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=rope_dtype)
+        cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=rope_dtype)
+        return (cache,)
     cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0)
-    return ops.cache_insert(cache, k_pe, slot_mapping, scale, column=kv_lora_rank)
+    return (ops.cache_insert(cache, k_pe, slot_mapping, scale, column=kv_lora_rank),)
 
 
-def mla_cache_expected(kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype):
+def mla_cache_expected(
+    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kpe_cache=None
+) -> tuple:
     """float64 expectation of :func:`mla_cache_stores`: :func:`fqr.reference.mla_cache_entry`
-    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first), or for the
-    ``fp8_ds_mla`` uint8 cache :func:`fqr.reference.ds_mla_entry` packed with the cache's other
-    entries decoded."""
+    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first; FlashInfer's
+    two caches as the two parts of one entry), or for the ``fp8_ds_mla`` uint8 cache
+    :func:`fqr.reference.ds_mla_entry` packed with the cache's other entries decoded."""
+    if kpe_cache is not None:  # [ckv | kpe] is the one entry's layout: expected, then cut
+        bytes_of = [c.contiguous().view(BYTES) for c in (kv_cache, kpe_cache)]
+        both = torch.cat(bytes_of, dim=-1).view(kv_cache.dtype)
+        cache, _ = reference.mla_cache_entry(both, kv_c, k_pe, slot_mapping, scale=scale)
+        width = kv_cache.shape[-1]
+        return cache[..., :width].contiguous(), cache[..., width:].contiguous()
     if kv_cache.dtype == BYTES:
         entry = reference.ds_mla_entry(
             kv_cache, kv_c, k_pe, slot_mapping, tile=TILE, rope_dtype=rope_dtype
         )
-        return entry.packed(kv_cache)
+        return (entry.packed(kv_cache),)
     cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=scale)
-    return cache
+    return (cache,)
+
+
+@dataclass(frozen=True)
+class KpeCache(Cache):
+    """FlashInfer's ``kpe_cache [num_blocks, block_size, rope]``: ``kv_cache``'s blocks, block
+    size and dtype (a uint8 FP8 pair read as the float8 values its ``kv_cache_dtype`` names)."""
+
+    def viewed_as(self, x, call):
+        typed = params.FP8_KV_CACHE_DTYPES.get(getattr(call, "kv_cache_dtype", None) or "")
+        return typed if typed is not None and x.dtype == BYTES else None
+
+
+def two_caches_agree(call: Call) -> None:
+    """``kpe_cache`` (when given) has ``kv_cache``'s blocks and dtype; the ``fp8_ds_mla``
+    byte entry has no second cache."""
+    kpe, kv = call.kpe_cache, call.kv_cache
+    if kpe is None:
+        return
+    if kpe.shape[0] != kv.shape[0] or kpe.dtype != kv.dtype:
+        raise ValueError(
+            f"kpe_cache ({DTYPE_NAMES.get(kpe.dtype)} {list(kpe.shape)}) must have kv_cache's "
+            f"blocks and dtype ({DTYPE_NAMES.get(kv.dtype)} {list(kv.shape)})"
+        )
+
+
+def kpe_cache_param(rope: Callable[[Call], int]) -> Tensor:
+    """FlashInfer's second MLA cache, the rope part (``rope(call)`` wide), donated."""
+
+    def entry(call: Call):
+        bs, r = call.kv_cache.shape[1], rope(call)
+        return (bs, r), f"[num_blocks, block_size = {bs} (kv_cache's), {r}] (k_pe's width)"
+
+    return Tensor(
+        "kpe_cache",
+        None,
+        annotation=params.OPTIONAL_TENSOR,
+        kind=KpeCache(
+            shape=entry,
+            dtypes=lambda call: (call.kv_cache.dtype,),
+            dtype_text=lambda call: f"kv_cache's dtype {DTYPE_NAMES.get(call.kv_cache.dtype)}",
+            last="the entry",
+        ),
+        optional=True,
+        donated=True,
+        doc="FlashInfer's paged MLA layout in two caches: given, ``kv_cache`` is its "
+        "``ckv_cache [num_blocks, block_size, kv_lora_rank]`` (kv_c) and this its ``kpe_cache "
+        "[num_blocks, block_size, qk_rope_head_dim]`` (k_pe), same blocks and dtype (not "
+        "fp8_ds_mla), updated in place",
+    )
+
+
+KPE_CACHE = kpe_cache_param(lambda call: call.qk_rope_head_dim)
 
 
 def mla_kv_reference(
     kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
-    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None,
+    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None, quant_scale_q=None,
+    kpe_cache=None,
 ):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
@@ -158,10 +235,13 @@ def mla_kv_reference(
         eps=eps,
         is_neox=is_neox,
     )
-    cache = mla_cache_expected(
-        kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype
-    )
-    return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, cache)
+    caches = mla_cache_expected(
+        kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype,
+        kpe_cache=kpe_cache,
+    )  # fmt: skip
+    if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
+        q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))
+    return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, *caches)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -183,11 +263,15 @@ def _ranks(call: Call) -> None:
         raise ValueError(
             "q_a_weight is required with q_lora_rank > 0 and must be None with q_lora_rank 0"
         )
+    if call.quant_scale_q is not None and call.q_lora_rank == 0:
+        raise ValueError("quant_scale_q quantizes q_c: it needs q_lora_rank > 0")
 
 
 def _entry(call: Call):
     """The cache entry the flavour needs (after the blocks), and how it is made."""
     kv, r = call.kv_lora_rank, call.qk_rope_head_dim
+    if call.kpe_cache is not None:
+        return (None, kv), f"[num_blocks, block_size, kv_lora_rank = {kv}] (with kpe_cache)"
     if isinstance(call.kv_cache, torch.Tensor) and call.kv_cache.dtype == BYTES:
         size = ds_mla_entry_bytes(kv, r)
         text = (
@@ -223,6 +307,8 @@ def _flavour(call: Call) -> None:
             f"{DTYPE_NAMES.get(dtype, dtype)} cache"
         )
     if dtype == BYTES:
+        if call.kpe_cache is not None:
+            raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
         check_ds_mla_rows("kv_a", call.kv_a)
         if call.kv_lora_rank % TILE:
             raise ValueError(
@@ -327,6 +413,10 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
             "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
         ),
+        params.quant_scale(
+            "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
+        ),
+        KPE_CACHE,
         numerics(),
         BACKEND,
     ),
@@ -335,10 +425,15 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         Output("kv_c"),
         Output("k_pe", head_dim=lambda s: s["qk_rope_head_dim"]),
         Output("kv_cache", head_dim=lambda s: s["qk_rope_head_dim"]),
+        Output(
+            "kpe_cache",
+            head_dim=lambda s: s["qk_rope_head_dim"],
+            present=lambda call: call.kpe_cache is not None,
+        ),
     ),
     reference=mla_kv_reference,
     static_checks=(_ranks,),
-    checks=(_flavour,),
+    checks=(_flavour, two_caches_agree),
     returns=_returns,
     doc="""
     The Multi-head Latent Attention KV prologue of DeepSeek-V2/V3/R1/V3.2 and Kimi-K2, fused:
@@ -364,6 +459,10 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c);
     ``"unfused-hf"`` where transformers' DeepSeek-V2 rounds (its norms as ``"unfused"``, the
     rotation an fp32 complex product rounded once).
+
+    With ``quant_scale_q`` (float32 ``[1]`` or 0-dim) q_c is returned as float8_e4m3fn,
+    ``e4m3(clamp(q_c * quant_scale_q, -448, 448))`` (FlashInfer's convention for FP8 q: the
+    factor multiplies), for an FP8 ``q_b_proj``.
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
@@ -570,5 +669,112 @@ MLA_KV = register_variant(
             CaseSpec("kimi-k2", "fp16", 7, tp=4, max_position=POS_2_18),
             CaseSpec("deepseek-v2-lite", "fp32", 3, "unfused", tp=2),
         ),
+    )
+)
+
+
+# --------------------------------------------------- FP8 q_c (quant_scale_q): a variant of its own
+
+
+def _draw_fp8_q(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, then a 0-dim ``quant_scale_q`` in ``[100, 200)`` (q_c's largest
+    products pass +-448: the clamp is exercised)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    unit = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)
+    return drawn | {"quant_scale_q": (100 + 100 * unit).float()}
+
+
+def _eager_fp8_q(variant, preset, cos_sin_cache, dtype):
+    chain = _eager(variant, preset, cos_sin_cache, dtype)
+
+    def run(inputs):
+        q_c, *rest = chain(inputs)
+        scaled = (q_c.float() * inputs["quant_scale_q"]).clamp(-448.0, 448.0)
+        return (scaled.to(FP8), *rest)
+
+    return run
+
+
+# The MLA prologue with an FP8 q_c (the input of an FP8 q_b_proj), per-tensor factor
+MLA_KV_FP8_Q = register_variant(
+    Variant(
+        "mla-kv-fp8-q",
+        SPLIT_MLA_RMSNORM_ROPE_CACHE,
+        kwargs=_kwargs,
+        draw_inputs=_draw_fp8_q,
+        eager_chain=_eager_fp8_q,
+        params=MLA_PARAMS,
+        check_preset=check_mla_preset,
+        pins=lambda preset: {"q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"]},
+        tolerances=mla_tolerances,
+        golden=(CaseSpec("deepseek-v3.2-fp8-q", "bf16", 3, tp=8),),
+    )
+)
+
+
+# ------------------------------------------- FlashInfer's two caches (ckv_cache, kpe_cache)
+
+
+def _draw_two_caches(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, its cache's random entries cut into FlashInfer's two caches, each a
+    tensor of its own (``ckv_cache [B, bs, kv_lora_rank]``, ``kpe_cache [B, bs, rope]``)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    both, width = drawn["kv_cache"], preset.params["kv_lora_rank"]
+    return drawn | {
+        "kv_cache": both[..., :width].contiguous(),
+        "kpe_cache": both[..., width:].contiguous(),
+    }
+
+
+def flashinfer_append_paged_mla_kv_cache(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, scale):
+    """FlashInfer's ``append_paged_mla_kv_cache`` as torch stores (its pages addressed by
+    slot: ``page * page_size + offset``): kv_c into ``ckv_cache``, k_pe into ``kpe_cache``, in
+    place, for the first ``slot_mapping.size(0)`` tokens with a slot >= 0 (an FP8 pair:
+    ``e4m3(clamp(x / scale))``, the convention of vLLM's FP8 caches)."""
+    keep = slot_mapping >= 0
+    n = slot_mapping.shape[0]
+    slots = slot_mapping[keep]
+    for cache, x in ((ckv_cache, kv_c), (kpe_cache, k_pe)):
+        values = x[:n][keep]
+        if cache.dtype == FP8:
+            values = (values.float() / scale).clamp(-448.0, 448.0).to(FP8)
+        cache.view(-1, cache.shape[-1])[slots] = values
+
+
+def _eager_two_caches(variant, preset, cos_sin_cache, dtype):
+    kw = _kwargs(preset)
+    table = cos_sin_cache.to(dtype)
+
+    def run(inputs):
+        kv_a, positions = inputs["kv_a"], inputs["positions"]
+        q, kv, r = kw["q_lora_rank"], kw["kv_lora_rank"], kw["qk_rope_head_dim"]
+        q_c, kv_c, k_pe = kv_a.split([q, kv, r], dim=-1)
+        kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], kw["eps"])
+        _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, r, table, kw["is_neox"])
+        caches = (inputs["kv_cache"], inputs["kpe_cache"])
+        flashinfer_append_paged_mla_kv_cache(
+            kv_c, k_pe, *caches, inputs["slot_mapping"], inputs.get("k_scale")
+        )
+        q_c = vllm_rms_norm(q_c, inputs["q_a_weight"], kw["eps"])
+        return (q_c, kv_c, k_pe, *caches)
+
+    return run
+
+
+# The MLA prologue into FlashInfer's paged MLA layout: the latent and the rope part in two caches
+MLA_KV_TWO_CACHES = register_variant(
+    Variant(
+        "mla-kv-two-caches",
+        SPLIT_MLA_RMSNORM_ROPE_CACHE,
+        kwargs=_kwargs,
+        draw_inputs=_draw_two_caches,
+        eager_chain=_eager_two_caches,
+        params=MLA_PARAMS,
+        check_preset=check_mla_preset,
+        pins=lambda preset: {
+            "q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"],
+            "kpe_cache": 1,
+        },
+        golden=(CaseSpec("deepseek-v3-two-caches", "bf16", 5, tp=8),),
     )
 )

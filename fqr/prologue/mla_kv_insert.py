@@ -46,10 +46,12 @@ from .mla_kv import (
     check_ds_mla_rows,
     check_mla_preset,
     ds_mla_entry_bytes,
+    kpe_cache_param,
     mla_cache_expected,
     mla_cache_stores,
     mla_tolerances,
     random_mla_cache,
+    two_caches_agree,
     vllm_concat_and_cache_mla,
 )
 from .variant import CaseSpec, Variant, register_variant
@@ -60,27 +62,34 @@ DS_MLA = "fp8_ds_mla"
 MLA_CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES, DS_MLA)
 
 
-def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, **static):
-    """``[kv_c | k_pe]`` of the first N tokens written into the cache (traced into one
-    program): returns the new cache (donated: the kernel stores in place). An ``fp8_ds_mla``
-    (uint8) cache quantizes kv_c tile by tile: it is held as heads of one tile."""
+def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, **static):
+    """``[kv_c | k_pe]`` of the first N tokens written into the cache (FlashInfer's two caches:
+    kv_c into ``kv_cache``, k_pe into ``kpe_cache``), traced into one program: returns the
+    new caches (donated: the kernel stores in place). An ``fp8_ds_mla`` (uint8) cache
+    quantizes kv_c tile by tile: it is held as heads of one tile."""
     if kv_cache.dtype == BYTES:
         tiles = kv_c.shape[1] // TILE
         (kv_c,) = ops.split_heads(kv_c, [Section(tiles, TILE, 0)])
-    return (mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype),)
+    return mla_cache_stores(
+        kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype, kpe_cache=kpe_cache
+    )
 
 
 def mla_insert_reference(
-    kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None
-) -> tuple[torch.Tensor]:
+    kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None, kpe_cache=None
+) -> tuple[torch.Tensor, ...]:
     """float64 expected cache after the call: :func:`fqr.prologue.mla_kv.mla_cache_expected`
     of the first N tokens (a uint8 cache of an FP8 ``kv_cache_dtype`` read as the float8 values
     it holds)."""
     typed = params.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
-    cache = kv_cache.view(typed) if typed is not None and kv_cache.dtype == BYTES else kv_cache
-    return (
-        mla_cache_expected(cache, kv_c, k_pe, slot_mapping, scale=scale, rope_dtype=k_pe.dtype),
-    )
+
+    def as_typed(cache):
+        return cache.view(typed) if typed is not None and cache.dtype == BYTES else cache
+
+    return mla_cache_expected(
+        as_typed(kv_cache), kv_c, k_pe, slot_mapping, scale=scale, rope_dtype=k_pe.dtype,
+        kpe_cache=None if kpe_cache is None else as_typed(kpe_cache),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the checks
@@ -89,6 +98,8 @@ def mla_insert_reference(
 def _entry(call: Call):
     """The cache entry ``kv_cache_dtype`` needs (after the blocks), and how it is made."""
     kv, r = call.kv_c.shape[1], call.k_pe.shape[1]
+    if call.kpe_cache is not None:
+        return (None, kv), f"[num_blocks, block_size, kv_c width = {kv}] (with kpe_cache)"
     if call.kv_cache_dtype == DS_MLA:
         size = ds_mla_entry_bytes(kv, r)
         return (None, size), (
@@ -137,6 +148,8 @@ def _flavour(call: Call) -> None:
             f"kv_cache_dtype {name!r} (vLLM ignores it there: pass None)"
         )
     if name == DS_MLA:
+        if call.kpe_cache is not None:
+            raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
         check_ds_mla_rows("kv_c", call.kv_c)
         if call.kv_c.shape[1] % TILE:
             raise ValueError(
@@ -202,12 +215,20 @@ MLA_CACHE_INSERT = declare(
             doc="float32 ``[1]`` or 0-dim per-tensor scale of an FP8 cache (default 1): stored "
             "``e4m3(clamp(x / scale, -448, 448))``, as concat_and_cache_mla; None otherwise",
         ),
+        kpe_cache_param(lambda call: call.k_pe.shape[1]),
         numerics(modes=("fused", "unfused")),
         BACKEND,
     ),
-    (Output("kv_cache", head_dim=lambda s: s["rotary_dim"]),),
+    (
+        Output("kv_cache", head_dim=lambda s: s["rotary_dim"]),
+        Output(
+            "kpe_cache",
+            head_dim=lambda s: s["rotary_dim"],
+            present=lambda call: call.kpe_cache is not None,
+        ),
+    ),
     reference=mla_insert_reference,
-    checks=(_flavour,),
+    checks=(_flavour, two_caches_agree),
     returns=lambda call, outs: None,
     doc="""
     Write each token's ``[kv_c | k_pe]`` into the paged MLA cache by slot: vLLM's
@@ -229,7 +250,12 @@ MLA_CACHE_INSERT = declare(
       / 448, FLT_MIN)`` (float32), the ``L / 128`` scales as float32 after the values, then
       k_pe's 16-bit values (bf16 or fp16, the rows' dtype).
 
-    A negative slot writes nothing; entries no slot names keep their contents. The cache is
+    With ``kpe_cache`` (FlashInfer's paged MLA layout, ``append_paged_mla_kv_cache``'s
+    ``ckv_cache`` / ``kpe_cache``, addressed here by slot): ``kv_cache [num_blocks, block_size,
+    L]`` gets ``store(kv_c[t])`` and ``kpe_cache [num_blocks, block_size, R]`` gets
+    ``store(k_pe[t])``, same store as above ('auto' or FP8; not 'fp8_ds_mla').
+
+    A negative slot writes nothing; entries no slot names keep their contents. The caches are
     updated in place. ``numerics`` changes nothing here (one rounding either way). The
     reference it matches is :func:`fqr.prologue.mla_kv_insert.mla_insert_reference`.
 
@@ -261,7 +287,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     """kv_c (tiles of different magnitudes, some past +-448 / scale) and k_pe as views of one
     ``[T, kv_lora_rank + rope]`` row (vLLM splits the kv_a output), a cache of random entries
     of twice the entries the tokens need (a block at least) as vLLM allocates it (an FP8 cache
-    as uint8 bytes), slots one shorter than T (the last token a CUDA-graph pad; one at T = 1),
+    as uint8 bytes), slots one shorter than T (the last token a CUDA-graph pad; T at T <= 1),
     every third one padding, and an FP8 cache's scale 0-dim, as vLLM's layers hold it."""
     p = preset.params
     kv, r = p["kv_lora_rank"], preset.head_dim
@@ -278,7 +304,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     cache = random_mla_cache(preset, blocks, dtype, generator)
     if p["cache_dtype"] in params.FP8_KV_CACHE_DTYPES:
         cache = cache.view(BYTES)
-    slots = random_slot_mapping(max(tokens - 1, 1), blocks * bs, generator)
+    slots = random_slot_mapping(tokens - 1 if tokens > 1 else tokens, blocks * bs, generator)
     drawn = {"kv_c": row[:, :kv], "k_pe": row[:, kv:], "kv_cache": cache, "slot_mapping": slots}
     if p["cache_dtype"] in params.FP8_KV_CACHE_DTYPES:
         unit = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)

@@ -296,6 +296,21 @@ def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
     )
 
 
+def quant_scale(name: str, what: str) -> Tensor:
+    """The optional per-tensor factor ``name`` of an FP8 output (FlashInfer's convention: the
+    value is multiplied by it, ``e4m3(clamp(x * scale, -448, 448))``); ``what``: what it
+    quantizes, for the line of documentation."""
+    return Tensor(
+        name,
+        None,
+        annotation=OPTIONAL_TENSOR,
+        kind=Scale(),
+        optional=True,
+        doc=f"float32 ``[1]`` or 0-dim per-tensor factor (FlashInfer's ``{name}``: multiplied, "
+        f"``e4m3(clamp(x * {name}, -448, 448))``); given: {what}",
+    )
+
+
 # The key and value caches of a prologue that stores k and v (donated: updated in place), the
 # per-tensor scales of FP8 ones, in their signature order, and the caches' outputs.
 KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))

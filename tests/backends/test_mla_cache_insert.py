@@ -157,3 +157,18 @@ def test_torch_op_is_the_public_op(gen):
     op(*args)
     (expected,) = variant.run(preset, dict(inputs, kv_cache=before), None, backend="reference")
     assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("name", ["deepseek-v3-mla-insert", "deepseek-v3-fp8-mla-insert"])
+def test_two_caches_take_kv_c_and_k_pe_apart(gen, name, backend):
+    """FlashInfer's layout: ``kpe_cache`` given, kv_c goes into ``kv_cache [B, bs, 512]`` and
+    k_pe into ``kpe_cache [B, bs, 64]`` (an FP8 pair as vLLM-style uint8 bytes with a 0-dim
+    scale): the bytes the one-cache call stores in its entry, cut in two."""
+    preset, variant, inputs = _case(gen, name, tokens=4)
+    one = inputs["kv_cache"]
+    kv, kpe = one[..., :512].clone(), one[..., 512:].clone()
+    args = dict(variant.arguments(preset, inputs, None), backend=backend)
+    fqr.mla_cache_insert(**dict(args, kv_cache=kv, kpe_cache=kpe))
+    fqr.mla_cache_insert(**dict(args, backend="reference"))  # the one-cache call, into `one`
+    assert torch.equal(kv, one[..., :512]) and torch.equal(kpe, one[..., 512:])

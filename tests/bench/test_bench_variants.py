@@ -168,6 +168,9 @@ MLA_NAMES = [
     "kimi-k2-q-rope",
     "deepseek-v3-fp8-mla-insert",
     "deepseek-v3.2-mla-insert",
+    "deepseek-v3-two-caches",
+    "deepseek-v3.2-fp8-q",
+    "deepseek-v3-q-rope-fp8",
 ]
 
 
