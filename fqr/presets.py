@@ -897,6 +897,35 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
+# The variants whose preset carries mrope_section / mrope_interleaved
+MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
+
+# Qwen2-VL and kin: no QK norm, mRoPE of contiguous sections (their rotary embedding's
+# ``freq.split(mrope_section)``, ``mrope_interleaved`` never read), with the code's default
+# sections; vLLM's attention calls ``rotary_emb(positions, q, k)``: the qk-mrope variant
+_QWEN2_VL = dict(norm="none", variant="qk-mrope", mrope_interleaved=False)
+HF_FAMILIES |= {
+    model_type: HFFamily(**_QWEN2_VL, mrope_section=section, note=f"{model_type}: qk-mrope")
+    for section, model_types in (
+        ((16, 24, 24), ("qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text")),
+        ((16, 24, 24), ("paddleocr_vl_text",)),
+        ((8, 12, 12), ("glm4v_moe_text", "glm_image_text")),
+    )
+    for model_type in model_types
+}
+# GLM-4V and GLM-OCR rotate GPT-J pairs (rotate_half_llm)
+HF_FAMILIES |= {
+    model_type: HFFamily(
+        **_QWEN2_VL, is_neox=False, mrope_section=(8, 12, 12), note=f"{model_type}: qk-mrope"
+    )
+    for model_type in ("glm4v_text", "glm_ocr_text")
+}
+HF_FAMILIES |= {
+    "lfm2": HFFamily("head", eps_key="norm_eps", note="LFM2: per-head QK norms (norm_eps)"),
+    "lfm2_moe": HFFamily("head", eps_key="norm_eps", note="LFM2-MoE: as LFM2"),
+    "olmo3": replace(HF_FAMILIES["olmo2"], note="OLMo 3: as OLMo 2, the full-attention layers"),
+}
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
@@ -911,10 +940,6 @@ _NEEDS = {
     "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
     "xdrope (its own position layout)": ("hunyuan_vl_text",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
-    "a preset builder for the qk-mrope variant (contiguous mRoPE sections, no QK norm)": (
-        "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", "glm4v_text",
-        "glm4v_moe_text", "glm_image_text", "glm_ocr_text", "paddleocr_vl_text",
-    ),
     "a preset builder for the split-qkv-vnorm variant (v normalised too)": (
         "gemma3n_text", "gemma4_unified_text",
     ),
@@ -1236,7 +1261,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             if factor_key
             else f"{head_key} ({head_dim}) must be even: RoPE rotates the head in pairs"
         )
-    if family.variant.startswith("mrope"):
+    if family.variant in MROPE_VARIANTS:
         variant_params = _mrope_params(rope, origin, model_type, rotary_dim, family)
     for key in family.required:
         _required(text, key, model_type)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fqr.presets import HF_FAMILIES, Preset
+from fqr.presets import HF_FAMILIES, MROPE_VARIANTS, Preset
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,6 +42,15 @@ TINY_EXTRA = {
     "qwen3_5_text": dict(head_dim=256, layer_types=["full_attention"]),
     "qwen3_5_moe_text": dict(head_dim=256, layer_types=["full_attention"]),
     "gemma3_text": dict(layer_types=["full_attention"]),
+    "olmo3": dict(layer_types=["full_attention"]),
+    # qk-mrope's default sections: [16, 24, 24] rotate 128 features, [8, 12, 12] 64 (GLM-4.5V
+    # rotates half of its head)
+    **{t: dict(hidden_size=512, head_dim=128) for t in ("qwen2_vl_text", "qwen2_5_vl_text")},
+    **{t: dict(hidden_size=512, head_dim=128) for t in ("qwen2_5_omni_text", "paddleocr_vl_text")},
+    **{t: dict(hidden_size=256, head_dim=64) for t in ("glm4v_text", "glm_image_text")},
+    "glm_ocr_text": dict(hidden_size=256, head_dim=64),
+    "glm4v_moe_text": dict(hidden_size=512, head_dim=128),
+    "lfm2_moe": dict(layer_types=["full_attention"]),
 }
 
 # The model's table against the preset's float64-derived one: the model computes its angles
@@ -67,7 +76,7 @@ def run(model_type: str, config, preset: Preset, numerics: str, generator, **par
     from dataclasses import replace
 
     family = HF_FAMILIES[config.model_type]
-    mrope = preset.variant.startswith("mrope")
+    mrope = preset.variant in MROPE_VARIANTS
     shape = (3, hf_zoo.TOKENS) if mrope else (hf_zoo.TOKENS,)
     positions = torch.randint(0, hf_zoo.POSITIONS, shape, generator=generator)
     offset = 0.0 if family.weight_offset else 1.0

@@ -133,6 +133,29 @@ def tiny_config(model_type: str, **extra):
     return config
 
 
+def text_model_class(config):
+    """The base model class of ``config``: transformers' AutoModel mapping, else the class
+    of the config's modeling module whose ``config_class`` is the config's (a text model
+    that only a multimodal model builds: Qwen2.5-Omni's, PaddleOCR-VL's)."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel._model_mapping[type(config)]
+    except KeyError:
+        pass
+    package = type(config).__module__.rsplit(".", 1)[0]
+    name = package.rsplit(".", 1)[1]
+    module = importlib.import_module(f"{package}.modeling_{name}")
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and getattr(value, "config_class", None) is type(config)
+            and value.__name__.endswith("Model")
+        ):
+            return value
+    raise LookupError(f"no model class of {type(config).__name__}")
+
+
 def _modeling_module(model):
     return importlib.import_module(type(model).__module__)
 
@@ -141,11 +164,10 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     """The model of ``config`` (one layer, bf16, random weights; norm weights ``offset + 0.3
     * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
     planes) until its first rotary call: ``(model, capture)``."""
-    from transformers import AutoModel
 
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
     # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
-    model = AutoModel.from_config(config, dtype=torch.bfloat16).eval()
+    model = text_model_class(config)._from_config(config, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name.rsplit(".", 1)[0].split(".")[-1] and p.dim() == 1:
@@ -258,7 +280,13 @@ def compared_outputs(preset, numerics, model, capture, positions, table):
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
     common = dict(numerics=numerics, backend="reference")
-    if preset.variant in ("mrope", "mrope-gate"):
+    if preset.variant == "qk-mrope":
+        q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
+        out = fqr.qk_mrope(
+            q, k, positions, table, head_dim=preset.head_dim, is_neox=preset.is_neox,
+            **preset.params, **common,
+        )  # fmt: skip
+    elif preset.variant in ("mrope", "mrope-gate"):
         out = fqr.split_qkv_rmsnorm_mrope(
             qkv, positions, table, *weights, **preset.spec.head_kwargs(**common),
             **preset.params, output_gate=preset.variant == "mrope-gate",
