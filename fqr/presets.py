@@ -854,10 +854,10 @@ HF_FAMILIES: dict[str, HFFamily] = {
 _SAME_PROLOGUE = {
     "llama": (
         "arcee", "aria_text", "bitnet", "cwm", "diffllama", "falcon_h1", "gemma", "gemma2",
-        "granite", "granite_docling_text", "granite_swa", "granitemoe", "granitemoe_swa",
-        "granitemoeshared", "hrm_text", "hyperclovax", "jais2", "minimax", "ministral",
-        "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe", "qwen2",
-        "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
+        "granite", "granite4_vision_text", "granite_docling_text", "granite_swa", "granitemoe",
+        "granitemoe_swa", "granitemoeshared", "hrm_text", "hyperclovax", "jais2", "minimax",
+        "ministral", "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe",
+        "qwen2", "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
     ),
     "glm": ("helium",),
     "qwen3": (
@@ -890,6 +890,12 @@ HF_FAMILIES |= {
     for model_type in _FULL_NORM_UNFUSED
 } | _FP32_ROPE
 HF_FAMILIES["olmoe"] = replace(HF_FAMILIES["olmoe"], refused_keys=_CLIP_QKV)
+# Phi / StableLM: as Llama (partial rotary), with a LayerNorm on q and k under qk_layernorm
+_QK_LAYERNORM = (("qk_layernorm", False, "a LayerNorm (not RMSNorm) on q and k"),)
+HF_FAMILIES |= {
+    t: HFFamily("none", refused_keys=_QK_LAYERNORM, note=f"{t}: as Llama, partial rotary")
+    for t in ("phi", "stablelm")
+}
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",

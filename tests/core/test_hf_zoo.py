@@ -90,21 +90,19 @@ def run(model_type: str, config, preset: Preset, numerics: str, generator, **par
     return pairs, table_error
 
 
-@pytest.mark.parametrize("model_type", ZOO)
-def test_model_type_is_exact_or_refused(model_type, gen):
-    config, is_tiny = tiny(model_type)
+def exact_or_refused(model_type: str, config, is_tiny: bool, generator) -> str:
+    """``"exact (...)"`` or ``"refused: <line>"``; an assertion error if fqr's op differs from
+    the model's (module docstring)."""
     try:
         preset = Preset.from_hf_config(config, name="tiny")
     except (ValueError, TypeError) as e:
         line = str(e)
         assert line and "\n" not in line, f"{model_type}: refusal is not one line: {line!r}"
         assert config.model_type in line or "config." in line, line
-        assert config.model_type not in HF_FAMILIES or "config" in line, line
-        CENSUS[model_type] = f"refused: {line}"
-        return
+        return f"refused: {line}"
     assert is_tiny, f"{model_type}: fqr builds it, it needs a tiny config (TINY_EXTRA)"
     family = HF_FAMILIES[config.model_type]
-    pairs, table_error = run(model_type, config, preset, family.numerics, gen)
+    pairs, table_error = run(model_type, config, preset, family.numerics, generator)
     assert table_error <= TABLE_ATOL, f"{model_type}: preset table off by {table_error:.2e}"
     for name, ours, theirs in pairs:
         assert ours.shape == theirs.shape, (model_type, name, ours.shape, theirs.shape)
@@ -113,7 +111,36 @@ def test_model_type_is_exact_or_refused(model_type, gen):
             f"{model_type}: {name} differs from the model's by up to "
             f"{(ours.float() - theirs.float()).abs().max().item():.3e}"
         )
-    CENSUS[model_type] = f"exact ({preset.variant}, numerics {family.numerics})"
+    return f"exact ({preset.variant}, norm {preset.norm}, numerics {family.numerics})"
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_model_type_is_exact_or_refused(model_type, gen):
+    CENSUS[model_type] = exact_or_refused(model_type, *tiny(model_type), gen)
+
+
+# Config options that change a family's prologue, read as its code reads them: the other
+# norm kind, or a refusal naming the option
+OPTIONS = [
+    ("glm4_moe", dict(use_qk_norm=True), "exact (split-qkv, norm head"),
+    ("molmo2_text", dict(qk_norm_type="olmo"), "exact (split-qkv, norm full"),
+    ("molmo2_text", dict(qk_norm_type="qwen3"), "exact (split-qkv, norm head"),
+    ("phi", dict(qk_layernorm=True), "refused: config.qk_layernorm True (phi)"),
+    ("stablelm", dict(qk_layernorm=True), "refused: config.qk_layernorm True (stablelm)"),
+    ("olmoe", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmoe)"),
+    ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
+    ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
+        rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
+        mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model_type,extra,verdict", OPTIONS, ids=[f"{t}-{next(iter(e))}" for t, e, _ in OPTIONS]
+)
+def test_a_config_option_is_read_as_the_models_code_reads_it(model_type, extra, verdict, gen):
+    config = hf_zoo.tiny_config(model_type, **TINY_EXTRA.get(model_type, {}) | extra)
+    assert exact_or_refused(model_type, config, True, gen).startswith(verdict)
 
 
 @pytest.mark.parametrize(

@@ -295,7 +295,21 @@ def compared_outputs(preset, numerics, model, capture, positions, table):
         out = fqr.split_qkv_rmsnorm_rope(
             qkv, positions, table, *weights, **preset.spec.kwargs(**common)
         )
-    return [("q", out[0], _heads(rotated[0])), ("k", out[1], _heads(rotated[1]))]
+    return [
+        (name, _rotated_part(ours, theirs), _heads(theirs))
+        for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
+    ]
+
+
+def _rotated_part(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """fqr's ``[T, H * D]`` output cut to what the model's rotary function returned: models
+    that split off the rotated part first (Phi, StableLM: ``q_rot, q_pass = q[..., :R],
+    q[..., R:]``) rotate ``[1, H, T, R]`` and concatenate the rest after; compared are then
+    the first R features of each head."""
+    heads, width = theirs.shape[1], theirs.shape[-1]
+    if ours.shape[1] == heads * width:
+        return ours
+    return ours.view(ours.shape[0], heads, -1)[..., :width].reshape(ours.shape[0], -1)
 
 
 def _mla_outputs(preset, numerics, model, capture, positions, table, rotated):
