@@ -180,3 +180,22 @@ def test_census_counts(request):
     for t in sorted(CENSUS):
         print(f"  {t}: {CENSUS[t]}")
     assert len(exact) + len(refused) == len(CENSUS)
+
+
+def test_the_readme_lists_every_family_with_its_numerics():
+    """README's "Model families" table: every family of :data:`fqr.presets.HF_FAMILIES` once,
+    in the row of the numerics mode it is exact under, and nothing else."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Model families from transformers configs", 1)[1].split("\n## ", 1)[0]
+    listed: list[tuple[str, str]] = []
+    for row in section.splitlines():
+        cells = row.split(" | ")
+        if len(cells) == 3 and cells[1].startswith("`"):
+            names = re.findall(r"`([a-z0-9_]+)`", cells[2])
+            listed += [(t, cells[1].strip("`")) for t in names if t in HF_FAMILIES]
+    assert sorted(t for t, _ in listed) == sorted(HF_FAMILIES)  # each family once
+    for model_type, numerics in listed:
+        assert numerics == HF_FAMILIES[model_type].numerics, model_type
