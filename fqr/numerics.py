@@ -81,8 +81,11 @@ _INT_OF = {
     torch.float16: torch.int16,
     torch.float32: torch.int32,
     torch.float8_e4m3fn: torch.int8,
+    torch.float8_e5m2: torch.int8,
 }
 FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+# The FP8 output dtypes and the value each store saturates to (E4M3 448, E5M2 57344)
+FP8_MAX = {d: float(torch.finfo(d).max) for d in (torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 def contract_of(numerics: str) -> str:
@@ -99,10 +102,11 @@ FP8_UNFUSED_RELATIVE_BOUND = HEAD_RELATIVE_BOUND[("unfused", torch.bfloat16)]
 
 
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
-    if dtype == torch.float8_e4m3fn:
+    if dtype in FP8_MAX:
+        unit = "e4m3" if dtype == torch.float8_e4m3fn else "e5m2"
         if contract_of(numerics) == "unfused":
-            return f"<=1 e4m3 ulp or <={FP8_UNFUSED_RELATIVE_BOUND:.2g} x head max"
-        return "<=1 e4m3 ulp"
+            return f"<=1 {unit} ulp or <={FP8_UNFUSED_RELATIVE_BOUND:.2g} x head max"
+        return f"<=1 {unit} ulp"
     numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         return "<=1 ulp"
@@ -193,9 +197,10 @@ def compare(
     rel = err / head_max
     max_abs, max_rel = float(err.max()), float(rel.max())
     max_ulp = None
-    if dtype == torch.float8_e4m3fn:  # the store saturates: compare with the clamped value
-        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX))
-    if dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+    if dtype in FP8_MAX:  # the store saturates: compare with the clamped value
+        top = FP8_MAX[dtype]
+        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-top, top))
+    if dtype in (torch.bfloat16, torch.float16, *FP8_MAX):
         nearest = round_nearest(exact64, dtype)
         ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
         max_ulp = int(ulp.max())
@@ -203,7 +208,7 @@ def compare(
         tol = "bit-exact"
         ok = err == 0
         ratio = 0.0 if bool(ok.all()) else float("inf")
-    elif dtype == torch.float8_e4m3fn:
+    elif dtype in FP8_MAX:
         tol = tolerance_text(numerics, dtype)
         ok = ulp <= 1
         ratio_each = ulp.to(torch.float64)
@@ -427,6 +432,13 @@ TOLERANCE_KINDS["fp8-ds-mla"] = lambda out, exact, *, head_dim, numerics: compar
 # E4M3 values it holds (the contract's FP8 rule).
 TOLERANCE_KINDS["fp8-e4m3-bytes"] = lambda out, exact, *, head_dim, numerics: compare(
     out.view(torch.float8_e4m3fn) if out.dtype == torch.uint8 else out,
+    exact,
+    head_dim=head_dim,
+    numerics=numerics,
+)
+# ... and E5M2 bytes (vLLM's fp8_e5m2 cache, uint8) as the E5M2 values they hold
+TOLERANCE_KINDS["fp8-e5m2-bytes"] = lambda out, exact, *, head_dim, numerics: compare(
+    out.view(torch.float8_e5m2) if out.dtype == torch.uint8 else out,
     exact,
     head_dim=head_dim,
     numerics=numerics,

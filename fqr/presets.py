@@ -392,6 +392,7 @@ PRESETS: dict[str, Preset] = {
             for name, cache in (
                 ("qwen3-8b-kv-insert", "auto"),
                 ("qwen3-8b-kv-insert-fp8", "fp8e4m3"),
+                ("qwen3-8b-kv-insert-fp8-e5m2", "fp8e5m2"),  # vLLM's kv_cache_dtype fp8_e5m2
             )
         ),
         Preset("qwen3-32b", "Qwen/Qwen3-32B", 64, 8, 128, 1e6, 40960, hidden_size=5120),
@@ -709,6 +710,16 @@ _SECOND_OPS = (
 PRESETS.update(
     (f"{model}-{suffix}", replace(PRESETS[model], name=f"{model}-{suffix}", variant=variant))
     for model, suffix, variant in _SECOND_OPS
+)
+# The MLA cache insert into an FP8 E5M2 cache (vLLM's kv_cache_dtype "fp8_e5m2": DeepSeek-V3's
+# dims, its cache E5M2 with a per-tensor scale)
+PRESETS["deepseek-v3-fp8-e5m2-mla-insert"] = replace(
+    PRESETS["deepseek-v3-fp8-mla-insert"],
+    name="deepseek-v3-fp8-e5m2-mla-insert",
+    variant_params=tuple(
+        (k, "fp8_e5m2" if k == "cache_dtype" else v)
+        for k, v in PRESETS["deepseek-v3-fp8-mla-insert"].variant_params
+    ),
 )
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Section, qkv_sections  # the packed row's layout (no math)
+from .core import KV_CACHE_FP8_DTYPES, Section, qkv_sections  # layouts and names (no math)
 
 F64 = torch.float64
 Tensor = torch.Tensor
@@ -221,13 +221,21 @@ E4M3_MANTISSA_BITS = 3
 E4M3_MIN_NORMAL_EXPONENT = -6  # below 2^-6 the spacing stays 2^-9 (subnormals)
 
 
-def saturate_fp8(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 ``clamp(x / scale, -448, 448)``: the value an FP8 E4M3 store rounds (NaN stays
-    NaN; ``scale`` a per-tensor ``[1]`` scale, default 1)."""
+E5M2_MAX = 57344.0  # the largest finite float8_e5m2: 1.75 * 2^15
+FP8_MAX = {torch.float8_e4m3fn: E4M3_MAX, torch.float8_e5m2: E5M2_MAX}
+
+
+def saturate_fp8(
+    x: torch.Tensor, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float8_e4m3fn
+) -> torch.Tensor:
+    """float64 ``clamp(x / scale, -max, max)``: the value an FP8 store of ``dtype`` rounds
+    (E4M3: 448, E5M2: 57344, the stores saturate; NaN stays NaN; ``scale`` a per-tensor ``[1]``
+    or 0-dim scale, default 1)."""
     y = _f64(x)
     if scale is not None:
         y = y / _f64(scale).reshape(())
-    return torch.where(torch.isnan(y), y, y.clamp(-E4M3_MAX, E4M3_MAX))
+    top = FP8_MAX[dtype]
+    return torch.where(torch.isnan(y), y, y.clamp(-top, top))
 
 
 def e4m3_round(x: torch.Tensor) -> torch.Tensor:
@@ -267,8 +275,8 @@ def cache_insert(
     expected = _f64(cache).clone()
     written = torch.zeros(blocks, block_size, dtype=torch.bool)
     values = _f64(x).reshape(x.shape[0], heads, head_dim)
-    if cache.dtype == torch.float8_e4m3fn:
-        values = saturate_fp8(values, scale)
+    if cache.dtype in FP8_MAX:
+        values = saturate_fp8(values, scale, cache.dtype)
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
             continue
@@ -291,15 +299,19 @@ def store_kv(
 
 def kv_cache_insert(
     key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
-    *, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    *, kv_cache_dtype: str = "auto", k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The stand-alone paged KV insert (vLLM's ``reshape_and_cache_flash``), float64: ``key``
     and ``value [T, H, D]`` of the first ``N = len(slot_mapping)`` tokens at their slots by
-    :func:`cache_insert` (an FP8 cache given as vLLM's uint8 bytes read as E4M3). Returns the
-    expected ``(key_cache, value_cache)``."""
+    :func:`cache_insert` (an FP8 cache given as vLLM's uint8 bytes read as the float8 dtype
+    ``kv_cache_dtype`` names, :data:`fqr.core.KV_CACHE_FP8_DTYPES`). Returns the expected
+    ``(key_cache, value_cache)``."""
 
     def typed(cache: Tensor) -> Tensor:
-        return cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+        # uint8: E4M3 bytes unless kv_cache_dtype names another FP8 ("auto" is never uint8)
+        fp8 = KV_CACHE_FP8_DTYPES.get(kv_cache_dtype, torch.float8_e4m3fn)
+        return cache.view(fp8) if cache.dtype == torch.uint8 else cache
 
     tokens, heads, head_dim = key.shape
     key_rows = key.reshape(tokens, heads * head_dim)
@@ -646,8 +658,8 @@ def mla_cache_entry(
     entry = torch.cat([_f64(kv_c[:tokens]), _f64(k_pe[:tokens])], dim=-1)
     if entry.shape[1] != width:
         raise ValueError(f"kv_c and k_pe are {entry.shape[1]} wide, the entry {width}")
-    if cache.dtype == torch.float8_e4m3fn:
-        entry = saturate_fp8(entry, scale)
+    if cache.dtype in FP8_MAX:
+        entry = saturate_fp8(entry, scale, cache.dtype)
     expected = _f64(cache).clone()
     written = torch.zeros(blocks, block_size, dtype=torch.bool, device=cache.device)
     keep = slot_mapping >= 0

@@ -30,6 +30,9 @@ from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
 
 FP8_E4M3 = torch.float8_e4m3fn
 FP8_E4M3_MAX = float(torch.finfo(FP8_E4M3).max)  # 448.0
+FP8_E5M2 = torch.float8_e5m2
+FP8_E5M2_MAX = float(torch.finfo(FP8_E5M2).max)  # 57344.0
+E5M2_MIN_NORMAL = 2.0**-14  # below it the spacing stays 2^-16 (subnormals)
 
 quantize_fp8_p = primitive("quantize_fp8")
 
@@ -111,3 +114,38 @@ def _quantize_lowering(b: EmitContext, eqn: Eqn) -> None:
         for piece, v in b.pieces(x_var).items()
     }
     b.set(eqn.outputs[0], out)
+
+
+def e5m2_code_lines(b: EmitContext, value: str, scale: str | None, prefix: str) -> str:
+    """Emit the float8_e5m2 byte of ``clamp(value / scale, -57344, 57344)`` (vLLM's
+    ``__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E5M2)``: saturate, round to
+    nearest even) as a ``uint32`` tile of codes 0..255, encoded on the fp32 bits so that every
+    target (the interpreters, Ascend, NVIDIA) stores the same byte: normals round to 2
+    mantissa bits on the bits (the carry moves the exponent; bias 127 -> 15), subnormals
+    (``|y| < 2^-14``) to multiples of 2^-16 by the 2^23 trick; NaN stays NaN (0x7F)."""
+    y = b.fresh(prefix)
+    scaled = value if scale is None else f"({value} / {scale})"
+    b.emit(
+        f"{y} = tl.where({scaled} != {scaled}, {scaled}, "
+        f"tl.minimum(tl.maximum({scaled}, {-FP8_E5M2_MAX!r}), {FP8_E5M2_MAX!r}))"
+    )
+    a, bits, code = b.fresh(f"{prefix}abs"), b.fresh(f"{prefix}bits"), b.fresh(f"{prefix}code")
+    b.emit(f"{a} = tl.abs({y})")
+    b.emit(f"{bits} = {a}.to(tl.uint32, bitcast=True)")
+    b.emit(f"{bits} = ({bits} + 0xFFFFF + (({bits} >> 21) & 1)) & 0xFFE00000")
+    small = b.fresh(f"{prefix}sub")  # the subnormal range only (else 0: no NaN cast below)
+    b.emit(f"{small} = tl.where({a} < {E5M2_MIN_NORMAL!r}, {a}, 0.0)")
+    b.emit(
+        f"{code} = tl.where({a} < {E5M2_MIN_NORMAL!r}, "
+        f"(({small} * 65536.0 + 8388608.0) - 8388608.0).to(tl.uint32), "
+        f"((({bits} >> 23) - 112) << 2) | (({bits} >> 21) & 3))"
+    )
+    sign = f"(({y}.to(tl.uint32, bitcast=True) >> 24) & 0x80)"
+    b.emit(f"{code} = tl.where({y} != {y}, 0x7F, {code}) | {sign}")
+    return code
+
+
+def e5m2_bytes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (already saturated to +-57344, NaN kept) as float8_e5m2 bytes, ``uint8`` (torch's
+    conversion: round to nearest even)."""
+    return x.to(FP8_E5M2).view(torch.uint8)

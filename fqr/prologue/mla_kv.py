@@ -38,6 +38,7 @@ from .. import ops, reference
 from ..core import DTYPE_NAMES, Section
 from ..inputs import random_heads, random_positions, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3 as FP8
+from ..ops.fp8 import FP8_E5M2
 from ..unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..validate import check_positive_int
 from . import params
@@ -106,8 +107,9 @@ def mla_kv_prologue(
         round_to=complex_rope_round_to(kv_a, s["numerics"]),
     )
     caches = mla_cache_stores(
-        kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache
-    )
+        kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache,
+        encoding=s.get("cache_encoding"),
+    )  # fmt: skip
     if not q_lora_rank:
         return kv_c, k_pe, *caches
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
@@ -116,29 +118,35 @@ def mla_kv_prologue(
     return q_c, kv_c, k_pe, *caches
 
 
-def mla_cache_stores(kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None):
+def mla_cache_stores(
+    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None, encoding=None
+):
     """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches):
     ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
     ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``); for a uint8 cache
     ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as heads
     of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`); with
     ``kpe_cache`` FlashInfer's two caches, kv_c into ``kv_cache`` (its ``ckv_cache``) and k_pe
-    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each."""
+    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each. ``encoding="e5m2"``: the
+    (uint8) caches hold float8_e5m2 bytes (vLLM's ``fp8_e5m2``)."""
     kv_lora_rank = kv_c.shape[1]
     if kpe_cache is not None:
         return (
-            ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0),
-            ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0),
+            ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding),
+            ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0, encoding=encoding),
         )
-    if kv_cache.dtype == BYTES:
+    if kv_cache.dtype == BYTES and encoding is None:
         cache = ops.cache_insert_fp8_tiles(
             kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
         )
         rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
         cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=rope_dtype)
         return (cache,)
-    cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0)
-    return (ops.cache_insert(cache, k_pe, slot_mapping, scale, column=kv_lora_rank),)
+    cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding)
+    last = ops.cache_insert(
+        cache, k_pe, slot_mapping, scale, column=kv_lora_rank, encoding=encoding
+    )
+    return (last,)
 
 
 def mla_cache_expected(
@@ -169,8 +177,36 @@ class KpeCache(Cache):
     size and dtype (a uint8 FP8 pair read as the float8 values its ``kv_cache_dtype`` names)."""
 
     def viewed_as(self, x, call):
-        typed = params.FP8_KV_CACHE_DTYPES.get(getattr(call, "kv_cache_dtype", None) or "")
-        return typed if typed is not None and x.dtype == BYTES else None
+        return params.fp8_cache_view(x, cache_dtype_name(call))
+
+
+# The kv_cache_dtype an MLA cache of each dtype is (an op without the argument): vLLM's names
+DTYPE_CACHE_NAMES = {FP8: "fp8", FP8_E5M2: "fp8_e5m2", BYTES: "fp8_ds_mla"}
+
+
+def cache_dtype_name(call: Call) -> str:
+    """vLLM's ``kv_cache_dtype`` of the call's MLA cache: the argument where the op takes one,
+    else what the cache's dtype says (``auto`` for the model dtype)."""
+    name = getattr(call, "kv_cache_dtype", None)
+    return name or DTYPE_CACHE_NAMES.get(call.kv_cache.dtype, "auto")
+
+
+@dataclass(frozen=True)
+class MlaCache(Cache):
+    """The paged MLA cache: a per-tensor FP8 one enters the program as
+    :func:`fqr.prologue.params.fp8_cache_view` says (E4M3 as float8_e4m3fn, vLLM's uint8
+    allocation viewed so; E5M2 as its bytes), an ``fp8_ds_mla`` one as the bytes it is."""
+
+    def viewed_as(self, x, call):
+        return params.fp8_cache_view(x, cache_dtype_name(call))
+
+
+def cache_statics(call: Call) -> dict:
+    """The composition's ``cache_encoding`` where the cache holds E5M2 bytes (else none)."""
+    encoding = (
+        "e5m2" if params.FP8_KV_CACHE_DTYPES.get(cache_dtype_name(call)) == FP8_E5M2 else None
+    )
+    return {"cache_encoding": encoding} if encoding else {}
 
 
 def two_caches_agree(call: Call) -> None:
@@ -283,13 +319,13 @@ def _entry(call: Call):
 
 
 def _cache_dtypes(call: Call):
-    return (call.kv_a.dtype, FP8, BYTES)
+    return (call.kv_a.dtype, FP8, FP8_E5M2, BYTES)
 
 
 def _cache_dtype_text(call: Call) -> str:
     return (
-        f"kv_a's dtype {DTYPE_NAMES.get(call.kv_a.dtype)}, fp8e4m3 (kv_cache_dtype 'fp8') or "
-        f"uint8 (kv_cache_dtype 'fp8_ds_mla')"
+        f"kv_a's dtype {DTYPE_NAMES.get(call.kv_a.dtype)}, fp8e4m3 (kv_cache_dtype 'fp8'), "
+        f"fp8e5m2 ('fp8_e5m2') or uint8 ('fp8_ds_mla')"
     )
 
 
@@ -301,9 +337,9 @@ def _flavour(call: Call) -> None:
             f"{call.qk_rope_head_dim} (k_pe is rotated whole)"
         )
     dtype = call.kv_cache.dtype
-    if call.k_scale is not None and dtype != FP8:
+    if call.k_scale is not None and dtype not in (FP8, FP8_E5M2):
         raise ValueError(
-            f"k_scale applies only to a float8_e4m3fn cache, not to a "
+            f"k_scale applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
             f"{DTYPE_NAMES.get(dtype, dtype)} cache"
         )
     if dtype == BYTES:
@@ -360,7 +396,7 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         ),
         params.positional(
             "kv_cache",
-            Cache(
+            MlaCache(
                 shape=_entry,
                 dtypes=_cache_dtypes,
                 dtype_text=_cache_dtype_text,
@@ -434,6 +470,7 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     reference=mla_kv_reference,
     static_checks=(_ranks,),
     checks=(_flavour, two_caches_agree),
+    program_statics=cache_statics,
     returns=_returns,
     doc="""
     The Multi-head Latent Attention KV prologue of DeepSeek-V2/V3/R1/V3.2 and Kimi-K2, fused:
@@ -496,7 +533,7 @@ MLA_PARAMS = (
     "block_size",
     "cache_dtype",
 )
-CACHE_DTYPES = ("auto", "fp8", "fp8_ds_mla")  # vLLM's kv_cache_dtype names
+CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES, "fp8_ds_mla")  # vLLM's names
 
 
 def check_mla_preset(variant: Variant, preset) -> None:
@@ -539,7 +576,8 @@ def random_mla_cache(preset, blocks: int, dtype: torch.dtype, generator: torch.G
         return torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
 
     if p["cache_dtype"] != "fp8_ds_mla":
-        return normal(blocks, bs, kv + r).to(FP8 if p["cache_dtype"] == "fp8" else dtype)
+        typed = params.FP8_KV_CACHE_DTYPES.get(p["cache_dtype"], dtype)
+        return normal(blocks, bs, kv + r).to(typed)
     values = (normal(blocks, bs, kv) * 50).to(FP8).view(BYTES)
     scales = (normal(blocks, bs, kv // TILE).abs() + 0.01).float().view(BYTES)
     rope_dtype = dtype if dtype == torch.float16 else torch.bfloat16
@@ -580,7 +618,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
         "kv_cache": cache,
         "slot_mapping": slots,
     }
-    if p["cache_dtype"] == "fp8":  # some values past +-448 / scale: the clamp is exercised
+    if p["cache_dtype"] in params.FP8_KV_CACHE_DTYPES:  # values past +-max / scale: clamped
         scale = torch.rand(1, generator=generator, dtype=torch.float64, device=device)
         drawn["k_scale"] = (0.004 + 0.004 * scale).float()
     return drawn
@@ -631,9 +669,11 @@ def vllm_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype
         rows[slots] = torch.cat([values.flatten(1), tile_scale.view(BYTES), rope], dim=-1)
         return
     entry = torch.cat([kv_c, k_pe], dim=-1)
-    if kv_cache_dtype != "auto":
-        entry = (entry.float() / scale).clamp(-448.0, 448.0).to(FP8)
-        rows = rows.view(FP8)
+    typed = params.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if typed is not None:  # saturating, as __NV_SATFINITE: E4M3 +-448, E5M2 +-57344
+        top = torch.finfo(typed).max
+        entry = (entry.float() / scale).clamp(-top, top).to(typed)
+        rows = rows.view(typed)
     rows[slots] = entry
 
 

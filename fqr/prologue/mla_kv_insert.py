@@ -18,17 +18,15 @@ mla_cache_stores`; the float64 reference is :func:`mla_insert_reference`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .. import ops
 from ..core import DTYPE_NAMES, Section
 from ..inputs import random_heads, random_slot_mapping
+from ..ops.fp8 import FP8_E5M2
 from . import params
 from .declare import (
     BACKEND,
-    Cache,
     Call,
     Output,
     Rows,
@@ -43,6 +41,8 @@ from .mla_kv import (
     BYTES,
     MLA_PARAMS,
     TILE,
+    MlaCache,
+    cache_statics,
     check_ds_mla_rows,
     check_mla_preset,
     ds_mla_entry_bytes,
@@ -71,8 +71,9 @@ def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, **static):
         tiles = kv_c.shape[1] // TILE
         (kv_c,) = ops.split_heads(kv_c, [Section(tiles, TILE, 0)])
     return mla_cache_stores(
-        kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype, kpe_cache=kpe_cache
-    )
+        kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype, kpe_cache=kpe_cache,
+        encoding=static.get("cache_encoding"),
+    )  # fmt: skip
 
 
 def mla_insert_reference(
@@ -125,17 +126,6 @@ def _cache_dtype_text(call: Call) -> str:
         return "uint8 (kv_cache_dtype 'fp8_ds_mla')"
     typed = DTYPE_NAMES.get(params.FP8_KV_CACHE_DTYPES[name])
     return f"{typed} or its uint8 bytes (kv_cache_dtype {name!r})"
-
-
-@dataclass(frozen=True)
-class MlaCache(Cache):
-    """The paged MLA cache of ``kv_cache_dtype``: a uint8 cache of an FP8 ``kv_cache_dtype``
-    (vLLM allocates FP8 caches as bytes) enters the program as the float8 view of the same
-    memory; an ``fp8_ds_mla`` one as the bytes it is."""
-
-    def viewed_as(self, x, call):
-        typed = params.FP8_KV_CACHE_DTYPES.get(call.kv_cache_dtype)
-        return typed if typed is not None and x.dtype == BYTES else None
 
 
 def _flavour(call: Call) -> None:
@@ -202,8 +192,8 @@ MLA_CACHE_INSERT = declare(
             program=False,
             schema="str",
             doc="vLLM's name of the cache's dtype: ``'auto'`` (kv_c's), ``'fp8'`` / "
-            "``'fp8_e4m3'`` (E4M3, per-tensor scale) or ``'fp8_ds_mla'`` (DeepSeek-V3.2's "
-            "656-byte entry)",
+            "``'fp8_e4m3'`` (E4M3, per-tensor scale), ``'fp8_e5m2'`` (E5M2, per-tensor scale) "
+            "or ``'fp8_ds_mla'`` (DeepSeek-V3.2's 656-byte entry)",
         ),
         Tensor(
             "scale",
@@ -229,6 +219,7 @@ MLA_CACHE_INSERT = declare(
     ),
     reference=mla_insert_reference,
     checks=(_flavour, two_caches_agree),
+    program_statics=cache_statics,
     returns=lambda call, outs: None,
     doc="""
     Write each token's ``[kv_c | k_pe]`` into the paged MLA cache by slot: vLLM's
@@ -330,8 +321,9 @@ def _eager(variant, preset, cos_sin_cache, dtype):
 
 
 def _tolerances(preset) -> dict[str, str]:
-    if preset.params["cache_dtype"] in params.FP8_KV_CACHE_DTYPES:
-        return {"kv_cache": "fp8-e4m3-bytes"}
+    typed = params.FP8_KV_CACHE_DTYPES.get(preset.params["cache_dtype"])
+    if typed is not None:  # vLLM's uint8 allocation, read as the FP8 values it holds
+        return {"kv_cache": "fp8-e5m2-bytes" if typed == FP8_E5M2 else "fp8-e4m3-bytes"}
     return mla_tolerances(preset)
 
 
@@ -353,6 +345,7 @@ MLA_INSERT = register_variant(
             CaseSpec("deepseek-v3-mla-insert", "bf16", 5),
             CaseSpec("deepseek-v3-fp8-mla-insert", "fp16", 7),
             CaseSpec("deepseek-v3.2-mla-insert", "fp16", 3),
+            CaseSpec("deepseek-v3-fp8-e5m2-mla-insert", "bf16", 4),
         ),
     )
 )
