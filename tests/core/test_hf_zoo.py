@@ -70,9 +70,11 @@ def tiny(model_type: str):
         return transformers.AutoConfig.for_model(model_type).get_text_config(), False
 
 
-def run(model_type: str, config, preset: Preset, numerics: str, generator, **params):
+def run(
+    model_type: str, config, preset: Preset, numerics: str, generator, backend="reference", **params
+):
     """``[(name, fqr's, the model's)]`` for ``preset`` (with ``params`` replacing its variant
-    params) under ``numerics``, and the largest table difference."""
+    params) under ``numerics`` on ``backend``, and the largest table difference."""
     from dataclasses import replace
 
     family = HF_FAMILIES[config.model_type]
@@ -86,7 +88,7 @@ def run(model_type: str, config, preset: Preset, numerics: str, generator, **par
     table_error = (table - preset.cos_sin_cache(hf_zoo.POSITIONS)).abs().max().item()
     if params:
         preset = replace(preset, variant_params=tuple((preset.params | params).items()))
-    pairs = hf_zoo.compared_outputs(preset, numerics, model, capture, positions, table)
+    pairs = hf_zoo.compared_outputs(preset, numerics, model, capture, positions, table, backend)
     return pairs, table_error
 
 
@@ -168,6 +170,27 @@ def test_another_reading_of_the_config_is_caught(model_type, numerics, params, g
     numerics = numerics or HF_FAMILIES[model_type].numerics
     pairs, _ = run(model_type, config, preset, numerics, gen, **params)
     assert not all(torch.equal(ours, theirs) for _, ours, theirs in pairs)
+
+
+# The generated kernel under the interpreter on a sample, one family per prologue form: it
+# sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
+INTERPRET_SAMPLE = ["qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5"]
+
+
+@pytest.mark.parametrize("model_type", INTERPRET_SAMPLE)
+def test_the_kernel_lands_within_one_ulp_of_the_model(model_type, gen):
+    from fqr.backends import BACKENDS
+    from fqr.numerics import ordered_bits
+
+    if BACKENDS["interpret"].unavailable_reason():
+        pytest.skip(BACKENDS["interpret"].unavailable_reason())
+    config, _ = tiny(model_type)
+    preset = Preset.from_hf_config(config, name="tiny")
+    numerics = HF_FAMILIES[model_type].numerics
+    pairs, _ = run(model_type, config, preset, numerics, gen, backend="interpret")
+    for name, ours, theirs in pairs:
+        ulps = (ordered_bits(ours) - ordered_bits(theirs)).abs().max().item()
+        assert ulps <= 1, f"{model_type}: {name} {ulps} ULP from the model"
 
 
 def test_census_counts(request):

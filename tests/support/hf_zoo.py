@@ -259,15 +259,15 @@ def _weight(module, *names):
     return None
 
 
-def compared_outputs(preset, numerics, model, capture, positions, table):
+def compared_outputs(preset, numerics, model, capture, positions, table, backend="reference"):
     """``[(name, fqr's output, the model's)]``: fqr's op of ``preset``'s variant on the
     projection output the model computed, with the model's norm weights and RoPE table
-    (``table``), under ``numerics``, on the reference backend."""
+    (``table``), under ``numerics``, on ``backend``."""
     import fqr
 
     rotated = tuple(capture.outputs[:2])
     if preset.variant == "mla-kv":
-        return _mla_outputs(preset, numerics, model, capture, positions, table, rotated)
+        return _mla_outputs(preset, numerics, model, capture, positions, table, rotated, backend)
     prefix, attention = _attention(model, capture, "q_proj", *FUSED_QKV)
     if f"{prefix}.q_proj" in capture.linears:
         names = ("q_proj", "k_proj", "v_proj")
@@ -279,7 +279,7 @@ def compared_outputs(preset, numerics, model, capture, positions, table):
             if f"{prefix}.{n}" in capture.linears
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
-    common = dict(numerics=numerics, backend="reference")
+    common = dict(numerics=numerics, backend=backend)
     if preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
@@ -312,7 +312,7 @@ def _rotated_part(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
     return ours.view(ours.shape[0], heads, -1)[..., :width].reshape(ours.shape[0], -1)
 
 
-def _mla_outputs(preset, numerics, model, capture, positions, table, rotated):
+def _mla_outputs(preset, numerics, model, capture, positions, table, rotated, backend):
     import fqr
 
     prefix, attention = _attention(model, capture, "kv_a_proj_with_mqa")
@@ -326,12 +326,12 @@ def _mla_outputs(preset, numerics, model, capture, positions, table, rotated):
         torch.cat(rows, -1), positions, table, _weight(attention, "q_a_layernorm"),
         _weight(attention, "kv_a_layernorm"), cache, torch.arange(TOKENS),
         q_lora_rank=q_lora_rank, kv_lora_rank=p["kv_lora_rank"], qk_rope_head_dim=rope,
-        eps=preset.eps, is_neox=preset.is_neox, numerics=numerics, backend="reference",
+        eps=preset.eps, is_neox=preset.is_neox, numerics=numerics, backend=backend,
     )  # fmt: skip
     q = capture.linears[f"{prefix}.q_b_proj" if q_lora_rank else f"{prefix}.q_proj"][0].clone()
     q = fqr.mla_q_rope(
         q, positions, table, num_heads=preset.num_heads, qk_nope_head_dim=nope,
-        is_neox=preset.is_neox, numerics=numerics, backend="reference",
+        is_neox=preset.is_neox, numerics=numerics, backend=backend,
     ).view(TOKENS, preset.num_heads, nope + rope)[:, :, nope:]  # fmt: skip
     k_pe, q_pe = out[-1], q.reshape(TOKENS, -1)
     if capture.function == "apply_rotary_pos_emb_interleave":
