@@ -957,6 +957,13 @@ _NEEDS = {
     "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
     "xdrope (its own position layout)": ("hunyuan_vl_text",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
+    # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
+    "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
+    "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
+        "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
+    ),
+    "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
+    "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
     "a preset builder for the split-qkv-vnorm variant (v normalised too)": (
         "gemma3n_text", "gemma4_unified_text",
     ),
