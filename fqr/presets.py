@@ -844,6 +844,16 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "kimi_k2": HFFamily(
         **_MLA, interleave_key="rope_interleave", note="Kimi-K2: DeepSeek-V3's attention"
     ),
+    # DeepSeek-V3's MLA in other families' code (their q_a / kv_a norms, like DeepSeek's, use
+    # the 1e-6 default whatever rms_norm_eps says: their configs' 1e-5 is refused, fixed_eps):
+    # GLM-4.7-Flash reads rope_interleave; GLM-5 (DSA) always rotates interleaved, its indexer
+    # is not this prologue; MiniCPM3 and HY-V4 rotate NeoX halves
+    "glm4_moe_lite": HFFamily(
+        **_MLA, interleave_key="rope_interleave", note="GLM-4.7-Flash: DeepSeek-V3's MLA"
+    ),
+    "glm_moe_dsa": HFFamily(**_MLA, note="GLM-5: DeepSeek-V3.2's MLA, GPT-J pairs"),
+    "minicpm3": HFFamily(**(_MLA | dict(is_neox=True)), note="MiniCPM3: MLA, NeoX halves"),
+    "hy_v4": HFFamily(**(_MLA | dict(is_neox=True)), note="HY-V4: MLA, NeoX halves"),
     # GLM-4.5 / 4.6 (Glm4MoeAttention): per-head q_norm / k_norm only with use_qk_norm
     "glm4_moe": HFFamily(
         "none",
@@ -949,7 +959,6 @@ _NEEDS = {
     "a LayerNorm (not RMSNorm) on q and k": ("persimmon",),
     "an RMSNorm after RoPE": ("hunyuan_v1_dense", "hunyuan_v1_moe"),
     "a fused qkv whose rows interleave per head": ("gpt_neox", "gpt_neox_japanese", "codegen"),
-    "an MLA variant with NeoX pairs and its own norm eps": ("hy_v4", "minicpm3"),
     "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note"),
     "an MLA variant (q temperature)": ("mistral_large4_text",),
     "an MLA variant (a gate fused with q)": ("axk2",),

@@ -50,6 +50,9 @@ TINY_EXTRA = {
     **{t: dict(hidden_size=256, head_dim=64) for t in ("glm4v_text", "glm_image_text")},
     "glm_ocr_text": dict(hidden_size=256, head_dim=64),
     "glm4v_moe_text": dict(hidden_size=512, head_dim=128),
+    # MLA families whose norms use 1e-6 whatever the config says (their default 1e-5 is
+    # refused: OPTIONS below)
+    **{t: dict(rms_norm_eps=1e-6) for t in ("glm4_moe_lite", "glm_moe_dsa", "minicpm3", "hy_v4")},
     "lfm2_moe": dict(layer_types=["full_attention"]),
 }
 
@@ -131,6 +134,8 @@ OPTIONS = [
     ("stablelm", dict(qk_layernorm=True), "refused: config.qk_layernorm True (stablelm)"),
     ("olmoe", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmoe)"),
     ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
+    ("minicpm3", dict(rms_norm_eps=1e-5), "refused: config.rms_norm_eps 1e-05 (minicpm3)"),
+    ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
         mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
