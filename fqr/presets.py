@@ -966,6 +966,16 @@ _NEEDS = {
     "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
     "xdrope (its own position layout)": ("hunyuan_vl_text",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
+    "Hugging Face's yarn table (truncate: false; fqr builds vLLM's DeepSeek yarn)": ("gpt_oss",),
+    "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
+        "ministral3",
+    ),
+    "a preset builder reading rotary_dim and GPT-J's fixed RoPE base 10000 (no rope_theta)": (
+        "gptj",
+    ),
+    "a preset builder for its fused query_key_value (multi_query: one k and one v head; "
+    "new_decoder_architecture: rows interleaved per kv group)": ("falcon",),
+    "a preset builder reading its attn_config (kv_n_heads, clip_qkv)": ("dbrx",),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
     "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
