@@ -1214,16 +1214,24 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
     :data:`HF_FAMILIES` (a multimodal config gives its text config's).
 
+    Every key is read as the family's transformers code reads it, and every family is held to
+    that code bit for bit by ``tests/core/test_hf_zoo.py`` (under :attr:`HFFamily.numerics`).
     Read from the config: ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``
-    (else ``hidden_size / num_attention_heads``), ``rms_norm_eps``, ``max_position_embeddings``
-    and the RoPE settings (transformers 5 ``rope_parameters``, or 4.x ``rope_theta`` /
-    ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling, which must be one
-    fqr builds for the family (:attr:`HFFamily.scalings`, keys in :data:`HF_ROPE_SCALINGS`;
-    another is a ValueError naming its type); for an mRoPE family (Qwen3-VL: ``mrope``,
-    Qwen3.5: ``mrope-gate``, :mod:`fqr.prologue`) its ``mrope_section`` and
-    ``mrope_interleaved``. From the family: the norm kind, its weight offset, the RoPE pairing
-    and the variant. Families whose prologue is another variant (:data:`HF_VARIANT_FAMILIES`)
-    are refused.
+    (else ``hidden_size / num_attention_heads``), the norm eps (:attr:`HFFamily.eps_key`,
+    ``rms_norm_eps``; optional without a QK norm, where nothing reads it),
+    ``max_position_embeddings`` and the RoPE settings (transformers 5 ``rope_parameters``, or
+    4.x ``rope_theta`` / ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling,
+    which must be one fqr builds for the family (:attr:`HFFamily.scalings`, keys in
+    :data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an mRoPE family
+    (:data:`MROPE_VARIANTS`: Qwen3-VL ``mrope``, Qwen3.5 ``mrope-gate``, Qwen2-VL kin
+    ``qk-mrope``) its ``mrope_section`` (missing: the code's default) and
+    ``mrope_interleaved`` (where the code ignores it, what the code does; a config saying
+    otherwise is refused). From the family: the norm kind (or the one
+    :attr:`HFFamily.norm_key` picks), its weight offset, the RoPE pairing and the variant; a
+    setting the family's code applies that fqr has no form for (:attr:`HFFamily.refused_keys`)
+    is refused naming it. Families whose prologue is another variant
+    (:data:`HF_VARIANT_FAMILIES`) are refused, and any other model type with what it needs
+    (:data:`HF_NEEDS`).
 
     Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32``,
     ``kimi_k2``: the ``mla-kv`` variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads``
