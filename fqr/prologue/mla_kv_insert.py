@@ -43,7 +43,7 @@ from .mla_kv import (
     TILE,
     MlaCache,
     cache_statics,
-    check_ds_mla_rows,
+    check_ds_mla_call,
     check_mla_preset,
     ds_mla_entry_bytes,
     kpe_cache_param,
@@ -138,13 +138,7 @@ def _flavour(call: Call) -> None:
             f"kv_cache_dtype {name!r} (vLLM ignores it there: pass None)"
         )
     if name == DS_MLA:
-        if call.kpe_cache is not None:
-            raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
-        check_ds_mla_rows("kv_c", call.kv_c)
-        if call.kv_c.shape[1] % TILE:
-            raise ValueError(
-                f"kv_c width {call.kv_c.shape[1]} is not a multiple of the fp8_ds_mla tile {TILE}"
-            )
+        check_ds_mla_call(call, "kv_c", call.kv_c, call.kv_c.shape[1], "kv_c width")
 
 
 # ----------------------------------------------------------------------- the declaration
