@@ -50,7 +50,6 @@ from .declare import (
     Output,
     Rows,
     Scale,
-    Slots,
     Static,
     Tensor,
     Vector,
@@ -402,17 +401,12 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             ),
             donated=True,
             doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
-            "+ qk_rope_head_dim]`` in kv_a's dtype or float8_e4m3fn (vLLM's 'auto' / 'fp8'), or "
-            "uint8 ``[num_blocks, block_size, 656]`` (DeepSeek-V3.2's 'fp8_ds_mla'); any strides "
-            "with a contiguous last dim",
+            "+ qk_rope_head_dim]`` in kv_a's dtype, float8_e4m3fn or float8_e5m2 (vLLM's "
+            "'auto' / 'fp8' / 'fp8_e5m2'), or uint8 ``[num_blocks, block_size, 656]`` "
+            "(DeepSeek-V3.2's 'fp8_ds_mla'); any strides with a contiguous last dim",
         ),
-        params.positional(
-            "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_a", shorter=True),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored (vLLM's padded CUDA-graph batches), their q_c, kv_c and "
-            "k_pe still returned",
+        params.short_slot_mapping(
+            "kv_cache", "kv_a", note=", their q_c, kv_c and k_pe still returned"
         ),
         Static(
             "q_lora_rank",

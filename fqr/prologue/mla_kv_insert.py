@@ -30,10 +30,7 @@ from .declare import (
     Call,
     Output,
     Rows,
-    Slots,
-    Static,
     Tensor,
-    choice,
     declare,
     numerics,
 )
@@ -166,28 +163,17 @@ MLA_CACHE_INSERT = declare(
             ),
             donated=True,
             doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
-            "+ qk_rope_head_dim]`` in kv_c's dtype (``'auto'``) or FP8 E4M3 (``'fp8'``: "
-            "float8_e4m3fn or vLLM's uint8 allocation of it), or uint8 ``[num_blocks, "
-            "block_size, 656]`` (``'fp8_ds_mla'``); any strides with a contiguous last dim",
+            "+ qk_rope_head_dim]`` in kv_c's dtype (``'auto'``) or FP8 (``'fp8'``: "
+            "float8_e4m3fn, ``'fp8_e5m2'``: float8_e5m2, or vLLM's uint8 allocation of either), "
+            "or uint8 ``[num_blocks, block_size, 656]`` (``'fp8_ds_mla'``); any strides with a "
+            "contiguous last dim",
         ),
-        params.positional(
-            "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_c", shorter=True),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored (vLLM's padded CUDA-graph batches)",
-        ),
-        Static(
-            "kv_cache_dtype",
-            "auto",
-            keyword=False,
-            annotation="str",
-            check=choice(*MLA_CACHE_DTYPES),
-            program=False,
-            schema="str",
-            doc="vLLM's name of the cache's dtype: ``'auto'`` (kv_c's), ``'fp8'`` / "
-            "``'fp8_e4m3'`` (E4M3, per-tensor scale), ``'fp8_e5m2'`` (E5M2, per-tensor scale) "
-            "or ``'fp8_ds_mla'`` (DeepSeek-V3.2's 656-byte entry)",
+        params.short_slot_mapping("kv_cache", "kv_c"),
+        params.kv_cache_dtype_param(
+            MLA_CACHE_DTYPES,
+            "vLLM's name of the cache's dtype: ``'auto'`` (kv_c's), ``'fp8'`` / ``'fp8_e4m3'`` "
+            "(E4M3, per-tensor scale), ``'fp8_e5m2'`` (E5M2, per-tensor scale) or "
+            "``'fp8_ds_mla'`` (DeepSeek-V3.2's 656-byte entry)",
         ),
         Tensor(
             "scale",
