@@ -27,11 +27,8 @@ from .declare import (
     BACKEND,
     Cache,
     Call,
-    Slots,
-    Static,
     Tensor,
     TensorKind,
-    choice,
     declare,
     numerics,
 )
@@ -166,22 +163,10 @@ KV_CACHE_INSERT = declare(
         params.positional("value", HeadRows(like="key"), doc="``[T, Hkv, D]`` values, as key"),
         _cache("key_cache", "key"),
         _cache("value_cache", "value"),
-        params.positional(
-            "slot_mapping",
-            Slots(shorter=True, rows_of="key"),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored",
-        ),
-        Static(
-            "kv_cache_dtype",
-            "auto",
-            keyword=False,
-            annotation="str",
-            check=choice(*KV_CACHE_DTYPES),
-            program=False,
-            schema="str",
-            doc="vLLM's name of the caches' dtype: ``'auto'`` (key's dtype), ``'fp8'`` / "
+        params.short_slot_mapping("key_cache", "key"),
+        params.kv_cache_dtype_param(
+            KV_CACHE_DTYPES,
+            "vLLM's name of the caches' dtype: ``'auto'`` (key's dtype), ``'fp8'`` / "
             "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes) or ``'fp8_e5m2'`` (E5M2: "
             "float8_e5m2, or uint8 bytes)",
         ),

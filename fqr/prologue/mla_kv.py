@@ -30,7 +30,7 @@ reference is :func:`mla_kv_reference` (:func:`fqr.reference.mla_kv`,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -50,7 +50,6 @@ from .declare import (
     Output,
     Rows,
     Scale,
-    Slots,
     Static,
     Tensor,
     Vector,
@@ -343,23 +342,23 @@ def _flavour(call: Call) -> None:
             f"{DTYPE_NAMES.get(dtype, dtype)} cache"
         )
     if dtype == BYTES:
-        if call.kpe_cache is not None:
-            raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
-        check_ds_mla_rows("kv_a", call.kv_a)
-        if call.kv_lora_rank % TILE:
-            raise ValueError(
-                f"kv_lora_rank {call.kv_lora_rank} is not a multiple of the fp8_ds_mla tile {TILE}"
-            )
+        check_ds_mla_call(call, "kv_a", call.kv_a, call.kv_lora_rank, "kv_lora_rank")
 
 
-def check_ds_mla_rows(name: str, rows) -> None:
-    """An ``fp8_ds_mla`` entry holds its rope part in the model dtype, 16 bits (vLLM's
-    ``concat_and_cache_ds_mla`` checks ``itemsize() == 2``): bf16 or fp16 rows."""
+def check_ds_mla_call(call: Call, name: str, rows, width: int, width_name: str) -> None:
+    """What an ``fp8_ds_mla`` cache asks of a call: no second cache (the byte entry is one),
+    16-bit rows ``name`` (the rope part is stored in the model dtype; vLLM's
+    ``concat_and_cache_ds_mla`` checks ``itemsize() == 2``), kv_c of whole tiles (``width``,
+    the message's ``width_name``)."""
+    if call.kpe_cache is not None:
+        raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
     if rows.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(
             f"an fp8_ds_mla (uint8) kv_cache holds its rope part in the model dtype, 16 bits: "
             f"{name} must be bf16 or fp16, got {DTYPE_NAMES.get(rows.dtype)}"
         )
+    if width % TILE:
+        raise ValueError(f"{width_name} {width} is not a multiple of the fp8_ds_mla tile {TILE}")
 
 
 def _returns(call: Call, outs: tuple):
@@ -404,17 +403,12 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             ),
             donated=True,
             doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
-            "+ qk_rope_head_dim]`` in kv_a's dtype or float8_e4m3fn (vLLM's 'auto' / 'fp8'), or "
-            "uint8 ``[num_blocks, block_size, 656]`` (DeepSeek-V3.2's 'fp8_ds_mla'); any strides "
-            "with a contiguous last dim",
+            "+ qk_rope_head_dim]`` in kv_a's dtype, float8_e4m3fn or float8_e5m2 (vLLM's "
+            "'auto' / 'fp8' / 'fp8_e5m2'), or uint8 ``[num_blocks, block_size, 656]`` "
+            "(DeepSeek-V3.2's 'fp8_ds_mla'); any strides with a contiguous last dim",
         ),
-        params.positional(
-            "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_a", shorter=True),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored (vLLM's padded CUDA-graph batches), their q_c, kv_c and "
-            "k_pe still returned",
+        params.short_slot_mapping(
+            "kv_cache", "kv_a", note=", their q_c, kv_c and k_pe still returned"
         ),
         Static(
             "q_lora_rank",
@@ -737,16 +731,11 @@ def _eager_fp8_q(variant, preset, cos_sin_cache, dtype):
 
 # The MLA prologue with an FP8 q_c (the input of an FP8 q_b_proj), per-tensor factor
 MLA_KV_FP8_Q = register_variant(
-    Variant(
-        "mla-kv-fp8-q",
-        SPLIT_MLA_RMSNORM_ROPE_CACHE,
-        kwargs=_kwargs,
+    replace(
+        MLA_KV,
+        name="mla-kv-fp8-q",
         draw_inputs=_draw_fp8_q,
         eager_chain=_eager_fp8_q,
-        params=MLA_PARAMS,
-        check_preset=check_mla_preset,
-        pins=lambda preset: {"q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"]},
-        tolerances=mla_tolerances,
         golden=(CaseSpec("deepseek-v3.2-fp8-q", "bf16", 3, tp=8),),
     )
 )
@@ -803,18 +792,16 @@ def _eager_two_caches(variant, preset, cos_sin_cache, dtype):
 
 # The MLA prologue into FlashInfer's paged MLA layout: the latent and the rope part in two caches
 MLA_KV_TWO_CACHES = register_variant(
-    Variant(
-        "mla-kv-two-caches",
-        SPLIT_MLA_RMSNORM_ROPE_CACHE,
-        kwargs=_kwargs,
+    replace(
+        MLA_KV,
+        name="mla-kv-two-caches",
         draw_inputs=_draw_two_caches,
         eager_chain=_eager_two_caches,
-        params=MLA_PARAMS,
-        check_preset=check_mla_preset,
         pins=lambda preset: {
             "q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"],
             "kpe_cache": 1,
         },
+        tolerances=None,
         golden=(CaseSpec("deepseek-v3-two-caches", "bf16", 5, tp=8),),
     )
 )

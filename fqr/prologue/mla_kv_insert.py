@@ -30,10 +30,7 @@ from .declare import (
     Call,
     Output,
     Rows,
-    Slots,
-    Static,
     Tensor,
-    choice,
     declare,
     numerics,
 )
@@ -43,7 +40,7 @@ from .mla_kv import (
     TILE,
     MlaCache,
     cache_statics,
-    check_ds_mla_rows,
+    check_ds_mla_call,
     check_mla_preset,
     ds_mla_entry_bytes,
     kpe_cache_param,
@@ -138,13 +135,7 @@ def _flavour(call: Call) -> None:
             f"kv_cache_dtype {name!r} (vLLM ignores it there: pass None)"
         )
     if name == DS_MLA:
-        if call.kpe_cache is not None:
-            raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
-        check_ds_mla_rows("kv_c", call.kv_c)
-        if call.kv_c.shape[1] % TILE:
-            raise ValueError(
-                f"kv_c width {call.kv_c.shape[1]} is not a multiple of the fp8_ds_mla tile {TILE}"
-            )
+        check_ds_mla_call(call, "kv_c", call.kv_c, call.kv_c.shape[1], "kv_c width")
 
 
 # ----------------------------------------------------------------------- the declaration
@@ -172,28 +163,17 @@ MLA_CACHE_INSERT = declare(
             ),
             donated=True,
             doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
-            "+ qk_rope_head_dim]`` in kv_c's dtype (``'auto'``) or FP8 E4M3 (``'fp8'``: "
-            "float8_e4m3fn or vLLM's uint8 allocation of it), or uint8 ``[num_blocks, "
-            "block_size, 656]`` (``'fp8_ds_mla'``); any strides with a contiguous last dim",
+            "+ qk_rope_head_dim]`` in kv_c's dtype (``'auto'``) or FP8 (``'fp8'``: "
+            "float8_e4m3fn, ``'fp8_e5m2'``: float8_e5m2, or vLLM's uint8 allocation of either), "
+            "or uint8 ``[num_blocks, block_size, 656]`` (``'fp8_ds_mla'``); any strides with a "
+            "contiguous last dim",
         ),
-        params.positional(
-            "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_c", shorter=True),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored (vLLM's padded CUDA-graph batches)",
-        ),
-        Static(
-            "kv_cache_dtype",
-            "auto",
-            keyword=False,
-            annotation="str",
-            check=choice(*MLA_CACHE_DTYPES),
-            program=False,
-            schema="str",
-            doc="vLLM's name of the cache's dtype: ``'auto'`` (kv_c's), ``'fp8'`` / "
-            "``'fp8_e4m3'`` (E4M3, per-tensor scale), ``'fp8_e5m2'`` (E5M2, per-tensor scale) "
-            "or ``'fp8_ds_mla'`` (DeepSeek-V3.2's 656-byte entry)",
+        params.short_slot_mapping("kv_cache", "kv_c"),
+        params.kv_cache_dtype_param(
+            MLA_CACHE_DTYPES,
+            "vLLM's name of the cache's dtype: ``'auto'`` (kv_c's), ``'fp8'`` / ``'fp8_e4m3'`` "
+            "(E4M3, per-tensor scale), ``'fp8_e5m2'`` (E5M2, per-tensor scale) or "
+            "``'fp8_ds_mla'`` (DeepSeek-V3.2's 656-byte entry)",
         ),
         Tensor(
             "scale",

@@ -15,6 +15,8 @@ binds the DeepSeek / Kimi presets.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import ops, reference
@@ -302,16 +304,12 @@ def _eager_fp8(variant, preset, cos_sin_cache, dtype):
 # FlashInfer's FP8 q of MLA attention (mla_rope_quantize_fp8's q_nope_out / q_rope_out): the
 # same op with quant_scale_q; its outputs are new FP8 tensors (a second variant: its outputs)
 MLA_Q_ROPE_FP8_VARIANT = register_variant(
-    Variant(
-        "mla-q-rope-fp8",
-        MLA_Q_ROPE,
-        kwargs=_kwargs,
+    replace(
+        MLA_Q_ROPE_VARIANT,
+        name="mla-q-rope-fp8",
         draw_inputs=_draw_fp8,
         eager_chain=_eager_fp8,
-        params=MLA_PARAMS,
-        check_preset=check_mla_preset,
         pins={"quant_scale_q": 1},
-        projection_in=lambda p: dict(p.variant_params)["q_lora_rank"] or p.hidden_size,
         golden=(CaseSpec("deepseek-v3-q-rope-fp8", "bf16", 5, tp=8, max_position=1 << 18),),
     )
 )

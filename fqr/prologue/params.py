@@ -24,10 +24,12 @@ from .declare import (
     Positions,
     Rows,
     Scale,
+    Slots,
     Static,
     Table,
     Tensor,
     Vector,
+    choice,
     flag,
     positive_int,
     positive_real,
@@ -461,4 +463,34 @@ def index_weight(name: str, of: str, *, what: str, note: str = "") -> Tensor:
         weight(name, of),
         kind=Vector(length=lambda call: call.index_head_dim, what=what),
         doc=f"``[index_head_dim]`` RMSNorm weight of {of}{note}",
+    )
+
+
+# ------------------------------------------------ vLLM's cache arguments (cache kernels' order)
+
+
+def short_slot_mapping(cache: str, rows_of: str, note: str = "") -> Tensor:
+    """vLLM's ``slot_mapping [N]``, ``N <= T`` (its cache kernels store
+    ``slot_mapping.size(0)`` tokens: a batch padded for CUDA graphs stores its first N) of the
+    argument ``cache``, for the tokens of ``rows_of``; ``note``: more of its documentation."""
+    return positional(
+        "slot_mapping",
+        Slots(cache=cache, rows_of=rows_of, shorter=True),
+        doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
+        "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
+        f"``t >= N`` are not stored (vLLM's padded CUDA-graph batches){note}",
+    )
+
+
+def kv_cache_dtype_param(choices: tuple[str, ...], doc: str) -> Static:
+    """vLLM's positional ``kv_cache_dtype`` string (default ``"auto"``), one of ``choices``."""
+    return Static(
+        "kv_cache_dtype",
+        "auto",
+        keyword=False,
+        annotation="str",
+        check=choice(*choices),
+        program=False,
+        schema="str",
+        doc=doc,
     )

@@ -1,11 +1,11 @@
-"""MLA as the engines call it (issue 32) on the compiled CUDA kernel (skipped without a GPU):
-the stand-alone cache insert in every cache flavour (vLLM's uint8 FP8 cache with a 0-dim
-scale, fp8_ds_mla from fp16 rows, FlashInfer's two caches), the MLA prologue with a slot
-mapping shorter than the rows and into two column views of one buffer, the FP8 q outputs
-(``quant_scale_q``) of the query rotation and of the prologue, and a preset built from a
-DeepseekV3Config with ``rope_interleave=False`` (NeoX halves); each against the float64
-formulation under the numerics contract, new outputs in NaN-poisoned memory. One token count
-(257: several token tiles, a ragged last one) and few shapes: each distinct kernel is a
+"""MLA as the engines call it (issue 32) on the compiled CUDA kernel (skipped without a GPU): the
+stand-alone cache insert in every cache flavour (vLLM's uint8 FP8 cache with a 0-dim scale,
+fp8_ds_mla from fp16 rows, FlashInfer's two caches), the MLA prologue with a slot mapping
+shorter than the rows and into two column views of one buffer, the FP8 q outputs
+(``quant_scale_q``) of the query rotation and of the prologue, a preset built from a
+DeepseekV3Config with ``rope_interleave=False`` (NeoX halves), FP8 E5M2 caches; each against the
+float64 formulation under the numerics contract, new outputs in NaN-poisoned memory. One token
+count (257: several token tiles, a ragged last one) and few shapes: each distinct kernel is a
 compile. The CPU backends run the same forms in ``tests/backends/test_mla_cache_insert.py``,
 ``test_mla_kv.py`` and ``test_mla_q_rope.py``."""
 
@@ -57,6 +57,7 @@ def _run_and_check(gen, preset, *, dtype=torch.bfloat16, change=None):
         ("deepseek-v3-mla-insert", torch.bfloat16),
         ("deepseek-v3-fp8-mla-insert", torch.float16),  # uint8 cache, 0-dim scale
         ("deepseek-v3.2-mla-insert", torch.float16),  # fp8_ds_mla, fp16 rope part
+        ("deepseek-v3-fp8-e5m2-mla-insert", torch.bfloat16),  # E5M2 bytes, encoded on the bits
     ],
 )
 def test_mla_cache_insert(gen, name, dtype):
@@ -122,3 +123,16 @@ def test_a_preset_from_a_neox_deepseek_v3_config(gen):
     preset = fqr.Preset.from_hf_config(config, name="deepseek-v3-neox").shard(8)
     assert preset.is_neox
     _run_and_check(gen, preset)
+
+
+def test_e5m2_caches(gen):
+    """vLLM's fp8_e5m2 caches on the compiled kernel (the byte encoded on the fp32 bits):
+    reshape_and_cache_flash (fqr.kv_cache_insert) and the MLA prologue with some values
+    saturated, within one E5M2 ULP of float64."""
+    _run_and_check(gen, fqr.get_preset("qwen3-8b-kv-insert-fp8-e5m2", 8), dtype=torch.float16)
+
+    def e5m2(inputs):
+        cache = inputs["kv_cache"].float().to(torch.float8_e5m2)
+        return dict(inputs, kv_cache=cache, k_scale=torch.tensor([2e-5]))  # some saturate
+
+    _run_and_check(gen, fqr.get_preset("deepseek-v3-fp8", 16), change=e5m2)
