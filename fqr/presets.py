@@ -854,6 +854,17 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "glm_moe_dsa": HFFamily(**_MLA, note="GLM-5: DeepSeek-V3.2's MLA, GPT-J pairs"),
     "minicpm3": HFFamily(**(_MLA | dict(is_neox=True)), note="MiniCPM3: MLA, NeoX halves"),
     "hy_v4": HFFamily(**(_MLA | dict(is_neox=True)), note="HY-V4: MLA, NeoX halves"),
+    # Llama 4's RoPE layers (Llama4TextAttention): its fp32 complex RoPE (GPT-J pairs, HF's
+    # weight layout) rounded once, then the weightless L2 norm with use_qk_norm (the
+    # rope-l2norm variant, numerics "unfused-hf"); without use_qk_norm there is none
+    "llama4_text": HFFamily(
+        "none",
+        is_neox=False,
+        variant="rope-l2norm",
+        numerics="unfused-hf",
+        refused_keys=(("use_qk_norm", True, "no L2 norm after RoPE (another prologue)"),),
+        note="Llama 4: RoPE, then a weightless L2 norm (its RoPE layers)",
+    ),
     # GLM-4.5 / 4.6 (Glm4MoeAttention): per-head q_norm / k_norm only with use_qk_norm
     "glm4_moe": HFFamily(
         "none",
@@ -920,7 +931,6 @@ HF_FAMILIES |= {
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
-    "llama4_text": "Llama 4 rotates q and k, then L2-normalises them (the rope-l2norm variant)",
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
     "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }

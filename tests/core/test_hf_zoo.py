@@ -136,6 +136,7 @@ OPTIONS = [
     ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
     ("minicpm3", dict(rms_norm_eps=1e-5), "refused: config.rms_norm_eps 1e-05 (minicpm3)"),
     ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
+    ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
         mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),

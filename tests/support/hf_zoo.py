@@ -237,8 +237,12 @@ K_NORMS = ("k_norm", "k_layernorm", "key_layernorm", "k_ln")
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
-    """A model's ``[1, H, T, D]`` heads as fqr's rows ``[T, H * D]``."""
-    return x[0].transpose(0, 1).reshape(x.shape[2], -1)
+    """A model's heads as fqr's rows ``[T, H * D]``: ``[1, H, T, D]`` (after the transpose,
+    most models), or ``[1, T, H, D]`` (Llama 4 rotates before it), told apart by the token
+    count (the zoo's :data:`TOKENS` is no head count it builds)."""
+    if x.shape[2] == TOKENS:
+        x = x.transpose(1, 2)
+    return x[0].reshape(TOKENS, -1)
 
 
 def _attention(model, capture: Capture, *names: str) -> tuple[str, torch.nn.Module]:
@@ -280,7 +284,16 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
     common = dict(numerics=numerics, backend=backend)
-    if preset.variant == "qk-mrope":
+    if preset.variant == "rope-l2norm":
+        # the model's own L2 norm (Llama4TextL2Norm) of its rotated q and k
+        out = fqr.split_qkv_rope_l2norm(
+            qkv, positions, table, num_heads=preset.num_heads,
+            num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
+            is_neox=preset.is_neox, **common,
+        )  # fmt: skip
+        with torch.no_grad():
+            rotated = tuple(attention.qk_norm(x) for x in rotated)
+    elif preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
             q, k, positions, table, head_dim=preset.head_dim, is_neox=preset.is_neox,
@@ -306,7 +319,7 @@ def _rotated_part(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
     that split off the rotated part first (Phi, StableLM: ``q_rot, q_pass = q[..., :R],
     q[..., R:]``) rotate ``[1, H, T, R]`` and concatenate the rest after; compared are then
     the first R features of each head."""
-    heads, width = theirs.shape[1], theirs.shape[-1]
+    heads, width = theirs.shape[1 if theirs.shape[2] == TOKENS else 2], theirs.shape[-1]
     if ours.shape[1] == heads * width:
         return ours
     return ours.view(ours.shape[0], heads, -1)[..., :width].reshape(ours.shape[0], -1)
