@@ -996,7 +996,9 @@ _NEEDS = {
     "a preset builder for the split-qkv-vnorm variant (v normalised too)": (
         "gemma3n_text", "gemma4_unified_text",
     ),
-    "a preset builder for the rope-l2norm variant (RoPE, then a weightless norm)": ("nanochat",),
+    "RoPE by the negated angle (its rotate_half is cat(x2, -x1)), then a weightless norm": (
+        "nanochat",
+    ),
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}
 

@@ -259,7 +259,8 @@ def _weight(module, *names):
     for name in names:
         sub = getattr(module, name, None)
         if sub is not None:
-            return sub.weight.detach()
+            weight = getattr(sub, "weight", None)  # a weightless norm: None
+            return None if weight is None else weight.detach()
     return None
 
 
@@ -285,14 +286,17 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
     common = dict(numerics=numerics, backend=backend)
     if preset.variant == "rope-l2norm":
-        # the model's own L2 norm (Llama4TextL2Norm) of its rotated q and k
+        # the model's own weightless norm of its rotated q and k (Llama 4's one qk_norm,
+        # nanochat's q_norm / k_norm)
         out = fqr.split_qkv_rope_l2norm(
             qkv, positions, table, num_heads=preset.num_heads,
             num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
             is_neox=preset.is_neox, **common,
         )  # fmt: skip
+        norms = [getattr(attention, n, None) for n in ("qk_norm", "q_norm", "k_norm")]
+        norms = norms[:1] * 2 if norms[0] is not None else norms[1:]
         with torch.no_grad():
-            rotated = tuple(attention.qk_norm(x) for x in rotated)
+            rotated = tuple(norm(x) for norm, x in zip(norms, rotated))
     elif preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
