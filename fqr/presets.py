@@ -755,6 +755,9 @@ class HFFamily:
     # interleaves whatever ``mrope_interleaved`` says; None: read from the config, missing False)
     mrope_section: tuple[int, int, int] | None = None
     mrope_interleaved: bool | None = None
+    # An mRoPE variant's prologue with plain RoPE (positions [T]; Qwen3-Next's gated q): every
+    # frequency from one plane, mrope_section (rotary_dim / 2, 0, 0), no mRoPE key read
+    mrope_one_plane: bool = False
     # Config settings with which the family's attention does what fqr has no form for:
     # (key, the value that leaves it out, what it does); another value is refused
     refused_keys: tuple[tuple[str, object, str], ...] = ()
@@ -865,6 +868,14 @@ HF_FAMILIES: dict[str, HFFamily] = {
         refused_keys=(("use_qk_norm", True, "no L2 norm after RoPE (another prologue)"),),
         note="Llama 4: RoPE, then a weightless L2 norm (its RoPE layers)",
     ),
+    # Qwen3-Next's full-attention layers: Qwen3.5's gated q and (1 + w) norms with plain RoPE
+    "qwen3_next": HFFamily(
+        "head",
+        1.0,
+        variant="mrope-gate",
+        mrope_one_plane=True,
+        note="Qwen3-Next full attention: gated q, (1 + w) norms, plain RoPE",
+    ),
     # GLM-4.5 / 4.6 (Glm4MoeAttention): per-head q_norm / k_norm only with use_qk_norm
     "glm4_moe": HFFamily(
         "none",
@@ -932,7 +943,6 @@ HF_FAMILIES |= {
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
-    "qwen3_next": "Qwen3-Next gates q without mRoPE (no variant for that prologue yet)",
 }
 # The variants whose preset carries mrope_section / mrope_interleaved
 MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
@@ -1191,6 +1201,8 @@ def _mrope_params(
     interleaves, :attr:`HFFamily.mrope_interleaved`, True whatever the config says, and an
     explicit False is refused: the model would rotate otherwise than the config says; else
     the config's, missing False) of an mRoPE family's RoPE settings."""
+    if family.mrope_one_plane:
+        return (("mrope_section", (rotary_dim // 2, 0, 0)), ("mrope_interleaved", False))
     section = rope.get("mrope_section")
     where = origin.get("mrope_section", f"{model_type}'s default mrope_section")
     if section is None:

@@ -54,6 +54,7 @@ TINY_EXTRA = {
     # refused: OPTIONS below)
     **{t: dict(rms_norm_eps=1e-6) for t in ("glm4_moe_lite", "glm_moe_dsa", "minicpm3", "hy_v4")},
     "lfm2_moe": dict(layer_types=["full_attention"]),
+    "qwen3_next": dict(layer_types=["full_attention"]),
 }
 
 # The model's table against the preset's float64-derived one: the model computes its angles
@@ -81,7 +82,7 @@ def run(
     from dataclasses import replace
 
     family = HF_FAMILIES[config.model_type]
-    mrope = preset.variant in MROPE_VARIANTS
+    mrope = preset.variant in MROPE_VARIANTS and not family.mrope_one_plane
     shape = (3, hf_zoo.TOKENS) if mrope else (hf_zoo.TOKENS,)
     positions = torch.randint(0, hf_zoo.POSITIONS, shape, generator=generator)
     offset = 0.0 if family.weight_offset else 1.0
