@@ -941,7 +941,9 @@ HF_FAMILIES |= {
 }
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
-    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant)",
+    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant), its global layers "
+    "have their own head sizes (global_head_dim, k = v with attention_k_eq_v), and its norms "
+    "multiply the weight in fp32 (one rounding, which the variant's numerics do not define)",
     "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
 }
 # The variants whose preset carries mrope_section / mrope_interleaved
@@ -1003,7 +1005,8 @@ _NEEDS = {
     ),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
-    "a preset builder for the split-qkv-vnorm variant (v normalised too)": (
+    "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
+    "fp32 (one rounding, which the variant's numerics do not define)": (
         "gemma3n_text", "gemma4_unified_text",
     ),
     "RoPE by the negated angle (its rotate_half is cat(x2, -x1)), then a weightless norm": (
