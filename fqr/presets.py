@@ -896,7 +896,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
 # a family whose layers differ (sliding / NoPE layers) is the layers that apply RoPE.
 _SAME_PROLOGUE = {
     "llama": (
-        "arcee", "aria_text", "bitnet", "cwm", "diffllama", "falcon_h1", "gemma", "gemma2",
+        "arcee", "aria_text", "bamba", "bitnet", "cwm", "diffllama", "falcon_h1", "gemma", "gemma2",
         "granite", "granite4_vision_text", "granite_docling_text", "granite_swa", "granitemoe",
         "granitemoe_swa", "granitemoeshared", "hrm_text", "hyperclovax", "jais2", "minimax",
         "ministral", "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe",
@@ -907,7 +907,7 @@ _SAME_PROLOGUE = {
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
         "kolibri1", "laguna", "mellum",
     ),
-    "olmo2": ("flex_olmo",),
+    "olmo2": ("flex_olmo", "olmo_hybrid"),
     "deepseek_v3": ("axk1", "youtu"),
 }  # fmt: skip
 # OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection

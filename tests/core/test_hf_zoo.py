@@ -55,6 +55,9 @@ TINY_EXTRA = {
     **{t: dict(rms_norm_eps=1e-6) for t in ("glm4_moe_lite", "glm_moe_dsa", "minicpm3", "hy_v4")},
     "lfm2_moe": dict(layer_types=["full_attention"]),
     "qwen3_next": dict(layer_types=["full_attention"]),
+    # hybrid models: an attention layer first (OLMo-Hybrid needs a linear-attention layer)
+    "bamba": dict(attn_layer_indices=[0]),
+    "olmo_hybrid": dict(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]),
 }
 
 # The model's table against the preset's float64-derived one: the model computes its angles
