@@ -939,6 +939,13 @@ HF_FAMILIES |= {
     t: HFFamily("none", refused_keys=_QK_LAYERNORM, note=f"{t}: as Llama, partial rotary")
     for t in ("phi", "stablelm")
 }
+# Granite 4.0 hybrid: its attention layers run RoPE only with position_embedding_type "rope"
+# (the default None: no RoPE, no prologue of fqr's)
+HF_FAMILIES["granitemoehybrid"] = HFFamily(
+    "none",
+    refused_keys=(("position_embedding_type", "rope", "no RoPE"),),
+    note="Granite 4.0 hybrid: as Llama with position_embedding_type rope",
+)
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant), its global layers "
@@ -1348,7 +1355,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         if value != harmless:
             raise ValueError(
                 f"config.{key} {value!r} ({model_type}): the model's attention then has {what}, "
-                f"which fqr has no form for"
+                f"which fqr builds no preset for"
             )
     norm = _norm_kind(text, model_type, family)
     eps = _eps(text, model_type, family, norm)

@@ -57,6 +57,7 @@ TINY_EXTRA = {
     "qwen3_next": dict(layer_types=["full_attention"]),
     # hybrid models: an attention layer first (OLMo-Hybrid needs a linear-attention layer)
     "bamba": dict(attn_layer_indices=[0]),
+    "granitemoehybrid": dict(position_embedding_type="rope", layer_types=["attention"]),
     "olmo_hybrid": dict(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]),
 }
 
@@ -140,6 +141,7 @@ OPTIONS = [
     ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
     ("minicpm3", dict(rms_norm_eps=1e-5), "refused: config.rms_norm_eps 1e-05 (minicpm3)"),
     ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
+    ("granitemoehybrid", dict(position_embedding_type=None), "refused: config.position_"),
     ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
