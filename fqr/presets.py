@@ -819,6 +819,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen3_5_moe_text": HFFamily(**_QWEN3_5, note="Qwen3.5-MoE full attention: as Qwen3.5"),
     "qwen3_vl_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL: Qwen3 with interleaved mRoPE"),
     "qwen3_vl_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL-MoE: as Qwen3-VL"),
+    # Qwen3-Omni's thinker: Qwen3-VL's rotary embedding (always interleaved, [24, 20, 20])
+    "qwen3_omni_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-Omni thinker: as Qwen3-VL"),
     "llama": HFFamily("none", note="Llama 3: no QK norm"),
     "olmo2": HFFamily(
         "full", numerics="unfused-hf", note="OLMo 2: one norm over the whole q and the whole k"
@@ -900,7 +902,8 @@ _SAME_PROLOGUE = {
         "granite", "granite4_vision_text", "granite_docling_text", "granite_swa", "granitemoe",
         "granitemoe_swa", "granitemoeshared", "hrm_text", "hyperclovax", "jais2", "minimax",
         "ministral", "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe",
-        "qwen2", "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
+        "qwen2", "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+        "unlimited_ocr_text", "vaultgemma",
     ),
     "glm": ("helium",),
     "qwen3": (

@@ -39,6 +39,7 @@ ZOO = hf_zoo.zoo_model_types()
 TINY_EXTRA = {
     "qwen3_vl_text": dict(head_dim=128),
     "qwen3_vl_moe_text": dict(head_dim=128),
+    "qwen3_omni_moe_text": dict(head_dim=128),
     "qwen3_5_text": dict(head_dim=256, layer_types=["full_attention"]),
     "qwen3_5_moe_text": dict(head_dim=256, layer_types=["full_attention"]),
     "gemma3_text": dict(layer_types=["full_attention"]),
@@ -171,6 +172,7 @@ def test_a_family_fqr_builds_is_not_refused(model_type):
 OTHER_READINGS = [
     ("qwen3_vl_text", None, dict(mrope_interleaved=False)),
     ("qwen3_5_text", None, dict(mrope_interleaved=False)),
+    ("qwen3_omni_moe_text", None, dict(mrope_interleaved=False)),
     ("deepseek_v2", "unfused", {}),
 ]
 

@@ -151,6 +151,7 @@ def text_model_class(config):
             isinstance(value, type)
             and getattr(value, "config_class", None) is type(config)
             and value.__name__.endswith("Model")
+            and value.forward is not torch.nn.Module.forward  # not the pretrained base class
         ):
             return value
     raise LookupError(f"no model class of {type(config).__name__}")
