@@ -857,6 +857,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
         **_MLA, interleave_key="rope_interleave", note="GLM-4.7-Flash: DeepSeek-V3's MLA"
     ),
     "glm_moe_dsa": HFFamily(**_MLA, note="GLM-5: DeepSeek-V3.2's MLA, GPT-J pairs"),
+    # Ling 3 (BailingHybrid) MLA layers: always interleaved; its output gate is after attention
+    "bailing_hybrid": HFFamily(**_MLA, note="Ling 3: DeepSeek's MLA, GPT-J pairs"),
     "minicpm3": HFFamily(**(_MLA | dict(is_neox=True)), note="MiniCPM3: MLA, NeoX halves"),
     "hy_v4": HFFamily(**(_MLA | dict(is_neox=True)), note="HY-V4: MLA, NeoX halves"),
     # Llama 4's RoPE layers (Llama4TextAttention): its fp32 complex RoPE (GPT-J pairs, HF's
@@ -972,6 +974,12 @@ HF_FAMILIES |= {
     )
     for model_type in model_types
 }
+# Cosmos 3 Edge: no QK norm, Qwen3-VL's always-interleaved mRoPE (recomposition_frequencies)
+HF_FAMILIES["cosmos3_edge_text"] = HFFamily(
+    **(_QWEN2_VL | dict(mrope_interleaved=True)),
+    mrope_section=(24, 20, 20),
+    note="Cosmos 3 Edge: qk-mrope, interleaved",
+)
 # GLM-4V and GLM-OCR rotate GPT-J pairs (rotate_half_llm)
 HF_FAMILIES |= {
     model_type: HFFamily(

@@ -50,6 +50,8 @@ TINY_EXTRA = {
     **{t: dict(hidden_size=512, head_dim=128) for t in ("qwen2_5_omni_text", "paddleocr_vl_text")},
     **{t: dict(hidden_size=256, head_dim=64) for t in ("glm4v_text", "glm_image_text")},
     "glm_ocr_text": dict(hidden_size=256, head_dim=64),
+    "cosmos3_edge_text": dict(hidden_size=512, head_dim=128),
+    "bailing_hybrid": dict(layer_types=["full_attention"]),
     "glm4v_moe_text": dict(hidden_size=512, head_dim=128),
     # MLA families whose norms use 1e-6 whatever the config says (their default 1e-5 is
     # refused: OPTIONS below)
@@ -173,6 +175,7 @@ OTHER_READINGS = [
     ("qwen3_vl_text", None, dict(mrope_interleaved=False)),
     ("qwen3_5_text", None, dict(mrope_interleaved=False)),
     ("qwen3_omni_moe_text", None, dict(mrope_interleaved=False)),
+    ("cosmos3_edge_text", None, dict(mrope_interleaved=False)),
     ("deepseek_v2", "unfused", {}),
 ]
 
