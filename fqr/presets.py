@@ -1021,6 +1021,8 @@ _NEEDS = {
     "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
         "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
     ),
+    "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding "
+    "(nearest: unfused, up to 1.6e-2 absolute)": ("afmoe",),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
     "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
