@@ -999,7 +999,7 @@ _NEEDS = {
     "a LayerNorm (not RMSNorm) on q and k": ("persimmon",),
     "an RMSNorm after RoPE": ("hunyuan_v1_dense", "hunyuan_v1_moe"),
     "a fused qkv whose rows interleave per head": ("gpt_neox", "gpt_neox_japanese", "codegen"),
-    "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note"),
+    "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note", "dots3_note_text"),
     "an MLA variant (q temperature)": ("mistral_large4_text",),
     "an MLA variant (a gate fused with q)": ("axk2",),
     "an MLA variant with mRoPE": ("hy_v4_vl_text",),
