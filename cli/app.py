@@ -9,7 +9,7 @@ from typing import NoReturn
 import typer
 
 # Command modules register themselves on `app` when imported.
-from . import bench, build, doctor, fuse, golden, lower, run, verify  # noqa: E402,F401
+from . import bench, build, doctor, fuse, golden, hf_config, lower, run, verify  # noqa: E402,F401
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, out, schema
 
 # click's exceptions, from the click that Typer runs on (recent Typer vendors it as typer._click)

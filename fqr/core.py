@@ -72,11 +72,19 @@ DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "fp64": torch.float64,
     "fp8e4m3": torch.float8_e4m3fn,
+    "fp8e5m2": torch.float8_e5m2,
     "int32": torch.int32,
     "int64": torch.int64,
     "uint8": torch.uint8,  # a byte-layout cache entry (``fqr.ops.byte_cache``)
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+# vLLM's ``kv_cache_dtype`` names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
+# allocates such a cache as uint8 bytes).
+KV_CACHE_FP8_DTYPES: dict[str, torch.dtype] = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 ACTIVATION_DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
 

@@ -45,7 +45,10 @@ the ``8 u`` of the table (a bias adds one rounding of the biased value).
 full-width norm (``norm="full"``, OLMo2) HF's ``Olmo2RMSNorm`` rounds once, ``n = round(x * rstd
 * w)``, and its ``apply_rotary_pos_emb`` multiplies the bf16 ``n`` by fp32 cos/sin and rounds
 once, ``round(n1*c - n2*s)`` (vLLM's OLMo2 uses ``RMSNorm`` and its rotary embedding:
-``unfused``). Per-head norms, no norm and their RoPE round the same in both (HF Qwen3 / Gemma 3
+``unfused``). The MLA ops (``split_mla_rmsnorm_rope_cache``, ``mla_q_rope``): HF's DeepSeek-V2
+rotates with an fp32 complex product (``apply_rotary_emb``) rounded once, its norms round as
+vLLM's (HF's DeepSeek-V3 rounds as vLLM: ``unfused``). Per-head norms, no norm and their RoPE
+round the same in both (HF Qwen3 / Gemma 3
 / Llama = vLLM), so there the two modes are one.
 
 The norm variants (issue 15): a norm without weight rounds once, ``n = round(x * rstd)``
@@ -78,8 +81,11 @@ _INT_OF = {
     torch.float16: torch.int16,
     torch.float32: torch.int32,
     torch.float8_e4m3fn: torch.int8,
+    torch.float8_e5m2: torch.int8,
 }
 FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+# The FP8 output dtypes and the value each store saturates to (E4M3 448, E5M2 57344)
+FP8_MAX = {d: float(torch.finfo(d).max) for d in (torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 def contract_of(numerics: str) -> str:
@@ -96,10 +102,11 @@ FP8_UNFUSED_RELATIVE_BOUND = HEAD_RELATIVE_BOUND[("unfused", torch.bfloat16)]
 
 
 def tolerance_text(numerics: str, dtype: torch.dtype) -> str:
-    if dtype == torch.float8_e4m3fn:
+    if dtype in FP8_MAX:
+        unit = "e4m3" if dtype == torch.float8_e4m3fn else "e5m2"
         if contract_of(numerics) == "unfused":
-            return f"<=1 e4m3 ulp or <={FP8_UNFUSED_RELATIVE_BOUND:.2g} x head max"
-        return "<=1 e4m3 ulp"
+            return f"<=1 {unit} ulp or <={FP8_UNFUSED_RELATIVE_BOUND:.2g} x head max"
+        return f"<=1 {unit} ulp"
     numerics = contract_of(numerics)
     if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
         return "<=1 ulp"
@@ -190,9 +197,10 @@ def compare(
     rel = err / head_max
     max_abs, max_rel = float(err.max()), float(rel.max())
     max_ulp = None
-    if dtype == torch.float8_e4m3fn:  # the store saturates: compare with the clamped value
-        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX))
-    if dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+    if dtype in FP8_MAX:  # the store saturates: compare with the clamped value
+        top = FP8_MAX[dtype]
+        exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-top, top))
+    if dtype in (torch.bfloat16, torch.float16, *FP8_MAX):
         nearest = round_nearest(exact64, dtype)
         ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
         max_ulp = int(ulp.max())
@@ -200,7 +208,7 @@ def compare(
         tol = "bit-exact"
         ok = err == 0
         ratio = 0.0 if bool(ok.all()) else float("inf")
-    elif dtype == torch.float8_e4m3fn:
+    elif dtype in FP8_MAX:
         tol = tolerance_text(numerics, dtype)
         ok = ulp <= 1
         ratio_each = ulp.to(torch.float64)
@@ -349,7 +357,8 @@ def compare_packed_ds_mla(
     """The tolerance kind ``fp8-ds-mla``: the ``uint8`` ``fp8_ds_mla`` cache ``out [blocks,
     block_size, L + 4*L/128 + 2*R]`` against its float64 expectation packed as one tensor
     ``[blocks, block_size, L + L/128 + R + 1]`` (:meth:`fqr.reference.DsMlaEntry.packed`:
-    values, scales and rope of each entry, then 1 where the call wrote it). Written entries are
+    values, scales and rope of each entry, then where the call wrote it the code of the rope's
+    dtype, 1 bf16 or 2 fp16). Written entries are
     held part by part as :func:`compare_ds_mla_entry` holds them (``unfused``: the tile's max
     is taken over the model-dtype norm outputs, so the scale gets the unfused bound); every
     other entry must decode to exactly what it held before (the expectation holds the cache's
@@ -358,9 +367,13 @@ def compare_packed_ds_mla(
     width = packed.shape[-1] - 1 - rope_dim
     n = width * tile // (tile + 1)
     tiles = n // tile
-    written = packed[..., -1] != 0
+    codes = packed[..., -1]
+    written = codes != 0
     out = out.detach().cpu()
-    rope_dtype, size = torch.bfloat16, 2  # the entry's rope part is bf16 (vLLM's)
+    # the entry's rope part is the 16-bit model dtype (vLLM's), named by the written code
+    # (fqr.reference.DS_MLA_ROPE_CODES: 1 bf16, 2 fp16)
+    rope_dtype = torch.float16 if bool((codes == 2).any()) else torch.bfloat16
+    size = 2
 
     def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -414,4 +427,19 @@ def compare_packed_ds_mla(
 
 TOLERANCE_KINDS["fp8-ds-mla"] = lambda out, exact, *, head_dim, numerics: compare_packed_ds_mla(
     out, exact, rope_dim=head_dim, numerics=numerics
+)
+# A per-tensor FP8 cache held as vLLM allocates it, uint8 bytes of E4M3 values: compared as the
+# E4M3 values it holds (the contract's FP8 rule).
+TOLERANCE_KINDS["fp8-e4m3-bytes"] = lambda out, exact, *, head_dim, numerics: compare(
+    out.view(torch.float8_e4m3fn) if out.dtype == torch.uint8 else out,
+    exact,
+    head_dim=head_dim,
+    numerics=numerics,
+)
+# ... and E5M2 bytes (vLLM's fp8_e5m2 cache, uint8) as the E5M2 values they hold
+TOLERANCE_KINDS["fp8-e5m2-bytes"] = lambda out, exact, *, head_dim, numerics: compare(
+    out.view(torch.float8_e5m2) if out.dtype == torch.uint8 else out,
+    exact,
+    head_dim=head_dim,
+    numerics=numerics,
 )

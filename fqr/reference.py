@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Section, qkv_sections  # the packed row's layout (no math)
+from .core import KV_CACHE_FP8_DTYPES, Section, qkv_sections  # layouts and names (no math)
 
 F64 = torch.float64
 Tensor = torch.Tensor
@@ -221,13 +221,21 @@ E4M3_MANTISSA_BITS = 3
 E4M3_MIN_NORMAL_EXPONENT = -6  # below 2^-6 the spacing stays 2^-9 (subnormals)
 
 
-def saturate_fp8(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 ``clamp(x / scale, -448, 448)``: the value an FP8 E4M3 store rounds (NaN stays
-    NaN; ``scale`` a per-tensor ``[1]`` scale, default 1)."""
+E5M2_MAX = 57344.0  # the largest finite float8_e5m2: 1.75 * 2^15
+FP8_MAX = {torch.float8_e4m3fn: E4M3_MAX, torch.float8_e5m2: E5M2_MAX}
+
+
+def saturate_fp8(
+    x: torch.Tensor, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float8_e4m3fn
+) -> torch.Tensor:
+    """float64 ``clamp(x / scale, -max, max)``: the value an FP8 store of ``dtype`` rounds
+    (E4M3: 448, E5M2: 57344, the stores saturate; NaN stays NaN; ``scale`` a per-tensor ``[1]``
+    or 0-dim scale, default 1)."""
     y = _f64(x)
     if scale is not None:
         y = y / _f64(scale).reshape(())
-    return torch.where(torch.isnan(y), y, y.clamp(-E4M3_MAX, E4M3_MAX))
+    top = FP8_MAX[dtype]
+    return torch.where(torch.isnan(y), y, y.clamp(-top, top))
 
 
 def e4m3_round(x: torch.Tensor) -> torch.Tensor:
@@ -267,8 +275,8 @@ def cache_insert(
     expected = _f64(cache).clone()
     written = torch.zeros(blocks, block_size, dtype=torch.bool)
     values = _f64(x).reshape(x.shape[0], heads, head_dim)
-    if cache.dtype == torch.float8_e4m3fn:
-        values = saturate_fp8(values, scale)
+    if cache.dtype in FP8_MAX:
+        values = saturate_fp8(values, scale, cache.dtype)
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
             continue
@@ -291,15 +299,19 @@ def store_kv(
 
 def kv_cache_insert(
     key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
-    *, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    *, kv_cache_dtype: str = "auto", k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The stand-alone paged KV insert (vLLM's ``reshape_and_cache_flash``), float64: ``key``
     and ``value [T, H, D]`` of the first ``N = len(slot_mapping)`` tokens at their slots by
-    :func:`cache_insert` (an FP8 cache given as vLLM's uint8 bytes read as E4M3). Returns the
-    expected ``(key_cache, value_cache)``."""
+    :func:`cache_insert` (an FP8 cache given as vLLM's uint8 bytes read as the float8 dtype
+    ``kv_cache_dtype`` names, :data:`fqr.core.KV_CACHE_FP8_DTYPES`). Returns the expected
+    ``(key_cache, value_cache)``."""
 
     def typed(cache: Tensor) -> Tensor:
-        return cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+        # uint8: E4M3 bytes unless kv_cache_dtype names another FP8 ("auto" is never uint8)
+        fp8 = KV_CACHE_FP8_DTYPES.get(kv_cache_dtype, torch.float8_e4m3fn)
+        return cache.view(fp8) if cache.dtype == torch.uint8 else cache
 
     tokens, heads, head_dim = key.shape
     key_rows = key.reshape(tokens, heads * head_dim)
@@ -618,6 +630,13 @@ def mla_kv(
     return q_c_normed, norm(kv_c, kv_a_weight), rotated
 
 
+def _stored_tokens(slot_mapping: torch.Tensor, rows: torch.Tensor) -> int:
+    """N, the tokens a slot mapping ``[N]`` stores (N <= T, the rows' count)."""
+    if slot_mapping.shape[0] > rows.shape[0]:
+        raise ValueError(f"{slot_mapping.shape[0]} slots for {rows.shape[0]} tokens")
+    return slot_mapping.shape[0]
+
+
 def mla_cache_entry(
     cache: torch.Tensor,
     kv_c: torch.Tensor,
@@ -632,13 +651,15 @@ def mla_cache_entry(
     block_size``), unrounded; for an FP8 cache each value is ``clamp(x / scale, +-448)``
     (``scale`` the per-tensor ``[1]`` scale, default 1). ``written``: bool ``[blocks,
     block_size]``, the entries written (the others hold the cache's own values: compare them
-    bit for bit)."""
+    bit for bit). ``slot_mapping`` may be ``[N]`` with N <= T: tokens ``t >= N`` are not
+    written."""
     blocks, block_size, width = cache.shape
-    entry = torch.cat([_f64(kv_c), _f64(k_pe)], dim=-1)
+    tokens = _stored_tokens(slot_mapping, kv_c)
+    entry = torch.cat([_f64(kv_c[:tokens]), _f64(k_pe[:tokens])], dim=-1)
     if entry.shape[1] != width:
         raise ValueError(f"kv_c and k_pe are {entry.shape[1]} wide, the entry {width}")
-    if cache.dtype == torch.float8_e4m3fn:
-        entry = saturate_fp8(entry, scale)
+    if cache.dtype in FP8_MAX:
+        entry = saturate_fp8(entry, scale, cache.dtype)
     expected = _f64(cache).clone()
     written = torch.zeros(blocks, block_size, dtype=torch.bool, device=cache.device)
     keep = slot_mapping >= 0
@@ -646,6 +667,11 @@ def mla_cache_entry(
     expected[slots // block_size, slots % block_size] = entry[keep]
     written[slots // block_size, slots % block_size] = True
     return expected, written.cpu()
+
+
+# The last column of a packed fp8_ds_mla expectation where an entry was written: the dtype of
+# its rope part (vLLM stores k_pe in the model dtype, bf16 or fp16).
+DS_MLA_ROPE_CODES = {torch.bfloat16: 1.0, torch.float16: 2.0}
 
 
 @dataclass(frozen=True)
@@ -662,6 +688,7 @@ class DsMlaEntry:
     rope: torch.Tensor
     written: torch.Tensor
     tile: int
+    rope_dtype: torch.dtype = torch.bfloat16
 
     @property
     def scale_offset(self) -> int:
@@ -673,9 +700,10 @@ class DsMlaEntry:
 
     def packed(self, original: torch.Tensor) -> torch.Tensor:
         """The whole expected cache as one float64 tensor ``[blocks, block_size, L + L/tile +
-        R + 1]``: each written entry's values, scales and rope values, then 1; every other
-        entry as ``original`` (the cache before the call) holds it, decoded (E4M3 values,
-        float32 scales, bf16 rope values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
+        R + 1]``: each written entry's values, scales and rope values, then the rope's dtype
+        code (:data:`DS_MLA_ROPE_CODES`: 1 bf16, 2 fp16); every other entry as ``original``
+        (the cache before the call) holds it, decoded (E4M3 values, float32 scales, rope
+        values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
         raw = original.detach().cpu()
         n, tiles, r = self.values.shape[-1], self.scales.shape[-1], self.rope.shape[-1]
 
@@ -687,13 +715,14 @@ class DsMlaEntry:
             [
                 decode(0, n, torch.float8_e4m3fn),
                 decode(self.scale_offset, tiles, torch.float32),
-                decode(self.rope_offset, r, torch.bfloat16),
+                decode(self.rope_offset, r, self.rope_dtype),
             ],
             dim=-1,
         )
         mine = torch.cat([self.values, self.scales, self.rope], dim=-1)
         entries = torch.where(self.written[..., None], mine, before)
-        return torch.cat([entries, self.written.to(F64)[..., None]], dim=-1)
+        code = self.written.to(F64) * DS_MLA_ROPE_CODES[self.rope_dtype]
+        return torch.cat([entries, code[..., None]], dim=-1)
 
 
 def ds_mla_entry(
@@ -703,12 +732,16 @@ def ds_mla_entry(
     slot_mapping: torch.Tensor,
     *,
     tile: int = 128,
+    rope_dtype: torch.dtype = torch.bfloat16,
 ) -> DsMlaEntry:
     """``concat_and_cache_ds_mla``'s write into the ``uint8`` ``fp8_ds_mla`` cache ``[blocks,
     block_size, L + 4 * L / tile + 2 * R]``, float64: for each written token, ``kv_c [L]`` in
     tiles of ``tile``, tile ``j``'s scale ``max(max|x_j| / 448, FLT_MIN)`` and its values
-    ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype by
-    the store). Tokens with a negative slot write nothing."""
+    ``clamp(x / scale_j, +-448)``; ``k_pe [R]`` as is (rounded to the 16-bit model dtype
+    ``rope_dtype``, bf16 or fp16, by the store). Tokens with a negative slot write nothing;
+    ``slot_mapping`` may be ``[N]`` with N <= T: tokens ``t >= N`` are not written."""
+    tokens = _stored_tokens(slot_mapping, kv_c)
+    kv_c, k_pe = kv_c[:tokens], k_pe[:tokens]
     blocks, block_size, entry_bytes = cache.shape
     n, r = kv_c.shape[1], k_pe.shape[1]
     if n % tile or entry_bytes != n + 4 * (n // tile) + 2 * r:
@@ -730,4 +763,4 @@ def ds_mla_entry(
     scale_at[at] = scales.cpu()[keep]
     rope[at] = _f64(k_pe).cpu()[keep]
     written[at] = True
-    return DsMlaEntry(values, scale_at, rope, written, tile)
+    return DsMlaEntry(values, scale_at, rope, written, tile, rope_dtype)

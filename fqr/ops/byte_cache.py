@@ -22,6 +22,10 @@ cache is a bad mapping), each returning the updated cache:
       byte offset + i       = e4m3(clamp(x[t, i] / scale_j, -448, 448))   for i in tile j
       bytes scale_offset + 4j .. + 4j + 3 = float32 scale_j
 
+``slot_mapping`` may be ``[N]`` with ``N <= T`` (vLLM's cache kernels take the token count
+from it: a batch padded for CUDA graphs stores its first N tokens): tokens ``t >= N`` write
+nothing, as :func:`fqr.ops.cache_insert`'s.
+
 This is vLLM's ``fp8_ds_mla`` cache of DeepSeek-V3.2 (``concat_and_cache_ds_mla_kernel`` in
 ``csrc/cache_kernels.cu``): a 656-byte entry, bytes 0..511 the 512 ``kv_c`` values as E4M3 in
 4 tiles of 128 (``tile_scale = fmaxf(max_abs / 448.f, FLT_MIN)``, each value
@@ -59,7 +63,7 @@ import math
 import torch
 
 from ..core import Aval, EmitContext, EntryField, Eqn, PagedStore, Role, primitive
-from .cache import written_slots
+from .cache import slots_fit, written_slots
 from .fp8 import FP8_E4M3, FP8_E4M3_MAX, saturate_lines
 
 BYTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -99,8 +103,10 @@ def _check_common(cache: Aval, x: Aval, slots: Aval) -> tuple[int, int]:
         raise ValueError(f"the value must be 2-D [T, width], got {x}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"the value must be a floating tensor, got {x.dtype}")
-    if slots.ndim != 1 or slots.shape[0] != x.shape[0]:
-        raise ValueError(f"slot_mapping must be [T] with T = {x.shape[0]}, got {slots}")
+    if slots.ndim != 1 or not slots_fit(slots.shape[0], x.shape[0]):
+        raise ValueError(
+            f"slot_mapping must be [T] with T = {x.shape[0]}, or [N] with N <= T, got {slots}"
+        )
     if slots.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping must be int32 or int64, got {slots.dtype}")
     entry = cache.shape[2]
@@ -143,7 +149,7 @@ def _write_bytes(out, keep, block, row, start: int, values: torch.Tensor) -> Non
 def _bytes_impl(cache, x, slots, *, offset, dtype):
     out = cache.clone()
     keep, block, row = written_slots(slots, cache.shape[0], cache.shape[1])
-    _write_bytes(out, keep, block, row, offset, x[keep].to(dtype))
+    _write_bytes(out, keep, block, row, offset, x[: slots.shape[0]][keep].to(dtype))
     return out
 
 
@@ -192,7 +198,7 @@ def tile_scales(x: torch.Tensor, tile: int) -> torch.Tensor:
 def _tiles_impl(cache, x, slots, *, tile, offset, scale_offset):
     out = cache.clone()
     keep, block, row = written_slots(slots, cache.shape[0], cache.shape[1])
-    value = x[keep]
+    value = x[: slots.shape[0]][keep]  # tokens past a shorter slot mapping are not stored
     scales = tile_scales(value, tile)
     tiles = value.reshape(value.shape[0], -1, tile) / scales[..., None].to(value.dtype)
     quantized = tiles.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_E4M3)  # clamp keeps NaN

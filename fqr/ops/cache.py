@@ -20,8 +20,11 @@ float8_e4m3fn cache it is vLLM's FP8 KV-cache convention with the per-tensor ``s
     store(x) = e4m3(clamp(x / scale, -448, 448))
 
 (vLLM's ``reshape_and_cache_flash`` -> ``scaled_convert``: ``__nv_cvt_float_to_fp8(x / scale,
-__NV_SATFINITE, __NV_E4M3)``). A 16-bit cache takes no scale (vLLM ignores it there; fqr
-refuses one rather than drop it).
+__NV_SATFINITE, __NV_E4M3)``). An E5M2 cache (vLLM's ``fp8_e5m2``) is given to the op as its
+uint8 bytes with ``encoding="e5m2"``: ``store(x) = e5m2(clamp(x / scale, -57344, 57344))``,
+its byte encoded on the fp32 bits in the kernel (:func:`fqr.ops.fp8.e5m2_code_lines`: one
+encoding on every target, no float8_e5m2 type needed by any compiler). A 16-bit cache takes
+no scale (vLLM ignores it there; fqr refuses one rather than drop it).
 
 **Entry caches.** A 3-D ``cache [num_blocks, block_size, entry_width]`` holds one entry per
 slot, and ``column`` says where the value goes in it: ``x [T, w]`` is written at entry
@@ -55,16 +58,31 @@ from __future__ import annotations
 import torch
 
 from ..core import Aval, EmitContext, EntryField, Eqn, PagedStore, Role, primitive
-from .fp8 import FP8_E4M3, FP8_E4M3_MAX, check_scale, saturate_lines
+from .fp8 import (
+    FP8_E4M3,
+    FP8_E4M3_MAX,
+    FP8_E5M2_MAX,
+    check_scale,
+    e5m2_bytes,
+    e5m2_code_lines,
+    saturate_lines,
+)
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_E4M3)
+# Encodings a cache holds as the bytes of another dtype (a uint8 cache): float8_e5m2
+ENCODINGS = ("e5m2",)
 
 cache_insert_p = primitive("cache_insert")
 
 
-def cache_insert(cache, x, slot_mapping, scale=None, *, column: int | None = None):
-    """See the module docstring (``column``: the entry column of a 3-D cache, default 0)."""
+def cache_insert(
+    cache, x, slot_mapping, scale=None, *, column: int | None = None, encoding: str | None = None
+):
+    """See the module docstring (``column``: the entry column of a 3-D cache, default 0;
+    ``encoding="e5m2"``: a uint8 cache holding float8_e5m2 bytes)."""
     params: dict = {"fp8": cache.dtype == FP8_E4M3}
+    if encoding is not None:
+        params["encoding"] = encoding
     if len(cache.shape) == 3:
         params["column"] = 0 if column is None else column
     elif column is not None:
@@ -77,14 +95,20 @@ def cache_insert(cache, x, slot_mapping, scale=None, *, column: int | None = Non
 
 @cache_insert_p.def_abstract
 def _insert_abstract(
-    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None
+    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None, encoding=None
 ) -> Aval:
     if cache.ndim not in (3, 4):
         raise ValueError(
             f"cache must be 4-D [num_blocks, block_size, num_kv_heads, head_dim] or 3-D "
             f"[num_blocks, block_size, entry_width], got {cache}"
         )
-    if cache.dtype not in CACHE_DTYPES:
+    if encoding is not None:
+        if encoding not in ENCODINGS or cache.dtype != torch.uint8:
+            raise TypeError(
+                f"encoding {encoding!r} stores float8_e5m2 bytes into a uint8 cache, got "
+                f"{cache.dtype}"
+            )
+    elif cache.dtype not in CACHE_DTYPES:
         raise TypeError(f"cache must be bf16, fp16, fp32 or float8_e4m3fn, got {cache.dtype}")
     for name, n in zip(("block_size", "num_kv_heads", "head_dim"), cache.shape[1:]):
         if cache.ndim == 3:
@@ -114,7 +138,7 @@ def _insert_abstract(
                 f"the value must be [T, w] with column + w <= entry_width: column {column}, "
                 f"value {x}, cache {cache}"
             )
-    if slots.ndim != 1 or not _slots_fit(slots.shape[0], x.shape[0]):
+    if slots.ndim != 1 or not slots_fit(slots.shape[0], x.shape[0]):
         raise ValueError(
             f"slot_mapping must be [T] with T = {x.shape[0]}, or [N] with N <= T, got {slots}"
         )
@@ -123,14 +147,14 @@ def _insert_abstract(
     check_scale(scale)
     if fp8 != (cache.dtype == FP8_E4M3):
         raise ValueError(f"fp8={fp8} does not match the cache dtype {cache.dtype}")
-    if scale is not None and cache.dtype != FP8_E4M3:
+    if scale is not None and cache.dtype != FP8_E4M3 and encoding is None:
         raise ValueError(
             f"a scale applies only to a float8_e4m3fn cache, not to a {cache.dtype} cache"
         )
     return Aval(cache.shape, cache.dtype)
 
 
-def _slots_fit(n: int | str, tokens: int | str) -> bool:
+def slots_fit(n: int | str, tokens: int | str) -> bool:
     """Whether ``n`` slots serve ``tokens`` tokens: one each (``n == tokens``), or ``n <= T``:
     the first ``n`` tokens are stored, the rest are not (vLLM's ``num_actual_tokens`` slots
     under a batch padded for CUDA graphs). A length symbol other than T is such an ``N``;
@@ -175,7 +199,7 @@ def written_slots(slots, blocks: int, block_size: int):
 
 
 @cache_insert_p.def_impl
-def _insert_impl(cache, x, slots, scale, *, fp8, column=None):
+def _insert_impl(cache, x, slots, scale, *, fp8, column=None, encoding=None):
     out = cache.clone()
     blocks, block_size = cache.shape[:2]
     keep, block, row = written_slots(slots, blocks, block_size)
@@ -184,6 +208,8 @@ def _insert_impl(cache, x, slots, scale, *, fp8, column=None):
         value = value / scale.to(value.dtype)
     if fp8:
         value = value.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
+    if encoding is not None:  # e5m2: saturated, then its bytes
+        value = e5m2_bytes(value.clamp(-FP8_E5M2_MAX, FP8_E5M2_MAX))
     if cache.ndim == 4:
         out[block, row] = value.reshape(-1, *cache.shape[2:]).to(out.dtype)
     else:
@@ -193,7 +219,7 @@ def _insert_impl(cache, x, slots, scale, *, fp8, column=None):
 
 @cache_insert_p.def_facts
 def _insert_facts(
-    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None
+    cache: Aval, x: Aval, slots: Aval, scale: Aval | None, *, fp8, column=None, encoding=None
 ) -> PagedStore:
     roles = (Role.CACHE, Role.VALUE, Role.INDEX, Role.SCALAR if scale is not None else None)
     if cache.ndim == 3:  # any head structure: the value's features go back to back
@@ -210,7 +236,9 @@ def _insert_lowering(b: EmitContext, eqn: Eqn) -> None:
     cache_var, x_var, slots_var, scale_var = eqn.inputs
     assert cache_var is not None and x_var is not None and slots_var is not None
     x = b.pieces(x_var)
+    scale = b.scalar(scale_var) if scale_var is not None else None
     if eqn.params["fp8"]:
-        scale = b.scalar(scale_var) if scale_var is not None else None
         x = {name: saturate_lines(b, v, scale, f"kv_{name}_") for name, v in x.items()}
+    if eqn.params.get("encoding") == "e5m2":  # the bytes, stored into the uint8 cache
+        x = {name: e5m2_code_lines(b, v, scale, f"e5m2_{name}_") for name, v in x.items()}
     b.scatter_rows(cache_var, slots_var, x, offset=eqn.params.get("column") or 0)

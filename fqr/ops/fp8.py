@@ -11,6 +11,11 @@ MiniMax-M3's FP8 path (vllm-ascend ``split_qkv_index_rmsnorm_rope``: ``clamp(y, 
 saturating E4M3 conversion) and vLLM's ``scaled_convert`` (``__nv_cvt_float_to_fp8(x / scale,
 __NV_SATFINITE, __NV_E4M3)``). NaN stays NaN (E4M3 has no infinity; +-Inf saturate to +-448).
 
+With ``multiply=True`` the per-tensor factor multiplies instead (FlashInfer's convention for
+its FP8 outputs, ``quant_scale_q`` of ``mla_rope_quantize_fp8``: ``cast(x * quant_scale_q)``)::
+
+    y = clamp(x * scale, -448, 448)          stored as float8_e4m3fn
+
 Like every op, the value stays in fp32 inside a program: the rounding to E4M3 happens once,
 where the output is stored (round to nearest, ties to even, on every target; the reference
 backend's ``Tensor.to(float8_e4m3fn)`` of the clamped value). The reference it matches is
@@ -25,13 +30,18 @@ from ..core import Aval, EmitContext, Eqn, HeadOp, Role, primitive
 
 FP8_E4M3 = torch.float8_e4m3fn
 FP8_E4M3_MAX = float(torch.finfo(FP8_E4M3).max)  # 448.0
+FP8_E5M2 = torch.float8_e5m2
+FP8_E5M2_MAX = float(torch.finfo(FP8_E5M2).max)  # 57344.0
+E5M2_MIN_NORMAL = 2.0**-14  # below it the spacing stays 2^-16 (subnormals)
 
 quantize_fp8_p = primitive("quantize_fp8")
 
 
-def quantize_fp8(x, scale=None):
-    """See the module docstring."""
-    return quantize_fp8_p.bind(x, scale)
+def quantize_fp8(x, scale=None, *, multiply: bool = False):
+    """See the module docstring (``multiply``: the scale multiplies, FlashInfer's)."""
+    if multiply and scale is None:
+        raise ValueError("multiply=True needs a scale")
+    return quantize_fp8_p.bind(x, scale, **({"multiply": True} if multiply else {}))
 
 
 def check_scale(scale: Aval | None, name: str = "scale") -> None:
@@ -41,7 +51,7 @@ def check_scale(scale: Aval | None, name: str = "scale") -> None:
 
 
 @quantize_fp8_p.def_abstract
-def _quantize_abstract(x: Aval, scale: Aval | None):
+def _quantize_abstract(x: Aval, scale: Aval | None, *, multiply: bool = False):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
     if not x.dtype.is_floating_point:
@@ -51,25 +61,36 @@ def _quantize_abstract(x: Aval, scale: Aval | None):
 
 
 @quantize_fp8_p.def_impl
-def _quantize_impl(x, scale):
-    y = x if scale is None else x / scale.to(x.dtype)
+def _quantize_impl(x, scale, *, multiply: bool = False):
+    if scale is None:
+        y = x
+    else:
+        y = x * scale.to(x.dtype) if multiply else x / scale.to(x.dtype)
     return y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
 
 
 @quantize_fp8_p.def_facts
-def _quantize_facts(x: Aval, scale: Aval | None) -> HeadOp:
+def _quantize_facts(x: Aval, scale: Aval | None, *, multiply: bool = False) -> HeadOp:
     return HeadOp((Role.VALUE, Role.SCALAR if scale is not None else None))  # elementwise
 
 
 def saturate_lines(
-    b: EmitContext, value: str, scale: str | None, prefix: str, *, exact_division: bool = False
+    b: EmitContext,
+    value: str,
+    scale: str | None,
+    prefix: str,
+    *,
+    exact_division: bool = False,
+    multiply: bool = False,
 ) -> str:
     """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name.
     ``exact_division``: divide with ``tl.math.div_rn`` (IEEE round to nearest; Triton's ``/``
-    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp)."""
+    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp); ``multiply``: ``value * scale``."""
     y = b.fresh(prefix)
     if scale is None:
         scaled = value
+    elif multiply:
+        scaled = f"({value} * {scale})"
     elif exact_division:
         scaled = f"tl.math.div_rn({value}, {scale})"
     else:
@@ -87,8 +108,44 @@ def _quantize_lowering(b: EmitContext, eqn: Eqn) -> None:
     assert x_var is not None
     scale = b.scalar(scale_var) if scale_var is not None else None
     name = b.var_name(eqn.outputs[0])
+    multiply = bool(eqn.params.get("multiply"))
     out = {
-        piece: saturate_lines(b, v, scale, f"{name}_{piece}_")
+        piece: saturate_lines(b, v, scale, f"{name}_{piece}_", multiply=multiply)
         for piece, v in b.pieces(x_var).items()
     }
     b.set(eqn.outputs[0], out)
+
+
+def e5m2_code_lines(b: EmitContext, value: str, scale: str | None, prefix: str) -> str:
+    """Emit the float8_e5m2 byte of ``clamp(value / scale, -57344, 57344)`` (vLLM's
+    ``__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E5M2)``: saturate, round to
+    nearest even) as a ``uint32`` tile of codes 0..255, encoded on the fp32 bits so that every
+    target (the interpreters, Ascend, NVIDIA) stores the same byte: normals round to 2
+    mantissa bits on the bits (the carry moves the exponent; bias 127 -> 15), subnormals
+    (``|y| < 2^-14``) to multiples of 2^-16 by the 2^23 trick; NaN stays NaN (0x7F)."""
+    y = b.fresh(prefix)
+    scaled = value if scale is None else f"({value} / {scale})"
+    b.emit(
+        f"{y} = tl.where({scaled} != {scaled}, {scaled}, "
+        f"tl.minimum(tl.maximum({scaled}, {-FP8_E5M2_MAX!r}), {FP8_E5M2_MAX!r}))"
+    )
+    a, bits, code = b.fresh(f"{prefix}abs"), b.fresh(f"{prefix}bits"), b.fresh(f"{prefix}code")
+    b.emit(f"{a} = tl.abs({y})")
+    b.emit(f"{bits} = {a}.to(tl.uint32, bitcast=True)")
+    b.emit(f"{bits} = ({bits} + 0xFFFFF + (({bits} >> 21) & 1)) & 0xFFE00000")
+    small = b.fresh(f"{prefix}sub")  # the subnormal range only (else 0: no NaN cast below)
+    b.emit(f"{small} = tl.where({a} < {E5M2_MIN_NORMAL!r}, {a}, 0.0)")
+    b.emit(
+        f"{code} = tl.where({a} < {E5M2_MIN_NORMAL!r}, "
+        f"(({small} * 65536.0 + 8388608.0) - 8388608.0).to(tl.uint32), "
+        f"((({bits} >> 23) - 112) << 2) | (({bits} >> 21) & 3))"
+    )
+    sign = f"(({y}.to(tl.uint32, bitcast=True) >> 24) & 0x80)"
+    b.emit(f"{code} = tl.where({y} != {y}, 0x7F, {code}) | {sign}")
+    return code
+
+
+def e5m2_bytes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (already saturated to +-57344, NaN kept) as float8_e5m2 bytes, ``uint8`` (torch's
+    conversion: round to nearest even)."""
+    return x.to(FP8_E5M2).view(torch.uint8)

@@ -70,6 +70,14 @@ def round_to(x, numerics: str):
     return x.dtype if numerics.startswith("unfused") else None
 
 
+def complex_rope_round_to(x, numerics: str):
+    """The rounding of a rotation whose ``numerics="unfused-hf"`` is Hugging Face's fp32
+    complex product rounded once (DeepSeek-V2's ``apply_rotary_emb``: ``view_as_complex`` of
+    the fp32 pairs times the fp32 ``freqs_cis``, then ``type_as``): None there (the rotation
+    exact in fp32, one rounding at the store), else :func:`round_to`."""
+    return None if numerics == "unfused-hf" else round_to(x, numerics)
+
+
 def group_rotary_dim(cos_sin_cache, head_dim: int) -> int | None:
     """The rotary width of a head group ``head_dim`` wide under a table R wide: ``min(R,
     head_dim)`` (vllm-ascend's MiniMax indexer rotates each group so), as :func:`fqr.ops.rope`'s

@@ -153,6 +153,13 @@ class TensorKind:
         leading = (self.leading,) if self.leading else ()
         return tuple(Aval.of(o, *leading) for o in self.operands(x))
 
+    def viewed_as(self, x, call: Call) -> torch.dtype | None:
+        """The dtype the argument enters the program as, a view of the same memory (vLLM's
+        ``uint8`` FP8 cache as the float8 dtype its ``kv_cache_dtype`` names), decided by the
+        call's static arguments and the argument's dtype (so the same for every call of one
+        key); None: as given."""
+        return None
+
     def per_call(self, name: str, x, call: Call) -> None:
         """Checks of values (not metadata) that run on every call (a CPU tensor's range)."""
 
@@ -403,19 +410,24 @@ class Slots(TensorKind):
 
 @dataclass(frozen=True)
 class Scale(TensorKind):
-    """A per-tensor FP8 scale: float32 ``[1]``, finite and > 0 (values divide by it; checked
-    on the host for a CPU scale, as positions and slots are)."""
+    """A per-tensor FP8 scale: float32 ``[1]``, or 0-dim (``torch.tensor(0.1)``, as vLLM's
+    tests and layers hold it; the program reads it as the ``[1]`` view of the same memory),
+    finite and > 0 (checked on the host for a CPU scale, as positions and slots are)."""
 
     def check(self, name, x, call):
         check_tensor(name, x)
-        if x.shape != (1,) or x.dtype != torch.float32:
+        if x.shape not in ((1,), ()) or x.dtype != torch.float32:
             raise ValueError(
-                f"{name} must be a float32 tensor of shape [1], got {x.dtype} {list(x.shape)}"
+                f"{name} must be a float32 tensor of shape [1] (or 0-dim), got {x.dtype} "
+                f"{list(x.shape)}"
             )
+
+    def operands(self, x):
+        return (x if x.dim() else x.reshape(1),)
 
     def per_call(self, name, x, call):
         if x.device.type == "cpu":
-            value = float(x[0])
+            value = float(x.reshape(-1)[0])
             if not (0 < value < float("inf")):
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
 
@@ -802,11 +814,18 @@ class Declaration:
         used = p.kind.used
         return getattr(call, p.name) is not None and (used is None or used(call))
 
+    def as_given_to_program(self, p: Tensor, call: Call):
+        """Argument ``p`` of ``call`` as the program takes it (its kind's
+        :meth:`TensorKind.viewed_as` view, else itself)."""
+        x = getattr(call, p.name)
+        dtype = p.kind.viewed_as(x, call)
+        return x if dtype is None else x.view(dtype)
+
     def avals(self, call: Call) -> tuple:
         avals: list = []
         for p in self.tensor_params:
             if self.used(p, call):
-                avals.extend(p.kind.avals(getattr(call, p.name)))
+                avals.extend(p.kind.avals(self.as_given_to_program(p, call)))
             else:
                 avals.extend((None,) * p.kind.program_inputs)
         return tuple(avals)
@@ -834,7 +853,7 @@ class Declaration:
         ops: list = []
         for p in self.tensor_params:
             if self.used(p, call):
-                ops.extend(p.kind.operands(getattr(call, p.name)))
+                ops.extend(p.kind.operands(self.as_given_to_program(p, call)))
         return ops
 
     # -------------------------------------------------------------- the call
@@ -969,10 +988,15 @@ class CheckedCall:
         self._token_dims = tuple((i, e[3]) for i, e in enumerate(entries) if e[3] is not None)
         self._anchor_at = decl.index[decl._anchor]
         self._donated = frozenset(program.aliases())
-        # each program operand: the argument it comes from and the kind that expands it
-        # (None: the argument itself)
+        # each program operand: the argument it comes from, the kind that expands it (None:
+        # the argument itself) and the dtype it is viewed as (None: as given; the key and the
+        # guard fix it)
         self._recipe = tuple(
-            (decl.index[p.name], None if _passes_through(p.kind) else p.kind)
+            (
+                decl.index[p.name],
+                None if _passes_through(p.kind) else p.kind,
+                p.kind.viewed_as(getattr(call, p.name), call),
+            )
             for p in decl.tensor_params
             if decl.used(p, call)
         )
@@ -1020,11 +1044,12 @@ class CheckedCall:
             call._tokens = values[self._anchor_at].shape[0]
             decl.per_call(call, self._checks)
         args = []
-        for i, kind in self._recipe:
+        for i, kind, view in self._recipe:
+            x = values[i] if view is None else values[i].view(view)
             if kind is None:
-                args.append(values[i])
+                args.append(x)
             else:
-                args.extend(kind.operands(values[i]))
+                args.extend(kind.operands(x))
         if decl._out is not None or decl._returns is not None:
             call = call or decl.bound(values)
         out = None if decl._out is None else decl._out(call)
@@ -1120,7 +1145,9 @@ DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
 def _schema_type(p: Param) -> str:
     if isinstance(p, Tensor):
-        return "Tensor(a!)" if p.donated else ("Tensor?" if p.optional else "Tensor")
+        if p.donated:  # an optional cache updated in place: a mutable optional tensor
+            return "Tensor(a!)?" if p.optional else "Tensor(a!)"
+        return "Tensor?" if p.optional else "Tensor"
     assert isinstance(p, Static)
     return p.schema
 
@@ -1143,8 +1170,8 @@ def _schema(decl: Declaration) -> str:
     parts = []
     for i, p in enumerate(params):
         kind = _schema_type(p)
-        if kind == "Tensor(a!)":
-            kind = f"Tensor({next(aliases)}!)"
+        if kind.startswith("Tensor(a!)"):
+            kind = kind.replace("(a!)", f"({next(aliases)}!)")
         default = ""
         if i >= first_default:
             default = "=" + ("None" if p.default is None else _schema_default(p.default))

@@ -57,8 +57,9 @@ def index_cache_prologue(
         qkv, index_qkv, positions, cos_sin_cache, (q_weight, k_weight),
         (index_q_weight, index_k_weight), s,
     )  # fmt: skip
-    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
-    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
+    encoding = params.cache_encoding(key_cache)  # E5M2 bytes
+    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale, encoding=encoding)
+    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale, encoding=encoding)
     index_cache = ops.cache_insert(index_cache, ik, index_slot_mapping)
     if index_cache.dtype == FP8_E4M3:  # index_q in the index cache's dtype, as the peer's
         iq = ops.quantize_fp8(iq)

@@ -44,8 +44,9 @@ def cache_prologue(
     stores in place when donated."""
     return_k = s.pop("return_k")
     q, k, v = split_head_norm_rope(qkv, positions, cos_sin_cache, (q_weight, k_weight), s)
-    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale)
-    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale)
+    encoding = params.cache_encoding(key_cache)  # E5M2 bytes
+    key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale, encoding=encoding)
+    value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale, encoding=encoding)
     return (q, *((k,) if return_k else ()), key_cache, value_cache)
 
 

@@ -20,7 +20,6 @@ import torch
 from .. import ops, reference
 from ..core import DTYPE_NAMES, Aval
 from ..inputs import random_qkv, random_slot_mapping
-from ..ops.fp8 import FP8_E4M3
 from ..peers import vllm_reshape_and_cache_flash
 from ..validate import ACTIVATION_DTYPES, check_row_stride, check_tensor
 from . import params
@@ -28,26 +27,23 @@ from .declare import (
     BACKEND,
     Cache,
     Call,
-    Slots,
-    Static,
     Tensor,
     TensorKind,
-    choice,
     declare,
     numerics,
 )
 from .variant import CaseSpec, Variant, register_variant
 
-FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of an E4M3 cache
-KV_CACHE_DTYPES = ("auto", *FP8_NAMES)
+KV_CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES)  # vLLM's names: E4M3 and E5M2
 
 
 def kv_insert(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, **static):
     """k and v written into the paged caches by slot (traced into one program): returns the
     new ``(key_cache, value_cache)``, functional updates (:func:`fqr.ops.cache_insert`) that
     the kernel stores in place when donated."""
-    key_cache = ops.cache_insert(key_cache, key, slot_mapping, k_scale)
-    value_cache = ops.cache_insert(value_cache, value, slot_mapping, v_scale)
+    encoding = params.cache_encoding(key_cache)  # E5M2 bytes
+    key_cache = ops.cache_insert(key_cache, key, slot_mapping, k_scale, encoding=encoding)
+    value_cache = ops.cache_insert(value_cache, value, slot_mapping, v_scale, encoding=encoding)
     return key_cache, value_cache
 
 
@@ -103,15 +99,13 @@ class HeadRows(TensorKind):
 @dataclass(frozen=True)
 class FlashCache(Cache):
     """A :class:`~fqr.prologue.declare.Cache` of ``kv_cache_dtype`` (vLLM's): ``"auto"`` the
-    key's dtype; ``"fp8"`` float8_e4m3fn, or ``uint8`` (vLLM allocates its FP8 caches as
-    bytes) given to the program as the float8_e4m3fn view of the same memory."""
+    key's dtype; ``"fp8"`` / ``"fp8_e4m3"`` float8_e4m3fn, ``"fp8_e5m2"`` float8_e5m2, either
+    as vLLM allocates it too (uint8 bytes), given to the program as
+    :func:`fqr.prologue.params.fp8_cache_view` says (E4M3 as float8_e4m3fn, E5M2 as its
+    bytes)."""
 
-    def operands(self, x):
-        return (x.view(FP8_E4M3) if x.dtype == torch.uint8 else x,)
-
-    def avals(self, x):
-        dtype = FP8_E4M3 if x.dtype == torch.uint8 else x.dtype
-        return (Aval(("B", *x.shape[1:]), dtype),)
+    def viewed_as(self, x, call):
+        return params.fp8_cache_view(x, call.kv_cache_dtype)
 
 
 def _cache_shape(call: Call):
@@ -124,13 +118,14 @@ def _cache_shape(call: Call):
 def _cache_dtypes(call: Call):
     if call.kv_cache_dtype == "auto":
         return (call.key.dtype,)
-    return (FP8_E4M3, torch.uint8)
+    return (params.FP8_KV_CACHE_DTYPES[call.kv_cache_dtype], torch.uint8)
 
 
 def _cache_dtype_text(call: Call) -> str:
     if call.kv_cache_dtype == "auto":
         return f"key's dtype {DTYPE_NAMES.get(call.key.dtype)} (kv_cache_dtype 'auto')"
-    return f"float8_e4m3fn or its uint8 bytes (kv_cache_dtype {call.kv_cache_dtype!r})"
+    typed = DTYPE_NAMES.get(params.FP8_KV_CACHE_DTYPES[call.kv_cache_dtype])
+    return f"{typed} or its uint8 bytes (kv_cache_dtype {call.kv_cache_dtype!r})"
 
 
 def _cache(name: str, what: str) -> Tensor:
@@ -168,23 +163,12 @@ KV_CACHE_INSERT = declare(
         params.positional("value", HeadRows(like="key"), doc="``[T, Hkv, D]`` values, as key"),
         _cache("key_cache", "key"),
         _cache("value_cache", "value"),
-        params.positional(
-            "slot_mapping",
-            Slots(shorter=True, rows_of="key"),
-            doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
-            "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
-            "``t >= N`` are not stored",
-        ),
-        Static(
-            "kv_cache_dtype",
-            "auto",
-            keyword=False,
-            annotation="str",
-            check=choice(*KV_CACHE_DTYPES),
-            program=False,
-            schema="str",
-            doc="vLLM's name of the caches' dtype: ``'auto'`` (key's dtype) or ``'fp8'`` / "
-            "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes)",
+        params.short_slot_mapping("key_cache", "key"),
+        params.kv_cache_dtype_param(
+            KV_CACHE_DTYPES,
+            "vLLM's name of the caches' dtype: ``'auto'`` (key's dtype), ``'fp8'`` / "
+            "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes) or ``'fp8_e5m2'`` (E5M2: "
+            "float8_e5m2, or uint8 bytes)",
         ),
         params.cache_scale("k_scale", "key", keyword=False),
         params.cache_scale("v_scale", "value", keyword=False),
@@ -210,14 +194,14 @@ KV_CACHE_INSERT = declare(
     ``store`` rounds to the cache's dtype once (``kv_cache_dtype="auto"``: the key's dtype, a
     copy); an FP8 cache (``"fp8"``) stores ``e4m3(clamp(x / scale, -448, 448))`` with the
     float32 ``[1]`` per-tensor ``k_scale`` / ``v_scale`` (default 1; vLLM's
-    ``scaled_convert``). A negative slot writes nothing, rows no slot names keep their
-    contents. The caches are updated in place (the composition is functional,
-    :func:`fqr.ops.cache_insert`, and the op donates them). ``numerics`` changes nothing here
-    (one rounding either way). The reference it matches is
-    :func:`fqr.reference.kv_cache_insert`.
+    ``scaled_convert``), ``"fp8_e5m2"`` ``e5m2(clamp(x / scale, -57344, 57344))``. A
+    negative slot writes nothing, rows no slot names keep their contents. The caches are updated
+    in place (the composition is functional, :func:`fqr.ops.cache_insert`, and the op donates
+    them). ``numerics`` changes nothing here (one rounding either way). The reference it matches
+    is :func:`fqr.reference.kv_cache_insert`.
 
-    Not expressed: vLLM's per-head scales (``kv_scale_type="attn_head"``, ``[Hkv]``), NVFP4
-    caches and ``fp8_e5m2``: refused by the checks.
+    Not expressed: vLLM's per-head scales (``kv_scale_type="attn_head"``, ``[Hkv]``) and NVFP4
+    caches: refused by the checks.
 
     Example (CPU tensors: ``backend="auto"`` runs the reference backend)::
 
@@ -242,8 +226,12 @@ kv_cache_insert = KV_CACHE_INSERT.function
 # ------------------------------------------------------------------------- the variant
 
 
+# a preset's cache_dtype -> vLLM's kv_cache_dtype
+VLLM_CACHE_DTYPES = {"auto": "auto", "fp8e4m3": "fp8", "fp8e5m2": "fp8_e5m2"}
+
+
 def _kwargs(preset) -> dict:
-    return {"kv_cache_dtype": "auto" if preset.params["cache_dtype"] == "auto" else "fp8"}
+    return {"kv_cache_dtype": VLLM_CACHE_DTYPES[preset.params["cache_dtype"]]}
 
 
 def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
@@ -303,9 +291,16 @@ KV_INSERT = register_variant(
         params=params.PAGED_CACHE_FIELDS,
         check_preset=params.check_paged_cache_preset,
         reads_table=False,
+        # an E5M2 cache is the program's uint8 bytes: held as the E5M2 values they are
+        tolerances=lambda preset: (
+            {n: "fp8-e5m2-bytes" for n in ("key_cache", "value_cache")}
+            if preset.params["cache_dtype"] == "fp8e5m2"
+            else {}
+        ),
         golden=(
             CaseSpec("qwen3-8b-kv-insert-fp8", "bf16", 7, tp=2),
             CaseSpec("qwen3-8b-kv-insert", "fp16", 1, tp=8),
+            CaseSpec("qwen3-8b-kv-insert-fp8-e5m2", "fp16", 1, tp=8),
         ),
     )
 )

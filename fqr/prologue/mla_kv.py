@@ -29,16 +29,20 @@ reference is :func:`mla_kv_reference` (:func:`fqr.reference.mla_kv`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
 import torch
 
 from .. import ops, reference
 from ..core import DTYPE_NAMES, Section
 from ..inputs import random_heads, random_positions, random_slot_mapping
 from ..ops.fp8 import FP8_E4M3 as FP8
+from ..ops.fp8 import FP8_E5M2
 from ..unfused import vllm_rms_norm, vllm_rotary_embedding
 from ..validate import check_positive_int
 from . import params
-from .blocks import round_to
+from .blocks import complex_rope_round_to, round_to
 from .declare import (
     BACKEND,
     Cache,
@@ -46,7 +50,6 @@ from .declare import (
     Output,
     Rows,
     Scale,
-    Slots,
     Static,
     Tensor,
     Vector,
@@ -69,14 +72,17 @@ def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
 
 
 def mla_kv_prologue(
-    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale, **s
-):
+    kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, k_scale,
+    quant_scale_q, kpe_cache, **s,
+):  # fmt: skip
     """Split ``[q_c | kv_c | k_pe]``, norm q_c and kv_c over their widths, rotate k_pe, store
     ``[kv_c | k_pe]`` into the cache (traced into one program): returns ``(q_c, kv_c, k_pe, new
     kv_cache)``, without ``q_c`` when ``q_lora_rank`` is 0. ``numerics="unfused"`` rounds to the
     model dtype where vLLM's ``RMSNorm.forward_native`` and rotary code round (an
     ``fp8_ds_mla`` tile's max is then taken over the rounded kv_c, as vLLM's cache kernel
-    takes it over ``kv_c_normed``)."""
+    takes it over ``kv_c_normed``); ``"unfused-hf"`` as transformers' DeepSeek-V2: the norms
+    as ``"unfused"``, k_pe's rotation an fp32 complex product rounded once
+    (:func:`fqr.prologue.blocks.complex_rope_round_to`)."""
     q_lora_rank, kv_lora_rank, rope_dim = s["q_lora_rank"], s["kv_lora_rank"], s["qk_rope_head_dim"]
     eps = s["eps"]
     byte_entry = kv_cache.dtype == BYTES
@@ -97,26 +103,157 @@ def mla_kv_prologue(
         cos_sin_cache,
         head_dim=rope_dim,
         is_neox=s["is_neox"],
-        round_to=rounding,
+        round_to=complex_rope_round_to(kv_a, s["numerics"]),
     )
-    if byte_entry:
+    caches = mla_cache_stores(
+        kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache,
+        encoding=s.get("cache_encoding"),
+    )  # fmt: skip
+    if not q_lora_rank:
+        return kv_c, k_pe, *caches
+    q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
+    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: e4m3(clamp(q_c * scale))
+        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True)
+    return q_c, kv_c, k_pe, *caches
+
+
+def mla_cache_stores(
+    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None, encoding=None
+):
+    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches):
+    ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
+    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``); for a uint8 cache
+    ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as heads
+    of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`); with
+    ``kpe_cache`` FlashInfer's two caches, kv_c into ``kv_cache`` (its ``ckv_cache``) and k_pe
+    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each. ``encoding="e5m2"``: the
+    (uint8) caches hold float8_e5m2 bytes (vLLM's ``fp8_e5m2``)."""
+    kv_lora_rank = kv_c.shape[1]
+    if kpe_cache is not None:
+        return (
+            ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding),
+            ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0, encoding=encoding),
+        )
+    if kv_cache.dtype == BYTES and encoding is None:
         cache = ops.cache_insert_fp8_tiles(
             kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
         )
         rope_at = kv_lora_rank + 4 * (kv_lora_rank // TILE)
-        cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=kv_a.dtype)
-    else:  # concat_and_cache_mla: [kv_c | k_pe] in the cache's dtype (FP8: per-tensor scale)
-        cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, k_scale, column=0)
-        cache = ops.cache_insert(cache, k_pe, slot_mapping, k_scale, column=kv_lora_rank)
-    if not q_lora_rank:
-        return kv_c, k_pe, cache
-    q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
-    return q_c, kv_c, k_pe, cache
+        cache = ops.cache_insert_bytes(cache, k_pe, slot_mapping, offset=rope_at, dtype=rope_dtype)
+        return (cache,)
+    cache = ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding)
+    last = ops.cache_insert(
+        cache, k_pe, slot_mapping, scale, column=kv_lora_rank, encoding=encoding
+    )
+    return (last,)
+
+
+def mla_cache_expected(
+    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kpe_cache=None
+) -> tuple:
+    """float64 expectation of :func:`mla_cache_stores`: :func:`fqr.reference.mla_cache_entry`
+    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first; FlashInfer's
+    two caches as the two parts of one entry), or for the ``fp8_ds_mla`` uint8 cache
+    :func:`fqr.reference.ds_mla_entry` packed with the cache's other entries decoded."""
+    if kpe_cache is not None:  # [ckv | kpe] is the one entry's layout: expected, then cut
+        bytes_of = [c.contiguous().view(BYTES) for c in (kv_cache, kpe_cache)]
+        both = torch.cat(bytes_of, dim=-1).view(kv_cache.dtype)
+        cache, _ = reference.mla_cache_entry(both, kv_c, k_pe, slot_mapping, scale=scale)
+        width = kv_cache.shape[-1]
+        return cache[..., :width].contiguous(), cache[..., width:].contiguous()
+    if kv_cache.dtype == BYTES:
+        entry = reference.ds_mla_entry(
+            kv_cache, kv_c, k_pe, slot_mapping, tile=TILE, rope_dtype=rope_dtype
+        )
+        return (entry.packed(kv_cache),)
+    cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=scale)
+    return (cache,)
+
+
+@dataclass(frozen=True)
+class KpeCache(Cache):
+    """FlashInfer's ``kpe_cache [num_blocks, block_size, rope]``: ``kv_cache``'s blocks, block
+    size and dtype (a uint8 FP8 pair read as the float8 values its ``kv_cache_dtype`` names)."""
+
+    def viewed_as(self, x, call):
+        return params.fp8_cache_view(x, cache_dtype_name(call))
+
+
+# The kv_cache_dtype an MLA cache of each dtype is (an op without the argument): vLLM's names
+DTYPE_CACHE_NAMES = {FP8: "fp8", FP8_E5M2: "fp8_e5m2", BYTES: "fp8_ds_mla"}
+
+
+def cache_dtype_name(call: Call) -> str:
+    """vLLM's ``kv_cache_dtype`` of the call's MLA cache: the argument where the op takes one,
+    else what the cache's dtype says (``auto`` for the model dtype)."""
+    name = getattr(call, "kv_cache_dtype", None)
+    return name or DTYPE_CACHE_NAMES.get(call.kv_cache.dtype, "auto")
+
+
+@dataclass(frozen=True)
+class MlaCache(Cache):
+    """The paged MLA cache: a per-tensor FP8 one enters the program as
+    :func:`fqr.prologue.params.fp8_cache_view` says (E4M3 as float8_e4m3fn, vLLM's uint8
+    allocation viewed so; E5M2 as its bytes), an ``fp8_ds_mla`` one as the bytes it is."""
+
+    def viewed_as(self, x, call):
+        return params.fp8_cache_view(x, cache_dtype_name(call))
+
+
+def cache_statics(call: Call) -> dict:
+    """The composition's ``cache_encoding`` where the cache holds E5M2 bytes (else none)."""
+    encoding = (
+        "e5m2" if params.FP8_KV_CACHE_DTYPES.get(cache_dtype_name(call)) == FP8_E5M2 else None
+    )
+    return {"cache_encoding": encoding} if encoding else {}
+
+
+def two_caches_agree(call: Call) -> None:
+    """``kpe_cache`` (when given) has ``kv_cache``'s blocks and dtype; the ``fp8_ds_mla``
+    byte entry has no second cache."""
+    kpe, kv = call.kpe_cache, call.kv_cache
+    if kpe is None:
+        return
+    if kpe.shape[0] != kv.shape[0] or kpe.dtype != kv.dtype:
+        raise ValueError(
+            f"kpe_cache ({DTYPE_NAMES.get(kpe.dtype)} {list(kpe.shape)}) must have kv_cache's "
+            f"blocks and dtype ({DTYPE_NAMES.get(kv.dtype)} {list(kv.shape)})"
+        )
+
+
+def kpe_cache_param(rope: Callable[[Call], int]) -> Tensor:
+    """FlashInfer's second MLA cache, the rope part (``rope(call)`` wide), donated."""
+
+    def entry(call: Call):
+        bs, r = call.kv_cache.shape[1], rope(call)
+        return (bs, r), f"[num_blocks, block_size = {bs} (kv_cache's), {r}] (k_pe's width)"
+
+    return Tensor(
+        "kpe_cache",
+        None,
+        annotation=params.OPTIONAL_TENSOR,
+        kind=KpeCache(
+            shape=entry,
+            dtypes=lambda call: (call.kv_cache.dtype,),
+            dtype_text=lambda call: f"kv_cache's dtype {DTYPE_NAMES.get(call.kv_cache.dtype)}",
+            last="the entry",
+        ),
+        optional=True,
+        donated=True,
+        doc="FlashInfer's paged MLA layout in two caches: given, ``kv_cache`` is its "
+        "``ckv_cache [num_blocks, block_size, kv_lora_rank]`` (kv_c) and this its ``kpe_cache "
+        "[num_blocks, block_size, qk_rope_head_dim]`` (k_pe), same blocks and dtype (not "
+        "fp8_ds_mla), updated in place",
+    )
+
+
+KPE_CACHE = kpe_cache_param(lambda call: call.qk_rope_head_dim)
 
 
 def mla_kv_reference(
     kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
-    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None,
+    q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None, quant_scale_q=None,
+    kpe_cache=None,
 ):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
@@ -133,12 +270,13 @@ def mla_kv_reference(
         eps=eps,
         is_neox=is_neox,
     )
-    if kv_cache.dtype == BYTES:
-        entry = reference.ds_mla_entry(kv_cache, kv_c, k_pe, slot_mapping, tile=TILE)
-        cache = entry.packed(kv_cache)
-    else:
-        cache, _ = reference.mla_cache_entry(kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale)
-    return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, cache)
+    caches = mla_cache_expected(
+        kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype,
+        kpe_cache=kpe_cache,
+    )  # fmt: skip
+    if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
+        q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))
+    return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, *caches)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -160,11 +298,15 @@ def _ranks(call: Call) -> None:
         raise ValueError(
             "q_a_weight is required with q_lora_rank > 0 and must be None with q_lora_rank 0"
         )
+    if call.quant_scale_q is not None and call.q_lora_rank == 0:
+        raise ValueError("quant_scale_q quantizes q_c: it needs q_lora_rank > 0")
 
 
 def _entry(call: Call):
     """The cache entry the flavour needs (after the blocks), and how it is made."""
     kv, r = call.kv_lora_rank, call.qk_rope_head_dim
+    if call.kpe_cache is not None:
+        return (None, kv), f"[num_blocks, block_size, kv_lora_rank = {kv}] (with kpe_cache)"
     if isinstance(call.kv_cache, torch.Tensor) and call.kv_cache.dtype == BYTES:
         size = ds_mla_entry_bytes(kv, r)
         text = (
@@ -176,13 +318,13 @@ def _entry(call: Call):
 
 
 def _cache_dtypes(call: Call):
-    return (call.kv_a.dtype, FP8, BYTES)
+    return (call.kv_a.dtype, FP8, FP8_E5M2, BYTES)
 
 
 def _cache_dtype_text(call: Call) -> str:
     return (
-        f"kv_a's dtype {DTYPE_NAMES.get(call.kv_a.dtype)}, fp8e4m3 (kv_cache_dtype 'fp8') or "
-        f"uint8 (kv_cache_dtype 'fp8_ds_mla')"
+        f"kv_a's dtype {DTYPE_NAMES.get(call.kv_a.dtype)}, fp8e4m3 (kv_cache_dtype 'fp8'), "
+        f"fp8e5m2 ('fp8_e5m2') or uint8 ('fp8_ds_mla')"
     )
 
 
@@ -194,21 +336,29 @@ def _flavour(call: Call) -> None:
             f"{call.qk_rope_head_dim} (k_pe is rotated whole)"
         )
     dtype = call.kv_cache.dtype
-    if call.k_scale is not None and dtype != FP8:
+    if call.k_scale is not None and dtype not in (FP8, FP8_E5M2):
         raise ValueError(
-            f"k_scale applies only to a float8_e4m3fn cache, not to a "
+            f"k_scale applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
             f"{DTYPE_NAMES.get(dtype, dtype)} cache"
         )
     if dtype == BYTES:
-        if call.kv_a.dtype != torch.bfloat16:
-            raise TypeError(
-                f"an fp8_ds_mla (uint8) kv_cache holds its rope part in bf16: kv_a must be bf16, "
-                f"got {DTYPE_NAMES.get(call.kv_a.dtype)}"
-            )
-        if call.kv_lora_rank % TILE:
-            raise ValueError(
-                f"kv_lora_rank {call.kv_lora_rank} is not a multiple of the fp8_ds_mla tile {TILE}"
-            )
+        check_ds_mla_call(call, "kv_a", call.kv_a, call.kv_lora_rank, "kv_lora_rank")
+
+
+def check_ds_mla_call(call: Call, name: str, rows, width: int, width_name: str) -> None:
+    """What an ``fp8_ds_mla`` cache asks of a call: no second cache (the byte entry is one),
+    16-bit rows ``name`` (the rope part is stored in the model dtype; vLLM's
+    ``concat_and_cache_ds_mla`` checks ``itemsize() == 2``), kv_c of whole tiles (``width``,
+    the message's ``width_name``)."""
+    if call.kpe_cache is not None:
+        raise ValueError("kpe_cache: the fp8_ds_mla (uint8) entry has no second cache")
+    if rows.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(
+            f"an fp8_ds_mla (uint8) kv_cache holds its rope part in the model dtype, 16 bits: "
+            f"{name} must be bf16 or fp16, got {DTYPE_NAMES.get(rows.dtype)}"
+        )
+    if width % TILE:
+        raise ValueError(f"{width_name} {width} is not a multiple of the fp8_ds_mla tile {TILE}")
 
 
 def _returns(call: Call, outs: tuple):
@@ -245,7 +395,7 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         ),
         params.positional(
             "kv_cache",
-            Cache(
+            MlaCache(
                 shape=_entry,
                 dtypes=_cache_dtypes,
                 dtype_text=_cache_dtype_text,
@@ -253,15 +403,12 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             ),
             donated=True,
             doc="the paged MLA cache, updated in place: ``[num_blocks, block_size, kv_lora_rank "
-            "+ qk_rope_head_dim]`` in kv_a's dtype or float8_e4m3fn (vLLM's 'auto' / 'fp8'), or "
-            "uint8 ``[num_blocks, block_size, 656]`` (DeepSeek-V3.2's 'fp8_ds_mla'); any strides "
-            "with a contiguous last dim",
+            "+ qk_rope_head_dim]`` in kv_a's dtype, float8_e4m3fn or float8_e5m2 (vLLM's "
+            "'auto' / 'fp8' / 'fp8_e5m2'), or uint8 ``[num_blocks, block_size, 656]`` "
+            "(DeepSeek-V3.2's 'fp8_ds_mla'); any strides with a contiguous last dim",
         ),
-        params.positional(
-            "slot_mapping",
-            Slots(cache="kv_cache", rows_of="kv_a"),
-            doc="``[T]`` int32/int64 slot of each token: block ``s // block_size``, row "
-            "``s % block_size``; negative: padding, nothing stored",
+        params.short_slot_mapping(
+            "kv_cache", "kv_a", note=", their q_c, kv_c and k_pe still returned"
         ),
         Static(
             "q_lora_rank",
@@ -296,6 +443,10 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
             "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
         ),
+        params.quant_scale(
+            "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
+        ),
+        KPE_CACHE,
         numerics(),
         BACKEND,
     ),
@@ -304,10 +455,16 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
         Output("kv_c"),
         Output("k_pe", head_dim=lambda s: s["qk_rope_head_dim"]),
         Output("kv_cache", head_dim=lambda s: s["qk_rope_head_dim"]),
+        Output(
+            "kpe_cache",
+            head_dim=lambda s: s["qk_rope_head_dim"],
+            present=lambda call: call.kpe_cache is not None,
+        ),
     ),
     reference=mla_kv_reference,
     static_checks=(_ranks,),
-    checks=(_flavour,),
+    checks=(_flavour, two_caches_agree),
+    program_statics=cache_statics,
     returns=_returns,
     doc="""
     The Multi-head Latent Attention KV prologue of DeepSeek-V2/V3/R1/V3.2 and Kimi-K2, fused:
@@ -320,7 +477,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
 
     Per token: ``q_c = x * rsqrt(mean(x^2) + eps) * w_q`` over its ``q_lora_rank`` features,
     ``kv_c`` the same over ``kv_lora_rank`` with ``w_kv``, ``k_pe`` rotated by the token's row
-    of ``cos_sin_cache`` (GPT-J pairs: DeepSeek's). Then for each token whose slot ``s >= 0``:
+    of ``cos_sin_cache`` (GPT-J pairs: DeepSeek's). Then for each of the first N tokens
+    (``slot_mapping [N]``, N <= T: vLLM's cache kernels store ``slot_mapping.size(0)`` tokens
+    of a batch padded for CUDA graphs) whose slot ``s >= 0``:
     the cache entry ``[s // block_size, s % block_size]`` gets ``[kv_c | k_pe]`` in the
     cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``); a uint8 cache gets
     the ``fp8_ds_mla`` entry: kv_c in tiles of 128 values, each stored as
@@ -328,7 +487,13 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     (float32, stored after the values), then k_pe as bf16. Entries no slot names are left as
     they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
-    in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c).
+    in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c);
+    ``"unfused-hf"`` where transformers' DeepSeek-V2 rounds (its norms as ``"unfused"``, the
+    rotation an fp32 complex product rounded once).
+
+    With ``quant_scale_q`` (float32 ``[1]`` or 0-dim) q_c is returned as float8_e4m3fn,
+    ``e4m3(clamp(q_c * quant_scale_q, -448, 448))`` (FlashInfer's convention for FP8 q: the
+    factor multiplies), for an FP8 ``q_b_proj``.
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
@@ -362,7 +527,7 @@ MLA_PARAMS = (
     "block_size",
     "cache_dtype",
 )
-CACHE_DTYPES = ("auto", "fp8", "fp8_ds_mla")  # vLLM's kv_cache_dtype names
+CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES, "fp8_ds_mla")  # vLLM's names
 
 
 def check_mla_preset(variant: Variant, preset) -> None:
@@ -394,10 +559,10 @@ def _kwargs(preset) -> dict:
     )
 
 
-def _cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
+def random_mla_cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
     """A cache of random entries (an entry written where no slot names it shows): values of
     the cache's dtype; for ``fp8_ds_mla`` well-formed random entries (E4M3 values, positive
-    float32 scales, bf16 rope values)."""
+    float32 scales, rope values in the 16-bit model dtype, bf16 otherwise)."""
     p, bs = preset.params, preset.params["block_size"]
     kv, r, device = p["kv_lora_rank"], preset.head_dim, generator.device
 
@@ -405,10 +570,12 @@ def _cache(preset, blocks: int, dtype: torch.dtype, generator: torch.Generator):
         return torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
 
     if p["cache_dtype"] != "fp8_ds_mla":
-        return normal(blocks, bs, kv + r).to(FP8 if p["cache_dtype"] == "fp8" else dtype)
+        typed = params.FP8_KV_CACHE_DTYPES.get(p["cache_dtype"], dtype)
+        return normal(blocks, bs, kv + r).to(typed)
     values = (normal(blocks, bs, kv) * 50).to(FP8).view(BYTES)
     scales = (normal(blocks, bs, kv // TILE).abs() + 0.01).float().view(BYTES)
-    rope = normal(blocks, bs, r).to(torch.bfloat16).view(BYTES)
+    rope_dtype = dtype if dtype == torch.float16 else torch.bfloat16
+    rope = normal(blocks, bs, r).to(rope_dtype).view(BYTES)
     return torch.cat([values, scales, rope], dim=-1).contiguous()
 
 
@@ -435,7 +602,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
 
     bs = p["block_size"]
     blocks = max(1, -(-2 * tokens // bs))  # twice the entries the tokens need, one block at least
-    cache = _cache(preset, blocks, dtype, generator)
+    cache = random_mla_cache(preset, blocks, dtype, generator)
     slots = random_slot_mapping(tokens, blocks * bs, generator)
     drawn = {
         "kv_a": kv_a,
@@ -445,7 +612,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
         "kv_cache": cache,
         "slot_mapping": slots,
     }
-    if p["cache_dtype"] == "fp8":  # some values past +-448 / scale: the clamp is exercised
+    if p["cache_dtype"] in params.FP8_KV_CACHE_DTYPES:  # values past +-max / scale: clamped
         scale = torch.rand(1, generator=generator, dtype=torch.float64, device=device)
         drawn["k_scale"] = (0.004 + 0.004 * scale).float()
     return drawn
@@ -472,23 +639,36 @@ def vllm_mla_kv(
     q_c, kv_c, k_pe = kv_a.split([q_lora_rank, kv_lora_rank, qk_rope_head_dim], dim=-1)
     kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], eps)
     _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, qk_rope_head_dim, cos_sin_cache, is_neox)
-    keep = slots >= 0
-    rows = cache.view(-1, cache.shape[-1])
-    if cache_dtype == "fp8_ds_mla":
-        tiles = kv_c[keep].float().view(-1, kv_lora_rank // TILE, TILE)
-        scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
-        values = (tiles / scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
-        entry = torch.cat(
-            [values.flatten(1), scale.view(BYTES), k_pe[keep].contiguous().view(BYTES)], dim=-1
-        )
-        rows[slots[keep]] = entry
-    else:
-        entry = torch.cat([kv_c, k_pe], dim=-1)[keep]
-        if cache.dtype == FP8:
-            entry = (entry.float() / inputs["k_scale"]).clamp(-448.0, 448.0).to(FP8)
-        rows[slots[keep]] = entry
+    vllm_concat_and_cache_mla(kv_c, k_pe, cache, slots, cache_dtype, inputs.get("k_scale"))
     outs = (kv_c, k_pe, cache)
     return (vllm_rms_norm(q_c, inputs["q_a_weight"], eps), *outs) if q_lora_rank else outs
+
+
+def vllm_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """vLLM's ``concat_and_cache_mla`` / ``concat_and_cache_ds_mla`` as torch stores into
+    ``kv_cache`` (in place): the first ``N = slot_mapping.size(0)`` tokens, a negative slot
+    none; ``"fp8_ds_mla"``: per 128-value tile ``scale = max(amax / 448, FLT_MIN)``, the
+    values ``e4m3(clamp(x / scale))``, the scales, then k_pe's 16-bit bits; an FP8
+    ``kv_cache_dtype`` (a float8_e4m3fn cache or its uint8 bytes): ``e4m3(clamp(x /
+    scale))`` of ``[kv_c | k_pe]``; ``"auto"``: the values as they are."""
+    keep = slot_mapping >= 0
+    n = slot_mapping.shape[0]
+    rows = kv_cache.view(-1, kv_cache.shape[-1])
+    kv_c, k_pe, slots = kv_c[:n][keep], k_pe[:n][keep], slot_mapping[keep]
+    if kv_cache_dtype == "fp8_ds_mla":
+        tiles = kv_c.float().view(kv_c.shape[0], -1, TILE)
+        tile_scale = (tiles.abs().amax(dim=-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
+        values = (tiles / tile_scale[..., None]).clamp(-448.0, 448.0).to(FP8).view(BYTES)
+        rope = k_pe.contiguous().view(BYTES)
+        rows[slots] = torch.cat([values.flatten(1), tile_scale.view(BYTES), rope], dim=-1)
+        return
+    entry = torch.cat([kv_c, k_pe], dim=-1)
+    typed = params.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if typed is not None:  # saturating, as __NV_SATFINITE: E4M3 +-448, E5M2 +-57344
+        top = torch.finfo(typed).max
+        entry = (entry.float() / scale).clamp(-top, top).to(typed)
+        rows = rows.view(typed)
+    rows[slots] = entry
 
 
 def _eager(variant, preset, cos_sin_cache, dtype):
@@ -523,5 +703,105 @@ MLA_KV = register_variant(
             CaseSpec("kimi-k2", "fp16", 7, tp=4, max_position=POS_2_18),
             CaseSpec("deepseek-v2-lite", "fp32", 3, "unfused", tp=2),
         ),
+    )
+)
+
+
+# --------------------------------------------------- FP8 q_c (quant_scale_q): a variant of its own
+
+
+def _draw_fp8_q(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, then a 0-dim ``quant_scale_q`` in ``[100, 200)`` (q_c's largest
+    products pass +-448: the clamp is exercised)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    unit = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)
+    return drawn | {"quant_scale_q": (100 + 100 * unit).float()}
+
+
+def _eager_fp8_q(variant, preset, cos_sin_cache, dtype):
+    chain = _eager(variant, preset, cos_sin_cache, dtype)
+
+    def run(inputs):
+        q_c, *rest = chain(inputs)
+        scaled = (q_c.float() * inputs["quant_scale_q"]).clamp(-448.0, 448.0)
+        return (scaled.to(FP8), *rest)
+
+    return run
+
+
+# The MLA prologue with an FP8 q_c (the input of an FP8 q_b_proj), per-tensor factor
+MLA_KV_FP8_Q = register_variant(
+    replace(
+        MLA_KV,
+        name="mla-kv-fp8-q",
+        draw_inputs=_draw_fp8_q,
+        eager_chain=_eager_fp8_q,
+        golden=(CaseSpec("deepseek-v3.2-fp8-q", "bf16", 3, tp=8),),
+    )
+)
+
+
+# ------------------------------------------- FlashInfer's two caches (ckv_cache, kpe_cache)
+
+
+def _draw_two_caches(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, its cache's random entries cut into FlashInfer's two caches, each a
+    tensor of its own (``ckv_cache [B, bs, kv_lora_rank]``, ``kpe_cache [B, bs, rope]``)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    both, width = drawn["kv_cache"], preset.params["kv_lora_rank"]
+    return drawn | {
+        "kv_cache": both[..., :width].contiguous(),
+        "kpe_cache": both[..., width:].contiguous(),
+    }
+
+
+def flashinfer_append_paged_mla_kv_cache(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, scale):
+    """FlashInfer's ``append_paged_mla_kv_cache`` as torch stores (its pages addressed by
+    slot: ``page * page_size + offset``): kv_c into ``ckv_cache``, k_pe into ``kpe_cache``, in
+    place, for the first ``slot_mapping.size(0)`` tokens with a slot >= 0 (an FP8 pair:
+    ``e4m3(clamp(x / scale))``, the convention of vLLM's FP8 caches)."""
+    keep = slot_mapping >= 0
+    n = slot_mapping.shape[0]
+    slots = slot_mapping[keep]
+    for cache, x in ((ckv_cache, kv_c), (kpe_cache, k_pe)):
+        values = x[:n][keep]
+        if cache.dtype == FP8:
+            values = (values.float() / scale).clamp(-448.0, 448.0).to(FP8)
+        cache.view(-1, cache.shape[-1])[slots] = values
+
+
+def _eager_two_caches(variant, preset, cos_sin_cache, dtype):
+    kw = _kwargs(preset)
+    table = cos_sin_cache.to(dtype)
+
+    def run(inputs):
+        kv_a, positions = inputs["kv_a"], inputs["positions"]
+        q, kv, r = kw["q_lora_rank"], kw["kv_lora_rank"], kw["qk_rope_head_dim"]
+        q_c, kv_c, k_pe = kv_a.split([q, kv, r], dim=-1)
+        kv_c = vllm_rms_norm(kv_c, inputs["kv_a_weight"], kw["eps"])
+        _, k_pe = vllm_rotary_embedding(positions, k_pe, k_pe, r, table, kw["is_neox"])
+        caches = (inputs["kv_cache"], inputs["kpe_cache"])
+        flashinfer_append_paged_mla_kv_cache(
+            kv_c, k_pe, *caches, inputs["slot_mapping"], inputs.get("k_scale")
+        )
+        q_c = vllm_rms_norm(q_c, inputs["q_a_weight"], kw["eps"])
+        return (q_c, kv_c, k_pe, *caches)
+
+    return run
+
+
+# The MLA prologue into FlashInfer's paged MLA layout: the latent and the rope part in two caches
+MLA_KV_TWO_CACHES = register_variant(
+    replace(
+        MLA_KV,
+        name="mla-kv-two-caches",
+        draw_inputs=_draw_two_caches,
+        eager_chain=_eager_two_caches,
+        pins=lambda preset: {
+            "q_lora_rank": 1 if preset is None else preset.params["q_lora_rank"],
+            "kpe_cache": 1,
+        },
+        tolerances=None,
+        golden=(CaseSpec("deepseek-v3-two-caches", "bf16", 5, tp=8),),
     )
 )

@@ -15,6 +15,8 @@ binds the DeepSeek / Kimi presets.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import ops, reference
@@ -22,42 +24,57 @@ from ..core import Section
 from ..inputs import random_heads, random_positions
 from ..unfused import vllm_rotary_embedding
 from . import params
-from .blocks import round_to
+from .blocks import complex_rope_round_to
 from .declare import BACKEND, Call, Output, Rows, Static, declare, numerics
 from .mla_kv import MLA_PARAMS, check_mla_preset
 from .variant import CaseSpec, Variant, register_variant
 
 
 def mla_q_rope_prologue(
-    q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox, numerics
+    q, positions, cos_sin_cache, quant_scale_q, *, num_heads, qk_nope_head_dim, is_neox, numerics
 ):
     """The rope part of every ``[nope | rope]`` head of ``q``, rotated (traced into one
-    program): returns the rotated parts ``[T, H * rope]``, which the call stores back into q."""
+    program): returns the rotated parts ``[T, H * rope]``, which the call stores back into q;
+    with ``quant_scale_q`` the nope parts and the rotated parts, each times the scale, as FP8
+    E4M3 (FlashInfer's ``mla_rope_quantize_fp8`` q outputs), and q is not written."""
     rope_dim = cos_sin_cache.shape[1]
     head = qk_nope_head_dim + rope_dim
-    (pe,) = ops.split_heads(q, [Section(num_heads, rope_dim, qk_nope_head_dim, head)])
+    rope_part = Section(num_heads, rope_dim, qk_nope_head_dim, head)
+    if quant_scale_q is None:
+        (pe,) = ops.split_heads(q, [rope_part])
+    else:
+        nope, pe = ops.split_heads(q, [Section(num_heads, qk_nope_head_dim, 0, head), rope_part])
     pe = ops.rope(
         pe,
         positions,
         cos_sin_cache,
         head_dim=rope_dim,
         is_neox=is_neox,
-        round_to=round_to(q, numerics),
+        round_to=complex_rope_round_to(q, numerics),
     )
-    return (pe,)
+    if quant_scale_q is None:
+        return (pe,)
+    return tuple(ops.quantize_fp8(x, quant_scale_q, multiply=True) for x in (nope, pe))
 
 
 def mla_q_rope_reference(
-    q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox=False
-) -> tuple[torch.Tensor]:
+    q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox=False,
+    quant_scale_q=None,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """float64 q after the call: each head's nope part as it was, its rope part rotated by
     the token's row of ``cos_sin_cache`` (:func:`fqr.reference.rotate` of the
-    :func:`fqr.reference.split_row` rope sections)."""
+    :func:`fqr.reference.split_row` rope sections); with ``quant_scale_q`` the nope parts and
+    the rotated parts, each ``clamp(x * quant_scale_q, +-448)`` (what the E4M3 store rounds,
+    :func:`fqr.reference.saturate_fp8`)."""
     rope_dim = cos_sin_cache.shape[1]
     head = qk_nope_head_dim + rope_dim
     (pe,) = reference.split_row(q, [Section(num_heads, rope_dim, qk_nope_head_dim, head)])
     rows = reference.cos_sin_rows(cos_sin_cache, positions)
     rotated = reference.rotate(pe, rows, head_dim=rope_dim, is_neox=is_neox)
+    if quant_scale_q is not None:
+        factor = quant_scale_q.detach().to(torch.float64).reshape(())
+        (nope,) = reference.split_row(q, [Section(num_heads, qk_nope_head_dim, 0, head)])
+        return tuple(reference.saturate_fp8(x * factor) for x in (nope, rotated))
     out = q.detach().to(torch.float64).clone().view(q.shape[0], num_heads, head)
     out[..., qk_nope_head_dim:] = rotated.view(q.shape[0], num_heads, rope_dim)
     return (out.view(q.shape[0], num_heads * head),)
@@ -79,11 +96,25 @@ def _width(call: Call) -> tuple[int, str] | None:
     )
 
 
-def _rope_views(call: Call) -> list:
-    """Where the rotated parts go: q's own rope columns, as a ``[T, H, rope]`` view."""
+def _rope_views(call: Call) -> list | None:
+    """Where the rotated parts go: q's own rope columns, as a ``[T, H, rope]`` view (the FP8
+    form: new outputs, None)."""
+    if call.quant_scale_q is not None:
+        return None
     h, nope = call.num_heads, call.qk_nope_head_dim
     q = call.q
     return [q.view(q.shape[0], h, q.shape[1] // h)[:, :, nope:]]
+
+
+def _fp8_form(call: Call) -> None:
+    if call.quant_scale_q is not None and call.qk_nope_head_dim < 1:
+        raise ValueError(
+            "quant_scale_q returns q_nope and q_pe: qk_nope_head_dim must be >= 1 with it"
+        )
+
+
+def _fp8(call) -> bool:
+    return call.quant_scale_q is not None
 
 
 def _no_grad(call: Call) -> None:
@@ -119,14 +150,29 @@ MLA_Q_ROPE = declare(
             doc="features before the rope part of each head (DeepSeek-V3: 128)",
         ),
         params.DEEPSEEK_IS_NEOX,
+        params.quant_scale(
+            "quant_scale_q",
+            "the nope and rope parts of every q head, as new float8_e4m3fn ``q_nope [T, H * "
+            "nope]`` and ``q_pe [T, H * rope]`` (q is then not written)",
+        ),
         numerics(),
         BACKEND,
     ),
-    (Output("q", into="q", head_dim=lambda s: s["qk_nope_head_dim"] + s["rotary_dim"]),),
+    (
+        Output(
+            "q",
+            into="q",
+            head_dim=lambda s: s["qk_nope_head_dim"] + s["rotary_dim"],
+            present=lambda call: not _fp8(call),
+        ),
+        Output("q_nope", head_dim=lambda s: s["qk_nope_head_dim"], present=_fp8),
+        Output("q_pe", head_dim=lambda s: s["rotary_dim"], present=_fp8),
+    ),
     reference=mla_q_rope_reference,
+    static_checks=(_fp8_form,),
     value_checks=((lambda call: True, _no_grad),),
     out=_rope_views,
-    returns=lambda call, outs: call.q,
+    returns=lambda call, outs: outs if _fp8(call) else call.q,
     doc="""
     Rotate the rope part of every MLA query head in place and return ``q``: each head of ``q
     [T, H * (nope + R)]`` is ``[nope | rope]`` and its last R features (R = the
@@ -135,7 +181,14 @@ MLA_Q_ROPE = declare(
     ``q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe)`` after ``q_b_proj``
     (``MultiHeadLatentAttentionWrapper.forward``). The reference it matches is
     :func:`fqr.prologue.mla_q_rope.mla_q_rope_reference`; ``numerics="unfused"`` rotates in the
-    model dtype as vLLM's ``rotary_emb.forward_native``.
+    model dtype as vLLM's ``rotary_emb.forward_native``, ``"unfused-hf"`` in fp32 rounded once
+    as transformers' DeepSeek-V2 (``apply_rotary_emb``, a complex product).
+
+    With ``quant_scale_q`` (a float32 ``[1]`` or 0-dim tensor) the call is FlashInfer's
+    ``mla_rope_quantize_fp8`` for q: it returns new float8_e4m3fn ``(q_nope [T, H * nope],
+    q_pe [T, H * R])``, ``e4m3(clamp(x * quant_scale_q, -448, 448))`` of each head's nope part
+    and of its rotated rope part (FlashInfer multiplies by its ``quant_scale_q``), and q is
+    not written.
 
     Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64; its table is
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
@@ -212,5 +265,51 @@ MLA_Q_ROPE_VARIANT = register_variant(
             CaseSpec("kimi-k2-q-rope", "fp16", 5, tp=8),
             CaseSpec("deepseek-v2-lite-q-rope", "fp32", 3, tp=2),
         ),
+    )
+)
+
+
+# ------------------------------------------ FP8 q out: FlashInfer's mla_rope_quantize_fp8 (q)
+
+
+def _draw_fp8(variant, preset, tokens, dtype, generator, **kw):
+    """:func:`_draw`, then a 0-dim ``quant_scale_q`` in ``[100, 200)`` (the largest products
+    pass +-448: the clamp is exercised)."""
+    drawn = _draw(variant, preset, tokens, dtype, generator, **kw)
+    unit = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)
+    return drawn | {"quant_scale_q": (100 + 100 * unit).float()}
+
+
+def flashinfer_mla_q_rope_fp8(inputs: dict, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox):
+    """The unfused chain of FlashInfer's ``mla_rope_quantize_fp8`` for q: the rope parts
+    rotated as vLLM's ``rotary_emb`` rotates them (model dtype), then the nope and rope parts
+    each ``(x.float() * quant_scale_q)`` saturated to E4M3 (a new tensor each; q as given)."""
+    q, scale = inputs["q"], inputs["quant_scale_q"]
+    r = cos_sin_cache.shape[1]
+    (rotated,) = vllm_mla_q_rope(dict(inputs, q=q.clone()), cos_sin_cache, num_heads=num_heads,
+                                 qk_nope_head_dim=qk_nope_head_dim, is_neox=is_neox)  # fmt: skip
+    heads = rotated.view(q.shape[0], num_heads, qk_nope_head_dim + r)
+    parts = (heads[..., :qk_nope_head_dim], heads[..., qk_nope_head_dim:])
+    return tuple(
+        (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).reshape(q.shape[0], -1)
+        for x in parts
+    )
+
+
+def _eager_fp8(variant, preset, cos_sin_cache, dtype):
+    table, kw = cos_sin_cache.to(dtype), _kwargs(preset)
+    return lambda inputs: flashinfer_mla_q_rope_fp8(inputs, table, **kw)
+
+
+# FlashInfer's FP8 q of MLA attention (mla_rope_quantize_fp8's q_nope_out / q_rope_out): the
+# same op with quant_scale_q; its outputs are new FP8 tensors (a second variant: its outputs)
+MLA_Q_ROPE_FP8_VARIANT = register_variant(
+    replace(
+        MLA_Q_ROPE_VARIANT,
+        name="mla-q-rope-fp8",
+        draw_inputs=_draw_fp8,
+        eager_chain=_eager_fp8,
+        pins={"quant_scale_q": 1},
+        golden=(CaseSpec("deepseek-v3-q-rope-fp8", "bf16", 5, tp=8, max_position=1 << 18),),
     )
 )

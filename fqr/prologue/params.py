@@ -7,11 +7,13 @@ way by every op), its torch schema type and its line of documentation.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from ..core import DTYPE_NAMES
+import torch
+
+from ..core import DTYPE_NAMES, KV_CACHE_FP8_DTYPES
 from ..inputs import random_fp8_scales, random_paged_cache
-from ..ops.fp8 import FP8_E4M3
+from ..ops.fp8 import FP8_E4M3, FP8_E5M2
 from ..validate import check_head_counts
 from .declare import (
     BACKEND,
@@ -22,10 +24,12 @@ from .declare import (
     Positions,
     Rows,
     Scale,
+    Slots,
     Static,
     Table,
     Tensor,
     Vector,
+    choice,
     flag,
     positive_int,
     positive_real,
@@ -237,16 +241,29 @@ def _cache_shape(call: Call):
 
 
 def cache_dtypes(call: Call):
-    """The dtypes a paged cache of a ``qkv`` op may have: qkv's, or FP8 E4M3."""
-    return (call.qkv.dtype, FP8_E4M3)
+    """The dtypes a paged cache of a ``qkv`` op may have: qkv's, or FP8 E4M3 or E5M2."""
+    return (call.qkv.dtype, FP8_E4M3, FP8_E5M2)
 
 
 def cache_dtype_text(call: Call) -> str:
     """:func:`cache_dtypes` as the message names them."""
-    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)} or fp8e4m3"
+    return f"qkv's dtype {DTYPE_NAMES.get(call.qkv.dtype)}, fp8e4m3 or fp8e5m2"
 
 
-PAGED_CACHE = Cache(shape=_cache_shape, dtypes=cache_dtypes, dtype_text=cache_dtype_text)
+# vLLM's kv_cache_dtype of a typed FP8 cache (an op without the argument)
+FP8_CACHE_NAMES = {FP8_E4M3: "fp8", FP8_E5M2: "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class TypedCache(Cache):
+    """A paged cache whose dtype says what it holds (no ``kv_cache_dtype`` argument): an E5M2
+    one enters the program as its bytes (:func:`fp8_cache_view`)."""
+
+    def viewed_as(self, x, call):
+        return fp8_cache_view(x, FP8_CACHE_NAMES.get(x.dtype))
+
+
+PAGED_CACHE = TypedCache(shape=_cache_shape, dtypes=cache_dtypes, dtype_text=cache_dtype_text)
 
 
 def caches_match(call: Call) -> None:
@@ -264,9 +281,9 @@ def caches_agree(call: Call) -> None:
     caches_match(call)
     key = call.key_cache
     for name in ("k_scale", "v_scale"):
-        if getattr(call, name) is not None and key.dtype != FP8_E4M3:
+        if getattr(call, name) is not None and key.dtype not in (FP8_E4M3, FP8_E5M2):
             raise ValueError(
-                f"{name} applies only to a float8_e4m3fn cache, not to a "
+                f"{name} applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
                 f"{DTYPE_NAMES.get(key.dtype)} cache"
             )
 
@@ -296,6 +313,21 @@ def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
     )
 
 
+def quant_scale(name: str, what: str) -> Tensor:
+    """The optional per-tensor factor ``name`` of an FP8 output (FlashInfer's convention: the
+    value is multiplied by it, ``e4m3(clamp(x * scale, -448, 448))``); ``what``: what it
+    quantizes, for the line of documentation."""
+    return Tensor(
+        name,
+        None,
+        annotation=OPTIONAL_TENSOR,
+        kind=Scale(),
+        optional=True,
+        doc=f"float32 ``[1]`` or 0-dim per-tensor factor (FlashInfer's ``{name}``: multiplied, "
+        f"``e4m3(clamp(x * {name}, -448, 448))``); given: {what}",
+    )
+
+
 # The key and value caches of a prologue that stores k and v (donated: updated in place), the
 # per-tensor scales of FP8 ones, in their signature order, and the caches' outputs.
 KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))
@@ -303,8 +335,33 @@ KV_SCALES = (cache_scale("k_scale", "key"), cache_scale("v_scale", "value"))
 KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not returned
 
 
+# vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
+# allocates such a cache as uint8 bytes).
+FP8_KV_CACHE_DTYPES = KV_CACHE_FP8_DTYPES
+
+
+def fp8_cache_view(x, kv_cache_dtype: str | None) -> torch.dtype | None:
+    """How an FP8 cache of ``kv_cache_dtype`` enters a program (a
+    :meth:`~fqr.prologue.declare.TensorKind.viewed_as` rule): E4M3 as float8_e4m3fn (vLLM's
+    uint8 allocation viewed so), E5M2 as its uint8 bytes (the store encodes them,
+    ``fqr.ops.cache_insert(..., encoding="e5m2")``); anything else as given."""
+    typed = FP8_KV_CACHE_DTYPES.get(kv_cache_dtype or "")
+    if typed == FP8_E4M3 and x.dtype == torch.uint8:
+        return FP8_E4M3
+    if typed == FP8_E5M2 and x.dtype == FP8_E5M2:
+        return torch.uint8
+    return None
+
+
+def cache_encoding(cache) -> str | None:
+    """The ``encoding`` of :func:`fqr.ops.cache_insert` for a program's cache operand: a
+    uint8 cache of a per-tensor FP8 ``kv_cache_dtype`` holds E5M2 bytes (an E4M3 one enters
+    as float8_e4m3fn, :func:`fp8_cache_view`)."""
+    return "e5m2" if cache.dtype == torch.uint8 else None
+
+
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
-CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3}
+CACHE_DTYPE_NAMES = {"auto": None, "fp8e4m3": FP8_E4M3, "fp8e5m2": FP8_E5M2}
 # The preset fields a paged-cache variant reads (checked by check_paged_cache_preset).
 PAGED_CACHE_FIELDS = ("block_size", "cache_dtype")
 
@@ -337,7 +394,7 @@ def random_kv_caches(preset, dtype, generator, *, holds: int, slot_mapping) -> d
         "value_cache": random_paged_cache(blocks, entry, cache_dtype, generator),
         "slot_mapping": slot_mapping(blocks * bs),
     }
-    if cache_dtype == FP8_E4M3:
+    if cache_dtype in (FP8_E4M3, FP8_E5M2):
         drawn |= random_fp8_scales(generator)
     return drawn
 
@@ -406,4 +463,34 @@ def index_weight(name: str, of: str, *, what: str, note: str = "") -> Tensor:
         weight(name, of),
         kind=Vector(length=lambda call: call.index_head_dim, what=what),
         doc=f"``[index_head_dim]`` RMSNorm weight of {of}{note}",
+    )
+
+
+# ------------------------------------------------ vLLM's cache arguments (cache kernels' order)
+
+
+def short_slot_mapping(cache: str, rows_of: str, note: str = "") -> Tensor:
+    """vLLM's ``slot_mapping [N]``, ``N <= T`` (its cache kernels store
+    ``slot_mapping.size(0)`` tokens: a batch padded for CUDA graphs stores its first N) of the
+    argument ``cache``, for the tokens of ``rows_of``; ``note``: more of its documentation."""
+    return positional(
+        "slot_mapping",
+        Slots(cache=cache, rows_of=rows_of, shorter=True),
+        doc="``[N]`` int32/int64 slot of each of the first N <= T tokens: block ``s // "
+        "block_size``, row ``s % block_size``; negative: padding, nothing stored; tokens "
+        f"``t >= N`` are not stored (vLLM's padded CUDA-graph batches){note}",
+    )
+
+
+def kv_cache_dtype_param(choices: tuple[str, ...], doc: str) -> Static:
+    """vLLM's positional ``kv_cache_dtype`` string (default ``"auto"``), one of ``choices``."""
+    return Static(
+        "kv_cache_dtype",
+        "auto",
+        keyword=False,
+        annotation="str",
+        check=choice(*choices),
+        program=False,
+        schema="str",
+        doc=doc,
     )

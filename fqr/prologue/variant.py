@@ -304,7 +304,8 @@ class Variant:
     def bytes_written(self, program: Program, inputs: dict[str, torch.Tensor]) -> int:
         """Bytes one call on ``inputs`` stores: every ``[T, width]`` output once, and for a
         donated paged cache one entry per stored slot of its own slot mapping (``slot >= 0``,
-        ``Cache.slots``): its other rows are not touched."""
+        ``Cache.slots``; an optional cache the call is not given: none): its other rows are not
+        touched."""
         tokens = next(iter(inputs.values())).shape[0]
         total = sum(
             tokens * v.aval.shape[1] * v.aval.dtype.itemsize
@@ -312,7 +313,7 @@ class Variant:
             if v.aval.shape[0] == TOKENS
         )
         for p in self.declaration.tensor_params:
-            if p.donated and isinstance(p.kind, Cache):
+            if p.donated and isinstance(p.kind, Cache) and inputs.get(p.name) is not None:
                 cache, stored = inputs[p.name], int((inputs[p.kind.slots] >= 0).sum())
                 total += stored * cache[0, 0].numel() * cache.element_size()
         return total

@@ -82,9 +82,11 @@ def test_cases_cover_the_required_variations(entries):
 
 def test_golden_dir_stays_small():
     """The goldens ship in the wheel. (30 MB since the MLA cases: a paged MLA cache's
-    expectation is a whole 64-entry block in float64, 295 KB a case.)"""
+    expectation is a whole 64-entry block in float64, 295 KB a case; 32 MB since the MLA
+    forms engines call (issue 32: the stand-alone insert, FP8 caches as vLLM allocates them,
+    FlashInfer's two caches), one case per cache flavour.)"""
     total = sum(f.stat().st_size for f in GOLDEN_DIR.rglob("*") if f.is_file())
-    assert total < 30e6, f"golden/ is {total / 1e6:.1f} MB"
+    assert total < 32e6, f"golden/ is {total / 1e6:.1f} MB"
 
 
 SPLIT_QKV_CASES = [c.name for c in golden.CASES if c.variant_name == "split-qkv"]

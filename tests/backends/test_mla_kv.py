@@ -79,6 +79,33 @@ def test_cache_updated_in_place_and_other_entries_untouched(gen):
     assert torch.equal(rows[slots[t], 528:].view(torch.bfloat16), k_pe[t])
 
 
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2"])
+def test_a_shorter_slot_mapping_stores_only_its_tokens(gen, name, backend):
+    """``slot_mapping [N < T]`` (vLLM pads a CUDA-graph batch to T and its cache kernels store
+    ``slot_mapping.size(0)`` tokens): the first N tokens' entries are written, tokens ``t >=
+    N`` write nothing (not even where their slot would have been), every output still has T
+    rows, all against float64 (the cache flavours: model dtype, FP8, fp8_ds_mla)."""
+    preset, variant, table, inputs = _case(gen, name, tokens=5)
+    full = inputs["slot_mapping"]  # [5]: token 1 and 4 padding, tokens 0, 2, 3 a slot each
+    assert bool(full[3] >= 0)  # token 3's slot is past N: nothing may be stored there
+    inputs["slot_mapping"] = full[:3]
+    before = inputs["kv_cache"].clone()
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{name} {n}: {c}"
+    cache = outs[-1]
+    rows, was = cache.view(-1, cache.shape[-1]), before.view(-1, before.shape[-1])
+    changed = (rows.view(torch.uint8) != was.view(torch.uint8)).any(dim=1)
+    stored = full[:3][full[:3] >= 0]
+    assert set(changed.nonzero().flatten().tolist()) == set(stored.tolist())
+    assert outs[0].shape[0] == 5  # q_c (and kv_c, k_pe) of every token
+
+
 def test_without_q_lora_rank_q_c_is_none(gen):
     preset, variant, table, inputs = _case(gen, "deepseek-v2-lite")
     args = variant.arguments(preset, inputs, table, backend="reference")
@@ -97,7 +124,11 @@ BAD = [
     ("table width", "cos_sin_cache", lambda a: dict(a, cos_sin_cache=a["cos_sin_cache"][:, :32])),
     ("q_lora_rank", "q_lora_rank", lambda a: dict(a, q_lora_rank=-1)),
     ("kv_lora_rank", "kv_lora_rank", lambda a: dict(a, kv_lora_rank=0)),
-    ("slots length", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"][:-1])),
+    (
+        "slots longer than T",
+        "slot_mapping",
+        lambda a: dict(a, slot_mapping=torch.cat([a["slot_mapping"], a["slot_mapping"][:1]])),
+    ),
     ("slot past cache", "slot_mapping", lambda a: dict(a, slot_mapping=a["slot_mapping"] + 10**6)),
     ("positions", "positions", lambda a: dict(a, positions=a["positions"].float())),
 ]
@@ -114,11 +145,31 @@ def test_bad_arguments_are_named_before_anything_runs(gen, what, argument, overr
     assert torch.equal(inputs["kv_cache"], cache)  # nothing was written
 
 
-def test_fp8_ds_mla_needs_bf16_rows(gen):
+def test_fp8_ds_mla_needs_16_bit_rows(gen):
     preset, variant, table, inputs = _case(gen, "deepseek-v3.2")
     args = variant.arguments(preset, inputs, table, backend="reference")
-    with pytest.raises(TypeError, match="kv_a must be bf16"):
-        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kv_a=args["kv_a"].half()))
+    with pytest.raises(TypeError, match="kv_a must be bf16 or fp16, got fp32"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kv_a=args["kv_a"].float()))
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_fp8_ds_mla_with_fp16_rows_stores_fp16_rope(gen, backend):
+    """vLLM's host check for ``fp8_ds_mla`` takes any 2-byte kv_c / k_pe: fp16 rows store
+    their rope part as fp16 (the entry's last 128 bytes are k_pe's fp16 bits); every output
+    against float64."""
+    preset, variant, table, inputs = _case(gen, "deepseek-v3.2", dtype=torch.float16)
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{n}: {c}"
+    q_c, kv_c, k_pe, cache = outs
+    assert k_pe.dtype == torch.float16
+    slots = inputs["slot_mapping"]
+    t = int((slots >= 0).nonzero()[0])
+    assert torch.equal(cache.view(-1, 656)[slots[t], 528:].view(torch.float16), k_pe[t])
 
 
 def test_new_token_counts_take_the_kept_call(gen):
@@ -216,3 +267,128 @@ def test_a_cache_whose_elements_share_memory_is_refused(gen, name, how, backend)
     with pytest.raises(ValueError, match=r"^kv_cache overlaps itself"):
         fqr.split_mla_rmsnorm_rope_cache(**args)
     assert torch.equal(bad.view(torch.uint8), before.view(torch.uint8))  # nothing was written
+
+
+# ------------------------------------------------------------- FP8 q_c (quant_scale_q)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_fp8_q_c_against_float64(gen, backend):
+    """quant_scale_q given: q_c comes back as float8_e4m3fn, ``e4m3(clamp(q_c * scale))``
+    within one E4M3 ULP of float64 (some values saturate), the rest as without it."""
+    preset = get_preset("deepseek-v3.2-fp8-q", 8)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 5, torch.bfloat16, gen, max_position=MAX_POSITION)
+    exact = variant.expected(preset, inputs, table)
+    assert bool((exact["q_c"].abs() == 448).any())  # the clamp is exercised
+    outs = variant.run(preset, inputs, table, backend=backend)
+    assert outs[0].dtype == torch.float8_e4m3fn and outs[1].dtype == torch.bfloat16
+    for n, out in zip(variant.outputs_of(preset), outs):
+        c = compare_kind(
+            variant.tolerance(n, preset), out, exact[n], head_dim=variant.head_dim(preset, n)
+        )
+        assert c.passed, f"{n}: {c}"
+
+
+def test_fp8_q_c_unfused_is_the_eager_chain_bit_for_bit(gen):
+    preset = get_preset("deepseek-v3.2-fp8-q")
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 7, torch.bfloat16, gen, max_position=MAX_POSITION)
+    got = variant.run(preset, inputs, table, numerics="unfused", backend="reference")
+    want = variant.eager(preset, table, torch.bfloat16)(
+        dict(inputs, kv_cache=inputs["kv_cache"].clone())
+    )
+    for n, a, b in zip(variant.outputs_of(preset), got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
+
+
+def test_fp8_q_c_needs_q_c(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v2-lite")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    with pytest.raises(ValueError, match="quant_scale_q quantizes q_c: it needs q_lora_rank"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, quant_scale_q=torch.tensor(2.0)))
+
+
+# ------------------------------------------- FlashInfer's two caches (ckv_cache, kpe_cache)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("form", ["two tensors", "views of one buffer", "fp8"])
+def test_two_caches_against_float64(gen, form, backend):
+    """``kpe_cache`` given: kv_c goes into ``kv_cache [B, bs, 512]`` (FlashInfer's ckv_cache),
+    k_pe into ``kpe_cache [B, bs, 64]``: as two tensors, as the two column views of one
+    ``[B, bs, 576]`` buffer (what FlashInfer's MLA wrapper is often given), or as an FP8
+    E4M3 pair with a per-tensor scale; every output against float64, no other byte of the
+    caches changed."""
+    preset = get_preset("deepseek-v3-two-caches", 8)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 5, torch.bfloat16, gen, max_position=MAX_POSITION)
+    if form == "views of one buffer":
+        buffer = torch.cat([inputs["kv_cache"], inputs["kpe_cache"]], dim=-1)
+        inputs |= {"kv_cache": buffer[..., :512], "kpe_cache": buffer[..., 512:]}
+    if form == "fp8":
+        inputs |= {n: inputs[n].to(torch.float8_e4m3fn) for n in ("kv_cache", "kpe_cache")}
+        inputs["k_scale"] = torch.tensor([0.02])
+    before = {n: inputs[n].clone() for n in ("kv_cache", "kpe_cache")}
+    exact = variant.expected(preset, inputs, table)
+    outs = variant.run(preset, inputs, table, backend=backend)
+    names = variant.outputs_of(preset)
+    assert names[-2:] == ("kv_cache", "kpe_cache")
+    for n, out in zip(names, outs, strict=True):
+        c = compare_kind("contract", out, exact[n], head_dim=variant.head_dim(preset, n))
+        assert c.passed, f"{form} {n}: {c}"
+    slots = inputs["slot_mapping"]
+    stored = set(slots[slots >= 0].tolist())
+    for n, out in zip(names[-2:], outs[-2:]):
+        rows, was = out.view(-1, out.shape[-1]), before[n].view(-1, out.shape[-1])
+        changed = (rows.view(torch.uint8) != was.view(torch.uint8)).any(dim=1)
+        assert set(changed.nonzero().flatten().tolist()) == stored, n
+
+
+@pytest.mark.parametrize(
+    "change,argument",
+    [
+        (lambda a: dict(kpe_cache=a["kpe_cache"][:, :32]), "kpe_cache"),  # block size
+        (lambda a: dict(kpe_cache=a["kpe_cache"][..., :32]), "kpe_cache"),  # width
+        (lambda a: dict(kpe_cache=a["kpe_cache"].float()), "kpe_cache"),  # dtype
+        (lambda a: dict(kpe_cache=torch.cat([a["kpe_cache"]] * 2)), "kpe_cache"),  # blocks
+        (lambda a: dict(kv_cache=torch.cat([a["kv_cache"], a["kpe_cache"]], -1)), "kv_cache"),
+        (lambda a: dict(kpe_cache=a["kv_cache"][..., :64]), "kv_cache overlaps kpe_cache"),
+    ],
+)
+def test_two_caches_bad_arguments_are_named(gen, change, argument):
+    preset = get_preset("deepseek-v3-two-caches", 8)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 3, torch.bfloat16, gen, max_position=MAX_POSITION)
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    kept = args["kv_cache"].clone()
+    with pytest.raises((TypeError, ValueError), match=argument):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, **change(args)))
+    assert torch.equal(args["kv_cache"], kept)
+
+
+def test_fp8_ds_mla_has_no_second_cache(gen):
+    preset, variant, table, inputs = _case(gen, "deepseek-v3.2")
+    args = variant.arguments(preset, inputs, table, backend="reference")
+    kpe = torch.zeros(args["kv_cache"].shape[0], 64, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="kpe_cache"):
+        fqr.split_mla_rmsnorm_rope_cache(**dict(args, kpe_cache=kpe))
+
+
+def test_two_caches_torch_op_updates_both(gen):
+    """``torch.ops.fqr.split_mla_rmsnorm_rope_cache`` takes ``kpe_cache`` as a mutable optional
+    tensor (``Tensor(b!)?``) and updates both caches as the public op does."""
+    preset = get_preset("deepseek-v3-two-caches", 8)
+    variant = variant_of(preset)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, 3, torch.bfloat16, gen, max_position=MAX_POSITION)
+    op, args = variant.torch_op(preset, inputs, table)
+    assert "Tensor(b!)? kpe_cache" in str(op._schema)
+    want = variant.run(preset, inputs, table, backend="reference")
+    q_c, kv_c, k_pe = op(*args)
+    assert torch.equal(inputs["kv_cache"], want[3]) and torch.equal(inputs["kpe_cache"], want[4])
+    assert torch.equal(q_c, want[0]) and torch.equal(k_pe, want[2])

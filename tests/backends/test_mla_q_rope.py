@@ -95,5 +95,86 @@ def test_torch_op_mutates_q(gen):
     op, args = VARIANT.torch_op(preset, inputs, table)
     assert str(op._schema).startswith("fqr::mla_q_rope(Tensor(a!) q")
     (want,) = VARIANT.run(preset, inputs, table)
-    assert op(*args) is None
+    # the schema returns the FP8 form's (q_nope, q_pe); the in-place form has neither: [T, 0]
+    assert [tuple(t.shape) for t in op(*args)] == [(5, 0), (5, 0)]
     assert torch.equal(inputs["q"], want)
+
+
+# ------------------------------------------- FP8 q out (FlashInfer's mla_rope_quantize_fp8)
+
+FP8_VARIANT = get_variant("mla-q-rope-fp8")
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("scale_shape", [(), (1,)], ids=["0-dim", "[1]"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp8_q_out_is_flashinfers_quantized_q(gen, dtype, scale_shape, backend):
+    """``quant_scale_q`` given: new float8_e4m3fn q_nope and q_pe, each ``e4m3(clamp(x *
+    quant_scale_q))`` of the nope part and of the rotated rope part (some values past +-448:
+    the clamp runs), within one E4M3 ULP of float64; q is not written."""
+    preset = get_preset("deepseek-v3-q-rope-fp8", 8)
+    assert variant_of(preset) is FP8_VARIANT
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = FP8_VARIANT.draw(preset, 5, dtype, gen, max_position=MAX_POSITION)
+    inputs["quant_scale_q"] = inputs["quant_scale_q"].reshape(scale_shape)
+    q = inputs["q"]
+    before = q.clone()
+    exact = FP8_VARIANT.expected(preset, inputs, table)
+    args = FP8_VARIANT.arguments(preset, inputs, table, backend=backend)
+    q_nope, q_pe = fqr.mla_q_rope(**args)
+    assert torch.equal(q, before)
+    assert (q_nope.dtype, q_pe.dtype) == (torch.float8_e4m3fn,) * 2
+    assert q_nope.shape == (5, 16 * 128) and q_pe.shape == (5, 16 * 64)
+    saturated = torch.cat([exact["q_nope"], exact["q_pe"]], dim=1).abs() == 448
+    assert bool(saturated.any())  # the clamp is exercised
+    for name, out in (("q_nope", q_nope), ("q_pe", q_pe)):
+        c = compare(out, exact[name], head_dim=FP8_VARIANT.head_dim(preset, name))
+        assert c.passed, f"{name}: {c}"
+
+
+def test_fp8_q_out_unfused_is_the_eager_chain_bit_for_bit(gen):
+    """numerics="unfused" on the reference backend stores what the eager chain (vLLM's
+    rotation in the model dtype, then ``(x.float() * quant_scale_q)`` saturated to E4M3)
+    stores, bit for bit."""
+    preset = get_preset("deepseek-v3-q-rope-fp8", 8)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = FP8_VARIANT.draw(preset, 6, torch.bfloat16, gen, max_position=MAX_POSITION)
+    got = FP8_VARIANT.run(preset, inputs, table, numerics="unfused", backend="reference")
+    want = FP8_VARIANT.eager(preset, table, torch.bfloat16)(inputs)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_fp8_q_out_multiplies_by_the_scale(gen):
+    """FlashInfer multiplies by quant_scale_q (vLLM's cache scales divide): a scale of 2
+    doubles what a scale of 1 stores (exact for E4M3 normals below the clamp: a power of
+    two)."""
+    preset = get_preset("deepseek-v3-q-rope-fp8", 16)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = FP8_VARIANT.draw(preset, 3, torch.bfloat16, gen, max_position=MAX_POSITION)
+    args = FP8_VARIANT.arguments(preset, inputs, table, backend="reference")
+    one = fqr.mla_q_rope(**dict(args, quant_scale_q=torch.tensor(1.0)))
+    two = fqr.mla_q_rope(**dict(args, quant_scale_q=torch.tensor(2.0)))
+    for a, b in zip(one, two):
+        small = (a.float().abs() < 200) & (a.float().abs() > 2**-6)  # x normal
+        assert torch.equal(b.float()[small], 2 * a.float()[small]) and bool(small.any())
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(quant_scale_q=0.5), "quant_scale_q"),
+        (dict(quant_scale_q=torch.ones(2)), "quant_scale_q must be a float32 tensor"),
+        (dict(quant_scale_q=torch.zeros(1)), "quant_scale_q must be finite and > 0"),
+        (dict(qk_nope_head_dim=0), "qk_nope_head_dim must be >= 1 with it"),
+    ],
+)
+def test_fp8_q_out_bad_arguments_are_named(gen, change, message):
+    preset = get_preset("deepseek-v3-q-rope-fp8", 16)
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = FP8_VARIANT.draw(preset, 2, torch.bfloat16, gen, max_position=MAX_POSITION)
+    args = FP8_VARIANT.arguments(preset, inputs, table, backend="reference")
+    if "qk_nope_head_dim" in change:
+        args["q"] = args["q"].view(2, 8, 192)[:, :, 128:].reshape(2, 8 * 64)
+    with pytest.raises((TypeError, ValueError), match=message):
+        fqr.mla_q_rope(**dict(args, **change))

@@ -161,7 +161,17 @@ def test_run_in_place_stores_into_the_given_caches_and_run_into_copies():
     assert in_place is inputs["key_cache"] and torch.equal(in_place, key_cache)
 
 
-MLA_NAMES = ["deepseek-v3", "deepseek-v3-fp8", "deepseek-v3.2", "kimi-k2-q-rope"]
+MLA_NAMES = [
+    "deepseek-v3",
+    "deepseek-v3-fp8",
+    "deepseek-v3.2",
+    "kimi-k2-q-rope",
+    "deepseek-v3-fp8-mla-insert",
+    "deepseek-v3.2-mla-insert",
+    "deepseek-v3-two-caches",
+    "deepseek-v3.2-fp8-q",
+    "deepseek-v3-q-rope-fp8",
+]
 
 
 @pytest.mark.parametrize("name", MLA_NAMES)

@@ -24,7 +24,12 @@ def _completion(command, name: str):
     [
         (bench, "dtype", "bf16,f", ["bf16,fp16", "bf16,fp32"]),
         (bench, "compare", "eager,no", ["eager,none"]),
-        (bench, "preset", "qwen3-8b,deepseek-v3-q", ["qwen3-8b,deepseek-v3-q-rope"]),
+        (
+            bench,
+            "preset",
+            "qwen3-8b,deepseek-v3-q",
+            ["qwen3-8b,deepseek-v3-q-rope", "qwen3-8b,deepseek-v3-q-rope-fp8"],
+        ),
         (verify, "backend", "reference,inter", ["reference,interpret"]),
     ],
 )

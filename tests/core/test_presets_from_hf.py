@@ -97,13 +97,39 @@ def test_rope_scaling_fqr_cannot_build_is_named(rope_type):
         Preset.from_hf_config(config)
 
 
-def test_mrope_family_needs_its_sections():
-    config = transformers.Qwen3VLTextConfig()
-    with pytest.raises(ValueError, match="qwen3_vl_text runs mRoPE but has no mrope_section"):
+@pytest.mark.parametrize(
+    "cls_name,section", [("Qwen3VLTextConfig", (24, 20, 20)), ("Qwen3_5TextConfig", (11, 11, 10))]
+)
+def test_mrope_is_read_as_the_models_code_reads_it(cls_name, section):
+    """Qwen3-VL / Qwen3.5's rotary embedding defaults the sections and always interleaves
+    (``mrope_interleaved`` is never read: a config without it was read as False, issue 33;
+    ``tests/core/test_hf_zoo.py`` compares both with the model's own attention)."""
+    config = getattr(transformers, cls_name)()
+    assert "mrope_interleaved" not in config.rope_parameters
+    preset = Preset.from_hf_config(config)
+    assert preset.params == {"mrope_section": section, "mrope_interleaved": True}
+
+
+def test_an_mrope_interleaving_the_model_ignores_is_refused():
+    config = rope("qwen3-vl-8b", mrope_interleaved=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^config\.rope_parameters\['mrope_interleaved'\] is False but qwen3_vl_text's code "
+        r"ignores it and interleaves",
+    ):
         Preset.from_hf_config(config)
 
 
-@pytest.mark.parametrize("model_type", ["gemma4", "llama4", "qwen3_next"])
+def test_mrope_family_without_default_sections_needs_them(monkeypatch):
+    from fqr.presets import HF_FAMILIES
+
+    family = replace(HF_FAMILIES["qwen3_vl_text"], mrope_section=None)
+    monkeypatch.setitem(HF_FAMILIES, "qwen3_vl_text", family)
+    with pytest.raises(ValueError, match="qwen3_vl_text runs mRoPE but has no mrope_section"):
+        Preset.from_hf_config(transformers.Qwen3VLTextConfig())
+
+
+@pytest.mark.parametrize("model_type", ["gemma4"])
 def test_variant_family_is_refused(model_type):
     config = transformers.AutoConfig.for_model(model_type)
     with pytest.raises(ValueError, match="variants are not built from a config yet"):
@@ -207,6 +233,8 @@ CHECKPOINT_CONFIGS = {
     "deepseek-v2-lite": ("DeepseekV2Config", DEEPSEEK_V2_LITE_CONFIG, "deepseek_v2"),
     # Kimi-K2's remote-code config is DeepSeek-V3's with model_type "kimi_k2"
     "kimi-k2": ("DeepseekV3Config", KIMI_K2_CONFIG, "kimi_k2"),
+    # transformers' own config class of V3.2 (the V3 dims and rope; vLLM runs fp8_ds_mla)
+    "deepseek-v3.2": ("DeepseekV32Config", DEEPSEEK_V3_CONFIG, "deepseek_v32"),
 }
 
 
@@ -304,6 +332,114 @@ def test_mla_config_without_scaling_has_the_plain_table():
         config.qk_rope_head_dim,
         False,
     )
+
+
+# ----------------------------------------- rope_interleave, deepseek_v32 (issue 32, item 1)
+
+
+class _RecordingCache:
+    """A transformers cache that records what the attention layer stores (kv_c, k_pe)."""
+
+    def update(self, kv_nope, k_rot, layer_idx, **kwargs):
+        self.kv_c, self.k_pe = kv_nope, k_rot
+        return kv_nope, k_rot
+
+
+def _tiny_deepseek(model_type: str, **more):
+    cls = {"deepseek_v3": "DeepseekV3Config", "deepseek_v32": "DeepseekV32Config"}[model_type]
+    return getattr(transformers, cls)(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        **more,
+    )
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v32"])
+def test_the_preset_rotates_k_pe_as_the_models_attention_does(gen, model_type, interleave):
+    """transformers' own DeepseekV3 / V32 attention run on random weights and inputs: the k_pe
+    and kv_c it stores are what fqr's MLA op, given the preset built from the same config,
+    returns (float32, the reference backend). DeepseekV3 reads ``rope_interleave`` (False:
+    NeoX halves); DeepseekV32 rotates interleaved whatever it says."""
+    import importlib
+
+    import fqr
+
+    config = _tiny_deepseek(model_type, rope_interleave=interleave)
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    prefix = {"deepseek_v3": "DeepseekV3", "deepseek_v32": "DeepseekV32"}[model_type]
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    attention = getattr(modeling, f"{prefix}Attention")(config, layer_idx=0).eval()
+    rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(config)
+    tokens = 5
+    hidden = torch.randn(1, tokens, 64, generator=gen)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    cache = _RecordingCache()
+    with torch.no_grad():
+        for norm in (attention.q_a_layernorm, attention.kv_a_layernorm):
+            norm.weight.copy_(1 + 0.2 * torch.randn(norm.weight.shape, generator=gen))
+        cos_sin = rotary(hidden, positions[None])
+        mask = torch.zeros(1, 1, tokens, tokens)
+        try:
+            attention(hidden, cos_sin, mask, cache=cache, position_ids=positions[None])
+        except Exception:  # noqa: BLE001 - only what was stored before attention matters
+            pass
+        kv_a = torch.cat([attention.q_a_proj(hidden), attention.kv_a_proj_with_mqa(hidden)], -1)
+    preset = Preset.from_hf_config(config, name="tiny")
+    assert preset.is_neox == (model_type == "deepseek_v3" and not interleave)
+    spec = preset.spec
+    cache_entry = torch.zeros(1, 64, 32 + 16, dtype=torch.float32)
+    _, kv_c, k_pe = fqr.split_mla_rmsnorm_rope_cache(
+        kv_a[0], positions, preset.cos_sin_cache(), attention.q_a_layernorm.weight.detach(),
+        attention.kv_a_layernorm.weight.detach(), cache_entry, torch.arange(tokens),
+        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=spec.head_dim, eps=preset.eps,
+        is_neox=preset.is_neox, backend="reference",
+    )  # fmt: skip
+    torch.testing.assert_close(kv_c, cache.kv_c[0, 0], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(as_hf_stores(k_pe, preset), cache.k_pe[0, 0], rtol=2e-5, atol=2e-5)
+    # the other pairing rotates other features: the comparison above can fail
+    _, _, other = fqr.split_mla_rmsnorm_rope_cache(
+        kv_a[0], positions, preset.cos_sin_cache(), attention.q_a_layernorm.weight.detach(),
+        attention.kv_a_layernorm.weight.detach(), cache_entry.clone(), torch.arange(tokens),
+        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=spec.head_dim, eps=preset.eps,
+        is_neox=not preset.is_neox, backend="reference",
+    )  # fmt: skip
+    assert (as_hf_stores(other, preset) - cache.k_pe[0, 0]).abs().max() > 1e-2
+
+
+def as_hf_stores(k_pe, preset):
+    """k_pe as transformers stores it: its interleaved rotation
+    (``apply_rotary_pos_emb_interleave``) rotates the pairs (2i, 2i+1) and writes the results
+    de-interleaved, ``cat(x[0::2], x[1::2])`` (its q likewise: the scores do not change); vLLM
+    and fqr keep GPT-J pairs where they are."""
+    return k_pe if preset.is_neox else torch.cat([k_pe[:, 0::2], k_pe[:, 1::2]], dim=-1)
+
+
+def test_a_rope_interleave_that_is_not_a_bool_is_refused():
+    config = untyped(checkpoint_config("deepseek-v3"), rope_interleave="no")
+    with pytest.raises(TypeError, match=r"^config\.rope_interleave must be a bool, got str"):
+        Preset.from_hf_config(config)
+
+
+def test_deepseek_v32_needs_q_lora_rank():
+    config = untyped(checkpoint_config("deepseek-v3.2"), q_lora_rank=None)
+    with pytest.raises(ValueError, match=r"^config\.q_lora_rank is missing \(a deepseek_v32"):
+        Preset.from_hf_config(config)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "deepseek-v3.2", "kimi-k2"])
+def test_an_mla_rms_norm_eps_hf_and_vllm_read_differently_is_refused(name):
+    config = untyped(checkpoint_config(name), rms_norm_eps=1e-5)
+    with pytest.raises(ValueError, match=r"^config\.rms_norm_eps 1e-05 .*refused rather than"):
+        Preset.from_hf_config(config)
 
 
 # ------------------------------------------------------- hostile configs (issue 23, finding 7)

@@ -44,6 +44,8 @@ def mla_program(flavour: str, dtype=torch.bfloat16, q_lora=Q_LORA, kv_lora=KV_LO
         cache_aval(flavour, dtype, kv_lora, rope),
         Aval(("T",), torch.int64),
         Aval((1,), torch.float32) if flavour == "fp8" else None,
+        None,  # quant_scale_q: q_c in the model dtype
+        None,  # kpe_cache: the one combined entry
         q_lora_rank=q_lora,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope,

@@ -1,0 +1,241 @@
+"""The transformers zoo (issue 33): every decoder model type of the installed transformers whose
+attention applies rotary embeddings (the scope: :func:`support.hf_zoo.zoo_model_types`) comes out
+of ``Preset.from_hf_config`` exact or refused, never wrong.
+
+For each model type, a tiny config of that type (:func:`support.hf_zoo.tiny_config`, with
+:data:`TINY_EXTRA` where the type's defaults need other sizes), then either
+
+* ``Preset.from_hf_config`` refuses it: a ``ValueError`` / ``TypeError`` of one line that names
+  the model type or the config key it stops at (``fqr hf-config`` prints the same line); or
+* the model's own attention (one layer, bf16, random weights and norm weights, random token
+  positions; three random position planes for mRoPE) is run until its rotary function, and
+  fqr's op of the preset's variant, given the model's projection output, norm weights and
+  RoPE table, on the ``reference`` backend under the family's numerics
+  (:attr:`fqr.presets.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
+  rotated q parts) equal to the model's bit for bit; and the preset's own table
+  (``preset.cos_sin_cache()``: theta, scaling, partial rotary) agrees with the model's rotary
+  embedding to float32 precision.
+
+A family in :data:`fqr.presets.HF_FAMILIES` must come out exact (its tiny config is not
+refused). ``-s`` prints the census: exact, refused with each one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fqr.presets import HF_FAMILIES, MROPE_VARIANTS, Preset
+
+transformers = pytest.importorskip("transformers")
+
+from support import hf_zoo  # noqa: E402
+
+ZOO = hf_zoo.zoo_model_types()
+
+# Sizes a type's defaults need beyond hf_zoo.TINY: mRoPE's default sections fix the rotary
+# width (Qwen3-VL [24, 20, 20]: 128; Qwen3.5 [11, 11, 10] of a quarter: head_dim 256); the
+# first layer is the one run, so the layers the preset describes come first.
+TINY_EXTRA = {
+    "qwen3_vl_text": dict(head_dim=128),
+    "qwen3_vl_moe_text": dict(head_dim=128),
+    "qwen3_omni_moe_text": dict(head_dim=128),
+    "qwen3_5_text": dict(head_dim=256, layer_types=["full_attention"]),
+    "qwen3_5_moe_text": dict(head_dim=256, layer_types=["full_attention"]),
+    "gemma3_text": dict(layer_types=["full_attention"]),
+    "olmo3": dict(layer_types=["full_attention"]),
+    # qk-mrope's default sections: [16, 24, 24] rotate 128 features, [8, 12, 12] 64 (GLM-4.5V
+    # rotates half of its head)
+    **{t: dict(hidden_size=512, head_dim=128) for t in ("qwen2_vl_text", "qwen2_5_vl_text")},
+    **{t: dict(hidden_size=512, head_dim=128) for t in ("qwen2_5_omni_text", "paddleocr_vl_text")},
+    **{t: dict(hidden_size=256, head_dim=64) for t in ("glm4v_text", "glm_image_text")},
+    "glm_ocr_text": dict(hidden_size=256, head_dim=64),
+    "cosmos3_edge_text": dict(hidden_size=512, head_dim=128),
+    "bailing_hybrid": dict(layer_types=["full_attention"]),
+    "glm4v_moe_text": dict(hidden_size=512, head_dim=128),
+    # MLA families whose norms use 1e-6 whatever the config says (their default 1e-5 is
+    # refused: OPTIONS below)
+    **{t: dict(rms_norm_eps=1e-6) for t in ("glm4_moe_lite", "glm_moe_dsa", "minicpm3", "hy_v4")},
+    "lfm2_moe": dict(layer_types=["full_attention"]),
+    "qwen3_next": dict(layer_types=["full_attention"]),
+    # hybrid models: an attention layer first (OLMo-Hybrid needs a linear-attention layer)
+    "bamba": dict(attn_layer_indices=[0]),
+    "granitemoehybrid": dict(position_embedding_type="rope", layer_types=["attention"]),
+    "olmo_hybrid": dict(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]),
+}
+
+# The model's table against the preset's float64-derived one: the model computes its angles
+# in float32 (one rounding of the inverse frequency and of the product, at positions < 64)
+TABLE_ATOL = 1e-5
+
+CENSUS: dict[str, str] = {}
+
+
+def tiny(model_type: str):
+    """``(config, whether it is the tiny one)``: the tiny config; where transformers refuses
+    the tiny sizes, the type's default config (its defaults must then be refused by fqr too:
+    a preset fqr builds must be compared with the model)."""
+    try:
+        return hf_zoo.tiny_config(model_type, **TINY_EXTRA.get(model_type, {})), True
+    except Exception:  # noqa: BLE001 - a config class's own validation of the tiny sizes
+        return transformers.AutoConfig.for_model(model_type).get_text_config(), False
+
+
+def run(
+    model_type: str, config, preset: Preset, numerics: str, generator, backend="reference", **params
+):
+    """``[(name, fqr's, the model's)]`` for ``preset`` (with ``params`` replacing its variant
+    params) under ``numerics`` on ``backend``, and the largest table difference."""
+    from dataclasses import replace
+
+    family = HF_FAMILIES[config.model_type]
+    mrope = preset.variant in MROPE_VARIANTS and not family.mrope_one_plane
+    shape = (3, hf_zoo.TOKENS) if mrope else (hf_zoo.TOKENS,)
+    positions = torch.randint(0, hf_zoo.POSITIONS, shape, generator=generator)
+    offset = 0.0 if family.weight_offset else 1.0
+    model, capture = hf_zoo.run_model(config, positions, generator, offset=offset)
+    assert capture.function, f"{model_type}: no rotary function of its modeling module ran"
+    table = hf_zoo.model_table(model, mrope)
+    table_error = (table - preset.cos_sin_cache(hf_zoo.POSITIONS)).abs().max().item()
+    if params:
+        preset = replace(preset, variant_params=tuple((preset.params | params).items()))
+    pairs = hf_zoo.compared_outputs(preset, numerics, model, capture, positions, table, backend)
+    return pairs, table_error
+
+
+def exact_or_refused(model_type: str, config, is_tiny: bool, generator) -> str:
+    """``"exact (...)"`` or ``"refused: <line>"``; an assertion error if fqr's op differs from
+    the model's (module docstring)."""
+    try:
+        preset = Preset.from_hf_config(config, name="tiny")
+    except (ValueError, TypeError) as e:
+        line = str(e)
+        assert line and "\n" not in line, f"{model_type}: refusal is not one line: {line!r}"
+        assert config.model_type in line or "config." in line, line
+        return f"refused: {line}"
+    assert is_tiny, f"{model_type}: fqr builds it, it needs a tiny config (TINY_EXTRA)"
+    family = HF_FAMILIES[config.model_type]
+    pairs, table_error = run(model_type, config, preset, family.numerics, generator)
+    assert table_error <= TABLE_ATOL, f"{model_type}: preset table off by {table_error:.2e}"
+    for name, ours, theirs in pairs:
+        assert ours.shape == theirs.shape, (model_type, name, ours.shape, theirs.shape)
+        assert theirs.float().abs().max() > 0, f"{model_type}: {name} is all zeros"
+        assert torch.equal(ours, theirs), (
+            f"{model_type}: {name} differs from the model's by up to "
+            f"{(ours.float() - theirs.float()).abs().max().item():.3e}"
+        )
+    return f"exact ({preset.variant}, norm {preset.norm}, numerics {family.numerics})"
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_model_type_is_exact_or_refused(model_type, gen):
+    CENSUS[model_type] = exact_or_refused(model_type, *tiny(model_type), gen)
+
+
+# Config options that change a family's prologue, read as its code reads them: the other
+# norm kind, or a refusal naming the option
+OPTIONS = [
+    ("glm4_moe", dict(use_qk_norm=True), "exact (split-qkv, norm head"),
+    ("molmo2_text", dict(qk_norm_type="olmo"), "exact (split-qkv, norm full"),
+    ("molmo2_text", dict(qk_norm_type="qwen3"), "exact (split-qkv, norm head"),
+    ("phi", dict(qk_layernorm=True), "refused: config.qk_layernorm True (phi)"),
+    ("stablelm", dict(qk_layernorm=True), "refused: config.qk_layernorm True (stablelm)"),
+    ("olmoe", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmoe)"),
+    ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
+    ("minicpm3", dict(rms_norm_eps=1e-5), "refused: config.rms_norm_eps 1e-05 (minicpm3)"),
+    ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
+    ("granitemoehybrid", dict(position_embedding_type=None), "refused: config.position_"),
+    ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
+    ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
+        rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
+        mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model_type,extra,verdict", OPTIONS, ids=[f"{t}-{next(iter(e))}" for t, e, _ in OPTIONS]
+)
+def test_a_config_option_is_read_as_the_models_code_reads_it(model_type, extra, verdict, gen):
+    config = hf_zoo.tiny_config(model_type, **TINY_EXTRA.get(model_type, {}) | extra)
+    assert exact_or_refused(model_type, config, True, gen).startswith(verdict)
+
+
+@pytest.mark.parametrize(
+    "model_type", [t for t in ZOO if t in HF_FAMILIES or t.removesuffix("_text") in HF_FAMILIES]
+)
+def test_a_family_fqr_builds_is_not_refused(model_type):
+    """Its tiny config builds a preset (so the test above compares it with the model)."""
+    Preset.from_hf_config(tiny(model_type)[0], name="tiny")
+
+
+# The comparison can fail: the other reading of what this issue fixed gives other values
+# (Qwen3-VL / Qwen3.5 without interleaving: thousands of ULP on the position planes;
+# DeepSeek-V2 rounding its RoPE as vLLM does)
+OTHER_READINGS = [
+    ("qwen3_vl_text", None, dict(mrope_interleaved=False)),
+    ("qwen3_5_text", None, dict(mrope_interleaved=False)),
+    ("qwen3_omni_moe_text", None, dict(mrope_interleaved=False)),
+    ("cosmos3_edge_text", None, dict(mrope_interleaved=False)),
+    ("deepseek_v2", "unfused", {}),
+]
+
+
+@pytest.mark.parametrize("model_type,numerics,params", OTHER_READINGS)
+def test_another_reading_of_the_config_is_caught(model_type, numerics, params, gen):
+    config, _ = tiny(model_type)
+    preset = Preset.from_hf_config(config, name="tiny")
+    numerics = numerics or HF_FAMILIES[model_type].numerics
+    pairs, _ = run(model_type, config, preset, numerics, gen, **params)
+    assert not all(torch.equal(ours, theirs) for _, ours, theirs in pairs)
+
+
+# The generated kernel under the interpreter on a sample, one family per prologue form: it
+# sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
+INTERPRET_SAMPLE = ["qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5"]
+
+
+@pytest.mark.parametrize("model_type", INTERPRET_SAMPLE)
+def test_the_kernel_lands_within_one_ulp_of_the_model(model_type, gen):
+    from fqr.backends import BACKENDS
+    from fqr.numerics import ordered_bits
+
+    if BACKENDS["interpret"].unavailable_reason():
+        pytest.skip(BACKENDS["interpret"].unavailable_reason())
+    config, _ = tiny(model_type)
+    preset = Preset.from_hf_config(config, name="tiny")
+    numerics = HF_FAMILIES[model_type].numerics
+    pairs, _ = run(model_type, config, preset, numerics, gen, backend="interpret")
+    for name, ours, theirs in pairs:
+        ulps = (ordered_bits(ours) - ordered_bits(theirs)).abs().max().item()
+        assert ulps <= 1, f"{model_type}: {name} {ulps} ULP from the model"
+
+
+def test_census_counts(request):
+    """Every model type in scope was decided (run last: ``-s`` prints the census)."""
+    if len(CENSUS) < len(ZOO):
+        pytest.skip("the census needs the whole zoo run")
+    exact = sorted(t for t, r in CENSUS.items() if r.startswith("exact"))
+    refused = sorted(t for t, r in CENSUS.items() if r.startswith("refused"))
+    print(f"\nzoo: {len(ZOO)} model types, {len(exact)} exact, {len(refused)} refused, 0 wrong")
+    for t in sorted(CENSUS):
+        print(f"  {t}: {CENSUS[t]}")
+    assert len(exact) + len(refused) == len(CENSUS)
+
+
+def test_the_readme_lists_every_family_with_its_numerics():
+    """README's "Model families" table: every family of :data:`fqr.presets.HF_FAMILIES` once,
+    in the row of the numerics mode it is exact under, and nothing else."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Model families from transformers configs", 1)[1].split("\n## ", 1)[0]
+    listed: list[tuple[str, str]] = []
+    for row in section.splitlines():
+        cells = row.split(" | ")
+        if len(cells) == 3 and cells[1].startswith("`"):
+            names = re.findall(r"`([a-z0-9_]+)`", cells[2])
+            listed += [(t, cells[1].strip("`")) for t in names if t in HF_FAMILIES]
+    assert sorted(t for t, _ in listed) == sorted(HF_FAMILIES)  # each family once
+    for model_type, numerics in listed:
+        assert numerics == HF_FAMILIES[model_type].numerics, model_type

@@ -1,0 +1,368 @@
+"""The transformers zoo: every decoder model type of the installed transformers whose attention
+applies rotary embeddings, a tiny config of each, its own attention run on random weights with
+its q and k captured after its norm and RoPE, and fqr's op through ``Preset.from_hf_config`` on
+the same projection output (``tests/core/test_hf_zoo.py``).
+
+Scope (:func:`zoo_model_types`): the model types of transformers' config mapping whose modeling
+module names a rotary embedding (``RotaryEmbedding`` or ``apply_rotary``) and that are decoders:
+in the causal-LM mapping, or a text config (``*_text``) a multimodal model wraps; a composite
+config whose text config is itself in scope is that text config (``gemma3`` is
+``gemma3_text``), so it is counted once.
+
+Capture (:func:`run_model`): the model with one layer, in bf16, its norm weights random; the
+module-level rotary function of its modeling module (``apply_rotary_pos_emb`` and kin) is
+wrapped so that its first call records its inputs and outputs and stops the forward; forward
+hooks record each linear projection's output. The RoPE table fqr is given is the model's own
+(its rotary embedding called in fp32 on positions ``0..P-1``), and the preset's table is
+checked against it separately.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+ROTARY_FUNCTIONS = (
+    "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_interleave",
+    "apply_rotary_emb",
+    "apply_multimodal_rotary_pos_emb",
+)
+POSITIONS = 64  # rows of the RoPE table; positions are drawn below it
+TOKENS = 6
+
+# The sizes every tiny config gets (where the config class has the key).
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    max_position_embeddings=POSITIONS,
+    num_experts=2,
+    num_local_experts=2,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    n_shared_experts=1,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=16,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    layer_types=None,
+)
+
+
+class Captured(Exception):
+    """Raised by the wrapped rotary function once it has recorded its call."""
+
+
+@dataclass
+class Capture:
+    """What one forward recorded: the rotary function's name, its inputs and outputs, and
+    every linear layer's output by qualified name (first call only)."""
+
+    function: str = ""
+    inputs: tuple = ()
+    outputs: tuple = ()
+    linears: dict = field(default_factory=dict)
+    norms: dict = field(default_factory=dict)
+
+
+def transformers_root() -> pathlib.Path:
+    import transformers
+
+    return pathlib.Path(transformers.__file__).parent / "models"
+
+
+def zoo_model_types() -> list[str]:
+    """The model types in scope (module docstring), in the config mapping's order."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING_NAMES,
+        model_type_to_module_name,
+    )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    root = transformers_root()
+    rotary = re.compile(r"RotaryEmbedding|apply_rotary")
+    found = []
+    for model_type in CONFIG_MAPPING_NAMES:
+        module = root / model_type_to_module_name(model_type)
+        source = "".join(f.read_text() for f in module.glob("modeling_*.py"))
+        decoder = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type.endswith("_text")
+        if rotary.search(source) and decoder:
+            found.append(model_type)
+    scope = []
+    for model_type in found:
+        try:
+            text = AutoConfig.for_model(model_type).get_text_config()
+        except Exception:  # noqa: BLE001 - a config transformers cannot build stays in scope
+            text = None
+        inner = getattr(text, "model_type", model_type)
+        if inner != model_type and inner in found:
+            continue
+        scope.append(model_type)
+    return scope
+
+
+def tiny_config(model_type: str, **extra):
+    """The model type's config with :data:`TINY` sizes where it has those keys, and
+    ``extra``; its text config (eager attention)."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type).get_text_config()
+    keys = set(base.to_dict())
+    kwargs = {k: v for k, v in TINY.items() if k in keys} | extra
+    if "qk_rope_head_dim" in keys and "head_dim" in keys:  # MLA: head_dim is the rope part
+        kwargs["head_dim"] = TINY["qk_rope_head_dim"]
+    # token ids the tiny vocabulary holds
+    kwargs |= {k: 0 for k in ("pad_token_id", "bos_token_id", "eos_token_id") if k in keys}
+    config = AutoConfig.for_model(model_type, **kwargs).get_text_config()
+    config._attn_implementation = "eager"
+    return config
+
+
+def text_model_class(config):
+    """The base model class of ``config``: transformers' AutoModel mapping, else the class
+    of the config's modeling module whose ``config_class`` is the config's (a text model
+    that only a multimodal model builds: Qwen2.5-Omni's, PaddleOCR-VL's)."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel._model_mapping[type(config)]
+    except KeyError:
+        pass
+    package = type(config).__module__.rsplit(".", 1)[0]
+    name = package.rsplit(".", 1)[1]
+    module = importlib.import_module(f"{package}.modeling_{name}")
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and getattr(value, "config_class", None) is type(config)
+            and value.__name__.endswith("Model")
+            and value.forward is not torch.nn.Module.forward  # not the pretrained base class
+        ):
+            return value
+    raise LookupError(f"no model class of {type(config).__name__}")
+
+
+def _modeling_module(model):
+    return importlib.import_module(type(model).__module__)
+
+
+def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, offset: float):
+    """The model of ``config`` (one layer, bf16, random weights; norm weights ``offset + 0.3
+    * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
+    planes) until its first rotary call: ``(model, capture)``."""
+
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
+    # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
+    model = text_model_class(config)._from_config(config, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.rsplit(".", 1)[0].split(".")[-1] and p.dim() == 1:
+                p.copy_(offset + 0.3 * torch.randn(p.shape, generator=generator))
+    capture = Capture()
+    module = _modeling_module(model)
+    originals = {n: getattr(module, n) for n in ROTARY_FUNCTIONS if hasattr(module, n)}
+
+    def wrap(name, fn):
+        def recording(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            capture.function, capture.inputs, capture.outputs = name, args, out
+            raise Captured
+
+        return recording
+
+    hooks = []
+    for qual, sub in model.named_modules():
+        if isinstance(sub, torch.nn.Linear) or "norm" in qual.rsplit(".", 1)[-1]:
+            store = capture.linears if isinstance(sub, torch.nn.Linear) else capture.norms
+
+            def hook(mod, args, out, qual=qual, store=store):
+                store.setdefault(qual, out)
+
+            hooks.append(sub.register_forward_hook(hook))
+    ids = torch.randint(0, config.vocab_size, (1, positions.shape[-1]), generator=generator)
+    try:
+        for name, fn in originals.items():
+            setattr(module, name, wrap(name, fn))
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=positions[..., None, :], use_cache=False)
+    except Captured:
+        pass
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
+        for h in hooks:
+            h.remove()
+    return model, capture
+
+
+def model_table(model, mrope: bool) -> torch.Tensor:
+    """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
+    its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    x = torch.zeros(1, dtype=torch.float32)
+    pos = torch.arange(POSITIONS)[None]
+    if mrope:
+        pos = pos.expand(3, 1, -1)
+    try:
+        out = rotary(x, pos)
+    except TypeError:
+        out = rotary(x, pos, "full_attention")
+    if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis
+        return torch.cat([out.real, out.imag], dim=-1)[0].float()
+    cos, sin = (t[0].float() for t in out)
+    half = cos.shape[-1] // 2
+    if torch.equal(cos[:, :half], cos[:, half:]):
+        return torch.cat([cos[:, :half], sin[:, :half]], dim=-1)
+    return torch.cat([cos[:, 0::2], sin[:, 0::2]], dim=-1)  # repeat_interleave'd (GPT-J)
+
+
+# The names models give a fused [q | k | v] projection, and their q and k norms.
+FUSED_QKV = ("qkv_proj", "Wqkv", "query_key_value", "c_attn", "qkv")
+Q_NORMS = ("q_norm", "q_layernorm", "query_layernorm", "q_ln")
+K_NORMS = ("k_norm", "k_layernorm", "key_layernorm", "k_ln")
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    """A model's heads as fqr's rows ``[T, H * D]``: ``[1, H, T, D]`` (after the transpose,
+    most models), or ``[1, T, H, D]`` (Llama 4 rotates before it), told apart by the token
+    count (the zoo's :data:`TOKENS` is no head count it builds)."""
+    if x.shape[2] == TOKENS:
+        x = x.transpose(1, 2)
+    return x[0].reshape(TOKENS, -1)
+
+
+def _attention(model, capture: Capture, *names: str) -> tuple[str, torch.nn.Module]:
+    """The qualified name prefix and module of the first attention that has a linear layer
+    of one of ``names``."""
+    for qual in capture.linears:
+        prefix, _, leaf = qual.rpartition(".")
+        if leaf in names:
+            return prefix, model.get_submodule(prefix)
+    raise LookupError(f"no projection named {', '.join(names)} ran")
+
+
+def _weight(module, *names):
+    for name in names:
+        sub = getattr(module, name, None)
+        if sub is not None:
+            weight = getattr(sub, "weight", None)  # a weightless norm: None
+            return None if weight is None else weight.detach()
+    return None
+
+
+def compared_outputs(preset, numerics, model, capture, positions, table, backend="reference"):
+    """``[(name, fqr's output, the model's)]``: fqr's op of ``preset``'s variant on the
+    projection output the model computed, with the model's norm weights and RoPE table
+    (``table``), under ``numerics``, on ``backend``."""
+    import fqr
+
+    rotated = tuple(capture.outputs[:2])
+    if preset.variant == "mla-kv":
+        return _mla_outputs(preset, numerics, model, capture, positions, table, rotated, backend)
+    prefix, attention = _attention(model, capture, "q_proj", *FUSED_QKV)
+    if f"{prefix}.q_proj" in capture.linears:
+        names = ("q_proj", "k_proj", "v_proj")
+        qkv = torch.cat([capture.linears[f"{prefix}.{n}"][0] for n in names], -1)
+    else:
+        qkv = next(
+            capture.linears[f"{prefix}.{n}"][0]
+            for n in FUSED_QKV
+            if f"{prefix}.{n}" in capture.linears
+        )
+    weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
+    common = dict(numerics=numerics, backend=backend)
+    if preset.variant == "rope-l2norm":
+        # the model's own weightless norm of its rotated q and k (Llama 4's one qk_norm,
+        # nanochat's q_norm / k_norm)
+        out = fqr.split_qkv_rope_l2norm(
+            qkv, positions, table, num_heads=preset.num_heads,
+            num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
+            is_neox=preset.is_neox, **common,
+        )  # fmt: skip
+        norms = [getattr(attention, n, None) for n in ("qk_norm", "q_norm", "k_norm")]
+        norms = norms[:1] * 2 if norms[0] is not None else norms[1:]
+        with torch.no_grad():
+            rotated = tuple(norm(x) for norm, x in zip(norms, rotated))
+    elif preset.variant == "qk-mrope":
+        q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
+        out = fqr.qk_mrope(
+            q, k, positions, table, head_dim=preset.head_dim, is_neox=preset.is_neox,
+            **preset.params, **common,
+        )  # fmt: skip
+    elif preset.variant in ("mrope", "mrope-gate"):
+        out = fqr.split_qkv_rmsnorm_mrope(
+            qkv, positions, table, *weights, **preset.spec.head_kwargs(**common),
+            **preset.params, output_gate=preset.variant == "mrope-gate",
+        )  # fmt: skip
+    else:
+        out = fqr.split_qkv_rmsnorm_rope(
+            qkv, positions, table, *weights, **preset.spec.kwargs(**common)
+        )
+    return [
+        (name, _rotated_part(ours, theirs), _heads(theirs))
+        for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
+    ]
+
+
+def _rotated_part(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """fqr's ``[T, H * D]`` output cut to what the model's rotary function returned: models
+    that split off the rotated part first (Phi, StableLM: ``q_rot, q_pass = q[..., :R],
+    q[..., R:]``) rotate ``[1, H, T, R]`` and concatenate the rest after; compared are then
+    the first R features of each head."""
+    heads, width = theirs.shape[1 if theirs.shape[2] == TOKENS else 2], theirs.shape[-1]
+    if ours.shape[1] == heads * width:
+        return ours
+    return ours.view(ours.shape[0], heads, -1)[..., :width].reshape(ours.shape[0], -1)
+
+
+def _mla_outputs(preset, numerics, model, capture, positions, table, rotated, backend):
+    import fqr
+
+    prefix, attention = _attention(model, capture, "kv_a_proj_with_mqa")
+    p = preset.params
+    q_lora_rank, nope, rope = p["q_lora_rank"], p["qk_nope_head_dim"], preset.head_dim
+    rows = [capture.linears[f"{prefix}.kv_a_proj_with_mqa"][0]]
+    if q_lora_rank:
+        rows.insert(0, capture.linears[f"{prefix}.q_a_proj"][0])
+    cache = torch.zeros(1, TOKENS, p["kv_lora_rank"] + rope, dtype=torch.bfloat16)
+    out = fqr.split_mla_rmsnorm_rope_cache(
+        torch.cat(rows, -1), positions, table, _weight(attention, "q_a_layernorm"),
+        _weight(attention, "kv_a_layernorm"), cache, torch.arange(TOKENS),
+        q_lora_rank=q_lora_rank, kv_lora_rank=p["kv_lora_rank"], qk_rope_head_dim=rope,
+        eps=preset.eps, is_neox=preset.is_neox, numerics=numerics, backend=backend,
+    )  # fmt: skip
+    q = capture.linears[f"{prefix}.q_b_proj" if q_lora_rank else f"{prefix}.q_proj"][0].clone()
+    q = fqr.mla_q_rope(
+        q, positions, table, num_heads=preset.num_heads, qk_nope_head_dim=nope,
+        is_neox=preset.is_neox, numerics=numerics, backend=backend,
+    ).view(TOKENS, preset.num_heads, nope + rope)[:, :, nope:]  # fmt: skip
+    k_pe, q_pe = out[-1], q.reshape(TOKENS, -1)
+    if capture.function == "apply_rotary_pos_emb_interleave":
+        # it writes each head's rotated pairs de-interleaved: cat(x[0::2], x[1::2])
+        k_pe = torch.cat([k_pe[:, 0::2], k_pe[:, 1::2]], -1)
+        q_pe = q.reshape(TOKENS, preset.num_heads, rope)
+        q_pe = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], -1).reshape(TOKENS, -1)
+    norms = {
+        leaf.rpartition(".")[2]: v[0]
+        for leaf, v in capture.norms.items()
+        if leaf.startswith(prefix)
+    }
+    pairs = [("kv_c", out[-2], norms["kv_a_layernorm"])]
+    if q_lora_rank:
+        pairs.append(("q_c", out[0], norms["q_a_layernorm"]))
+    return pairs + [("k_pe", k_pe, _heads(rotated[1])), ("q_pe", q_pe, _heads(rotated[0]))]
