@@ -42,6 +42,15 @@ bundle-build)
   tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
   echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
   ;;
+extras)
+  # issue 32's GPU file, every golden case through fqr verify on triton (the suite's bundle
+  # loads what it holds), and the cold start, JIT against a bundle
+  if [ ! -d "$BUNDLE" ] && [ -f "$BUNDLE.tar.xz" ]; then tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; fi
+  chmod -R go-w "$BUNDLE" 2>/dev/null
+  TAILN=6 step pytest_mla_engines timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_mla_engines.py -m gpu
+  TAILN=6 step verify_triton timeout 150 env FQR_KERNEL_BUNDLE="$BUNDLE" python3 -m fqr verify --backend triton
+  TAILN=12 step cold_start timeout 200 python3 -m fqr bench --cold-start --preset qwen3-8b,deepseek-v3
+  ;;
 bundle-tests)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   if [ ! -d "$BUNDLE" ] && [ -f "$BUNDLE.tar.xz" ]; then
