@@ -25,6 +25,9 @@ from fqr.inputs import PrologueInputs, random_inputs
 from fqr.presets import PrologueSpec
 from fqr.rope_cache import rope_cos_sin_cache
 
+# tests/gpu's bundle build and kernel counts (tests/support/gpu_kernels.py)
+pytest_plugins = ("support.gpu_kernels",)
+
 
 @lru_cache(maxsize=8)
 def real_table(rotary_dim: int, max_position: int, theta: float) -> torch.Tensor:

@@ -174,7 +174,9 @@ class Kernel:
             return outs
         flat, constexprs, key = self.launch_arguments(args, outs, tokens, out is None)
         grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
-        if device.type == "meta":  # no values: compiled into the bundle being built, not run
+        if device.type == "meta" and hasattr(self.fn, "run"):
+            # a Triton function and no values: compiled into the bundle being built, not run
+            # (a stand-in fn without run, e.g. ascend_compile's recorder, takes the call)
             compile_ahead(self.fn, grid, flat, {**constexprs, **self._launch})
             return outs
         bound = self._direct

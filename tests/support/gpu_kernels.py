@@ -1,4 +1,7 @@
-"""The GPU suite's kernels: built ahead of time on a CPU machine, loaded on the GPU.
+"""The GPU suite's kernels: built ahead of time on a CPU machine, loaded on the GPU (a pytest
+plugin, loaded by ``tests/conftest.py``; not a ``tests/gpu/conftest.py``, whose module name
+``conftest`` would shadow the one the other test files import helpers from). It acts only in
+the build run and on a machine with a CUDA GPU.
 
 Two runs of the same files (``tests/support/devices.py``):
 
@@ -30,7 +33,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.devices import BUILDING
+
+from .devices import BUILDING
 
 STATS_ENV = "FQR_KERNEL_STATS_DIR"
 _WRITER = None
