@@ -80,29 +80,15 @@ def _run_child(
         env |= {"FQR_CACHE_DIR": str(kernels), "TRITON_CACHE_DIR": str(triton_cache)}
         if bundle is not None:
             env["FQR_KERNEL_BUNDLE"] = bundle
-        env["FQR_COLD_START_T0"] = repr(time.time())
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, preset, str(tp), str(tokens)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = _spawn(preset, tp, tokens, env, "cold-start child")
         # what Triton compiled in the process: fqr's kernels among its cache's binaries
         compiled = len(list(triton_cache.rglob("fqr_*.cubin")))
-    if done.returncode:
-        raise RuntimeError(f"cold-start child ({preset}) failed: {done.stderr.strip()[-2000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "compiled": compiled}
+    return {**result, "compiled": compiled}
 
 
-def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Path) -> Path:
-    """A Triton cache with Triton's runtime pieces (its CUDA utilities, built with the host's C
-    compiler on first use) and no fqr kernel: what an untimed call from the bundle leaves."""
-    runtime = scratch / "triton"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(runtime), FQR_KERNEL_BUNDLE=bundle)
-    env |= {"FQR_CACHE_DIR": str(scratch / "kernels"), "FQR_COLD_START_T0": repr(time.time())}
-    runtime.mkdir(mode=0o700)
-    (scratch / "kernels").mkdir(mode=0o700)
+def _spawn(preset: str, tp: int, tokens: int, env: dict[str, str], what: str) -> dict:
+    """Run :data:`_CHILD` in a fresh process with ``env`` (its spawn time added); its report."""
+    env = {**env, "FQR_COLD_START_T0": repr(time.time())}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, preset, str(tp), str(tokens)],
         env=env,
@@ -111,7 +97,19 @@ def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Pat
         timeout=600,
     )
     if done.returncode:
-        raise RuntimeError(f"cold-start warm-up ({preset}) failed: {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{what} ({preset}) failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Path) -> Path:
+    """A Triton cache with Triton's runtime pieces (its CUDA utilities, built with the host's C
+    compiler on first use) and no fqr kernel: what an untimed call from the bundle leaves."""
+    runtime = scratch / "triton"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(runtime), FQR_KERNEL_BUNDLE=bundle)
+    env["FQR_CACHE_DIR"] = str(scratch / "kernels")
+    runtime.mkdir(mode=0o700)
+    (scratch / "kernels").mkdir(mode=0o700)
+    _spawn(preset, tp, tokens, env, "cold-start warm-up")
     compiled = sorted(p.name for p in runtime.rglob("fqr_*.cubin"))
     if compiled:
         raise RuntimeError(f"the bundle {bundle} lacks {preset}'s kernels {compiled}")

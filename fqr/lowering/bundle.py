@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .loader import replace_file_at, triton_version
+from .loader import directory_problem, replace_file_at, triton_version
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,7 @@ def _open_dir(directory: Path, *, create: bool) -> int:
         raise KernelBundleError(f"kernel bundle {directory}: not a directory") from None
     except OSError as e:
         raise KernelBundleError(f"kernel bundle {directory}: {e.strerror}") from None
-    st = os.fstat(dfd)
-    problem = None
-    if st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    problem = directory_problem(os.fstat(dfd))
     if problem:
         os.close(dfd)
         raise KernelBundleError(

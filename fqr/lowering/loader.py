@@ -76,6 +76,16 @@ def cache_dir() -> Path:
     return _cache_location()[0]
 
 
+def directory_problem(st: os.stat_result) -> str | None:
+    """Why a directory (its ``os.fstat``) cannot hold code fqr runs: not owned by this user, or
+    writable by others; None when it can."""
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 def _open_cache_dir() -> tuple[int, Path]:
     """An fd of the checked cache directory (every entry is opened relative to it, so the
     directory checked is the directory used) and its path."""
@@ -92,16 +102,13 @@ def _open_cache_dir() -> tuple[int, Path]:
             f"{named}: cannot use it as the kernel cache: {e.strerror}"
         ) from None
     st = os.fstat(dfd)
-    problem = None
-    if st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    elif st.st_mode & 0o022 and not chosen:
+    problem = directory_problem(st)
+    if problem and st.st_uid == os.geteuid() and not chosen:
         # fqr's own default directory, made group-writable by an older fqr under umask 002:
         # fqr tightens it (entries are checked byte for byte before use anyway).
         os.fchmod(dfd, 0o700)
         log.warning("made the kernel cache %s private (it was mode %04o)", d, st.st_mode & 0o777)
-    elif st.st_mode & 0o022:
-        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        problem = None
     if problem:
         os.close(dfd)
         raise KernelCacheError(
