@@ -102,8 +102,10 @@ def test_ds_mla_entry_and_its_comparison(gen):
         bad[b, r, start : start + size] = (at + steps).view(torch.uint8)
         return compare_ds_mla_entry(bad, cache, expected, rope_dtype=torch.bfloat16)
 
-    assert corrupted(TILE + 3, torch.uint8, 1).passed  # one E4M3 step: within the contract
-    assert not corrupted(TILE + 3, torch.uint8, 2).parts["values"].passed
+    # a value byte below the largest magnitude (0x7E, 448: one step up from it is NaN)
+    at = TILE + next(i for i in range(TILE) if 0 < int(good[b, r, TILE + i]) & 0x7F < 0x7D)
+    assert corrupted(at, torch.uint8, 1).passed  # one E4M3 step: within the contract
+    assert not corrupted(at, torch.uint8, 2).parts["values"].passed
     assert corrupted(512 + 4, torch.float32, 4).passed  # the fp32 contract: 2^-16 relative
     assert not corrupted(512 + 4, torch.float32, 1000).parts["scales"].passed
     assert not corrupted(528 + 10, torch.int16, 2).parts["rope"].passed
