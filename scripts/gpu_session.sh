@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|sweep
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
+#   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
 #
 # bundle-build makes .venv-device (the device image's Triton, $DEVICE_TRITON, beside CPU torch,
 # from the package index, not the GPU image) and runs every file of tests/gpu there on meta
@@ -41,6 +42,25 @@ bundle-build)
   # cubins of one emitter are alike: xz packs them about 12 to 1 (the carry limit is 64 MiB)
   tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
   echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
+  ;;
+sweep-build)
+  # issue 31: every kernel the tuning sweep launches, compiled for the device on this machine
+  VENV=${DEVICE_VENV:-.venv-device}
+  mkdir -p -m 700 .bundle/sweep
+  FQR_CACHE_DIR=$(mktemp -d) TRITON_INTERPRET=0 TAILN=20 step sweep_build "$VENV/bin/python" -m fqr.tools.tuning_sweep build -o .bundle/sweep
+  tar -C .bundle -cJf .bundle/sweep.tar.xz sweep
+  echo "sweep bundle: $(ls .bundle/sweep/*.cubin | wc -l) kernels, $(du -h .bundle/sweep.tar.xz | cut -f1) packed"
+  ;;
+sweep)
+  # issue 31 on the device: the tuning sweep from its bundle (nothing compiled here), where
+  # T = 1's time goes, and why a same-size copy_ swings
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
+  chmod -R go-w .bundle/sweep
+  export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep TRITON_CACHE_DIR=$(mktemp -d)
+  TAILN=20 step decode timeout 120 python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep" --decode
+  TAILN=95 step tuning_sweep timeout -s INT "${SWEEP_SECONDS:-400}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep"
+  echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
   ;;
 extras)
   # issue 32's GPU file, every golden case through fqr verify on triton (the suite's bundle

@@ -56,7 +56,7 @@ SOURCE_OPTIONS = ("strided_outputs", "strided_indices")
 
 
 def _tiling_options(options: dict[str, Any]) -> dict[str, Any]:
-    skip = ("block_t", "num_warps", "max_programs", *SOURCE_OPTIONS)
+    skip = ("block_t", "num_warps", "max_programs", "programs_per_sm", *SOURCE_OPTIONS)
     return {k: v for k, v in options.items() if k not in skip}
 
 

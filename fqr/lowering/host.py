@@ -273,7 +273,7 @@ def _variant_body(
         params = [_literal(v) for v in flat]
     except _Unsupported:
         return None
-    grid = kernel.target.grid_expression(kernel._block_t, **kernel.options)
+    grid = kernel.target.grid_expression(kernel._block_t, device, **kernel.options)
     if grid is None:
         ns[f"GRID{i}"] = kernel.target.grid
         ns[f"OPTIONS{i}"] = dict(kernel.options)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,17 @@ from .tuning import CHUNK_MODES, TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_t
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The streaming multiprocessors of CUDA ``device`` (asked once per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _multiprocessors(index)
 
 
 def checked_block_t(value: Any) -> int:
@@ -58,9 +70,9 @@ class Target:
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return max(1, cdiv(tokens, tile))
 
-    def grid_expression(self, tile: int, **options: Any) -> str | None:
-        """:meth:`grid` as a Python expression of ``T`` (T >= 1) for the generated host
-        function (:mod:`fqr.lowering.host`); None: it calls :meth:`grid`."""
+    def grid_expression(self, tile: int, device: torch.device, **options: Any) -> str | None:
+        """:meth:`grid` on ``device`` as a Python expression of ``T`` (T >= 1) for the generated
+        host function (:mod:`fqr.lowering.host`); None: it calls :meth:`grid`."""
         return None
 
     def launch_options(
@@ -139,15 +151,26 @@ class CudaTarget(Target):
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options: Any) -> int:
         return checked_block_t(options.get("block_t", tiling.block_t))
 
+    def program_cap(self, device: torch.device, **options: Any) -> int | None:
+        """The most programs launched on ``device``: ``max_programs`` where given, else
+        ``programs_per_sm`` times the device's multiprocessors (on a CUDA device; 0 or absent:
+        None, one program per token tile)."""
+        if options.get("max_programs"):
+            return int(options["max_programs"])
+        per_sm = int(options.get("programs_per_sm") or 0)
+        if per_sm and device.type == "cuda":
+            return per_sm * multiprocessors(device)
+        return None
+
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         tiles = max(1, cdiv(tokens, tile))
-        cap = options.get("max_programs")
-        return min(tiles, int(cap)) if cap else tiles
+        cap = self.program_cap(device, **options)
+        return min(tiles, cap) if cap else tiles
 
-    def grid_expression(self, tile: int, **options: Any) -> str | None:
+    def grid_expression(self, tile: int, device: torch.device, **options: Any) -> str | None:
         tiles = "T" if tile == 1 else f"(T + {tile - 1}) // {tile}"
-        cap = options.get("max_programs")
-        return f"min({tiles}, {int(cap)})" if cap else tiles
+        cap = self.program_cap(device, **options)
+        return f"min({tiles}, {cap})" if cap else tiles
 
     def token_buckets(
         self, plan: KernelPlan, **options: Any
@@ -200,8 +223,10 @@ class InterpretTarget(CudaTarget):
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
         return min(int(options.get("max_programs", 3)), max(1, cdiv(tokens, tile)))
 
-    def grid_expression(self, tile: int, **options: Any) -> str | None:
-        return super().grid_expression(tile, max_programs=int(options.get("max_programs", 3)))
+    def grid_expression(self, tile: int, device: torch.device, **options: Any) -> str | None:
+        return super().grid_expression(
+            tile, device, max_programs=int(options.get("max_programs", 3))
+        )
 
     def token_buckets(
         self, plan: KernelPlan, **options: Any

@@ -1,16 +1,22 @@
 """The cuda target's tuning table as data: which kernel variant (warps, tokens per tile, chunk
-budget, chunk mode) runs each program shape in each token bucket, as the H200 sweeps measured
-it. ``tuning.json`` beside this module is the table :mod:`fqr.lowering.targets` reads; the
-sweep (``scripts/launch_floor_sweep.py``) writes a new one with :func:`table_from_sweep`, so a
-re-tune is a regenerated file to review, not a hand edit.
+budget, chunk mode, programs per SM) runs each program shape in each token bucket, as the H200
+sweeps measured it. ``tuning.json`` beside this module is the table
+:mod:`fqr.lowering.targets` reads; the sweep (:mod:`fqr.tools.tuning_sweep`, ``fqr sweep``)
+writes a new one with :func:`table_from_sweep`, so a re-tune is a regenerated file to review,
+not a hand edit.
 
-The document (``schema`` ``fqr.tuning/1``)::
+The document (``schema`` ``fqr.tuning/2``)::
 
-    {"schema": "fqr.tuning/1", "source": "...", "options": [num_warps, block_t, tile_elems,
-     chunk_mode], "buckets": [256, 8192, null], "untuned": [[2, 1, 2048, "grid"], ...],
+    {"schema": "fqr.tuning/2", "source": "...", "options": [num_warps, block_t, tile_elems,
+     chunk_mode, programs_per_sm], "buckets": [256, 8192, null],
+     "untuned": [[2, 1, 2048, "grid", 0], ...],
      "entries": [{"model": "Qwen3-8B", "shape": [[32, 128, "neox128", false], ...],
                   "dtype": null | "bf16" | "fp16", "variants": [[...], [...], [...]],
                   "note": "..."}, ...]}
+
+``programs_per_sm`` caps the grid at that many programs per multiprocessor of the device (the
+persistent loop then walks the remaining token tiles, and weights loaded before the loop are
+read once per program, not once per tile); 0 launches one program per token tile.
 
 ``shape`` is :func:`fqr.lowering.targets.shape_key` of the plan (per chain: heads, head_dim,
 register layout tag, whether it is a copy); ``dtype`` narrows an entry to the outputs' dtype
@@ -28,14 +34,14 @@ import torch
 
 from ..core import dtype_name, dtype_of
 
-SCHEMA = "fqr.tuning/1"
+SCHEMA = "fqr.tuning/2"
 TUNING_FILE = Path(__file__).with_name("tuning.json")
 # The options a variant sets, in the order of an entry's option sets.
-TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode")
+TILING_OPTIONS = ("num_warps", "block_t", "tile_elems", "chunk_mode", "programs_per_sm")
 TOKEN_BUCKETS = (256, 8192, None)  # the upper T of each variant (None: any T)
 CHUNK_MODES = ("loop", "unroll", "grid")  # the cuda target's chunk modes
 
-Config = tuple[int, int, int, str]
+Config = tuple[int, int, int, str, int]
 Variants = tuple[Config, ...]
 Key = tuple  # a shape, or (shape, dtype)
 
@@ -47,7 +53,7 @@ class TuningError(ValueError):
 def _config(value: Any, where: str) -> Config:
     if not (isinstance(value, list) and len(value) == len(TILING_OPTIONS)):
         raise TuningError(f"{where} must be a list of {len(TILING_OPTIONS)}: {TILING_OPTIONS}")
-    warps, block_t, elems, mode = value
+    warps, block_t, elems, mode, per_sm = value
     ints = (warps, block_t, elems)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ints):
         raise TuningError(f"{where}: num_warps, block_t, tile_elems must be positive ints")
@@ -55,7 +61,9 @@ def _config(value: Any, where: str) -> Config:
         raise TuningError(f"{where}: num_warps, block_t, tile_elems must be powers of two")
     if mode not in CHUNK_MODES:
         raise TuningError(f"{where}: chunk_mode must be one of {', '.join(CHUNK_MODES)}")
-    return (warps, block_t, elems, mode)
+    if not (isinstance(per_sm, int) and not isinstance(per_sm, bool) and per_sm >= 0):
+        raise TuningError(f"{where}: programs_per_sm must be an int >= 0 (0: no cap)")
+    return (warps, block_t, elems, mode, per_sm)
 
 
 def _variants(value: Any, where: str) -> Variants:
@@ -176,3 +184,20 @@ def table_from_sweep(
         "untuned": [list(c) for c in untuned],
         "entries": entries,
     }
+
+
+def table_text(doc: Mapping[str, Any]) -> str:
+    """A tuning document as ``tuning.json`` holds it: one key per line, each entry's fields on
+    lines of their own, and every list of scalars or option sets on one line (a regenerated
+    table diffs by entry)."""
+
+    def line(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    head = [f" {line(k)}: {line(v)}" for k, v in doc.items() if k != "entries"]
+    entries = [
+        "  {\n" + ",\n".join(f"   {line(k)}: {line(v)}" for k, v in e.items()) + "\n  }"
+        for e in doc.get("entries", [])
+    ]
+    body = ",\n".join([*head, ' "entries": [\n' + ",\n".join(entries) + "\n ]"])
+    return "{\n" + body + "\n}\n"

@@ -240,14 +240,14 @@ def test_bound_c_launcher_called_as_the_general_path_calls_it(gen):
     enter.calls.clear()
     shifted = torch.zeros(6 * ops[0].shape[1] + 1, dtype=ops[0].dtype)[1:].view(6, -1)
     assert fast.fn([shifted, *ops[1:]]) is None
-    assert get_target("interpret").grid_expression(8) == "min((T + 7) // 8, 3)"
+    assert get_target("interpret").grid_expression(8, torch.device("cpu")) == "min((T + 7) // 8, 3)"
 
 
 @pytest.mark.parametrize("name", ["cuda", "interpret"])
 def test_grid_expressions_equal_the_targets_grid(name):
     target = get_target(name)
     for tile, options in ((1, {}), (2, {}), (8, {}), (4, {"max_programs": 5})):
-        expression = target.grid_expression(tile, **options)
+        expression = target.grid_expression(tile, torch.device("cpu"), **options)
         for tokens in (1, 2, 3, 7, 8, 9, 100, 65537):
             got = eval(expression, {"T": tokens})  # noqa: S307  (the generated expression)
             assert got == target.grid(tokens, tile, torch.device("cpu"), **options)

@@ -9,6 +9,7 @@ import copy
 import json
 
 import pytest
+import torch
 
 from fqr.bench.config import DEFAULT_PRESETS
 from fqr.lowering import plan_program
@@ -19,6 +20,7 @@ from fqr.lowering.tuning import (
     load_table,
     parse_table,
     table_from_sweep,
+    table_text,
 )
 from fqr.presets import get_preset
 from fqr.prologue import program_of
@@ -30,7 +32,7 @@ def test_the_shipped_table_covers_the_bench_presets():
         assert shape_key(plan_program(program_of(get_preset(name)))) in table, name
 
 
-A, B, C = [1, 1, 2048, "grid"], [2, 1, 2048, "unroll"], [4, 2, 4096, "loop"]
+A, B, C = [1, 1, 2048, "grid", 0], [2, 1, 2048, "unroll", 0], [4, 2, 4096, "loop", 8]
 
 
 def _rows(us: dict) -> list[dict]:
@@ -38,7 +40,7 @@ def _rows(us: dict) -> list[dict]:
     configs = (A, B, C)
     rows = [
         {"preset": "p", "T": t, "cfg": dict(zip(("num_warps", "block_t", "tile_elems",
-         "chunk_mode"), configs[i])), "us": v}
+         "chunk_mode", "programs_per_sm"), configs[i])), "us": v}
         for (t, i), v in us.items()
     ]  # fmt: skip
     rows.append({"preset": "p", "T": 1, "cfg": "handwritten-w4", "us": 0.001})
@@ -88,12 +90,14 @@ def _break(path: str, value):
 @pytest.mark.parametrize(
     "path, value, message",
     [
-        ("schema", "fqr.tuning/0", "'schema' must be 'fqr.tuning/1'"),
+        ("schema", "fqr.tuning/1", "'schema' must be 'fqr.tuning/2'"),
         ("options", ["num_warps"], "'options' must be"),
         ("buckets", [256, None], "'buckets' must be"),
         ("untuned", [A, A], "'untuned' must hold one option set per bucket"),
-        ("entries.0.variants.2", [3, 1, 2048, "grid"], "entries\\[0\\].variants\\[2\\]: .* powers"),
-        ("entries.0.variants.0", [2, 1, 2048, "tiles"], "chunk_mode must be one of"),
+        ("entries.0.variants.2", [3, 1, 2048, "grid", 0], "variants\\[2\\]: .* powers"),
+        ("entries.0.variants.0", [2, 1, 2048, "tiles", 0], "chunk_mode must be one of"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid", -1], "programs_per_sm must be an int >= 0"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid"], "variants\\[1\\] must be a list of 5"),
         ("entries.0.shape", [], "entries\\[0\\].shape must be a non-empty list"),
         ("entries.0.dtype", "bf17", "entries\\[0\\].dtype must be a dtype name"),
         ("entries.1.shape", [[16, 128, "neox128", False], [8, 128, "neox128", False],
@@ -110,3 +114,36 @@ def test_an_unreadable_file_is_named(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(TuningError, match="tuning.json: not a readable JSON document"):
         load_table(bad)
+
+
+def test_the_shipped_file_is_the_text_table_text_writes():
+    """``tuning.json`` is laid out as :func:`table_text` writes a regenerated table (so a
+    re-tune diffs by entry), and that text parses back to the same document."""
+    doc = json.loads(TUNING_FILE.read_text())
+    assert table_text(doc) == TUNING_FILE.read_text()
+    assert json.loads(table_text(doc)) == doc
+
+
+def test_programs_per_sm_caps_the_grid_by_the_devices_multiprocessors(monkeypatch):
+    """``programs_per_sm`` caps the cuda grid at that many programs per multiprocessor of the
+    launching device (the generated host function's expression and the general launch agree);
+    0, or a device that is not CUDA (a bundle build on ``meta``), launches a program per tile;
+    ``max_programs`` given explicitly wins."""
+    from fqr.lowering import targets
+
+    monkeypatch.setattr(targets, "_multiprocessors", lambda index: {0: 132, 1: 78}[index])
+    cuda = targets.get_target("cuda")
+    gpu0, gpu1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert cuda.grid(65536, 1, gpu0, programs_per_sm=4) == 528
+    assert cuda.grid(65536, 2, gpu1, programs_per_sm=4) == 312
+    assert cuda.grid(100, 1, gpu0, programs_per_sm=4) == 100  # fewer tiles than the cap
+    assert cuda.grid(65536, 1, gpu0, programs_per_sm=0) == 65536
+    assert cuda.grid(65536, 1, torch.device("meta"), programs_per_sm=4) == 65536
+    assert cuda.grid(65536, 1, gpu0, programs_per_sm=4, max_programs=7) == 7
+    assert cuda.grid_expression(1, gpu0, programs_per_sm=4) == "min(T, 528)"
+    assert cuda.grid_expression(4, gpu1, programs_per_sm=2) == "min((T + 3) // 4, 156)"
+    assert cuda.grid_expression(1, gpu0, programs_per_sm=0) == "T"
+    for tokens in (1, 5, 528, 529, 100_000):
+        assert eval(cuda.grid_expression(1, gpu0, programs_per_sm=4), {"T": tokens}) == cuda.grid(
+            tokens, 1, gpu0, programs_per_sm=4
+        )
