@@ -58,7 +58,7 @@ sweep)
   [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
   chmod -R go-w .bundle/sweep
   export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep TRITON_CACHE_DIR=$(mktemp -d)
-  TAILN=20 step decode timeout 120 python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep" --decode
+  TAILN=20 step decode timeout 100 python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep" --decode
   TAILN=95 step tuning_sweep timeout -s INT "${SWEEP_SECONDS:-400}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep"
   echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
   ;;

@@ -140,19 +140,22 @@ def run(
     rep_ms: float = 5.0,
     save: Callable[[list[dict]], None] | None = None,
     log: Callable[[str], None] = print,
+    device: torch.device | None = None,
+    timers: Any = None,
+    target: str = "cuda",
 ) -> list[dict]:
-    """Device µs of every (preset, T, option set, programs per SM) on the current CUDA device:
-    rows ``{"preset", "T", "cfg": {option: value}, "us", "gbps"}`` (a cap the grid does not reach
-    at that T is the uncapped grid: measured once, recorded for each)."""
+    """Device µs of every (preset, T, option set, programs per SM) on ``device`` (default: the
+    current CUDA device, timed by :class:`fqr.bench.timers.CudaTimers`): rows ``{"preset", "T",
+    "cfg": {option: value}, "us", "gbps"}`` (a cap the grid does not reach at that T is the
+    uncapped grid: measured once, recorded for each). ``target``: the lowering target (the
+    tests run the sweep's bookkeeping on ``interpret``)."""
     from ..bench.environment import environment
     from ..bench.timers import CudaTimers
     from ..bench.traffic import rotation_sets
     from ..bench.variant_cells import variant_traffic
-    from ..lowering.targets import multiprocessors
 
-    device = torch.device("cuda", torch.cuda.current_device())
-    timers, l2 = CudaTimers(), environment(device)["l2_bytes"]
-    sms = multiprocessors(device)
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    timers, l2 = timers or CudaTimers(), environment(device)["l2_bytes"]
     rows: list[dict] = []
     for name in presets:
         preset = get_preset(name)
@@ -174,9 +177,8 @@ def run(
             for options in option_sets():
                 grids: dict[int, float] = {}
                 for per_sm in PROGRAMS_PER_SM:
-                    kernel = lower(program, "cuda", **options, programs_per_sm=per_sm)
-                    tiles = -(-t // options["block_t"])
-                    programs = min(tiles, per_sm * sms) if per_sm else tiles
+                    kernel = lower(program, target, **options, programs_per_sm=per_sm)
+                    programs = kernel.target.grid(t, kernel._block_t, device, **kernel.options)
                     if programs not in grids:
                         calls = [lambda k=kernel, a=a: k.launch(a, donate=True) for a in operands]
                         grids[programs] = timers.graph_us(_rotating(calls), rep_ms)
@@ -190,7 +192,8 @@ def run(
             assert best is not None
             log(f"{name} T={t}: best {best['us']:.2f} us ({best['gbps']:.0f} GB/s) {best['cfg']}")
             del sets, operands, first
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         log(f"{name}: {time.perf_counter() - start:.0f} s")
         if save is not None:
             save(rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from support.cuda_ptx import run_compiling
 
 from fqr.lowering.targets import shape_key
@@ -132,3 +133,38 @@ def test_qwen35s_plain_row_takes_the_gated_rows_variants():
     gated = S.shape_groups(["qwen3.5-27b"])["qwen3.5-27b"]
     plain = gated[:3]  # the same row without the gate chain
     assert table[gated] == table[plain] == ((4, 1, 2048, "grid", 0),) * 3
+
+
+class _CountingTimers:
+    """Times nothing: runs each rotating call once per input set (the kernels really launch,
+    interpreted) and returns the measurement's ordinal, so rows show which share one."""
+
+    def __init__(self):
+        self.measured = 0
+
+    def graph_us(self, call, rep_ms):
+        call()
+        self.measured += 1
+        return float(self.measured)
+
+
+def test_the_sweep_measures_each_distinct_grid_once(monkeypatch):
+    """On the CPU (interpreted kernels): where the caps leave the target's grid as it is (T =
+    3, the interpreter's grid of 3 programs), each option set is measured once and that figure
+    recorded under every cap; rows carry the option set in the table's option order and the
+    traffic as GB/s."""
+    every = S.option_sets()
+    monkeypatch.setattr(S, "option_sets", lambda: every[:2])
+    timers = _CountingTimers()
+    saved = []
+    rows = S.run(
+        ["deepseek-v3"], [3], device=torch.device("cpu"), timers=timers,
+        save=saved.append, log=lambda m: None, target="interpret",
+    )  # fmt: skip
+    assert timers.measured == 2
+    assert len(rows) == 2 * len(S.PROGRAMS_PER_SM) and saved == [rows]
+    for i, options in enumerate(every[:2]):
+        mine = [r for r in rows if {k: r["cfg"][k] for k in options} == options]
+        assert [r["cfg"]["programs_per_sm"] for r in mine] == list(S.PROGRAMS_PER_SM)
+        assert {r["us"] for r in mine} == {float(i + 1)}
+        assert all(list(r["cfg"]) == list(TILING_OPTIONS) and r["gbps"] > 0 for r in mine)
