@@ -10,10 +10,10 @@ The table (stdout) has one row per (preset, dtype, tokens): fqr's median kernel 
 achieved bandwidth over the minimal traffic, % of the same-run copy ceiling, device time
 (CUDA-graph replays over rotating inputs) and wall time with host dispatch, each with its own %
 of the ceiling, host dispatch cost (tokens <= 256), and the speed-up over each peer; then the
-floors table (a same-size copy, the projection GEMM alone and followed by fqr; with ``--pdl``
-also followed by fqr's kernel launched with programmatic dependent launch) and the dispatch
-table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``, ``F.rms_norm``
-and a bare Triton launch). Progress goes to stderr. Exit 0 when every
+floors table (the fastest same-size copy, the projection GEMM alone and followed by fqr; with
+``--pdl`` also followed by fqr's kernel launched with programmatic dependent launch) and the
+dispatch table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``,
+``F.rms_norm`` and a bare Triton launch). Progress goes to stderr. Exit 0 when every
 implementation passed its numerics check, 1 when one did not (it is reported, not timed), 2 on
 bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
 """
