@@ -35,6 +35,7 @@ module              holds
 ``timers``          CUDA events / graph replay / host clock, the copy ceiling
 ``floors``          per cell the copy floor (fastest candidate copy), the GEMM floors
 ``copy_kernel``     the SM copy kernel (16-byte vectors) beside ``copy_``
+``copy_probe``      ``--copy-probe``: why a same-size ``copy_`` swings
 ``measurements``    one entry per reported figure (add a measurement kind here)
 ``config``          :class:`BenchConfig` and its validation
 ``environment``     the GPU and versions; :class:`NoGPU`

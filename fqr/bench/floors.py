@@ -32,6 +32,11 @@ gemm_us``). A copy slower than fqr's own device time is no floor (:func:`not_a_f
 replay: the floor of any launch. What could not be measured is named in ``floors["errors"]``
 (a candidate copy that failed, under its name). That the PDL kernel reads what the GEMM wrote
 is ``tests/gpu/test_pdl_gpu.py``'s.
+
+Why ``copy_`` is not enough: on an H200 the same-size ``copy_`` graph-replayed at about
+2.7 TB/s for most presets and 4.2 TB/s for others. :mod:`fqr.bench.copy_probe` (``fqr bench
+--copy-probe``) times it eagerly and in a graph, as int32 and bf16, at several sizes, beside
+the SM kernel, to find out why.
 """
 
 from __future__ import annotations

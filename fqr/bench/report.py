@@ -430,3 +430,45 @@ def plot_document(doc: dict, path: Path) -> list[str]:
     plt.close(fig)
     write_file(path, image.getvalue())
     return titles
+
+
+def copy_probe_tables(doc: dict) -> list[ReportTable]:
+    """``fqr bench --copy-probe``'s document (:mod:`fqr.bench.copy_probe`) as two tables: per
+    size each method's µs and GB/s (bytes read + written), then the device activities the
+    profiler saw for one eager ``copy_`` and one graph replay of it."""
+    times, seen = [], []
+    for row in doc["rows"]:
+        labels = row["labels"]
+        size = labels[0] + (f" (+{len(labels) - 1} same size)" if len(labels) > 1 else "")
+        mb = f"{row['bytes'] / 1e6:.1f}"
+        for method, us in row["us"].items():
+            times.append([size, mb, method, f"{us:.1f}", f"{2 * row['bytes'] / us / 1e3:.0f}"])
+        for method, text in row["errors"].items():
+            times.append([size, mb, method, "error", printable(text)[:60]])
+        for how, activities in row["activities"].items():
+            for name, us in activities.items():
+                seen.append([size, how, printable(name), f"{us:.1f}"])
+    env = doc.get("environment", {})
+    return [
+        ReportTable(
+            f"copy probe: {env.get('gpu', '?')}, one buffer pair per size",
+            "MB: bytes copied each way; GB/s: bytes read + written over the time; eager: "
+            "do_bench (CUDA events, L2 flushed); graph: CUDA-graph replays (copy_ is a memcpy "
+            "node there); sm_copy: the bench's SM copy kernel (16-byte vectors)",
+            [
+                ("size", "left"),
+                ("MB", "right"),
+                ("method", "left"),
+                ("us", "right"),
+                ("GB/s", "right"),
+            ],  # fmt: skip
+            times,
+        ),
+        ReportTable(
+            "copy probe: device activities of one copy_ (profiler)",
+            "Memcpy DtoD: the driver's memcpy (copy engines or its own kernel); a kernel "
+            "shows under its name",
+            [("size", "left"), ("issued", "left"), ("activity", "left"), ("us", "right")],
+            seen,
+        ),
+    ]

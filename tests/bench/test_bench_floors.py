@@ -1,8 +1,8 @@
 """The true copy floor (issue 31.1): the SM copy kernel copies exactly (interpreted on the CPU,
 compiled on a GPU; its sm_90 PTX moves 16-byte vectors), the floor is the fastest of the
 candidate copies with the winner recorded, a copy slower than fqr is refused as a floor, the
-document and the report keep all of it. Timings come from the tests' clocks: nothing here
-asserts a time."""
+document and the report keep all of it, and ``fqr bench --copy-probe``'s pieces that need no
+GPU. Timings come from the tests' clocks: nothing here asserts a time."""
 
 from __future__ import annotations
 
@@ -10,15 +10,17 @@ import json
 import os
 from pathlib import Path
 
+import fqr_cli.bench as cli_bench
 import pytest
 import torch
-from test_bench import FixedClock, _config, _document
+from test_bench import FixedClock, _config, _document, _must_not_run, run_cli
 
 import fqr.bench as fb
 import fqr.bench.floors as floors_mod
 import fqr.bench.run as bench_run
 from fqr.bench import report
 from fqr.bench.copy_kernel import SETTINGS, CopySetting, as_words, sm_copy, sm_copy_call
+from fqr.bench.copy_probe import probe_copies, probe_sizes
 from fqr.bench.floors import fastest, measure_floors, not_a_floor
 from fqr.presets import get_preset
 
@@ -272,6 +274,95 @@ def test_a_saved_document_with_a_copy_slower_than_fqr_renders_it_refused():
     )
 
 
+# ------------------------------------------------------------------ the copy probe
+
+
+def test_probe_sizes_cover_the_cell_the_qkv_and_the_rounded_cell_once_each():
+    presets = [get_preset(n) for n in ("qwen3-8b", "llama3-8b-qk-rope")]
+    sizes = probe_sizes(presets, [4096], torch.device("cpu"))
+    qkv = 4096 * 6144 * 2  # both have a 6,144-wide bf16 row; 48 MiB, the rounded cell too
+    assert sizes[qkv] == [
+        "qwen3-8b T=4096 qkv",
+        "qwen3-8b T=4096 cell, 2 MiB",
+        "llama3-8b-qk-rope T=4096 qkv",
+    ]
+    cell = 4 * (fb.traffic_bytes(presets[0].spec, torch.bfloat16, 4096).total // 8)
+    assert cell // (2 << 20) * (2 << 20) == qkv
+    assert sizes[cell] == ["qwen3-8b T=4096 cell"]
+    labels = [label for names in sizes.values() for label in names]
+    assert len(labels) == 6 and len(set(labels)) == 6  # every label once
+    assert all(n % 4 == 0 and n > 0 for n in sizes)
+
+
+def test_probe_copies_times_every_method_and_copies_for_real():
+    class Clock(FixedClock):
+        def __init__(self):
+            super().__init__([2.0])
+            self.calls = []
+
+        def graph_us(self, call, rep_ms):
+            self.calls.append(call())
+            return 4.0
+
+    clock = Clock()
+    rows = probe_copies({64: ["a", "b"]}, clock, torch.device("cpu"))
+    assert rows[0]["labels"] == ["a", "b"] and rows[0]["bytes"] == 64
+    assert rows[0]["us"] == {
+        "copy_ int32 eager": 2.0,
+        "copy_ int32 graph": 4.0,
+        "copy_ bf16 eager": 2.0,
+        "copy_ bf16 graph": 4.0,
+    }  # the SM kernel and the profiler are a CUDA device's
+    assert rows[0]["errors"] == {} and rows[0]["activities"] == {}
+    assert {t.dtype for t in clock.calls} == {torch.int32, torch.bfloat16}
+    doc = {"environment": {"gpu": "x"}, "rows": rows}
+    times, seen = report.copy_probe_tables(doc)
+    assert len(times.rows) == 4 and times.rows[0][:3] == [
+        "a (+1 same size)",
+        "0.0",
+        "copy_ int32 eager",
+    ]
+    assert times.rows[0][4] == f"{2 * 64 / 2.0 / 1e3:.0f}" and seen.rows == []
+
+
+def test_copy_probe_is_its_own_mode(monkeypatch, capsys):
+    monkeypatch.setattr(cli_bench, "run_bench", _must_not_run)
+    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe", "--from-json", "x.json")
+    assert code == 2 and "--copy-probe measures copies; it takes no --from-json" in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe")
+    assert code == 2 and out == "" and "needs a CUDA GPU" in err
+
+
+def test_copy_probe_prints_its_tables_and_its_json(monkeypatch, capsys):
+    """The CLI's glue, with the measuring stood in (it needs a GPU): the presets and tokens
+    reach probe_sizes, the rows come out as tables or as one JSON document."""
+    import fqr.bench
+    import fqr.bench.copy_probe as probe
+
+    seen = {}
+
+    def sizes(presets, tokens, device):
+        seen.update(presets=[p.name for p in presets], tokens=tokens, device=device.type)
+        return {64: ["qwen3-8b T=16 cell"]}
+
+    row = {"bytes": 64, "us": {"copy_ int32 graph": 2.0}, "errors": {"sm_copy[a] graph": "E: x"},
+           "activities": {"graph": {"Memcpy DtoD (Device -> Device)": 1.5}}}  # fmt: skip
+    monkeypatch.setattr(probe, "probe_sizes", sizes)
+    monkeypatch.setattr(probe, "probe_copies", lambda s, *a, **k: [{"labels": s[64], **row}])
+    monkeypatch.setattr(cli_bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(fqr.bench, "environment", lambda device: {"gpu": "H-test"})
+    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe", "-p", "qwen3-8b", "-t", "16")
+    assert code == 0, err
+    assert seen == {"presets": ["qwen3-8b"], "tokens": [16], "device": "cuda"}
+    assert "copy probe: H-test" in out and "Memcpy DtoD" in out and "sm_copy[a] graph" in out
+    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["schema"] == "fqr.bench.copy-probe/1"
+    assert doc["settings"]["presets"] == ["qwen3-8b", "llama4-scout", "llama3-8b-qk-rope"]
+    assert doc["settings"]["tokens"] == [65536] and doc["rows"][0]["us"] == row["us"]
+
+
 # ------------------------------------------------------------------ on a GPU
 
 
@@ -305,3 +396,15 @@ def test_every_candidate_copies_when_graph_replayed_on_gpu():
     floors, errors = measure_copy_floor(moved, 2, device, 5.0, CudaTimers())
     assert errors == {} and set(floors["copy_candidates"]) == set(calls)
     assert floors["copy_us"] == min(floors["copy_candidates"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_copy_probe_runs_every_method_on_gpu():
+    from fqr.bench import CudaTimers
+    from fqr.bench.copy_probe import probe_one
+
+    row = probe_one(4 << 20, CudaTimers(), torch.device("cuda"), rep_ms=5.0, warmup_ms=2.0)
+    assert row["errors"] == {}, row["errors"]
+    assert len(row["us"]) == 4 + len(SETTINGS)
+    assert row["activities"]["eager"] and row["activities"]["graph"]
