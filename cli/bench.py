@@ -53,7 +53,7 @@ from fqr.bench.report import (
     timing_notes,
 )
 from fqr.core import ACTIVATION_DTYPE_NAMES
-from fqr.files import check_destination
+from fqr.files import check_destination, write_file
 from fqr.peers import PEER_NAMES
 from fqr.presets import PRESETS, get_preset
 from fqr.text import printable
@@ -222,7 +222,6 @@ def bench(
                 ("--from-json", from_json),
                 ("--dtype", dtype),
                 ("--compare", compare),
-                ("--save", save),
                 ("--plot", plot),
                 ("--pdl", pdl),
             )
@@ -230,7 +229,7 @@ def bench(
         ]
         if given:
             raise UsageError(f"--copy-probe measures copies; it takes no {given[0]}")
-        _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out)
+        _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
         return
     if cold_start:
         if from_json:
@@ -319,8 +318,11 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
     print_table(table)
 
 
-def _copy_probe(preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool) -> None:
-    """``--copy-probe``: :mod:`fqr.bench.copy_probe` on this GPU, as tables or JSON."""
+def _copy_probe(
+    preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool, save: Path | None
+) -> None:
+    """``--copy-probe``: :mod:`fqr.bench.copy_probe` on this GPU, as tables or JSON (and the
+    JSON also to ``save``)."""
     import torch
 
     from fqr.bench import CudaTimers, environment
@@ -329,6 +331,9 @@ def _copy_probe(preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool)
 
     presets = _parse_presets(preset or list(PROBE_PRESETS))
     counts = _parse_tokens(tokens) if tokens else list(PROBE_TOKENS)
+    if save and not save.parent.is_dir():
+        raise UsageError(f"--save: no such directory {save.parent}")
+    _check_outputs(save=save)
     try:
         require_gpu()
     except NoGPU as e:
@@ -339,9 +344,13 @@ def _copy_probe(preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool)
     with progress_bar() as progress:
         task = progress.add_task("copy probe", total=len(sizes))
 
-        def step(text: str) -> None:
+        started = []
+
+        def step(text: str) -> None:  # called as each size starts: the one before is done
+            if started:
+                progress.advance(task)
+            started.append(text)
             progress.update(task, description=escape(text))
-            progress.advance(task)
 
         rows = probe_copies(sizes, CudaTimers(), device, rep_ms, warmup_ms, progress=step)
     doc = {
@@ -356,8 +365,12 @@ def _copy_probe(preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool)
         },  # fmt: skip
         "rows": rows,
     }
+    text = json.dumps(doc, indent=1) + "\n"
+    if save:
+        write_file(save, text)
+        err.print(f"saved to {escape(str(save))}", highlight=False)
     if json_out:
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.write(text)
         return
     for table in copy_probe_tables(doc):
         print_table(rich_table(table, FAILED_CELLS))

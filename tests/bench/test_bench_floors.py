@@ -334,7 +334,7 @@ def test_copy_probe_is_its_own_mode(monkeypatch, capsys):
     assert code == 2 and out == "" and "needs a CUDA GPU" in err
 
 
-def test_copy_probe_prints_its_tables_and_its_json(monkeypatch, capsys):
+def test_copy_probe_prints_its_tables_and_its_json(monkeypatch, capsys, tmp_path):
     """The CLI's glue, with the measuring stood in (it needs a GPU): the presets and tokens
     reach probe_sizes, the rows come out as tables or as one JSON document."""
     import fqr.bench
@@ -356,8 +356,10 @@ def test_copy_probe_prints_its_tables_and_its_json(monkeypatch, capsys):
     assert code == 0, err
     assert seen == {"presets": ["qwen3-8b"], "tokens": [16], "device": "cuda"}
     assert "copy probe: H-test" in out and "Memcpy DtoD" in out and "sm_copy[a] graph" in out
-    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe", "--json")
+    saved = tmp_path / "probe.json"
+    code, out, err = run_cli(monkeypatch, capsys, "--copy-probe", "--json", "--save", str(saved))
     doc = json.loads(out)
+    assert json.loads(saved.read_text()) == doc
     assert code == 0 and doc["schema"] == "fqr.bench.copy-probe/1"
     assert doc["settings"]["presets"] == ["qwen3-8b", "llama4-scout", "llama3-8b-qk-rope"]
     assert doc["settings"]["tokens"] == [65536] and doc["rows"][0]["us"] == row["us"]
