@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|true-floor
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #
@@ -41,6 +41,14 @@ bundle-build)
   # cubins of one emitter are alike: xz packs them about 12 to 1 (the carry limit is 64 MiB)
   tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
   echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
+  ;;
+true-floor)
+  # issue 31.1: the copy kernel on the GPU (exact bytes, graph capture), why copy_ swings
+  # (--copy-probe), and the bench's floors: the fastest of copy_ and the SM copy kernel
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  TAILN=6 step copy_tests timeout 240 python3 -m pytest -q -p no:cacheprovider tests/bench/test_bench_floors.py
+  TAILN=60 step copy_probe timeout 300 python3 -m fqr bench --copy-probe --save "$OUT/copy-probe-h200.json"
+  TAILN=40 step bench_floors timeout 420 python3 -m fqr bench --preset qwen3-8b,llama4-scout,llama3-8b-qk-rope --tokens 1,1024,16384,65536 --compare none --rep-ms 10 --warmup-ms 3 --save "$OUT/bench-h200-true-floor.json"
   ;;
 extras)
   # issue 32's GPU file, every golden case through fqr verify on triton (the suite's bundle
