@@ -461,7 +461,7 @@ def copy_probe_tables(doc: dict) -> list[ReportTable]:
                 ("method", "left"),
                 ("us", "right"),
                 ("GB/s", "right"),
-            ],  # fmt: skip
+            ],
             times,
         ),
         ReportTable(

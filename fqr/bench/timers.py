@@ -89,7 +89,7 @@ class CudaTimers:
         moved = 2 * src.numel() * src.element_size()
         src = dst = calls = None  # free both before the next measurement
         torch.cuda.empty_cache()
-        by, us = fastest(candidates) or (COPY_, float("nan"))
+        by, us = fastest(candidates) or (COPY_, float("nan"))  # copy_ was timed or raised
         ceiling = {"bytes": moved, "us": us, "gbps": moved / us / 1e3, "by": by}
         ceiling["candidates"] = candidates
         if errors:
