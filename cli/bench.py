@@ -10,10 +10,12 @@ The table (stdout) has one row per (preset, dtype, tokens): fqr's median kernel 
 achieved bandwidth over the minimal traffic, % of the same-run copy ceiling, device time
 (CUDA-graph replays over rotating inputs) and wall time with host dispatch, each with its own %
 of the ceiling, host dispatch cost (tokens <= 256), and the speed-up over each peer; then the
-floors table (a same-size copy, the projection GEMM alone and followed by fqr; with ``--pdl``
-also followed by fqr's kernel launched with programmatic dependent launch) and the dispatch
-table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``, ``F.rms_norm``
-and a bare Triton launch). Progress goes to stderr. Exit 0 when every
+floors table (the fastest same-size copy, the projection GEMM alone and followed by fqr; with
+``--pdl`` also followed by fqr's kernel launched with programmatic dependent launch) and the
+dispatch table (host µs per call at T = 1, 16, 1024 of the public op, ``torch.ops.fqr``,
+``F.rms_norm`` and a bare Triton launch). ``--copy-probe`` instead times same-size copies
+(``copy_`` eager and in a graph, int32 and bf16, the SM copy kernel) to tell why ``copy_``
+swings (:mod:`fqr.bench.copy_probe`). Progress goes to stderr. Exit 0 when every
 implementation passed its numerics check, 1 when one did not (it is reported, not timed), 2 on
 bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
 """
@@ -51,7 +53,7 @@ from fqr.bench.report import (
     timing_notes,
 )
 from fqr.core import ACTIVATION_DTYPE_NAMES
-from fqr.files import check_destination
+from fqr.files import check_destination, write_file
 from fqr.peers import PEER_NAMES
 from fqr.presets import PRESETS, get_preset
 from fqr.text import printable
@@ -174,6 +176,16 @@ def bench(
     bundle: Annotated[
         Path | None, typer.Option(help="the kernel bundle --cold-start loads (fqr build)")
     ] = None,
+    copy_probe: Annotated[
+        bool,
+        typer.Option(
+            "--copy-probe",
+            help="instead of the table: why a same-size copy_ runs at different speeds; per "
+            "size (each preset's bench cell, its bf16 qkv, the cell rounded to 2 MiB) copy_ "
+            "eager and graph-replayed, int32 and bf16, and the SM copy kernel (default "
+            "presets qwen3-8b,llama4-scout,llama3-8b-qk-rope, tokens 65536)",
+        ),
+    ] = False,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
@@ -202,6 +214,23 @@ def bench(
     """Benchmark the fused kernel: copy ceiling, GB/s, graph replay, dispatch, speed-up."""
     if bundle is not None and not cold_start:
         raise UsageError("--bundle is the kernel bundle of --cold-start")
+    if copy_probe:
+        given = [
+            n
+            for n, v in (
+                ("--cold-start", cold_start),
+                ("--from-json", from_json),
+                ("--dtype", dtype),
+                ("--compare", compare),
+                ("--plot", plot),
+                ("--pdl", pdl),
+            )
+            if v
+        ]
+        if given:
+            raise UsageError(f"--copy-probe measures copies; it takes no {given[0]}")
+        _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
+        return
     if cold_start:
         if from_json:
             raise UsageError("--cold-start measures; it takes no --from-json")
@@ -287,6 +316,64 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
                 f"{m['first_call_s']:.2f}", str(m["compiled"]), str(m["loaded"]),
             )  # fmt: skip
     print_table(table)
+
+
+def _copy_probe(
+    preset, tokens, rep_ms: float, warmup_ms: float, json_out: bool, save: Path | None
+) -> None:
+    """``--copy-probe``: :mod:`fqr.bench.copy_probe` on this GPU, as tables or JSON (and the
+    JSON also to ``save``)."""
+    import torch
+
+    from fqr.bench import CudaTimers, environment
+    from fqr.bench.copy_probe import PROBE_PRESETS, PROBE_TOKENS, probe_copies, probe_sizes
+    from fqr.bench.report import copy_probe_tables
+
+    presets = _parse_presets(preset or list(PROBE_PRESETS))
+    counts = _parse_tokens(tokens) if tokens else list(PROBE_TOKENS)
+    if save and not save.parent.is_dir():
+        raise UsageError(f"--save: no such directory {save.parent}")
+    _check_outputs(save=save)
+    try:
+        require_gpu()
+    except NoGPU as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    device = torch.device("cuda")
+    sizes = probe_sizes(presets, counts, device)
+    with progress_bar() as progress:
+        task = progress.add_task("copy probe", total=len(sizes))
+
+        started = []
+
+        def step(text: str) -> None:  # called as each size starts: the one before is done
+            if started:
+                progress.advance(task)
+            started.append(text)
+            progress.update(task, description=escape(text))
+
+        rows = probe_copies(sizes, CudaTimers(), device, rep_ms, warmup_ms, progress=step)
+    doc = {
+        "schema": schema("bench.copy-probe"),
+        "ok": True,
+        "environment": environment(device),
+        "settings": {
+            "presets": [p.name for p in presets],
+            "tokens": counts,
+            "rep_ms": rep_ms,
+            "warmup_ms": warmup_ms,
+        },  # fmt: skip
+        "rows": rows,
+    }
+    text = json.dumps(doc, indent=1) + "\n"
+    if save:
+        write_file(save, text)
+        err.print(f"saved to {escape(str(save))}", highlight=False)
+    if json_out:
+        sys.stdout.write(text)
+        return
+    for table in copy_probe_tables(doc):
+        print_table(rich_table(table, FAILED_CELLS))
 
 
 def _config(

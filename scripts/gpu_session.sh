@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|sweep
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -52,9 +52,12 @@ sweep-build)
   echo "sweep bundle: $(ls .bundle/sweep/*.cubin | wc -l) kernels, $(du -h .bundle/sweep.tar.xz | cut -f1) packed"
   ;;
 sweep)
-  # issue 31 on the device: the tuning sweep from its bundle (nothing compiled here), where
-  # T = 1's time goes, and why a same-size copy_ swings
+  # issue 31 on the device: the copy kernel's GPU tests (exact bytes, graph capture), why a
+  # same-size copy_ swings (--copy-probe), where T = 1's time goes, then the tuning sweep from
+  # its bundle (nothing compiled here)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  TAILN=6 step copy_tests timeout 60 python3 -m pytest -q -p no:cacheprovider tests/bench/test_bench_floors.py -m gpu
+  TAILN=60 step copy_probe timeout 100 python3 -m fqr bench --copy-probe --save "$OUT/copy-probe-h200.json"
   [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
   chmod -R go-w .bundle/sweep
   export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep TRITON_CACHE_DIR=$(mktemp -d)

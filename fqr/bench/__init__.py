@@ -5,7 +5,7 @@ The op is memory-bound, so its figure of merit is achieved bandwidth over the *m
 ``q``/``k``/``v`` written once, the position and its ``cos``/``sin`` row read once; per launch
 the two norm weights. Achieved GB/s is that byte count over the kernel time; the ceiling is a
 device-to-device copy of :data:`~fqr.bench.timers.CEILING_BYTES` measured in the same run
-(bytes read + bytes written over its time).
+(bytes read + bytes written over its time; the fastest of ``copy_`` and the SM copy kernel).
 
 For every (preset, dtype, tokens) cell, :func:`run_bench`:
 
@@ -33,6 +33,9 @@ module              holds
 ``traffic``         the traffic model, rotation sets
 ``checks``          the check before the timing
 ``timers``          CUDA events / graph replay / host clock, the copy ceiling
+``floors``          per cell the copy floor (fastest candidate copy), the GEMM floors
+``copy_kernel``     the SM copy kernel (16-byte vectors) beside ``copy_``
+``copy_probe``      ``--copy-probe``: why a same-size ``copy_`` swings
 ``measurements``    one entry per reported figure (add a measurement kind here)
 ``config``          :class:`BenchConfig` and its validation
 ``environment``     the GPU and versions; :class:`NoGPU`

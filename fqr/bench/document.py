@@ -4,14 +4,16 @@ merged to render runs made elsewhere.
 ``{"schema", "environment", "settings", "ceiling": {bytes, us, gbps}, "rows": [...],
 "skipped": {what: why}, "ok", "complete"}`` (``ok``: every implementation passed its check, the
 CLI's one pass/fail key); documents of the previous schema (``fqr-bench/1``, ``passed``) load
-as this one; a row is one (preset, dtype, tokens) cell:
+as this one. The ceiling may also hold ``by`` (the fastest copy), ``candidates`` (each copy's
+µs) and ``errors`` (a copy that could not be timed):
+:meth:`fqr.bench.timers.CudaTimers.copy_ceiling`. A row is one (preset, dtype, tokens) cell:
 ``{"preset", "dtype", "tokens", "bytes", "traffic", "input_sets", "impls": {name: result},
 "speedup": {peer: peer us / fqr us}}``, and a result holds ``check`` (the numerics check),
 ``error``, one value per measurement (:mod:`fqr.bench.measurements`), ``gbps`` and
 ``pct_ceiling``, and ``timing_errors`` where a secondary measurement could not be taken;
-a row's ``floors`` and fqr's ``pct_copy`` / ``after_gemm_us`` / ``after_gemm_x`` (with
-``--pdl``, ``after_gemm_pdl_us``), and the run's ``floors: {empty_kernel_us}``, are
-:mod:`fqr.bench.floors`'.
+a row's ``floors`` (``copy_by`` and ``copy_candidates`` among them) and fqr's ``pct_copy`` /
+``after_gemm_us`` / ``after_gemm_x`` (with ``--pdl``, ``after_gemm_pdl_us``), and the run's
+``floors: {empty_kernel_us}``, are :mod:`fqr.bench.floors`'.
 """
 
 from __future__ import annotations
@@ -218,9 +220,12 @@ def _floors_problem(floors, where: str) -> str | None:
     if not isinstance(floors, dict):
         return f"{where} must be a JSON object"
     times = ("copy_us", "gemm_us", "gemm_op_us", "gemm_op_pdl_us")
-    return _fields_problem(
-        floors, dict.fromkeys(times, "a number or null"), where, required=False
-    ) or _optional_map_problem(floors, "errors", "text", where)
+    return (
+        _fields_problem(floors, dict.fromkeys(times, "a number or null"), where, required=False)
+        or _field_problem(floors, "copy_by", "text", where, required=False)
+        or _optional_map_problem(floors, "copy_candidates", "a number", where)
+        or _optional_map_problem(floors, "errors", "text", where)
+    )
 
 
 def _row_problem(row, where: str) -> str | None:
@@ -290,6 +295,13 @@ def document_problem(doc) -> str | None:
             return f"{key!r} must be a JSON {kind.__name__}, got {type(doc[key]).__name__}"
     if not _is(doc["ceiling"].get("gbps"), "a number"):
         return "'ceiling' has no number 'gbps'"
+    problem = (
+        _field_problem(doc["ceiling"], "by", "text", "ceiling", required=False)
+        or _optional_map_problem(doc["ceiling"], "candidates", "a number", "ceiling")
+        or _optional_map_problem(doc["ceiling"], "errors", "text", "ceiling")
+    )
+    if problem:
+        return problem
     if not isinstance(doc.get("skipped", {}), dict):
         return "'skipped' must be a JSON object"
     if not isinstance(doc.get("complete", True), bool):

@@ -3,10 +3,15 @@ time (:meth:`~fqr.bench.timers.CudaTimers.graph_us`: CUDA-graph replays over rot
 nothing served from L2), so that each ratio is of two numbers taken side by side.
 
 =====================  ======================================================================
-``copy_us``            a device-to-device copy of exactly the bytes one call moves (half of
+``copy_us``            the fastest copy of exactly the bytes one call moves (half of
                        :attr:`Traffic.total` read, half written), rotating over as many buffer
                        pairs as the cell has input sets: the floor of any kernel that moves
-                       those bytes
+                       those bytes. Each candidate (:func:`copy_calls`) is timed over the same
+                       pairs: ``copy_`` (``torch.Tensor.copy_``, a memcpy node in the graph,
+                       which the driver may give to the copy engines) and on CUDA the SM copy
+                       kernel (:mod:`fqr.bench.copy_kernel`: 16-byte vectors) under each of
+                       its settings; ``copy_candidates`` holds every candidate's µs,
+                       ``copy_by`` the fastest one's name
 ``gemm_us``            the projection GEMM whose output the op reads (``[T, K] @ [K, W]``, ``K``
                        = :meth:`fqr.prologue.Variant.projection_in_features`, ``W`` the op's
                        first input's width), alone
@@ -21,9 +26,17 @@ fqr's result gains ``pct_copy`` (``100 * copy_us / graph_us``), ``after_gemm_us`
 (``gemm_op_us - gemm_us``: what the prologue costs where serving runs it, right after the
 QKV projection) and ``after_gemm_x`` (that over fqr's own device time: 1.0 when the kernel
 boundary costs nothing), and with ``--pdl`` ``after_gemm_pdl_us`` (``gemm_op_pdl_us -
-gemm_us``). The run records ``empty_kernel_us``, an empty Triton kernel's replay: the floor of
-any launch. What could not be measured is named in ``floors["errors"]``. That the PDL kernel
-reads what the GEMM wrote is ``tests/gpu/test_pdl_gpu.py``'s.
+gemm_us``). A copy slower than fqr's own device time is no floor (:func:`not_a_floor`):
+``copy_us`` is then null, ``pct_copy`` left out, and ``floors["errors"]["copy_us"]`` says why
+(the candidates' µs stay). The run records ``empty_kernel_us``, an empty Triton kernel's
+replay: the floor of any launch. What could not be measured is named in ``floors["errors"]``
+(a candidate copy that failed, under its name). That the PDL kernel reads what the GEMM wrote
+is ``tests/gpu/test_pdl_gpu.py``'s.
+
+Why ``copy_`` is not enough: on an H200 the same-size ``copy_`` graph-replayed at about
+2.7 TB/s for most presets and 4.2 TB/s for others. :mod:`fqr.bench.copy_probe` (``fqr bench
+--copy-probe``) times it eagerly and in a graph, as int32 and bf16, at several sizes, beside
+the SM kernel, to find out why.
 """
 
 from __future__ import annotations
@@ -49,11 +62,83 @@ def rotating(calls: list[Callable[[], object]]) -> Callable[[], object]:
     return call
 
 
-def copy_call(moved_bytes: int, sets: int, device: torch.device) -> Callable[[], object]:
-    """A copy that reads ``moved_bytes / 2`` and writes as many, over ``sets`` buffer pairs."""
+COPY_ = "copy_"  # torch.Tensor.copy_: a cudaMemcpyAsync (in a graph, a memcpy node)
+
+
+def copy_pairs(moved_bytes: int, sets: int, device: torch.device) -> list[tuple]:
+    """``sets`` (source, destination) int32 buffer pairs of ``moved_bytes / 2`` bytes each (in
+    whole 4-byte words): a copy through one reads and writes the call's bytes."""
     words = max(1, moved_bytes // 8)  # int32 words read (and written) per copy
-    sources = [torch.empty(words, dtype=torch.int32, device=device) for _ in range(sets)]
-    return rotating([lambda s=s, d=torch.empty_like(s): d.copy_(s) for s in sources])
+    return [
+        (s, torch.empty_like(s))
+        for s in (torch.empty(words, dtype=torch.int32, device=device) for _ in range(sets))
+    ]
+
+
+def copy_calls(pairs: list[tuple], device: torch.device) -> dict[str, Callable[[], object]]:
+    """The candidate copies over ``pairs``, each a ``call()`` rotating over them: ``copy_``,
+    and on a CUDA device :func:`fqr.bench.copy_kernel.sm_copy_kernel` under each of its
+    :data:`~fqr.bench.copy_kernel.SETTINGS` (the kernel is compiled for the GPU; the
+    interpreter's tests run it apart)."""
+    calls: dict[str, Callable[[], object]] = {
+        COPY_: rotating([lambda s=s, d=d: d.copy_(s) for s, d in pairs])
+    }
+    if device.type == "cuda":
+        from .copy_kernel import SETTINGS, sm_copy_call
+
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        for setting in SETTINGS:
+            calls[setting.name] = rotating([sm_copy_call(d, s, setting, sms) for s, d in pairs])
+    return calls
+
+
+def fastest(times: dict[str, float]) -> tuple[str, float] | None:
+    """``(name, us)`` of the fastest candidate (the first named on a tie); None without any."""
+    if not times:
+        return None
+    name = min(times, key=lambda k: times[k])
+    return name, times[name]
+
+
+def not_a_floor(floor_us: float, by: str, device_us: float) -> str | None:
+    """Why a copy of ``floor_us`` (the fastest, ``by``) is no floor of a kernel that took
+    ``device_us`` for the same bytes, or None when it is one (not slower)."""
+    if floor_us <= device_us:
+        return None
+    return f"floor {floor_us:.1f} us ({by}) slower than fqr's {device_us:.1f} us: not a floor"
+
+
+def measure_copy_floor(
+    moved_bytes: int, sets: int, device: torch.device, graph_rep_ms: float, timers
+) -> tuple[dict, dict]:
+    """``(floors, errors)``: every candidate copy of :func:`copy_calls` graph-replayed over the
+    same buffer pairs (``floors["copy_candidates"]``: name -> µs), the fastest as
+    ``copy_us`` and its name as ``copy_by``; a candidate that could not be timed is named in
+    ``errors``."""
+    floors: dict = {"copy_us": None}
+    errors: dict = {}
+    times: dict[str, float] = {}
+    try:
+        calls = copy_calls(copy_pairs(moved_bytes, sets, device), device)
+    except Exception as e:
+        return floors, {"copy_us": _error(e)}
+    for name, call in calls.items():
+        try:
+            times[name] = timers.graph_us(call, graph_rep_ms)
+        except Exception as e:  # the other candidates still make a floor
+            errors[name] = _error(e)
+    del calls
+    floors["copy_candidates"] = times
+    best = fastest(times)
+    if best is None:
+        errors["copy_us"] = "no copy could be timed"
+    else:
+        floors["copy_by"], floors["copy_us"] = best
+    return floors, errors
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
 
 
 def _with_rows(inputs, name: str, rows: torch.Tensor):
@@ -106,14 +191,11 @@ def measure_floors(
     """The cell's floors (module docstring), each a graph replay like fqr's device time; adds
     ``pct_copy``, ``after_gemm_us`` and ``after_gemm_x`` to fqr's ``result`` where its device
     time was measured."""
-    floors: dict = {"copy_us": None, "gemm_us": None, "gemm_op_us": None}
-    errors: dict = {}
-    try:
-        floors["copy_us"] = timers.graph_us(
-            copy_call(cell.traffic.total, len(cell.sets), cell.device), graph_rep_ms
-        )
-    except Exception as e:  # the kernel's own figures stand; the floor is noted missing
-        errors["copy_us"] = f"{type(e).__name__}: {e}"[:300]
+    # the kernel's own figures stand where a floor is missing: it is named in the errors
+    floors, errors = measure_copy_floor(
+        cell.traffic.total, len(cell.sets), cell.device, graph_rep_ms, timers
+    )
+    floors.update(gemm_us=None, gemm_op_us=None)
     device_us = result.get("graph_us")
     in_features = variant_of(cell.preset).projection_in_features(cell.preset)
     if not in_features:
@@ -124,17 +206,23 @@ def measure_floors(
             floors["gemm_us"] = timers.graph_us(gemm, graph_rep_ms)
             floors["gemm_op_us"] = timers.graph_us(gemm_then_op, graph_rep_ms)
         except Exception as e:
-            errors["gemm_us"] = f"{type(e).__name__}: {e}"[:300]
+            errors["gemm_us"] = _error(e)
         if fqr.pdl_launcher is not None and floors["gemm_us"] is not None:
             try:
                 pdl = dataclasses.replace(fqr, call=fqr.pdl_launcher)
                 _, gemm_then_pdl = gemm_calls(cell, pdl, in_features, seed)
                 floors["gemm_op_pdl_us"] = timers.graph_us(gemm_then_pdl, graph_rep_ms)
             except Exception as e:
-                errors["gemm_op_pdl_us"] = f"{type(e).__name__}: {e}"[:300]
+                errors["gemm_op_pdl_us"] = _error(e)
     if device_us:
         if floors["copy_us"] is not None:
-            result["pct_copy"] = 100 * floors["copy_us"] / device_us
+            refused = not_a_floor(floors["copy_us"], floors["copy_by"], device_us)
+            if refused:  # the candidates stay as data; no floor, no ratio
+                errors["copy_us"] = refused
+                floors["copy_us"] = None
+                del floors["copy_by"]
+            else:
+                result["pct_copy"] = 100 * floors["copy_us"] / device_us
         if floors["gemm_op_us"] is not None and floors["gemm_us"] is not None:
             result["after_gemm_us"] = floors["gemm_op_us"] - floors["gemm_us"]
             result["after_gemm_x"] = result["after_gemm_us"] / device_us

@@ -14,6 +14,7 @@ from ..files import write_file
 from ..peers import PEER_NAMES
 from ..presets import DEFAULT_PRESET
 from ..text import printable
+from .floors import COPY_, not_a_floor
 from .measurements import GRAPH_MAX_TOKENS, MEASUREMENTS
 from .run import FQR
 
@@ -92,8 +93,9 @@ def results_table(doc: dict) -> ReportTable:
         "(dispatch: the public op; launch: the bare kernel launcher); x peer = peer time / "
         "fqr time" + ("" if doc.get("complete", True) else "; INCOMPLETE run (cut short)")
     )
+    by = f" ({printable(ceiling['by'])})" if ceiling.get("by") else ""
     return ReportTable(
-        f"fqr bench: {env.get('gpu', '?')}, copy ceiling {ceiling['gbps']:.0f} GB/s",
+        f"fqr bench: {env.get('gpu', '?')}, copy ceiling {ceiling['gbps']:.0f} GB/s{by}",
         caption,
         columns,
         rows,
@@ -129,16 +131,20 @@ def floors_table(doc: dict) -> ReportTable | None:
     """Per cell, fqr's device time beside its floors (:mod:`fqr.bench.floors`): the same-size
     copy and fqr as % of it, the projection GEMM alone, GEMM then fqr, and what fqr costs
     after the GEMM (also as a multiple of its time alone), and with ``--pdl`` what its
-    kernel costs there launched with programmatic dependent launch; None without floors."""
+    kernel costs there launched with programmatic dependent launch; None without floors. The
+    copy is the fastest candidate (named where the document says which); a copy slower than
+    fqr is no floor (``-``, and a note: :func:`timing_notes`)."""
     rows = [r for r in doc["rows"] if r.get("floors")]
     if not rows:
         return None
     pdl = any("gemm_op_pdl_us" in r["floors"] for r in rows)
+    named = any("copy_candidates" in r["floors"] for r in rows)
     columns = [("preset", "left"), ("dtype", "left"), ("T", "right")]
     columns += [
         (h, "right")
         for h in (
             "copy us",
+            *(("fastest copy",) if named else ()),
             "device us",
             "% copy",
             "GEMM us",
@@ -150,13 +156,14 @@ def floors_table(doc: dict) -> ReportTable | None:
     ]
     table = []
     for row in rows:
-        f, r = row["floors"], row["impls"][FQR]
+        f, r = _as_floor(row["floors"], row["impls"][FQR]), row["impls"][FQR]
         table.append(
             [row["preset"], row["dtype"], str(row["tokens"])]
             + [
                 _num(f.get("copy_us"), ".2f"),
+                *((_copy_by(f),) if named else ()),
                 _num(r.get("graph_us"), ".2f"),
-                _num(r.get("pct_copy"), ".1f"),
+                _num(r.get("pct_copy") if f.get("copy_us") is not None else None, ".1f"),
                 _num(f.get("gemm_us"), ".2f"),
                 _num(f.get("gemm_op_us"), ".2f"),
                 _num(r.get("after_gemm_us"), ".2f"),
@@ -167,7 +174,13 @@ def floors_table(doc: dict) -> ReportTable | None:
     empty = (doc.get("floors") or {}).get("empty_kernel_us")
     return ReportTable(
         "floors: device us, CUDA-graph replays over rotating buffers, same run",
-        "copy: a device-to-device copy of exactly the call's bytes; % copy = copy / fqr; GEMM: "
+        "copy: the fastest device-to-device copy of exactly the call's bytes ("
+        + (
+            "copy_ or the SM copy kernel; - where slower than fqr: not a floor"
+            if named
+            else "copy_"
+        )
+        + "); % copy = copy / fqr; GEMM: "
         "the projection whose output the op reads ([T, hidden] @ [hidden, width]); after GEMM "
         "= (GEMM+fqr) - GEMM, x alone = that / fqr's device time"
         + ("; PDL: fqr's kernel launched with programmatic dependent launch" if pdl else "")
@@ -203,14 +216,45 @@ def failure_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _refused(floors: dict, result: dict) -> str | None:
+    """Why a row's recorded copy is no floor of fqr's device time (a document written before
+    the bench refused such floors), or None."""
+    copy, device = floors.get("copy_us"), result.get("graph_us")
+    if copy is None or not device:
+        return None
+    return not_a_floor(copy, floors.get("copy_by") or COPY_, device)
+
+
+def _as_floor(floors: dict, result: dict) -> dict:
+    """``floors`` as the table shows them: a copy slower than fqr left out."""
+    return dict(floors, copy_us=None, copy_by=None) if _refused(floors, result) else floors
+
+
+def _copy_by(floors: dict) -> str:
+    """The fastest copy's name where it is the floor; ``-`` otherwise."""
+    return printable(floors["copy_by"]) if floors.get("copy_by") else "-"
+
+
 def timing_notes(doc: dict) -> list[str]:
-    """One line per measurement that could not be taken (the kernel was right)."""
-    return [
+    """One line per measurement that could not be taken (the kernel was right), per floor
+    that could not be (or is no floor: slower than fqr), and per copy the ceiling could not
+    time."""
+    lines = [
         f"{name} {row['preset']} {row['dtype']} T={row['tokens']} {key}: {text}"
         for row in doc["rows"]
         for name, r in row["impls"].items()
         for key, text in r.get("timing_errors", {}).items()
     ]
+    for row in doc["rows"]:
+        floors = row.get("floors") or {}
+        errors = dict(floors.get("errors") or {})
+        refused = _refused(floors, row["impls"][FQR])
+        if refused:
+            errors.setdefault("copy_us", refused)
+        where = f"floors {row['preset']} {row['dtype']} T={row['tokens']}"
+        lines += [f"{where} {key}: {text}" for key, text in errors.items()]
+    lines += [f"ceiling {k}: {v}" for k, v in (doc["ceiling"].get("errors") or {}).items()]
+    return lines
 
 
 class MissingPlotter(ValueError):
@@ -386,3 +430,45 @@ def plot_document(doc: dict, path: Path) -> list[str]:
     plt.close(fig)
     write_file(path, image.getvalue())
     return titles
+
+
+def copy_probe_tables(doc: dict) -> list[ReportTable]:
+    """``fqr bench --copy-probe``'s document (:mod:`fqr.bench.copy_probe`) as two tables: per
+    size each method's µs and GB/s (bytes read + written), then the device activities the
+    profiler saw for one eager ``copy_`` and one graph replay of it."""
+    times, seen = [], []
+    for row in doc["rows"]:
+        labels = row["labels"]
+        size = labels[0] + (f" (+{len(labels) - 1} same size)" if len(labels) > 1 else "")
+        mb = f"{row['bytes'] / 1e6:.1f}"
+        for method, us in row["us"].items():
+            times.append([size, mb, method, f"{us:.1f}", f"{2 * row['bytes'] / us / 1e3:.0f}"])
+        for method, text in row["errors"].items():
+            times.append([size, mb, method, "error", printable(text)[:60]])
+        for how, activities in row["activities"].items():
+            for name, us in activities.items():
+                seen.append([size, how, printable(name), f"{us:.1f}"])
+    env = doc.get("environment", {})
+    return [
+        ReportTable(
+            f"copy probe: {env.get('gpu', '?')}, one buffer pair per size",
+            "MB: bytes copied each way; GB/s: bytes read + written over the time; eager: "
+            "do_bench (CUDA events, L2 flushed); graph: CUDA-graph replays (copy_ is a memcpy "
+            "node there); sm_copy: the bench's SM copy kernel (16-byte vectors)",
+            [
+                ("size", "left"),
+                ("MB", "right"),
+                ("method", "left"),
+                ("us", "right"),
+                ("GB/s", "right"),
+            ],
+            times,
+        ),
+        ReportTable(
+            "copy probe: device activities of one copy_ (profiler)",
+            "Memcpy DtoD: the driver's memcpy (copy engines or its own kernel); a kernel "
+            "shows under its name",
+            [("size", "left"), ("issued", "left"), ("activity", "left"), ("us", "right")],
+            seen,
+        ),
+    ]

@@ -68,11 +68,30 @@ class CudaTimers:
     def copy_ceiling(
         self, nbytes: int = CEILING_BYTES, warmup_ms: float = 25, rep_ms: float = 200
     ) -> dict:
-        """Device-to-device copy of ``nbytes``: bytes read + written over its median time."""
+        """Device-to-device copy of ``nbytes``: bytes read + written over the median time of
+        the fastest copy, ``copy_`` or the SM copy kernel under each of its settings (the same
+        candidates as a cell's copy floor, :func:`fqr.bench.floors.copy_calls`); ``by`` names
+        it, ``candidates`` holds every one's µs, ``errors`` any candidate that could not be
+        timed (``copy_`` must be)."""
+        from .floors import COPY_, copy_calls, fastest
+
         src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
         dst = torch.empty_like(src)
-        us = self.kernel_us(lambda: dst.copy_(src), warmup_ms, rep_ms)
+        calls = copy_calls([(src, dst)], src.device)
+        candidates, errors = {}, {}
+        for name, call in calls.items():
+            try:
+                candidates[name] = self.kernel_us(call, warmup_ms, rep_ms)
+            except Exception as e:  # the SM kernel failed: copy_ alone stands
+                if name == COPY_:
+                    raise
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
         moved = 2 * src.numel() * src.element_size()
-        src = dst = None  # free both before the next measurement
+        src = dst = calls = None  # free both before the next measurement
         torch.cuda.empty_cache()
-        return {"bytes": moved, "us": us, "gbps": moved / us / 1e3}
+        by, us = fastest(candidates) or (COPY_, float("nan"))  # copy_ was timed or raised
+        ceiling = {"bytes": moved, "us": us, "gbps": moved / us / 1e3, "by": by}
+        ceiling["candidates"] = candidates
+        if errors:
+            ceiling["errors"] = errors
+        return ceiling

@@ -694,14 +694,20 @@ def test_floors_are_measured_beside_the_device_time():
     doc = fb.run_bench(_config(tokens=[3], compare=[]), device="cpu", timers=clock)
     row = doc["rows"][0]
     fqr = row["impls"]["fqr"]
-    assert row["floors"] == {"copy_us": 3.0, "gemm_us": 10.0, "gemm_op_us": 15.0}
+    assert row["floors"] == {
+        "copy_us": 3.0,
+        "copy_by": "copy_",
+        "copy_candidates": {"copy_": 3.0},  # on the CPU copy_ is the only candidate
+        "gemm_us": 10.0,
+        "gemm_op_us": 15.0,
+    }
     assert fqr["pct_copy"] == pytest.approx(75.0)
     assert fqr["after_gemm_us"] == pytest.approx(5.0)
     assert fqr["after_gemm_x"] == pytest.approx(1.25)
     assert "floors" not in doc  # the empty kernel is timed on CUDA only
     table = report.floors_table(doc)
     assert table is not None and table.rows[0][3:] == [
-        "3.00", "4.00", "75.0", "10.00", "15.00", "5.00", "1.25"
+        "3.00", "copy_", "4.00", "75.0", "10.00", "15.00", "5.00", "1.25"
     ]  # fmt: skip
 
 
@@ -709,13 +715,14 @@ def test_the_copy_floor_moves_the_call_bytes_and_the_gemm_feeds_the_op():
     """The copy reads and writes half the call's bytes each, over one buffer pair per input
     set; GEMM + op runs the op on the GEMM's output (as serving runs it): its q is the op's
     q of ``hidden @ weight``."""
-    from fqr.bench.floors import copy_call, gemm_calls
+    from fqr.bench.floors import copy_calls, copy_pairs, gemm_calls
 
-    copied = copy_call(1 << 20, 3, torch.device("cpu"))
-    seen = {id(copied()) for _ in range(6)}
-    assert len(seen) == 3
-    dst = copied()
-    assert dst.nbytes == (1 << 20) // 2
+    pairs = copy_pairs(1 << 20, 3, torch.device("cpu"))
+    assert len(pairs) == 3 and all(s.nbytes == d.nbytes == (1 << 20) // 2 for s, d in pairs)
+    calls = copy_calls(pairs, torch.device("cpu"))
+    assert list(calls) == ["copy_"]  # the SM kernel is a CUDA device's candidate
+    seen = {id(calls["copy_"]()) for _ in range(6)}
+    assert seen == {id(d) for _, d in pairs}
 
     preset = get_preset("qwen3-0.6b")
     cfg = _config(tokens=[5], compare=[])

@@ -43,7 +43,8 @@ def test_pdl_is_timed_after_the_gemm_on_its_output():
     result = {"graph_us": 4.0}
     clock = SequenceClock([3.0, 10.0, 15.0, 13.5])
     floors = measure_floors(cell, fqr, result, 20.0, clock, seed=7)
-    assert floors == {"copy_us": 3.0, "gemm_us": 10.0, "gemm_op_us": 15.0, "gemm_op_pdl_us": 13.5}
+    assert floors == {"copy_us": 3.0, "copy_by": "copy_", "copy_candidates": {"copy_": 3.0},
+                      "gemm_us": 10.0, "gemm_op_us": 15.0, "gemm_op_pdl_us": 13.5}  # fmt: skip
     assert result["after_gemm_us"] == pytest.approx(5.0)
     assert result["after_gemm_pdl_us"] == pytest.approx(3.5)
     gemm, _ = gemm_calls(cell, fqr, preset.hidden_size, seed=7)
