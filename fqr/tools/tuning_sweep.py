@@ -284,7 +284,11 @@ def regenerated_table(
     for that shape and dtype."""
     groups = shape_groups(sorted({r["preset"] for r in rows}), dtype)
     grouped = [row for group in groups for row in _scored_together(rows, group.split("+"), group)]
-    models = {g: " / ".join(get_preset(n).hf_id or n for n in g.split("+")) for g in groups}
+    models = {}
+    for group in groups:
+        names = group.split("+")
+        hf_ids = ", ".join(get_preset(n).hf_id or n for n in names)
+        models[group] = f"{' + '.join(names)} ({hf_ids})"
     swept = table_from_sweep(grouped, groups, UNTUNED, source=source, models=models)
     kept_dtype = None if dtype == torch.bfloat16 else dtype_name(dtype)
     for e in swept["entries"]:
@@ -299,7 +303,7 @@ def regenerated_table(
         swept["entries"].append(
             {
                 **chosen,
-                "model": f"{preset.hf_id or name} (its q/k/v row: the variants of {name})",
+                "model": f"{name}'s q/k/v row without the gate ({preset.hf_id or name})",
                 "shape": [list(c) for c in shape_key(plan_program(plain))],
             }
         )

@@ -94,7 +94,7 @@ def test_presets_that_share_a_table_key_are_scored_as_one():
     key = [list(c) for c in groups["qwen3-8b+qwen3-vl-8b"]]
     (entry,) = [e for e in doc["entries"] if e["shape"] == key and e["dtype"] is None]
     assert [v[0] for v in entry["variants"]] == [4, 4, 4]
-    assert entry["model"] == "Qwen/Qwen3-8B / Qwen/Qwen3-VL-8B-Instruct"
+    assert entry["model"] == "qwen3-8b + qwen3-vl-8b (Qwen/Qwen3-8B, Qwen/Qwen3-VL-8B-Instruct)"
 
 
 def test_shape_groups_are_the_targets_keys():
