@@ -79,6 +79,19 @@ def option_sets() -> list[dict[str, Any]]:
     ]
 
 
+def decode_option_sets() -> list[dict[str, Any]]:
+    """The decode sweep's option sets (``--sets decode``, at T = 1 and 16): grid chunks of 512,
+    1,024 or 2,048 values over 4, 8 or 16 warps, one token per tile. At T = 1 a call is latency:
+    fewer values per thread shorten each program's chain of loads, sums and stores."""
+    return [
+        dict(num_warps=w, block_t=1, tile_elems=e, chunk_mode="grid")
+        for w, e in itertools.product((4, 8, 16), (512, 1024, 2048))
+    ]
+
+
+OPTION_SETS = {"all": option_sets, "decode": decode_option_sets}
+
+
 def _alignment_classes(tokens: Iterable[int]) -> list[int]:
     """One token count per 16-byte alignment class among ``tokens`` (an argument whose offset
     grows with T, mRoPE's position planes at ``8 * T`` bytes, specialises by T's parity)."""
@@ -99,6 +112,7 @@ def build(
     dtype: torch.dtype = torch.bfloat16,
     target: str = "cuda:90",
     log: Callable[[str], None] = print,
+    sets: str = "all",
 ) -> int:
     """Compile every kernel :func:`run` launches into the bundle ``directory``; the number of
     kernels written."""
@@ -115,7 +129,7 @@ def build(
                     max_position=preset.max_position,
                 )  # fmt: skip
                 args = variant.program_args(preset, _meta(drawn), table)
-                for options in option_sets():
+                for options in OPTION_SETS[sets]():
                     lower(program, "cuda", **options).launch(args, donate=True)
             log(f"{name}: {writer.written - before} kernels in {time.perf_counter() - start:.0f} s")
         return writer.written
@@ -143,6 +157,7 @@ def run(
     device: torch.device | None = None,
     timers: Any = None,
     target: str = "cuda",
+    sets: str = "all",
 ) -> list[dict]:
     """Device µs of every (preset, T, option set, programs per SM) on ``device`` (default: the
     current CUDA device, timed by :class:`fqr.bench.timers.CudaTimers`): rows ``{"preset", "T",
@@ -174,7 +189,7 @@ def run(
             ]
             operands = [variant.program_args(preset, s, cache) for s in sets]
             best = None
-            for options in option_sets():
+            for options in OPTION_SETS[sets]():
                 grids: dict[int, float] = {}
                 for per_sm in PROGRAMS_PER_SM:
                     kernel = lower(program, target, **options, programs_per_sm=per_sm)
@@ -327,9 +342,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--decode", action="store_true", help="instead: where T = 1's time goes (decode_latency)"
     )
+    r.add_argument(
+        "--with-rows",
+        help="an earlier sweep's sweep.json: its rows join this run's in the table (a decode "
+        "sweep adds option sets to the decode bucket of a full one)",
+    )
     for p in (b, r):
         p.add_argument("--preset", default=",".join(SWEEP_PRESETS))
         p.add_argument("--tokens", default=",".join(map(str, SWEEP_TOKENS)))
+        p.add_argument("--sets", choices=sorted(OPTION_SETS), default="all")
     args = parser.parse_args(argv)
     presets = [n for n in args.preset.split(",") if n]
     try:
@@ -342,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.step == "build":
-        written = build(args.output, presets, tokens)
+        written = build(args.output, presets, tokens, sets=args.sets)
         print(f"bundle {args.output}: {written} kernels written")
         return 0
     out = Path(args.out)
@@ -368,12 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         save(rows)
 
     try:
-        run(presets, tokens, rep_ms=args.rep_ms, save=save_and_keep)
+        run(presets, tokens, rep_ms=args.rep_ms, save=save_and_keep, sets=args.sets)
     except KeyboardInterrupt:  # cut short (timeout -s INT): the table of the presets done
         print(f"interrupted: a table of the {len({r['preset'] for r in kept})} presets done")
     rows = kept
     if not rows:
         return 1
+    if args.with_rows:
+        earlier = json.loads(Path(args.with_rows).read_text())["rows"]
+        rows = earlier + rows
     base = json.loads(TUNING_FILE.read_text())
     source = (
         f"fqr.tools.tuning_sweep on {torch.cuda.get_device_name()} (bf16, T = "
