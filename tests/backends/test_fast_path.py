@@ -11,7 +11,7 @@ from test_validation import BAD_INPUTS, _call
 
 import fqr
 from fqr.numerics import compare
-from fqr.prologue import checked_calls, forget_checked_calls
+from fqr.prologue import checked_calls, declare, forget_checked_calls
 from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
 
@@ -145,3 +145,49 @@ def test_the_fast_path_never_compares_tensors_by_value(gen, monkeypatch, backend
 
     monkeypatch.setattr(torch.Tensor, "__eq__", refuse)
     _call(p, backend=backend)
+
+
+def test_one_tensor_as_both_weights_takes_the_fast_path(gen):
+    """Tied (or unit) norm weights: the same tensor as ``q_weight`` and ``k_weight``. The first
+    call checks and keeps; every repeat takes the fast path (no checks again, no new kept
+    call), and a later call with two distinct weights is its own kept call."""
+    p = make_problem(gen, tokens=4)
+    tied = p.q_weight.clone()
+    validations = []
+    validate = SPLIT_QKV_RMSNORM_ROPE.validate
+
+    def counting(call, **kwargs):
+        validations.append(call)
+        return validate(call, **kwargs)
+
+    forget_checked_calls()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SPLIT_QKV_RMSNORM_ROPE, "validate", counting)
+        want = _call(p, q_weight=tied, k_weight=tied)
+        for _ in range(3):
+            got = _call(p, q_weight=tied, k_weight=tied)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert len(validations) == 1 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 1
+        _call(p, q_weight=tied, k_weight=tied.clone())  # distinct: the guard's business
+        _call(p, q_weight=tied, k_weight=tied.clone())
+        assert len(validations) == 2 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
+        _call(p, q_weight=tied, k_weight=tied)  # the tied call still matches its own
+        assert len(validations) == 2
+    forget_checked_calls()
+
+
+def test_the_kept_call_budget_counts_entries_held(gen, monkeypatch):
+    """Replacing a key's oldest kept call (``MAX_PER_KEY`` held) spends no budget: the budget
+    is the number of kept calls held across every op, and forgetting them resets it."""
+    monkeypatch.setattr(declare, "MAX_PER_KEY", 2)
+    forget_checked_calls()
+    p = make_problem(gen, tokens=4)
+    # one key, a new guard each call: positions at a new stride each time
+    for stride in range(1, 7):
+        wide = torch.zeros(p.positions.shape[0], stride, dtype=p.positions.dtype)
+        wide[:, 0] = p.positions
+        _call(p, positions=wide[:, 0])
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
+    assert declare._KEPT[0] == 2
+    forget_checked_calls()
+    assert declare._KEPT[0] == 0
