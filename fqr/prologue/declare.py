@@ -1063,6 +1063,7 @@ class CheckedCall:
         # the guard tensors: each present argument's, named g0, g1, ...
         entries: list[tuple] = []
         names: list[str] = []
+        owners: dict[str, list[str]] = {}  # each present argument's guard tensors' names
         for p, x in present:
             i = decl.index[p.name]
             found = p.kind.guard_entries(x)
@@ -1074,6 +1075,7 @@ class CheckedCall:
                 body.append(f"{', '.join(these)}, = _KIND{i}.guard_tensors(v[{i}])")
             entries += found
             names += these
+            owners[p.name] = these
         # a tensor given twice (tied weights) is guarded once, and must be given twice again
         first_of: dict[int, str] = {}
         same: list[str] = []
@@ -1112,14 +1114,15 @@ class CheckedCall:
             lines.append("            return _NO_MATCH")
         anchor_at = decl.index[decl._anchor]
         if self.per_call:
-            ns["_CHECKS"] = decl.per_call_checks(call)
             lines += [
                 "        call = _DECL.bound(v)",
                 f"        call._tokens = v[{anchor_at}].shape[0]",
-                "        _DECL.per_call(call, _CHECKS)",
-                "    else:",
-                "        call = None",
             ]
+            lines += [
+                "        " + b
+                for b in _per_call_source(decl, call, ns, dict(zip(names, entries)), owners)
+            ]
+            lines += ["    else:", "        call = None"]
         else:
             lines += ["    call = None"]
         # each program operand: the argument, viewed as the dtype the key and guard fix, then
@@ -1212,6 +1215,81 @@ class CheckedCall:
                 self._host_builds += 1
                 self.host[out is not None] = self.backend.host_function(self.program, args, out)
         return outs
+
+
+def _per_call_source(
+    decl: Declaration, call: Call, ns: dict[str, Any], entries: dict[str, tuple], owners: dict
+) -> list[str]:
+    """The lines of a kept call's entry that run :meth:`Declaration.per_call`'s checks for the
+    calls of ``call``'s key, straight-line: each kind's check of values, each value check,
+    then the writes' check. Where only donated arguments are written and every tensor's span
+    is a function of T (the guard fixes the other sizes and the strides), the spans (first to
+    last byte) are compared inline, and only where a written tensor's span meets another's
+    does :meth:`Declaration.check_writes` run (which decides, and names the pair); else it
+    runs every call. ``entries``: each guard tensor's name in the source to its guard entry;
+    ``owners``: each present argument's guard tensor names."""
+    checks = decl.per_call_checks(call)
+    lines = []
+    for p in checks.kinds:
+        i = decl.index[p.name]
+        ns[f"_KIND{i}"] = p.kind  # the method is looked up each call (tests wrap it)
+        lines.append(f"_KIND{i}.per_call({p.name!r}, v[{i}], call)")
+    for k, check in enumerate(checks.value_checks):
+        ns[f"_VALUE_CHECK{k}"] = check
+        lines.append(f"_VALUE_CHECK{k}(call)")
+    written = [p for p in decl.tensor_params if p.donated and getattr(call, p.name) is not None]
+    if not written and decl._writes is None:
+        return lines
+    ns["_READ"] = checks.read
+    full = ["_DECL.check_writes(call, _READ)"]
+    spans = {
+        name: _span_source(name, entry)
+        for p in {*checks.read, *written}
+        for name in owners[p.name]
+        for entry in (entries[name],)
+    }
+    if decl._writes is not None or call._tokens == 0 or None in spans.values():
+        return lines + full
+    written_names = [(p.name, name) for p in written for name in owners[p.name]]
+    others = [(p.name, name) for p in checks.read for name in owners[p.name]]
+    pairs = list(
+        dict.fromkeys(
+            (w, u) if w < u else (u, w)  # each pair once (a written argument is read too)
+            for k, (argument, w) in enumerate(written_names)
+            for other, u in others + written_names[:k]
+            if other != argument and spans[w] != "" and spans[u] != ""
+        )
+    )
+    for name in dict.fromkeys(n for pair in pairs for n in pair):
+        lines.append(f"s_{name} = {name}.data_ptr()")
+        lines.append(f"e_{name} = s_{name} + {spans[name]}")
+    if pairs:
+        meets = " or ".join(f"(s_{u} <= e_{w} and s_{w} <= e_{u})" for w, u in pairs)
+        lines += [f"if {meets}:", "    " + full[0]]
+    return lines
+
+
+def _span_source(name: str, entry: tuple) -> str | None:
+    """The offset of guard tensor ``name``'s last byte from its first (:func:`byte_span`) as
+    source: the sizes the guard fixes as numbers, T at the token dim, another free size read
+    from the tensor; ``""`` for a tensor empty at every call, None where the guard leaves a
+    stride free. (A free size of 0 gives a span that ends before it starts: at worst the
+    exact check runs.)"""
+    tensor, sizes, strides, token_dim = entry
+    if None in strides:
+        return None
+    if 0 in sizes:
+        return ""
+    size = tensor.element_size()
+    fixed = size - 1
+    terms = []
+    for d, (n, st) in enumerate(zip(sizes, strides)):
+        if n is not None:
+            fixed += size * (n - 1) * st
+        elif st:
+            fixed -= size * st
+            terms.append(f"{size * st} * {'T' if d == token_dim else f'{name}.shape[{d}]'}")
+    return " + ".join([str(fixed), *terms])
 
 
 def _on_device(device: torch.device):
