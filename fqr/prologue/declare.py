@@ -550,6 +550,21 @@ class Call:
             raise AttributeError(name) from None
 
 
+def _call_class(name: str, params: Sequence[Param]) -> type[Call]:
+    """The :class:`Call` of one declaration: a slot per parameter, filled when bound (generated
+    source: one assignment of every argument), so that the checks' and hooks' ``call.qkv`` is
+    an attribute read."""
+    names = [p.name for p in params]
+    source = (
+        "def __init__(self, index, values):\n"
+        "    self._index, self._values = index, values\n"
+        "    self._tokens = 0\n"
+        f"    {_tuple_source([f'self.{n}' for n in names])} = values\n"
+    )
+    init = _compiled(source, "__init__", {}, f"<fqr {name} call>")
+    return type(f"Call[{name}]", (Call,), {"__slots__": tuple(names), "__init__": init})
+
+
 class Declaration:
     """One public fused op of the prologue family (module docstring).
 
@@ -640,6 +655,7 @@ class Declaration:
         )  # the first token-indexed argument: T is its first size
         self._calls: dict[tuple, list[CheckedCall]] = {}
         self._lock = threading.Lock()
+        self._call_class = _call_class(name, self.params)
         self._fast = _fast_entry(self)
         self.function = self._make_function()
         self.torch_op_name = name if torch_op else None
@@ -723,7 +739,7 @@ class Declaration:
         return values
 
     def bound(self, values: list) -> Call:
-        return Call(self.index, values)
+        return self._call_class(self.index, values)
 
     # -------------------------------------------------------------- validation
     def validate(self, call: Call, *, values_too: bool = True) -> None:
