@@ -41,7 +41,7 @@ import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -1406,10 +1406,17 @@ def _schema_default(value) -> str:
     return repr(value)
 
 
-def _returned(decl: Declaration) -> list[Output]:
+@cache
+def _returned(decl: Declaration) -> tuple[Output, ...]:
     """The outputs the op returns: all but the donated arguments' updates."""
     donated = {p.name for p in decl.tensor_params if p.donated}
-    return [o for o in decl.outputs if o.name not in donated and o.into is None]
+    return tuple(o for o in decl.outputs if o.name not in donated and o.into is None)
+
+
+@cache
+def _mutates(decl: Declaration) -> bool:
+    """Whether the op updates an argument in place (a donated cache)."""
+    return any(p.donated for p in decl.tensor_params)
 
 
 def _schema_returns(decl: Declaration) -> str:
@@ -1420,7 +1427,7 @@ def _schema_returns(decl: Declaration) -> str:
     returned = _returned(decl)
     if not returned:
         return "()"
-    mutates = any(p.donated for p in decl.tensor_params)
+    mutates = _mutates(decl)
     types = ["Tensor?" if o.present is not None and not mutates else "Tensor" for o in returned]
     return types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
 
@@ -1436,7 +1443,7 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
     if isinstance(result, torch.Tensor):  # the one output this call has, returned bare
         result = (result,)
     got = [r for r in result if r is not None]
-    mutates = any(p.donated for p in decl.tensor_params)
+    mutates = _mutates(decl)
     rows = getattr(call, decl._anchor)
     values = []
     for o in returned:
