@@ -7,10 +7,10 @@ that gets traced), its parameters with their kinds, its float64 reference
 a torch op from one function:
 
 =========================  ======================================================================
-the public function        :attr:`Declaration.function`: the signature (an ``inspect``
-                           signature, defaults included), the docstring (the declaration's,
-                           with the parameter list and the backends appended), binding by
-                           position or keyword
+the public function        :attr:`Declaration.function`: the signature (generated source
+                           with the parameters, defaults included: Python binds them), the
+                           docstring (the declaration's, with the parameter list and the
+                           backends appended)
 validation                 every parameter's kind checks its argument (type, dtype, shape,
                            strides, device), errors naming the parameter, then the
                            declaration's relational checks, before any kernel runs
@@ -18,8 +18,9 @@ the fast path              a call whose argument metadata passed the checks once
                            (:class:`CheckedCall`, kept per static arguments and guarded by
                            torch's C++ ``TensorGuards``: dtype, device, sizes and strides but
                            the token dimension) skips the checks, the trace and the backend
-                           lookup; the kernel backends add the generated host function
-                           (:mod:`fqr.lowering.host`, the one code generator on the hot path)
+                           lookup; the declaration's fast entry and each kept call's entry
+                           are generated straight-line source, as the kernel backends' host
+                           function is (:mod:`fqr.lowering.host`)
 ``torch.ops.fqr.<name>``   the schema from the parameters (tensors first, then the static
                            arguments; ``out=``/``inplace``/``backend`` stay public-only), the
                            implementation the public function with ``backend="auto"``, the fake
@@ -624,7 +625,6 @@ class Declaration:
         self.index = {p.name: i for i, p in enumerate(self.params)}
         self.tensor_params = [p for p in self.params if isinstance(p, Tensor)]
         self.static_params = [p for p in self.params if isinstance(p, Static)]
-        self._tensor_at = [self.index[p.name] for p in self.tensor_params]
         # the key of a call: every scalar argument (forms included) with its type, and which
         # tensors (and unkeyed forms such as out=) are given
         self._keyed_at = [
@@ -904,16 +904,6 @@ class Declaration:
         if found.key is not None:
             checked.keep(self, found.key)
         return checked.enter(values, True)
-
-    def guard_tensors(self, values: list) -> list:
-        """The tensors the fast path's guard compares, in order."""
-        if not self._complex:
-            return [values[i] for i in self._tensor_at if values[i] is not None]
-        present: list = []
-        for p, i in zip(self.tensor_params, self._tensor_at):
-            if values[i] is not None:
-                present.extend(p.kind.guard_tensors(values[i]))
-        return present
 
     def returns(self, call: Call, outs: tuple) -> Any:
         """What the public function returns from the outputs that are not donated updates."""
