@@ -4,6 +4,8 @@ before any kernel runs; and new token counts never re-check, re-trace or recompi
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from conftest import make_problem
@@ -191,3 +193,27 @@ def test_the_kept_call_budget_counts_entries_held(gen, monkeypatch):
     assert declare._KEPT[0] == 2
     forget_checked_calls()
     assert declare._KEPT[0] == 0
+
+
+def test_the_generated_public_function_binds_as_its_signature_says(gen):
+    """The public function is generated with the op's parameters: a bad call is Python's own
+    ``TypeError`` naming the argument; positional and keyword arguments, defaults included,
+    reach the op alike (the same kept call)."""
+    p = make_problem(gen, tokens=3)
+    op = fqr.split_qkv_rmsnorm_rope
+    assert str(inspect.signature(op)) == str(SPLIT_QKV_RMSNORM_ROPE.signature())
+    for bad, named in (
+        (lambda: _call(p, bogus=1), "bogus"),
+        (lambda: op(p.qkv, p.positions, **p.kwargs()), "q_weight"),
+        (lambda: op(*p.args(), p.qkv, **p.kwargs()), "positional"),
+        (lambda: op(*p.args()), "num_heads"),
+        (lambda: op(*p.args(), qkv=p.qkv, **p.kwargs()), "multiple values for argument .qkv"),
+    ):
+        with pytest.raises(TypeError, match=named):
+            bad()
+    forget_checked_calls()
+    by_keyword = dict(zip(("qkv", "positions", "cos_sin_cache", "q_weight", "k_weight"), p.args()))
+    want = op(**by_keyword, **p.kwargs(), backend="reference")
+    got = _call(p)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 1
