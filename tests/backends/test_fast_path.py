@@ -170,7 +170,7 @@ def test_one_tensor_as_both_weights_takes_the_fast_path(gen):
             got = _call(p, q_weight=tied, k_weight=tied)
             assert all(torch.equal(g, w) for g, w in zip(got, want))
         assert len(validations) == 1 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 1
-        _call(p, q_weight=tied, k_weight=tied.clone())  # distinct: the guard's business
+        _call(p, q_weight=tied, k_weight=tied.clone())  # two tensors: another kept call
         _call(p, q_weight=tied, k_weight=tied.clone())
         assert len(validations) == 2 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
         _call(p, q_weight=tied, k_weight=tied)  # the tied call still matches its own
@@ -180,19 +180,33 @@ def test_one_tensor_as_both_weights_takes_the_fast_path(gen):
 
 def test_the_kept_call_budget_counts_entries_held(gen, monkeypatch):
     """Replacing a key's oldest kept call (``MAX_PER_KEY`` held) spends no budget: the budget
-    is the number of kept calls held across every op, and forgetting them resets it."""
+    is the number of kept calls held across every op; once it is spent a full key still takes
+    its newest call, a new key keeps none; forgetting them resets it."""
     monkeypatch.setattr(declare, "MAX_PER_KEY", 2)
+    monkeypatch.setattr(declare, "MAX_CHECKED_CALLS", 2)
     forget_checked_calls()
     p = make_problem(gen, tokens=4)
-    # one key, a new guard each call: positions at a new stride each time
-    for stride in range(1, 7):
+
+    def strided(stride):  # one key, a new guard for each stride of the positions
         wide = torch.zeros(p.positions.shape[0], stride, dtype=p.positions.dtype)
         wide[:, 0] = p.positions
-        _call(p, positions=wide[:, 0])
-    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
+        return wide[:, 0]
+
+    for stride in range(1, 7):
+        _call(p, positions=strided(stride))
     assert declare._KEPT[0] == 2
+    validations = []
+    validate = SPLIT_QKV_RMSNORM_ROPE.validate
+    monkeypatch.setattr(
+        SPLIT_QKV_RMSNORM_ROPE, "validate", lambda *a, **k: validations.append(validate(*a, **k))
+    )
+    _call(p, positions=strided(6))  # kept last, over a spent budget: the fast path
+    _call(p, positions=strided(5))
+    assert not validations
+    _call(p, eps=1e-5)  # a new key: checked and run, not kept
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2 and declare._KEPT[0] == 2
     forget_checked_calls()
-    assert declare._KEPT[0] == 0
+    assert declare._KEPT[0] == 0 and not checked_calls(SPLIT_QKV_RMSNORM_ROPE)
 
 
 def test_the_generated_public_function_binds_as_its_signature_says(gen):
