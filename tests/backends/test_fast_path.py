@@ -175,6 +175,11 @@ def test_one_tensor_as_both_weights_takes_the_fast_path(gen):
         assert len(validations) == 2 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
         _call(p, q_weight=tied, k_weight=tied)  # the tied call still matches its own
         assert len(validations) == 2
+        op = torch.ops.fqr.split_qkv_rmsnorm_rope.default
+        qkv, positions, table = p.args()[:3]
+        for _ in range(3):  # the torch op (backend "auto": another key), tied
+            op(qkv, positions, table, tied, tied, **p.kwargs())
+        assert len(validations) == 3
     forget_checked_calls()
 
 
