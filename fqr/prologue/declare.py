@@ -7,10 +7,10 @@ that gets traced), its parameters with their kinds, its float64 reference
 a torch op from one function:
 
 =========================  ======================================================================
-the public function        :attr:`Declaration.function`: the signature (an ``inspect``
-                           signature, defaults included), the docstring (the declaration's,
-                           with the parameter list and the backends appended), binding by
-                           position or keyword
+the public function        :attr:`Declaration.function`: the signature (generated source
+                           with the parameters, defaults included: Python binds them), the
+                           docstring (the declaration's, with the parameter list and the
+                           backends appended)
 validation                 every parameter's kind checks its argument (type, dtype, shape,
                            strides, device), errors naming the parameter, then the
                            declaration's relational checks, before any kernel runs
@@ -18,8 +18,9 @@ the fast path              a call whose argument metadata passed the checks once
                            (:class:`CheckedCall`, kept per static arguments and guarded by
                            torch's C++ ``TensorGuards``: dtype, device, sizes and strides but
                            the token dimension) skips the checks, the trace and the backend
-                           lookup; the kernel backends add the generated host function
-                           (:mod:`fqr.lowering.host`, the one code generator on the hot path)
+                           lookup; the declaration's fast entry and each kept call's entry
+                           are generated straight-line source, as the kernel backends' host
+                           function is (:mod:`fqr.lowering.host`)
 ``torch.ops.fqr.<name>``   the schema from the parameters (tensors first, then the static
                            arguments; ``out=``/``inplace``/``backend`` stay public-only), the
                            implementation the public function with ``backend="auto"``, the fake
@@ -41,7 +42,7 @@ import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -550,6 +551,21 @@ class Call:
             raise AttributeError(name) from None
 
 
+def _call_class(name: str, params: Sequence[Param]) -> type[Call]:
+    """The :class:`Call` of one declaration: a slot per parameter, filled when bound (generated
+    source: one assignment of every argument), so that the checks' and hooks' ``call.qkv`` is
+    an attribute read."""
+    names = [p.name for p in params]
+    source = (
+        "def __init__(self, index, values):\n"
+        "    self._index, self._values = index, values\n"
+        "    self._tokens = 0\n"
+        f"    {_tuple_source([f'self.{n}' for n in names])} = values\n"
+    )
+    init = _compiled(source, "__init__", {}, f"<fqr {name} call>")
+    return type(f"Call[{name}]", (Call,), {"__slots__": tuple(names), "__init__": init})
+
+
 class Declaration:
     """One public fused op of the prologue family (module docstring).
 
@@ -609,7 +625,6 @@ class Declaration:
         self.index = {p.name: i for i, p in enumerate(self.params)}
         self.tensor_params = [p for p in self.params if isinstance(p, Tensor)]
         self.static_params = [p for p in self.params if isinstance(p, Static)]
-        self._tensor_at = [self.index[p.name] for p in self.tensor_params]
         # the key of a call: every scalar argument (forms included) with its type, and which
         # tensors (and unkeyed forms such as out=) are given
         self._keyed_at = [
@@ -640,6 +655,8 @@ class Declaration:
         )  # the first token-indexed argument: T is its first size
         self._calls: dict[tuple, list[CheckedCall]] = {}
         self._lock = threading.Lock()
+        self._call_class = _call_class(name, self.params)
+        self._fast = _fast_entry(self)
         self.function = self._make_function()
         self.torch_op_name = name if torch_op else None
         if torch_op:
@@ -665,16 +682,30 @@ class Declaration:
         return inspect.Signature(params)
 
     def _make_function(self) -> Callable:
-        decl = self
-
-        def op(*args, **kwargs):
-            return decl.call(decl.bind(args, kwargs))
-
-        op.__name__ = op.__qualname__ = self.name
+        """The public function: generated source with the op's own signature (Python binds the
+        arguments, defaults included, and raises its own ``TypeError`` for a bad call), whose
+        body hands the argument list, in parameter order, to :meth:`call`."""
+        names = [p.name for p in self.params]
+        namespace: dict[str, Any] = {"_DECL": self}
+        parts: list[str] = []
+        for i, p in enumerate(self.params):
+            if p.keyword and "*" not in parts:
+                parts.append("*")
+            if p.required:
+                parts.append(p.name)
+            else:
+                namespace[f"_D{i}"] = p.default
+                parts.append(f"{p.name}=_D{i}")
+        source = (
+            f"def {self.name}({', '.join(parts)}):\n    return _DECL.call([{', '.join(names)}])\n"
+        )
+        op = _compiled(source, self.name, namespace, f"<fqr {self.name}>")
+        op.__qualname__ = self.name
         op.__module__ = "fqr"
         op.__doc__ = self.docstring()
         op.__signature__ = self.signature()  # type: ignore[attr-defined]
         op.declaration = self  # type: ignore[attr-defined]
+        op.source = source  # type: ignore[attr-defined]
         return op
 
     def docstring(self) -> str:
@@ -708,7 +739,7 @@ class Declaration:
         return values
 
     def bound(self, values: list) -> Call:
-        return Call(self.index, values)
+        return self._call_class(self.index, values)
 
     # -------------------------------------------------------------- validation
     def validate(self, call: Call, *, values_too: bool = True) -> None:
@@ -859,48 +890,20 @@ class Declaration:
     # -------------------------------------------------------------- the call
     def call(self, values: list) -> Any:
         """Run one call: the fast path when its static arguments and tensor metadata passed
-        the checks before, else the full checks, the trace and the backend's binding."""
-        try:
-            statics = tuple(values[i] for i in self._keyed_at)
-            if self._key_of:
-                listed = list(statics)
-                for j, key_of in self._key_of:
-                    listed[j] = key_of(listed[j])
-                statics = tuple(listed)
-            key = (
-                statics,
-                tuple(map(type, statics)),
-                tuple(values[i] is None for i in self._presence_at),
-            )
-            if self._complex:
-                key += tuple(kind.key(values[i]) for i, kind in self._complex)
-            kept = self._calls.get(key)
-        except TypeError:  # an unhashable argument: the checks name it
-            key, kept = None, None
-        if kept:
-            present = self.guard_tensors(values)
-            for checked in kept:
-                if checked.matches(present):
-                    return checked.finish(self, values)
+        the checks before (:func:`_fast_entry`), else the full checks, the trace and the
+        backend's binding, kept for the next calls."""
+        found = self._fast(values)
+        if type(found) is not _Miss:
+            return found
         call = self.bound(values)
         self.validate(call)
         program = self.program(call)
         backend = getattr(call, "backend", "auto")
         resolved = resolve_backend(backend, getattr(call, self._anchor).device)
         checked = CheckedCall(self, program, resolved, call)
-        if key is not None:
-            checked.keep(self, key)
-        return checked.finish(self, values, checked_now=True)
-
-    def guard_tensors(self, values: list) -> list:
-        """The tensors the fast path's guard compares, in order."""
-        if not self._complex:
-            return [values[i] for i in self._tensor_at if values[i] is not None]
-        present: list = []
-        for p, i in zip(self.tensor_params, self._tensor_at):
-            if values[i] is not None:
-                present.extend(p.kind.guard_tensors(values[i]))
-        return present
+        if found.key is not None:
+            checked.keep(self, found.key)
+        return checked.enter(values, True)
 
     def returns(self, call: Call, outs: tuple) -> Any:
         """What the public function returns from the outputs that are not donated updates."""
@@ -929,34 +932,99 @@ def _traced(fn, signature: tuple) -> Program:
 
 # ------------------------------------------------------------------------- checked calls
 
-MAX_CHECKED_CALLS = 4096  # argument metadata kept across every op (a full table adds no more)
-MAX_PER_KEY = 8  # metadata kept per static arguments (the most recent first)
-_KEPT = [0]
+MAX_CHECKED_CALLS = 4096  # kept calls held across every op (a full table keeps no new key)
+MAX_PER_KEY = 8  # kept calls per static arguments (the most recent first)
+_KEPT = [0]  # kept calls held now, across every op
+
+
+class _Miss:
+    """What :func:`_fast_entry` returns when no kept call matches: the call's key (None: an
+    argument is unhashable; the checks name it)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple | None):
+        self.key = key
+
+
+_NO_MATCH = object()  # what a kept call's entry returns for arguments it does not match
+
+
+def _compiled(source: str, name: str, namespace: dict[str, Any], filename: str) -> Callable:
+    """Function ``name`` of ``source`` (text fqr generated from its own declaration), compiled
+    in memory into ``namespace``; never written to a file."""
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+def _tuple_source(items: Sequence[str]) -> str:
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _fast_entry(decl: Declaration) -> Callable[[list], Any]:
+    """The declaration's fast entry, generated as straight-line source: ``fast(values)`` (the
+    arguments in parameter order) builds the call's key (every scalar argument, a list by its
+    hashable stand-in, with its type; which tensors and unkeyed forms are given; the keys of
+    arguments that are not plain tensors) and tries the kept calls of that key
+    (:meth:`CheckedCall.enter`); the first that matches runs the call and its result is
+    returned, else a :class:`_Miss` with the key."""
+    namespace: dict[str, Any] = {"_CALLS": decl._calls, "_Miss": _Miss, "_NO_MATCH": _NO_MATCH}
+    lines = ["def fast(v):", "    try:"]
+    key_of = dict(decl._key_of)
+    statics = []
+    for j, i in enumerate(decl._keyed_at):
+        if j in key_of:
+            namespace[f"_KEY{j}"] = key_of[j]
+            lines.append(f"        s{j} = _KEY{j}(v[{i}])")
+        else:
+            lines.append(f"        s{j} = v[{i}]")
+        statics.append(f"s{j}")
+    parts = [
+        _tuple_source(statics),
+        _tuple_source([f"type({s})" for s in statics]),
+        _tuple_source([f"v[{i}] is None" for i in decl._presence_at]),
+    ]
+    for i, kind in decl._complex:
+        namespace[f"_KIND{i}"] = kind
+        parts.append(f"_KIND{i}.key(v[{i}])")
+    lines += [
+        f"        key = {_tuple_source(parts)}",
+        "        kept = _CALLS.get(key)",
+        "    except TypeError:  # an unhashable argument",
+        "        return _Miss(None)",
+        "    if kept:",
+        "        for checked in kept:",
+        "            result = checked.enter(v)",
+        "            if result is not _NO_MATCH:",
+        "                return result",
+        "    return _Miss(key)",
+    ]
+    source = "\n".join(lines) + "\n"
+    fast = _compiled(source, "fast", namespace, f"<fqr {decl.name} fast entry>")
+    fast.source = source  # type: ignore[attr-defined]
+    return fast
 
 
 class CheckedCall:
     """What a call whose arguments passed the checks needs on every later call with the same
-    static arguments and tensor metadata: the guard of that metadata (torch's C++
+    static arguments and tensor metadata, as one generated function, :attr:`enter`
+    (straight-line source, :meth:`_entry`): the guard of that metadata (torch's C++
     ``TensorGuards``: dispatch keys, dtype, device, sizes and strides, the token dimension
-    free), the program, the backend's launch, the operands' recipe, whether values are
-    checked every call, and for kernel backends the generated host function of this metadata
-    (:mod:`fqr.lowering.host`; one for new outputs, one for caller buffers), made after the
-    first launch and remade when a new kernel variant is bound."""
+    free; an argument that was the same tensor as an earlier one must be again, and is guarded
+    once), the token counts, the per-call checks where the key has them, the program's
+    operands, the run and the return value. For kernel backends the run is the generated host
+    function of this metadata (:mod:`fqr.lowering.host`; one for new outputs, one for caller
+    buffers), made after the first launch and remade when a new kernel variant is bound."""
 
     __slots__ = (
         "program",
         "launch",
         "backend",
         "per_call",
-        "_checks",
         "host",
+        "enter",
+        "source",
         "_host_builds",
-        "_guard",
-        "_tokens_class",
-        "_token_dims",
-        "_donated",
-        "_recipe",
-        "_anchor_at",
     )
 
     MAX_HOST_BUILDS = 8
@@ -980,95 +1048,159 @@ class CheckedCall:
             or any(when(call) for when, _ in decl.value_checks)
             or bool(decl.written(call))
         )
-        self._checks = decl.per_call_checks(call)
         self.host: list = [None, None]
         self._host_builds = 0
-        self._tokens_class = min(call._tokens, 2)
-        entries = [e for p, t in present for e in p.kind.guard_entries(t)]
-        self._token_dims = tuple((i, e[3]) for i, e in enumerate(entries) if e[3] is not None)
-        self._anchor_at = decl.index[decl._anchor]
-        self._donated = frozenset(program.aliases())
-        # each program operand: the argument it comes from, the kind that expands it (None:
-        # the argument itself) and the dtype it is viewed as (None: as given; the key and the
-        # guard fix it)
-        self._recipe = tuple(
-            (
-                decl.index[p.name],
-                None if _passes_through(p.kind) else p.kind,
-                p.kind.viewed_as(getattr(call, p.name), call),
-            )
-            for p in decl.tensor_params
-            if decl.used(p, call)
-        )
+        self.enter, self.source = self._entry(decl, call, present)
+
+    def _entry(self, decl: Declaration, call: Call, present: list) -> tuple[Callable, str]:
+        """Generate :attr:`enter`: ``enter(values, checked=False)`` returns the call's result,
+        or ``_NO_MATCH`` where ``values`` do not match (``checked``: the full checks just ran
+        on them; no guard, no per-call checks)."""
         from torch._C._dynamo.guards import TensorGuards
 
-        self._guard = TensorGuards(
-            *(e[0] for e in entries),
-            dynamic_dims_sizes=[e[1] for e in entries],
-            dynamic_dims_strides=[e[2] for e in entries],
+        ns: dict[str, Any] = {
+            "_NO_MATCH": _NO_MATCH,
+            "_DECL": decl,
+            "_HOST": self.host,
+            "_GENERAL": self.general,
+        }
+        lines = ["def enter(v, checked=False):", "    if not checked:"]
+        body: list[str] = []
+        # the guard tensors: each present argument's, named g0, g1, ...
+        entries: list[tuple] = []
+        names: list[str] = []
+        owners: dict[str, list[str]] = {}  # each present argument's guard tensors' names
+        for p, x in present:
+            i = decl.index[p.name]
+            found = p.kind.guard_entries(x)
+            these = [f"g{len(names) + k}" for k in range(len(found))]
+            if type(p.kind).guard_tensors is TensorKind.guard_tensors:
+                body.append(f"{these[0]} = v[{i}]")
+            else:
+                ns[f"_KIND{i}"] = p.kind
+                body.append(f"{', '.join(these)}, = _KIND{i}.guard_tensors(v[{i}])")
+            entries += found
+            names += these
+            owners[p.name] = these
+        # a tensor given twice (tied weights) is guarded once, and must be given twice again
+        first_of: dict[int, str] = {}
+        same: list[str] = []
+        distinct: list[int] = []
+        for k, entry in enumerate(entries):
+            seen = first_of.get(id(entry[0]))
+            if seen is None:
+                first_of[id(entry[0])] = names[k]
+                distinct.append(k)
+            else:
+                same.append(f"{names[k]} is {seen}")
+        ns["_GUARD"] = TensorGuards(
+            *(entries[k][0] for k in distinct),
+            dynamic_dims_sizes=[entries[k][1] for k in distinct],
+            dynamic_dims_strides=[entries[k][2] for k in distinct],
         )
+        guard = f"_GUARD.check({', '.join(names[k] for k in distinct)})"
+        body.append(f"if not ({' and '.join([*same, guard])}):")
+        body.append("    return _NO_MATCH")
+        lines += ["        try:"] + ["            " + b for b in body]
+        lines += [
+            "        except (TypeError, RuntimeError, ValueError):  # not tensors where they were",
+            "            return _NO_MATCH",
+        ]
+        # the token counts: each token-indexed tensor's T the first one's, T in the class --
+        # 0, 1, more -- the checks saw
+        token_sizes = [
+            f"{names[k]}.shape[{e[3]}]" for k, e in enumerate(entries) if e[3] is not None
+        ]
+        if token_sizes:
+            lines.append(f"        T = {token_sizes[0]}")
+            tokens_class = min(call._tokens, 2)
+            first_test = f"T != {tokens_class}" if tokens_class < 2 else "T < 2"
+            tests = [first_test] + [f"{size} != T" for size in token_sizes[1:]]
+            lines.append(f"        if {' or '.join(tests)}:")
+            lines.append("            return _NO_MATCH")
+        anchor_at = decl.index[decl._anchor]
+        if self.per_call:
+            lines += [
+                "        call = _DECL.bound(v)",
+                f"        call._tokens = v[{anchor_at}].shape[0]",
+            ]
+            lines += [
+                "        " + b
+                for b in _per_call_source(decl, call, ns, dict(zip(names, entries)), owners)
+            ]
+            lines += ["    else:", "        call = None"]
+        else:
+            lines += ["    call = None"]
+        # each program operand: the argument, viewed as the dtype the key and guard fix, then
+        # expanded by its kind where it gives other tensors than itself
+        operands = []
+        for p in decl.tensor_params:
+            if not decl.used(p, call):
+                continue
+            i = decl.index[p.name]
+            x = f"v[{i}]"
+            view = p.kind.viewed_as(getattr(call, p.name), call)
+            if view is not None:
+                ns[f"_VIEW{i}"] = view
+                x = f"{x}.view(_VIEW{i})"
+            if _passes_through(p.kind):
+                operands.append(x)
+            else:
+                ns[f"_KIND{i}"] = p.kind
+                operands.append(f"*_KIND{i}.operands({x})")
+        lines.append(f"    args = [{', '.join(operands)}]")
+        if decl._out is not None or decl._returns is not None:
+            lines.append("    if call is None:")
+            lines.append("        call = _DECL.bound(v)")
+        if decl._out is None:
+            lines += [
+                "    host = _HOST[0]",
+                "    outs = None if host is None else host.fn(args)",
+                "    if outs is None:",
+                "        outs = _GENERAL(args, None)",
+            ]
+        else:
+            ns["_OUT"] = decl._out
+            lines += [
+                "    out = _OUT(call)",
+                "    host = _HOST[out is not None]",
+                "    outs = None",
+                "    if host is not None:",
+                "        outs = host.fn(args) if out is None else host.fn(args, out)",
+                "    if outs is None:",
+                "        outs = _GENERAL(args, out)",
+            ]
+        donated = self.program.aliases()
+        kept = [j for j in range(len(self.program.outputs)) if j not in donated]
+        if donated:
+            lines.append(f"    outs = {_tuple_source([f'outs[{j}]' for j in kept])}")
+        if decl._returns is not None:
+            ns["_RETURNS"] = decl._returns
+            lines.append("    return _RETURNS(call, outs)")
+        elif len(kept) == 1:
+            lines.append("    return outs[0]")
+        else:
+            lines.append("    return outs")
+        source = "\n".join(lines) + "\n"
+        return _compiled(source, "enter", ns, f"<fqr {decl.name} kept call>"), source
 
     def keep(self, decl: Declaration, key: tuple) -> None:
+        """Keep this call first among ``key``'s (at most ``MAX_PER_KEY``: the oldest goes).
+        The budget counts the kept calls held: a new one is kept while fewer than
+        ``MAX_CHECKED_CALLS`` are, one that replaces the oldest of a full key always."""
         with decl._lock:
-            if _KEPT[0] >= MAX_CHECKED_CALLS:
-                return
             kept = decl._calls.get(key, [])
-            decl._calls[key] = [self, *kept][:MAX_PER_KEY]
-            _KEPT[0] += 1
+            if len(kept) < MAX_PER_KEY and _KEPT[0] >= MAX_CHECKED_CALLS:
+                return
+            held = [self, *kept][:MAX_PER_KEY]
+            decl._calls[key] = held
+            _KEPT[0] += len(held) - len(kept)
 
-    def matches(self, present: list) -> bool:
-        """Whether tensors with these metadata passed the checks when this call did: the
-        guard, then the token counts (each token-indexed tensor's T equal to the first one's,
-        T in the class -- 0, 1, more -- the checks saw)."""
-        try:
-            if not self._guard.check(*present):
-                return False
-        except (TypeError, RuntimeError):  # not tensors where tensors were
-            return False
-        tokens = -1
-        for i, dim in self._token_dims:
-            n = present[i].shape[dim]
-            if tokens < 0:
-                tokens = n
-                if min(n, 2) != self._tokens_class:
-                    return False
-            elif n != tokens:
-                return False
-        return True
-
-    def finish(self, decl: Declaration, values: list, checked_now: bool = False) -> Any:
-        """The per-call checks (unless the full ones just ran), the run, the return value."""
-        call = None
-        if self.per_call and not checked_now:
-            call = decl.bound(values)
-            call._tokens = values[self._anchor_at].shape[0]
-            decl.per_call(call, self._checks)
-        args = []
-        for i, kind, view in self._recipe:
-            x = values[i] if view is None else values[i].view(view)
-            if kind is None:
-                args.append(x)
-            else:
-                args.extend(kind.operands(x))
-        if decl._out is not None or decl._returns is not None:
-            call = call or decl.bound(values)
-        out = None if decl._out is None else decl._out(call)
-        outs = self.run(args, out)
-        if self._donated:
-            outs = tuple(o for i, o in enumerate(outs) if i not in self._donated)
-        if decl._returns is not None:
-            return decl._returns(call, outs)
-        return outs[0] if len(outs) == 1 else outs
-
-    def run(self, args: list, out: list | None = None) -> tuple:
-        """Run on ``args`` (first: the token rows), into ``out`` when given; no tokens: empty
-        outputs, no launch. The generated host function runs the call where it covers it,
-        else the general path does (and a newly bound kernel variant regenerates it)."""
-        host = self.host[out is not None]
-        if host is not None:
-            outs = host.fn(args) if out is None else host.fn(args, out)
-            if outs is not None:
-                return outs
+    def general(self, args: list, out: list | None = None) -> tuple:
+        """Run on ``args`` (first: the token rows), into ``out`` when given, where the generated
+        host function does not cover the call (or there is none yet): no tokens, empty outputs
+        and no launch; else the backend's launch, after which the host function is made (and
+        remade when a new kernel variant was bound)."""
         rows = args[0]
         if rows.shape[0] == 0:
             if out is not None:
@@ -1084,10 +1216,86 @@ class CheckedCall:
             outs = tuple(self.launch(args) if out is None else self.launch(args, out))
         if self.backend is not None and self._host_builds < self.MAX_HOST_BUILDS:
             bound = self.backend.bound_kernels(self.program)
+            host = self.host[out is not None]
             if host is None or host.bound != bound:
                 self._host_builds += 1
                 self.host[out is not None] = self.backend.host_function(self.program, args, out)
         return outs
+
+
+def _per_call_source(
+    decl: Declaration, call: Call, ns: dict[str, Any], entries: dict[str, tuple], owners: dict
+) -> list[str]:
+    """The lines of a kept call's entry that run :meth:`Declaration.per_call`'s checks for the
+    calls of ``call``'s key, straight-line: each kind's check of values, each value check,
+    then the writes' check. Where only donated arguments are written and every tensor's span
+    is a function of T (the guard fixes the other sizes and the strides), the spans (first to
+    last byte) are compared inline, and only where a written tensor's span meets another's
+    does :meth:`Declaration.check_writes` run (which decides, and names the pair); else it
+    runs every call. ``entries``: each guard tensor's name in the source to its guard entry;
+    ``owners``: each present argument's guard tensor names."""
+    checks = decl.per_call_checks(call)
+    lines = []
+    for p in checks.kinds:
+        i = decl.index[p.name]
+        ns[f"_KIND{i}"] = p.kind  # the method is looked up each call (tests wrap it)
+        lines.append(f"_KIND{i}.per_call({p.name!r}, v[{i}], call)")
+    for k, check in enumerate(checks.value_checks):
+        ns[f"_VALUE_CHECK{k}"] = check
+        lines.append(f"_VALUE_CHECK{k}(call)")
+    written = [p for p in decl.tensor_params if p.donated and getattr(call, p.name) is not None]
+    if not written and decl._writes is None:
+        return lines
+    ns["_READ"] = checks.read
+    full = ["_DECL.check_writes(call, _READ)"]
+    spans = {
+        name: _span_source(name, entry)
+        for p in {*checks.read, *written}
+        for name in owners[p.name]
+        for entry in (entries[name],)
+    }
+    if decl._writes is not None or call._tokens == 0 or None in spans.values():
+        return lines + full
+    written_names = [(p.name, name) for p in written for name in owners[p.name]]
+    others = [(p.name, name) for p in checks.read for name in owners[p.name]]
+    pairs = list(
+        dict.fromkeys(
+            (w, u) if w < u else (u, w)  # each pair once (a written argument is read too)
+            for k, (argument, w) in enumerate(written_names)
+            for other, u in others + written_names[:k]
+            if other != argument and spans[w] != "" and spans[u] != ""
+        )
+    )
+    for name in dict.fromkeys(n for pair in pairs for n in pair):
+        lines.append(f"s_{name} = {name}.data_ptr()")
+        lines.append(f"e_{name} = s_{name} + {spans[name]}")
+    if pairs:
+        meets = " or ".join(f"(s_{u} <= e_{w} and s_{w} <= e_{u})" for w, u in pairs)
+        lines += [f"if {meets}:", "    " + full[0]]
+    return lines
+
+
+def _span_source(name: str, entry: tuple) -> str | None:
+    """The offset of guard tensor ``name``'s last byte from its first (:func:`byte_span`) as
+    source: the sizes the guard fixes as numbers, T at the token dim, another free size read
+    from the tensor; ``""`` for a tensor empty at every call, None where the guard leaves a
+    stride free. (A free size of 0 gives a span that ends before it starts: at worst the
+    exact check runs.)"""
+    tensor, sizes, strides, token_dim = entry
+    if None in strides:
+        return None
+    if 0 in sizes:
+        return ""
+    size = tensor.element_size()
+    fixed = size - 1
+    terms = []
+    for d, (n, st) in enumerate(zip(sizes, strides)):
+        if n is not None:
+            fixed += size * (n - 1) * st
+        elif st:
+            fixed -= size * st
+            terms.append(f"{size * st} * {'T' if d == token_dim else f'{name}.shape[{d}]'}")
+    return " + ".join([str(fixed), *terms])
 
 
 def _on_device(device: torch.device):
@@ -1188,10 +1396,17 @@ def _schema_default(value) -> str:
     return repr(value)
 
 
-def _returned(decl: Declaration) -> list[Output]:
+@cache
+def _returned(decl: Declaration) -> tuple[Output, ...]:
     """The outputs the op returns: all but the donated arguments' updates."""
     donated = {p.name for p in decl.tensor_params if p.donated}
-    return [o for o in decl.outputs if o.name not in donated and o.into is None]
+    return tuple(o for o in decl.outputs if o.name not in donated and o.into is None)
+
+
+@cache
+def _mutates(decl: Declaration) -> bool:
+    """Whether the op updates an argument in place (a donated cache)."""
+    return any(p.donated for p in decl.tensor_params)
 
 
 def _schema_returns(decl: Declaration) -> str:
@@ -1202,7 +1417,7 @@ def _schema_returns(decl: Declaration) -> str:
     returned = _returned(decl)
     if not returned:
         return "()"
-    mutates = any(p.donated for p in decl.tensor_params)
+    mutates = _mutates(decl)
     types = ["Tensor?" if o.present is not None and not mutates else "Tensor" for o in returned]
     return types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
 
@@ -1218,7 +1433,7 @@ def _as_schema_returns(decl: Declaration, call: Call, result) -> Any:
     if isinstance(result, torch.Tensor):  # the one output this call has, returned bare
         result = (result,)
     got = [r for r in result if r is not None]
-    mutates = any(p.donated for p in decl.tensor_params)
+    mutates = _mutates(decl)
     rows = getattr(call, decl._anchor)
     values = []
     for o in returned:
@@ -1248,18 +1463,31 @@ def _torch_values(decl: Declaration) -> Callable[[tuple], list]:
     return values
 
 
-def _torch_impl(decl: Declaration):
-    values_of = _torch_values(decl)
+def _torch_impl(decl: Declaration) -> Callable:
+    """The implementation of ``torch.ops.fqr.<name>``, generated as straight-line source: the
+    arguments in schema order (:func:`torch_op_params`) go to :meth:`Declaration.call` in
+    parameter order, those not passed and the parameters the op does not take as their
+    defaults (as :func:`_torch_values` places them); the result as the schema returns it."""
+    names = [p.name for p in torch_op_params(decl)]
+    _torch_values(decl)  # refuses an op that would leave out a required parameter
+    ns: dict[str, Any] = {"_DECL": decl, "_AS_SCHEMA_RETURNS": _as_schema_returns}
+    ns.update((f"_D{i}", p.default) for i, p in enumerate(decl.params))
+    values = [p.name if p.name in names else f"_D{i}" for i, p in enumerate(decl.params)]
+    # the dispatcher may pass fewer arguments than the schema has: the rest are their defaults
+    signature = [f"{name}=_D{decl.index[name]}" for name in names]
     returned = _returned(decl)
-    optional = any(o.present is not None for o in returned)
-
-    def impl(*args):
-        values = values_of(args)
-        result = decl.call(values)
-        if optional:
-            return _as_schema_returns(decl, decl.bound(values), result)
-        return result if returned else None
-
+    lines = [
+        f"def impl({', '.join(signature)}):",
+        f"    values = [{', '.join(values)}]",
+        "    result = _DECL.call(values)",
+    ]
+    if any(o.present is not None for o in returned):
+        lines.append("    return _AS_SCHEMA_RETURNS(_DECL, _DECL.bound(values), result)")
+    else:
+        lines.append("    return result" if returned else "    return None")
+    source = "\n".join(lines) + "\n"
+    impl = _compiled(source, "impl", ns, f"<fqr torch.ops.fqr.{decl.name}>")
+    impl.source = source  # type: ignore[attr-defined]
     return impl
 
 

@@ -4,6 +4,8 @@ before any kernel runs; and new token counts never re-check, re-trace or recompi
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from conftest import make_problem
@@ -11,7 +13,7 @@ from test_validation import BAD_INPUTS, _call
 
 import fqr
 from fqr.numerics import compare
-from fqr.prologue import checked_calls, forget_checked_calls
+from fqr.prologue import checked_calls, declare, forget_checked_calls
 from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
 
@@ -145,3 +147,92 @@ def test_the_fast_path_never_compares_tensors_by_value(gen, monkeypatch, backend
 
     monkeypatch.setattr(torch.Tensor, "__eq__", refuse)
     _call(p, backend=backend)
+
+
+def test_one_tensor_as_both_weights_takes_the_fast_path(gen):
+    """Tied (or unit) norm weights: the same tensor as ``q_weight`` and ``k_weight``. The first
+    call checks and keeps; every repeat takes the fast path (no checks again, no new kept
+    call), and a later call with two distinct weights is its own kept call."""
+    p = make_problem(gen, tokens=4)
+    tied = p.q_weight.clone()
+    validations = []
+    validate = SPLIT_QKV_RMSNORM_ROPE.validate
+
+    def counting(call, **kwargs):
+        validations.append(call)
+        return validate(call, **kwargs)
+
+    forget_checked_calls()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SPLIT_QKV_RMSNORM_ROPE, "validate", counting)
+        want = _call(p, q_weight=tied, k_weight=tied)
+        for _ in range(3):
+            got = _call(p, q_weight=tied, k_weight=tied)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert len(validations) == 1 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 1
+        _call(p, q_weight=tied, k_weight=tied.clone())  # two tensors: another kept call
+        _call(p, q_weight=tied, k_weight=tied.clone())
+        assert len(validations) == 2 and len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2
+        _call(p, q_weight=tied, k_weight=tied)  # the tied call still matches its own
+        assert len(validations) == 2
+        op = torch.ops.fqr.split_qkv_rmsnorm_rope.default
+        qkv, positions, table = p.args()[:3]
+        for _ in range(3):  # the torch op (backend "auto": another key), tied
+            op(qkv, positions, table, tied, tied, **p.kwargs())
+        assert len(validations) == 3
+    forget_checked_calls()
+
+
+def test_the_kept_call_budget_counts_entries_held(gen, monkeypatch):
+    """Replacing a key's oldest kept call (``MAX_PER_KEY`` held) spends no budget: the budget
+    is the number of kept calls held across every op; once it is spent a full key still takes
+    its newest call, a new key keeps none; forgetting them resets it."""
+    monkeypatch.setattr(declare, "MAX_PER_KEY", 2)
+    monkeypatch.setattr(declare, "MAX_CHECKED_CALLS", 2)
+    forget_checked_calls()
+    p = make_problem(gen, tokens=4)
+
+    def strided(stride):  # one key, a new guard for each stride of the positions
+        wide = torch.zeros(p.positions.shape[0], stride, dtype=p.positions.dtype)
+        wide[:, 0] = p.positions
+        return wide[:, 0]
+
+    for stride in range(1, 7):
+        _call(p, positions=strided(stride))
+    assert declare._KEPT[0] == 2
+    validations = []
+    validate = SPLIT_QKV_RMSNORM_ROPE.validate
+    monkeypatch.setattr(
+        SPLIT_QKV_RMSNORM_ROPE, "validate", lambda *a, **k: validations.append(validate(*a, **k))
+    )
+    _call(p, positions=strided(6))  # kept last, over a spent budget: the fast path
+    _call(p, positions=strided(5))
+    assert not validations
+    _call(p, eps=1e-5)  # a new key: checked and run, not kept
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 2 and declare._KEPT[0] == 2
+    forget_checked_calls()
+    assert declare._KEPT[0] == 0 and not checked_calls(SPLIT_QKV_RMSNORM_ROPE)
+
+
+def test_the_generated_public_function_binds_as_its_signature_says(gen):
+    """The public function is generated with the op's parameters: a bad call is Python's own
+    ``TypeError`` naming the argument; positional and keyword arguments, defaults included,
+    reach the op alike (the same kept call)."""
+    p = make_problem(gen, tokens=3)
+    op = fqr.split_qkv_rmsnorm_rope
+    assert str(inspect.signature(op)) == str(SPLIT_QKV_RMSNORM_ROPE.signature())
+    for bad, named in (
+        (lambda: _call(p, bogus=1), "bogus"),
+        (lambda: op(p.qkv, p.positions, **p.kwargs()), "q_weight"),
+        (lambda: op(*p.args(), p.qkv, **p.kwargs()), "positional"),
+        (lambda: op(*p.args()), "num_heads"),
+        (lambda: op(*p.args(), qkv=p.qkv, **p.kwargs()), "multiple values for argument .qkv"),
+    ):
+        with pytest.raises(TypeError, match=named):
+            bad()
+    forget_checked_calls()
+    by_keyword = dict(zip(("qkv", "positions", "cos_sin_cache", "q_weight", "k_weight"), p.args()))
+    want = op(**by_keyword, **p.kwargs(), backend="reference")
+    got = _call(p)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert len(checked_calls(SPLIT_QKV_RMSNORM_ROPE)) == 1

@@ -423,3 +423,27 @@ def test_each_head_group_rotates_the_tables_first_frequencies(
     with pytest.raises(ValueError, match=wider):
         wide = fqr.rope_cos_sin_cache(96, rows, 5e6)
         fqr.split_qkv_index_rmsnorm_rope(qkv, positions, wide, *weights, **statics)
+
+
+def test_the_fast_paths_write_check_sees_caches_that_share_memory(gen):
+    """A repeat call (its kept call's straight-line entry compares the written caches' byte
+    spans with every other argument's) refuses a value cache that is another view of the key
+    cache's memory, as the full checks do, and runs the halves of one buffer, whether apart
+    (spans apart) or interleaved (spans meet: the exact check decides)."""
+    preset = cache_preset("auto")
+    inputs, table = draw(KV_CACHE, preset, gen, 5)
+    kc, vc = inputs["key_cache"], inputs["value_cache"]
+    cache_call(inputs, table)  # checked and kept: the next calls take the fast path
+    with pytest.raises(ValueError, match="key_cache overlaps value_cache in memory"):
+        cache_call(inputs, table, value_cache=kc[:])
+    with pytest.raises(ValueError, match="key_cache overlaps value_cache in memory"):
+        cache_call(inputs, table, value_cache=kc.view(torch.int16).view(kc.dtype))
+    want_k, want_v = torch.zeros_like(kc), torch.zeros_like(vc)
+    cache_call(inputs, table, key_cache=want_k, value_cache=want_v)
+    halves = torch.zeros(2, *kc.shape, dtype=kc.dtype)
+    interleaved = torch.zeros(kc.shape[0], 2, *kc.shape[1:], dtype=kc.dtype)
+    for key_cache, value_cache in ((halves[0], halves[1]), (interleaved[:, 0], interleaved[:, 1])):
+        for _ in range(2):  # the full checks, then the fast path
+            key_cache.zero_(), value_cache.zero_()
+            cache_call(inputs, table, key_cache=key_cache, value_cache=value_cache)
+            assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
