@@ -10,8 +10,9 @@ token buckets and each variant's grid as integer expressions), compiled once wit
 
 * picks the variant for T by integer comparisons (the buckets of ``Target.token_buckets``),
 * checks what the metadata key cannot hold: T > 0, no input that requires grad under grad mode,
-  every pointer 16-byte aligned, the current device the tensors' device, no launch hook
-  installed,
+  every pointer 16-byte aligned (an input that was not, as mRoPE's position planes at odd T,
+  at its residue then or aligned: each launches the kernel bound for that alignment), the
+  current device the tensors' device, no launch hook installed,
 * allocates each output with its own ``torch.empty`` (outputs never share memory: see the
   comment where they are allocated), or writes into the caller's ``out``,
 * calls the C function under the variant's bound Triton launcher
@@ -162,6 +163,7 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     lines.append(f"    if GRAD() and ({requires}):")
     lines.append("        return None")
     direct_any = any(k._direct not in (None, False) for k in lowered)
+    residues: dict[int, int] = {}  # inputs not 16-byte aligned: their address modulo 16
     if direct_any:
         # every pointer read once: checked here, passed as an int to the C launch
         pointers = [f"P_{n}" for n in names]
@@ -171,8 +173,15 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
             for j in range(len(widths)):
                 lines.append(f"    P_{onames[j]} = out[{j}].data_ptr()")
                 pointers.append(f"P_{onames[j]}")
-        lines.append(f"    if ({' | '.join(pointers)}) & 15:")
-        lines.append("        return None")
+        # An input whose address is not 16-byte aligned in this call (mRoPE's position planes
+        # at ``8 * T`` bytes when T is odd: every decode call) keeps its residue in the calls
+        # of this metadata: each variant launches the kernel bound for that alignment, or for
+        # all-aligned pointers when it is aligned after all. The others must be aligned.
+        residues.update((k, a.data_ptr() & 15) for k, a in enumerate(args) if a.data_ptr() & 15)
+        fixed = [p for k, p in enumerate(pointers) if k not in residues]
+        if fixed:
+            lines.append(f"    if ({' | '.join(fixed)}) & 15:")
+            lines.append("        return None")
         launcher = next(k._direct for k in lowered if k._direct not in (None, False))
         ns["ENTER"] = launcher._runtime.launch_enter_hook
         ns["EXIT"] = launcher._runtime.launch_exit_hook
@@ -215,21 +224,36 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     addressed = frozenset(names + (onames if out is None else []))
     covered = []
     tokens = _Tokens()
+    varying = residues
     for i, kernel in enumerate(kernels):
         limit = variants._limits[i]
         indent = "    "
         if limit is not None:
             lines.append(f"    if T <= {limit}:")
             indent = "        "
-        body = _variant_body(
-            i, kernel, proxies, out_proxies, tokens, out is None, device, ns, addressed
-        )
-        if body is None:
-            lines.append(f"{indent}return None")
-        else:
+        aligned_test = f"({' | '.join(f'P_{names[k]}' for k in varying)}) & 15 == 0"
+        launches: list[tuple[str, dict[int, int], str]] = [(f"{i}", {}, aligned_test)]
+        if varying:
+            tests = " and ".join(f"P_{names[k]} & 15 == {r}" for k, r in varying.items())
+            launches.append((f"{i}m", varying, tests))
+        launched = False
+        for tag, pattern, test in launches:
+            body = _variant_body(
+                tag, kernel, proxies, out_proxies, tokens, out is None, device, ns, addressed,
+                pattern,
+            )  # fmt: skip
+            if body is None:
+                continue
+            launched = True
+            inner = indent
+            if varying:
+                lines.append(f"{indent}if {test}:")
+                inner = indent + "    "
+            lines += [inner + b for b in body]
+            lines.append(f"{inner}return {result}")
+        lines.append(f"{indent}return None")
+        if launched:
             covered.append(i)
-            lines += [indent + b for b in body]
-            lines.append(f"{indent}return {result}")
         if limit is None:
             break
     if not covered:
@@ -255,7 +279,7 @@ class _Placeholder(_Arg):
 
 
 def _variant_body(
-    i: int,
+    i: int | str,
     kernel: Kernel | None,
     proxies: list,
     out_proxies: list,
@@ -264,8 +288,11 @@ def _variant_body(
     device: torch.device,
     ns: dict[str, Any],
     addressed: frozenset[str] = frozenset(),
+    residues: dict[int, int] | None = None,
 ) -> list[str] | None:
-    """The lines that launch variant ``i``, or None where it cannot be launched from here yet."""
+    """The lines that launch variant ``i``, or None where it cannot be launched from here yet;
+    ``residues``: the inputs (by position) whose address modulo 16 is not 0 in the calls these
+    lines launch, and that residue (the others are 16-byte aligned)."""
     if kernel is None or kernel._direct is False:
         return None
     try:
@@ -284,7 +311,8 @@ def _variant_body(
         lines.append(f"FN{i}[(g, {kernel.grid_blocks})]({', '.join(params)}, **KW{i})")
         return lines
     dense, ints, aligned, _ = key
-    bound = kernel._direct.bound(device.index, (dense, ints, (0,) * len(aligned), allocated))
+    pattern = tuple((residues or {}).get(k, 0) for k in range(len(aligned)))
+    bound = kernel._direct.bound(device.index, (dense, ints, pattern, allocated))
     if bound is None:
         return None
     run, function, packed = bound

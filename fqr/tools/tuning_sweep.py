@@ -112,10 +112,10 @@ def build(
     dtype: torch.dtype = torch.bfloat16,
     target: str = "cuda:90",
     log: Callable[[str], None] = print,
-    sets: str = "all",
+    option_sets_of: str = "all",
 ) -> int:
-    """Compile every kernel :func:`run` launches into the bundle ``directory``; the number of
-    kernels written."""
+    """Compile every kernel :func:`run` launches (with the option sets ``OPTION_SETS[
+    option_sets_of]``) into the bundle ``directory``; the number of kernels written."""
     with building(directory, BundleTarget.parse(target)) as writer:
         for name in presets:
             preset = get_preset(name)
@@ -129,7 +129,7 @@ def build(
                     max_position=preset.max_position,
                 )  # fmt: skip
                 args = variant.program_args(preset, _meta(drawn), table)
-                for options in OPTION_SETS[sets]():
+                for options in OPTION_SETS[option_sets_of]():
                     lower(program, "cuda", **options).launch(args, donate=True)
             log(f"{name}: {writer.written - before} kernels in {time.perf_counter() - start:.0f} s")
         return writer.written
@@ -157,13 +157,14 @@ def run(
     device: torch.device | None = None,
     timers: Any = None,
     target: str = "cuda",
-    sets: str = "all",
+    option_sets_of: str = "all",
 ) -> list[dict]:
     """Device µs of every (preset, T, option set, programs per SM) on ``device`` (default: the
     current CUDA device, timed by :class:`fqr.bench.timers.CudaTimers`): rows ``{"preset", "T",
     "cfg": {option: value}, "us", "gbps"}`` (a cap the grid does not reach at that T is the
-    uncapped grid: measured once, recorded for each). ``target``: the lowering target (the
-    tests run the sweep's bookkeeping on ``interpret``)."""
+    uncapped grid: measured once, recorded for each), over the option sets
+    ``OPTION_SETS[option_sets_of]``. ``target``: the lowering target (the tests run the sweep's
+    bookkeeping on ``interpret``)."""
     from ..bench.environment import environment
     from ..bench.timers import CudaTimers
     from ..bench.traffic import rotation_sets
@@ -189,7 +190,7 @@ def run(
             ]
             operands = [variant.program_args(preset, s, cache) for s in sets]
             best = None
-            for options in OPTION_SETS[sets]():
+            for options in OPTION_SETS[option_sets_of]():
                 grids: dict[int, float] = {}
                 for per_sm in PROGRAMS_PER_SM:
                     kernel = lower(program, target, **options, programs_per_sm=per_sm)
@@ -363,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.step == "build":
-        written = build(args.output, presets, tokens, sets=args.sets)
+        written = build(args.output, presets, tokens, option_sets_of=args.sets)
         print(f"bundle {args.output}: {written} kernels written")
         return 0
     out = Path(args.out)
@@ -389,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         save(rows)
 
     try:
-        run(presets, tokens, rep_ms=args.rep_ms, save=save_and_keep, sets=args.sets)
+        run(presets, tokens, rep_ms=args.rep_ms, save=save_and_keep, option_sets_of=args.sets)
     except KeyboardInterrupt:  # cut short (timeout -s INT): the table of the presets done
         print(f"interrupted: a table of the {len({r['preset'] for r in kept})} presets done")
     rows = kept

@@ -299,3 +299,41 @@ def test_paged_cache_outputs_are_donated_inputs(gen):
     mine = fast.fn(mine_args)
     assert mine[1] is mine_args[5] and mine[2] is mine_args[6]
     assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(mine, general))
+
+
+def test_an_input_misaligned_when_generated_keeps_its_own_bound_kernel(gen):
+    """mRoPE's position planes sit at ``8 * T`` bytes: every odd-T (decode) call has an input
+    that is 8 bytes past a 16-byte boundary. A host function generated on such a call launches
+    the kernel bound for that alignment (not the general path every call), and, once the
+    aligned kernel is bound too, the aligned one for aligned calls; any other misalignment (of
+    the rows) still goes to the general path."""
+    p = make_problem(gen, tokens=6, num_heads=4, num_kv_heads=2, head_dim=32)
+    program = SPLIT_QKV_RMSNORM_ROPE.program_for(*p.args(), **p.kwargs())
+    kernel = dataclasses.replace(lowering.lower(program, "interpret"), fn=FakeJit())
+    hooks = SimpleNamespace(calls=[])
+    runtime = SimpleNamespace(launch_enter_hook=hooks, launch_exit_hook=hooks)
+    kernel._direct = DirectLauncher(
+        kernel.fn, {"num_warps": 2}, runtime=runtime, stream=lambda d: 77, device=lambda: None
+    )
+    variants = SimpleNamespace(_kernels=[kernel], _limits=[None], kernels=[kernel])
+    aligned = p.operands()
+    positions = aligned[1]
+    assert positions.dtype == torch.int64 and positions.data_ptr() % 16 == 0
+    shifted = torch.empty(positions.numel() + 1, dtype=torch.int64)[1:]  # 8 bytes past
+    shifted.copy_(positions)
+    misaligned = [aligned[0], shifted, *aligned[2:]]
+    kernel.launch(misaligned)  # binds the residue-8 kernel
+    fast = host.host_function(variants, misaligned)
+    assert fast is not None and fast.covered == (0,)
+    _poisoning(fast.fn)
+    bound = {k[1][2]: v[1] for k, v in kernel._direct._bound.items()}
+    assert set(bound) == {(0, 8, 0, 0, 0)}
+    assert fast.fn(misaligned) is not None and kernel.fn.log[-1][4] is bound[(0, 8, 0, 0, 0)]
+    assert fast.fn(aligned) is None  # the aligned kernel is not bound yet
+    kernel.launch(aligned)
+    again = host.host_function(variants, misaligned)
+    bound = {k[1][2]: v[1] for k, v in kernel._direct._bound.items()}
+    assert again.fn(aligned) is not None and kernel.fn.log[-1][4] is bound[(0, 0, 0, 0, 0)]
+    assert again.fn(misaligned) is not None and kernel.fn.log[-1][4] is bound[(0, 8, 0, 0, 0)]
+    rows = torch.zeros(6 * aligned[0].shape[1] + 1, dtype=aligned[0].dtype)[1:].view(6, -1)
+    assert again.fn([rows, *misaligned[1:]]) is None

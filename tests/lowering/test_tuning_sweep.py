@@ -20,7 +20,7 @@ BUILD = """
 import json, os
 from fqr.tools import tuning_sweep as S
 every = S.option_sets()
-S.option_sets = lambda: every[:2]  # two option sets: the build path, not the whole sweep
+S.OPTION_SETS["all"] = lambda: every[:2]  # two option sets: the build path, not the whole sweep
 written = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 again = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 files = sorted(os.listdir({directory!r}))
@@ -154,7 +154,7 @@ def test_the_sweep_measures_each_distinct_grid_once(monkeypatch):
     recorded under every cap; rows carry the option set in the table's option order and the
     traffic as GB/s."""
     every = S.option_sets()
-    monkeypatch.setattr(S, "option_sets", lambda: every[:2])
+    monkeypatch.setitem(S.OPTION_SETS, "all", lambda: every[:2])
     timers = _CountingTimers()
     saved = []
     rows = S.run(
@@ -168,3 +168,17 @@ def test_the_sweep_measures_each_distinct_grid_once(monkeypatch):
         assert [r["cfg"]["programs_per_sm"] for r in mine] == list(S.PROGRAMS_PER_SM)
         assert {r["us"] for r in mine} == {float(i + 1)}
         assert all(list(r["cfg"]) == list(TILING_OPTIONS) and r["gbps"] > 0 for r in mine)
+
+
+def test_the_decode_sweep_runs_its_own_option_sets():
+    """``--sets decode``: every decode option set (4-16 warps, grid chunks of 512-2,048 values,
+    one token per tile) is launched and recorded at each T, nothing else."""
+    rows = S.run(
+        ["qwen3-8b-kv-insert"], [1, 2], device=torch.device("cpu"), timers=_CountingTimers(),
+        log=lambda m: None, target="interpret", option_sets_of="decode",
+    )  # fmt: skip
+    decode = S.decode_option_sets()
+    assert len(decode) == 9
+    for t in (1, 2):
+        seen = [{k: r["cfg"][k] for k in decode[0]} for r in rows if r["T"] == t]
+        assert seen == [o for o in decode for _ in S.PROGRAMS_PER_SM]
