@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -65,7 +65,7 @@ sweep)
   TAILN=95 step tuning_sweep timeout -s INT "${SWEEP_SECONDS:-400}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep"
   echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
   ;;
-table-a|table-b)
+table-a|table-b|table-c)
   # issue 31's table, in two calls of one visit. a: a decode sweep (more warps, smaller grid
   # chunks at T = 1 and 16) joins the full sweep's rows into tuning.json, then the bench's first
   # presets; b (after tuning.json from a is in the tree): the host-path audit on CUDA, the
@@ -75,7 +75,14 @@ table-a|table-b)
   chmod -R go-w .bundle/sweep
   export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep TRITON_CACHE_DIR=$(mktemp -d)
   BENCH=(--tokens 1,16,128,1024,16384,65536 --dtype bf16 --compare none --rep-ms 5 --warmup-ms 2 --check-rows 512)
-  if [ "$1" = table-a ]; then
+  if [ "$1" = table-c ]; then
+    # after the host function's alignment fix: the decode sweep joins the full sweep's rows,
+    # then every preset's decode-bucket cells and dispatch rows again, and the host audit
+    TAILN=20 step decode_sweep timeout -s INT 120 python3 -m fqr.tools.tuning_sweep run --sets decode --tokens 1,16 --with-rows docs/results/tuning-sweep-h200-issue31.json --out "$OUT/decode-sweep"
+    [ -f "$OUT/decode-sweep/tuning.json" ] && cp "$OUT/decode-sweep/tuning.json" fqr/lowering/tuning.json
+    TAILN=30 step fast_path_cuda timeout 100 python3 tests/backends/test_fast_path_aten.py --cuda
+    TAILN=90 step bench_decode timeout -s INT "${BENCH_SECONDS:-240}" python3 -m fqr bench --preset qwen3-8b,qwen3-0.6b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,minimax-m3,minimax-m3-kvcache,minimax-m3-index-cache,deepseek-v3,deepseek-v3.2,deepseek-v3-q-rope,llama3-8b-qk-rope,qwen3-vl-8b-qk-mrope --tokens 1,16,128 --dtype bf16 --compare none --rep-ms 5 --warmup-ms 2 --check-rows 512 --save "$OUT/bench_decode.json"
+  elif [ "$1" = table-a ]; then
     TAILN=20 step decode_sweep timeout -s INT 120 python3 -m fqr.tools.tuning_sweep run --sets decode --tokens 1,16 --with-rows docs/results/tuning-sweep-h200-issue31.json --out "$OUT/decode-sweep"
     [ -f "$OUT/decode-sweep/tuning.json" ] && cp "$OUT/decode-sweep/tuning.json" fqr/lowering/tuning.json
     TAILN=70 step bench_a timeout -s INT "${BENCH_SECONDS:-400}" python3 -m fqr bench --preset qwen3-8b,qwen3-0.6b,qwen3-8b-kv-insert,qwen3-vl-8b,qwen3.5-27b,gemma4-31b-sliding,llama4-scout,minimax-m3 "${BENCH[@]}" --save "$OUT/bench_a.json"
