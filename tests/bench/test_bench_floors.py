@@ -13,11 +13,11 @@ from pathlib import Path
 import fqr_cli.bench as cli_bench
 import pytest
 import torch
-from test_bench import FixedClock, _config, _document, _must_not_run, run_cli
+from test_bench import FixedClock, _document, _must_not_run, run_cli
+from test_bench_pdl import _cell_and_fqr
 
 import fqr.bench as fb
 import fqr.bench.floors as floors_mod
-import fqr.bench.run as bench_run
 from fqr.bench import report
 from fqr.bench.copy_kernel import SETTINGS, CopySetting, as_words, sm_copy, sm_copy_call
 from fqr.bench.copy_probe import probe_copies, probe_sizes
@@ -153,20 +153,11 @@ def _candidates(monkeypatch, names):
     monkeypatch.setattr(floors_mod, "copy_calls", copy_calls)
 
 
-def _cell_and_fqr(tokens: int = 5):
-    preset = get_preset("qwen3-0.6b")
-    cfg = _config(tokens=[tokens], compare=[])
-    cache = preset.cos_sin_cache()
-    cell = bench_run.make_cell(cfg, preset, torch.bfloat16, tokens, cache, {"l2_bytes": 1 << 20},
-                               1000.0, torch.device("cpu"))  # fmt: skip
-    return cell, bench_run.implementations(cfg, preset, torch.bfloat16, cache, {})[0]
-
-
 def test_the_floor_is_the_fastest_candidate_and_names_it(monkeypatch):
     names = ["copy_", "sm_copy[a]", "sm_copy[b]"]
     _candidates(monkeypatch, names)
     clock = NamedClock({"copy_": 9.0, "sm_copy[a]": 6.5, "sm_copy[b]": 7.0})
-    cell, fqr = _cell_and_fqr()
+    _, cell, fqr = _cell_and_fqr()
     result = {"graph_us": 8.0}
     floors = measure_floors(cell, fqr, result, 20.0, clock, seed=1)
     assert clock.order[:3] == names  # every candidate, before the GEMM
@@ -179,7 +170,7 @@ def test_the_floor_is_the_fastest_candidate_and_names_it(monkeypatch):
 def test_a_candidate_that_fails_is_named_and_the_others_make_the_floor(monkeypatch):
     _candidates(monkeypatch, ["copy_", "sm_copy[a]", "sm_copy[b]"])
     clock = NamedClock({"copy_": 9.0, "sm_copy[b]": 7.0}, broken=["sm_copy[a]"])
-    cell, fqr = _cell_and_fqr()
+    _, cell, fqr = _cell_and_fqr()
     result = {"graph_us": 8.0}
     floors = measure_floors(cell, fqr, result, 20.0, clock, seed=1)
     assert floors["copy_us"] == 7.0 and floors["copy_by"] == "sm_copy[b]"
@@ -191,7 +182,7 @@ def test_a_copy_slower_than_fqr_is_refused_as_a_floor(monkeypatch, tmp_path):
     why; the document loads and the report shows ``-`` and the line."""
     _candidates(monkeypatch, ["copy_", "sm_copy[a]"])
     clock = NamedClock({"copy_": 595.1, "sm_copy[a]": 600.0})
-    cell, fqr = _cell_and_fqr()
+    _, cell, fqr = _cell_and_fqr()
     result = {"graph_us": 395.0}
     floors = measure_floors(cell, fqr, result, 20.0, clock, seed=1)
     assert floors["copy_us"] is None and "copy_by" not in floors and "pct_copy" not in result
