@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -64,6 +64,15 @@ sweep)
   TAILN=20 step decode timeout 100 python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep" --decode
   TAILN=95 step tuning_sweep timeout -s INT "${SWEEP_SECONDS:-400}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/sweep"
   echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
+  ;;
+profile)
+  # issue 31: where the MLA, MiniMax and q-rope kernels lose to the copy at 65,536 tokens, by
+  # Nsight Compute's counters (the shipped kernels from the sweep's bundle; Qwen3-8B beside)
+  [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
+  chmod -R go-w .bundle/sweep
+  export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep
+  TAILN=5 step ncu timeout 300 ncu --clock-control none --kernel-name regex:fqr_ --launch-count 10 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --preset "${PROFILE_PRESETS:-deepseek-v3,deepseek-v3.2,minimax-m3-index-cache,deepseek-v3-q-rope,qwen3-8b}" --tokens 65536
+  grep -E "fqr_cuda|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Size|Grid Size|Warp Cycles Per Issued|Duration|Stall|tokens|T=65536" "$OUT/ncu.log" | head -150
   ;;
 table-a|table-b|table-c)
   # issue 31's table, in two calls of one visit. a: a decode sweep (more warps, smaller grid

@@ -17,7 +17,7 @@ Two steps, so that the GPU's time goes to running, not compiling:
            rows, rewritten after each preset), then the regenerated table beside them.
 
 ``python -m fqr.tools.tuning_sweep build -o DIR [--preset ...]``;
-``python -m fqr.tools.tuning_sweep run --out DIR [--preset ...] [--decode]``.
+``python -m fqr.tools.tuning_sweep run --out DIR [--preset ...] [--decode | --launch-once]``.
 """
 
 from __future__ import annotations
@@ -261,6 +261,33 @@ def decode_latency(
     return rows
 
 
+def launch_once(
+    presets: Sequence[str], tokens: int, dtype: torch.dtype = torch.bfloat16
+) -> list[str]:
+    """Launch each preset's shipped kernel (its token bucket's variant) once at ``tokens`` on
+    the current CUDA device, after one warm-up launch: what a profiler (``ncu --kernel-name
+    regex:fqr_``) attaches to. Returns the kernels' names, in launch order."""
+    from ..lowering import lower_by_tokens
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    names = []
+    for name in presets:
+        preset = get_preset(name)
+        variant = variant_of(preset)
+        kernels = lower_by_tokens(variant.program(preset, dtype), "cuda")
+        cache = preset.cos_sin_cache().to(device)
+        generator = torch.Generator(device=device).manual_seed(tokens)
+        drawn = variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
+        args = variant.program_args(preset, drawn, cache)
+        kernels.launch(args, donate=True)
+        torch.cuda.synchronize()
+        kernels.launch(args, donate=True)
+        torch.cuda.synchronize()
+        fn = kernels.kernel_for(tokens).fn
+        names.append(getattr(fn, "__name__", repr(fn)))
+    return names
+
+
 def shape_groups(presets: Iterable[str], dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple]:
     """Each preset's tuning-table key (:func:`fqr.lowering.targets.shape_key`); presets whose
     programs share one are one group, named ``a+b``: the table has one entry per key."""
@@ -344,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--decode", action="store_true", help="instead: where T = 1's time goes (decode_latency)"
     )
     r.add_argument(
+        "--launch-once",
+        action="store_true",
+        help="instead: each preset's shipped kernel launched twice at the first --tokens (for "
+        "a profiler)",
+    )
+    r.add_argument(
         "--with-rows",
         help="an earlier sweep's sweep.json: its rows join this run's in the table (a decode "
         "sweep adds option sets to the decode bucket of a full one)",
@@ -373,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def save(rows: list[dict]) -> None:
         (out / "sweep.json").write_text(json.dumps({"options": TILING_OPTIONS, "rows": rows}))
 
+    if args.launch_once:
+        for name, kernel in zip(presets, launch_once(presets, tokens[0])):
+            print(f"{name} T={tokens[0]}: {kernel}")
+        return 0
     if args.decode:
         found = decode_latency(presets)
         (out / "decode.json").write_text(json.dumps(found))
