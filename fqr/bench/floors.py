@@ -42,6 +42,7 @@ the SM kernel, to find out why.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
@@ -157,11 +158,13 @@ def gemm_calls(
 ) -> tuple[Callable[[], object], Callable[[], object]]:
     """``(gemm, gemm_then_op)``: per input set, ``hidden @ weight`` into a buffer of the op's
     first input's shape (``hidden`` ``[T, in_features]`` and one ``weight`` ``[in_features,
-    W]``, random normal, the output of unit scale), and the same followed by ``impl`` on the
-    set with that buffer as its first input."""
+    W]``, W the first input's elements per token -- a ``[T, H, D]`` key is ``H * D`` wide --,
+    random normal, the output of unit scale), and the same followed by ``impl`` on the set
+    with that buffer as its first input."""
     name = variant_of(cell.preset).declaration.tensor_params[0].name
     generator = torch.Generator(device=cell.device).manual_seed(seed)
-    tokens, width = _rows_of(cell.sets[0], name).shape
+    shape = _rows_of(cell.sets[0], name).shape
+    tokens, width = shape[0], math.prod(shape[1:])
     weight = torch.randn(
         in_features, width, generator=generator, device=cell.device, dtype=cell.dtype
     ) * (in_features**-0.5)
@@ -170,10 +173,10 @@ def gemm_calls(
         hidden = torch.randn(
             tokens, in_features, generator=generator, device=cell.device, dtype=cell.dtype
         )
-        out = torch.empty(tokens, width, device=cell.device, dtype=cell.dtype)
+        out = torch.empty(shape, device=cell.device, dtype=cell.dtype)
         fed = _with_rows(x, name, out)
 
-        def gemm(h=hidden, o=out):
+        def gemm(h=hidden, o=out.view(tokens, width)):
             return torch.mm(h, weight, out=o)
 
         def gemm_then_op(g=gemm, f=fed):

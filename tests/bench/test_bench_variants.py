@@ -234,3 +234,32 @@ def test_every_variant_has_dispatch_callables(name, monkeypatch):
     assert calls["F.rms_norm"]().numel() == first.numel()
     calls["triton launch"]()
     assert [len(ops) for ops in launched] == [len(variant.program_args(preset, inputs, table))]
+
+
+def test_the_gemm_floor_feeds_a_key_of_heads(monkeypatch):
+    """kv-insert's first input is a ``[T, H, D]`` key: the GEMM writes ``H * D`` columns per
+    token into a buffer of that shape, and GEMM + op inserts that key (the H200 table had
+    "too many values to unpack" here)."""
+    from fqr.bench.floors import gemm_calls
+
+    monkeypatch.setattr(variant_cells, "MAX_TABLE_ROWS", 1 << 12)
+    preset = get_preset("qwen3-8b-kv-insert")
+    cfg = fb.BenchConfig(presets=[preset], tokens=[3], dtypes=[torch.bfloat16], compare=[],
+                         backend="reference", check_rows=0)  # fmt: skip
+    table = variant_cells.variant_table(preset)
+    env, cpu = {"l2_bytes": 1 << 20}, torch.device("cpu")
+    cell = variant_cells.make_variant_cell(cfg, preset, torch.bfloat16, 3, table, env, 1000.0, cpu)
+    fqr = variant_cells.variant_implementations(cfg, preset, torch.bfloat16, table, {})[0]
+    key = cell.sets[0]["key"]
+    gemm, gemm_then_op = gemm_calls(cell, fqr, preset.hidden_size, seed=3)
+    written = gemm()
+    assert written.shape == (3, key.shape[1] * key.shape[2])
+    assert 0.5 < written.float().std().item() < 2.0  # unit scale, not zeros
+    outs = gemm_then_op()
+    cache = outs[0]
+    slots = cell.sets[0]["slot_mapping"]
+    block = cache.shape[1]
+    stored = [(t, s) for t, s in enumerate(slots.tolist()) if s >= 0]  # negative: skipped
+    assert stored
+    for t, slot in stored:
+        assert torch.equal(cache[slot // block, slot % block].reshape(-1), written[t]), t
