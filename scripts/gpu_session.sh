@@ -71,7 +71,8 @@ profile)
   [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
   chmod -R go-w .bundle/sweep
   export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep
-  TAILN=5 step ncu timeout 300 ncu --clock-control none --kernel-name regex:fqr_ --launch-count 10 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --preset "${PROFILE_PRESETS:-deepseek-v3,deepseek-v3.2,minimax-m3-index-cache,deepseek-v3-q-rope,qwen3-8b}" --tokens 65536
+  P=${PROFILE_PRESETS:-deepseek-v3,minimax-m3-index-cache,deepseek-v3-q-rope,qwen3-8b}
+  TAILN=5 step ncu timeout "${PROFILE_SECONDS:-300}" ncu --clock-control none --kernel-name regex:fqr_ --launch-count 8 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --preset "$P" --tokens 65536
   grep -E "fqr_cuda|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Size|Grid Size|Warp Cycles Per Issued|Duration|Stall|tokens|T=65536" "$OUT/ncu.log" | head -150
   ;;
 table-a|table-b|table-c)
