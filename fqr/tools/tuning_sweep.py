@@ -216,6 +216,20 @@ def run(
     return rows
 
 
+def _shipped(name: str, tokens: int, dtype: torch.dtype) -> tuple:
+    """``(preset, variant, kernels, table, generator)`` of preset ``name`` on the current CUDA
+    device: its program's kernels as the tuning table picks them (``lower_by_tokens``), its
+    RoPE table there and a generator there seeded with ``tokens``."""
+    from ..lowering import lower_by_tokens
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    preset = get_preset(name)
+    variant = variant_of(preset)
+    kernels = lower_by_tokens(variant.program(preset, dtype), "cuda")
+    table = preset.cos_sin_cache().to(device)
+    return preset, variant, kernels, table, torch.Generator(device=device).manual_seed(tokens)
+
+
 def decode_latency(
     presets: Sequence[str] = SWEEP_PRESETS,
     tokens: int = 1,
@@ -230,17 +244,11 @@ def decode_latency(
     loads (positions, then the table row at each position) cost beyond the rows' own load."""
     from ..bench.floors import empty_kernel_us
     from ..bench.timers import CudaTimers
-    from ..lowering import lower_by_tokens
 
-    device = torch.device("cuda", torch.cuda.current_device())
     timers = CudaTimers()
     rows = []
     for name in presets:
-        preset = get_preset(name)
-        variant = variant_of(preset)
-        kernels = lower_by_tokens(variant.program(preset, dtype), "cuda")
-        cache = preset.cos_sin_cache().to(device)
-        generator = torch.Generator(device=device).manual_seed(tokens)
+        preset, variant, kernels, cache, generator = _shipped(name, tokens, dtype)
         sets = [
             variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
             for _ in range(32)
@@ -267,16 +275,9 @@ def launch_once(
     """Launch each preset's shipped kernel (its token bucket's variant) once at ``tokens`` on
     the current CUDA device, after one warm-up launch: what a profiler (``ncu --kernel-name
     regex:fqr_``) attaches to. Returns the kernels' names, in launch order."""
-    from ..lowering import lower_by_tokens
-
-    device = torch.device("cuda", torch.cuda.current_device())
     names = []
     for name in presets:
-        preset = get_preset(name)
-        variant = variant_of(preset)
-        kernels = lower_by_tokens(variant.program(preset, dtype), "cuda")
-        cache = preset.cos_sin_cache().to(device)
-        generator = torch.Generator(device=device).manual_seed(tokens)
+        preset, variant, kernels, cache, generator = _shipped(name, tokens, dtype)
         drawn = variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
         args = variant.program_args(preset, drawn, cache)
         kernels.launch(args, donate=True)
