@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 
 from ..presets import Preset
+from ..text import exception_line
 from .floors import COPY_, copy_calls
 from .traffic import traffic_bytes
 
@@ -108,10 +109,6 @@ def _graphed(call: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"[:300]
-
-
 def probe_one(nbytes: int, timers, device: torch.device, rep_ms: float, warmup_ms: float) -> dict:
     """One size's row: ``{"bytes", "us": {method: µs}, "errors": {method: text}, "activities":
     {"eager" | "graph": {name: µs}}}`` (module docstring)."""
@@ -136,7 +133,7 @@ def probe_one(nbytes: int, timers, device: torch.device, rep_ms: float, warmup_m
         try:
             row["us"][name] = take()
         except Exception as e:  # the other methods still tell something
-            row["errors"][name] = _error(e)
+            row["errors"][name] = exception_line(e)
     if device.type == "cuda":
         s, d = views["int32"]
         for how, run in (("eager", lambda: d.copy_(s)), ("graph", None)):
@@ -144,7 +141,7 @@ def probe_one(nbytes: int, timers, device: torch.device, rep_ms: float, warmup_m
                 run = run or _graphed(lambda: d.copy_(s))
                 row["activities"][how] = device_activities(run)
             except Exception as e:
-                row["errors"][f"activities {how}"] = _error(e)
+                row["errors"][f"activities {how}"] = exception_line(e)
     del src, dst, views, methods
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -48,6 +48,7 @@ from collections.abc import Callable
 import torch
 
 from ..prologue import variant_of
+from ..text import exception_line
 from .cell import Cell, Implementation
 
 
@@ -122,12 +123,12 @@ def measure_copy_floor(
     try:
         calls = copy_calls(copy_pairs(moved_bytes, sets, device), device)
     except Exception as e:
-        return floors, {"copy_us": _error(e)}
+        return floors, {"copy_us": exception_line(e)}
     for name, call in calls.items():
         try:
             times[name] = timers.graph_us(call, graph_rep_ms)
         except Exception as e:  # the other candidates still make a floor
-            errors[name] = _error(e)
+            errors[name] = exception_line(e)
     del calls
     floors["copy_candidates"] = times
     best = fastest(times)
@@ -136,10 +137,6 @@ def measure_copy_floor(
     else:
         floors["copy_by"], floors["copy_us"] = best
     return floors, errors
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"[:300]
 
 
 def _with_rows(inputs, name: str, rows: torch.Tensor):
@@ -209,14 +206,14 @@ def measure_floors(
             floors["gemm_us"] = timers.graph_us(gemm, graph_rep_ms)
             floors["gemm_op_us"] = timers.graph_us(gemm_then_op, graph_rep_ms)
         except Exception as e:
-            errors["gemm_us"] = _error(e)
+            errors["gemm_us"] = exception_line(e)
         if fqr.pdl_launcher is not None and floors["gemm_us"] is not None:
             try:
                 pdl = dataclasses.replace(fqr, call=fqr.pdl_launcher)
                 _, gemm_then_pdl = gemm_calls(cell, pdl, in_features, seed)
                 floors["gemm_op_pdl_us"] = timers.graph_us(gemm_then_pdl, graph_rep_ms)
             except Exception as e:
-                errors["gemm_op_pdl_us"] = _error(e)
+                errors["gemm_op_pdl_us"] = exception_line(e)
     if device_us:
         if floors["copy_us"] is not None:
             refused = not_a_floor(floors["copy_us"], floors["copy_by"], device_us)

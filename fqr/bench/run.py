@@ -19,6 +19,7 @@ from ..core import dtype_name
 from ..inputs import PrologueInputs, random_inputs
 from ..peers import build_peer, peer_unavailable_reason
 from ..presets import Preset
+from ..text import exception_line
 from .cell import Cell, Implementation
 from .checks import cell_generator, check_outputs, check_row_index, poison_free_memory
 from .config import BenchConfig
@@ -34,10 +35,6 @@ from .variant_cells import (
     variant_implementations,
     variant_table,
 )
-
-
-def error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def fqr_callable(preset: Preset, cache: torch.Tensor, backend: str, numerics: str):
@@ -76,12 +73,12 @@ def implementations(
         try:
             ours.launcher = launcher_callable(preset, dtype, cfg.numerics)
         except Exception as e:  # the public op's own check reports a broken lowering
-            skipped[f"launcher/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
+            skipped[f"launcher/{preset.name}/{dtype_name(dtype)}"] = exception_line(e)
     if cfg.pdl:
         try:
             ours.pdl_launcher = launcher_callable(preset, dtype, cfg.numerics, pdl=True)
         except Exception as e:  # the floors then have no PDL figure; the run goes on
-            skipped[f"pdl/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
+            skipped[f"pdl/{preset.name}/{dtype_name(dtype)}"] = exception_line(e)
     impls = [ours]
     for peer in cfg.compare:
         reason = peer_unavailable_reason(peer, preset.spec)
@@ -158,7 +155,7 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
             )
         del outputs
     except Exception as e:  # a failing implementation is reported, the run goes on
-        result["error"] = error_text(e)
+        result["error"] = exception_line(e)
         return result
     if not result["check"]["passed"]:
         return result
@@ -171,10 +168,10 @@ def measure_impl(impl: Implementation, cell: Cell, cfg: BenchConfig, timers) -> 
             result[m.key] = m.take(timers, _cycle(fn, cell.sets), cfg)
         except Exception as e:
             if m.primary:
-                result["error"] = error_text(e)
+                result["error"] = exception_line(e)
                 return result
             # The kernel itself was right: the failure is noted beside the numbers.
-            result.setdefault("timing_errors", {})[m.key] = error_text(e)
+            result.setdefault("timing_errors", {})[m.key] = exception_line(e)
             continue
         if m.primary:
             gbps = cell.traffic.total / result[m.key] / 1e3
@@ -313,7 +310,7 @@ def run_bench(
         try:
             doc["floors"] = {"empty_kernel_us": empty_kernel_us(timers, cfg.graph_rep_ms)}
         except Exception as e:  # no Triton here: the cells' floors stand without it
-            doc["skipped"]["floors/empty kernel"] = error_text(e)
+            doc["skipped"]["floors/empty kernel"] = exception_line(e)
     for preset in cfg.presets:
         variant = is_variant_preset(preset)  # another member of the family: its own cells
         cache = (variant_table(preset) if variant else preset.cos_sin_cache()).to(device)
@@ -329,7 +326,9 @@ def run_bench(
                         dispatch_rows(preset, dtype, cfg, timers, cache, device)
                     )
                 except Exception as e:  # the cells' own checks report a broken kernel
-                    doc["skipped"][f"dispatch/{preset.name}/{dtype_name(dtype)}"] = error_text(e)
+                    doc["skipped"][f"dispatch/{preset.name}/{dtype_name(dtype)}"] = exception_line(
+                        e
+                    )
             for tokens in cfg.tokens:
                 cell = build_cell(cfg, preset, dtype, tokens, cache, env, ceiling["gbps"], device)
                 add_row(doc, measure_cell(cell, impls, cfg, timers, progress))

@@ -73,6 +73,7 @@ class CudaTimers:
         candidates as a cell's copy floor, :func:`fqr.bench.floors.copy_calls`); ``by`` names
         it, ``candidates`` holds every one's µs, ``errors`` any candidate that could not be
         timed (``copy_`` must be)."""
+        from ..text import exception_line
         from .floors import COPY_, copy_calls, fastest
 
         src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
@@ -85,7 +86,7 @@ class CudaTimers:
             except Exception as e:  # the SM kernel failed: copy_ alone stands
                 if name == COPY_:
                     raise
-                errors[name] = f"{type(e).__name__}: {e}"[:300]
+                errors[name] = exception_line(e)
         moved = 2 * src.numel() * src.element_size()
         src = dst = calls = None  # free both before the next measurement
         torch.cuda.empty_cache()
