@@ -215,20 +215,11 @@ def bench(
     if bundle is not None and not cold_start:
         raise UsageError("--bundle is the kernel bundle of --cold-start")
     if copy_probe:
-        given = [
-            n
-            for n, v in (
-                ("--cold-start", cold_start),
-                ("--from-json", from_json),
-                ("--dtype", dtype),
-                ("--compare", compare),
-                ("--plot", plot),
-                ("--pdl", pdl),
-            )
-            if v
-        ]
-        if given:
-            raise UsageError(f"--copy-probe measures copies; it takes no {given[0]}")
+        _refuse_given(
+            "--copy-probe measures copies",
+            {"--cold-start": cold_start, "--from-json": from_json, "--dtype": dtype,
+             "--compare": compare, "--plot": plot, "--pdl": pdl},
+        )  # fmt: skip
         _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
         return
     if cold_start:
@@ -237,20 +228,11 @@ def bench(
         _cold_start(preset, tokens, bundle, json_out)
         return
     if from_json:
-        given = [
-            n
-            for n, v in (
-                ("--preset", preset),
-                ("--tokens", tokens),
-                ("--dtype", dtype),
-                ("--compare", compare),
-                ("--save", save),
-                ("--pdl", pdl),
-            )
-            if v
-        ]
-        if given:
-            raise UsageError(f"--from-json renders saved results; it takes no {given[0]}")
+        _refuse_given(
+            "--from-json renders saved results",
+            {"--preset": preset, "--tokens": tokens, "--dtype": dtype, "--compare": compare,
+             "--save": save, "--pdl": pdl},
+        )  # fmt: skip
         _check_outputs(plot=plot)
         doc = merge_documents([load_document(p) for p in from_json])
     else:
@@ -316,6 +298,14 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
                 f"{m['first_call_s']:.2f}", str(m["compiled"]), str(m["loaded"]),
             )  # fmt: skip
     print_table(table)
+
+
+def _refuse_given(mode: str, options: dict) -> None:
+    """Usage error naming the first of ``options`` (flag -> value) that was given: ``mode``
+    takes none of them."""
+    given = next((flag for flag, value in options.items() if value), None)
+    if given is not None:
+        raise UsageError(f"{mode}; it takes no {given}")
 
 
 def _copy_probe(
