@@ -33,10 +33,10 @@ replay: the floor of any launch. What could not be measured is named in ``floors
 (a candidate copy that failed, under its name). That the PDL kernel reads what the GEMM wrote
 is ``tests/gpu/test_pdl_gpu.py``'s.
 
-Why ``copy_`` is not enough: on an H200 the same-size ``copy_`` graph-replayed at about
-2.7 TB/s for most presets and 4.2 TB/s for others. :mod:`fqr.bench.copy_probe` (``fqr bench
---copy-probe``) times it eagerly and in a graph, as int32 and bf16, at several sizes, beside
-the SM kernel, to find out why.
+Why ``copy_`` is not enough: on an H200 a graph's memcpy node ran at 2.7 TB/s for 2 of 8
+probed sizes and 4.2 TB/s for the others, with no pattern in size or alignment, while the eager
+``copy_`` was 4.2 TB/s every time (:mod:`fqr.bench.copy_probe`, ``fqr bench --copy-probe``;
+docs/PERFORMANCE.md, "The floor, round 2").
 """
 
 from __future__ import annotations
