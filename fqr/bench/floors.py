@@ -86,9 +86,10 @@ def copy_calls(pairs: list[tuple], device: torch.device) -> dict[str, Callable[[
         COPY_: rotating([lambda s=s, d=d: d.copy_(s) for s, d in pairs])
     }
     if device.type == "cuda":
+        from ..lowering.targets import multiprocessors
         from .copy_kernel import SETTINGS, sm_copy_call
 
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = multiprocessors(device)
         for setting in SETTINGS:
             calls[setting.name] = rotating([sm_copy_call(d, s, setting, sms) for s, d in pairs])
     return calls

@@ -224,18 +224,18 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
     addressed = frozenset(names + (onames if out is None else []))
     covered = []
     tokens = _Tokens()
-    varying = residues
     for i, kernel in enumerate(kernels):
         limit = variants._limits[i]
         indent = "    "
         if limit is not None:
             lines.append(f"    if T <= {limit}:")
             indent = "        "
-        aligned_test = f"({' | '.join(f'P_{names[k]}' for k in varying)}) & 15 == 0"
-        launches: list[tuple[str, dict[int, int], str]] = [(f"{i}", {}, aligned_test)]
-        if varying:
-            tests = " and ".join(f"P_{names[k]} & 15 == {r}" for k, r in varying.items())
-            launches.append((f"{i}m", varying, tests))
+        # (name suffix, residues, the test that picks it: None where nothing varies)
+        launches: list[tuple[str, dict[int, int], str | None]] = [(f"{i}", {}, None)]
+        if residues:
+            aligned = f"({' | '.join(f'P_{names[k]}' for k in residues)}) & 15 == 0"
+            at_residue = " and ".join(f"P_{names[k]} & 15 == {r}" for k, r in residues.items())
+            launches = [(f"{i}", {}, aligned), (f"{i}m", residues, at_residue)]
         launched = False
         for tag, pattern, test in launches:
             body = _variant_body(
@@ -246,7 +246,7 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
                 continue
             launched = True
             inner = indent
-            if varying:
+            if test is not None:
                 lines.append(f"{indent}if {test}:")
                 inner = indent + "    "
             lines += [inner + b for b in body]

@@ -1,9 +1,9 @@
 """The cuda target's tuning table as data: which kernel variant (warps, tokens per tile, chunk
 budget, chunk mode, programs per SM) runs each program shape in each token bucket, as the H200
 sweeps measured it. ``tuning.json`` beside this module is the table
-:mod:`fqr.lowering.targets` reads; the sweep (:mod:`fqr.tools.tuning_sweep`, ``fqr sweep``)
-writes a new one with :func:`table_from_sweep`, so a re-tune is a regenerated file to review,
-not a hand edit.
+:mod:`fqr.lowering.targets` reads; the sweep (:mod:`fqr.tools.tuning_sweep`, ``python -m
+fqr.tools.tuning_sweep``) writes a new one with :func:`table_from_sweep`, so a re-tune is a
+regenerated file to review, not a hand edit.
 
 The document (``schema`` ``fqr.tuning/2``)::
 
