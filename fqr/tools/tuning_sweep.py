@@ -135,17 +135,6 @@ def build(
         return writer.written
 
 
-def _rotating(calls: list[Callable[[], object]]) -> Callable[[], object]:
-    state = [0]
-
-    def call():
-        i = state[0]
-        state[0] = (i + 1) % len(calls)
-        return calls[i]()
-
-    return call
-
-
 def run(
     presets: Sequence[str] = SWEEP_PRESETS,
     tokens: Sequence[int] = SWEEP_TOKENS,
@@ -166,6 +155,7 @@ def run(
     ``OPTION_SETS[option_sets_of]``. ``target``: the lowering target (the tests run the sweep's
     bookkeeping on ``interpret``)."""
     from ..bench.environment import environment
+    from ..bench.floors import rotating
     from ..bench.timers import CudaTimers
     from ..bench.traffic import rotation_sets
     from ..bench.variant_cells import variant_traffic
@@ -197,7 +187,7 @@ def run(
                     programs = kernel.target.grid(t, kernel._block_t, device, **kernel.options)
                     if programs not in grids:
                         calls = [lambda k=kernel, a=a: k.launch(a, donate=True) for a in operands]
-                        grids[programs] = timers.graph_us(_rotating(calls), rep_ms)
+                        grids[programs] = timers.graph_us(rotating(calls), rep_ms)
                     us = grids[programs]
                     cfg = {**options, "programs_per_sm": per_sm}
                     rows.append(
@@ -242,7 +232,7 @@ def decode_latency(
     table rows they pick stay in L2, the rows and outputs rotate), and of one set
     (``all_hot``); ``empty`` is an empty kernel. ``cold - index_hot`` is what the dependent
     loads (positions, then the table row at each position) cost beyond the rows' own load."""
-    from ..bench.floors import empty_kernel_us
+    from ..bench.floors import empty_kernel_us, rotating
     from ..bench.timers import CudaTimers
 
     timers = CudaTimers()
@@ -261,7 +251,7 @@ def decode_latency(
         for label, inputs in (("cold", sets), ("index_hot", shared), ("all_hot", sets[:1])):
             operands = [variant.program_args(preset, x, cache) for x in inputs]
             calls = [lambda k=kernels, a=a: k.launch(a, donate=True) for a in operands]
-            timed[label] = timers.graph_us(_rotating(calls), rep_ms)
+            timed[label] = timers.graph_us(rotating(calls), rep_ms)
         rows.append({"preset": name, "T": tokens, **timed})
     empty = empty_kernel_us(timers, rep_ms)
     for r in rows:
