@@ -431,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = (
         f"fqr.tools.tuning_sweep on {torch.cuda.get_device_name()} (bf16, T = "
         f"{', '.join(map(str, tokens))}, device us of CUDA-graph replays over rotating inputs; "
-        f"presets {', '.join(presets)}); earlier entries: {base['source']}"
+        f"presets {', '.join(presets)}); the shapes not swept keep the entries of the table "
+        "before (its source: git history)"
     )
     doc = regenerated_table(rows, base, source=source)
     (out / "tuning.json").write_text(table_text(doc))
