@@ -72,6 +72,8 @@ from collections.abc import Callable
 
 import torch
 
+from .validate import as_float, shown
+
 # The keys of a yarn scaling (fqr.rope_cache builds exactly these; others are refused).
 YARN_KEYS = (
     "rope_type",
@@ -103,13 +105,15 @@ YARN_DEFAULTS = {
 
 
 def _shown(value) -> str:
-    return repr(value) if isinstance(value, numbers.Real) else f"{type(value).__name__} {value!r}"
+    return shown(value) if isinstance(value, numbers.Real) else f"{type(value).__name__} {value!r}"
 
 
 def _real(name: str, value, rule: str) -> float:
+    """``value`` as a float (one past float's range as +-inf: :func:`fqr.validate.as_float`,
+    which the caller's range check refuses)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {rule}, got {_shown(value)}")
-    return float(value)
+    return as_float(value)
 
 
 def positive_number(name: str, value) -> float:
@@ -141,7 +145,7 @@ def positive_count(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= 1, got {_shown(value)}")
     if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise ValueError(f"{name} must be an int >= 1, got {_shown(value)}")
     return int(value)
 
 
@@ -318,9 +322,16 @@ def rope_cos_sin_cache(
 ) -> torch.Tensor:
     """The ``[max_position, rotary_dim]`` table (or only ``rows`` of it, when given): cos and sin
     of the float64 angles, times :func:`cos_sin_scale` (YaRN's mscale; 1 otherwise), rounded
-    once to ``dtype``; on the device of ``rows`` (the CPU without them), every step there."""
-    if rotary_dim <= 0 or rotary_dim % 2:
+    once to ``dtype``; on the device of ``rows`` (the CPU without them), every step there.
+    ``theta`` and ``scaling`` are checked first (:func:`check_rope`: a NaN or a 401-digit
+    ``theta`` is a ValueError naming it, not a NaN table or an ``OverflowError``)."""
+    positive_count("rotary_dim", rotary_dim)
+    if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if rows is None:
+        positive_count("max_position", max_position)
+    scaling = check_rope(theta, scaling or {})
+    theta = float(theta)  # checked finite: an int theta as float64 (torch takes ints as int64)
     positions = torch.arange(max_position) if rows is None else rows
     angles = rope_angles(positions, rotary_dim, theta, scaling)
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)

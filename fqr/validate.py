@@ -10,6 +10,8 @@ and rotates an out-of-range token by NaN.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
 import torch
 
@@ -24,11 +26,33 @@ NUMERICS = ("fused", "unfused", "unfused-hf")
 # ------------------------------------------------------------------------------- scalars
 
 
+def shown(value) -> str:
+    """``value`` as an error message shows it: its ``repr``, but an int of more than 30 digits
+    by its length (Python refuses to print one of more than 4300 digits, and a 401-digit
+    ``rope_theta`` is no help spelled out)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        bits = int(value).bit_length()
+        if bits > 100:
+            digits = len(str(abs(int(value)))) if bits < 14000 else "more than 4000"
+            return f"{'a negative' if value < 0 else 'an'} integer of {digits} digits"
+    return repr(value)
+
+
+def as_float(value: numbers.Real) -> float:
+    """A real number as a Python float, an int (or fraction) past float's range as ``inf`` or
+    ``-inf`` (``float(10**400)`` raises ``OverflowError``): every check of a real scalar converts
+    through here, so a range check refuses it with a message naming the argument."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def check_positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise ValueError(f"{name} must be >= 1, got {shown(value)}")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the compute dtype's range: a scalar outside it is inf
@@ -38,17 +62,18 @@ FLOAT32_TRUE_MIN = 1.401298464324817e-45  # (or 0) inside the kernel and the ref
 def check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
     """A real number (not bool) that stays finite (and non-zero when ``positive``) in float32,
     the compute dtype: ``inf``/``nan`` would be emitted into a kernel as bare names and turn
-    the reference's outputs into zeros."""
+    the reference's outputs into zeros; an int past float's range (``10**400``) is refused
+    the same way, not an ``OverflowError``."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    v = float(value)
+    v = as_float(value)
     if positive and not FLOAT32_TRUE_MIN <= v <= FLOAT32_MAX:
         raise ValueError(
             f"{name} must be a positive number within float32's range "
-            f"[{FLOAT32_TRUE_MIN:.3g}, {FLOAT32_MAX:.3g}], got {value!r}"
+            f"[{FLOAT32_TRUE_MIN:.3g}, {FLOAT32_MAX:.3g}], got {shown(value)}"
         )
     if not -FLOAT32_MAX <= v <= FLOAT32_MAX:  # nan fails both comparisons
-        raise ValueError(f"{name} must be finite within float32's range, got {value!r}")
+        raise ValueError(f"{name} must be finite within float32's range, got {shown(value)}")
 
 
 def check_choice(name: str, value, choices: tuple[str, ...]) -> None:

@@ -249,6 +249,8 @@ HOSTILE = [
     (("weight_offset",), _set("k", "weight_offset", float("inf"))),
     (("weight_offset",), _set("k", "weight_offset", -float("inf"))),
     (("weight_offset",), _set("k", "weight_offset", 1e39)),
+    (("weight_offset",), _set("k", "weight_offset", 10**400)),
+    (("eps",), _set("k", "eps", 10**400)),
     (("weight_offset",), _set("k", "weight_offset", "1")),
     (("weight_offset",), _set("k", "weight_offset", None)),
     (("is_neox",), _set("k", "is_neox", 1)),
@@ -428,11 +430,18 @@ NON_FINITE = [
     ("weight_offset", float("inf")),
     ("weight_offset", -float("inf")),
     ("weight_offset", -1e39),
+    ("eps", 10**400),  # issue 41: past float's range, an OverflowError before
+    ("weight_offset", 10**400),
+    ("weight_offset", -(10**400)),
 ]
 
 
+def _id(name, value) -> str:
+    return f"{name}={value}" if isinstance(value, float) else f"{name}={len(str(value))}-digit-int"
+
+
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
-@pytest.mark.parametrize("name,value", NON_FINITE, ids=[f"{n}={v}" for n, v in NON_FINITE])
+@pytest.mark.parametrize("name,value", NON_FINITE, ids=[_id(n, v) for n, v in NON_FINITE])
 def test_non_finite_scalars_are_refused_naming_them(problem, backend, name, value):
     """Finding 4: they used to pass; the emitter wrote a bare ``inf``/``nan`` into the kernel
     (NameError when it ran) and the reference returned zeros."""
