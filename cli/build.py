@@ -28,7 +28,7 @@ def build(
         list[str],
         comma_list("--preset", "-p", help="preset name(s), comma list", choices=lambda: PRESETS),
     ],
-    output: Annotated[Path, typer.Option("-o", "--output", help="the bundle's directory")],
+    output: Annotated[str, typer.Option("-o", "--output", help="the bundle's directory")],
     tp: Annotated[
         str, comma_list(help="tensor-parallel sizes, comma list (per-rank head counts)")
     ] = "1",
@@ -46,15 +46,20 @@ def build(
     """Compile every kernel the presets' calls need (each token bucket of the tuning table)
     for TARGET, on this machine (no GPU needed), into a bundle that FQR_KERNEL_BUNDLE or
     fqr.use_kernel_bundle loads with no compile."""
-    from fqr.lowering.bundle import BundleTarget
+    from fqr.lowering.bundle import BundleTarget, BundleWriter
     from fqr.lowering.loader import triton_mode
     from fqr.presets import get_preset
     from fqr.tools.kernel_bundle import build_bundle
 
+    # Every refusal before anything is created or compiled (LLVM aborts the process on an
+    # architecture it does not know: the target is checked against the installed ptxas first).
     try:
         bundle_target = BundleTarget.parse(target)
+        bundle_target.check_compilable()
     except ValueError as e:
         raise UsageError(f"--target: {e}") from None
+    if not output:
+        raise UsageError("-o/--output: an empty path; name the bundle's directory")
     names = list(dict.fromkeys(n for v in preset for n in parse_csv(v, "preset")))
     sizes = list(dict.fromkeys(parse_csv(tp, "tp", int)))
     pairs = []
@@ -70,6 +75,7 @@ def build(
         if mode not in NUMERICS:
             raise UsageError(f"--numerics must be among {', '.join(NUMERICS)}, got {mode!r}")
     dtypes = parse_dtypes(dtype)
+    BundleWriter(output, bundle_target).check()  # a damaged or foreign bundle there, a link
     if triton_mode() == "interpreted" or os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("fqr build compiles kernels: run it without TRITON_INTERPRET=1")
     try:
@@ -78,7 +84,7 @@ def build(
         raise UsageError(
             "fqr build needs upstream Triton with its nvidia backend (pip install 'fqr[triton]')"
         ) from None
-    report = build_bundle(output, pairs, dtypes=dtypes, numerics=modes, target=bundle_target)
+    report = build_bundle(Path(output), pairs, dtypes=dtypes, numerics=modes, target=bundle_target)
     if json_out:
         doc = {"schema": schema("build"), "ok": True, **report.to_dict()}
         out.print_json(json.dumps(doc))

@@ -38,16 +38,31 @@ writable by nobody else, every file a regular file of this user's (never a link)
 byte-equal to what this fqr generates and every file's sha256 the one fqr recorded; nothing in
 a bundle is imported (the running kernel's source is the one fqr generated, as without a
 bundle) and a cubin is loaded only after those checks.
+
+A record (``bundle.json``, ``<id>.fqr.json``) is read only as the JSON object fqr writes: a
+file that is not UTF-8, not JSON, nested past Python's recursion limit, larger than
+:data:`RECORD_LIMIT`, or of another shape is a :class:`KernelBundleError` naming it. An entry's
+``files`` must be exactly ``<id>.cubin`` and ``<id>.triton.json``, the two files handed to
+Triton (a record naming ``../outside.bin`` or any other file is refused), and the binary Triton
+read is compared with the one checked. With ``FQR_KERNEL_BUNDLE`` any such refusal is one
+warning line and the bundle is dropped (kernels compile on first use); with
+:func:`use_kernel_bundle` it is raised. A build (:class:`BundleWriter`) compiles a damaged
+entry again and replaces it; it refuses a damaged ``bundle.json`` (naming it and what to do),
+an output directory that is a symlink, and a target ``fqr`` cannot compile for
+(:func:`compilable_archs`) before it creates anything.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
 import os
+import re
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +77,13 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 BUNDLE_FILE = "bundle.json"
 ENV = "FQR_KERNEL_BUNDLE"
+# A record fqr writes (bundle.json, <id>.fqr.json) is a few hundred bytes; a larger file is
+# not one, and is not read.
+RECORD_LIMIT = 1 << 20
+# The compute capabilities of the NVIDIA GPUs Triton's nvidia backend compiles for (70: Volta
+# ... 121: GB10). A number outside it (71, 1000) is no GPU: LLVM aborts the process on it
+# ("'sm_71' is not a recognized processor"), so it is refused before anything runs.
+KNOWN_ARCHS = (70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
 
 
 class KernelBundleError(OSError):
@@ -79,10 +101,18 @@ class BundleTarget:
 
     @classmethod
     def parse(cls, text: str) -> BundleTarget:
+        """``cuda:<arch>`` with ``arch`` among :data:`KNOWN_ARCHS` (ASCII digits); a ValueError
+        naming the target otherwise. :meth:`check_compilable` asks the installed ptxas."""
         backend, _, arch = str(text).partition(":")
         arch = arch.lower().removeprefix("sm_").removeprefix("sm")
-        if backend == "cuda" and arch.isdigit() and int(arch) >= 70:
-            return cls("cuda", int(arch))
+        if backend == "cuda" and arch.isascii() and arch.isdigit() and len(arch) <= 4:
+            if int(arch) in KNOWN_ARCHS:
+                return cls("cuda", int(arch))
+            known = ", ".join(map(str, KNOWN_ARCHS))
+            raise ValueError(
+                f"target {text!r}: sm_{int(arch)} is no NVIDIA GPU architecture Triton compiles "
+                f"for (cuda:<arch> with arch among {known})"
+            )
         if backend == "ascend":
             raise ValueError(
                 f"target {text!r}: Triton-Ascend compiles a kernel to its binary only with "
@@ -98,6 +128,47 @@ class BundleTarget:
         from triton.backends.compiler import GPUTarget
 
         return GPUTarget(self.backend, self.arch, self.warp_size)
+
+    def check_compilable(self) -> None:
+        """A ValueError naming the target unless the ptxas Triton runs for it lists it
+        (:func:`compilable_archs`); nothing is checked where Triton's nvidia backend is not
+        installed (a build then refuses for that reason)."""
+        archs = compilable_archs()
+        if archs is not None and self.arch not in archs:
+            listed = ", ".join(map(str, sorted(archs)))
+            raise ValueError(
+                f"target '{self}': the ptxas of this Triton cannot compile for sm_{self.arch} "
+                f"(it compiles for {listed})"
+            )
+
+
+@functools.lru_cache(maxsize=1)
+def compilable_archs() -> frozenset[int] | None:
+    """The :data:`KNOWN_ARCHS` the ptxas Triton runs for each (``get_ptxas(arch)``: CUDA 12's
+    below sm_90, ``ptxas-blackwell`` from it) lists among its ``--gpu-name`` values; None
+    where Triton's nvidia backend is not installed. A ptxas that cannot run lists nothing."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:
+        return None
+    listed: dict[str, set[int]] = {}
+    archs = set()
+    for arch in KNOWN_ARCHS:
+        try:
+            path = get_ptxas(arch).path
+        except Exception:  # noqa: BLE001 (a missing ptxas: Triton raises its own kinds)
+            continue
+        if path not in listed:
+            try:
+                text = subprocess.run(
+                    [path, "--help"], capture_output=True, text=True, timeout=30, check=False
+                ).stdout
+            except (OSError, subprocess.SubprocessError):
+                text = ""
+            listed[path] = {int(n) for n in re.findall(r"'sm_(\d+)a?'", text)}
+        if arch in listed[path]:
+            archs.add(arch)
+    return frozenset(archs)
 
 
 @dataclass
@@ -180,9 +251,25 @@ def _open_dir(directory: Path, *, create: bool) -> int:
     return dfd
 
 
-def _read_own_file(dfd: int, directory: Path, name: str) -> bytes | None:
-    """The bytes of ``name`` in the checked directory: None when missing; an error when it is
-    a link, not a regular file, not this user's, or writable by others."""
+def _plain_name(name: object) -> bool:
+    """A file name inside the directory itself: no separator, not ``.`` or ``..``."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\0" not in name
+        and name == os.path.basename(name)
+    )
+
+
+def _read_own_file(dfd: int, directory: Path, name: str, limit: int | None = None) -> bytes | None:
+    """The bytes of ``name`` (a plain name: never a path out of the directory) in the checked
+    directory: None when missing; an error when it is a link, not a regular file, not this
+    user's, writable by others, or larger than ``limit`` bytes."""
+    if not _plain_name(name):
+        raise KernelBundleError(
+            f"kernel bundle {directory}: {name!r} is not a file name in the bundle"
+        )
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
@@ -197,12 +284,85 @@ def _read_own_file(dfd: int, directory: Path, name: str) -> bytes | None:
                 f"kernel bundle file {directory / name} is not a regular file of yours that "
                 "only you can write"
             )
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        if limit is not None and st.st_size > limit:
+            raise KernelBundleError(
+                f"kernel bundle file {directory / name} is {st.st_size} bytes, not a record "
+                f"fqr wrote (at most {limit})"
+            )
+        chunks, left = [], limit + 1 if limit is not None else None
+        while chunk := os.read(fd, 1 << 20 if left is None else min(left, 1 << 20)):
             chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    raise KernelBundleError(
+                        f"kernel bundle file {directory / name} grew past {limit} bytes "
+                        "while it was read"
+                    )
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _record(raw: bytes, path: Path) -> dict[str, Any]:
+    """The JSON object a record file holds (``raw``: its bytes); a :class:`KernelBundleError`
+    naming ``path`` for anything else (not UTF-8, not JSON, nested past the recursion limit,
+    not an object)."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise KernelBundleError(f"kernel bundle file {path} is damaged: not UTF-8 text") from None
+    except RecursionError:
+        raise KernelBundleError(
+            f"kernel bundle file {path} is damaged: JSON nested too deeply to read"
+        ) from None
+    except ValueError as e:
+        raise KernelBundleError(f"kernel bundle file {path} is damaged: {e}") from None
+    if not isinstance(value, dict):
+        raise KernelBundleError(
+            f"kernel bundle file {path} is damaged: a JSON {type(value).__name__}, not the "
+            "object fqr writes"
+        )
+    return value
+
+
+def _head_problem(head: dict[str, Any]) -> str | None:
+    """What is wrong with a ``bundle.json`` object, or None."""
+    if type(head.get("format")) is not int:
+        return f"no format number (got {head.get('format')!r})"
+    if head["format"] != FORMAT:
+        return f"format {head['format']}, this fqr reads {FORMAT}"
+    for key in ("triton", "target"):
+        if not isinstance(head.get(key), str):
+            return f"no {key} name (got {head.get(key)!r})"
+    return None
+
+
+def _entry_problem(entry: dict[str, Any], ident: str) -> str | None:
+    """What is wrong with the record ``<ident>.fqr.json`` (``entry``), or None: its files
+    must be exactly the two handed to Triton, each with a sha256."""
+    if not isinstance(entry.get("kernel_key"), str):
+        return "no kernel_key"
+    if not isinstance(entry.get("kernel"), str) or not entry["kernel"].isidentifier():
+        return f"kernel {entry.get('kernel')!r} is not a kernel name"
+    source = entry.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("sha256"), str):
+        return "no source sha256"
+    files = entry.get("files")
+    if not isinstance(files, dict):
+        return f"files is a {type(files).__name__}, not the object fqr writes"
+    expected = _entry_files(ident)
+    if set(files) != set(expected):
+        names = ", ".join(map(repr, sorted(map(str, files))))
+        return f"files names {names or 'nothing'}, not the files fqr builds ({', '.join(expected)})"
+    if not all(isinstance(d, str) for d in files.values()):
+        return "a file's sha256 is not a string"
+    return None
+
+
+def _entry_files(ident: str) -> tuple[str, str]:
+    """The files of specialisation ``ident`` that Triton reads: the binary and its metadata."""
+    return f"{ident}.cubin", f"{ident}.triton.json"
 
 
 def _describe(target: Any) -> str:
@@ -267,6 +427,53 @@ class BundleWriter:
         self._dfd: int | None = None
         self._driver: Any = None
 
+    def check(self) -> None:
+        """What :meth:`open` refuses, with nothing created or written: a target the installed
+        ptxas cannot compile for, an output directory that is a symlink or not a directory,
+        one that is unsafe (:func:`_open_dir`), or a ``bundle.json`` there that is damaged or
+        of another Triton release or target (the message names it and what to do)."""
+        self.target.check_compilable()
+        try:
+            st = os.lstat(self.directory)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise KernelBundleError(f"kernel bundle {self.directory}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise KernelBundleError(
+                f"kernel bundle {self.directory} is a symlink (refused: fqr never writes "
+                "through a symlink; name the directory itself)"
+            )
+        dfd = _open_dir(self.directory, create=False)
+        try:
+            self._check_head(dfd)
+        finally:
+            os.close(dfd)
+
+    def _head(self) -> dict[str, Any]:
+        return {"format": FORMAT, "triton": triton_version(), "target": str(self.target)}
+
+    def _check_head(self, dfd: int) -> bool:
+        """Whether the directory open as ``dfd`` has this build's ``bundle.json`` (False: none);
+        a :class:`KernelBundleError` naming it when it is damaged or another build's."""
+        path = self.directory / BUNDLE_FILE
+        found = _read_own_file(dfd, self.directory, BUNDLE_FILE, RECORD_LIMIT)
+        if found is None:
+            return False
+        try:
+            head = _record(found, path)
+        except KernelBundleError as e:
+            raise KernelBundleError(
+                f"{e}; remove the directory {self.directory} and build again, or build into an "
+                "empty directory"
+            ) from None
+        if head != self._head():
+            raise KernelBundleError(
+                f"kernel bundle {self.directory} holds {head}, not {self._head()}: build into "
+                "an empty directory"
+            )
+        return True
+
     def open(self) -> BundleWriter:
         global _WRITER
         if _WRITER is not None:
@@ -275,18 +482,16 @@ class BundleWriter:
             from triton.backends.compiler import GPUTarget  # noqa: F401
         except ImportError:  # pragma: no cover
             raise RuntimeError("building a kernel bundle needs upstream Triton") from None
+        self.check()
         self._dfd = _open_dir(self.directory, create=True)
-        head = {"format": FORMAT, "triton": triton_version(), "target": str(self.target)}
-        found = _read_own_file(self._dfd, self.directory, BUNDLE_FILE)
-        if found is not None and json.loads(found) != head:
+        try:
+            found = self._check_head(self._dfd)
+        except KernelBundleError:
             os.close(self._dfd)
             self._dfd = None
-            raise KernelBundleError(
-                f"kernel bundle {self.directory} holds {json.loads(found)}, not {head}: "
-                "build into an empty directory"
-            )
-        if found is None:
-            replace_file_at(self._dfd, BUNDLE_FILE, _json_bytes(head), mode=0o600)
+            raise
+        if not found:
+            self._replace(BUNDLE_FILE, _json_bytes(self._head()))
         self._driver = stand_in_gpu(self.target)
         self._driver.__enter__()
         _WRITER = self
@@ -307,12 +512,25 @@ class BundleWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _replace(self, name: str, data: bytes) -> None:
+        """Replace ``name`` in the bundle by ``data`` (atomically, never through a link); an
+        OS error is a :class:`KernelBundleError` naming the file."""
+        assert self._dfd is not None, "the writer is not open"
+        try:
+            replace_file_at(self._dfd, name, data, mode=0o600)
+        except OSError as e:
+            raise KernelBundleError(
+                f"cannot write the kernel bundle file {self.directory / name}: {e.strerror}"
+            ) from None
+
     def _holds(self, ident: str, key: str, source: str) -> bool:
-        """Whether the bundle already holds specialisation ``ident`` of kernel ``key``, intact."""
+        """Whether the bundle already holds specialisation ``ident`` of kernel ``key``, intact
+        (a damaged entry is reported in one warning line, then compiled again and replaced)."""
         try:
             return KernelBundle.open(self.directory).metadata_group(ident, key, source) is not None
-        except KernelBundleError:
-            return False  # damaged: compiled again and replaced
+        except KernelBundleError as e:
+            log.warning("%s: compiling it again", e)
+            return False
 
     def compile(self, fn: Any, grid: tuple, args: list, kwargs: dict[str, Any]) -> None:
         """Compile ``fn``'s launch with ``args`` (``meta`` tensors and ints) and ``kwargs``
@@ -351,10 +569,14 @@ class BundleWriter:
             f"{ident}.triton.json": metadata.read_bytes(),
         }
         source_name = f"fqr_{key}.py"
-        if _read_own_file(self._dfd, self.directory, source_name) != source.encode():
-            replace_file_at(self._dfd, source_name, source.encode(), mode=0o600)
+        try:
+            same = _read_own_file(self._dfd, self.directory, source_name) == source.encode()
+        except KernelBundleError:
+            same = False  # a link or another's file there: replaced, never written through
+        if not same:
+            self._replace(source_name, source.encode())
         for name, data in files.items():
-            replace_file_at(self._dfd, name, data, mode=0o600)
+            self._replace(name, data)
         entry = {
             "kernel_key": key,
             "kernel": compiled.name,
@@ -362,7 +584,7 @@ class BundleWriter:
             "files": {name: _sha256(data) for name, data in files.items()},
             "specialisation": record,
         }
-        replace_file_at(self._dfd, f"{ident}.fqr.json", _json_bytes(entry), mode=0o600)
+        self._replace(f"{ident}.fqr.json", _json_bytes(entry))
         self.written += 1
         log.info("bundled %s (%s) for %s", compiled.name, ident, self.target)
 
@@ -410,20 +632,18 @@ class KernelBundle:
         directory = Path(directory)
         dfd = _open_dir(directory, create=False)
         try:
-            raw = _read_own_file(dfd, directory, BUNDLE_FILE)
+            raw = _read_own_file(dfd, directory, BUNDLE_FILE, RECORD_LIMIT)
         finally:
             os.close(dfd)
         if raw is None:
             raise KernelBundleError(f"kernel bundle {directory}: no {BUNDLE_FILE} (run fqr build)")
-        try:
-            head = json.loads(raw)
-            if head["format"] != FORMAT:
-                raise ValueError(f"format {head['format']}, this fqr reads {FORMAT}")
-            return cls(directory, str(head["triton"]), str(head["target"]))
-        except (ValueError, KeyError, TypeError) as e:
+        head = _record(raw, directory / BUNDLE_FILE)
+        problem = _head_problem(head)
+        if problem:
             raise KernelBundleError(
-                f"kernel bundle {directory / BUNDLE_FILE} is malformed: {e}"
-            ) from None
+                f"kernel bundle file {directory / BUNDLE_FILE} is damaged: {problem}"
+            )
+        return cls(directory, head["triton"], head["target"])
 
     def refusal(self) -> str | None:
         """Why this process cannot use the bundle (another Triton release), or None."""
@@ -439,38 +659,57 @@ class KernelBundle:
         """The files Triton's ``CompiledKernel`` reads for specialisation ``ident`` of the
         kernel ``key`` generated as ``source``, after every check; None where the bundle
         does not hold it."""
+        checked = self.checked_entry(ident, key, source)
+        return None if checked is None else checked[0]
+
+    def checked_entry(
+        self, ident: str, key: str, source: str
+    ) -> tuple[dict[str, str], dict[str, str]] | None:
+        """:meth:`metadata_group` and the sha256 of each file handed to Triton, by its name
+        in the bundle. The record must be the JSON object fqr writes, its ``files`` exactly
+        the two handed to Triton (:func:`_entry_files`), each read (never through a link)
+        and equal to its recorded sha256; a :class:`KernelBundleError` names what is wrong."""
+        if not _plain_name(f"{ident}.fqr.json") or not ident.isalnum():
+            raise KernelBundleError(f"kernel bundle {self.directory}: bad specialisation id")
+        record = self.directory / f"{ident}.fqr.json"
         dfd = _open_dir(self.directory, create=False)
         try:
-            raw = _read_own_file(dfd, self.directory, f"{ident}.fqr.json")
+            raw = _read_own_file(dfd, self.directory, record.name, RECORD_LIMIT)
             if raw is None:
                 return None
-            entry = json.loads(raw)
-            if entry.get("kernel_key") != key:
+            entry = _record(raw, record)
+            problem = _entry_problem(entry, ident)
+            if problem:
+                raise KernelBundleError(f"kernel bundle entry {record} is damaged: {problem}")
+            if entry["kernel_key"] != key:
                 return None
-            src = entry["source"]
-            if src.get("sha256") != _sha256(source.encode()):
+            if entry["source"]["sha256"] != _sha256(source.encode()):
                 raise KernelBundleError(
-                    f"kernel bundle entry {self.directory / (ident + '.fqr.json')}: its source "
-                    "is not the one this fqr generates for that kernel"
+                    f"kernel bundle entry {record}: its source is not the one this fqr "
+                    "generates for that kernel"
                 )
-            for name, digest in entry["files"].items():
+            for name in _entry_files(ident):
                 data = _read_own_file(dfd, self.directory, name)
-                if data is None or _sha256(data) != digest:
+                if data is None or _sha256(data) != entry["files"][name]:
                     raise KernelBundleError(
                         f"kernel bundle file {self.directory / name} is missing or altered "
                         "(its sha256 is not the one recorded when it was built)"
                     )
         finally:
             os.close(dfd)
-        # Triton reads the metadata (a name ending in .json) and the binary by its suffix.
+        # Triton reads the metadata (a name ending in .json) and the binary by its suffix:
+        # exactly the two files checked above.
+        binary, metadata = _entry_files(ident)
         name = entry["kernel"]
-        return {
-            f"{name}.json": str(self.directory / f"{ident}.triton.json"),
-            f"{name}.cubin": str(self.directory / f"{ident}.cubin"),
+        group = {
+            f"{name}.json": str(self.directory / metadata),
+            f"{name}.cubin": str(self.directory / binary),
         }
+        return group, {n: entry["files"][n] for n in (binary, metadata)}
 
 
 _ACTIVE: KernelBundle | None = None
+_FROM_ENV = False  # _ACTIVE came from $FQR_KERNEL_BUNDLE: a refusal warns and drops it
 _ENV_READ = False
 _WARNED: set[str] = set()
 
@@ -486,8 +725,9 @@ def use_kernel_bundle(directory: str | os.PathLike | None) -> KernelBundle | Non
     this process, instead of compiling them; None stops. Returns the bundle, or None when it
     cannot be used here (another Triton release: one warning line, kernels compile on first
     use). A directory that is unsafe or not a bundle raises :class:`KernelBundleError`."""
-    global _ACTIVE, _ENV_READ
+    global _ACTIVE, _ENV_READ, _FROM_ENV
     _ENV_READ = True
+    _FROM_ENV = False
     if directory is None:
         _ACTIVE = None
         return None
@@ -506,7 +746,7 @@ def use_kernel_bundle(directory: str | os.PathLike | None) -> KernelBundle | Non
 def active_bundle() -> KernelBundle | None:
     """The bundle in use: :func:`use_kernel_bundle`'s, else ``$FQR_KERNEL_BUNDLE``'s (read at
     the first kernel launch of the process; an unusable one is reported once and skipped)."""
-    global _ENV_READ
+    global _ENV_READ, _FROM_ENV
     if not _ENV_READ:
         with _LOCK:
             if not _ENV_READ:
@@ -514,7 +754,7 @@ def active_bundle() -> KernelBundle | None:
                 path = os.environ.get(ENV)
                 if path:
                     try:
-                        use_kernel_bundle(path)
+                        _FROM_ENV = use_kernel_bundle(path) is not None
                     except KernelBundleError as e:
                         _warn_once(f"{ENV}: {e}; kernels compile on first use")
     return _ACTIVE
@@ -565,7 +805,7 @@ def _take_from_bundle(hook_args: dict[str, Any]) -> bool | None:
         )
         group = None
     else:
-        group = bundle.metadata_group(ident, key, source)
+        group = _checked_group(bundle, ident, key, source)
     if group is None:
         STATS.compiled += 1
         STATS.missing.append(f"{jit.__name__}:{ident}")
@@ -576,10 +816,43 @@ def _take_from_bundle(hook_args: dict[str, Any]) -> bool | None:
     src = ASTSource(
         jit, compile_args["signature"], compile_args["constants"], compile_args["configs"][0]
     )
-    kernel_cache[hook_args["key"]] = CompiledKernel(src, group, ident)
+    kernel = CompiledKernel(src, group[0], ident)
+    binary = _entry_files(ident)[0]
+    if (
+        _sha256(bytes(kernel.asm["cubin"])) != group[1][binary]
+    ):  # what Triton read is what was checked
+        _refuse(
+            KernelBundleError(
+                f"kernel bundle file {bundle.directory / binary} changed while it was loaded"
+            )
+        )
+        STATS.compiled += 1
+        return None
+    kernel_cache[hook_args["key"]] = kernel
     STATS.loaded += 1
     _TAKEN.flag = True
     return True
+
+
+def _refuse(error: KernelBundleError) -> None:
+    """A bundle's file failed a check at a launch: with ``FQR_KERNEL_BUNDLE`` one warning line
+    and the bundle is dropped (kernels compile on first use); else the error is raised."""
+    global _ACTIVE
+    if not _FROM_ENV:
+        raise error
+    _warn_once(f"{ENV}: {error}; the bundle is not used, kernels compile on first use")
+    _ACTIVE = None
+
+
+def _checked_group(
+    bundle: KernelBundle, ident: str, key: str, source: str
+) -> tuple[dict[str, str], dict[str, str]] | None:
+    """:meth:`KernelBundle.checked_entry`, a refusal handled by :func:`_refuse` (None)."""
+    try:
+        return bundle.checked_entry(ident, key, source)
+    except KernelBundleError as e:
+        _refuse(e)
+        return None
 
 
 def launch_through_triton(fn: Any, grid: tuple, args: list, kwargs: dict[str, Any]) -> Any:

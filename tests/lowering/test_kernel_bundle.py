@@ -117,12 +117,13 @@ def test_a_bundle_loads_with_no_compile(built, tmp_path):
 # ------------------------------------------------------------------ refusals, in process
 
 
-def _fake_bundle(directory: Path, triton: str | None = None) -> Path:
-    """A bundle directory holding one entry (not a real binary: the checks come first)."""
+def _fake_bundle(directory: Path, triton: str | None = None, ident: str = "abc") -> Path:
+    """A bundle directory holding one entry ``ident`` (not a real binary: the checks come
+    first)."""
     directory.mkdir(mode=0o700)
     head = {"format": B.FORMAT, "triton": triton or B.triton_version(), "target": "cuda:90"}
     (directory / B.BUNDLE_FILE).write_text(json.dumps(head))
-    files = {"abc.cubin": b"\x7fELF stand-in", "abc.triton.json": b"{}"}
+    files = {f"{ident}.cubin": b"\x7fELF stand-in", f"{ident}.triton.json": b"{}"}
     for name, data in files.items():
         (directory / name).write_bytes(data)
     (directory / "fqr_k.py").write_text("source")
@@ -133,7 +134,7 @@ def _fake_bundle(directory: Path, triton: str | None = None) -> Path:
         "files": {n: B._sha256(d) for n, d in files.items()},
         "specialisation": {},
     }
-    (directory / "abc.fqr.json").write_text(json.dumps(entry))
+    (directory / f"{ident}.fqr.json").write_text(json.dumps(entry))
     for p in directory.iterdir():
         p.chmod(0o600)
     return directory
@@ -197,7 +198,7 @@ def test_a_damaged_entry_is_refused_naming_the_file(tmp_path, damage, message):
     [
         (lambda d: d.chmod(0o777), "writable by others"),
         (lambda d: (d / B.BUNDLE_FILE).unlink(), "no bundle.json"),
-        (lambda d: (d / B.BUNDLE_FILE).write_text("{"), "malformed"),
+        (lambda d: (d / B.BUNDLE_FILE).write_text("{"), "bundle.json is damaged"),
     ],
     ids=["world-writable", "no-head", "bad-head"],
 )
@@ -274,11 +275,16 @@ def test_the_hook_leaves_other_kernels_to_triton():
     [
         (["--target", "ascend:910b"], "error: --target: target 'ascend:910b': Triton-Ascend"),
         (["--target", "cuda:9x"], "error: --target: target must be cuda:<arch>"),
+        # issue 41: LLVM aborted the process (exit 134) on these, after creating -o
+        (["--target", "cuda:71"], "error: --target: target 'cuda:71': sm_71 is no NVIDIA GPU"),
+        (["--target", "cuda:1000"], "error: --target: target 'cuda:1000': sm_1000 is no"),
+        (["--target", "cuda:99999999999999999999"], "error: --target: target must be cuda:"),
+        (["--target", "cuda:\u0669\u0660"], "error: --target: target must be cuda:"),
         (["--tp", "3"], "error: --preset qwen3-0.6b --tp 3:"),
         (["--numerics", "exact"], "error: --numerics must be among"),
         ([], "error: fqr build compiles kernels: run it without TRITON_INTERPRET=1"),
     ],
-    ids=["ascend", "arch", "tp", "numerics", "interpreted"],
+    ids=["ascend", "arch", "71", "1000", "huge", "non-ascii", "tp", "numerics", "interpreted"],
 )
 def test_fqr_build_misuse_is_one_line_and_exit_2(args, line, tmp_path, capsys, monkeypatch):
     from fqr_cli.app import main
@@ -303,3 +309,304 @@ def test_auto_on_meta_is_the_bundle_devices_backend_while_building(tmp_path):
         assert auto_backend_name("meta") == "triton"
         assert resolve_backend("auto", torch.device("meta")).name == "triton"
     assert resolve_backend("auto", torch.device("meta")).name == "reference"
+
+
+# ------------------------------------------------------------- hostile bundles (issue 41)
+
+
+def test_the_known_architectures_are_the_ones_ptxas_lists():
+    """Every target accepted is one the installed ptxas lists for it (LLVM aborts the process
+    on one it does not know, so nothing else reaches a compile)."""
+    archs = B.compilable_archs()
+    if archs is None:
+        pytest.skip("Triton's nvidia backend is not installed")
+    assert 90 in archs and archs <= set(B.KNOWN_ARCHS)
+    for arch in set(B.KNOWN_ARCHS) - archs:
+        with pytest.raises(ValueError, match=f"cannot compile for sm_{arch}"):
+            B.BundleTarget.parse(f"cuda:{arch}").check_compilable()
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_a_deeply_nested_head_is_a_bundle_error(tmp_path, monkeypatch, caplog):
+    """``bundle.json`` nested 100k deep: RecursionError out of ``use_kernel_bundle`` before;
+    under the env var one warning line and no bundle (kernels compile on first use)."""
+    directory = _fake_bundle(tmp_path / "b")
+    (directory / B.BUNDLE_FILE).write_text(_nested(100_000))
+    with pytest.raises(B.KernelBundleError, match="bundle.json is damaged: JSON nested"):
+        B.use_kernel_bundle(directory)
+    monkeypatch.setattr(B, "_ENV_READ", False)
+    monkeypatch.setattr(B, "_ACTIVE", None)
+    monkeypatch.setattr(B, "_WARNED", set())
+    monkeypatch.setenv(B.ENV, str(directory))
+    with caplog.at_level(logging.WARNING, logger="fqr.lowering.bundle"):
+        assert B.active_bundle() is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("FQR_KERNEL_BUNDLE: kernel bundle file") and "\n" not in line
+    assert str(directory / B.BUNDLE_FILE) in line and "compile on first use" in line
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"format": 1, "triton": "tri', "[]", '{"format": true}', '{"format": 1, "target": 9}'],
+    ids=["truncated", "list", "bool-format", "no-triton"],
+)
+def test_a_damaged_head_is_a_bundle_error_naming_it(tmp_path, text):
+    directory = _fake_bundle(tmp_path / "b")
+    (directory / B.BUNDLE_FILE).write_text(text)
+    with pytest.raises(B.KernelBundleError, match="bundle.json is damaged") as e:
+        B.use_kernel_bundle(directory)
+    assert str(directory / B.BUNDLE_FILE) in str(e.value) and "\n" not in str(e.value)
+
+
+def _entry_of(directory: Path) -> dict:
+    return json.loads((directory / "abc.fqr.json").read_text())
+
+
+def _set_entry(directory: Path, change) -> None:
+    entry = _entry_of(directory)
+    change(entry)
+    (directory / "abc.fqr.json").write_text(json.dumps(entry))
+
+
+def _outside_file(directory: Path) -> None:
+    """``files`` names ``../outside.bin`` with its true sha256 (the loader opened it)."""
+    outside = directory.parent / "outside.bin"
+    outside.write_bytes(b"outside")
+    outside.chmod(0o600)
+    _set_entry(
+        directory, lambda e: e.__setitem__("files", {"../outside.bin": B._sha256(b"outside")})
+    )
+
+
+def _absolute_file(directory: Path) -> None:
+    path = directory.parent / "abs.bin"
+    path.write_bytes(b"abs")
+    path.chmod(0o600)
+    _set_entry(directory, lambda e: e["files"].__setitem__(str(path), B._sha256(b"abs")))
+
+
+DAMAGED_ENTRIES = {
+    "truncated": lambda d: (d / "abc.fqr.json").write_text('{"kernel_key": "k", "sour'),
+    "list": lambda d: (d / "abc.fqr.json").write_text("[]"),
+    "not-utf8": lambda d: (d / "abc.fqr.json").write_bytes(b'{"kernel_key": "\xff\xfe"}'),
+    "nested": lambda d: (d / "abc.fqr.json").write_text(_nested(100_000)),
+    "no-source": lambda d: _set_entry(d, lambda e: e.pop("source")),
+    "files-list": lambda d: _set_entry(d, lambda e: e.__setitem__("files", ["abc.cubin"])),
+    "files-str": lambda d: _set_entry(d, lambda e: e.__setitem__("files", "abc.cubin")),
+    "outside": _outside_file,
+    "absolute": _absolute_file,
+    "cubin-unlisted": lambda d: _set_entry(d, lambda e: e["files"].pop("abc.cubin")),
+    "kernel-name": lambda d: _set_entry(d, lambda e: e.__setitem__("kernel", "../x")),
+    "huge": lambda d: (d / "abc.fqr.json").write_bytes(b" " * ((1 << 20) + 1)),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_ENTRIES.values(), ids=DAMAGED_ENTRIES.keys())
+def test_a_damaged_record_is_a_bundle_error_naming_it(tmp_path, damage):
+    """A damaged ``<id>.fqr.json``: JSONDecodeError / AttributeError / KeyError /
+    UnicodeDecodeError / RecursionError before, or a file outside the bundle read and the
+    binary handed to Triton unchecked (``files`` listing other names than the two)."""
+    directory = _fake_bundle(tmp_path / "b")
+    damage(directory)
+    bundle = B.KernelBundle.open(directory)
+    with pytest.raises(B.KernelBundleError) as e:
+        bundle.metadata_group("abc", "k", "source")
+    message = str(e.value)
+    assert str(directory / "abc.fqr.json") in message and "damaged" in message, message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_a_linked_record_is_refused(tmp_path):
+    directory = _fake_bundle(tmp_path / "b")
+    (directory / "abc.fqr.json").rename(tmp_path / "elsewhere.json")
+    (directory / "abc.fqr.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(B.KernelBundleError, match="symbolic link"):
+        B.KernelBundle.open(directory).metadata_group("abc", "k", "source")
+
+
+class _Jit:
+    """A stand-in for the JITFunction of an fqr kernel (its device cache on a stand-in sm_90)."""
+
+    __name__ = "fqr_cuda_k"
+
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.device_caches = {0: ({}, None, GPUTarget("cuda", 90, 32), None, None)}
+
+
+class _CompiledKernel:
+    """Triton's CompiledKernel as far as the hook needs it: the binary read from the group's
+    ``.cubin`` path (``swapped``: what a file replaced between check and load would give)."""
+
+    swapped: bytes | None = None
+
+    def __init__(self, src, group, ident):
+        path = next(p for n, p in group.items() if n.endswith(".cubin"))
+        self.asm = {"cubin": self.swapped or Path(path).read_bytes()}
+
+
+@pytest.fixture
+def hook(tmp_path, monkeypatch):
+    """Call the cache hook for a stand-in fqr kernel whose specialisation is the fake
+    bundle's entry; returns (bundle directory, call)."""
+    import triton.compiler
+
+    monkeypatch.setattr(triton.compiler, "CompiledKernel", _CompiledKernel)
+    monkeypatch.setattr(triton.compiler, "ASTSource", lambda *args: None)
+    monkeypatch.setattr(_CompiledKernel, "swapped", None)
+    monkeypatch.setattr(B, "_WARNED", set())
+    monkeypatch.setattr(B, "_ACTIVE", None)
+    monkeypatch.setattr(B, "_FROM_ENV", False)
+    monkeypatch.setattr(B, "STATS", B.BundleStats())
+    jit = _Jit()
+    monkeypatch.setitem(B._FQR_KERNELS, id(jit), (jit, "k", "source"))
+    data = json.dumps({"signature": {"x": "*fp32"}, "options": {}})
+    ident, _ = B.specialisation_id(data)
+    directory = _fake_bundle(tmp_path / "b", ident=ident)
+
+    class Info:
+        jit_function = jit
+
+    def call():
+        return B._take_from_bundle(
+            {
+                "fn": Info(),
+                "key": "triton-key",
+                "compile": {
+                    "specialization_data": data,
+                    "device": 0,
+                    "signature": {},
+                    "constants": {},
+                    "configs": [{}],
+                },
+            }
+        )
+
+    return directory, ident, jit, call
+
+
+def _use_from_env(directory: Path, monkeypatch) -> None:
+    monkeypatch.setattr(B, "_ENV_READ", False)
+    monkeypatch.setenv(B.ENV, str(directory))
+    assert B.active_bundle() is not None
+
+
+def test_the_hook_takes_an_intact_entry(hook, monkeypatch):
+    directory, ident, jit, call = hook
+    B.use_kernel_bundle(directory)
+    assert call() is True
+    (kernel,) = jit.device_caches[0][0].values()
+    assert kernel.asm["cubin"] == (directory / f"{ident}.cubin").read_bytes()
+    assert B.STATS.loaded == 1
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated", "list", "no-source", "files-str", "outside", "not-utf8"]
+)
+def test_a_damaged_record_at_a_launch(hook, monkeypatch, caplog, damage):
+    """Explicitly chosen (``use_kernel_bundle``): the launch raises KernelBundleError naming
+    the record. From ``FQR_KERNEL_BUNDLE``: one warning line, the bundle is dropped, the
+    kernel compiles (the hook declines) and later launches do not look at the bundle."""
+    directory, ident, jit, call = hook
+    (directory / f"{ident}.fqr.json").rename(directory / "abc.fqr.json")
+    DAMAGED_ENTRIES[damage](directory)
+    entry_path = directory / f"{ident}.fqr.json"
+    (directory / "abc.fqr.json").rename(entry_path)
+    B.use_kernel_bundle(directory)
+    with pytest.raises(B.KernelBundleError, match="damaged") as e:
+        call()
+    assert str(entry_path) in str(e.value)
+    _use_from_env(directory, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="fqr.lowering.bundle"):
+        assert call() is None
+        assert call() is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("FQR_KERNEL_BUNDLE: kernel bundle entry") or line.startswith(
+        "FQR_KERNEL_BUNDLE: kernel bundle file"
+    )
+    assert str(entry_path) in line and "compile on first use" in line
+    assert B.active_bundle() is None and jit.device_caches[0][0] == {}
+
+
+def test_a_binary_changed_after_its_check_is_not_loaded(hook, monkeypatch, caplog):
+    """The bytes Triton read are compared with the ones checked: a file replaced between the
+    check and Triton's read is refused, not run."""
+    directory, ident, jit, call = hook
+    monkeypatch.setattr(_CompiledKernel, "swapped", b"\x7fELF swapped")
+    B.use_kernel_bundle(directory)
+    with pytest.raises(B.KernelBundleError, match="changed while it was loaded"):
+        call()
+    _use_from_env(directory, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="fqr.lowering.bundle"):
+        assert call() is None
+    assert len(caplog.records) == 1 and jit.device_caches[0][0] == {}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "list", "outside", "cubin-unlisted"])
+def test_a_build_compiles_a_damaged_entry_again(tmp_path, caplog, damage):
+    """``fqr build`` over a damaged entry: one warning line naming it, then the entry is
+    compiled again (it raised JSONDecodeError and kept the damaged entry before)."""
+    directory = _fake_bundle(tmp_path / "b")
+    DAMAGED_ENTRIES[damage](directory)
+    writer = B.BundleWriter(directory, "cuda:90")
+    with caplog.at_level(logging.WARNING, logger="fqr.lowering.bundle"):
+        assert writer._holds("abc", "k", "source") is False
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert str(directory / "abc.fqr.json") in line and line.endswith("compiling it again")
+
+
+def test_a_build_replaces_a_linked_file_never_writing_through_it(tmp_path):
+    directory = _fake_bundle(tmp_path / "b")
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep")
+    (directory / "fqr_k.py").unlink()
+    (directory / "fqr_k.py").symlink_to(target)
+    writer = B.BundleWriter(directory, "cuda:90")
+    writer._dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        writer._replace("fqr_k.py", b"new")
+    finally:
+        os.close(writer._dfd)
+    assert target.read_bytes() == b"keep" and not (directory / "fqr_k.py").is_symlink()
+
+
+def _run_build(argv, monkeypatch, capsys):
+    from fqr_cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["fqr", "build", "--preset", PRESET, *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text", ['{"format": 1, "triton": "tri', _nested(100_000), "[]"], ids=["cut", "deep", "list"]
+)
+def test_fqr_build_over_a_damaged_head_names_it_and_what_to_do(text, tmp_path, capsys, monkeypatch):
+    directory = _fake_bundle(tmp_path / "b")
+    (directory / B.BUNDLE_FILE).write_text(text)
+    code, err = _run_build(["-o", str(directory)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{directory / B.BUNDLE_FILE} is damaged" in err
+    assert f"remove the directory {directory} and build again" in err
+    assert (directory / B.BUNDLE_FILE).read_text() == text  # nothing written
+
+
+@pytest.mark.parametrize("kind", ["empty", "link"])
+def test_fqr_build_refuses_an_empty_or_linked_output(kind, tmp_path, capsys, monkeypatch):
+    """``-o ''`` built into the current directory; a link was written through."""
+    if kind == "empty":
+        argv, line = ["-o", ""], "error: -o/--output: an empty path"
+    else:
+        (tmp_path / "real").mkdir(mode=0o700)
+        (tmp_path / "b").symlink_to(tmp_path / "real")
+        argv, line = ["-o", str(tmp_path / "b")], f"error: kernel bundle {tmp_path / 'b'} is a sym"
+    monkeypatch.chdir(tmp_path)
+    code, err = _run_build(argv, monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(line), err
+    assert not any((tmp_path / "real").iterdir()) if kind == "link" else True
+    assert not (tmp_path / B.BUNDLE_FILE).exists()
