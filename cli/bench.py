@@ -23,6 +23,7 @@ bad usage or when there is no GPU. The method is :mod:`fqr.bench`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -121,6 +122,7 @@ def _check_backend(name: str) -> None:
     )
 )
 def bench(
+    ctx: typer.Context,
     preset: Annotated[
         list[str] | None,
         comma_list(
@@ -214,25 +216,22 @@ def bench(
     """Benchmark the fused kernel: copy ceiling, GB/s, graph replay, dispatch, speed-up."""
     if bundle is not None and not cold_start:
         raise UsageError("--bundle is the kernel bundle of --cold-start")
+    mode = "copy_probe" if copy_probe else "cold_start" if cold_start else "from_json"
+    if not (copy_probe or cold_start or from_json):
+        mode = "table"
+    refused = [flag for name, flag in _given(ctx) if name not in MODE_TAKES[mode]]
+    if refused:
+        raise UsageError(f"{MODE_WORDS[mode]}; it takes no {refused[0]}")
+    if mode in ("copy_probe", "table"):
+        _check_ms("--rep-ms", rep_ms)
+        _check_ms("--warmup-ms", warmup_ms)
     if copy_probe:
-        _refuse_given(
-            "--copy-probe measures copies",
-            {"--cold-start": cold_start, "--from-json": from_json, "--dtype": dtype,
-             "--compare": compare, "--plot": plot, "--pdl": pdl},
-        )  # fmt: skip
         _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
         return
     if cold_start:
-        if from_json:
-            raise UsageError("--cold-start measures; it takes no --from-json")
         _cold_start(preset, tokens, bundle, json_out)
         return
     if from_json:
-        _refuse_given(
-            "--from-json renders saved results",
-            {"--preset": preset, "--tokens": tokens, "--dtype": dtype, "--compare": compare,
-             "--save": save, "--pdl": pdl},
-        )  # fmt: skip
         _check_outputs(plot=plot)
         doc = merge_documents([load_document(p) for p in from_json])
     else:
@@ -300,12 +299,42 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
     print_table(table)
 
 
-def _refuse_given(mode: str, options: dict) -> None:
-    """Usage error naming the first of ``options`` (flag -> value) that was given: ``mode``
-    takes none of them."""
-    given = next((flag for flag, value in options.items() if value), None)
-    if given is not None:
-        raise UsageError(f"{mode}; it takes no {given}")
+# What each mode of ``fqr bench`` takes (parameter names; the JSON switch in all of them): any
+# other option given on the command line is refused, naming it, so that nothing the user asked
+# for is silently ignored.
+MODE_TAKES = {
+    "table": {
+        "preset", "tokens", "dtype", "compare", "backend", "numerics", "pdl", "check_rows",
+        "rep_ms", "warmup_ms", "seed", "json_out", "save", "plot",
+    },
+    "from_json": {"from_json", "json_out", "plot"},
+    "cold_start": {"cold_start", "preset", "tokens", "bundle", "json_out"},
+    "copy_probe": {"copy_probe", "preset", "tokens", "rep_ms", "warmup_ms", "json_out", "save"},
+}  # fmt: skip
+MODE_WORDS = {
+    "table": "the bench table measures",
+    "from_json": "--from-json renders saved results",
+    "cold_start": "--cold-start measures",
+    "copy_probe": "--copy-probe measures copies",
+}
+
+
+def _given(ctx: typer.Context) -> list[tuple[str, str]]:
+    """The options given on the command line (a default given explicitly too), as (parameter
+    name, long flag), in the command's order."""
+    given = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            given.append((param.name, max(param.opts, key=len) if param.opts else param.name))
+    return given
+
+
+def _check_ms(option: str, value: float) -> None:
+    """A timing budget: a finite number of milliseconds > 0 (``nan``, ``inf``, 0 and negative
+    values refused, naming ``option``)."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{option} must be a finite number of milliseconds > 0, got {value}")
 
 
 def _copy_probe(

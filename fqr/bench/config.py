@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -67,8 +68,8 @@ class BenchConfig:
         if self.check_rows < 0:
             raise ValueError(f"check_rows must be >= 0, got {self.check_rows}")
         for name in ("warmup_ms", "rep_ms", "graph_rep_ms"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
 
     @property
     def cells(self) -> int:

@@ -205,6 +205,54 @@ MISUSE = [
     ),
 ]
 
+# issue 41: each mode of fqr bench honours or refuses every option (it ignored these), and
+# the timing budgets are checked in every mode that times
+BENCH_IGNORED = [
+    ("--cold-start", "--save", "s.json"),
+    ("--cold-start", "--plot", "p.png"),
+    ("--cold-start", "--dtype", "fp16"),
+    ("--cold-start", "--compare", "eager"),
+    ("--cold-start", "--pdl", None),
+    ("--cold-start", "--numerics", "unfused"),
+    ("--cold-start", "--seed", "3"),
+    ("--cold-start", "--rep-ms", "5"),
+    ("--copy-probe", "--numerics", "unfused"),
+    ("--copy-probe", "--seed", "3"),
+    ("--copy-probe", "--check-rows", "0"),
+    ("--copy-probe", "--backend", "triton"),  # its default, given: still not taken
+    ("--from-json", "--seed", "3"),
+    ("--from-json", "--rep-ms", "5"),
+    ("--from-json", "--check-rows", "0"),
+    ("--from-json", "--numerics", "unfused"),
+]
+MODE_WORDS = {
+    "--cold-start": "--cold-start measures",
+    "--copy-probe": "--copy-probe measures copies",
+}
+
+
+def _bench_mode(d: Path, mode: str) -> list[str]:
+    return ["bench", mode] if mode != "--from-json" else ["bench", mode, str(_bench_doc(d))]
+
+
+for _mode, _option, _value in BENCH_IGNORED:
+    MISUSE.append(
+        (
+            f"bench {_mode} {_option}",
+            lambda d, m=_mode, o=_option, v=_value: [*_bench_mode(d, m), o, *([v] if v else [])],
+            f"{MODE_WORDS.get(_mode, '--from-json renders saved results')}; it takes no {_option}",
+        )
+    )
+for _args, _needle in [
+    (["--copy-probe", "--rep-ms", "-5"], "--rep-ms must be a finite number of milliseconds > 0"),
+    (["--copy-probe", "--rep-ms", "nan"], "--rep-ms must be a finite number of milliseconds"),
+    (["--copy-probe", "--warmup-ms", "0"], "--warmup-ms must be a finite number"),
+    (["--copy-probe", "--warmup-ms", "inf"], "--warmup-ms must be a finite number"),
+    (["--rep-ms", "inf"], "--rep-ms must be a finite number of milliseconds > 0, got inf"),
+    (["--warmup-ms", "nan"], "--warmup-ms must be a finite number of milliseconds > 0"),
+]:
+    MISUSE.append((f"bench {' '.join(_args)}", lambda d, a=_args: ["bench", *a], _needle))
+
 
 @pytest.mark.parametrize("name,make_args,needle", MISUSE, ids=[m[0] for m in MISUSE])
 def test_misuse_is_one_line_and_exit_2(name, make_args, needle, tmp_path, capsys, monkeypatch):
