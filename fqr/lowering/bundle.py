@@ -144,9 +144,10 @@ class BundleTarget:
 
 @functools.lru_cache(maxsize=1)
 def compilable_archs() -> frozenset[int] | None:
-    """The :data:`KNOWN_ARCHS` the ptxas Triton runs for each (``get_ptxas(arch)``: CUDA 12's
-    below sm_90, ``ptxas-blackwell`` from it) lists among its ``--gpu-name`` values; None
-    where Triton's nvidia backend is not installed. A ptxas that cannot run lists nothing."""
+    """The :data:`KNOWN_ARCHS` that the ptxas Triton runs for each (``get_ptxas(arch)``: CUDA
+    12's below sm_90 or sm_100, depending on the release, ``ptxas-blackwell`` above) lists
+    among its ``--gpu-name`` values; None where that cannot be asked (Triton's nvidia backend
+    not installed, no ptxas that runs): then only :data:`KNOWN_ARCHS` holds."""
     try:
         from triton.backends.nvidia.compiler import get_ptxas
     except ImportError:
@@ -155,8 +156,12 @@ def compilable_archs() -> frozenset[int] | None:
     archs = set()
     for arch in KNOWN_ARCHS:
         try:
-            path = get_ptxas(arch).path
-        except Exception:  # noqa: BLE001 (a missing ptxas: Triton raises its own kinds)
+            try:
+                tool: Any = get_ptxas(arch)
+            except TypeError:  # releases before the Blackwell ptxas: one for every arch
+                tool = get_ptxas()  # type: ignore[call-arg,unused-ignore]
+            path = str(tool[0] if isinstance(tool, tuple) else getattr(tool, "path", tool))
+        except Exception:  # noqa: BLE001 (no ptxas: Triton raises its own kinds)
             continue
         if path not in listed:
             try:
@@ -168,7 +173,7 @@ def compilable_archs() -> frozenset[int] | None:
             listed[path] = {int(n) for n in re.findall(r"'sm_(\d+)a?'", text)}
         if arch in listed[path]:
             archs.add(arch)
-    return frozenset(archs)
+    return frozenset(archs) if any(listed.values()) else None
 
 
 @dataclass
