@@ -61,6 +61,10 @@ from .variant import CaseSpec, Variant, register_variant
 
 TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values (vLLM's)
 BYTES = torch.uint8
+DS_MLA = "fp8_ds_mla"
+# The MLA cache layouts a program stores, by vLLM's kv_cache_dtype names ('fp8' is spelled
+# 'fp8_e4m3': one program for both names): the composition's static ``kv_cache_dtype``
+LAYOUTS = ("auto", "fp8_e4m3", "fp8_e5m2", DS_MLA)
 
 
 def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
@@ -84,11 +88,10 @@ def mla_kv_prologue(
     as ``"unfused"``, k_pe's rotation an fp32 complex product rounded once
     (:func:`fqr.prologue.blocks.complex_rope_round_to`)."""
     q_lora_rank, kv_lora_rank, rope_dim = s["q_lora_rank"], s["kv_lora_rank"], s["qk_rope_head_dim"]
-    eps = s["eps"]
-    byte_entry = kv_cache.dtype == BYTES
+    eps, layout = s["eps"], s["kv_cache_dtype"]
     # fp8_ds_mla quantizes kv_c tile by tile: held as heads of one tile (its norm over the whole
     # width is then a reduction over the row of those heads)
-    kv_heads = kv_lora_rank // TILE if byte_entry else 1
+    kv_heads = kv_lora_rank // TILE if layout == DS_MLA else 1
     sections = [Section(1, q_lora_rank, 0)] if q_lora_rank else []
     sections += [
         Section(kv_heads, kv_lora_rank // kv_heads, q_lora_rank),
@@ -107,7 +110,7 @@ def mla_kv_prologue(
     )
     caches = mla_cache_stores(
         kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache,
-        encoding=s.get("cache_encoding"),
+        kv_cache_dtype=layout,
     )  # fmt: skip
     if not q_lora_rank:
         return kv_c, k_pe, *caches
@@ -118,23 +121,31 @@ def mla_kv_prologue(
 
 
 def mla_cache_stores(
-    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None, encoding=None
+    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kv_cache_dtype: str, kpe_cache=None
 ):
-    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches):
-    ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
-    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``); for a uint8 cache
-    ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as heads
-    of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`); with
-    ``kpe_cache`` FlashInfer's two caches, kv_c into ``kv_cache`` (its ``ckv_cache``) and k_pe
-    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each. ``encoding="e5m2"``: the
-    (uint8) caches hold float8_e5m2 bytes (vLLM's ``fp8_e5m2``)."""
+    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches), the
+    layout told by ``kv_cache_dtype`` (vLLM's name, as the call declares it: never by the
+    operand's dtype, since a uint8 operand is either layout): ``'auto'`` / ``'fp8_e4m3'`` /
+    ``'fp8_e5m2'`` are ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns
+    0 and ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``; E5M2: the
+    uint8 operand holds float8_e5m2 bytes, ``encoding="e5m2"``), at any latent width;
+    ``'fp8_ds_mla'`` is ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles`
+    of kv_c (held as heads of one tile) then k_pe as ``rope_dtype`` values
+    (:func:`fqr.ops.cache_insert_bytes`); with ``kpe_cache`` FlashInfer's two caches, kv_c
+    into ``kv_cache`` (its ``ckv_cache``) and k_pe into ``kpe_cache``, one
+    :func:`fqr.ops.cache_insert` each."""
+    if kv_cache_dtype not in LAYOUTS:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(LAYOUTS)}, got {kv_cache_dtype!r}"
+        )
+    encoding = "e5m2" if kv_cache_dtype == "fp8_e5m2" else None
     kv_lora_rank = kv_c.shape[1]
     if kpe_cache is not None:
         return (
             ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding),
             ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0, encoding=encoding),
         )
-    if kv_cache.dtype == BYTES and encoding is None:
+    if kv_cache_dtype == DS_MLA:
         cache = ops.cache_insert_fp8_tiles(
             kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
         )
@@ -149,11 +160,13 @@ def mla_cache_stores(
 
 
 def mla_cache_expected(
-    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kpe_cache=None
-) -> tuple:
-    """float64 expectation of :func:`mla_cache_stores`: :func:`fqr.reference.mla_cache_entry`
-    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first; FlashInfer's
-    two caches as the two parts of one entry), or for the ``fp8_ds_mla`` uint8 cache
+    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kv_cache_dtype: str,
+    kpe_cache=None,
+) -> tuple:  # fmt: skip
+    """float64 expectation of :func:`mla_cache_stores`, the layout told by ``kv_cache_dtype``
+    (vLLM's name): :func:`fqr.reference.mla_cache_entry` (a uint8 cache of a per-tensor FP8
+    ``kv_cache_dtype`` read as the float8 values it holds by the caller first; FlashInfer's
+    two caches as the two parts of one entry) at any latent width, or for ``'fp8_ds_mla'``
     :func:`fqr.reference.ds_mla_entry` packed with the cache's other entries decoded."""
     if kpe_cache is not None:  # [ckv | kpe] is the one entry's layout: expected, then cut
         bytes_of = [c.contiguous().view(BYTES) for c in (kv_cache, kpe_cache)]
@@ -161,7 +174,7 @@ def mla_cache_expected(
         cache, _ = reference.mla_cache_entry(both, kv_c, k_pe, slot_mapping, scale=scale)
         width = kv_cache.shape[-1]
         return cache[..., :width].contiguous(), cache[..., width:].contiguous()
-    if kv_cache.dtype == BYTES:
+    if kv_cache_dtype == DS_MLA:
         entry = reference.ds_mla_entry(
             kv_cache, kv_c, k_pe, slot_mapping, tile=TILE, rope_dtype=rope_dtype
         )
@@ -201,11 +214,12 @@ class MlaCache(Cache):
 
 
 def cache_statics(call: Call) -> dict:
-    """The composition's ``cache_encoding`` where the cache holds E5M2 bytes (else none)."""
-    encoding = (
-        "e5m2" if params.FP8_KV_CACHE_DTYPES.get(cache_dtype_name(call)) == FP8_E5M2 else None
-    )
-    return {"cache_encoding": encoding} if encoding else {}
+    """The composition's ``kv_cache_dtype``: the cache's layout as the call declares it
+    (:func:`cache_dtype_name`; ``'fp8'`` spelled ``'fp8_e4m3'``), which the stores read
+    (:func:`mla_cache_stores`): a uint8 operand is E5M2 bytes or the ``fp8_ds_mla`` entry,
+    and only the declared name tells them apart."""
+    name = cache_dtype_name(call)
+    return {"kv_cache_dtype": "fp8_e4m3" if name == "fp8" else name}
 
 
 def two_caches_agree(call: Call) -> None:
@@ -272,7 +286,7 @@ def mla_kv_reference(
     )
     caches = mla_cache_expected(
         kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype,
-        kpe_cache=kpe_cache,
+        kv_cache_dtype=DTYPE_CACHE_NAMES.get(kv_cache.dtype, "auto"), kpe_cache=kpe_cache,
     )  # fmt: skip
     if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
         q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))

@@ -36,6 +36,7 @@ from .declare import (
 )
 from .mla_kv import (
     BYTES,
+    DS_MLA,
     MLA_PARAMS,
     TILE,
     MlaCache,
@@ -53,23 +54,23 @@ from .mla_kv import (
 )
 from .variant import CaseSpec, Variant, register_variant
 
-DS_MLA = "fp8_ds_mla"
 # vLLM's kv_cache_dtype names this op takes: the model dtype, a per-tensor E4M3 cache (a
 # float8_e4m3fn tensor or, as vLLM allocates it, its uint8 bytes), V3.2's byte entry
 MLA_CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES, DS_MLA)
 
 
-def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, **static):
+def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, *, kv_cache_dtype, **static):
     """``[kv_c | k_pe]`` of the first N tokens written into the cache (FlashInfer's two caches:
     kv_c into ``kv_cache``, k_pe into ``kpe_cache``), traced into one program: returns the
-    new caches (donated: the kernel stores in place). An ``fp8_ds_mla`` (uint8) cache
-    quantizes kv_c tile by tile: it is held as heads of one tile."""
-    if kv_cache.dtype == BYTES:
+    new caches (donated: the kernel stores in place). ``kv_cache_dtype`` (the call's, vLLM's
+    name; never the operand's dtype: an E5M2 cache enters as bytes too) says the layout; an
+    ``fp8_ds_mla`` cache quantizes kv_c tile by tile: it is held as heads of one tile."""
+    if kv_cache_dtype == DS_MLA:
         tiles = kv_c.shape[1] // TILE
         (kv_c,) = ops.split_heads(kv_c, [Section(tiles, TILE, 0)])
     return mla_cache_stores(
         kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype, kpe_cache=kpe_cache,
-        encoding=static.get("cache_encoding"),
+        kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
 
 
@@ -77,15 +78,17 @@ def mla_insert_reference(
     kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None, kpe_cache=None
 ) -> tuple[torch.Tensor, ...]:
     """float64 expected cache after the call: :func:`fqr.prologue.mla_kv.mla_cache_expected`
-    of the first N tokens (a uint8 cache of an FP8 ``kv_cache_dtype`` read as the float8 values
-    it holds)."""
+    of the first N tokens in the layout ``kv_cache_dtype`` names (a uint8 cache of a
+    per-tensor FP8 ``kv_cache_dtype`` read as the float8 values it holds); ``scale`` is read
+    only where that layout has a per-tensor scale (vLLM passes one always)."""
     typed = params.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
 
     def as_typed(cache):
         return cache.view(typed) if typed is not None and cache.dtype == BYTES else cache
 
     return mla_cache_expected(
-        as_typed(kv_cache), kv_c, k_pe, slot_mapping, scale=scale, rope_dtype=k_pe.dtype,
+        as_typed(kv_cache), kv_c, k_pe, slot_mapping, scale=scale if typed is not None else None,
+        rope_dtype=k_pe.dtype, kv_cache_dtype=kv_cache_dtype,
         kpe_cache=None if kpe_cache is None else as_typed(kpe_cache),
     )  # fmt: skip
 
