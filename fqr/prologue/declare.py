@@ -413,14 +413,24 @@ class Slots(TensorKind):
 class Scale(TensorKind):
     """A per-tensor FP8 scale: float32 ``[1]``, or 0-dim (``torch.tensor(0.1)``, as vLLM's
     tests and layers hold it; the program reads it as the ``[1]`` view of the same memory),
-    finite and > 0 (checked on the host for a CPU scale, as positions and slots are)."""
+    finite and > 0 (checked on the host for a CPU scale, as positions and slots are).
+    ``used(call)``: whether the call's program reads it (else its form is checked and its
+    value is neither read nor checked: a scale the engine passes where its own kernel
+    ignores it); ``what``: what it scales, in every message about it."""
+
+    used: Callable[[Call], bool] | None = None
+    what: str = ""
+
+    def _what(self) -> str:
+        return f" ({self.what})" if self.what else ""
 
     def check(self, name, x, call):
-        check_tensor(name, x)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}{self._what()}")
         if x.shape not in ((1,), ()) or x.dtype != torch.float32:
             raise ValueError(
                 f"{name} must be a float32 tensor of shape [1] (or 0-dim), got {x.dtype} "
-                f"{list(x.shape)}"
+                f"{list(x.shape)}{self._what()}"
             )
 
     def operands(self, x):
@@ -430,7 +440,7 @@ class Scale(TensorKind):
         if x.device.type == "cpu":
             value = float(x.reshape(-1)[0])
             if not (0 < value < float("inf")):
-                raise ValueError(f"{name} must be finite and > 0, got {value}")
+                raise ValueError(f"{name} must be finite and > 0, got {value}{self._what()}")
 
 
 def _dtype_text(dtype: torch.dtype) -> str:

@@ -349,14 +349,19 @@ def _flavour(call: Call) -> None:
             f"cos_sin_cache width {call.cos_sin_cache.shape[1]} must be qk_rope_head_dim "
             f"{call.qk_rope_head_dim} (k_pe is rotated whole)"
         )
-    dtype = call.kv_cache.dtype
-    if call.k_scale is not None and dtype not in (FP8, FP8_E5M2):
-        raise ValueError(
-            f"k_scale applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
-            f"{DTYPE_NAMES.get(dtype, dtype)} cache"
-        )
-    if dtype == BYTES:
+    if call.kv_cache.dtype == BYTES:
         check_ds_mla_call(call, "kv_a", call.kv_a, call.kv_lora_rank, "kv_lora_rank")
+
+
+def _reads_k_scale(call: Call) -> bool:
+    """Whether the program reads k_scale: a per-tensor FP8 cache's (E4M3 or E5M2)."""
+    return call.kv_cache.dtype in (FP8, FP8_E5M2)
+
+
+K_SCALE_WHAT = (
+    "the per-tensor scale of a float8_e4m3fn or float8_e5m2 kv_cache, vLLM's kv_cache_dtype "
+    + ", ".join(repr(name) for name in params.FP8_KV_CACHE_DTYPES)
+)
 
 
 def check_ds_mla_call(call: Call, name: str, rows, width: int, width_name: str) -> None:
@@ -452,10 +457,13 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             "k_scale",
             None,
             annotation=params.OPTIONAL_TENSOR,
-            kind=Scale(),
+            kind=Scale(used=_reads_k_scale, what=K_SCALE_WHAT),
             optional=True,
-            doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
-            "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
+            doc="float32 ``[1]`` or 0-dim per-tensor scale of a float8_e4m3fn / float8_e5m2 "
+            "cache (default 1): stored ``fp8(clamp(x / k_scale, -max, max))``, as "
+            "concat_and_cache_mla; with a model-dtype or fp8_ds_mla cache it is ignored, as "
+            "vLLM's kernels ignore the ``layer._k_scale`` its MLA backends pass with every "
+            "cache (its form is still checked, its value is not read)",
         ),
         params.quant_scale(
             "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
@@ -495,11 +503,14 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     (``slot_mapping [N]``, N <= T: vLLM's cache kernels store ``slot_mapping.size(0)`` tokens
     of a batch padded for CUDA graphs) whose slot ``s >= 0``:
     the cache entry ``[s // block_size, s % block_size]`` gets ``[kv_c | k_pe]`` in the
-    cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``); a uint8 cache gets
-    the ``fp8_ds_mla`` entry: kv_c in tiles of 128 values, each stored as
-    ``e4m3(clamp(x / scale, -448, 448))`` with ``scale = max(max|tile| / 448, FLT_MIN)``
-    (float32, stored after the values), then k_pe as bf16. Entries no slot names are left as
-    they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
+    cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``; float8_e5m2:
+    ``e5m2(clamp(x / k_scale, -57344, 57344))``), at any ``kv_lora_rank``; a uint8 cache gets
+    the ``fp8_ds_mla`` entry (``kv_lora_rank`` a multiple of 128): kv_c in tiles of 128
+    values, each stored as ``e4m3(clamp(x / scale, -448, 448))`` with ``scale = max(max|tile|
+    / 448, FLT_MIN)`` (float32, stored after the values), then k_pe as bf16. Entries no slot
+    names are left as they are. ``k_scale`` may be given with every cache (vLLM's MLA
+    backends pass ``layer._k_scale`` always): an FP8 cache reads it, the others ignore it.
+    The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
     in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c);
     ``"unfused-hf"`` where transformers' DeepSeek-V2 rounds (its norms as ``"unfused"``, the

@@ -338,6 +338,10 @@ KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not 
 # vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
 # allocates such a cache as uint8 bytes).
 FP8_KV_CACHE_DTYPES = KV_CACHE_FP8_DTYPES
+# What a per-tensor cache scale is, in every message about it: the names that read one
+FP8_SCALE_WHAT = "the per-tensor scale of an FP8 cache: kv_cache_dtype " + ", ".join(
+    repr(name) for name in FP8_KV_CACHE_DTYPES
+)
 
 
 def fp8_cache_view(x, kv_cache_dtype: str | None) -> torch.dtype | None:
