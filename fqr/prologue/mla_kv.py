@@ -115,8 +115,8 @@ def mla_kv_prologue(
     if not q_lora_rank:
         return kv_c, k_pe, *caches
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
-    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: e4m3(clamp(q_c * scale))
-        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True)
+    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: fp8(clamp(q_c * scale))
+        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True, dtype=s["quantize_dtype"])
     return q_c, kv_c, k_pe, *caches
 
 
@@ -267,7 +267,7 @@ KPE_CACHE = kpe_cache_param(lambda call: call.qk_rope_head_dim)
 def mla_kv_reference(
     kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
     q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None, quant_scale_q=None,
-    kpe_cache=None,
+    quantize_dtype=None, kpe_cache=None,
 ):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
@@ -288,8 +288,9 @@ def mla_kv_reference(
         kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype,
         kv_cache_dtype=DTYPE_CACHE_NAMES.get(kv_cache.dtype, "auto"), kpe_cache=kpe_cache,
     )  # fmt: skip
-    if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
-        q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))
+    if quant_scale_q is not None:  # what the FP8 store of q_c rounds
+        factor = quant_scale_q.detach().to(torch.float64).reshape(())
+        q_c = reference.saturate_fp8(q_c * factor, None, quantize_dtype or FP8)
     return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, *caches)
 
 
@@ -314,6 +315,7 @@ def _ranks(call: Call) -> None:
         )
     if call.quant_scale_q is not None and call.q_lora_rank == 0:
         raise ValueError("quant_scale_q quantizes q_c: it needs q_lora_rank > 0")
+    params.check_quantize_dtype_needs_scale(call, "quant_scale_q")
 
 
 def _entry(call: Call):
@@ -465,9 +467,8 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             "vLLM's kernels ignore the ``layer._k_scale`` its MLA backends pass with every "
             "cache (its form is still checked, its value is not read)",
         ),
-        params.quant_scale(
-            "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
-        ),
+        params.quant_scale("quant_scale_q", "q_c is returned as FP8 (what an FP8 q_b_proj reads)"),
+        params.quantize_dtype("quant_scale_q"),
         KPE_CACHE,
         numerics(),
         BACKEND,
@@ -518,7 +519,8 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
 
     With ``quant_scale_q`` (float32 ``[1]`` or 0-dim) q_c is returned as float8_e4m3fn,
     ``e4m3(clamp(q_c * quant_scale_q, -448, 448))`` (FlashInfer's convention for FP8 q: the
-    factor multiplies), for an FP8 ``q_b_proj``.
+    factor multiplies), for an FP8 ``q_b_proj``; with ``quantize_dtype=torch.float8_e5m2`` as
+    float8_e5m2, ``e5m2(clamp(q_c * quant_scale_q, -57344, 57344))``.
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::
