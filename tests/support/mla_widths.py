@@ -95,6 +95,13 @@ class MlaCall:
         decl = self.op.declaration  # type: ignore[attr-defined]
         return decl.bound(decl.bind((), self.args))
 
+    def moved(self, device: str, backend: str) -> MlaCall:
+        """The same call with every tensor on ``device`` (its float64 expectation stays the
+        CPU call's), run by ``backend``."""
+        args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.args.items()}
+        return MlaCall(self.op, dict(args, backend=backend), self.width, self.rope,
+                       self.kv_cache_dtype)  # fmt: skip
+
     def run(self, **change):
         """Run on copies of the caches: returns ``(result, {cache name: written copy})``."""
         args = dict(self.args, **change)
