@@ -263,8 +263,10 @@ def check_slots_in_range(
     slot_mapping: torch.Tensor, cache: torch.Tensor, name: str = "slot_mapping"
 ) -> None:
     """On the host (a CPU ``slot_mapping``; an accelerator's would need a sync), every slot is
-    below the cache's ``num_blocks * block_size`` rows (negative slots are padding); ``name``:
-    the argument's, for the message."""
+    below the cache's ``num_blocks * block_size`` rows (negative slots are padding) and no slot
+    >= 0 is named twice (two tokens' stores into one entry land in an order no backend
+    promises: the kernels' programs race, the reference keeps the last); ``name``: the
+    argument's, for the message."""
     if slot_mapping.device.type != "cpu" or not slot_mapping.numel():
         return
     top = int(slot_mapping.max())
@@ -273,6 +275,16 @@ def check_slots_in_range(
             f"{name} names slot {top}, past the caches' {cache.shape[0]} blocks x "
             f"{cache.shape[1]} rows"
         )
+    stored = slot_mapping[slot_mapping >= 0]
+    if stored.numel() > 1:
+        ordered = stored.sort().values
+        same = ordered[1:] == ordered[:-1]
+        if bool(same.any()):
+            slot = int(ordered[1:][same][0])
+            raise ValueError(
+                f"{name} names slot {slot} for two tokens: each token's entry needs a slot of "
+                f"its own (the order of two stores into one entry is not defined)"
+            )
 
 
 def check_out_buffers(out, qkv: torch.Tensor, widths: tuple[int, ...], inputs) -> None:

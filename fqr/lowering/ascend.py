@@ -94,7 +94,7 @@ class UnsupportedOnChip(ValueError):
     """The program needs something the chip does not have (the message says what)."""
 
 
-FP8_STORES = (torch.float8_e4m3fn,)
+FP8_STORES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_store_dtypes(plan: KernelPlan, chip: AscendChip) -> None:

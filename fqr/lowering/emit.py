@@ -35,6 +35,7 @@ TL_DTYPES = {
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
     torch.float8_e4m3fn: "tl.float8e4nv",
+    torch.float8_e5m2: "tl.float8e5",
     torch.uint8: "tl.uint8",
 }
 EMITTER_VERSION = "3"
@@ -171,6 +172,34 @@ ROUND_TO_FP8E4M3 = {
 }
 
 
+FP8_E5M2_MAX = float(torch.finfo(torch.float8_e5m2).max)
+# fp32 -> float8_e5m2, encoded on the fp32 bits on every target (as the E5M2 cache stores
+# encode their bytes: one encoding everywhere, no compiler's conversion trusted): saturate to
+# +-57344 keeping NaN, normals rounded to 2 mantissa bits (nearest even, the carry moves the
+# exponent; bias 127 -> 15), subnormals (|x| < 2^-14) to multiples of 2^-16 by the 2^23 trick,
+# then a bit cast.
+ROUND_TO_FP8E5M2 = (
+    "@triton.jit",
+    "def round_to_fp8e5m2(x):",
+    '    """fp32 -> float8_e5m2: clamp to +-57344 (NaN kept), round to nearest even, encoded '
+    'on the bits."""',
+    "    nan = x != x",
+    f"    y = tl.minimum(tl.maximum(x, {-FP8_E5M2_MAX!r}), {FP8_E5M2_MAX!r})",
+    "    sign = (y.to(tl.uint32, bitcast=True) >> 24) & 0x80",
+    "    a = tl.abs(y)",
+    "    bits = a.to(tl.uint32, bitcast=True)",
+    "    bits = (bits + 0xFFFFF + ((bits >> 21) & 1)) & 0xFFE00000",
+    "    small = tl.where(a < 0.00006103515625, a, 0.0)",
+    "    subnormal = ((small * 65536.0 + 8388608.0) - 8388608.0).to(tl.uint32)",
+    "    normal = (((bits >> 23) - 112) << 2) | ((bits >> 21) & 3)",
+    "    code = tl.where(a < 0.00006103515625, subnormal, normal)",
+    "    code = tl.where(nan, 0x7F, code) | sign",
+    "    return code.to(tl.uint8).to(tl.float8e5, bitcast=True)",
+    "",
+    "",
+)
+
+
 @dataclass(frozen=True)
 class EmittedKernel:
     """A kernel's generated source and what its code asks of the compiler: with
@@ -226,6 +255,7 @@ class KernelBuilder:
         self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
         self.uses_round_fp8 = False
+        self.uses_round_fp8e5m2 = False
         self.rounding_points = False  # round_point was emitted: no FMA contraction
         self.aliases = plan.program.aliases()  # output index -> the input it updates in place
         self.head_tile = "1"  # heads in the current chunk's tiles (a literal)
@@ -308,6 +338,9 @@ class KernelBuilder:
         if dtype == torch.float8_e4m3fn:
             self.uses_round_fp8 = True
             return f"round_to_fp8e4m3({expr})"
+        if dtype == torch.float8_e5m2:
+            self.uses_round_fp8e5m2 = True
+            return f"round_to_fp8e5m2({expr})"
         return f"({expr}).to({TL_DTYPES[dtype]})"
 
     def round_point(self, expr: str, dtype: torch.dtype) -> str:
@@ -857,6 +890,7 @@ class KernelBuilder:
             # A target whose bf16 conversion is not trusted (an interpreter) gets the bit-exact
             # fp8 encoder too: both casts are wrong in the same interpreters.
             *(ROUND_TO_FP8E4M3[self.tiling.bf16_rounding] if self.uses_round_fp8 else ()),
+            *(ROUND_TO_FP8E5M2 if self.uses_round_fp8e5m2 else ()),
             "@triton.jit(do_not_specialize=["
             + ", ".join(f'"{n}"' for n in ("T", *self.lengths.values()))
             + "])",

@@ -16,10 +16,16 @@ its FP8 outputs, ``quant_scale_q`` of ``mla_rope_quantize_fp8``: ``cast(x * quan
 
     y = clamp(x * scale, -448, 448)          stored as float8_e4m3fn
 
-Like every op, the value stays in fp32 inside a program: the rounding to E4M3 happens once,
-where the output is stored (round to nearest, ties to even, on every target; the reference
-backend's ``Tensor.to(float8_e4m3fn)`` of the clamped value). The reference it matches is
-:func:`fqr.reference.fp8_e4m3`.
+With ``dtype=torch.float8_e5m2`` (FlashInfer's ``quantize_dtype=torch.float8_e5m2``) the
+value is saturated to E5M2's range and stored as float8_e5m2::
+
+    y = clamp(x / scale, -57344, 57344)      stored as float8_e5m2   (x * scale with multiply)
+
+Like every op, the value stays in fp32 inside a program: the rounding to the FP8 format
+happens once, where the output is stored (round to nearest, ties to even, on every target;
+the reference backend's ``Tensor.to(dtype)`` of the clamped value; the kernels encode E5M2 on
+the fp32 bits, as the E5M2 cache stores do). The reference it matches is
+:func:`fqr.reference.saturate_fp8` (rounded by the store).
 """
 
 from __future__ import annotations
@@ -34,14 +40,20 @@ FP8_E5M2 = torch.float8_e5m2
 FP8_E5M2_MAX = float(torch.finfo(FP8_E5M2).max)  # 57344.0
 E5M2_MIN_NORMAL = 2.0**-14  # below it the spacing stays 2^-16 (subnormals)
 
+FP8_MAX = {FP8_E4M3: FP8_E4M3_MAX, FP8_E5M2: FP8_E5M2_MAX}  # each format's largest finite
+
 quantize_fp8_p = primitive("quantize_fp8")
 
 
-def quantize_fp8(x, scale=None, *, multiply: bool = False):
-    """See the module docstring (``multiply``: the scale multiplies, FlashInfer's)."""
+def quantize_fp8(x, scale=None, *, multiply: bool = False, dtype: torch.dtype = FP8_E4M3):
+    """See the module docstring (``multiply``: the scale multiplies, FlashInfer's; ``dtype``:
+    float8_e4m3fn or float8_e5m2, the stored format)."""
     if multiply and scale is None:
         raise ValueError("multiply=True needs a scale")
-    return quantize_fp8_p.bind(x, scale, **({"multiply": True} if multiply else {}))
+    params: dict = {"multiply": True} if multiply else {}
+    if dtype != FP8_E4M3:  # an E4M3 program's params stay as they were
+        params["dtype"] = dtype
+    return quantize_fp8_p.bind(x, scale, **params)
 
 
 def check_scale(scale: Aval | None, name: str = "scale") -> None:
@@ -51,26 +63,29 @@ def check_scale(scale: Aval | None, name: str = "scale") -> None:
 
 
 @quantize_fp8_p.def_abstract
-def _quantize_abstract(x: Aval, scale: Aval | None, *, multiply: bool = False):
+def _quantize_abstract(x: Aval, scale: Aval | None, *, multiply: bool = False, dtype=FP8_E4M3):
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [T, width], got shape {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    if dtype not in FP8_MAX:
+        raise TypeError(f"dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
     check_scale(scale)
-    return Aval(x.shape, FP8_E4M3)
+    return Aval(x.shape, dtype)
 
 
 @quantize_fp8_p.def_impl
-def _quantize_impl(x, scale, *, multiply: bool = False):
+def _quantize_impl(x, scale, *, multiply: bool = False, dtype=FP8_E4M3):
     if scale is None:
         y = x
     else:
         y = x * scale.to(x.dtype) if multiply else x / scale.to(x.dtype)
-    return y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # torch.clamp keeps NaN
+    top = FP8_MAX[dtype]
+    return y.clamp(-top, top)  # torch.clamp keeps NaN
 
 
 @quantize_fp8_p.def_facts
-def _quantize_facts(x: Aval, scale: Aval | None, *, multiply: bool = False) -> HeadOp:
+def _quantize_facts(x: Aval, scale: Aval | None, *, multiply: bool = False, dtype=None) -> HeadOp:
     return HeadOp((Role.VALUE, Role.SCALAR if scale is not None else None))  # elementwise
 
 
@@ -82,10 +97,12 @@ def saturate_lines(
     *,
     exact_division: bool = False,
     multiply: bool = False,
+    top: float = FP8_E4M3_MAX,
 ) -> str:
-    """Emit ``clamp(value / scale, -448, 448)`` keeping NaN; return the new variable's name.
-    ``exact_division``: divide with ``tl.math.div_rn`` (IEEE round to nearest; Triton's ``/``
-    on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp); ``multiply``: ``value * scale``."""
+    """Emit ``clamp(value / scale, -top, top)`` keeping NaN (``top``: E4M3's 448 by default);
+    return the new variable's name. ``exact_division``: divide with ``tl.math.div_rn`` (IEEE
+    round to nearest; Triton's ``/`` on fp32 is ``div.full.f32`` on NVIDIA, within 2 ulp);
+    ``multiply``: ``value * scale``."""
     y = b.fresh(prefix)
     if scale is None:
         scaled = value
@@ -97,7 +114,7 @@ def saturate_lines(
         scaled = f"({value} / {scale})"
     b.emit(
         f"{y} = tl.where({scaled} != {scaled}, {scaled}, "
-        f"tl.minimum(tl.maximum({scaled}, {-FP8_E4M3_MAX!r}), {FP8_E4M3_MAX!r}))"
+        f"tl.minimum(tl.maximum({scaled}, {-top!r}), {top!r}))"
     )
     return y
 
@@ -109,8 +126,9 @@ def _quantize_lowering(b: EmitContext, eqn: Eqn) -> None:
     scale = b.scalar(scale_var) if scale_var is not None else None
     name = b.var_name(eqn.outputs[0])
     multiply = bool(eqn.params.get("multiply"))
+    top = FP8_MAX[eqn.params.get("dtype", FP8_E4M3)]
     out = {
-        piece: saturate_lines(b, v, scale, f"{name}_{piece}_", multiply=multiply)
+        piece: saturate_lines(b, v, scale, f"{name}_{piece}_", multiply=multiply, top=top)
         for piece, v in b.pieces(x_var).items()
     }
     b.set(eqn.outputs[0], out)

@@ -61,6 +61,10 @@ from .variant import CaseSpec, Variant, register_variant
 
 TILE = 128  # fp8_ds_mla: one float32 scale per 128 kv_c values (vLLM's)
 BYTES = torch.uint8
+DS_MLA = "fp8_ds_mla"
+# The MLA cache layouts a program stores, by vLLM's kv_cache_dtype names ('fp8' is spelled
+# 'fp8_e4m3': one program for both names): the composition's static ``kv_cache_dtype``
+LAYOUTS = ("auto", "fp8_e4m3", "fp8_e5m2", DS_MLA)
 
 
 def ds_mla_entry_bytes(kv_lora_rank: int, rope_dim: int) -> int:
@@ -84,11 +88,10 @@ def mla_kv_prologue(
     as ``"unfused"``, k_pe's rotation an fp32 complex product rounded once
     (:func:`fqr.prologue.blocks.complex_rope_round_to`)."""
     q_lora_rank, kv_lora_rank, rope_dim = s["q_lora_rank"], s["kv_lora_rank"], s["qk_rope_head_dim"]
-    eps = s["eps"]
-    byte_entry = kv_cache.dtype == BYTES
+    eps, layout = s["eps"], s["kv_cache_dtype"]
     # fp8_ds_mla quantizes kv_c tile by tile: held as heads of one tile (its norm over the whole
     # width is then a reduction over the row of those heads)
-    kv_heads = kv_lora_rank // TILE if byte_entry else 1
+    kv_heads = kv_lora_rank // TILE if layout == DS_MLA else 1
     sections = [Section(1, q_lora_rank, 0)] if q_lora_rank else []
     sections += [
         Section(kv_heads, kv_lora_rank // kv_heads, q_lora_rank),
@@ -107,34 +110,42 @@ def mla_kv_prologue(
     )
     caches = mla_cache_stores(
         kv_cache, kv_c, k_pe, slot_mapping, k_scale, rope_dtype=kv_a.dtype, kpe_cache=kpe_cache,
-        encoding=s.get("cache_encoding"),
+        kv_cache_dtype=layout,
     )  # fmt: skip
     if not q_lora_rank:
         return kv_c, k_pe, *caches
     q_c = ops.rms_norm(q_c[0], q_a_weight, eps=eps, group_size=q_lora_rank, round_to=rounding)
-    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: e4m3(clamp(q_c * scale))
-        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True)
+    if quant_scale_q is not None:  # FP8 q_c for an FP8 q_b_proj: fp8(clamp(q_c * scale))
+        q_c = ops.quantize_fp8(q_c, quant_scale_q, multiply=True, dtype=s["quantize_dtype"])
     return q_c, kv_c, k_pe, *caches
 
 
 def mla_cache_stores(
-    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kpe_cache=None, encoding=None
+    kv_cache, kv_c, k_pe, slot_mapping, scale, *, rope_dtype, kv_cache_dtype: str, kpe_cache=None
 ):
-    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches):
-    ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns 0 and
-    ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``); for a uint8 cache
-    ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles` of kv_c (held as heads
-    of one tile) then k_pe as ``rope_dtype`` values (:func:`fqr.ops.cache_insert_bytes`); with
-    ``kpe_cache`` FlashInfer's two caches, kv_c into ``kv_cache`` (its ``ckv_cache``) and k_pe
-    into ``kpe_cache``, one :func:`fqr.ops.cache_insert` each. ``encoding="e5m2"``: the
-    (uint8) caches hold float8_e5m2 bytes (vLLM's ``fp8_e5m2``)."""
+    """``[kv_c | k_pe]`` stored into the paged MLA cache (traced; returns the new caches), the
+    layout told by ``kv_cache_dtype`` (vLLM's name, as the call declares it: never by the
+    operand's dtype, since a uint8 operand is either layout): ``'auto'`` / ``'fp8_e4m3'`` /
+    ``'fp8_e5m2'`` are ``concat_and_cache_mla``, two :func:`fqr.ops.cache_insert` at columns
+    0 and ``kv_lora_rank`` in the cache's dtype (FP8: the per-tensor ``scale``; E5M2: the
+    uint8 operand holds float8_e5m2 bytes, ``encoding="e5m2"``), at any latent width;
+    ``'fp8_ds_mla'`` is ``concat_and_cache_ds_mla``, :func:`fqr.ops.cache_insert_fp8_tiles`
+    of kv_c (held as heads of one tile) then k_pe as ``rope_dtype`` values
+    (:func:`fqr.ops.cache_insert_bytes`); with ``kpe_cache`` FlashInfer's two caches, kv_c
+    into ``kv_cache`` (its ``ckv_cache``) and k_pe into ``kpe_cache``, one
+    :func:`fqr.ops.cache_insert` each."""
+    if kv_cache_dtype not in LAYOUTS:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(LAYOUTS)}, got {kv_cache_dtype!r}"
+        )
+    encoding = "e5m2" if kv_cache_dtype == "fp8_e5m2" else None
     kv_lora_rank = kv_c.shape[1]
     if kpe_cache is not None:
         return (
             ops.cache_insert(kv_cache, kv_c, slot_mapping, scale, column=0, encoding=encoding),
             ops.cache_insert(kpe_cache, k_pe, slot_mapping, scale, column=0, encoding=encoding),
         )
-    if kv_cache.dtype == BYTES and encoding is None:
+    if kv_cache_dtype == DS_MLA:
         cache = ops.cache_insert_fp8_tiles(
             kv_cache, kv_c, slot_mapping, tile=TILE, offset=0, scale_offset=kv_lora_rank
         )
@@ -149,11 +160,13 @@ def mla_cache_stores(
 
 
 def mla_cache_expected(
-    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kpe_cache=None
-) -> tuple:
-    """float64 expectation of :func:`mla_cache_stores`: :func:`fqr.reference.mla_cache_entry`
-    (a uint8 cache of an FP8 ``kv_cache_dtype`` read as E4M3 by the caller first; FlashInfer's
-    two caches as the two parts of one entry), or for the ``fp8_ds_mla`` uint8 cache
+    kv_cache, kv_c, k_pe, slot_mapping, *, scale=None, rope_dtype, kv_cache_dtype: str,
+    kpe_cache=None,
+) -> tuple:  # fmt: skip
+    """float64 expectation of :func:`mla_cache_stores`, the layout told by ``kv_cache_dtype``
+    (vLLM's name): :func:`fqr.reference.mla_cache_entry` (a uint8 cache of a per-tensor FP8
+    ``kv_cache_dtype`` read as the float8 values it holds by the caller first; FlashInfer's
+    two caches as the two parts of one entry) at any latent width, or for ``'fp8_ds_mla'``
     :func:`fqr.reference.ds_mla_entry` packed with the cache's other entries decoded."""
     if kpe_cache is not None:  # [ckv | kpe] is the one entry's layout: expected, then cut
         bytes_of = [c.contiguous().view(BYTES) for c in (kv_cache, kpe_cache)]
@@ -161,7 +174,7 @@ def mla_cache_expected(
         cache, _ = reference.mla_cache_entry(both, kv_c, k_pe, slot_mapping, scale=scale)
         width = kv_cache.shape[-1]
         return cache[..., :width].contiguous(), cache[..., width:].contiguous()
-    if kv_cache.dtype == BYTES:
+    if kv_cache_dtype == DS_MLA:
         entry = reference.ds_mla_entry(
             kv_cache, kv_c, k_pe, slot_mapping, tile=TILE, rope_dtype=rope_dtype
         )
@@ -201,11 +214,12 @@ class MlaCache(Cache):
 
 
 def cache_statics(call: Call) -> dict:
-    """The composition's ``cache_encoding`` where the cache holds E5M2 bytes (else none)."""
-    encoding = (
-        "e5m2" if params.FP8_KV_CACHE_DTYPES.get(cache_dtype_name(call)) == FP8_E5M2 else None
-    )
-    return {"cache_encoding": encoding} if encoding else {}
+    """The composition's ``kv_cache_dtype``: the cache's layout as the call declares it
+    (:func:`cache_dtype_name`; ``'fp8'`` spelled ``'fp8_e4m3'``), which the stores read
+    (:func:`mla_cache_stores`): a uint8 operand is E5M2 bytes or the ``fp8_ds_mla`` entry,
+    and only the declared name tells them apart."""
+    name = cache_dtype_name(call)
+    return {"kv_cache_dtype": "fp8_e4m3" if name == "fp8" else name}
 
 
 def two_caches_agree(call: Call) -> None:
@@ -253,7 +267,7 @@ KPE_CACHE = kpe_cache_param(lambda call: call.qk_rope_head_dim)
 def mla_kv_reference(
     kv_a, positions, cos_sin_cache, q_a_weight, kv_a_weight, kv_cache, slot_mapping, *,
     q_lora_rank, kv_lora_rank, eps=1e-6, is_neox=False, k_scale=None, quant_scale_q=None,
-    kpe_cache=None,
+    quantize_dtype=None, kpe_cache=None,
 ):  # fmt: skip
     """float64 ``(q_c, kv_c, k_pe, expected kv_cache)`` (no ``q_c`` without ``q_lora_rank``):
     :func:`fqr.reference.mla_kv`, then the cache written as ``concat_and_cache_mla``
@@ -272,10 +286,11 @@ def mla_kv_reference(
     )
     caches = mla_cache_expected(
         kv_cache, kv_c, k_pe, slot_mapping, scale=k_scale, rope_dtype=kv_a.dtype,
-        kpe_cache=kpe_cache,
+        kv_cache_dtype=DTYPE_CACHE_NAMES.get(kv_cache.dtype, "auto"), kpe_cache=kpe_cache,
     )  # fmt: skip
-    if quant_scale_q is not None:  # what the E4M3 store of q_c rounds
-        q_c = reference.saturate_fp8(q_c * quant_scale_q.detach().to(torch.float64).reshape(()))
+    if quant_scale_q is not None:  # what the FP8 store of q_c rounds
+        factor = quant_scale_q.detach().to(torch.float64).reshape(())
+        q_c = reference.saturate_fp8(q_c * factor, None, quantize_dtype or FP8)
     return (*((q_c,) if q_lora_rank else ()), kv_c, k_pe, *caches)
 
 
@@ -300,6 +315,7 @@ def _ranks(call: Call) -> None:
         )
     if call.quant_scale_q is not None and call.q_lora_rank == 0:
         raise ValueError("quant_scale_q quantizes q_c: it needs q_lora_rank > 0")
+    params.check_quantize_dtype_needs_scale(call, "quant_scale_q")
 
 
 def _entry(call: Call):
@@ -335,14 +351,19 @@ def _flavour(call: Call) -> None:
             f"cos_sin_cache width {call.cos_sin_cache.shape[1]} must be qk_rope_head_dim "
             f"{call.qk_rope_head_dim} (k_pe is rotated whole)"
         )
-    dtype = call.kv_cache.dtype
-    if call.k_scale is not None and dtype not in (FP8, FP8_E5M2):
-        raise ValueError(
-            f"k_scale applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
-            f"{DTYPE_NAMES.get(dtype, dtype)} cache"
-        )
-    if dtype == BYTES:
+    if call.kv_cache.dtype == BYTES:
         check_ds_mla_call(call, "kv_a", call.kv_a, call.kv_lora_rank, "kv_lora_rank")
+
+
+def _reads_k_scale(call: Call) -> bool:
+    """Whether the program reads k_scale: a per-tensor FP8 cache's (E4M3 or E5M2)."""
+    return call.kv_cache.dtype in (FP8, FP8_E5M2)
+
+
+K_SCALE_WHAT = (
+    "the per-tensor scale of a float8_e4m3fn or float8_e5m2 kv_cache, vLLM's kv_cache_dtype "
+    + ", ".join(repr(name) for name in params.FP8_KV_CACHE_DTYPES)
+)
 
 
 def check_ds_mla_call(call: Call, name: str, rows, width: int, width_name: str) -> None:
@@ -438,14 +459,16 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             "k_scale",
             None,
             annotation=params.OPTIONAL_TENSOR,
-            kind=Scale(),
+            kind=Scale(used=_reads_k_scale, what=K_SCALE_WHAT),
             optional=True,
-            doc="float32 ``[1]`` per-tensor scale of a float8_e4m3fn cache (default 1): stored "
-            "``e4m3(clamp(x / k_scale, -448, 448))``, as concat_and_cache_mla",
+            doc="float32 ``[1]`` or 0-dim per-tensor scale of a float8_e4m3fn / float8_e5m2 "
+            "cache (default 1): stored ``fp8(clamp(x / k_scale, -max, max))``, as "
+            "concat_and_cache_mla; with a model-dtype or fp8_ds_mla cache it is ignored, as "
+            "vLLM's kernels ignore the ``layer._k_scale`` its MLA backends pass with every "
+            "cache (its form is still checked, its value is not read)",
         ),
-        params.quant_scale(
-            "quant_scale_q", "q_c is returned as float8_e4m3fn (what an FP8 q_b_proj reads)"
-        ),
+        params.quant_scale("quant_scale_q", "q_c is returned as FP8 (what an FP8 q_b_proj reads)"),
+        params.quantize_dtype("quant_scale_q"),
         KPE_CACHE,
         numerics(),
         BACKEND,
@@ -481,11 +504,14 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
     (``slot_mapping [N]``, N <= T: vLLM's cache kernels store ``slot_mapping.size(0)`` tokens
     of a batch padded for CUDA graphs) whose slot ``s >= 0``:
     the cache entry ``[s // block_size, s % block_size]`` gets ``[kv_c | k_pe]`` in the
-    cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``); a uint8 cache gets
-    the ``fp8_ds_mla`` entry: kv_c in tiles of 128 values, each stored as
-    ``e4m3(clamp(x / scale, -448, 448))`` with ``scale = max(max|tile| / 448, FLT_MIN)``
-    (float32, stored after the values), then k_pe as bf16. Entries no slot names are left as
-    they are. The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
+    cache's dtype (float8_e4m3fn: ``e4m3(clamp(x / k_scale, -448, 448))``; float8_e5m2:
+    ``e5m2(clamp(x / k_scale, -57344, 57344))``), at any ``kv_lora_rank``; a uint8 cache gets
+    the ``fp8_ds_mla`` entry (``kv_lora_rank`` a multiple of 128): kv_c in tiles of 128
+    values, each stored as ``e4m3(clamp(x / scale, -448, 448))`` with ``scale = max(max|tile|
+    / 448, FLT_MIN)`` (float32, stored after the values), then k_pe as bf16. Entries no slot
+    names are left as they are. ``k_scale`` may be given with every cache (vLLM's MLA
+    backends pass ``layer._k_scale`` always): an FP8 cache reads it, the others ignore it.
+    The reference it matches is :func:`fqr.prologue.mla_kv.mla_kv_reference`.
     ``numerics="unfused"`` rounds where vLLM's native code rounds (each norm and the rotation
     in the model dtype; an ``fp8_ds_mla`` tile's max taken over the rounded kv_c);
     ``"unfused-hf"`` where transformers' DeepSeek-V2 rounds (its norms as ``"unfused"``, the
@@ -493,7 +519,8 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
 
     With ``quant_scale_q`` (float32 ``[1]`` or 0-dim) q_c is returned as float8_e4m3fn,
     ``e4m3(clamp(q_c * quant_scale_q, -448, 448))`` (FlashInfer's convention for FP8 q: the
-    factor multiplies), for an FP8 ``q_b_proj``.
+    factor multiplies), for an FP8 ``q_b_proj``; with ``quantize_dtype=torch.float8_e5m2`` as
+    float8_e5m2, ``e5m2(clamp(q_c * quant_scale_q, -57344, 57344))``.
 
     Example (DeepSeek-V3's widths: q_lora_rank 1536, kv_lora_rank 512, k_pe 64, the YaRN table of
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::

@@ -30,12 +30,14 @@ from .declare import (
     Call,
     Output,
     Rows,
+    Scale,
     Tensor,
     declare,
     numerics,
 )
 from .mla_kv import (
     BYTES,
+    DS_MLA,
     MLA_PARAMS,
     TILE,
     MlaCache,
@@ -53,23 +55,23 @@ from .mla_kv import (
 )
 from .variant import CaseSpec, Variant, register_variant
 
-DS_MLA = "fp8_ds_mla"
 # vLLM's kv_cache_dtype names this op takes: the model dtype, a per-tensor E4M3 cache (a
 # float8_e4m3fn tensor or, as vLLM allocates it, its uint8 bytes), V3.2's byte entry
 MLA_CACHE_DTYPES = ("auto", *params.FP8_KV_CACHE_DTYPES, DS_MLA)
 
 
-def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, **static):
+def mla_insert(kv_c, k_pe, kv_cache, slot_mapping, scale, kpe_cache, *, kv_cache_dtype, **static):
     """``[kv_c | k_pe]`` of the first N tokens written into the cache (FlashInfer's two caches:
     kv_c into ``kv_cache``, k_pe into ``kpe_cache``), traced into one program: returns the
-    new caches (donated: the kernel stores in place). An ``fp8_ds_mla`` (uint8) cache
-    quantizes kv_c tile by tile: it is held as heads of one tile."""
-    if kv_cache.dtype == BYTES:
+    new caches (donated: the kernel stores in place). ``kv_cache_dtype`` (the call's, vLLM's
+    name; never the operand's dtype: an E5M2 cache enters as bytes too) says the layout; an
+    ``fp8_ds_mla`` cache quantizes kv_c tile by tile: it is held as heads of one tile."""
+    if kv_cache_dtype == DS_MLA:
         tiles = kv_c.shape[1] // TILE
         (kv_c,) = ops.split_heads(kv_c, [Section(tiles, TILE, 0)])
     return mla_cache_stores(
         kv_cache, kv_c, k_pe, slot_mapping, scale, rope_dtype=k_pe.dtype, kpe_cache=kpe_cache,
-        encoding=static.get("cache_encoding"),
+        kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
 
 
@@ -77,15 +79,17 @@ def mla_insert_reference(
     kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto", scale=None, kpe_cache=None
 ) -> tuple[torch.Tensor, ...]:
     """float64 expected cache after the call: :func:`fqr.prologue.mla_kv.mla_cache_expected`
-    of the first N tokens (a uint8 cache of an FP8 ``kv_cache_dtype`` read as the float8 values
-    it holds)."""
+    of the first N tokens in the layout ``kv_cache_dtype`` names (a uint8 cache of a
+    per-tensor FP8 ``kv_cache_dtype`` read as the float8 values it holds); ``scale`` is read
+    only where that layout has a per-tensor scale (vLLM passes one always)."""
     typed = params.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
 
     def as_typed(cache):
         return cache.view(typed) if typed is not None and cache.dtype == BYTES else cache
 
     return mla_cache_expected(
-        as_typed(kv_cache), kv_c, k_pe, slot_mapping, scale=scale, rope_dtype=k_pe.dtype,
+        as_typed(kv_cache), kv_c, k_pe, slot_mapping, scale=scale if typed is not None else None,
+        rope_dtype=k_pe.dtype, kv_cache_dtype=kv_cache_dtype,
         kpe_cache=None if kpe_cache is None else as_typed(kpe_cache),
     )  # fmt: skip
 
@@ -126,15 +130,10 @@ def _cache_dtype_text(call: Call) -> str:
 
 
 def _flavour(call: Call) -> None:
-    """What ``kv_cache_dtype`` asks of the call: a scale only for a per-tensor FP8 cache,
-    16-bit rows and whole tiles for ``fp8_ds_mla``."""
-    name = call.kv_cache_dtype
-    if call.scale is not None and name not in params.FP8_KV_CACHE_DTYPES:
-        raise ValueError(
-            f"scale applies only to a per-tensor FP8 cache (kv_cache_dtype 'fp8'), not to "
-            f"kv_cache_dtype {name!r} (vLLM ignores it there: pass None)"
-        )
-    if name == DS_MLA:
+    """What ``kv_cache_dtype`` asks of the call: 16-bit rows and whole tiles for
+    ``fp8_ds_mla``. (A scale is taken with every dtype, as vLLM's MLA backends pass
+    ``layer._k_scale`` with every one: read for a per-tensor FP8 cache, ignored otherwise.)"""
+    if call.kv_cache_dtype == DS_MLA:
         check_ds_mla_call(call, "kv_c", call.kv_c, call.kv_c.shape[1], "kv_c width")
 
 
@@ -180,10 +179,16 @@ MLA_CACHE_INSERT = declare(
             None,
             keyword=False,
             annotation=params.OPTIONAL_TENSOR,
-            kind=params.cache_scale("scale", "MLA").kind,
+            kind=Scale(
+                used=lambda call: call.kv_cache_dtype in params.FP8_KV_CACHE_DTYPES,
+                what=params.FP8_SCALE_WHAT,
+            ),
             optional=True,
-            doc="float32 ``[1]`` or 0-dim per-tensor scale of an FP8 cache (default 1): stored "
-            "``e4m3(clamp(x / scale, -448, 448))``, as concat_and_cache_mla; None otherwise",
+            doc="float32 ``[1]`` or 0-dim per-tensor scale (vLLM's ``layer._k_scale``, which "
+            "its MLA backends pass with every dtype): read for ``'fp8'`` / ``'fp8_e4m3'`` / "
+            "``'fp8_e5m2'`` (default 1: stored ``fp8(clamp(x / scale, -max, max))``, as "
+            "concat_and_cache_mla), ignored for ``'auto'`` and ``'fp8_ds_mla'`` as vLLM's "
+            "kernels ignore it there (its form is still checked, its value is not read)",
         ),
         kpe_cache_param(lambda call: call.k_pe.shape[1]),
         numerics(modes=("fused", "unfused")),
@@ -216,10 +221,18 @@ MLA_CACHE_INSERT = declare(
     * ``'fp8'`` / ``'fp8_e4m3'``: ``e4m3(clamp([kv_c[t] | k_pe[t]] / scale, -448, 448))``
       with the float32 per-tensor ``scale`` (``[1]`` or 0-dim, default 1; vLLM's
       ``scaled_convert``), into a float8_e4m3fn cache or its uint8 bytes;
-    * ``'fp8_ds_mla'`` (uint8 entry of ``L + 4 * L / 128 + 2 * R`` bytes): kv_c in tiles of
-      128 values, each stored ``e4m3(clamp(x / s_j, -448, 448))`` with ``s_j = max(max|tile_j|
-      / 448, FLT_MIN)`` (float32), the ``L / 128`` scales as float32 after the values, then
-      k_pe's 16-bit values (bf16 or fp16, the rows' dtype).
+    * ``'fp8_e5m2'``: the same with ``e5m2(clamp(..., -57344, 57344))``, into a float8_e5m2
+      cache or its uint8 bytes;
+    * ``'fp8_ds_mla'`` (uint8 entry of ``L + 4 * L / 128 + 2 * R`` bytes, L a multiple of
+      128): kv_c in tiles of 128 values, each stored ``e4m3(clamp(x / s_j, -448, 448))`` with
+      ``s_j = max(max|tile_j| / 448, FLT_MIN)`` (float32), the ``L / 128`` scales as float32
+      after the values, then k_pe's 16-bit values (bf16 or fp16, the rows' dtype).
+
+    The layout is the one ``kv_cache_dtype`` names, at any latent width L (an E5M2 cache is
+    uint8 bytes as an ``fp8_ds_mla`` one is: the dtype never decides). ``scale`` is taken
+    with every dtype, as vLLM's MLA backends pass ``scale=layer._k_scale`` whatever the
+    cache: the per-tensor FP8 names read it; ``'auto'`` and ``'fp8_ds_mla'`` ignore it, as
+    vLLM's kernels do (the latter computes its tiles' scales itself).
 
     With ``kpe_cache`` (FlashInfer's paged MLA layout, ``append_paged_mla_kv_cache``'s
     ``ckv_cache`` / ``kpe_cache``, addressed here by slot): ``kv_cache [num_blocks, block_size,

@@ -31,12 +31,14 @@ from .variant import CaseSpec, Variant, register_variant
 
 
 def mla_q_rope_prologue(
-    q, positions, cos_sin_cache, quant_scale_q, *, num_heads, qk_nope_head_dim, is_neox, numerics
-):
+    q, positions, cos_sin_cache, quant_scale_q, *, num_heads, qk_nope_head_dim, is_neox, numerics,
+    quantize_dtype=torch.float8_e4m3fn,
+):  # fmt: skip
     """The rope part of every ``[nope | rope]`` head of ``q``, rotated (traced into one
     program): returns the rotated parts ``[T, H * rope]``, which the call stores back into q;
     with ``quant_scale_q`` the nope parts and the rotated parts, each times the scale, as FP8
-    E4M3 (FlashInfer's ``mla_rope_quantize_fp8`` q outputs), and q is not written."""
+    of ``quantize_dtype`` (E4M3 or E5M2: FlashInfer's ``mla_rope_quantize_fp8`` q outputs),
+    and q is not written."""
     rope_dim = cos_sin_cache.shape[1]
     head = qk_nope_head_dim + rope_dim
     rope_part = Section(num_heads, rope_dim, qk_nope_head_dim, head)
@@ -54,18 +56,21 @@ def mla_q_rope_prologue(
     )
     if quant_scale_q is None:
         return (pe,)
-    return tuple(ops.quantize_fp8(x, quant_scale_q, multiply=True) for x in (nope, pe))
+    return tuple(
+        ops.quantize_fp8(x, quant_scale_q, multiply=True, dtype=quantize_dtype) for x in (nope, pe)
+    )
 
 
 def mla_q_rope_reference(
     q, positions, cos_sin_cache, *, num_heads, qk_nope_head_dim, is_neox=False,
-    quant_scale_q=None,
+    quant_scale_q=None, quantize_dtype=None,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """float64 q after the call: each head's nope part as it was, its rope part rotated by
     the token's row of ``cos_sin_cache`` (:func:`fqr.reference.rotate` of the
     :func:`fqr.reference.split_row` rope sections); with ``quant_scale_q`` the nope parts and
-    the rotated parts, each ``clamp(x * quant_scale_q, +-448)`` (what the E4M3 store rounds,
-    :func:`fqr.reference.saturate_fp8`)."""
+    the rotated parts, each ``clamp(x * quant_scale_q, +-max)`` of ``quantize_dtype`` (448
+    E4M3, the default; 57344 E5M2): what the FP8 store rounds,
+    :func:`fqr.reference.saturate_fp8`."""
     rope_dim = cos_sin_cache.shape[1]
     head = qk_nope_head_dim + rope_dim
     (pe,) = reference.split_row(q, [Section(num_heads, rope_dim, qk_nope_head_dim, head)])
@@ -74,7 +79,8 @@ def mla_q_rope_reference(
     if quant_scale_q is not None:
         factor = quant_scale_q.detach().to(torch.float64).reshape(())
         (nope,) = reference.split_row(q, [Section(num_heads, qk_nope_head_dim, 0, head)])
-        return tuple(reference.saturate_fp8(x * factor) for x in (nope, rotated))
+        dtype = quantize_dtype or torch.float8_e4m3fn
+        return tuple(reference.saturate_fp8(x * factor, None, dtype) for x in (nope, rotated))
     out = q.detach().to(torch.float64).clone().view(q.shape[0], num_heads, head)
     out[..., qk_nope_head_dim:] = rotated.view(q.shape[0], num_heads, rope_dim)
     return (out.view(q.shape[0], num_heads * head),)
@@ -107,6 +113,7 @@ def _rope_views(call: Call) -> list | None:
 
 
 def _fp8_form(call: Call) -> None:
+    params.check_quantize_dtype_needs_scale(call, "quant_scale_q")
     if call.quant_scale_q is not None and call.qk_nope_head_dim < 1:
         raise ValueError(
             "quant_scale_q returns q_nope and q_pe: qk_nope_head_dim must be >= 1 with it"
@@ -152,9 +159,10 @@ MLA_Q_ROPE = declare(
         params.DEEPSEEK_IS_NEOX,
         params.quant_scale(
             "quant_scale_q",
-            "the nope and rope parts of every q head, as new float8_e4m3fn ``q_nope [T, H * "
-            "nope]`` and ``q_pe [T, H * rope]`` (q is then not written)",
+            "the nope and rope parts of every q head, as new FP8 (``quantize_dtype``) ``q_nope "
+            "[T, H * nope]`` and ``q_pe [T, H * rope]`` (q is then not written)",
         ),
+        params.quantize_dtype("quant_scale_q"),
         numerics(),
         BACKEND,
     ),
@@ -188,7 +196,8 @@ MLA_Q_ROPE = declare(
     ``mla_rope_quantize_fp8`` for q: it returns new float8_e4m3fn ``(q_nope [T, H * nope],
     q_pe [T, H * R])``, ``e4m3(clamp(x * quant_scale_q, -448, 448))`` of each head's nope part
     and of its rotated rope part (FlashInfer multiplies by its ``quant_scale_q``), and q is
-    not written.
+    not written; with ``quantize_dtype=torch.float8_e5m2`` (FlashInfer's argument of that
+    name) they are float8_e5m2, ``e5m2(clamp(x * quant_scale_q, -57344, 57344))``.
 
     Example (DeepSeek-V3 at TP 8: 16 heads of 128 + 64; its table is
     ``fqr.get_preset("deepseek-v3").cos_sin_cache()``; CPU tensors run the reference backend)::

@@ -328,6 +328,44 @@ def quant_scale(name: str, what: str) -> Tensor:
     )
 
 
+QUANTIZE_DTYPES = (FP8_E4M3, FP8_E5M2)
+
+
+def _check_quantize_dtype(name: str, value) -> None:
+    if value is not None and not (isinstance(value, torch.dtype) and value in QUANTIZE_DTYPES):
+        raise TypeError(
+            f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2 (None: float8_e4m3fn), "
+            f"got {value!r}"
+        )
+
+
+def quantize_dtype(scale: str) -> Static:
+    """FlashInfer's ``quantize_dtype``: the FP8 format of the outputs ``scale`` (the factor
+    argument, :func:`quant_scale`) turns on; None is float8_e4m3fn. The composition takes it
+    as the static ``quantize_dtype``, a torch dtype."""
+    return Static(
+        "quantize_dtype",
+        None,
+        annotation="torch.dtype | None",
+        check=_check_quantize_dtype,
+        normalize=lambda value: FP8_E4M3 if value is None else value,
+        schema="ScalarType?",
+        doc=f"the FP8 format of the outputs ``{scale}`` gives (FlashInfer's ``quantize_dtype``): "
+        "``torch.float8_e4m3fn`` (None, the default; clamped to +-448) or "
+        "``torch.float8_e5m2`` (clamped to +-57344); only with ``" + scale + "``",
+    )
+
+
+def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
+    """``quantize_dtype`` names the format of FP8 outputs: given without ``scale`` (the
+    argument that asks for them) it would be silently unused, so it is refused."""
+    if call.quantize_dtype is not None and getattr(call, scale) is None:
+        raise ValueError(
+            f"quantize_dtype applies to the FP8 outputs {scale} asks for: give {scale} "
+            f"(torch.tensor(1.0) for no scaling) or leave quantize_dtype None"
+        )
+
+
 # The key and value caches of a prologue that stores k and v (donated: updated in place), the
 # per-tensor scales of FP8 ones, in their signature order, and the caches' outputs.
 KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))
@@ -338,6 +376,10 @@ KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not 
 # vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
 # allocates such a cache as uint8 bytes).
 FP8_KV_CACHE_DTYPES = KV_CACHE_FP8_DTYPES
+# What a per-tensor cache scale is, in every message about it: the names that read one
+FP8_SCALE_WHAT = "the per-tensor scale of an FP8 cache: kv_cache_dtype " + ", ".join(
+    repr(name) for name in FP8_KV_CACHE_DTYPES
+)
 
 
 def fp8_cache_view(x, kv_cache_dtype: str | None) -> torch.dtype | None:

@@ -13,7 +13,7 @@ from test_validation import BAD_INPUTS, _call
 
 import fqr
 from fqr.numerics import compare
-from fqr.prologue import checked_calls, declare, forget_checked_calls
+from fqr.prologue import checked, checked_calls, declare, forget_checked_calls
 from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from fqr.reference import prologue as reference_prologue
 
@@ -187,8 +187,8 @@ def test_the_kept_call_budget_counts_entries_held(gen, monkeypatch):
     """Replacing a key's oldest kept call (``MAX_PER_KEY`` held) spends no budget: the budget
     is the number of kept calls held across every op; once it is spent a full key still takes
     its newest call, a new key keeps none; forgetting them resets it."""
-    monkeypatch.setattr(declare, "MAX_PER_KEY", 2)
-    monkeypatch.setattr(declare, "MAX_CHECKED_CALLS", 2)
+    monkeypatch.setattr(checked, "MAX_PER_KEY", 2)
+    monkeypatch.setattr(checked, "MAX_CHECKED_CALLS", 2)
     forget_checked_calls()
     p = make_problem(gen, tokens=4)
 

@@ -120,11 +120,11 @@ V3, FP8, DS = PRESETS
 F64_SCALE = torch.ones((), dtype=torch.float64)
 BAD = [
     ("dtype name", V3, "kv_cache_dtype", dict(kv_cache_dtype="fp4")),
-    ("scale on auto", V3, "scale", dict(scale=torch.ones(1))),
+    ("scale on auto, not float32", V3, "scale", dict(scale=torch.ones(1, dtype=torch.float16))),
     ("scale shape", FP8, "scale", dict(scale=torch.ones(2))),
     ("scale dtype", FP8, "scale", dict(scale=F64_SCALE)),
     ("scale zero", FP8, "scale", dict(scale=torch.zeros(()))),
-    ("scale on ds_mla", DS, "scale", dict(scale=torch.ones(1))),
+    ("scale on ds_mla, not a tensor", DS, "scale", dict(scale=1.0)),
     ("cache width", V3, "kv_cache", lambda a: dict(kv_cache=a["kv_cache"][..., :-2])),
     ("cache dtype", V3, "kv_cache", lambda a: dict(kv_cache=a["kv_cache"].float())),
     ("fp8 cache as auto", FP8, "kv_cache", dict(kv_cache_dtype="auto", scale=None)),

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE
+from support.devices import GPU_DEVICE, has_values
+from support.mla_widths import CACHE_DTYPES, check_caches, check_outputs, insert_call, prologue_call
 from support.peer_ports import ON_TRITON
 
 import fqr
 from fqr.bench.checks import poison_free_memory
-from fqr.numerics import compare_kind
+from fqr.numerics import compare, compare_kind
 from fqr.prologue import variant_of
 
 pytestmark = ON_TRITON
@@ -136,3 +137,81 @@ def test_e5m2_caches(gen):
         return dict(inputs, kv_cache=cache, k_scale=torch.tensor([2e-5]))  # some saturate
 
     _run_and_check(gen, fqr.get_preset("deepseek-v3-fp8", 16), change=e5m2)
+
+
+# ------------------------------------------ issue 41: every latent width, every cache dtype
+
+WIDTH_GRID = [
+    (w, n) for w in (64, 96, 192, 512, 576) for n in CACHE_DTYPES if n != "fp8_ds_mla" or w == 512
+]
+PROLOGUE_GRID = [(w, n) for w, n in WIDTH_GRID if n != "fp8_e4m3"]  # one E4M3 name there
+
+
+def _on_gpu_and_checked(cpu_call, *, outputs=False):
+    """Run ``cpu_call`` (drawn on the CPU) with its tensors on the GPU twice (the second call
+    takes the kept call's bound launcher); the last call's caches (and the prologue's
+    outputs) against the CPU call's float64 expectation."""
+    gpu = cpu_call.moved(GPU_DEVICE, "triton")
+    for _ in range(2):
+        result, caches = gpu.run()
+    if not has_values(*caches.values()):
+        return  # the build run on meta: the launches are what it needs
+    check_caches(cpu_call, {n: c.cpu() for n, c in caches.items()})
+    if outputs:
+        check_outputs(cpu_call, tuple(None if x is None else x.cpu() for x in result))
+
+
+@pytest.mark.parametrize("width,name", WIDTH_GRID, ids=[f"{w}-{n}" for w, n in WIDTH_GRID])
+def test_mla_cache_insert_every_latent_width(gen, width, name):
+    """vLLM's call (``scale=layer._k_scale`` with every dtype) at latent widths 64 to 576:
+    the E5M2 cache was cut into fp8_ds_mla tiles before (width 192 stored kv_c[:, :128])."""
+    dtype = torch.float16 if name == "fp8_ds_mla" else torch.bfloat16
+    call = insert_call(gen, width, 64, 16, name, dtype=dtype, tokens=TOKENS, scale="vllm")
+    _on_gpu_and_checked(call)
+
+
+@pytest.mark.parametrize("width,name", PROLOGUE_GRID, ids=[f"{w}-{n}" for w, n in PROLOGUE_GRID])
+def test_mla_prologue_every_latent_width(gen, width, name):
+    dtype = torch.float16 if name == "fp8_ds_mla" else torch.bfloat16
+    call = prologue_call(gen, width, 64, 16, name, dtype=dtype, tokens=TOKENS, q_lora=48)
+    _on_gpu_and_checked(call, outputs=True)
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8_e5m2"])
+def test_flashinfers_latent_96_two_caches(gen, name):
+    """FlashInfer's test grid row (latent 96, rope 32) into ckv / kpe caches, both ops."""
+    _on_gpu_and_checked(insert_call(gen, 96, 32, 16, name, tokens=TOKENS, two_caches=True))
+    call = prologue_call(gen, 96, 32, 16, name, tokens=TOKENS, two_caches=True)
+    _on_gpu_and_checked(call, outputs=True)
+
+
+def test_e5m2_q_outputs(gen):
+    """FlashInfer's quantize_dtype=torch.float8_e5m2: mla_q_rope's q_nope / q_pe and the
+    prologue's q_c as float8_e5m2 (encoded on the fp32 bits), some values saturated."""
+    from fqr.prologue.mla_q_rope import mla_q_rope_reference
+    from fqr.rope_cache import rope_cos_sin_cache
+
+    table = rope_cos_sin_cache(32, 4096, 1e4)
+    q = (torch.randn(TOKENS, 16 * (96 + 32), generator=gen) * 3e4).bfloat16()
+    positions = torch.randint(0, 4096, (TOKENS,), generator=gen)
+    kw = dict(num_heads=16, qk_nope_head_dim=96, quant_scale_q=torch.tensor(1.5))
+    want = mla_q_rope_reference(q, positions, table, **kw, quantize_dtype=torch.float8_e5m2)
+    on = {k: v.to(GPU_DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    for _ in range(2):
+        outs = fqr.mla_q_rope(q.to(GPU_DEVICE), positions.to(GPU_DEVICE), table.to(GPU_DEVICE),
+                              **on, quantize_dtype=torch.float8_e5m2, backend="triton")  # fmt: skip
+    call = prologue_call(gen, 512, 64, 16, "auto", tokens=TOKENS, q_lora=1536)
+    gpu = call.moved(GPU_DEVICE, "triton")
+    scale = torch.tensor(3e4, device=GPU_DEVICE)
+    q_c, *_ = gpu.run(quant_scale_q=scale, quantize_dtype=torch.float8_e5m2)[0]
+    if not has_values(*outs, q_c):
+        return
+    for out, exact, head in zip(outs, want, (96, 32)):
+        assert out.dtype == torch.float8_e5m2
+        c = compare(out.cpu(), exact, head_dim=head)
+        assert c.passed, c
+    decl = fqr.split_mla_rmsnorm_rope_cache.declaration
+    args = dict(call.args, quant_scale_q=scale.cpu(), quantize_dtype=torch.float8_e5m2)
+    exact_q_c = decl.reference(**decl.reference_kwargs(args))[0]
+    c = compare(q_c.cpu(), exact_q_c, head_dim=1536)
+    assert q_c.dtype == torch.float8_e5m2 and c.passed, c

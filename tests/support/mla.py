@@ -52,6 +52,7 @@ def mla_program(flavour: str, dtype=torch.bfloat16, q_lora=Q_LORA, kv_lora=KV_LO
         eps=EPS,
         is_neox=False,
         numerics="fused",
+        kv_cache_dtype={"fp8": "fp8_e4m3"}.get(flavour, flavour),
     )
 
 
