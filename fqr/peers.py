@@ -83,6 +83,29 @@ def vllm_prologue(
     return q, k, v
 
 
+def checkpoint_row_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    spec: PrologueSpec,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A checkpoint's own packed row (GPT-NeoX's per-head ``[q_h | k_h | v_h]``, CodeGen's
+    ``codegen-mpN`` shards of ``[q | v | k]``) split as Hugging Face's modeling code splits it
+    (``view`` then ``chunk`` / ``split``), then :func:`vllm_prologue`'s norm and rotation on
+    ``[q | k | v]``; v a new tensor (the views are not contiguous)."""
+    t, h, d = qkv.shape[0], spec.num_heads, spec.head_dim
+    if layout == "per-head":  # GPTNeoXAttention: view(T, H, 3 * D).chunk(3, dim=-1)
+        q, k, v = qkv.view(t, h, 3 * d).chunk(3, dim=-1)
+    else:  # CodeGenAttention: view(T, mp_num, 3 * local).split(local) as query, value, key
+        shards = int(layout.removeprefix("codegen-mp"))
+        q, v, k = qkv.view(t, shards, 3 * (h * d // shards)).split(h * d // shards, dim=-1)
+    packed = torch.cat([x.reshape(t, h * d) for x in (q, k, v)], dim=-1)
+    return vllm_prologue(packed, positions, cos_sin_cache, q_weight, k_weight, spec)
+
+
 # ------------------------------------------------------------------------------- Liger
 
 

@@ -607,6 +607,45 @@ PRESETS: dict[str, Preset] = {
                 ),
             )
         ),
+        # Packed rows read as the checkpoint stores them (variant split-qkv-layout, the split
+        # op's qkv_layout; no QK norm). EleutherAI/pythia-6.9b config.json (GPTNeoXConfig):
+        # hidden_size 4096, num_attention_heads 32 (head_dim 128), rotary_pct 0.25 (32 of 128
+        # features rotated, NeoX halves: HF GPTNeoX's rotate_half), rotary_emb_base 10000,
+        # max_position_embeddings 2048; its query_key_value row is per head [q_h | k_h | v_h]
+        # (GPTNeoXAttention: view(..., H, 3 * D).chunk(3)).
+        Preset(
+            "pythia-6.9b",
+            "EleutherAI/pythia-6.9b",
+            32,
+            32,
+            128,
+            1e4,
+            2048,
+            norm="none",
+            partial_rotary_factor=0.25,
+            variant="split-qkv-layout",
+            variant_params=(("qkv_layout", "per-head"),),
+            hidden_size=4096,
+        ),
+        # Salesforce/codegen-2B-mono config.json (CodeGenConfig): n_embd 2560, n_head 32
+        # (head_dim 80), rotary_dim 64 (GPT-J pairs: HF rotate_every_two), n_positions 2048,
+        # theta 10000 (HF create_sinusoidal_positions fixes it); CodeGenAttention's mp_num = 4:
+        # the row is 4 shards of [q | v | k], 8 heads each.
+        Preset(
+            "codegen-2b",
+            "Salesforce/codegen-2B-mono",
+            32,
+            32,
+            80,
+            1e4,
+            2048,
+            norm="none",
+            partial_rotary_factor=0.8,
+            is_neox=False,
+            variant="split-qkv-layout",
+            variant_params=(("qkv_layout", "codegen-mp4"),),
+            hidden_size=2560,
+        ),
         # Multi-head Latent Attention (DeepSeek-V2/V3/V3.2, Kimi-K2): the records the MLA op
         # declarations mla-kv (the [kv_c | k_pe] row) and mla-q-rope (the rope part of each q
         # head) read. The "head" of the spec is the rotated part: head_dim = qk_rope_head_dim

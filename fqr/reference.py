@@ -64,6 +64,24 @@ def split_row(row: torch.Tensor, sections: Sequence[Section]) -> list[torch.Tens
     return parts
 
 
+def split_qkv_layout(qkv: Tensor, layout: str, num_heads: int, head_dim: int) -> list[Tensor]:
+    """``[q, k, v]`` of a packed row a checkpoint stores (no load-time permutation), by the
+    model's own reshapes, in the row's dtype: ``"per-head"`` (GPT-NeoX, Persimmon: ``row.view(T,
+    H, 3, D)``, q, k, v the three slices), ``"codegen-mpN"`` (CodeGen: ``row.view(T, N, 3,
+    H*D/N)``, q, v, k the three slices, in that order)."""
+    t, h, d = qkv.shape[0], num_heads, head_dim
+    row = qkv[:, : 3 * h * d]
+    if layout == "per-head":
+        parts = row.reshape(t, h, 3, d)
+        return [parts[:, :, i].reshape(t, h * d).contiguous() for i in range(3)]
+    if not layout.startswith("codegen-mp"):
+        raise ValueError(f"unknown qkv layout {layout!r}")
+    shards = int(layout.removeprefix("codegen-mp"))
+    parts = row.reshape(t, shards, 3, h * d // shards)
+    q, v, k = (parts[:, :, i].reshape(t, h * d).contiguous() for i in range(3))
+    return [q, k, v]
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,
@@ -158,16 +176,20 @@ def prologue(
     eps: float = 1e-6, is_neox: bool = True, q_bias: Tensor | None = None,
     k_bias: Tensor | None = None, weight_offset: float = 0.0, norm: str = "head", norm_stats=None,
     num_v_heads: int | None = None, v_head_dim: int | None = None, head_stride: int | None = None,
+    qkv_layout: str = "qkv",
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The prologue of :func:`fqr.split_qkv_rmsnorm_rope` by its formulas (module docstring).
 
     Same arguments (any float dtypes, any device; ``norm_stats`` anything with ``q_sum_sq``,
     ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`; ``cos_sin_cache``
-    None: no rotation); returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in
-    qkv's dtype.
+    None: no rotation; ``qkv_layout`` other than ``"qkv"``: :func:`split_qkv_layout`); returns
+    float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
     """
-    layout = dict(num_v_heads=num_v_heads, v_head_dim=v_head_dim, head_stride=head_stride)
-    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim, **layout))
+    if qkv_layout != "qkv":
+        q, k, v = split_qkv_layout(qkv, qkv_layout, num_heads, head_dim)
+    else:
+        layout = dict(num_v_heads=num_v_heads, v_head_dim=v_head_dim, head_stride=head_stride)
+        q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim, **layout))
     q, k = _f64(q), _f64(k)
     if norm != "none":
         stats = {"q": (None, None), "k": (None, None)}

@@ -684,6 +684,12 @@ class KernelBuilder:
     # -------------------------------------------------------------- chain emission
     def _head_base(self, chain: Chain) -> str:
         s = chain.section
+        if s.grouped:  # heads in groups (CodeGen's model-parallel shards): fqr.core.Section
+            g = s.group_heads
+            return (
+                f"(row{chain.index} + {s.offset} + (hh // {g}) * {s.group_stride}"
+                f" + (hh % {g}) * {s.head_stride})"
+            )
         return f"(row{chain.index} + {s.offset} + hh * {s.head_stride})"
 
     def emit_static_block(self, chain: Chain, parts: list[tuple[int, int]]) -> None:
@@ -709,6 +715,8 @@ class KernelBuilder:
         )
         s = chain.section
         stride = "" if s.head_stride == s.head_dim else f", head stride {s.head_stride}"
+        if s.grouped:
+            stride += f", groups of {s.group_heads} heads {s.group_stride} apart"
         self.emit(
             f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}{stride}, "
             f"{chain.head_layout.tag}{where})"

@@ -85,6 +85,7 @@ def attention_prologue(
     num_v_heads=None,
     v_head_dim=None,
     head_stride=None,
+    qkv_layout="qkv",
     with_v=True,
 ):
     """Split the packed row, then norm + RoPE q and k (traced into one program); without a
@@ -98,6 +99,7 @@ def attention_prologue(
         num_v_heads=num_v_heads,
         v_head_dim=v_head_dim,
         head_stride=head_stride,
+        layout=qkv_layout,
     )
     groups = {
         "none": None,
@@ -154,8 +156,22 @@ def packed_width(call: Call) -> tuple[int, str]:
 
 
 def _layout(call: Call) -> None:
-    """Head counts, the padded layout's stride, the in-place form's needs."""
+    """Head counts, the padded layout's stride, the in-place form's needs, a checkpoint's own
+    row layout (``qkv_layout``)."""
     params.heads_divide(call)
+    if call.qkv_layout != "qkv":
+        ops.check_qkv_layout(call.qkv_layout, call.num_heads, call.num_kv_heads)
+        for name in ("num_v_heads", "v_head_dim", "head_stride"):
+            if getattr(call, name) is not None:
+                raise ValueError(
+                    f"{name} must be None with qkv_layout={call.qkv_layout!r} (v's heads are "
+                    "k's, back to back within their group)"
+                )
+        if call.inplace:
+            raise ValueError(
+                f"inplace=True needs qkv_layout='qkv' (q and k as contiguous blocks of the row), "
+                f"got {call.qkv_layout!r}"
+            )
     if call.head_stride is not None:
         check_positive_int("head_stride", call.head_stride)
         if call.head_stride < max(call.head_dim, _v_heads(call)[1]):
@@ -300,6 +316,13 @@ def _check_inplace_grad(call: Call) -> None:
         )
 
 
+def _check_layout_name(name: str, value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    if value not in ("qkv", "per-head") and ops.codegen_shards(value) is None:
+        raise ValueError(f"{name} must be one of {', '.join(ops.QKV_LAYOUTS)}, got {value!r}")
+
+
 def _row_layout(name: str, *, doc: str, check=optional_positive_int) -> Static:
     """An optional int of the packed row's layout (None: vLLM's ``[q | k | v]`` of
     ``head_dim`` heads back to back): a layout of the public op's callers, not in the torch
@@ -396,6 +419,18 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             doc="every head of the row starts head_stride >= head_dim columns after the previous "
             "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
             "written); the outputs are contiguous",
+        ),
+        Static(
+            "qkv_layout",
+            "qkv",
+            annotation="str",
+            check=_check_layout_name,
+            schema="str",
+            doc="how the packed row holds the heads, read as the checkpoint stores it: 'qkv' "
+            "(vLLM's [q | k | v]); 'per-head' (GPT-NeoX, Persimmon: [q_h | k_h | v_h] for "
+            "each head h in turn); 'codegen-mpN' (CodeGen: N model-parallel shards, each "
+            "[q | v | k] of num_heads/N heads; CodeGen's is 'codegen-mp4'). Other than 'qkv': "
+            "num_kv_heads == num_heads (fqr.ops.qkv_layout_sections)",
         ),
         Form(
             "inplace",
