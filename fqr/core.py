@@ -573,6 +573,12 @@ class EmitContext(Protocol):
         padding of the register layout is left out)."""
         ...
 
+    def head_sum(self, pieces: dict[str, str]) -> str:
+        """The sum over each head's features of ``pieces`` (fp32 tiles in the layout of the
+        value being transformed, e.g. a function of its pieces), ``[BLOCK_T, heads]``; the
+        padding of the register layout is left out (a LayerNorm's mean and centred variance)."""
+        ...
+
     def sum_squares(self, var: Var, over: Reduction) -> str:
         """The sum of squares of a value over each head (``[BLOCK_T, heads]``) or over its whole
         row (``[BLOCK_T]``, accumulated over head chunks when the row is processed in chunks)."""

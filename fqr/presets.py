@@ -646,6 +646,64 @@ PRESETS: dict[str, Preset] = {
             variant_params=(("qkv_layout", "codegen-mp4"),),
             hidden_size=2560,
         ),
+        # LayerNorm on q and k (variant qk-layernorm). adept/persimmon-8b-base config.json
+        # (PersimmonConfig): hidden_size 4096, num_attention_heads 64 (head_dim 64),
+        # partial_rotary_factor 0.5 (NeoX halves), rope_theta 25000, max_position_embeddings
+        # 16384, layer_norm_eps 1e-5, qk_layernorm true: nn.LayerNorm(head_dim) with weight and
+        # bias, one for every head; its query_key_value row is per head (view(..., H, 3, D)).
+        Preset(
+            "persimmon-8b",
+            "adept/persimmon-8b-base",
+            64,
+            64,
+            64,
+            2.5e4,
+            16384,
+            norm="none",
+            eps=1e-5,
+            partial_rotary_factor=0.5,
+            variant="qk-layernorm",
+            variant_params=(("qkv_layout", "per-head"), ("norm_weights", "shared")),
+            hidden_size=4096,
+        ),
+        # facebook/chameleon-7b config.json (ChameleonConfig): hidden_size 4096,
+        # num_attention_heads 32, num_key_value_heads 32 (head_dim 128), rope_theta 10000,
+        # max_position_embeddings 4096; q_norm / k_norm are ChameleonLayerNorm((H, D)): the
+        # statistics per head, eps 1e-5 fixed in its forward, weight and bias [H, D] (each head
+        # its own) applied after the norm; q_proj, k_proj, v_proj back to back.
+        Preset(
+            "chameleon-7b",
+            "facebook/chameleon-7b",
+            32,
+            32,
+            128,
+            1e4,
+            4096,
+            norm="none",
+            eps=1e-5,
+            variant="qk-layernorm",
+            variant_params=(("qkv_layout", "qkv"), ("norm_weights", "per-head")),
+            hidden_size=4096,
+        ),
+        # RMSNorm after RoPE (variant rope-rmsnorm). tencent/Hunyuan-A13B-Instruct config.json
+        # (model_type hunyuan_v1_moe; the values as recalled, to check against the file):
+        # hidden_size 4096, num_attention_heads 32, num_key_value_heads 8, head_dim 128,
+        # rms_norm_eps 1e-5, max_position_embeddings 32768, rope_theta 10000 with rope_scaling
+        # {type "dynamic", alpha 1000}: HF's HunYuanMoEV1RotaryEmbedding reads that as NTK-alpha,
+        # base = rope_theta * alpha ** (D / (D - 2)), the theta here. use_qk_norm: q and k
+        # rotated (NeoX halves), then query_layernorm / key_layernorm per head.
+        Preset(
+            "hunyuan-a13b",
+            "tencent/Hunyuan-A13B-Instruct",
+            32,
+            8,
+            128,
+            1e4 * 1000.0 ** (128 / 126),
+            32768,
+            eps=1e-5,
+            variant="rope-rmsnorm",
+            hidden_size=4096,
+        ),
         # Multi-head Latent Attention (DeepSeek-V2/V3/V3.2, Kimi-K2): the records the MLA op
         # declarations mla-kv (the [kv_c | k_pe] row) and mla-q-rope (the rope part of each q
         # head) read. The "head" of the spec is the rotated part: head_dim = qk_rope_head_dim

@@ -590,6 +590,20 @@ class KernelBuilder:
         self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + {head}")
         self._store(base, "0", self.cast(f"{value}[:, :, None]", dtype), mask, size)
 
+    def head_sum(self, pieces: dict[str, str]) -> str:
+        """sum over each head's features of ``pieces``, ``[BLOCK_T, heads]`` (layout padding
+        left out: see :meth:`fqr.core.EmitContext.head_sum`)."""
+        terms = []
+        for slot in self.chain.head_layout.slots:
+            for name in slot.names:
+                v = pieces[name]
+                if slot.padded != slot.count:
+                    v = f"tl.where({self.cols(slot.padded)} < {slot.count}, {v}, 0.0)"
+                terms.append(f"tl.sum({v}, 2)")
+        out = self.fresh("hsum")
+        self.emit(f"{out} = " + " + ".join(terms))
+        return out
+
     def head_amax(self, var: Var) -> str:
         """max |x| over each head's features, ``[BLOCK_T, heads]`` (layout padding left out)."""
         pieces = self.pieces(var)

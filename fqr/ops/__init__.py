@@ -14,6 +14,7 @@ from .byte_cache import (
 )
 from .cache import cache_insert, cache_insert_p
 from .fp8 import quantize_fp8, quantize_fp8_p
+from .layer_norm import layer_norm, layer_norm_p
 from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
@@ -38,6 +39,8 @@ __all__ = [
     "codegen_shards",
     "qkv_layout_sections",
     "rms_norm",
+    "layer_norm",
+    "layer_norm_p",
     "rope",
     "reduce_precision",
     "quantize_fp8",

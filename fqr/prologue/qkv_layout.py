@@ -14,16 +14,7 @@ from __future__ import annotations
 
 from ..peers import checkpoint_row_prologue
 from .split_qkv import SPLIT_QKV_RMSNORM_ROPE
-from .variant import CaseSpec, Variant, draw_row, register_variant
-
-
-def preset_layout(preset) -> str:
-    """The ``qkv_layout`` of a preset's TP view: its variant field, with CodeGen's ``N``
-    shards divided by the TP size (a rank's slice of the row holds ``N / tp`` whole shards)."""
-    layout = preset.params["qkv_layout"]
-    if layout.startswith("codegen-mp"):
-        return f"codegen-mp{int(layout.removeprefix('codegen-mp')) // preset.tp}"
-    return layout
+from .variant import CaseSpec, Variant, draw_row, preset_layout, register_variant
 
 
 def _check_preset(variant, preset) -> None:

@@ -160,7 +160,7 @@ def _layout(call: Call) -> None:
     row layout (``qkv_layout``)."""
     params.heads_divide(call)
     if call.qkv_layout != "qkv":
-        ops.check_qkv_layout(call.qkv_layout, call.num_heads, call.num_kv_heads)
+        params.layout_fits(call)
         for name in ("num_v_heads", "v_head_dim", "head_stride"):
             if getattr(call, name) is not None:
                 raise ValueError(
@@ -316,13 +316,6 @@ def _check_inplace_grad(call: Call) -> None:
         )
 
 
-def _check_layout_name(name: str, value) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    if value not in ("qkv", "per-head") and ops.codegen_shards(value) is None:
-        raise ValueError(f"{name} must be one of {', '.join(ops.QKV_LAYOUTS)}, got {value!r}")
-
-
 def _row_layout(name: str, *, doc: str, check=optional_positive_int) -> Static:
     """An optional int of the packed row's layout (None: vLLM's ``[q | k | v]`` of
     ``head_dim`` heads back to back): a layout of the public op's callers, not in the torch
@@ -420,18 +413,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
             "written); the outputs are contiguous",
         ),
-        Static(
-            "qkv_layout",
-            "qkv",
-            annotation="str",
-            check=_check_layout_name,
-            schema="str",
-            doc="how the packed row holds the heads, read as the checkpoint stores it: 'qkv' "
-            "(vLLM's [q | k | v]); 'per-head' (GPT-NeoX, Persimmon: [q_h | k_h | v_h] for "
-            "each head h in turn); 'codegen-mpN' (CodeGen: N model-parallel shards, each "
-            "[q | v | k] of num_heads/N heads; CodeGen's is 'codegen-mp4'). Other than 'qkv': "
-            "num_kv_heads == num_heads (fqr.ops.qkv_layout_sections)",
-        ),
+        params.QKV_LAYOUT,
         Form(
             "inplace",
             False,
