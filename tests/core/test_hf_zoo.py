@@ -11,12 +11,12 @@ For each model type, a tiny config of that type (:func:`support.hf_zoo.tiny_conf
   positions; three random position planes for mRoPE) is run until its rotary function, and
   fqr's op of the preset's variant, given the model's projection output, norm weights and
   RoPE table, on the ``reference`` backend under the family's numerics
-  (:attr:`fqr.presets.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
+  (:attr:`fqr.hf.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
   rotated q parts) equal to the model's bit for bit; and the preset's own table
   (``preset.cos_sin_cache()``: theta, scaling, partial rotary) agrees with the model's rotary
   embedding to float32 precision.
 
-A family in :data:`fqr.presets.HF_FAMILIES` must come out exact (its tiny config is not
+A family in :data:`fqr.hf.HF_FAMILIES` must come out exact (its tiny config is not
 refused). ``-s`` prints the census: exact, refused with each one line.
 """
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fqr.presets import HF_FAMILIES, MROPE_VARIANTS, Preset
+from fqr.hf import HF_FAMILIES, MROPE_VARIANTS
+from fqr.presets import Preset
 
 transformers = pytest.importorskip("transformers")
 
@@ -223,7 +224,7 @@ def test_census_counts(request):
 
 
 def test_the_readme_lists_every_family_with_its_numerics():
-    """README's "Model families" table: every family of :data:`fqr.presets.HF_FAMILIES` once,
+    """README's "Model families" table: every family of :data:`fqr.hf.HF_FAMILIES` once,
     in the row of the numerics mode it is exact under, and nothing else."""
     import re
     from pathlib import Path
