@@ -107,6 +107,22 @@ def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str
     return (("rope_type", rope_type), *((k, checked[k]) for k, _ in pairs))
 
 
+def _ntk_alpha_theta(text, rope: dict, origin: dict[str, str], theta: float, model_type: str):
+    """The base of Hunyuan's NTK-alpha table, as its rotary embedding reads a ``dynamic``
+    scaling with an ``alpha`` (``compute_ntk_alpha_rope_parameters``): ``rope_theta * alpha **
+    (head_dim / (head_dim - 2))``, ``head_dim`` the config's; a ``dynamic`` scaling without
+    an ``alpha`` is transformers' dynamic NTK (its table changes with the sequence length),
+    refused."""
+    if rope.get("alpha") is None:
+        raise ValueError(
+            f"config: RoPE 'dynamic' ({model_type}) without an alpha is dynamic NTK (the table "
+            "follows the sequence length), which fqr builds no preset for"
+        )
+    alpha = positive_number(origin.get("alpha", "config RoPE alpha"), rope["alpha"])
+    d = positive_count("config.head_dim", _required(text, "head_dim", model_type))
+    return theta * alpha ** (d / (d - 2))
+
+
 def _mla_variant_params(text, model_type: str, family: HFFamily) -> tuple:
     """The ``mla-kv`` fields of a DeepSeek-style config (see :func:`preset_from_hf_config`)."""
     dims = {k: getattr(text, k, None) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
@@ -143,6 +159,8 @@ def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
     norm kind but "none", and MLA's q_a / kv_a norms); without a norm a missing one is the
     spec's default, which nothing reads."""
     key = family.eps_key
+    if key is None:  # the family's code reads no eps (or fixes it)
+        return PrologueSpec.eps if family.fixed_eps is None else family.fixed_eps
     if norm == "none" and family.variant == "split-qkv" and getattr(text, key, None) is None:
         return PrologueSpec.eps
     where = f"config.{key}"
@@ -315,12 +333,18 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
             f"supported: {', '.join(family.scalings)}"
         )
+    if family.ntk_alpha and rope_type == "dynamic":
+        if rope.get("rope_theta") is None:
+            raise ValueError("config: RoPE (dynamic) has no rope_theta")
+        theta = positive_number(origin["rope_theta"], rope["rope_theta"])
+        rope = dict(rope, rope_theta=_ntk_alpha_theta(text, rope, origin, theta, model_type))
+        rope_type = "default"
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
         raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
     scaling = _scaling(rope, origin, rope_type, model_type)
-    variant_params: tuple = ()
+    variant_params: tuple = family.variant_params
     if family.variant == "mla-kv":
         heads = positive_count(
             "config.num_attention_heads", _required(text, "num_attention_heads", model_type)

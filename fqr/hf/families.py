@@ -38,8 +38,15 @@ class HFFamily:
     # Config settings with which the family's attention does what fqr has no form for:
     # (key, the value that leaves it out, what it does); another value is refused
     refused_keys: tuple[tuple[str, object, str], ...] = ()
-    # The config key of the QK norms' eps (LFM2: norm_eps)
-    eps_key: str = "rms_norm_eps"
+    # The config key of the QK norms' eps (LFM2: norm_eps; Persimmon: layer_norm_eps); None:
+    # the family's code reads none (no QK norm), or uses :attr:`fixed_eps` whatever it says
+    eps_key: str | None = "rms_norm_eps"
+    # The variant's fields the family's code fixes (a packed row's qkv_layout, a norm's
+    # weights), whatever its config says
+    variant_params: tuple[tuple[str, object], ...] = ()
+    # NTK-alpha RoPE (Hunyuan): a ``dynamic`` scaling with an ``alpha`` is the default table of
+    # the base ``rope_theta * alpha ** (D / (D - 2))`` (the code's compute_ntk_alpha_rope_...)
+    ntk_alpha: bool = False
     # The config key that picks the QK-norm kind, and the kind each of its values gives (a
     # value not listed is refused; a config without the key: ``norm``)
     norm_key: str | None = None
@@ -270,12 +277,47 @@ HF_FAMILIES |= {
     "olmo3": replace(HF_FAMILIES["olmo2"], note="OLMo 3: as OLMo 2, the full-attention layers"),
 }
 
+# The packed row as the checkpoint stores it (split-qkv-layout: GPTNeoXAttention's and
+# GPTNeoXJapaneseAttention's query_key_value viewed [T, H, 3 * D], each head's q | k | v; no
+# QK norm; NeoX halves rotated in the model dtype); Persimmon's per-head row with a LayerNorm
+# (nn.LayerNorm(head_dim), weight and bias, eps layer_norm_eps) on q and k (qk-layernorm); and
+# Hunyuan's weighted per-head RMSNorm after RoPE (rope-rmsnorm: query_layernorm /
+# key_layernorm, always built; its "dynamic" RoPE with an alpha is NTK-alpha)
+_PER_HEAD_ROW = (("qkv_layout", "per-head"),)
+HF_FAMILIES |= {
+    t: HFFamily(
+        "none",
+        variant="split-qkv-layout",
+        variant_params=_PER_HEAD_ROW,
+        eps_key=None,
+        note=f"{t}: its fused qkv read per head as stored, no QK norm",
+    )
+    for t in ("gpt_neox", "gpt_neox_japanese")
+}
+HF_FAMILIES["persimmon"] = HFFamily(
+    "none",
+    variant="qk-layernorm",
+    variant_params=(*_PER_HEAD_ROW, ("norm_weights", "shared")),
+    eps_key="layer_norm_eps",
+    refused_keys=(("qk_layernorm", True, "no LayerNorm on q and k"),),
+    note="Persimmon: its per-head row, LayerNorm on q and k, partial rotary",
+)
+HF_FAMILIES |= {
+    t: HFFamily(
+        "head",
+        variant="rope-rmsnorm",
+        scalings=("default", "dynamic"),
+        ntk_alpha=True,
+        note=f"{t}: RoPE, then a weighted per-head RMSNorm",
+    )
+    for t in ("hunyuan_v1_dense", "hunyuan_v1_moe")
+}
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
-    "a LayerNorm (not RMSNorm) on q and k": ("persimmon",),
-    "an RMSNorm after RoPE": ("hunyuan_v1_dense", "hunyuan_v1_moe"),
-    "a fused qkv whose rows interleave per head": ("gpt_neox", "gpt_neox_japanese", "codegen"),
+    "a preset builder for CodeGen's config (rotary_dim, its fixed RoPE base 10000, no "
+    "rope_theta) and its qkv_layout 'codegen-mp4' rows": ("codegen",),
     "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note", "dots3_note_text"),
     "an MLA variant (q temperature)": ("mistral_large4_text",),
     "an MLA variant (a gate fused with q)": ("axk2",),

@@ -147,6 +147,11 @@ OPTIONS = [
     ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
     ("granitemoehybrid", dict(position_embedding_type=None), "refused: config.position_"),
     ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
+    ("persimmon", dict(qk_layernorm=False), "refused: config.qk_layernorm False (persimmon)"),
+    ("hunyuan_v1_dense", dict(rope_parameters=dict(
+        rope_type="dynamic", rope_theta=1e4, alpha=1000.0, factor=1.0)), "exact (rope-rmsnorm"),
+    ("hunyuan_v1_moe", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4,
+        factor=2.0)), "refused: config: RoPE 'dynamic' (hunyuan_v1_moe) without an alpha"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
         mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
@@ -192,7 +197,10 @@ def test_another_reading_of_the_config_is_caught(model_type, numerics, params, g
 
 # The generated kernel under the interpreter on a sample, one family per prologue form: it
 # sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
-INTERPRET_SAMPLE = ["qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5"]
+INTERPRET_SAMPLE = [
+    "qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5", "persimmon",
+    "hunyuan_v1_dense",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("model_type", INTERPRET_SAMPLE)
