@@ -24,6 +24,7 @@ from functools import cached_property
 import torch
 
 from .core import lookup
+from .ops.split import codegen_shards
 from .rope_cache import (
     check_rope,
     fraction,
@@ -197,6 +198,12 @@ class Preset:
             raise ValueError(f"preset {self.name} is already a tp={self.tp} view")
         if self.num_heads % tp:
             raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_heads} q heads")
+        shards = codegen_shards(self.params.get("qkv_layout"))
+        if shards is not None and shards % tp:  # a rank's slice of the row: whole shards
+            raise ValueError(
+                f"tp={tp} does not divide {self.name}'s {shards} shards of qkv_layout "
+                f"{self.params['qkv_layout']!r}"
+            )
         if self.num_kv_heads >= tp:
             if self.num_kv_heads % tp:
                 raise ValueError(

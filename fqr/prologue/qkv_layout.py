@@ -17,17 +17,6 @@ from .split_qkv import SPLIT_QKV_RMSNORM_ROPE
 from .variant import CaseSpec, Variant, draw_row, preset_layout, register_variant
 
 
-def _check_preset(variant, preset) -> None:
-    layout = preset.params["qkv_layout"]
-    if layout.startswith("codegen-mp"):
-        shards = int(layout.removeprefix("codegen-mp"))
-        if shards % preset.tp:
-            raise ValueError(
-                f"preset {preset.name}: tp={preset.tp} does not divide the {shards} shards of "
-                f"qkv_layout {layout!r}"
-            )
-
-
 def _kwargs(preset) -> dict:
     return preset.spec.kwargs(qkv_layout=preset_layout(preset))
 
@@ -54,7 +43,6 @@ QKV_LAYOUT = register_variant(
         draw_inputs=draw_row,
         eager_chain=_eager,
         params=("qkv_layout",),
-        check_preset=_check_preset,
         golden=(
             CaseSpec("pythia-6.9b", "bf16", 5, tp=8),
             CaseSpec("pythia-6.9b", "fp16", 3, "unfused", tp=8),
