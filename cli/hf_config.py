@@ -64,7 +64,8 @@ def hf_config(
     json_out: JsonOption = False,
 ):
     """Whether fqr builds a verified preset from a transformers config, or why not."""
-    from fqr.presets import HF_FAMILIES, Preset
+    from fqr.hf import HF_FAMILIES
+    from fqr.presets import Preset
 
     hf = load_config(config)
     try:

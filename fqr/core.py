@@ -264,17 +264,25 @@ class Section:
 
     ``head_stride`` defaults to ``head_dim`` (heads back to back); a larger stride skips columns
     between heads: padded heads ``[T, H, D + pad]``, or heads interleaved with another view's
-    (Qwen3.5's gate: q head ``h`` then gate head ``h``, both views of stride ``2*D``). It prints
-    as ``HxD@offset`` (``/stride`` added when heads are not back to back).
+    (Qwen3.5's gate: q head ``h`` then gate head ``h``, both views of stride ``2*D``; GPT-NeoX's
+    per-head ``[q_h | k_h | v_h]``: three views of stride ``3*D``). It prints as
+    ``HxD@offset`` (``/stride`` added when heads are not back to back).
+
+    ``group_heads`` (0: one group of all heads) puts the heads in groups of that many, each
+    group ``group_stride`` columns after the previous one: head ``h`` starts at ``offset +
+    (h // group_heads) * group_stride + (h % group_heads) * head_stride`` (CodeGen's row of four
+    model-parallel shards ``[q_g | v_g | k_g]``); it prints ``:G/group_stride`` after the rest.
     """
 
     heads: int
     head_dim: int
     offset: int = 0
     head_stride: int = 0  # 0: head_dim
+    group_heads: int = 0  # 0: heads (one group)
+    group_stride: int = 0  # columns from one group's first head to the next group's
 
     def __post_init__(self) -> None:
-        for name in ("heads", "head_dim", "offset", "head_stride"):
+        for name in ("heads", "head_dim", "offset", "head_stride", "group_heads", "group_stride"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"section {name} must be an int, got {v!r}")
@@ -289,26 +297,54 @@ class Section:
                 f"section {self!s}: head_stride {self.head_stride} < head_dim {self.head_dim} "
                 f"(heads would overlap)"
             )
+        if self.group_heads in (0, self.heads):  # one group: the plain layout
+            object.__setattr__(self, "group_heads", 0)
+            object.__setattr__(self, "group_stride", 0)
+            return
+        if self.group_heads < 0 or self.heads % self.group_heads:
+            raise ValueError(
+                f"section {self!s}: group_heads {self.group_heads} does not divide heads "
+                f"{self.heads}"
+            )
+        span = (self.group_heads - 1) * self.head_stride + self.head_dim
+        if self.group_stride < span:
+            raise ValueError(
+                f"section {self!s}: group_stride {self.group_stride} < a group's span {span} "
+                "(groups would overlap)"
+            )
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the heads sit in several groups (:attr:`group_heads`)."""
+        return self.group_heads != 0
 
     @property
     def width(self) -> int:
         """Features of the view: ``heads * head_dim``."""
         return self.heads * self.head_dim
 
+    def head_start(self, h: int) -> int:
+        """The packed row's column where head ``h`` starts."""
+        if not self.grouped:
+            return self.offset + h * self.head_stride
+        g, i = divmod(h, self.group_heads)
+        return self.offset + g * self.group_stride + i * self.head_stride
+
     @property
     def end(self) -> int:
         """One past the last column of the packed row the view reads."""
-        return self.offset + (self.heads - 1) * self.head_stride + self.head_dim
+        return self.head_start(self.heads - 1) + self.head_dim
 
     def head_columns(self) -> Iterator[tuple[int, int]]:
         """``(first column, one past the last)`` of each head in the packed row."""
         for h in range(self.heads):
-            start = self.offset + h * self.head_stride
+            start = self.head_start(h)
             yield start, start + self.head_dim
 
     def __str__(self) -> str:
         stride = "" if self.head_stride == self.head_dim else f"/{self.head_stride}"
-        return f"{self.heads}x{self.head_dim}@{self.offset}{stride}"
+        groups = f":{self.group_heads}/{self.group_stride}" if self.grouped else ""
+        return f"{self.heads}x{self.head_dim}@{self.offset}{stride}{groups}"
 
 
 def qkv_sections(
@@ -535,6 +571,12 @@ class EmitContext(Protocol):
     def head_amax(self, var: Var) -> str:
         """The largest ``|x|`` over each head's features of a value (``[BLOCK_T, heads]``; the
         padding of the register layout is left out)."""
+        ...
+
+    def head_sum(self, pieces: dict[str, str]) -> str:
+        """The sum over each head's features of ``pieces`` (fp32 tiles in the layout of the
+        value being transformed, e.g. a function of its pieces), ``[BLOCK_T, heads]``; the
+        padding of the register layout is left out (a LayerNorm's mean and centred variance)."""
         ...
 
     def sum_squares(self, var: Var, over: Reduction) -> str:

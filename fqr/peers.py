@@ -83,6 +83,93 @@ def vllm_prologue(
     return q, k, v
 
 
+def hunyuan_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    spec: PrologueSpec,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's / Hugging Face's HunYuan attention up to attention: ``rotary_emb`` first, then
+    ``query_layernorm`` / ``key_layernorm`` on each head (``RMSNorm.forward_native``: ``x *
+    rstd`` rounded to the model dtype, then times the weight)."""
+    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    q, k = vllm_rotary_embedding(positions, q, k, spec.head_dim, cos_sin_cache, spec.is_neox)
+    d = spec.head_dim
+    q = _norm(q.reshape(*q.shape[:-1], q.shape[-1] // d, d), q_weight, spec).flatten(-2)
+    k = _norm(k.reshape(*k.shape[:-1], k.shape[-1] // d, d), k_weight, spec).flatten(-2)
+    return q, k, v
+
+
+def _checkpoint_split(qkv: torch.Tensor, hq: int, hkv: int, d: int, layout: str):
+    """q, k, v ``[T, H, D]`` of a packed row as Hugging Face's modeling code splits it:
+    ``"qkv"`` (``split``), GPT-NeoX's ``"per-head"`` (``view(T, H, 3 * D).chunk(3)``),
+    CodeGen's ``"codegen-mpN"`` (``view(T, N, 3 * W).split(W)`` as query, value, key)."""
+    t = qkv.shape[0]
+    if layout == "qkv":
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        return q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+    if layout == "per-head":
+        q, k, v = qkv.view(t, hq, 3 * d).chunk(3, dim=-1)
+        return q, k, v
+    shards = int(layout.removeprefix("codegen-mp"))
+    local = hq * d // shards
+    q, v, k = qkv.view(t, shards, 3 * local).split(local, dim=-1)
+    return (x.reshape(t, hq, d) for x in (q, k, v))
+
+
+def checkpoint_row_prologue(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    spec: PrologueSpec,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A checkpoint's own packed row (GPT-NeoX's per-head ``[q_h | k_h | v_h]``, CodeGen's
+    ``codegen-mpN`` shards of ``[q | v | k]``) split as Hugging Face's modeling code splits it
+    (:func:`_checkpoint_split`), then :func:`vllm_prologue`'s norm and rotation on
+    ``[q | k | v]``; v a new tensor (the views are not contiguous)."""
+    t, h, d = qkv.shape[0], spec.num_heads, spec.head_dim
+    q, k, v = _checkpoint_split(qkv, h, spec.num_kv_heads, d, layout)
+    packed = torch.cat([x.reshape(t, -1) for x in (q, k, v)], dim=-1)
+    return vllm_prologue(packed, positions, cos_sin_cache, q_weight, k_weight, spec)
+
+
+def hf_layernorm_prologue(
+    inputs: dict,
+    cos_sin_cache: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+    norm_weights: str,
+    qkv_layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hugging Face's ``PersimmonAttention`` / ``ChameleonAttention`` up to attention: the row
+    split as the model splits it, ``q_layernorm`` / ``k_layernorm`` (``nn.LayerNorm(head_dim)``:
+    ``F.layer_norm`` with its affine) or ``q_norm`` / ``k_norm`` (``ChameleonLayerNorm``:
+    ``F.layer_norm`` without, then ``* weight + bias`` of ``[H, D]``), then the rotation in the
+    model dtype (:func:`vllm_rotary_embedding`, the ``cos_sin_cache`` held in it)."""
+    d, t = head_dim, inputs["qkv"].shape[0]
+    q, k, v = _checkpoint_split(inputs["qkv"], num_heads, num_kv_heads, d, qkv_layout)
+    normed = []
+    for x, which in ((q, "q"), (k, "k")):
+        w, b = inputs[f"{which}_weight"], inputs.get(f"{which}_bias")
+        if norm_weights == "shared":
+            x = torch.nn.functional.layer_norm(x, (d,), w, b, eps)
+        else:
+            x = torch.nn.functional.layer_norm(x, (d,), None, None, eps) * w.view(-1, d)
+            x = x if b is None else x + b.view(-1, d)
+        normed.append(x.reshape(t, -1))
+    q, k = vllm_rotary_embedding(inputs["positions"], *normed, d, cos_sin_cache, is_neox)
+    return q, k, v.reshape(t, -1)
+
+
 # ------------------------------------------------------------------------------- Liger
 
 

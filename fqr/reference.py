@@ -64,6 +64,24 @@ def split_row(row: torch.Tensor, sections: Sequence[Section]) -> list[torch.Tens
     return parts
 
 
+def split_qkv_layout(qkv: Tensor, layout: str, num_heads: int, head_dim: int) -> list[Tensor]:
+    """``[q, k, v]`` of a packed row a checkpoint stores (no load-time permutation), by the
+    model's own reshapes, in the row's dtype: ``"per-head"`` (GPT-NeoX, Persimmon: ``row.view(T,
+    H, 3, D)``, q, k, v the three slices), ``"codegen-mpN"`` (CodeGen: ``row.view(T, N, 3,
+    H*D/N)``, q, v, k the three slices, in that order)."""
+    t, h, d = qkv.shape[0], num_heads, head_dim
+    row = qkv[:, : 3 * h * d]
+    if layout == "per-head":
+        parts = row.reshape(t, h, 3, d)
+        return [parts[:, :, i].reshape(t, h * d).contiguous() for i in range(3)]
+    if not layout.startswith("codegen-mp"):
+        raise ValueError(f"unknown qkv layout {layout!r}")
+    shards = int(layout.removeprefix("codegen-mp"))
+    parts = row.reshape(t, shards, 3, h * d // shards)
+    q, v, k = (parts[:, :, i].reshape(t, h * d).contiguous() for i in range(3))
+    return [q, k, v]
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,
@@ -92,6 +110,28 @@ def rms_norm(
         y = y * (weight_offset + _f64(weight))
     if bias is not None:
         y = y + _f64(bias)
+    return y.reshape(t, width)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float,
+    group_size: int,
+) -> torch.Tensor:
+    """float64 LayerNorm of each group of ``group_size`` features of ``x [T, width]``: ``y = (x
+    - mean) / sqrt(mean((x - mean)^2) + eps) * w + b``; ``weight`` / ``bias`` ``[group_size]``
+    (every group alike) or ``[width]`` (each group its own, Chameleon's per-head weights)."""
+    t, width = x.shape
+    n = group_size
+    groups = _f64(x).reshape(t, width // n, n)
+    centred = groups - groups.sum(dim=-1, keepdim=True) / n
+    y = centred / torch.sqrt((centred * centred).sum(dim=-1, keepdim=True) / n + eps)
+    for v, combine in ((weight, torch.mul), (bias, torch.add)):
+        if v is not None:
+            y = combine(y, _f64(v).reshape(-1, n))  # [1, n] or [heads, n]: broadcasts
     return y.reshape(t, width)
 
 
@@ -158,16 +198,20 @@ def prologue(
     eps: float = 1e-6, is_neox: bool = True, q_bias: Tensor | None = None,
     k_bias: Tensor | None = None, weight_offset: float = 0.0, norm: str = "head", norm_stats=None,
     num_v_heads: int | None = None, v_head_dim: int | None = None, head_stride: int | None = None,
+    qkv_layout: str = "qkv",
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The prologue of :func:`fqr.split_qkv_rmsnorm_rope` by its formulas (module docstring).
 
     Same arguments (any float dtypes, any device; ``norm_stats`` anything with ``q_sum_sq``,
     ``k_sum_sq``, ``q_count``, ``k_count``, e.g. :class:`fqr.NormStats`; ``cos_sin_cache``
-    None: no rotation); returns float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in
-    qkv's dtype.
+    None: no rotation; ``qkv_layout`` other than ``"qkv"``: :func:`split_qkv_layout`); returns
+    float64 ``q [T, Hq*D]``, ``k [T, Hkv*D]`` and ``v`` copied in qkv's dtype.
     """
-    layout = dict(num_v_heads=num_v_heads, v_head_dim=v_head_dim, head_stride=head_stride)
-    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim, **layout))
+    if qkv_layout != "qkv":
+        q, k, v = split_qkv_layout(qkv, qkv_layout, num_heads, head_dim)
+    else:
+        layout = dict(num_v_heads=num_v_heads, v_head_dim=v_head_dim, head_stride=head_stride)
+        q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim, **layout))
     q, k = _f64(q), _f64(k)
     if norm != "none":
         stats = {"q": (None, None), "k": (None, None)}
@@ -199,6 +243,28 @@ def prologue(
     q = rotate(q, rows, head_dim=head_dim, is_neox=is_neox)
     k = rotate(k, rows, head_dim=head_dim, is_neox=is_neox)
     return q, k, v
+
+
+def layernorm_prologue(
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor,
+    q_bias: Tensor | None = None, k_bias: Tensor | None = None, *, num_heads: int,
+    num_kv_heads: int, head_dim: int, eps: float = 1e-5, is_neox: bool = True,
+    qkv_layout: str = "qkv",
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Persimmon's / Chameleon's prologue (:func:`fqr.split_qkv_layernorm_rope`), float64: the
+    row split (``qkv_layout``: :func:`split_qkv_layout`), each head of q and of k through
+    :func:`layer_norm` (weights ``[D]``, or ``[H*D]``: each head its own), then
+    rotated; v copied in qkv's dtype."""
+    if qkv_layout == "qkv":
+        q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    else:
+        q, k, v = split_qkv_layout(qkv, qkv_layout, num_heads, head_dim)
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    out = []
+    for x, w, b in ((q, q_weight, q_bias), (k, k_weight, k_bias)):
+        normed = layer_norm(x, w, b, eps=eps, group_size=head_dim)
+        out.append(rotate(normed, rows, head_dim=head_dim, is_neox=is_neox))
+    return out[0], out[1], v
 
 
 def qk_prologue(
@@ -571,6 +637,23 @@ def rope_l2norm_prologue(
         scale = attn_temperature(positions, floor_scale=floor_scale, attn_scale=attn_scale)
         q = q * scale[:, None]
     return q, k, v
+
+
+def rope_rmsnorm_prologue(
+    qkv: Tensor, positions: Tensor, cos_sin_cache: Tensor, q_weight: Tensor, k_weight: Tensor, *,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-5, is_neox: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Hunyuan's prologue (:func:`fqr.split_qkv_rope_rmsnorm`), float64: q and k rotated, then
+    each head normalised with its weight (``x / sqrt(mean(x^2) + eps) * w``); v copied in qkv's
+    dtype."""
+    q, k, v = split_row(qkv, qkv_sections(num_heads, num_kv_heads, head_dim))
+    rows = cos_sin_rows(cos_sin_cache, positions)
+    out = [
+        rms_norm(rotate(x, rows, head_dim=head_dim, is_neox=is_neox), w, eps=eps,
+                 group_size=head_dim)
+        for x, w in ((q, q_weight), (k, k_weight))
+    ]  # fmt: skip
+    return out[0], out[1], v
 
 
 # ------------------------------------------------------- Multi-head Latent Attention (MLA)

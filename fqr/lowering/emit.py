@@ -623,6 +623,20 @@ class KernelBuilder:
         self.emit(f"{base} = {self._entry_at(root, row, offset, dtype)} + {head}")
         self._store(base, "0", self.cast(f"{value}[:, :, None]", dtype), mask, size)
 
+    def head_sum(self, pieces: dict[str, str]) -> str:
+        """sum over each head's features of ``pieces``, ``[BLOCK_T, heads]`` (layout padding
+        left out: see :meth:`fqr.core.EmitContext.head_sum`)."""
+        terms = []
+        for slot in self.chain.head_layout.slots:
+            for name in slot.names:
+                v = pieces[name]
+                if slot.padded != slot.count:
+                    v = f"tl.where({self.cols(slot.padded)} < {slot.count}, {v}, 0.0)"
+                terms.append(f"tl.sum({v}, 2)")
+        out = self.fresh("hsum")
+        self.emit(f"{out} = " + " + ".join(terms))
+        return out
+
     def head_amax(self, var: Var) -> str:
         """max |x| over each head's features, ``[BLOCK_T, heads]`` (layout padding left out)."""
         pieces = self.pieces(var)
@@ -717,6 +731,12 @@ class KernelBuilder:
     # -------------------------------------------------------------- chain emission
     def _head_base(self, chain: Chain) -> str:
         s = chain.section
+        if s.grouped:  # heads in groups (CodeGen's model-parallel shards): fqr.core.Section
+            g = s.group_heads
+            return (
+                f"(row{chain.index} + {s.offset} + (hh // {g}) * {s.group_stride}"
+                f" + (hh % {g}) * {s.head_stride})"
+            )
         return f"(row{chain.index} + {s.offset} + hh * {s.head_stride})"
 
     def emit_static_block(self, chain: Chain, parts: list[tuple[int, int]]) -> None:
@@ -742,6 +762,8 @@ class KernelBuilder:
         )
         s = chain.section
         stride = "" if s.head_stride == s.head_dim else f", head stride {s.head_stride}"
+        if s.grouped:
+            stride += f", groups of {s.group_heads} heads {s.group_stride} apart"
         self.emit(
             f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}{stride}, "
             f"{chain.head_layout.tag}{where})"

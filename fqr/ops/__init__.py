@@ -14,18 +14,33 @@ from .byte_cache import (
 )
 from .cache import cache_insert, cache_insert_p
 from .fp8 import quantize_fp8, quantize_fp8_p
+from .layer_norm import layer_norm, layer_norm_p
 from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
 from .rope import rope, rope_p
-from .split import split_heads, split_heads_p, split_qkv
+from .split import (
+    QKV_LAYOUTS,
+    check_qkv_layout,
+    codegen_shards,
+    qkv_layout_sections,
+    split_heads,
+    split_heads_p,
+    split_qkv,
+)
 from .temperature import attn_temperature, attn_temperature_p
 
 __all__ = [
     "Section",
     "split_heads",
     "split_qkv",
+    "QKV_LAYOUTS",
+    "check_qkv_layout",
+    "codegen_shards",
+    "qkv_layout_sections",
     "rms_norm",
+    "layer_norm",
+    "layer_norm_p",
     "rope",
     "reduce_precision",
     "quantize_fp8",

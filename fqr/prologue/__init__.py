@@ -13,6 +13,10 @@
 :func:`split_qkv_rmsnorm_rope_vnorm`     Gemma 4: v normalised too (:mod:`.vnorm`)
 :func:`split_qkv_rope_l2norm`            Llama 4: RoPE then the L2 norm; NoPE layers'
                                          temperature (:mod:`.rope_l2norm`)
+:func:`split_qkv_layernorm_rope`         Persimmon / Chameleon: LayerNorm on q and k
+                                         (:mod:`.qk_layernorm`)
+:func:`split_qkv_rope_rmsnorm`           Hunyuan: RoPE then a weighted RMSNorm
+                                         (:mod:`.rope_rmsnorm`)
 :func:`split_qkv_index_rmsnorm_rope`     MiniMax-M3's indexer heads, FP8 outputs
                                          (:mod:`.index_heads`)
 :func:`split_qkv_rmsnorm_rope_cache`     norm + RoPE + the paged KV-cache insert

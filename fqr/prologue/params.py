@@ -14,6 +14,7 @@ import torch
 from ..core import DTYPE_NAMES, KV_CACHE_FP8_DTYPES
 from ..inputs import random_fp8_scales, random_paged_cache
 from ..ops.fp8 import FP8_E4M3, FP8_E5M2
+from ..ops.split import QKV_LAYOUTS, check_qkv_layout, codegen_shards
 from ..validate import check_head_counts
 from .declare import (
     BACKEND,
@@ -174,6 +175,33 @@ QKV = positional(
     doc="``[T, (Hq + 2*Hkv)*D]`` packed q | k | v rows, bf16/fp16/fp32; the row stride may "
     "exceed the width",
 )
+
+
+def _check_layout_name(name: str, value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    if value not in ("qkv", "per-head") and codegen_shards(value) is None:
+        raise ValueError(f"{name} must be one of {', '.join(QKV_LAYOUTS)}, got {value!r}")
+
+
+QKV_LAYOUT = Static(
+    "qkv_layout",
+    "qkv",
+    annotation="str",
+    check=_check_layout_name,
+    schema="str",
+    doc="how the packed row holds the heads, read as the checkpoint stores it: 'qkv' "
+    "(vLLM's [q | k | v]); 'per-head' (GPT-NeoX, Persimmon: [q_h | k_h | v_h] for each head h "
+    "in turn); 'codegen-mpN' (CodeGen: N model-parallel shards, each [q | v | k] of "
+    "num_heads/N heads; CodeGen's is 'codegen-mp4'). Other than 'qkv': num_kv_heads == "
+    "num_heads (fqr.ops.qkv_layout_sections)",
+)
+
+
+def layout_fits(call: Call) -> None:
+    """A ``qkv_layout`` other than ``"qkv"`` fits the head counts (:data:`QKV_LAYOUT`)."""
+    if call.qkv_layout != "qkv":
+        check_qkv_layout(call.qkv_layout, call.num_heads, call.num_kv_heads)
 
 
 def heads_divide(call: Call) -> None:

@@ -85,6 +85,7 @@ def attention_prologue(
     num_v_heads=None,
     v_head_dim=None,
     head_stride=None,
+    qkv_layout="qkv",
     with_v=True,
 ):
     """Split the packed row, then norm + RoPE q and k (traced into one program); without a
@@ -98,6 +99,7 @@ def attention_prologue(
         num_v_heads=num_v_heads,
         v_head_dim=v_head_dim,
         head_stride=head_stride,
+        layout=qkv_layout,
     )
     groups = {
         "none": None,
@@ -154,8 +156,22 @@ def packed_width(call: Call) -> tuple[int, str]:
 
 
 def _layout(call: Call) -> None:
-    """Head counts, the padded layout's stride, the in-place form's needs."""
+    """Head counts, the padded layout's stride, the in-place form's needs, a checkpoint's own
+    row layout (``qkv_layout``)."""
     params.heads_divide(call)
+    if call.qkv_layout != "qkv":
+        params.layout_fits(call)
+        for name in ("num_v_heads", "v_head_dim", "head_stride"):
+            if getattr(call, name) is not None:
+                raise ValueError(
+                    f"{name} must be None with qkv_layout={call.qkv_layout!r} (v's heads are "
+                    "k's, back to back within their group)"
+                )
+        if call.inplace:
+            raise ValueError(
+                f"inplace=True needs qkv_layout='qkv' (q and k as contiguous blocks of the row), "
+                f"got {call.qkv_layout!r}"
+            )
     if call.head_stride is not None:
         check_positive_int("head_stride", call.head_stride)
         if call.head_stride < max(call.head_dim, _v_heads(call)[1]):
@@ -397,6 +413,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
             "written); the outputs are contiguous",
         ),
+        params.QKV_LAYOUT,
         Form(
             "inplace",
             False,

@@ -387,6 +387,16 @@ def head_kwargs(preset) -> dict:
     return preset.spec.head_kwargs()
 
 
+def preset_layout(preset) -> str:
+    """The ``qkv_layout`` of a preset's TP view (its ``qkv_layout`` variant field, ``"qkv"``
+    without one), CodeGen's ``N`` shards divided by the TP size (a rank's slice of the row
+    holds ``N / tp`` whole shards)."""
+    layout = preset.params.get("qkv_layout", "qkv")
+    if layout.startswith("codegen-mp"):
+        return f"codegen-mp{int(layout.removeprefix('codegen-mp')) // preset.tp}"
+    return layout
+
+
 def draw_row(variant, preset, tokens, dtype, generator, *, max_position, positions_dtype, bias):
     """The ``draw_inputs`` of an op of vLLM's packed row: ``qkv`` and ``positions``
     (:func:`fqr.inputs.random_row`), then the preset's :func:`fqr.inputs.random_norm_inputs`."""

@@ -11,12 +11,12 @@ For each model type, a tiny config of that type (:func:`support.hf_zoo.tiny_conf
   positions; three random position planes for mRoPE) is run until its rotary function, and
   fqr's op of the preset's variant, given the model's projection output, norm weights and
   RoPE table, on the ``reference`` backend under the family's numerics
-  (:attr:`fqr.presets.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
+  (:attr:`fqr.hf.HFFamily.numerics`), returns q and k (MLA: q_c, kv_c, k_pe and the
   rotated q parts) equal to the model's bit for bit; and the preset's own table
   (``preset.cos_sin_cache()``: theta, scaling, partial rotary) agrees with the model's rotary
   embedding to float32 precision.
 
-A family in :data:`fqr.presets.HF_FAMILIES` must come out exact (its tiny config is not
+A family in :data:`fqr.hf.HF_FAMILIES` must come out exact (its tiny config is not
 refused). ``-s`` prints the census: exact, refused with each one line.
 """
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fqr.presets import HF_FAMILIES, MROPE_VARIANTS, Preset
+from fqr.hf import HF_FAMILIES, MROPE_VARIANTS
+from fqr.presets import Preset
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,6 +147,11 @@ OPTIONS = [
     ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
     ("granitemoehybrid", dict(position_embedding_type=None), "refused: config.position_"),
     ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
+    ("persimmon", dict(qk_layernorm=False), "refused: config.qk_layernorm False (persimmon)"),
+    ("hunyuan_v1_dense", dict(rope_parameters=dict(
+        rope_type="dynamic", rope_theta=1e4, alpha=1000.0, factor=1.0)), "exact (rope-rmsnorm"),
+    ("hunyuan_v1_moe", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4,
+        factor=2.0)), "refused: config: RoPE 'dynamic' (hunyuan_v1_moe) without an alpha"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
         mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
@@ -191,7 +197,10 @@ def test_another_reading_of_the_config_is_caught(model_type, numerics, params, g
 
 # The generated kernel under the interpreter on a sample, one family per prologue form: it
 # sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
-INTERPRET_SAMPLE = ["qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5"]
+INTERPRET_SAMPLE = [
+    "qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5", "persimmon",
+    "hunyuan_v1_dense",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("model_type", INTERPRET_SAMPLE)
@@ -223,7 +232,7 @@ def test_census_counts(request):
 
 
 def test_the_readme_lists_every_family_with_its_numerics():
-    """README's "Model families" table: every family of :data:`fqr.presets.HF_FAMILIES` once,
+    """README's "Model families" table: every family of :data:`fqr.hf.HF_FAMILIES` once,
     in the row of the numerics mode it is exact under, and nothing else."""
     import re
     from pathlib import Path

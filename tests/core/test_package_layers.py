@@ -25,6 +25,7 @@ LAYERS = {
     "fqr.validate": 4,
     "fqr.rope_cache": 4,
     "fqr.presets": 4,
+    "fqr.hf": 4,  # the Hugging Face mapping (families, config readers): beside the presets
     "fqr.inputs": 4,
     "fqr.ascend_on_cuda": 4,
     # the models' own unfused torch code, as vLLM / Hugging Face write it: formulations beside

@@ -121,7 +121,7 @@ def test_an_mrope_interleaving_the_model_ignores_is_refused():
 
 
 def test_mrope_family_without_default_sections_needs_them(monkeypatch):
-    from fqr.presets import HF_FAMILIES
+    from fqr.hf import HF_FAMILIES
 
     family = replace(HF_FAMILIES["qwen3_vl_text"], mrope_section=None)
     monkeypatch.setitem(HF_FAMILIES, "qwen3_vl_text", family)

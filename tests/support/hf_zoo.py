@@ -265,6 +265,15 @@ def _weight(module, *names):
     return None
 
 
+def _bias(module, *names):
+    for name in names:
+        sub = getattr(module, name, None)
+        if sub is not None:
+            bias = getattr(sub, "bias", None)
+            return None if bias is None else bias.detach()
+    return None
+
+
 def compared_outputs(preset, numerics, model, capture, positions, table, backend="reference"):
     """``[(name, fqr's output, the model's)]``: fqr's op of ``preset``'s variant on the
     projection output the model computed, with the model's norm weights and RoPE table
@@ -286,7 +295,26 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
     common = dict(numerics=numerics, backend=backend)
-    if preset.variant == "rope-l2norm":
+    if preset.variant == "qk-layernorm":
+        # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
+        biases = (_bias(attention, *Q_NORMS), _bias(attention, *K_NORMS))
+        out = fqr.split_qkv_layernorm_rope(
+            qkv, positions, table, *weights, *biases, num_heads=preset.num_heads,
+            num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
+            is_neox=preset.is_neox, **preset.params, **common,
+        )  # fmt: skip
+    elif preset.variant == "rope-rmsnorm":
+        # the rotary function runs before the norms: the model's own query_layernorm /
+        # key_layernorm of its rotated q and k
+        out = fqr.split_qkv_rope_rmsnorm(
+            qkv, positions, table, *weights, num_heads=preset.num_heads,
+            num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
+            is_neox=preset.is_neox, **common,
+        )  # fmt: skip
+        norms = [getattr(attention, n) for n in ("query_layernorm", "key_layernorm")]
+        with torch.no_grad():
+            rotated = tuple(norm(x) for norm, x in zip(norms, rotated))
+    elif preset.variant == "rope-l2norm":
         # the model's own weightless norm of its rotated q and k (Llama 4's one qk_norm,
         # nanochat's q_norm / k_norm)
         out = fqr.split_qkv_rope_l2norm(
@@ -309,9 +337,9 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
             qkv, positions, table, *weights, **preset.spec.head_kwargs(**common),
             **preset.params, output_gate=preset.variant == "mrope-gate",
         )  # fmt: skip
-    else:
+    else:  # split-qkv, and split-qkv-layout's row as stored (its qkv_layout)
         out = fqr.split_qkv_rmsnorm_rope(
-            qkv, positions, table, *weights, **preset.spec.kwargs(**common)
+            qkv, positions, table, *weights, **preset.spec.kwargs(**common), **preset.params
         )
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))

@@ -1,0 +1,407 @@
+"""A :class:`fqr.presets.Preset` from a Hugging Face transformers config: the config readers
+(heads, head_dim, eps, the RoPE settings of transformers 5 ``rope_parameters`` or 4.x
+``rope_theta`` / ``rope_scaling``, mRoPE sections, MLA dims), each key read the way the family's
+own modeling code reads it, and :func:`preset_from_hf_config`, which puts them together with the
+family's facts (:mod:`fqr.hf.families`).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..presets import Preset, PrologueSpec
+from ..rope_cache import (
+    SCALING_REQUIRED,
+    YARN_DEFAULTS,
+    check_rope,
+    fraction,
+    positive_count,
+    positive_number,
+)
+from ..validate import check_finite_scalar, check_mrope_section
+from .families import HF_FAMILIES, HF_NEEDS, HF_VARIANT_FAMILIES, MROPE_VARIANTS, HFFamily
+
+# RoPE scalings fqr.rope_cache builds from a config, with the config keys each requires.
+HF_ROPE_SCALINGS: dict[str, tuple[str, ...]] = {"default": ()} | {
+    t: SCALING_REQUIRED[t] for t in ("linear", "llama3", "yarn")
+}
+# Keys a scaling may leave out, with the value vLLM uses then (yarn: the defaults of vLLM's
+# DeepseekScalingRotaryEmbedding, fqr.rope_cache.YARN_DEFAULTS); the preset records them.
+HF_ROPE_DEFAULTS: dict[str, tuple[tuple[str, float], ...]] = {
+    "yarn": tuple(
+        (k, YARN_DEFAULTS[k]) for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+    ),
+}
+# Keys a scaling carries only when the config has them (vLLM passes them through).
+HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapolation_factor")}
+# Config settings with which Hugging Face builds another yarn table than vLLM's DeepSeek path
+# (which ignores them): refused rather than guessed; the value each may harmlessly have.
+_YARN_REFUSED = {"attention_factor": None, "truncate": True}
+
+
+def _required(text, key: str, model_type: str):
+    """``text.<key>``; missing (or None): a ValueError naming it."""
+    value = getattr(text, key, None)
+    if value is None:
+        raise ValueError(
+            f"config.{key} is missing (a {model_type} config needs it to build a preset)"
+        )
+    return value
+
+
+def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
+    """The RoPE settings of the layers the prologue runs in: transformers 5's
+    ``rope_parameters`` (per layer type for Gemma 3: the ``full_attention`` ones), else
+    4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes; and where
+    each was read (``config.rope_parameters['factor']``, ``config.rope_theta``, ...), the
+    name an error about it gives."""
+    params = getattr(config, "rope_parameters", None)
+    where = "config.rope_parameters"
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params, where = params["full_attention"], f"{where}['full_attention']"
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"{where} must be a dict, got {type(params).__name__}")
+    params = dict(params or {})
+    origin = {key: f"{where}[{key!r}]" for key in params}
+    if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
+        params["rope_theta"], origin["rope_theta"] = config.rope_theta, "config.rope_theta"
+    scaling = getattr(config, "rope_scaling", None)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise TypeError(f"config.rope_scaling must be a dict, got {type(scaling).__name__}")
+    if scaling and "rope_type" not in params:
+        params |= scaling
+        origin |= {key: f"config.rope_scaling[{key!r}]" for key in scaling}
+    if getattr(config, "partial_rotary_factor", None) is not None:
+        if "partial_rotary_factor" not in params:
+            origin["partial_rotary_factor"] = "config.partial_rotary_factor"
+        params.setdefault("partial_rotary_factor", config.partial_rotary_factor)
+    return params, origin
+
+
+def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str) -> tuple:
+    """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
+    (vLLM's default where the config has none), then the extras the config has; each value
+    checked (:func:`fqr.rope_cache.check_rope`, errors naming the config key) and held as the
+    Python number it is."""
+    if rope_type == "default":
+        return ()
+    if rope_type == "yarn":
+        refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
+        if refused:
+            raise ValueError(
+                f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
+                f"Face builds another table than vLLM's DeepSeek yarn (the one fqr builds)"
+            )
+    pairs = [(k, rope[k]) for k in HF_ROPE_SCALINGS[rope_type]]
+    pairs += [
+        (k, rope[k] if rope.get(k) is not None else v)
+        for k, v in HF_ROPE_DEFAULTS.get(rope_type, ())
+    ]
+    pairs += [(k, rope[k]) for k in HF_ROPE_EXTRAS.get(rope_type, ()) if rope.get(k) is not None]
+    checked = check_rope(
+        rope["rope_theta"],
+        {"rope_type": rope_type, **dict(pairs)},
+        theta_name=origin.get("rope_theta", "config.rope_theta"),
+        key_name=lambda key: origin.get(key, f"config RoPE {key}"),
+    )
+    return (("rope_type", rope_type), *((k, checked[k]) for k, _ in pairs))
+
+
+def _ntk_alpha_theta(text, rope: dict, origin: dict[str, str], theta: float, model_type: str):
+    """The base of Hunyuan's NTK-alpha table, as its rotary embedding reads a ``dynamic``
+    scaling with an ``alpha`` (``compute_ntk_alpha_rope_parameters``): ``rope_theta * alpha **
+    (head_dim / (head_dim - 2))``, ``head_dim`` the config's; a ``dynamic`` scaling without
+    an ``alpha`` is transformers' dynamic NTK (its table changes with the sequence length),
+    refused."""
+    if rope.get("alpha") is None:
+        raise ValueError(
+            f"config: RoPE 'dynamic' ({model_type}) without an alpha is dynamic NTK (the table "
+            "follows the sequence length), which fqr builds no preset for"
+        )
+    alpha = positive_number(origin.get("alpha", "config RoPE alpha"), rope["alpha"])
+    d = positive_count("config.head_dim", _required(text, "head_dim", model_type))
+    return theta * alpha ** (d / (d - 2))
+
+
+def _mla_variant_params(text, model_type: str, family: HFFamily) -> tuple:
+    """The ``mla-kv`` fields of a DeepSeek-style config (see :func:`preset_from_hf_config`)."""
+    dims = {k: getattr(text, k, None) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
+    missing = [k for k, v in dims.items() if v is None]
+    if missing:
+        raise ValueError(f"config: {model_type} (MLA) has no {', '.join(missing)}")
+    q_lora_rank = getattr(text, "q_lora_rank", None)
+    return (
+        ("q_lora_rank", positive_count("config.q_lora_rank", q_lora_rank) if q_lora_rank else 0),
+        *((k, positive_count(f"config.{k}", v)) for k, v in dims.items()),
+        ("block_size", 64),
+        ("cache_dtype", family.cache_dtype),
+    )
+
+
+def _norm_kind(text, model_type: str, family: HFFamily) -> str:
+    """The QK-norm kind: the family's, or the one its :attr:`HFFamily.norm_key` value picks
+    (a value the family's code does not take is refused, naming the key)."""
+    key = family.norm_key
+    if key is None or not hasattr(text, key):
+        return family.norm
+    value = getattr(text, key)
+    kinds = dict(family.norm_kinds)
+    if isinstance(value, (bool, str)) and value in kinds:
+        return kinds[value]
+    raise ValueError(
+        f"config.{key} {value!r} ({model_type}): fqr builds "
+        + ", ".join(f"{v!r} ({kind} norm)" for v, kind in family.norm_kinds)
+    )
+
+
+def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
+    """The QK norms' eps, ``config.<family.eps_key>``: required where a norm reads it (any
+    norm kind but "none", and MLA's q_a / kv_a norms); without a norm a missing one is the
+    spec's default, which nothing reads."""
+    key = family.eps_key
+    if key is None:  # the family's code reads no eps (or fixes it)
+        return PrologueSpec.eps if family.fixed_eps is None else family.fixed_eps
+    if norm == "none" and family.variant == "split-qkv" and getattr(text, key, None) is None:
+        return PrologueSpec.eps
+    where = f"config.{key}"
+    eps = positive_number(where, _required(text, key, model_type))
+    check_finite_scalar(where, eps, positive=True)  # and within float32 (the compute dtype)
+    if family.fixed_eps is not None and eps != family.fixed_eps:
+        raise ValueError(
+            f"{where} {eps!r} ({model_type}): Hugging Face's attention norms use "
+            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
+        )
+    return eps
+
+
+def _is_neox(text, family: HFFamily) -> bool:
+    """The RoPE pairing the family's code takes from the config: ``family.interleave_key``
+    read as that code reads it (a truth test: True / missing default True -> GPT-J pairs,
+    False or None -> NeoX halves); a value of another type is refused, naming its key."""
+    key = family.interleave_key
+    if key is None or not hasattr(text, key):
+        return family.is_neox
+    value = getattr(text, key)
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"config.{key} must be a bool, got {type(value).__name__} {value!r}")
+    return not value
+
+
+def _hidden_size(text) -> int:
+    """``config.hidden_size`` (a positive count), or 0 where the config has none."""
+    hidden = getattr(text, "hidden_size", None)
+    return 0 if hidden is None else positive_count("config.hidden_size", hidden)
+
+
+def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
+    """``(num_attention_heads, num_key_value_heads, head_dim, where head_dim comes from)`` of
+    a config of grouped-query attention: only a missing (or None) ``num_key_value_heads``
+    means one kv head per q head, and only a missing ``head_dim`` means ``hidden_size /
+    num_attention_heads`` (as Hugging Face reads them; a 0 is refused, not read as missing)."""
+    heads = positive_count(
+        "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
+    )
+    kv = getattr(text, "num_key_value_heads", None)
+    kv_heads = heads if kv is None else positive_count("config.num_key_value_heads", kv)
+    if heads % kv_heads:
+        raise ValueError(
+            f"config.num_attention_heads ({heads}) must be a multiple of "
+            f"config.num_key_value_heads ({kv_heads})"
+        )
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is not None:
+        return heads, kv_heads, positive_count("config.head_dim", head_dim), "config.head_dim"
+    hidden = positive_count("config.hidden_size", _required(text, "hidden_size", model_type))
+    if hidden % heads:
+        raise ValueError(
+            f"config.hidden_size ({hidden}) is not a multiple of config.num_attention_heads "
+            f"({heads}) and config.head_dim is missing"
+        )
+    return heads, kv_heads, hidden // heads, "config.hidden_size / config.num_attention_heads"
+
+
+def _mrope_params(
+    rope: dict, origin: dict[str, str], model_type: str, rotary_dim: int, family: HFFamily
+) -> tuple:
+    """``mrope_section`` (three ints summing to ``rotary_dim / 2``; missing: the family code's
+    default, else refused) and ``mrope_interleaved`` (a bool; where the family's code always
+    interleaves, :attr:`HFFamily.mrope_interleaved`, True whatever the config says, and an
+    explicit False is refused: the model would rotate otherwise than the config says; else
+    the config's, missing False) of an mRoPE family's RoPE settings."""
+    if family.mrope_one_plane:
+        return (("mrope_section", (rotary_dim // 2, 0, 0)), ("mrope_interleaved", False))
+    section = rope.get("mrope_section")
+    where = origin.get("mrope_section", f"{model_type}'s default mrope_section")
+    if section is None:
+        if family.mrope_section is None:
+            raise ValueError(f"config: {model_type} runs mRoPE but has no mrope_section")
+        section = family.mrope_section
+    interleaved = rope.get("mrope_interleaved")
+    if interleaved is not None and not isinstance(interleaved, bool):
+        raise TypeError(
+            f"{origin.get('mrope_interleaved')} must be a bool, got "
+            f"{type(interleaved).__name__} {interleaved!r}"
+        )
+    if family.mrope_interleaved is not None:
+        if interleaved is not None and interleaved != family.mrope_interleaved:
+            raise ValueError(
+                f"{origin['mrope_interleaved']} is {interleaved} but {model_type}'s code "
+                f"ignores it and {'interleaves' if family.mrope_interleaved else 'does not'}"
+                f": refused rather than guessed"
+            )
+        interleaved = family.mrope_interleaved
+    elif interleaved is None:
+        interleaved = False
+    if isinstance(section, (list, tuple)):  # numpy ints as ints; anything else is refused
+        section = [int(n) if isinstance(n, numbers.Integral) else n for n in section]
+    try:
+        check_mrope_section(section, interleaved, rotary_dim, config=True)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
+    return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))
+
+
+def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
+    """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
+    :data:`HF_FAMILIES` (a multimodal config gives its text config's).
+
+    Every key is read as the family's transformers code reads it, and every family is held to
+    that code bit for bit by ``tests/core/test_hf_zoo.py`` (under :attr:`HFFamily.numerics`).
+    Read from the config: ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``
+    (else ``hidden_size / num_attention_heads``), the norm eps (:attr:`HFFamily.eps_key`,
+    ``rms_norm_eps``; optional without a QK norm, where nothing reads it),
+    ``max_position_embeddings`` and the RoPE settings (transformers 5 ``rope_parameters``, or
+    4.x ``rope_theta`` / ``rope_scaling``): theta, ``partial_rotary_factor``, and the scaling,
+    which must be one fqr builds for the family (:attr:`HFFamily.scalings`, keys in
+    :data:`HF_ROPE_SCALINGS`; another is a ValueError naming its type); for an mRoPE family
+    (:data:`MROPE_VARIANTS`: Qwen3-VL ``mrope``, Qwen3.5 ``mrope-gate``, Qwen2-VL kin
+    ``qk-mrope``) its ``mrope_section`` (missing: the code's default) and
+    ``mrope_interleaved`` (where the code ignores it, what the code does; a config saying
+    otherwise is refused). From the family: the norm kind (or the one
+    :attr:`HFFamily.norm_key` picks), its weight offset, the RoPE pairing and the variant; a
+    setting the family's code applies that fqr has no form for (:attr:`HFFamily.refused_keys`)
+    is refused naming it. Families whose prologue is another variant
+    (:data:`HF_VARIANT_FAMILIES`) are refused, and any other model type with what it needs
+    (:data:`HF_NEEDS`).
+
+    Multi-head Latent Attention (``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32``,
+    ``kimi_k2``: the ``mla-kv`` variant, as vLLM's ``deepseek_v2.py`` runs them): ``num_heads``
+    is ``num_attention_heads``, ``num_kv_heads`` 1 (the one latent / k_pe head, whatever
+    ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J
+    pairs (``deepseek_v3`` / ``kimi_k2``: NeoX halves where ``rope_interleave`` is false, as
+    transformers' DeepseekV3Attention reads it; V2 and V3.2 rotate GPT-J pairs whatever it
+    says), ``rms_norm_eps`` 1e-6 (transformers' DeepSeek q_a / kv_a norms use 1e-6 whatever
+    the config says, vLLM's use the config's: another value is refused), and the variant's
+    ``q_lora_rank`` (None: 0, a model with one ``q_proj``; required by ``deepseek_v32``),
+    ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` from the config, with
+    ``block_size`` 64 and ``cache_dtype`` ``"auto"`` (``deepseek_v32``: ``"fp8_ds_mla"``, the
+    cache vLLM runs V3.2 with), what vLLM runs these models with by default (its FlashMLA
+    backend forces blocks of 64; ``kv_cache_dtype`` defaults to the model dtype). Their RoPE is
+    ``default`` or ``yarn`` (vLLM turns any other type into DeepSeek's yarn too: refused here).
+    A yarn scaling records ``factor``, ``original_max_position_embeddings`` (both required),
+    ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` (missing: vLLM's
+    ``DeepseekScalingRotaryEmbedding`` defaults 32, 1, 1, 0) and ``attn_factor`` /
+    ``extrapolation_factor`` where the config has them; ``attention_factor`` and
+    ``truncate: false`` (Hugging Face's, which vLLM's DeepSeek path ignores) are refused
+    (:mod:`fqr.rope_cache` says how the two differ).
+
+    ``name`` defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` ->
+    ``qwen3-8b``), else its model type.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text, "model_type", None)
+    family = HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(model_type, str) and model_type in HF_VARIANT_FAMILIES:
+        raise ValueError(
+            f"config: {model_type}: {HF_VARIANT_FAMILIES[model_type]}; presets of the "
+            f"prologue's variants are not built from a config yet"
+        )
+    if family is None:
+        needs = HF_NEEDS.get(model_type) if isinstance(model_type, str) else None
+        raise ValueError(
+            f"config: model_type {model_type!r} is not a family fqr builds presets for: "
+            + (
+                f"it needs {needs}"
+                if needs
+                else "its attention is not checked against fqr's ops (tests/core/test_hf_zoo.py)"
+            )
+        )
+    rope, origin = _rope_parameters(text)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if not isinstance(rope_type, str) or rope_type not in family.scalings:
+        raise ValueError(
+            f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
+            f"supported: {', '.join(family.scalings)}"
+        )
+    if family.ntk_alpha and rope_type == "dynamic":
+        if rope.get("rope_theta") is None:
+            raise ValueError("config: RoPE (dynamic) has no rope_theta")
+        theta = positive_number(origin["rope_theta"], rope["rope_theta"])
+        rope = dict(rope, rope_theta=_ntk_alpha_theta(text, rope, origin, theta, model_type))
+        rope_type = "default"
+    missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
+    theta = positive_number(origin["rope_theta"], rope["rope_theta"])
+    scaling = _scaling(rope, origin, rope_type, model_type)
+    variant_params: tuple = family.variant_params
+    if family.variant == "mla-kv":
+        heads = positive_count(
+            "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
+        )
+        head_dim = getattr(text, "qk_rope_head_dim", None)
+        if head_dim is None:
+            raise ValueError(f"config: {model_type} (MLA) has no qk_rope_head_dim")
+        kv_heads, head_dim = 1, positive_count("config.qk_rope_head_dim", head_dim)
+        head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
+        variant_params = _mla_variant_params(text, model_type, family)
+    else:
+        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type)
+        partial_rotary_factor, factor_key = 1.0, None
+        if rope.get("partial_rotary_factor") is not None:
+            factor_key = origin["partial_rotary_factor"]
+            partial_rotary_factor = fraction(factor_key, rope["partial_rotary_factor"])
+    rotary_dim = int(head_dim * partial_rotary_factor)
+    if rotary_dim < 2 or rotary_dim % 2:  # RoPE rotates pairs
+        raise ValueError(
+            f"{factor_key} {partial_rotary_factor!r} rotates {rotary_dim} of head_dim "
+            f"{head_dim} features: the rotated part must be even and >= 2"
+            if factor_key
+            else f"{head_key} ({head_dim}) must be even: RoPE rotates the head in pairs"
+        )
+    if family.variant in MROPE_VARIANTS:
+        variant_params = _mrope_params(rope, origin, model_type, rotary_dim, family)
+    for key in family.required:
+        _required(text, key, model_type)
+    for key, harmless, what in family.refused_keys:
+        value = getattr(text, key, harmless)
+        if value != harmless:
+            raise ValueError(
+                f"config.{key} {value!r} ({model_type}): the model's attention then has {what}, "
+                f"which fqr builds no preset for"
+            )
+    norm = _norm_kind(text, model_type, family)
+    eps = _eps(text, model_type, family, norm)
+    max_position = positive_count(
+        "config.max_position_embeddings",
+        _required(text, "max_position_embeddings", model_type),
+    )
+    checkpoint = str(getattr(config, "name_or_path", "") or "")
+    return Preset(
+        name=name or (checkpoint.rstrip("/").rsplit("/", 1)[-1].lower() or model_type),
+        hf_id=checkpoint,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=theta,
+        max_position=max_position,
+        norm=norm,
+        eps=eps,
+        weight_offset=family.weight_offset,
+        partial_rotary_factor=partial_rotary_factor,
+        is_neox=_is_neox(text, family),
+        rope_scaling=scaling,
+        variant=family.variant,
+        variant_params=variant_params,
+        hidden_size=_hidden_size(text),
+    )
