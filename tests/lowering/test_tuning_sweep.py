@@ -13,14 +13,15 @@ import torch
 from support.cuda_ptx import run_compiling
 
 from fqr.lowering.targets import shape_key
-from fqr.lowering.tuning import TILING_OPTIONS, TUNING_FILE, parse_table
+from fqr.lowering.tuning import TILING_OPTIONS, TUNING_FILE, parse_table, upgraded
 from fqr.tools import tuning_sweep as S
 
 BUILD = """
 import json, os
 from fqr.tools import tuning_sweep as S
 every = S.option_sets()
-S.OPTION_SETS["all"] = lambda: every[:2]  # two option sets: the build path, not the whole sweep
+# two option sets: the build path, not the whole sweep
+S.OPTION_SETS["all"] = lambda plan=None: every[:2]
 written = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 again = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 files = sorted(os.listdir({directory!r}))
@@ -64,11 +65,11 @@ def test_a_regenerated_table_replaces_the_swept_shapes_and_keeps_the_rest():
     entry = [e for e in doc["entries"] if tuple(tuple(c) for c in e["shape"]) == key]
     assert len(entry) == 1 and entry[0]["dtype"] is None
     assert entry[0]["variants"] == [
-        [2, 1, 2048, "grid", 0],
-        [4, 1, 2048, "grid", 0],
-        [2, 1, 2048, "grid", 8],
+        [2, 1, 2048, "grid", 0, 0, 0, 0],
+        [4, 1, 2048, "grid", 0, 0, 0, 0],
+        [2, 1, 2048, "grid", 8, 0, 0, 0],
     ]
-    others = [e for e in base["entries"] if tuple(tuple(c) for c in e["shape"]) != key]
+    others = [e for e in upgraded(base)["entries"] if tuple(tuple(c) for c in e["shape"]) != key]
     assert [e for e in doc["entries"] if e not in entry] == others
     assert doc["options"] == list(TILING_OPTIONS)
     parse_table(doc)
@@ -132,7 +133,7 @@ def test_qwen35s_plain_row_takes_the_gated_rows_variants():
     _, table = parse_table(doc)
     gated = S.shape_groups(["qwen3.5-27b"])["qwen3.5-27b"]
     plain = gated[:3]  # the same row without the gate chain
-    assert table[gated] == table[plain] == ((4, 1, 2048, "grid", 0),) * 3
+    assert table[gated] == table[plain] == ((4, 1, 2048, "grid", 0, 0, 0, 0),) * 3
 
 
 class _CountingTimers:
@@ -154,7 +155,7 @@ def test_the_sweep_measures_each_distinct_grid_once(monkeypatch):
     recorded under every cap; rows carry the option set in the table's option order and the
     traffic as GB/s."""
     every = S.option_sets()
-    monkeypatch.setitem(S.OPTION_SETS, "all", lambda: every[:2])
+    monkeypatch.setitem(S.OPTION_SETS, "all", lambda plan=None: every[:2])
     timers = _CountingTimers()
     saved = []
     rows = S.run(
