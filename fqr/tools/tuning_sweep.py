@@ -445,8 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--launch-once",
         action="store_true",
-        help="instead: each preset's shipped kernel launched twice at the first --tokens (for "
-        "a profiler)",
+        help="instead: each preset's shipped kernel launched twice at each --tokens (for a "
+        "profiler: fqr.tools.ncu_summary reads its report)",
     )
     r.add_argument(
         "--with-rows",
@@ -502,8 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "sweep.json").write_text(json.dumps({"options": TILING_OPTIONS, "rows": rows}))
 
     if args.launch_once:
-        for name, kernel in zip(presets, launch_once(presets, tokens[0])):
-            print(f"{name} T={tokens[0]}: {kernel}")
+        for t in tokens:
+            for name, kernel in zip(presets, launch_once(presets, t)):
+                print(f"{name} T={t}: {kernel}", flush=True)
         return 0
     if args.decode:
         found = decode_latency(presets)
