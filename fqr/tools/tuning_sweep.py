@@ -16,8 +16,15 @@ Two steps, so that the GPU's time goes to running, not compiling:
 ``run``    on the GPU, with ``FQR_KERNEL_BUNDLE`` naming that bundle: the timings (a JSON of
            rows, rewritten after each preset), then the regenerated table beside them.
 
-``python -m fqr.tools.tuning_sweep build -o DIR [--preset ...]``;
+``python -m fqr.tools.tuning_sweep build -o DIR [--preset ...] [--sets ...]``;
 ``python -m fqr.tools.tuning_sweep run --out DIR [--preset ...] [--decode | --launch-once]``.
+
+The option sets (``--sets``): ``all`` (the 30 sets of warps, tokens per tile, chunk budget and
+mode), ``decode`` (more warps, smaller grid chunks), and issue 38's schedule knobs, each beside
+the shape's shipped variant so that one run compares them: ``sched-decode`` (T = 1, 16: the
+decode schedule, ``heads_per_program``) and ``sched-wide`` (T = 16,384, 65,536: a register
+budget, a pipelined token loop, warps over several tokens). A table regenerated from rows that
+cover only some buckets keeps the other buckets' variants of the table before.
 """
 
 from __future__ import annotations
