@@ -21,8 +21,8 @@ qwen3-8b T=1: fqr_cuda_a4d37fadd29c
     Section: Warp State Statistics
     Warp Cycles Per Issued Instruction             cycle        14.00
     OPT   Est. Speedup: 22.65%
-          On average, each warp of this workload spends 11.1 cycles being stalled waiting for a scoreboard dependency
-          on a L1TEX (local, global, surface, texture) operation. Find the instruction producing the data being waited
+          On average, each warp of this workload spends 11.1 cycles being stalled waiting for a
+          scoreboard dependency on a L1TEX (local, global, surface, texture) operation.
     Registers Per Thread             register/thread             128
     Theoretical Occupancy                     %           25
     Achieved Occupancy                        %        22.79
