@@ -343,18 +343,20 @@ def decode_latency(
 
 
 def launch_once(
-    presets: Sequence[str], tokens: int, dtype: torch.dtype = torch.bfloat16
+    presets: Sequence[str], tokens: int, dtype: torch.dtype = torch.bfloat16, warmup: bool = True
 ) -> list[str]:
     """Launch each preset's shipped kernel (its token bucket's variant) once at ``tokens`` on
-    the current CUDA device, after one warm-up launch: what a profiler (``ncu --kernel-name
-    regex:fqr_``) attaches to. Returns the kernels' names, in launch order."""
+    the current CUDA device, after one warm-up launch (``warmup``; a profiler that replays
+    the kernel itself needs none): what a profiler (``ncu --kernel-name regex:fqr_``)
+    attaches to. Returns the kernels' names, in launch order."""
     names = []
     for name in presets:
         preset, variant, kernels, cache, generator = _shipped(name, tokens, dtype)
         drawn = variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
         args = variant.program_args(preset, drawn, cache)
-        kernels.launch(args, donate=True)
-        torch.cuda.synchronize()
+        if warmup:
+            kernels.launch(args, donate=True)
+            torch.cuda.synchronize()
         kernels.launch(args, donate=True)
         torch.cuda.synchronize()
         fn = kernels.kernel_for(tokens).fn
@@ -456,6 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profiler: fqr.tools.ncu_summary reads its report)",
     )
     r.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="with --launch-once: one launch of each kernel (ncu replays it itself)",
+    )
+    r.add_argument(
         "--with-rows",
         help="an earlier sweep's sweep.json: its rows join this run's in the table (a decode "
         "sweep adds option sets to the decode bucket of a full one)",
@@ -510,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.launch_once:
         for t in tokens:
-            for name, kernel in zip(presets, launch_once(presets, t)):
+            for name, kernel in zip(presets, launch_once(presets, t, warmup=not args.no_warmup)):
                 print(f"{name} T={t}: {kernel}", flush=True)
         return 0
     if args.decode:
