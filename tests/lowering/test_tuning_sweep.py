@@ -183,3 +183,55 @@ def test_the_decode_sweep_runs_its_own_option_sets():
     for t in (1, 2):
         seen = [{k: r["cfg"][k] for k in decode[0]} for r in rows if r["T"] == t]
         assert seen == [o for o in decode for _ in S.PROGRAMS_PER_SM]
+
+
+def test_the_schedule_sets_sit_beside_the_shipped_variant():
+    """``sched-decode`` (issue 38): the shipped decode variant of the shape, then heads per
+    program 1, 2, 4 over 1, 2, 4 warps; ``sched-wide``: the shipped large-T variant, under a
+    register budget and with its loop pipelined, and over 2 or 4 warps and tokens."""
+    from fqr.lowering import plan_program
+    from fqr.lowering.targets import tuned_variants
+    from fqr.presets import get_preset
+    from fqr.prologue import program_of
+
+    plan = plan_program(program_of(get_preset("deepseek-v3")))
+    shipped = [dict(zip(TILING_OPTIONS, c)) for c in tuned_variants(plan)]
+    decode = S.sched_decode_option_sets(plan)
+    assert {k: decode[0][k] for k in decode[0]} == {
+        k: v for k, v in shipped[0].items() if k != "programs_per_sm"
+    }
+    assert {(o["heads_per_program"], o["num_warps"]) for o in decode[1:]} == {
+        (h, w) for h in (1, 2, 4) for w in (1, 2, 4)
+    }
+    wide = S.sched_wide_option_sets(plan)
+    large = {k: v for k, v in shipped[2].items() if k != "programs_per_sm"}
+    assert wide[0] == large  # the shipped variant, every knob off
+    assert {(o["maxnreg"], o["pipeline_stages"]) for o in wide[:6]} == {
+        (r, s) for r in (0, 64, 80) for s in (0, 2)
+    }
+    assert {(o["num_warps"], o["block_t"]) for o in wide[6:]} == {(2, 2), (4, 4)}
+    assert len({json.dumps(o, sort_keys=True) for o in wide}) == len(wide)
+
+
+def test_a_table_from_the_schedule_sweeps_keeps_the_middle_bucket():
+    """The visit's two runs (decode rows at T = 1, 16, joined by wide rows at 16,384 and
+    65,536) regenerate a whole entry: the middle bucket, not swept, keeps the table's
+    variant; the winners carry their knobs."""
+    base = json.loads(TUNING_FILE.read_text())
+    key = S.shape_groups(["qwen3-8b"])["qwen3-8b"]
+    _, before = parse_table(base)
+    rows = []
+    for t in (1, 16):
+        rows += [_row("qwen3-8b", t, 2.0), _row("qwen3-8b", t, 1.5, heads_per_program=1)]
+    for t in (16384, 65536):
+        rows += [
+            _row("qwen3-8b", t, 60.0, chunk_mode="unroll"),
+            _row("qwen3-8b", t, 55.0, chunk_mode="unroll", maxnreg=64, programs_per_sm=8),
+        ]
+    doc = S.regenerated_table(rows, base, source="test")
+    _, table = parse_table(doc)
+    assert table[key] == (
+        (2, 1, 2048, "grid", 0, 1, 0, 0),
+        before[key][1],
+        (2, 1, 2048, "unroll", 8, 0, 64, 0),
+    )
