@@ -889,12 +889,29 @@ class KernelBuilder:
                 )
 
     # -------------------------------------------------------------- whole kernel
-    def build(self) -> EmittedKernel:
-        """The kernel's source, and whether its code has rounding points."""
+    def _token_loop(self) -> str:
+        """The persistent loop over this program's token tiles (pipelined with
+        :attr:`Tiling.pipeline_stages`)."""
+        stages = self.tiling.pipeline_stages
+        if stages:
+            return f"for t0 in tl.range(pid * BLOCK_T, T, nprog * BLOCK_T, num_stages={stages}):"
+        return "for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):"
+
+    def _token_lines(self) -> None:
         self.emit("tok = t0 + tt")
         self.emit("tmask = tok < T")
         self.emit("tok64 = tok.to(tl.int64)")
+
+    def build(self) -> EmittedKernel:
+        """The kernel's source, and whether its code has rounding points."""
         mode = self.tiling.chunk_mode
+        # Triton pipelines the loads of a loop's body, not those under a branch in it: a grid
+        # kernel with a pipelined loop runs the loop inside each block's branch instead.
+        loop_inside = mode == "grid" and bool(self.tiling.pipeline_stages)
+        if loop_inside:
+            self.indent = 1
+        else:
+            self._token_lines()
         if mode == "grid":
             # One program per (token tiles, block): each block loads what it needs itself.
             self.emit_pre("block = tl.program_id(1)")
@@ -905,12 +922,16 @@ class KernelBuilder:
                 test = f"block == {first}" if block.groups == 1 else f"block < {end}"
                 self.emit(f"{'if' if i == 0 else 'elif'} {test}:")
                 self.indent += 1
+                if loop_inside:
+                    self.emit(self._token_loop())
+                    self.indent += 1
+                    self._token_lines()
                 self._open_tile_scope()
                 if block.groups == 1:
                     self.emit_static_block(block.chain, block.parts)
                 else:
                     self.emit_group_block(block, first)
-                self.indent -= 1
+                self.indent -= 1 + loop_inside
                 first += block.groups
         else:
             self._open_tile_scope()
@@ -951,12 +972,7 @@ class KernelBuilder:
             "    if DENSE:  # every row stride equals its row width: constants, not arguments",
             *(f"        {name} = {width}" for name, width in self.dense_strides),
             *self.pre,
-            "    for t0 in "
-            + (
-                f"tl.range(pid * BLOCK_T, T, nprog * BLOCK_T, num_stages={stages}):"
-                if (stages := self.tiling.pipeline_stages)
-                else "range(pid * BLOCK_T, T, nprog * BLOCK_T):"
-            ),
+            *(() if loop_inside else ("    " + self._token_loop(),)),
             *self.body,
             "",
         ]

@@ -116,6 +116,7 @@ def test_unfused_bits_do_not_depend_on_the_schedule(gen, dtype):
     for options in (
         dict(chunk_mode="grid", heads_per_program=2),
         dict(pipeline_stages=3),
+        dict(chunk_mode="grid", pipeline_stages=2),  # the loop inside each block's branch
         dict(maxnreg=64, chunk_mode="grid", heads_per_program=4, pipeline_stages=2),
     ):
         outs, _ = _run(program, pb.operands(), **options, **LOOP)
@@ -182,6 +183,7 @@ def test_every_family_under_the_decode_and_wide_schedules(gen, name, tp):
     for options in (
         dict(chunk_mode="grid", heads_per_program=1),
         dict(maxnreg=64, pipeline_stages=2),
+        dict(chunk_mode="grid", pipeline_stages=2),
     ):
         outs = run(**options, **LOOP)
         for n, o, b in zip(names, outs, base):
@@ -298,14 +300,17 @@ program = program_of(get_preset("qwen3-8b"))
 wide = compile_for_sm90(lower(program, "cuda", maxnreg=64, pipeline_stages=2, programs_per_sm=4))
 decode = compile_for_sm90(lower(program, "cuda", chunk_mode="grid", heads_per_program=1,
                                 num_warps=1), tokens=1)
+grid = compile_for_sm90(lower(program, "cuda", chunk_mode="grid", pipeline_stages=2,
+                              programs_per_sm=4))
 print(".maxnreg 64" in wide.asm["ptx"], "cp.async" in wide.asm["ptx"],
-      "cp.async" in decode.asm["ptx"])
+      "cp.async" in grid.asm["ptx"], "cp.async" in decode.asm["ptx"])
 """
 
 
 def test_the_knobs_reach_the_sm90_code(tmp_path):
     """Compiled for sm_90 here (no GPU): the register budget is the PTX's ``.maxnreg``, the
     pipelined loop's loads are asynchronous copies (``cp.async``: issued ahead of their use),
-    and the decode schedule compiles (no loop to pipeline there)."""
+    in a grid kernel too (its loop inside each block's branch), and the decode schedule
+    compiles (no loop to pipeline there)."""
     out = run_compiling(SM90, tmp_path / "cache")
-    assert out.split()[-3:] == ["True", "True", "False"]
+    assert out.split()[-4:] == ["True", "True", "True", "False"]
