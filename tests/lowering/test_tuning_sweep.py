@@ -235,3 +235,23 @@ def test_a_table_from_the_schedule_sweeps_keeps_the_middle_bucket():
         before[key][1],
         (2, 1, 2048, "unroll", 8, 0, 64, 0),
     )
+
+
+def test_the_decode_schedule_sweep_runs_and_times_each_kernel_once():
+    """``--sets sched-decode`` on the CPU (interpreted): the shipped decode variant and the nine
+    head-group sets are launched at each T; MLA's programs have no chain to split, so the sets
+    that differ only in heads per program lower to one kernel, timed once."""
+    timers = _CountingTimers()
+    rows = S.run(
+        ["deepseek-v3"], [1], device=torch.device("cpu"), timers=timers,
+        log=lambda m: None, target="interpret", option_sets_of="sched-decode",
+    )  # fmt: skip
+    program = S.variant_of(S.get_preset("deepseek-v3")).program(S.get_preset("deepseek-v3"))
+    sets = S.sched_decode_option_sets(S.plan_program(program))
+    assert len(rows) == len(sets) * len(S.PROGRAMS_PER_SM)
+    assert all(list(r["cfg"]) == list(TILING_OPTIONS) for r in rows)
+    # one measurement per distinct kernel: heads per program changes nothing here
+    kernels = [S.lower(program, "interpret", **o) for o in sets]
+    assert all(k.tiling.heads_per_program == 0 for k in kernels)
+    distinct = {(repr(k.tiling), k._launch["num_warps"]) for k in kernels}
+    assert timers.measured == len(distinct) < len(sets)
