@@ -100,14 +100,12 @@ def test_the_schedule_knobs_are_options_of_a_row_and_a_bucket_not_swept_keeps_it
 def test_a_version_2_table_is_read_with_the_knobs_off():
     """The table before the schedule knobs (``fqr.tuning/2``, five options) still parses, each
     option set with the knobs off, and :func:`upgraded` writes it in the current schema."""
-    doc = json.loads(TUNING_FILE.read_text())
-    old = {
+    doc = upgraded(json.loads(TUNING_FILE.read_text()))
+    doc = {
         **doc,
-        "schema": "fqr.tuning/2",
-        "options": doc["options"][:5],
-        "untuned": [c[:5] for c in doc["untuned"]],
-        "entries": [{**e, "variants": [c[:5] for c in e["variants"]]} for e in doc["entries"]],
+        "entries": [e for e in doc["entries"] if not any(c[5:] != OFF for c in e["variants"])],
     }
+    old = _version_2(doc)
     assert parse_table(old) == parse_table(doc) == parse_table(upgraded(old))
     assert upgraded(old)["schema"] == "fqr.tuning/3"
     assert all(len(c) == 8 for e in upgraded(old)["entries"] for c in e["variants"])
@@ -119,8 +117,23 @@ def test_a_bucket_without_an_option_set_measured_at_all_its_t_is_refused():
         table_from_sweep(_rows(us), {"p": ((8, 128, "plain", True),)}, UNTUNED, source="t")
 
 
+def _version_2(doc: dict) -> dict:
+    """A current-schema document as ``fqr.tuning/2`` wrote it (five options a set)."""
+    return {
+        **doc,
+        "schema": "fqr.tuning/2",
+        "options": doc["options"][:5],
+        "untuned": [c[:5] for c in doc["untuned"]],
+        "entries": [{**e, "variants": [c[:5] for c in e["variants"]]} for e in doc["entries"]],
+    }
+
+
 def _break(path: str, value, doc=None):
-    doc = copy.deepcopy(doc) if doc is not None else json.loads(TUNING_FILE.read_text())
+    """The shipped table (as a ``fqr.tuning/2`` document unless ``doc`` is given) with the
+    field at ``path`` set to ``value``."""
+    if doc is None:
+        doc = _version_2(upgraded(json.loads(TUNING_FILE.read_text())))
+    doc = copy.deepcopy(doc)
     target, *keys = path.split(".")
     node = doc
     for key in [target, *keys][:-1]:
