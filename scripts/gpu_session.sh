@@ -76,7 +76,8 @@ sched)
   NCU=(ncu --clock-control none --kernel-name regex:fqr_ --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats)
   TAILN=3 step ncu_before timeout 60 "${NCU[@]}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --no-warmup --preset "$SCHED_PRESETS" --tokens 1,65536
   TAILN=14 step sched_decode timeout -s INT 70 python3 -m fqr.tools.tuning_sweep run --sets sched-decode --preset "$SCHED_PRESETS" --out "$OUT/sched-decode"
-  TAILN=30 step sched_wide timeout -s INT "${SWEEP_SECONDS:-140}" python3 -m fqr.tools.tuning_sweep run --sets sched-wide --preset "$SCHED_PRESETS" --with-rows "$OUT/sched-decode/sweep.json" --out "$OUT/sched"
+  WITH=(); [ -f "$OUT/sched-decode/sweep.json" ] && WITH=(--with-rows "$OUT/sched-decode/sweep.json")
+  TAILN=30 step sched_wide timeout -s INT "${SWEEP_SECONDS:-140}" python3 -m fqr.tools.tuning_sweep run --sets sched-wide --preset "$SCHED_PRESETS" "${WITH[@]}" --out "$OUT/sched"
   if [ -f "$OUT/sched/tuning.json" ]; then cp "$OUT/sched/tuning.json" fqr/lowering/tuning.json; cp "$OUT/sched/tuning.json" "$OUT/tuning.json"; fi
   TAILN=40 step bench_sched timeout -s INT "${BENCH_SECONDS:-160}" python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,minimax-m3-index-cache,deepseek-v3.2,deepseek-v3-q-rope --tokens 1,16,16384,65536 --dtype bf16 --compare none --rep-ms 5 --warmup-ms 2 --check-rows 512 --save "$OUT/bench_sched.json"
   TAILN=3 step ncu_after timeout 60 "${NCU[@]}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --no-warmup --preset "$SCHED_PRESETS" --tokens 1,65536
