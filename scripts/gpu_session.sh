@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile
+#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
+#   bash scripts/gpu_session.sh sched-build    # issue 38's schedule sweep into .bundle/sched
 #
 # bundle-build makes .venv-device (the device image's Triton, $DEVICE_TRITON, beside CPU torch,
 # from the package index, not the GPU image) and runs every file of tests/gpu there on meta
@@ -25,6 +26,9 @@ summary=()
 step() { local name=$1; shift; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$name rc=$rc"); tail -n "${TAILN:-25}" "$OUT/$name.log"; }
 
 BUNDLE=${FQR_TEST_BUNDLE:-$PWD/.bundle/tests-gpu}
+# issue 38's table (and DeepSeek-V3's MLA kv beside V3.2's): the schedule sweep and its counters
+# (those furthest from the copy at large T first: a sweep cut short keeps the presets it did)
+SCHED_PRESETS=${SCHED_PRESETS:-deepseek-v3.2,minimax-m3-index-cache,deepseek-v3-q-rope,deepseek-v3,qwen3.5-27b,qwen3-8b}
 
 case "${1:-checks}" in
 bundle-build)
@@ -51,6 +55,35 @@ sweep-build)
   tar -C .bundle -cJf .bundle/sweep.tar.xz sweep
   echo "sweep bundle: $(ls .bundle/sweep/*.cubin | wc -l) kernels, $(du -h .bundle/sweep.tar.xz | cut -f1) packed"
   ;;
+sched-build)
+  # issue 38: the schedule knobs' sweep (decode schedule at T = 1, 16; register budget,
+  # pipelined loop, warps over tokens at 16,384 and 65,536) for the issue's presets, compiled
+  # for the device here, with each preset's shipped kernels among them (the baselines)
+  VENV=${DEVICE_VENV:-.venv-device}
+  mkdir -p -m 700 .bundle/sched
+  FQR_CACHE_DIR=$(mktemp -d) TRITON_INTERPRET=0 TAILN=20 step sched_build "$VENV/bin/python" -m fqr.tools.tuning_sweep build -o .bundle/sched --sets sched-decode,sched-wide --preset "$SCHED_PRESETS"
+  tar -C .bundle -cJf .bundle/sched.tar.xz sched
+  echo "sched bundle: $(ls .bundle/sched/*.cubin | wc -l) kernels, $(du -h .bundle/sched.tar.xz | cut -f1) packed"
+  ;;
+sched)
+  # issue 38 on the device, one visit (each step bounded: at most 8 min 10 s): counters of the shipped kernels (before), the
+  # schedule sweep from its bundle (decode, then wide rows joined: tuning.json regenerated and
+  # put in the tree), the bench's issue-38 table with the copy floor, counters again (after)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  [ -d .bundle/sched ] || tar -C .bundle -xJf .bundle/sched.tar.xz
+  chmod -R go-w .bundle/sched
+  export FQR_KERNEL_BUNDLE=$PWD/.bundle/sched TRITON_CACHE_DIR=$(mktemp -d)
+  NCU=(ncu --clock-control none --kernel-name regex:fqr_ --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats)
+  TAILN=3 step ncu_before timeout 60 "${NCU[@]}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --no-warmup --preset "$SCHED_PRESETS" --tokens 1,65536
+  TAILN=14 step sched_decode timeout -s INT 70 python3 -m fqr.tools.tuning_sweep run --sets sched-decode --preset "$SCHED_PRESETS" --out "$OUT/sched-decode"
+  WITH=(); [ -f "$OUT/sched-decode/sweep.json" ] && WITH=(--with-rows "$OUT/sched-decode/sweep.json")
+  TAILN=30 step sched_wide timeout -s INT "${SWEEP_SECONDS:-140}" python3 -m fqr.tools.tuning_sweep run --sets sched-wide --preset "$SCHED_PRESETS" "${WITH[@]}" --out "$OUT/sched"
+  if [ -f "$OUT/sched/tuning.json" ]; then cp "$OUT/sched/tuning.json" fqr/lowering/tuning.json; cp "$OUT/sched/tuning.json" "$OUT/tuning.json"; fi
+  TAILN=40 step bench_sched timeout -s INT "${BENCH_SECONDS:-160}" python3 -m fqr bench --preset qwen3-8b,qwen3.5-27b,minimax-m3-index-cache,deepseek-v3.2,deepseek-v3-q-rope --tokens 1,16,16384,65536 --dtype bf16 --compare none --rep-ms 5 --warmup-ms 2 --check-rows 512 --save "$OUT/bench_sched.json"
+  TAILN=3 step ncu_after timeout 60 "${NCU[@]}" python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --no-warmup --preset "$SCHED_PRESETS" --tokens 1,65536
+  TAILN=40 step counters python3 -m fqr.tools.ncu_summary "$OUT/ncu_before.log" "$OUT/ncu_after.log" --json "$OUT/counters.json"
+  echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
+  ;;
 sweep)
   # issue 31 on the device: the copy kernel's GPU tests (exact bytes, graph capture), why a
   # same-size copy_ swings (--copy-probe), where T = 1's time goes, then the tuning sweep from
@@ -71,9 +104,10 @@ profile)
   [ -d .bundle/sweep ] || tar -C .bundle -xJf .bundle/sweep.tar.xz
   chmod -R go-w .bundle/sweep
   export FQR_KERNEL_BUNDLE=$PWD/.bundle/sweep
-  P=${PROFILE_PRESETS:-deepseek-v3,minimax-m3-index-cache,deepseek-v3-q-rope,qwen3-8b}
-  TAILN=5 step ncu timeout "${PROFILE_SECONDS:-300}" ncu --clock-control none --kernel-name regex:fqr_ --launch-count 8 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --preset "$P" --tokens 65536
-  grep -E "fqr_cuda|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Size|Grid Size|Warp Cycles Per Issued|Duration|Stall|tokens|T=65536" "$OUT/ncu.log" | head -150
+  # (issue 38: every family's shipped kernel at T = 1 and 65,536, the counters summarised)
+  P=${PROFILE_PRESETS:-$SCHED_PRESETS,gemma4-31b-sliding,llama4-scout,qwen3-vl-8b,qwen3-8b-kv-insert,minimax-m3-kvcache}
+  TAILN=5 step ncu timeout "${PROFILE_SECONDS:-300}" ncu --clock-control none --kernel-name regex:fqr_ --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats python3 -m fqr.tools.tuning_sweep run --out "$OUT/profile" --launch-once --preset "$P" --tokens "${PROFILE_TOKENS:-1,65536}"
+  TAILN=40 step counters python3 -m fqr.tools.ncu_summary "$OUT/ncu.log" --json "$OUT/counters.json"
   ;;
 table-a|table-b|table-c)
   # issue 31's table, in two calls of one visit. a: a decode sweep (more warps, smaller grid

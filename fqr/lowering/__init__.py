@@ -20,7 +20,9 @@ static arguments) and runs the lowered kernel.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -175,10 +177,37 @@ class KernelsByTokens:
 
 _BY_TOKENS: dict[tuple, KernelsByTokens] = {}
 
+# A schedule forced on every kernel the backends run (a JSON object of lowering options, e.g.
+# '{"chunk_mode": "grid", "heads_per_program": 1}'): the goldens and tests run under a
+# schedule that no tuning table picks. Options a caller gives explicitly win.
+SCHEDULE_ENV = "FQR_SCHEDULE"
+
+
+def forced_schedule() -> dict[str, Any]:
+    """The options ``$FQR_SCHEDULE`` forces (none when unset); ValueError naming the variable
+    where it is not a JSON object of option names to numbers, strings or booleans."""
+    text = os.environ.get(SCHEDULE_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError:
+        found = None
+    if not isinstance(found, dict) or not all(
+        isinstance(v, (int, str, bool)) for v in found.values()
+    ):
+        raise ValueError(
+            f"{SCHEDULE_ENV} must be a JSON object of lowering options, e.g. "
+            f'\'{{"chunk_mode": "grid", "heads_per_program": 1}}\', got {text!r}'
+        )
+    return found
+
 
 def lower_by_tokens(program: Program, target: str = "cuda", **options: Any) -> KernelsByTokens:
     """The kernel variants of ``program`` on ``target`` by token count (memoised like
-    :func:`lower`): what the backends run."""
+    :func:`lower`): what the backends run. ``$FQR_SCHEDULE`` (:func:`forced_schedule`) adds
+    its options under the given ones."""
+    options = {**forced_schedule(), **options}
     memo = (program.fingerprint(), target, tuple(sorted(options.items())))
     found = _BY_TOKENS.get(memo)
     if found is None:

@@ -73,9 +73,25 @@ class Tiling:
     # launch overlaps the tail of the kernel before it (the QKV projection GEMM). Shown in the
     # repr only when on.
     grid_dependency: bool = False
+    # The decode schedule (``grid`` chunk mode only; 0: off): each chain's heads in groups of
+    # ``head_chunks[i]``, one program per group along grid axis 1, the group's first head
+    # computed from the program index (one body per chain; the last group masked where the
+    # heads do not divide). A chain with a reduction over its whole row stays one program.
+    # The value is the heads per program asked for (each chain's group: at most its heads,
+    # rounded up to a power of two). Shown in the repr only when on.
+    heads_per_program: int = 0
+    # The persistent token loop as ``tl.range(..., num_stages=n)``: Triton pipelines its loads
+    # (the next tiles' rows are read while the current one computes). 0: a plain ``range``.
+    # Shown in the repr only when on.
+    pipeline_stages: int = 0
 
     def __repr__(self) -> str:
-        hidden_defaults = {"byte_stores": "cast", "grid_dependency": False}
+        hidden_defaults = {
+            "byte_stores": "cast",
+            "grid_dependency": False,
+            "heads_per_program": 0,
+            "pipeline_stages": 0,
+        }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in dataclasses.fields(self)
@@ -95,17 +111,43 @@ def static_parts(heads: int, chunk: int) -> list[tuple[int, int]]:
     return parts
 
 
-def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[tuple[Chain, list[tuple[int, int]]]]:
-    """The program blocks of a kernel: (chain, its static head parts). In ``grid`` mode each
-    block is one program index along grid axis 1; otherwise there is one block per chain."""
+@dataclass(frozen=True)
+class Block:
+    """A block of a kernel's work: ``chain``'s static head ``parts`` in one program, or (with
+    ``groups`` > 1, the decode schedule :attr:`Tiling.heads_per_program`) its heads in
+    ``groups`` groups of ``group`` heads, one program each, the first head of a group computed
+    from the program index."""
+
+    chain: Chain
+    parts: list[tuple[int, int]]
+    groups: int = 1
+    group: int = 0
+
+
+def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[Block]:
+    """The program blocks of a kernel. In ``grid`` mode each block takes ``groups`` program
+    indices along grid axis 1 (one per static chunk, or per head group with
+    ``heads_per_program``); otherwise there is one block per chain."""
     blocks = []
     for chain, hc in zip(plan.chains, tiling.head_chunks):
         parts = static_parts(chain.heads, hc) if tiling.chunk_mode != "loop" else []
-        if tiling.chunk_mode == "grid" and not chain.row_reductions:
-            blocks += [(chain, [part]) for part in parts]
+        grid = tiling.chunk_mode == "grid" and not chain.row_reductions
+        groups = -(-chain.heads // hc)
+        if grid and tiling.heads_per_program and groups > 1:
+            blocks.append(Block(chain, [], groups, hc))
+        elif grid:
+            blocks += [Block(chain, [part]) for part in parts]
         else:
-            blocks.append((chain, parts))
+            blocks.append(Block(chain, parts))
     return blocks
+
+
+def grid_programs(plan: KernelPlan, tiling: Tiling) -> int:
+    """The programs along grid axis 1 (per token tile): one per chunk block in ``grid`` mode
+    (a block of head groups, one per group), else 1."""
+    if tiling.chunk_mode != "grid":
+        return 1
+    return sum(b.groups for b in chunk_blocks(plan, tiling))
 
 
 ROUND_TO_BF16 = {
@@ -752,7 +794,31 @@ class KernelBuilder:
             self.emit("hmask = tmask[:, None, None]")
             self._emit_chain_body(chain)
 
-    def _emit_chain_header(self, chain: Chain, parts: list[tuple[int, int]] | None = None) -> None:
+    def emit_group_block(self, block: Block, first: int) -> None:
+        """A chain's heads in ``block.groups`` groups of ``block.group`` (the decode schedule):
+        program ``first + g`` of grid axis 1 holds heads ``[g * group, (g + 1) * group)``, the
+        last group masked where the heads do not divide."""
+        chain, group = block.chain, block.group
+        self._chain = chain
+        self._emit_chain_header(chain, group=block)
+        self.head_tile = str(group)
+        g = f"(block - {first})" if first else "block"
+        self.emit(f"hh = {g} * {group} + tl.arange(0, {group})[None, :, None]")
+        if chain.heads % group:
+            self.head_valid = "hvalid"
+            self.emit(f"hvalid = hh < {chain.heads}")
+            self.emit("hmask = tmask[:, None, None] & hvalid")
+        else:
+            self.head_valid = None
+            self.emit("hmask = tmask[:, None, None]")
+        self._emit_chain_body(chain)
+
+    def _emit_chain_header(
+        self,
+        chain: Chain,
+        parts: list[tuple[int, int]] | None = None,
+        group: Block | None = None,
+    ) -> None:
         name = self.var_name(chain.source)
         src = self.var_name(chain.packed)
         where = (
@@ -760,6 +826,8 @@ class KernelBuilder:
             if not parts or parts == [(0, chain.heads)]
             else f", heads {' + '.join(f'[{h0}, {h0 + n})' for h0, n in parts)}"
         )
+        if group is not None:
+            where = f", {group.groups} programs of {group.group} heads"
         s = chain.section
         stride = "" if s.head_stride == s.head_dim else f", head stride {s.head_stride}"
         if s.grouped:
@@ -876,28 +944,57 @@ class KernelBuilder:
                 )
 
     # -------------------------------------------------------------- whole kernel
-    def build(self) -> EmittedKernel:
-        """The kernel's source, and whether its code has rounding points."""
+    def _token_loop(self) -> str:
+        """The persistent loop over this program's token tiles (pipelined with
+        :attr:`Tiling.pipeline_stages`)."""
+        stages = self.tiling.pipeline_stages
+        if stages:
+            return f"for t0 in tl.range(pid * BLOCK_T, T, nprog * BLOCK_T, num_stages={stages}):"
+        return "for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):"
+
+    def _token_lines(self) -> None:
         self.emit("tok = t0 + tt")
         self.emit("tmask = tok < T")
         self.emit("tok64 = tok.to(tl.int64)")
+
+    def build(self) -> EmittedKernel:
+        """The kernel's source, and whether its code has rounding points."""
         mode = self.tiling.chunk_mode
+        # Triton pipelines the loads of a loop's body, not those under a branch in it: a grid
+        # kernel with a pipelined loop runs the loop inside each block's branch instead.
+        loop_inside = mode == "grid" and bool(self.tiling.pipeline_stages)
+        if loop_inside:
+            self.indent = 1
+        else:
+            self._token_lines()
         if mode == "grid":
             # One program per (token tiles, block): each block loads what it needs itself.
             self.emit_pre("block = tl.program_id(1)")
-            for i, (chain, parts) in enumerate(chunk_blocks(self.plan, self.tiling)):
-                self.emit(f"{'if' if i == 0 else 'elif'} block == {i}:")
+            first = 0
+            for i, block in enumerate(chunk_blocks(self.plan, self.tiling)):
+                # blocks take program indices in order: a range test after the ones before
+                end = first + block.groups
+                test = f"block == {first}" if block.groups == 1 else f"block < {end}"
+                self.emit(f"{'if' if i == 0 else 'elif'} {test}:")
                 self.indent += 1
+                if loop_inside:
+                    self.emit(self._token_loop())
+                    self.indent += 1
+                    self._token_lines()
                 self._open_tile_scope()
-                self.emit_static_block(chain, parts)
-                self.indent -= 1
+                if block.groups == 1:
+                    self.emit_static_block(block.chain, block.parts)
+                else:
+                    self.emit_group_block(block, first)
+                self.indent -= 1 + loop_inside
+                first += block.groups
         else:
             self._open_tile_scope()
-            for chain, parts in chunk_blocks(self.plan, self.tiling):
+            for block in chunk_blocks(self.plan, self.tiling):
                 if mode == "loop":
-                    self.emit_chain(chain, self.tiling.head_chunks[chain.index])
+                    self.emit_chain(block.chain, self.tiling.head_chunks[block.chain.index])
                 else:
-                    self.emit_static_block(chain, parts)
+                    self.emit_static_block(block.chain, block.parts)
         program_text = "\n".join("# " + line for line in str(self.plan.program).splitlines())
         params = ",\n    ".join(self.param_list)
         lines = [
@@ -931,7 +1028,7 @@ class KernelBuilder:
             "    if DENSE:  # every row stride equals its row width: constants, not arguments",
             *(f"        {name} = {width}" for name, width in self.dense_strides),
             *self.pre,
-            "    for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):",
+            *(() if loop_inside else ("    " + self._token_loop(),)),
             *self.body,
             "",
         ]

@@ -10,7 +10,7 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .bundle import compile_ahead, launch_through_triton
-from .emit import Tiling, chunk_blocks
+from .emit import Tiling, grid_programs
 from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
@@ -65,9 +65,8 @@ class Kernel:
             self.plan, rounding_points=self.rounding_points, **self.options
         )
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
-        self.grid_blocks = (
-            len(chunk_blocks(self.plan, self.tiling)) if self.tiling.chunk_mode == "grid" else 1
-        )
+        # (per head group with the decode schedule, ``Tiling.heads_per_program``)
+        self.grid_blocks = grid_programs(self.plan, self.tiling)
         self._direct: Any = False  # not yet made (None: the installed triton has none)
 
     def __call__(

@@ -100,7 +100,12 @@ class CudaTarget(Target):
     per program; GPT-J pairs read as contiguous rows (``pair_access="reshape"``: GLM-4-9B 97%
     of the copy ceiling at 65,536 tokens against 69% for split pair tiles). These defaults won
     the H200 sweeps recorded in docs/PERFORMANCE.md ("Kernel design measurements"); without
-    options, :meth:`token_buckets` picks per shape and token count among a few variants."""
+    options, :meth:`token_buckets` picks per shape and token count among a few variants.
+
+    The schedule knobs (issue 38, :mod:`fqr.lowering.tuning`): ``heads_per_program`` (the
+    decode schedule, :attr:`Tiling.heads_per_program`), ``maxnreg`` (a register budget,
+    :meth:`launch_options`), ``pipeline_stages`` (the token loop's loads pipelined,
+    :attr:`Tiling.pipeline_stages`); each 0 (off) by default."""
 
     bf16_rounding: str = "native"
 
@@ -109,8 +114,24 @@ class CudaTarget(Target):
         mode = options.get("chunk_mode", "unroll")
         if mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")
+        per_program = schedule_knob(options, "heads_per_program")
+        if per_program & (per_program - 1):
+            raise ValueError(f"heads_per_program must be a power of two, got {per_program}")
+        if per_program and mode != "grid":
+            raise ValueError(
+                f"heads_per_program (one program per group of heads) needs chunk_mode='grid', "
+                f"got {mode!r}"
+            )
+        stages = schedule_knob(options, "pipeline_stages")
+        if stages > 8:
+            raise ValueError(f"pipeline_stages must be 0 .. 8, got {stages}")
         chunks = []
         for c in plan.chains:
+            if per_program and not c.row_reductions:
+                # the decode schedule: groups of heads, one program each (a chain reduced over
+                # its whole row stays one program, chunked by the budget below)
+                chunks.append(min(per_program, next_pow2(c.heads)))
+                continue
             fit = max(1, budget // c.head_layout.padded_elems)
             hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
             chunks.append(hc)
@@ -129,6 +150,11 @@ class CudaTarget(Target):
             chunk_mode=mode,
             pair_access=pair_access,
             grid_dependency=bool(options.get("pdl", False)),
+            # off where no chain is grouped (MLA's single heads): the same kernel as without it
+            heads_per_program=per_program
+            if any(h < c.heads for h, c in zip(chunks, plan.chains) if not c.row_reductions)
+            else 0,
+            pipeline_stages=stages if stages > 1 else 0,
         )
 
     def launch_options(
@@ -141,11 +167,18 @@ class CudaTarget(Target):
         the sum: in the PTX of an unfused kernel ``round(round(a * c) - round(b * s))`` became
         ``fma.rn.bf16(a, c, -round(b * s))``; in a fused kernel it only adds precision. With
         ``pdl``, Triton's ``launch_pdl`` (the kernel then waits on the one before it:
-        :attr:`Tiling.grid_dependency`)."""
+        :attr:`Tiling.grid_dependency`). With ``maxnreg`` (> 0), Triton's ``maxnreg``: the
+        registers a thread may use (ptx ``.maxnreg``; what the compiler cannot fit spills),
+        the register budget that sets how many warps an SM holds."""
         launch: dict[str, Any] = {"num_warps": int(options.get("num_warps", 2))}
         launch["enable_fp_fusion"] = bool(options.get("fp_fusion", not rounding_points))
         if options.get("pdl"):
             launch["launch_pdl"] = True
+        maxnreg = schedule_knob(options, "maxnreg")
+        if maxnreg and not 16 <= maxnreg <= 255:
+            raise ValueError(f"maxnreg must be 0 (no budget) or 16 .. 255, got {maxnreg}")
+        if maxnreg and not self.interpret:  # the interpreter has no registers to budget
+            launch["maxnreg"] = maxnreg
         return launch
 
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options: Any) -> int:
@@ -185,6 +218,15 @@ class CudaTarget(Target):
             (limit, {**dict(zip(TILING_OPTIONS, cfg)), **options})
             for limit, cfg in zip(TOKEN_BUCKETS, tuned)
         )
+
+
+def schedule_knob(options: dict[str, Any], name: str) -> int:
+    """The int value of schedule knob ``name`` in ``options`` (absent or None: 0, off);
+    ValueError naming it where it is not an int >= 0."""
+    value = options.get(name) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0 (0: off), got {value!r}")
+    return value
 
 
 def tuned_variants(plan: KernelPlan) -> Variants:

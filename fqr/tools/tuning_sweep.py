@@ -16,8 +16,15 @@ Two steps, so that the GPU's time goes to running, not compiling:
 ``run``    on the GPU, with ``FQR_KERNEL_BUNDLE`` naming that bundle: the timings (a JSON of
            rows, rewritten after each preset), then the regenerated table beside them.
 
-``python -m fqr.tools.tuning_sweep build -o DIR [--preset ...]``;
+``python -m fqr.tools.tuning_sweep build -o DIR [--preset ...] [--sets ...]``;
 ``python -m fqr.tools.tuning_sweep run --out DIR [--preset ...] [--decode | --launch-once]``.
+
+The option sets (``--sets``): ``all`` (the 30 sets of warps, tokens per tile, chunk budget and
+mode), ``decode`` (more warps, smaller grid chunks), and issue 38's schedule knobs, each beside
+the shape's shipped variant so that one run compares them: ``sched-decode`` (T = 1, 16: the
+decode schedule, ``heads_per_program``) and ``sched-wide`` (T = 16,384, 65,536: a register
+budget, a pipelined token loop, warps over several tokens). A table regenerated from rows that
+cover only some buckets keeps the other buckets' variants of the table before.
 """
 
 from __future__ import annotations
@@ -36,14 +43,18 @@ import torch
 from ..core import dtype_name
 from ..lowering import lower, plan_program
 from ..lowering.bundle import BundleTarget, building
-from ..lowering.targets import UNTUNED, shape_key
+from ..lowering.plan import KernelPlan
+from ..lowering.targets import UNTUNED, shape_key, tuned_variants
 from ..lowering.tuning import (
     TILING_OPTIONS,
+    TOKEN_BUCKETS,
     TUNING_FILE,
+    config_of,
     load_table,
     parse_table,
     table_from_sweep,
     table_text,
+    upgraded,
 )
 from ..presets import get_preset
 from ..prologue import get_variant, variant_of
@@ -68,7 +79,7 @@ PROGRAMS_PER_SM = (0, 4, 8, 16)  # 0: one program per token tile
 PLAIN_ROW_TIED = ("qwen3.5-27b",)
 
 
-def option_sets() -> list[dict[str, Any]]:
+def option_sets(plan: KernelPlan | None = None) -> list[dict[str, Any]]:
     """The compiled option sets swept: 1, 2 or 4 warps, 1, 2 or 4 tokens per tile, chunks of
     2048 or 4096 fp32 values, unrolled or grid chunks (not 4 tokens of 4096 values: registers
     spill). No earlier H200 sweep chose 8 warps."""
@@ -79,7 +90,7 @@ def option_sets() -> list[dict[str, Any]]:
     ]
 
 
-def decode_option_sets() -> list[dict[str, Any]]:
+def decode_option_sets(plan: KernelPlan | None = None) -> list[dict[str, Any]]:
     """The decode sweep's option sets (``--sets decode``, at T = 1 and 16): grid chunks of 512,
     1,024 or 2,048 values over 4, 8 or 16 warps, one token per tile. At T = 1 a call is latency:
     fewer values per thread shorten each program's chain of loads, sums and stores."""
@@ -89,7 +100,68 @@ def decode_option_sets() -> list[dict[str, Any]]:
     ]
 
 
-OPTION_SETS = {"all": option_sets, "decode": decode_option_sets}
+def _shipped_variant(plan: KernelPlan | None, bucket: int) -> dict[str, Any] | None:
+    """The option set the shipped table runs ``plan`` with in token bucket ``bucket`` (the
+    grid cap left to the sweep), or None without a plan."""
+    if plan is None:
+        return None
+    cfg = dict(zip(TILING_OPTIONS, tuned_variants(plan)[bucket]))
+    cfg.pop("programs_per_sm")
+    return cfg
+
+
+def sched_decode_option_sets(plan: KernelPlan | None = None) -> list[dict[str, Any]]:
+    """The decode schedule's option sets (issue 38, ``--sets sched-decode``, at T = 1 and 16):
+    each chain's heads in groups of 1, 2 or 4, one program per group (grid axis 1), in
+    programs of 1, 2 or 4 warps, one token per tile (a chain reduced over its whole row stays
+    one program, chunked by 2048 values); beside them the shipped decode variant of the
+    plan's shape, timed in the same run."""
+    sets = [
+        dict(num_warps=w, block_t=1, tile_elems=2048, chunk_mode="grid", heads_per_program=h)
+        for h, w in itertools.product((1, 2, 4), (1, 2, 4))
+    ]
+    shipped = _shipped_variant(plan, 0)
+    return ([shipped] if shipped and shipped not in sets else []) + sets
+
+
+def sched_wide_option_sets(plan: KernelPlan | None = None) -> list[dict[str, Any]]:
+    """The wide-row schedule's option sets (issue 38, ``--sets sched-wide``, at large T), from
+    the shipped large-T variant of the plan's shape (2 warps, 1 token, 2048-value unrolled
+    chunks without a plan): that variant under a register budget of 64 or 80 registers a
+    thread (half / 40% occupancy on the H200) and with its token loop pipelined (2 stages:
+    the next tile's loads in flight; the grid caps of the sweep make the loop iterate); and
+    2 warps over 2 tokens or 4 over 4 (several warps a program for the one-warp kernels), with
+    and without the 64-register budget."""
+    base = _shipped_variant(plan, len(TOKEN_BUCKETS) - 1) or dict(
+        num_warps=2, block_t=1, tile_elems=2048, chunk_mode="unroll"
+    )
+    base = {**base, "heads_per_program": 0}  # the decode schedule is not a wide-row one
+    sets = [
+        {**base, "maxnreg": r, "pipeline_stages": s}
+        for r, s in itertools.product((0, 64, 80), (0, 2))
+    ]
+    for w in (2, 4):
+        if base["tile_elems"] * w > 8192:  # 4 tokens of 4096 values: registers spill
+            continue
+        sets += [
+            {**base, "num_warps": w, "block_t": w, "maxnreg": r, "pipeline_stages": 0}
+            for r in (0, 64)
+        ]
+    unique: list[dict[str, Any]] = []
+    for cfg in sets:
+        if cfg not in unique:
+            unique.append(cfg)
+    return unique
+
+
+OPTION_SETS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "all": option_sets,
+    "decode": decode_option_sets,
+    "sched-decode": sched_decode_option_sets,
+    "sched-wide": sched_wide_option_sets,
+}
+# The token counts a set is swept at unless --tokens says otherwise.
+SET_TOKENS = {"sched-decode": (1, 16), "sched-wide": (16384, 65536)}
 
 
 def _alignment_classes(tokens: Iterable[int]) -> list[int]:
@@ -129,7 +201,7 @@ def build(
                     max_position=preset.max_position,
                 )  # fmt: skip
                 args = variant.program_args(preset, _meta(drawn), table)
-                for options in OPTION_SETS[option_sets_of]():
+                for options in OPTION_SETS[option_sets_of](plan_program(program)):
                     lower(program, "cuda", **options).launch(args, donate=True)
             log(f"{name}: {writer.written - before} kernels in {time.perf_counter() - start:.0f} s")
         return writer.written
@@ -180,16 +252,27 @@ def run(
             ]
             operands = [variant.program_args(preset, s, cache) for s in sets]
             best = None
-            for options in OPTION_SETS[option_sets_of]():
-                grids: dict[int, float] = {}
+            # (tiling, tokens per tile, launch options, grid) -> us: option sets that lower
+            # to one kernel launched alike (a knob a shape has no use for) are timed once
+            timed: dict[tuple, float] = {}
+            for options in OPTION_SETS[option_sets_of](plan_program(program)):
                 for per_sm in PROGRAMS_PER_SM:
                     kernel = lower(program, target, **options, programs_per_sm=per_sm)
                     programs = kernel.target.grid(t, kernel._block_t, device, **kernel.options)
-                    if programs not in grids:
+                    same = (
+                        repr(kernel.tiling),
+                        kernel._block_t,
+                        tuple(sorted(kernel._launch.items())),
+                        programs,
+                    )
+                    if same not in timed:
                         calls = [lambda k=kernel, a=a: k.launch(a, donate=True) for a in operands]
-                        grids[programs] = timers.graph_us(rotating(calls), rep_ms)
-                    us = grids[programs]
-                    cfg = {**options, "programs_per_sm": per_sm}
+                        timed[same] = timers.graph_us(rotating(calls), rep_ms)
+                    us = timed[same]
+                    # every option named, in the table's order (a knob not set: off)
+                    cfg = dict(
+                        zip(TILING_OPTIONS, config_of({**options, "programs_per_sm": per_sm}))
+                    )
                     rows.append(
                         {"preset": name, "T": t, "cfg": cfg, "us": us, "gbps": moved / us / 1e3}
                     )
@@ -260,18 +343,20 @@ def decode_latency(
 
 
 def launch_once(
-    presets: Sequence[str], tokens: int, dtype: torch.dtype = torch.bfloat16
+    presets: Sequence[str], tokens: int, dtype: torch.dtype = torch.bfloat16, warmup: bool = True
 ) -> list[str]:
     """Launch each preset's shipped kernel (its token bucket's variant) once at ``tokens`` on
-    the current CUDA device, after one warm-up launch: what a profiler (``ncu --kernel-name
-    regex:fqr_``) attaches to. Returns the kernels' names, in launch order."""
+    the current CUDA device, after one warm-up launch (``warmup``; a profiler that replays
+    the kernel itself needs none): what a profiler (``ncu --kernel-name regex:fqr_``)
+    attaches to. Returns the kernels' names, in launch order."""
     names = []
     for name in presets:
         preset, variant, kernels, cache, generator = _shipped(name, tokens, dtype)
         drawn = variant.draw(preset, tokens, dtype, generator, max_position=cache.shape[0])
         args = variant.program_args(preset, drawn, cache)
-        kernels.launch(args, donate=True)
-        torch.cuda.synchronize()
+        if warmup:
+            kernels.launch(args, donate=True)
+            torch.cuda.synchronize()
         kernels.launch(args, donate=True)
         torch.cuda.synchronize()
         fn = kernels.kernel_for(tokens).fn
@@ -301,7 +386,7 @@ def _scored_together(rows: Sequence[dict], members: list[str], group: str) -> li
             best[at] = min(best.get(at, float("inf")), r["us"])
     for r in rows:
         if r["preset"] in members:
-            cfg = tuple(r["cfg"][o] for o in TILING_OPTIONS)
+            cfg = config_of(r["cfg"])
             relative.setdefault((r["T"], cfg), []).append(r["us"] / best[(r["preset"], r["T"])])
     return [
         {"preset": group, "T": t, "cfg": dict(zip(TILING_OPTIONS, cfg)), "us": sum(times)}
@@ -323,7 +408,12 @@ def regenerated_table(
         names = group.split("+")
         hf_ids = ", ".join(get_preset(n).hf_id or n for n in names)
         models[group] = f"{' + '.join(names)} ({hf_ids})"
-    swept = table_from_sweep(grouped, groups, UNTUNED, source=source, models=models)
+    base = upgraded(base)
+    _, before = parse_table(base)
+    kept_variants = {g: before[key] for g, key in groups.items() if key in before}
+    swept = table_from_sweep(
+        grouped, groups, UNTUNED, source=source, models=models, kept=kept_variants
+    )
     kept_dtype = None if dtype == torch.bfloat16 else dtype_name(dtype)
     for e in swept["entries"]:
         e["dtype"] = kept_dtype
@@ -364,8 +454,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--launch-once",
         action="store_true",
-        help="instead: each preset's shipped kernel launched twice at the first --tokens (for "
-        "a profiler)",
+        help="instead: each preset's shipped kernel launched twice at each --tokens (for a "
+        "profiler: fqr.tools.ncu_summary reads its report)",
+    )
+    r.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="with --launch-once: one launch of each kernel (ncu replays it itself)",
     )
     r.add_argument(
         "--with-rows",
@@ -374,12 +469,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for p in (b, r):
         p.add_argument("--preset", default=",".join(SWEEP_PRESETS))
-        p.add_argument("--tokens", default=",".join(map(str, SWEEP_TOKENS)))
-        p.add_argument("--sets", choices=sorted(OPTION_SETS), default="all")
+        p.add_argument(
+            "--tokens",
+            default=None,
+            help=f"comma list (default: {','.join(map(str, SWEEP_TOKENS))}; for the sched "
+            "sets, the T they are for: 1,16 and 16384,65536)",
+        )
+        p.add_argument(
+            "--sets",
+            default="all",
+            help=f"option sets, a comma list of {', '.join(OPTION_SETS)} (build: the union, "
+            "each at its own token counts)",
+        )
     args = parser.parse_args(argv)
     presets = [n for n in args.preset.split(",") if n]
+    set_names = [n for n in args.sets.split(",") if n]
+    unknown = [n for n in set_names if n not in OPTION_SETS]
+    if unknown or not set_names:
+        print(f"error: --sets must name option sets of {', '.join(OPTION_SETS)}", file=sys.stderr)
+        return 2
     try:
-        tokens = [int(t) for t in args.tokens.split(",") if t]
+        default = ",".join(map(str, SET_TOKENS.get(set_names[0], SWEEP_TOKENS)))
+        tokens = [int(t) for t in (args.tokens or default).split(",") if t]
         if not tokens or min(tokens) < 1:
             raise ValueError(f"--tokens must be positive ints, got {args.tokens!r}")
         for n in presets:
@@ -388,9 +499,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.step == "build":
-        written = build(args.output, presets, tokens, option_sets_of=args.sets)
+        written = 0
+        for name in set_names:
+            at = tokens if args.tokens else list(SET_TOKENS.get(name, SWEEP_TOKENS))
+            written += build(args.output, presets, at, option_sets_of=name)
         print(f"bundle {args.output}: {written} kernels written")
         return 0
+    if len(set_names) > 1:
+        print("error: run takes one --sets (chain runs with --with-rows)", file=sys.stderr)
+        return 2
+    args.sets = set_names[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -398,8 +516,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "sweep.json").write_text(json.dumps({"options": TILING_OPTIONS, "rows": rows}))
 
     if args.launch_once:
-        for name, kernel in zip(presets, launch_once(presets, tokens[0])):
-            print(f"{name} T={tokens[0]}: {kernel}")
+        for t in tokens:
+            for name, kernel in zip(presets, launch_once(presets, t, warmup=not args.no_warmup)):
+                print(f"{name} T={t}: {kernel}", flush=True)
         return 0
     if args.decode:
         found = decode_latency(presets)

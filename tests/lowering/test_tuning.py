@@ -21,6 +21,7 @@ from fqr.lowering.tuning import (
     parse_table,
     table_from_sweep,
     table_text,
+    upgraded,
 )
 from fqr.presets import get_preset
 from fqr.prologue import program_of
@@ -33,10 +34,13 @@ def test_the_shipped_table_covers_the_bench_presets():
 
 
 A, B, C = [1, 1, 2048, "grid", 0], [2, 1, 2048, "unroll", 0], [4, 2, 4096, "loop", 8]
+OFF = [0, 0, 0]  # the schedule knobs off: heads_per_program, maxnreg, pipeline_stages
 
 
 def _rows(us: dict) -> list[dict]:
-    """Sweep rows of one preset: ``us[(T, config index)]``, plus a hand-written kernel's."""
+    """Sweep rows of one preset: ``us[(T, config index)]`` (rows of a sweep made before the
+    schedule knobs: their cfg names the first five options only), plus a hand-written
+    kernel's."""
     configs = (A, B, C)
     rows = [
         {"preset": "p", "T": t, "cfg": dict(zip(("num_warps", "block_t", "tile_elems",
@@ -63,11 +67,48 @@ def test_a_sweep_becomes_a_table_by_each_buckets_least_relative_time():
             "model": "Model-P",
             "shape": [[8, 128, "neox128", False], [2, 128, "plain", True]],
             "dtype": None,
-            "variants": [B, A, C],
+            "variants": [B + OFF, A + OFF, C + OFF],
         }
     ]
     untuned, table = parse_table(json.loads(json.dumps(doc)))  # as written to a file
-    assert untuned == UNTUNED and table == {shape: (tuple(B), tuple(A), tuple(C))}
+    assert untuned == UNTUNED
+    assert table == {shape: (tuple(B + OFF), tuple(A + OFF), tuple(C + OFF))}
+
+
+def test_the_schedule_knobs_are_options_of_a_row_and_a_bucket_not_swept_keeps_its_variant():
+    """A row naming the schedule knobs (issue 38) becomes an option set with them; a bucket
+    the sweep measured no T of keeps the variant the table had (``kept``), so a sweep of the
+    decode and large buckets alone regenerates a whole entry."""
+    knobs = dict(heads_per_program=2, maxnreg=64, pipeline_stages=2)
+    base = dict(zip(("num_warps", "block_t", "tile_elems", "chunk_mode", "programs_per_sm"), A))
+    rows = [
+        {"preset": "p", "T": 1, "cfg": {**base, "heads_per_program": 2}, "us": 1.0},
+        {"preset": "p", "T": 1, "cfg": base, "us": 2.0},
+        {"preset": "p", "T": 65536, "cfg": {**base, **knobs}, "us": 3.0},
+        {"preset": "p", "T": 65536, "cfg": base, "us": 4.0},
+    ]
+    shape = ((8, 128, "neox128", False),)
+    middle = tuple(B + OFF)
+    doc = table_from_sweep(
+        rows, {"p": shape}, UNTUNED, source="t", kept={"p": (tuple(A + OFF), middle, middle)}
+    )
+    assert doc["entries"][0]["variants"] == [A + [2, 0, 0], B + OFF, A + [2, 64, 2]]
+    with pytest.raises(TuningError, match="no option set measured"):
+        table_from_sweep(rows, {"p": shape}, UNTUNED, source="t")
+
+
+def test_a_version_2_table_is_read_with_the_knobs_off():
+    """The table before the schedule knobs (``fqr.tuning/2``, five options) still parses, each
+    option set with the knobs off, and :func:`upgraded` writes it in the current schema."""
+    doc = upgraded(json.loads(TUNING_FILE.read_text()))
+    doc = {
+        **doc,
+        "entries": [e for e in doc["entries"] if not any(c[5:] != OFF for c in e["variants"])],
+    }
+    old = _version_2(doc)
+    assert parse_table(old) == parse_table(doc) == parse_table(upgraded(old))
+    assert upgraded(old)["schema"] == "fqr.tuning/3"
+    assert all(len(c) == 8 for e in upgraded(old)["entries"] for c in e["variants"])
 
 
 def test_a_bucket_without_an_option_set_measured_at_all_its_t_is_refused():
@@ -76,8 +117,23 @@ def test_a_bucket_without_an_option_set_measured_at_all_its_t_is_refused():
         table_from_sweep(_rows(us), {"p": ((8, 128, "plain", True),)}, UNTUNED, source="t")
 
 
-def _break(path: str, value):
-    doc = json.loads(TUNING_FILE.read_text())
+def _version_2(doc: dict) -> dict:
+    """A current-schema document as ``fqr.tuning/2`` wrote it (five options a set)."""
+    return {
+        **doc,
+        "schema": "fqr.tuning/2",
+        "options": doc["options"][:5],
+        "untuned": [c[:5] for c in doc["untuned"]],
+        "entries": [{**e, "variants": [c[:5] for c in e["variants"]]} for e in doc["entries"]],
+    }
+
+
+def _break(path: str, value, doc=None):
+    """The shipped table (as a ``fqr.tuning/2`` document unless ``doc`` is given) with the
+    field at ``path`` set to ``value``."""
+    if doc is None:
+        doc = _version_2(upgraded(json.loads(TUNING_FILE.read_text())))
+    doc = copy.deepcopy(doc)
     target, *keys = path.split(".")
     node = doc
     for key in [target, *keys][:-1]:
@@ -88,9 +144,9 @@ def _break(path: str, value):
 
 
 @pytest.mark.parametrize(
-    "path, value, message",
+    "case",
     [
-        ("schema", "fqr.tuning/1", "'schema' must be 'fqr.tuning/2'"),
+        ("schema", "fqr.tuning/1", "'schema' must be 'fqr.tuning/3'"),
         ("options", ["num_warps"], "'options' must be"),
         ("buckets", [256, None], "'buckets' must be"),
         ("untuned", [A, A], "'untuned' must hold one option set per bucket"),
@@ -98,15 +154,31 @@ def _break(path: str, value):
         ("entries.0.variants.0", [2, 1, 2048, "tiles", 0], "chunk_mode must be one of"),
         ("entries.0.variants.1", [2, 1, 2048, "grid", -1], "programs_per_sm must be an int >= 0"),
         ("entries.0.variants.1", [2, 1, 2048, "grid"], "variants\\[1\\] must be a list of 5"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid", 0], "variants\\[1\\] must be a list of 8",
+         "fqr.tuning/3"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid", 0, 3, 0, 0], "heads_per_program must be 0 "
+         "or a power of two", "fqr.tuning/3"),
+        ("entries.0.variants.1", [2, 1, 2048, "unroll", 0, 2, 0, 0], "heads_per_program needs "
+         "chunk_mode grid", "fqr.tuning/3"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid", 0, 0, 300, 0], "maxnreg must be 0",
+         "fqr.tuning/3"),
+        ("entries.0.variants.1", [2, 1, 2048, "grid", 0, 0, 0, -1], "pipeline_stages must be",
+         "fqr.tuning/3"),
         ("entries.0.shape", [], "entries\\[0\\].shape must be a non-empty list"),
         ("entries.0.dtype", "bf17", "entries\\[0\\].dtype must be a dtype name"),
         ("entries.1.shape", json.loads(TUNING_FILE.read_text())["entries"][0]["shape"],
          "entries\\[1\\]: .* tuned twice"),
     ],
 )  # fmt: skip
-def test_a_malformed_table_is_refused_naming_the_field(path, value, message):
+def test_a_malformed_table_is_refused_naming_the_field(case):
+    """Each case: (path, value, message), and the schema the shipped file is read in first
+    where the field is the current schema's."""
+    path, value, message, schema = (*case, None)[:4]
+    doc = _break(path, value)
+    if schema is not None:  # the shipped file in the current schema, then broken
+        doc = _break(path, value, upgraded(json.loads(TUNING_FILE.read_text())))
     with pytest.raises(TuningError, match=message):
-        parse_table(_break(path, value))
+        parse_table(doc)
 
 
 def test_an_unreadable_file_is_named(tmp_path):

@@ -13,14 +13,15 @@ import torch
 from support.cuda_ptx import run_compiling
 
 from fqr.lowering.targets import shape_key
-from fqr.lowering.tuning import TILING_OPTIONS, TUNING_FILE, parse_table
+from fqr.lowering.tuning import TILING_OPTIONS, TUNING_FILE, parse_table, upgraded
 from fqr.tools import tuning_sweep as S
 
 BUILD = """
 import json, os
 from fqr.tools import tuning_sweep as S
 every = S.option_sets()
-S.OPTION_SETS["all"] = lambda: every[:2]  # two option sets: the build path, not the whole sweep
+# two option sets: the build path, not the whole sweep
+S.OPTION_SETS["all"] = lambda plan=None: every[:2]
 written = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 again = S.build({directory!r}, ["deepseek-v3", "qwen3-vl-8b"], [1, 16, 1024], log=lambda m: None)
 files = sorted(os.listdir({directory!r}))
@@ -64,11 +65,11 @@ def test_a_regenerated_table_replaces_the_swept_shapes_and_keeps_the_rest():
     entry = [e for e in doc["entries"] if tuple(tuple(c) for c in e["shape"]) == key]
     assert len(entry) == 1 and entry[0]["dtype"] is None
     assert entry[0]["variants"] == [
-        [2, 1, 2048, "grid", 0],
-        [4, 1, 2048, "grid", 0],
-        [2, 1, 2048, "grid", 8],
+        [2, 1, 2048, "grid", 0, 0, 0, 0],
+        [4, 1, 2048, "grid", 0, 0, 0, 0],
+        [2, 1, 2048, "grid", 8, 0, 0, 0],
     ]
-    others = [e for e in base["entries"] if tuple(tuple(c) for c in e["shape"]) != key]
+    others = [e for e in upgraded(base)["entries"] if tuple(tuple(c) for c in e["shape"]) != key]
     assert [e for e in doc["entries"] if e not in entry] == others
     assert doc["options"] == list(TILING_OPTIONS)
     parse_table(doc)
@@ -132,7 +133,7 @@ def test_qwen35s_plain_row_takes_the_gated_rows_variants():
     _, table = parse_table(doc)
     gated = S.shape_groups(["qwen3.5-27b"])["qwen3.5-27b"]
     plain = gated[:3]  # the same row without the gate chain
-    assert table[gated] == table[plain] == ((4, 1, 2048, "grid", 0),) * 3
+    assert table[gated] == table[plain] == ((4, 1, 2048, "grid", 0, 0, 0, 0),) * 3
 
 
 class _CountingTimers:
@@ -154,7 +155,7 @@ def test_the_sweep_measures_each_distinct_grid_once(monkeypatch):
     recorded under every cap; rows carry the option set in the table's option order and the
     traffic as GB/s."""
     every = S.option_sets()
-    monkeypatch.setitem(S.OPTION_SETS, "all", lambda: every[:2])
+    monkeypatch.setitem(S.OPTION_SETS, "all", lambda plan=None: every[:2])
     timers = _CountingTimers()
     saved = []
     rows = S.run(
@@ -182,3 +183,75 @@ def test_the_decode_sweep_runs_its_own_option_sets():
     for t in (1, 2):
         seen = [{k: r["cfg"][k] for k in decode[0]} for r in rows if r["T"] == t]
         assert seen == [o for o in decode for _ in S.PROGRAMS_PER_SM]
+
+
+def test_the_schedule_sets_sit_beside_the_shipped_variant():
+    """``sched-decode`` (issue 38): the shipped decode variant of the shape, then heads per
+    program 1, 2, 4 over 1, 2, 4 warps; ``sched-wide``: the shipped large-T variant, under a
+    register budget and with its loop pipelined, and over 2 or 4 warps and tokens."""
+    from fqr.lowering import plan_program
+    from fqr.lowering.targets import tuned_variants
+    from fqr.presets import get_preset
+    from fqr.prologue import program_of
+
+    plan = plan_program(program_of(get_preset("deepseek-v3")))
+    shipped = [dict(zip(TILING_OPTIONS, c)) for c in tuned_variants(plan)]
+    decode = S.sched_decode_option_sets(plan)
+    assert {k: decode[0][k] for k in decode[0]} == {
+        k: v for k, v in shipped[0].items() if k != "programs_per_sm"
+    }
+    assert {(o["heads_per_program"], o["num_warps"]) for o in decode[1:]} == {
+        (h, w) for h in (1, 2, 4) for w in (1, 2, 4)
+    }
+    wide = S.sched_wide_option_sets(plan)
+    large = {k: v for k, v in shipped[2].items() if k != "programs_per_sm"}
+    assert wide[0] == large  # the shipped variant, every knob off
+    assert {(o["maxnreg"], o["pipeline_stages"]) for o in wide[:6]} == {
+        (r, s) for r in (0, 64, 80) for s in (0, 2)
+    }
+    assert {(o["num_warps"], o["block_t"]) for o in wide[6:]} == {(2, 2), (4, 4)}
+    assert len({json.dumps(o, sort_keys=True) for o in wide}) == len(wide)
+
+
+def test_a_table_from_the_schedule_sweeps_keeps_the_middle_bucket():
+    """The visit's two runs (decode rows at T = 1, 16, joined by wide rows at 16,384 and
+    65,536) regenerate a whole entry: the middle bucket, not swept, keeps the table's
+    variant; the winners carry their knobs."""
+    base = json.loads(TUNING_FILE.read_text())
+    key = S.shape_groups(["qwen3-8b"])["qwen3-8b"]
+    _, before = parse_table(base)
+    rows = []
+    for t in (1, 16):
+        rows += [_row("qwen3-8b", t, 2.0), _row("qwen3-8b", t, 1.5, heads_per_program=1)]
+    for t in (16384, 65536):
+        rows += [
+            _row("qwen3-8b", t, 60.0, chunk_mode="unroll"),
+            _row("qwen3-8b", t, 55.0, chunk_mode="unroll", maxnreg=64, programs_per_sm=8),
+        ]
+    doc = S.regenerated_table(rows, base, source="test")
+    _, table = parse_table(doc)
+    assert table[key] == (
+        (2, 1, 2048, "grid", 0, 1, 0, 0),
+        before[key][1],
+        (2, 1, 2048, "unroll", 8, 0, 64, 0),
+    )
+
+
+def test_the_decode_schedule_sweep_runs_and_times_each_kernel_once():
+    """``--sets sched-decode`` on the CPU (interpreted): the shipped decode variant and the nine
+    head-group sets are launched at each T; MLA's programs have no chain to split, so the sets
+    that differ only in heads per program lower to one kernel, timed once."""
+    timers = _CountingTimers()
+    rows = S.run(
+        ["deepseek-v3"], [1], device=torch.device("cpu"), timers=timers,
+        log=lambda m: None, target="interpret", option_sets_of="sched-decode",
+    )  # fmt: skip
+    program = S.variant_of(S.get_preset("deepseek-v3")).program(S.get_preset("deepseek-v3"))
+    sets = S.sched_decode_option_sets(S.plan_program(program))
+    assert len(rows) == len(sets) * len(S.PROGRAMS_PER_SM)
+    assert all(list(r["cfg"]) == list(TILING_OPTIONS) for r in rows)
+    # one measurement per distinct kernel: heads per program changes nothing here
+    kernels = [S.lower(program, "interpret", **o) for o in sets]
+    assert all(k.tiling.heads_per_program == 0 for k in kernels)
+    distinct = {(repr(k.tiling), k._launch["num_warps"]) for k in kernels}
+    assert timers.measured == len(distinct) < len(sets)
