@@ -205,7 +205,8 @@ def test_the_schedule_sets_sit_beside_the_shipped_variant():
     }
     wide = S.sched_wide_option_sets(plan)
     large = {k: v for k, v in shipped[2].items() if k != "programs_per_sm"}
-    assert wide[0] == large  # the shipped variant, every knob off
+    knobs_off = dict(heads_per_program=0, maxnreg=0, pipeline_stages=0)
+    assert wide[0] == {**large, **knobs_off}  # the shipped variant, every knob off
     assert {(o["maxnreg"], o["pipeline_stages"]) for o in wide[:6]} == {
         (r, s) for r in (0, 64, 80) for s in (0, 2)
     }
