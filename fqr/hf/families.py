@@ -183,14 +183,17 @@ _SAME_PROLOGUE = {
         "ministral", "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe",
         "qwen2", "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
         "unlimited_ocr_text", "vaultgemma",
+        # transformers runs these with Llama's code (config-only types) or its copy
+        "deepseek_ocr2_text", "emu3_text_model", "exaone", "internlm3", "iquestcoder",
+        "mllama_text_model",
     ),
     "glm": ("helium",),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
-        "kolibri1", "laguna", "mellum",
+        "kolibri1", "laguna", "mellum", "sarvam_moe",
     ),
     "olmo2": ("flex_olmo", "olmo_hybrid"),
-    "deepseek_v3": ("axk1", "youtu"),
+    "deepseek_v3": ("axk1", "youtu", "sarvam_mla"),
 }  # fmt: skip
 # OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection
 _CLIP_QKV = (("clip_qkv", None, "q, k and v clamped after the projection"),)

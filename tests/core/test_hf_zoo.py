@@ -63,6 +63,9 @@ TINY_EXTRA = {
     "bamba": dict(attn_layer_indices=[0]),
     "granitemoehybrid": dict(position_embedding_type="rope", layer_types=["attention"]),
     "olmo_hybrid": dict(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]),
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense"]),
+    # RoPE on the sliding-window layers only (the full-attention ones have no positions)
+    **{t: dict(layer_types=["sliding_attention"]) for t in ("flint", "lara_mini", "afmoe")},
 }
 
 # The model's table against the preset's float64-derived one: the model computes its angles
