@@ -103,13 +103,20 @@ YARN_DEFAULTS = {
 
 
 def _shown(value) -> str:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        digits = len(str(abs(int(value)))) if int(value).bit_length() < 10_000 else None
+        if digits is None or digits > 30:  # a 401-digit int is named, not printed
+            return f"an int of {digits or 'over 3000'} digits"
     return repr(value) if isinstance(value, numbers.Real) else f"{type(value).__name__} {value!r}"
 
 
 def _real(name: str, value, rule: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {rule}, got {_shown(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float (10**400): out of every range checked here
+        raise ValueError(f"{name} must be {rule}, got {_shown(value)}") from None
 
 
 def positive_number(name: str, value) -> float:
@@ -321,6 +328,7 @@ def rope_cos_sin_cache(
     once to ``dtype``; on the device of ``rows`` (the CPU without them), every step there."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    theta = positive_number("theta", theta)  # 10**400: an OverflowError deep in torch before
     positions = torch.arange(max_position) if rows is None else rows
     angles = rope_angles(positions, rotary_dim, theta, scaling)
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)

@@ -41,7 +41,12 @@ def check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
     the reference's outputs into zeros."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        raise ValueError(
+            f"{name} must be finite within float32's range, got an int of {value.bit_length()} bits"
+        ) from None
     if positive and not FLOAT32_TRUE_MIN <= v <= FLOAT32_MAX:
         raise ValueError(
             f"{name} must be a positive number within float32's range "
