@@ -148,18 +148,16 @@ def _norm_kind(text, model_type: str, family: HFFamily) -> str:
 def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
     """The QK norms' eps, ``config.<family.eps_key>``: required where a norm reads it (any
     norm kind but "none", and MLA's q_a / kv_a norms); without a norm a missing one is the
-    spec's default, which nothing reads."""
+    spec's default, which nothing reads. A family whose code builds its norms with a fixed eps
+    (:attr:`HFFamily.fixed_eps`: transformers' MLA q_a / kv_a norms) reads no key: that eps."""
+    if family.fixed_eps is not None:
+        return family.fixed_eps
     key = family.eps_key
     if norm == "none" and family.variant == "split-qkv" and getattr(text, key, None) is None:
         return PrologueSpec.eps
     where = f"config.{key}"
     eps = positive_number(where, _required(text, key, model_type))
     check_finite_scalar(where, eps, positive=True)  # and within float32 (the compute dtype)
-    if family.fixed_eps is not None and eps != family.fixed_eps:
-        raise UnsupportedConfig(
-            f"{where} {eps!r} ({model_type}): Hugging Face's attention norms use "
-            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
-        )
     return eps
 
 
@@ -279,8 +277,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J
     pairs (``deepseek_v3`` / ``kimi_k2``: NeoX halves where ``rope_interleave`` is false, as
     transformers' DeepseekV3Attention reads it; V2 and V3.2 rotate GPT-J pairs whatever it
-    says), ``rms_norm_eps`` 1e-6 (transformers' DeepSeek q_a / kv_a norms use 1e-6 whatever
-    the config says, vLLM's use the config's: another value is refused), and the variant's
+    says), eps 1e-6 (transformers' q_a / kv_a norms use 1e-6 and read no key for it; vLLM's
+    read ``rms_norm_eps``), and the variant's
     ``q_lora_rank`` (None: 0, a model with one ``q_proj``; required by ``deepseek_v32``),
     ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` from the config, with
     ``block_size`` 64 and ``cache_dtype`` ``"auto"`` (``deepseek_v32``: ``"fp8_ds_mla"``, the

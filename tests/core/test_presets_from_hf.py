@@ -436,10 +436,13 @@ def test_deepseek_v32_needs_q_lora_rank():
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "deepseek-v3.2", "kimi-k2"])
-def test_an_mla_rms_norm_eps_hf_and_vllm_read_differently_is_refused(name):
-    config = untyped(checkpoint_config(name), rms_norm_eps=1e-5)
-    with pytest.raises(ValueError, match=r"^config\.rms_norm_eps 1e-05 .*refused rather than"):
-        Preset.from_hf_config(config)
+@pytest.mark.parametrize("eps", [1e-5, "missing"])
+def test_an_mla_norm_eps_is_what_the_models_code_uses(name, eps):
+    """Transformers builds the q_a / kv_a norms of every MLA family with its own 1e-6 and never
+    reads ``rms_norm_eps`` for them (issue 39: GLM-4.7-Flash's and GLM-5's 1e-5 were refused):
+    the preset's eps is 1e-6 whatever the config says, or without the key."""
+    config = untyped(checkpoint_config(name), rms_norm_eps=MISSING if eps == "missing" else eps)
+    assert Preset.from_hf_config(config).eps == 1e-6
 
 
 # ------------------------------------------------------- hostile configs (issue 23, finding 7)
