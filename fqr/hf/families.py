@@ -312,6 +312,9 @@ _NEEDS = {
     "Hugging Face's yarn table and a q scale by position (llama_4_scaling_beta), in MLA": (
         "mistral4",
     ),
+    "v heads of their own width (v_head_dim 128 beside head_dim 192: the split takes one D)": (
+        "mimo_v2_flash",
+    ),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
     "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
