@@ -11,6 +11,7 @@ from .config import (
     HF_ROPE_DEFAULTS,
     HF_ROPE_EXTRAS,
     HF_ROPE_SCALINGS,
+    UnsupportedConfig,
     preset_from_hf_config,
 )
 from .families import HF_FAMILIES, HF_NEEDS, HF_VARIANT_FAMILIES, MROPE_VARIANTS, HFFamily
@@ -24,5 +25,6 @@ __all__ = [
     "HF_VARIANT_FAMILIES",
     "MROPE_VARIANTS",
     "HFFamily",
+    "UnsupportedConfig",
     "preset_from_hf_config",
 ]

@@ -39,6 +39,13 @@ HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapola
 _YARN_REFUSED = {"attention_factor": None, "truncate": True}
 
 
+class UnsupportedConfig(ValueError):
+    """A valid config that fqr builds no preset for: a model type, RoPE scaling or setting its
+    ops have no form for (``fqr hf-config``: "refused", exit 1). A plain ValueError / TypeError
+    is a config that is not valid (a count of 0, a theta beyond every float, a key missing:
+    exit 2)."""
+
+
 def _required(text, key: str, model_type: str):
     """``text.<key>``; missing (or None): a ValueError naming it."""
     value = getattr(text, key, None)
@@ -88,7 +95,7 @@ def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str
     if rope_type == "yarn":
         refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
         if refused:
-            raise ValueError(
+            raise UnsupportedConfig(
                 f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
                 f"Face builds another table than vLLM's DeepSeek yarn (the one fqr builds)"
             )
@@ -148,7 +155,7 @@ def _norm_kind(text, model_type: str, family: HFFamily) -> str:
     kinds = dict(family.norm_kinds)
     if isinstance(value, (bool, str)) and value in kinds:
         return kinds[value]
-    raise ValueError(
+    raise UnsupportedConfig(
         f"config.{key} {value!r} ({model_type}): fqr builds "
         + ", ".join(f"{v!r} ({kind} norm)" for v, kind in family.norm_kinds)
     )
@@ -157,7 +164,10 @@ def _norm_kind(text, model_type: str, family: HFFamily) -> str:
 def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
     """The QK norms' eps, ``config.<family.eps_key>``: required where a norm reads it (any
     norm kind but "none", and MLA's q_a / kv_a norms); without a norm a missing one is the
-    spec's default, which nothing reads."""
+    spec's default, which nothing reads. A family whose code builds its norms with a fixed eps
+    (:attr:`HFFamily.fixed_eps`: transformers' MLA q_a / kv_a norms) reads no key: that eps."""
+    if family.fixed_eps is not None:
+        return family.fixed_eps
     key = family.eps_key
     if key is None:  # the family's code reads no eps (or fixes it)
         return PrologueSpec.eps if family.fixed_eps is None else family.fixed_eps
@@ -166,11 +176,6 @@ def _eps(text, model_type: str, family: HFFamily, norm: str) -> float:
     where = f"config.{key}"
     eps = positive_number(where, _required(text, key, model_type))
     check_finite_scalar(where, eps, positive=True)  # and within float32 (the compute dtype)
-    if family.fixed_eps is not None and eps != family.fixed_eps:
-        raise ValueError(
-            f"{where} {eps!r} ({model_type}): Hugging Face's attention norms use "
-            f"{family.fixed_eps!r} whatever it says, vLLM's use it: refused rather than guessed"
-        )
     return eps
 
 
@@ -244,7 +249,7 @@ def _mrope_params(
         )
     if family.mrope_interleaved is not None:
         if interleaved is not None and interleaved != family.mrope_interleaved:
-            raise ValueError(
+            raise UnsupportedConfig(
                 f"{origin['mrope_interleaved']} is {interleaved} but {model_type}'s code "
                 f"ignores it and {'interleaves' if family.mrope_interleaved else 'does not'}"
                 f": refused rather than guessed"
@@ -290,8 +295,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     ``num_key_value_heads`` says), ``head_dim`` = rotary_dim = ``qk_rope_head_dim``, GPT-J
     pairs (``deepseek_v3`` / ``kimi_k2``: NeoX halves where ``rope_interleave`` is false, as
     transformers' DeepseekV3Attention reads it; V2 and V3.2 rotate GPT-J pairs whatever it
-    says), ``rms_norm_eps`` 1e-6 (transformers' DeepSeek q_a / kv_a norms use 1e-6 whatever
-    the config says, vLLM's use the config's: another value is refused), and the variant's
+    says), eps 1e-6 (transformers' q_a / kv_a norms use 1e-6 and read no key for it; vLLM's
+    read ``rms_norm_eps``), and the variant's
     ``q_lora_rank`` (None: 0, a model with one ``q_proj``; required by ``deepseek_v32``),
     ``kv_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` from the config, with
     ``block_size`` 64 and ``cache_dtype`` ``"auto"`` (``deepseek_v32``: ``"fp8_ds_mla"``, the
@@ -312,13 +317,15 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     model_type = getattr(text, "model_type", None)
     family = HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if isinstance(model_type, str) and model_type in HF_VARIANT_FAMILIES:
-        raise ValueError(
+        raise UnsupportedConfig(
             f"config: {model_type}: {HF_VARIANT_FAMILIES[model_type]}; presets of the "
             f"prologue's variants are not built from a config yet"
         )
+    if not isinstance(model_type, str):
+        raise ValueError(f"config: model_type {model_type!r} is not a model type (a str)")
     if family is None:
-        needs = HF_NEEDS.get(model_type) if isinstance(model_type, str) else None
-        raise ValueError(
+        needs = HF_NEEDS.get(model_type)
+        raise UnsupportedConfig(
             f"config: model_type {model_type!r} is not a family fqr builds presets for: "
             + (
                 f"it needs {needs}"
@@ -328,8 +335,10 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         )
     rope, origin = _rope_parameters(text)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if not isinstance(rope_type, str) or rope_type not in family.scalings:
-        raise ValueError(
+    if not isinstance(rope_type, str):
+        raise TypeError(f"config: RoPE type must be a str, got {rope_type!r}")
+    if rope_type not in family.scalings:
+        raise UnsupportedConfig(
             f"config: RoPE scaling {rope_type!r} ({model_type}) is not one fqr builds; "
             f"supported: {', '.join(family.scalings)}"
         )
@@ -376,7 +385,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     for key, harmless, what in family.refused_keys:
         value = getattr(text, key, harmless)
         if value != harmless:
-            raise ValueError(
+            raise UnsupportedConfig(
                 f"config.{key} {value!r} ({model_type}): the model's attention then has {what}, "
                 f"which fqr builds no preset for"
             )

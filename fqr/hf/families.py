@@ -66,8 +66,9 @@ class HFFamily:
     # vLLM's kv_cache_dtype for the family's default ("auto"): V3.2 runs "fp8_ds_mla"
     cache_dtype: str = "auto"
     # The norm eps the family's code uses whatever rms_norm_eps says (transformers builds
-    # DeepSeek's q_a_layernorm / kv_a_layernorm with its 1e-6 default; vLLM passes
-    # rms_norm_eps): another rms_norm_eps would make the two differ, and is refused
+    # DeepSeek's q_a_layernorm / kv_a_layernorm with its 1e-6 default and reads no key for
+    # them; vLLM passes rms_norm_eps, so a config whose rms_norm_eps is not 1e-6, GLM-4.7-Flash's
+    # and GLM-5's 1e-5, runs another eps in vLLM): the preset takes the model code's
     fixed_eps: float | None = None
 
 
@@ -190,14 +191,17 @@ _SAME_PROLOGUE = {
         "ministral", "mistral", "mixtral", "nemotron", "phi3", "phi4_multimodal", "phimoe",
         "qwen2", "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
         "unlimited_ocr_text", "vaultgemma",
+        # transformers runs these with Llama's code (config-only types) or its copy
+        "deepseek_ocr2_text", "emu3_text_model", "exaone", "internlm3", "iquestcoder",
+        "mllama_text_model",
     ),
     "glm": ("helium",),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
-        "kolibri1", "laguna", "mellum",
+        "kolibri1", "laguna", "mellum", "sarvam_moe",
     ),
     "olmo2": ("flex_olmo", "olmo_hybrid"),
-    "deepseek_v3": ("axk1", "youtu"),
+    "deepseek_v3": ("axk1", "youtu", "sarvam_mla"),
 }  # fmt: skip
 # OLMo / OLMoE clamp q, k and v to +-clip_qkv after the projection
 _CLIP_QKV = (("clip_qkv", None, "q, k and v clamped after the projection"),)
@@ -340,8 +344,19 @@ _NEEDS = {
     "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
         "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
     ),
-    "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding "
-    "(nearest: unfused, up to 1.6e-2 absolute)": ("afmoe",),
+    "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
+    "then RoPE as Llama's (nearest: unfused, up to 1.6e-2 absolute)": (
+        "afmoe", "flint", "lara_mini",
+    ),
+    "a weightless QK norm with q scaled by qk_scale_factor after it": (
+        "muse_glimmer_text", "muse_spark_text",
+    ),
+    "Hugging Face's yarn table and a q scale by position (llama_4_scaling_beta), in MLA": (
+        "mistral4",
+    ),
+    "v heads of their own width (v_head_dim 128 beside head_dim 192: the split takes one D)": (
+        "mimo_v2_flash",
+    ),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
     "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "

@@ -54,15 +54,15 @@ TINY_EXTRA = {
     "cosmos3_edge_text": dict(hidden_size=512, head_dim=128),
     "bailing_hybrid": dict(layer_types=["full_attention"]),
     "glm4v_moe_text": dict(hidden_size=512, head_dim=128),
-    # MLA families whose norms use 1e-6 whatever the config says (their default 1e-5 is
-    # refused: OPTIONS below)
-    **{t: dict(rms_norm_eps=1e-6) for t in ("glm4_moe_lite", "glm_moe_dsa", "minicpm3", "hy_v4")},
     "lfm2_moe": dict(layer_types=["full_attention"]),
     "qwen3_next": dict(layer_types=["full_attention"]),
     # hybrid models: an attention layer first (OLMo-Hybrid needs a linear-attention layer)
     "bamba": dict(attn_layer_indices=[0]),
     "granitemoehybrid": dict(position_embedding_type="rope", layer_types=["attention"]),
     "olmo_hybrid": dict(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"]),
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense"]),
+    # RoPE on the sliding-window layers only (the full-attention ones have no positions)
+    **{t: dict(layer_types=["sliding_attention"]) for t in ("flint", "lara_mini", "afmoe")},
 }
 
 # The model's table against the preset's float64-derived one: the model computes its angles
@@ -143,7 +143,7 @@ OPTIONS = [
     ("stablelm", dict(qk_layernorm=True), "refused: config.qk_layernorm True (stablelm)"),
     ("olmoe", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmoe)"),
     ("olmo", dict(clip_qkv=8.0), "refused: config.clip_qkv 8.0 (olmo)"),
-    ("minicpm3", dict(rms_norm_eps=1e-5), "refused: config.rms_norm_eps 1e-05 (minicpm3)"),
+    ("minicpm3", dict(rms_norm_eps=1e-5), "exact (mla-kv"),  # its norms' 1e-6, the key unread
     ("glm4_moe_lite", dict(rope_interleave=False), "exact (mla-kv"),
     ("granitemoehybrid", dict(position_embedding_type=None), "refused: config.position_"),
     ("llama4_text", dict(use_qk_norm=False), "refused: config.use_qk_norm False (llama4_text)"),
@@ -219,8 +219,14 @@ def test_the_kernel_lands_within_one_ulp_of_the_model(model_type, gen):
         assert ulps <= 1, f"{model_type}: {name} {ulps} ULP from the model"
 
 
+# The census as measured (transformers 5.24: 164 model types in scope): a family lost, or a
+# model type that stopped being exact, fails here even where it is refused cleanly
+EXACT_AT_LEAST = 102
+
+
 def test_census_counts(request):
-    """Every model type in scope was decided (run last: ``-s`` prints the census)."""
+    """Every model type in scope was decided, and at least :data:`EXACT_AT_LEAST` of them
+    exact (run last: ``-s`` prints the census)."""
     if len(CENSUS) < len(ZOO):
         pytest.skip("the census needs the whole zoo run")
     exact = sorted(t for t, r in CENSUS.items() if r.startswith("exact"))
@@ -228,7 +234,8 @@ def test_census_counts(request):
     print(f"\nzoo: {len(ZOO)} model types, {len(exact)} exact, {len(refused)} refused, 0 wrong")
     for t in sorted(CENSUS):
         print(f"  {t}: {CENSUS[t]}")
-    assert len(exact) + len(refused) == len(CENSUS)
+    assert len(exact) + len(refused) == len(CENSUS) == len(ZOO)
+    assert len(exact) >= EXACT_AT_LEAST, f"{len(exact)} exact, {EXACT_AT_LEAST} before"
 
 
 def test_the_readme_lists_every_family_with_its_numerics():

@@ -436,10 +436,13 @@ def test_deepseek_v32_needs_q_lora_rank():
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite", "deepseek-v3.2", "kimi-k2"])
-def test_an_mla_rms_norm_eps_hf_and_vllm_read_differently_is_refused(name):
-    config = untyped(checkpoint_config(name), rms_norm_eps=1e-5)
-    with pytest.raises(ValueError, match=r"^config\.rms_norm_eps 1e-05 .*refused rather than"):
-        Preset.from_hf_config(config)
+@pytest.mark.parametrize("eps", [1e-5, "missing"])
+def test_an_mla_norm_eps_is_what_the_models_code_uses(name, eps):
+    """Transformers builds the q_a / kv_a norms of every MLA family with its own 1e-6 and never
+    reads ``rms_norm_eps`` for them (issue 39: GLM-4.7-Flash's and GLM-5's 1e-5 were refused):
+    the preset's eps is 1e-6 whatever the config says, or without the key."""
+    config = untyped(checkpoint_config(name), rms_norm_eps=MISSING if eps == "missing" else eps)
+    assert Preset.from_hf_config(config).eps == 1e-6
 
 
 # ------------------------------------------------------- hostile configs (issue 23, finding 7)
@@ -694,6 +697,51 @@ BAD_CONFIGS = [
         ValueError,
         RP.format("mrope_section") + ".*must sum to rotary_dim/2 = 64",
     ),
+    # issue 41: an int beyond every float was an OverflowError naming nothing
+    (
+        "theta 401 digits",
+        lambda: plain(rope_parameters={"rope_type": "default", "rope_theta": 10**400}),
+        ValueError,
+        RP.format("rope_theta") + POSITIVE + "an int of 401 digits$",
+    ),
+    (
+        "linear factor 401 digits",
+        lambda: plain(
+            rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 10**400}
+        ),
+        ValueError,
+        RP.format("factor") + POSITIVE + "an int of 401 digits$",
+    ),
+    (
+        "partial_rotary_factor 401 digits",
+        lambda: plain(partial_rotary_factor=10**400),
+        ValueError,
+        r"^config\.partial_rotary_factor" + FRACTION + "an int of 401 digits$",
+    ),
+    (
+        "heads 0",
+        lambda: plain(num_attention_heads=0),
+        ValueError,
+        r"^config\.num_attention_heads" + COUNT + "0",
+    ),
+    (
+        "heads str",
+        lambda: plain(num_attention_heads="16"),
+        TypeError,
+        r"^config\.num_attention_heads",
+    ),
+    (
+        "heads nan",
+        lambda: plain(num_attention_heads=NAN),
+        TypeError,
+        r"^config\.num_attention_heads",
+    ),
+    (
+        "4.x rope_scaling a list",
+        lambda: plain(rope_parameters=MISSING, rope_theta=1e6, rope_scaling=[1, 2]),
+        TypeError,
+        r"^config\.rope_scaling must be a dict, got list",
+    ),
 ]
 
 
@@ -701,9 +749,54 @@ BAD_CONFIGS = [
     "make,error,message", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
 )
 def test_a_bad_config_value_is_refused_naming_its_key(make, error, message):
+    """Not valid: a plain ValueError / TypeError, never :class:`fqr.hf.UnsupportedConfig`
+    (``fqr hf-config`` exits 2 on it, 1 on a valid config fqr has no form for)."""
+    from fqr.hf import UnsupportedConfig
+
     config = make()
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as e:
         Preset.from_hf_config(config)
+    assert not isinstance(e.value, UnsupportedConfig)
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: transformers.GPTNeoXConfig(), "a fused qkv whose rows interleave per head"),
+        (
+            lambda: rope(VL, mrope_interleaved=False),
+            r"mrope_interleaved'\] is False but qwen3_vl_text's code ignores it",
+        ),
+        (
+            lambda: plain(
+                rope_parameters={"rope_type": "dynamic", "rope_theta": 1e6, "factor": 2.0}
+            ),
+            "RoPE scaling 'dynamic'",
+        ),
+    ],
+    ids=["no form", "contradicts the code", "a scaling fqr builds not"],
+)
+def test_a_valid_config_fqr_has_no_form_for_is_unsupported(make, message):
+    from fqr.hf import UnsupportedConfig
+
+    with pytest.raises(UnsupportedConfig, match=message):
+        Preset.from_hf_config(make())
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: rope_cos_sin_cache(64, 64, 10**400), "^theta must be a finite number > 0"),
+        (lambda: Preset("x", "x", 4, 2, 64, 10**400, 64), "^rope_theta must be"),
+        (lambda: Preset("x", "x", 4, 2, 64, 1e4, 64, eps=10**400), "^eps must be"),
+        (lambda: Preset("x", "x", 4, 2, 64, 1e4, 64, weight_offset=10**400), "^weight_offset"),
+    ],
+    ids=["table theta", "preset theta", "eps", "weight_offset"],
+)
+def test_an_int_beyond_every_float_is_named(call, message):
+    """Issue 41: an ``OverflowError`` naming nothing before."""
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 @pytest.mark.parametrize(

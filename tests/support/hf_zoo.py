@@ -4,10 +4,11 @@ its q and k captured after its norm and RoPE, and fqr's op through ``Preset.from
 the same projection output (``tests/core/test_hf_zoo.py``).
 
 Scope (:func:`zoo_model_types`): the model types of transformers' config mapping whose modeling
-module names a rotary embedding (``RotaryEmbedding`` or ``apply_rotary``) and that are decoders:
-in the causal-LM mapping, or a text config (``*_text``) a multimodal model wraps; a composite
-config whose text config is itself in scope is that text config (``gemma3`` is
-``gemma3_text``), so it is counted once.
+module names a rotary embedding (``RotaryEmbedding`` or ``apply_rotary``; a type with no
+modeling module of its own, as ``exaone``, by the module of the model class transformers runs
+it with) and that are decoders: in the causal-LM or image-text-to-text mapping, or a text
+config (``*_text``) a multimodal model wraps; a composite config whose text config is itself in
+scope is that text config (``gemma3`` is ``gemma3_text``), so it is counted once.
 
 Capture (:func:`run_model`): the model with one layer, in bf16, its norm weights random; the
 module-level rotary function of its modeling module (``apply_rotary_pos_emb`` and kin) is
@@ -19,6 +20,7 @@ checked against it separately.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pathlib
 import re
@@ -85,24 +87,50 @@ def transformers_root() -> pathlib.Path:
     return pathlib.Path(transformers.__file__).parent / "models"
 
 
+def _modeling_source(model_type: str) -> str:
+    """The source of the modeling module that runs ``model_type``: its own, else (a config-only
+    type: ``exaone``, ``internlm3``, ... run Llama's code) the module of the base model class
+    transformers' auto mapping names for it."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    files = sorted(
+        (transformers_root() / model_type_to_module_name(model_type)).glob("modeling_*.py")
+    )
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if not files and isinstance(name, str) and name in _model_classes():
+        files = [_model_classes()[name]]
+    return "".join(f.read_text() for f in files)
+
+
+@functools.cache
+def _model_classes() -> dict[str, pathlib.Path]:
+    """Every model class transformers defines, by name, with its modeling file."""
+    found = {}
+    for path in transformers_root().glob("*/modeling_*.py"):
+        found |= {m: path for m in re.findall(r"^class (\w+)\(", path.read_text(), re.M)}
+    return found
+
+
 def zoo_model_types() -> list[str]:
     """The model types in scope (module docstring), in the config mapping's order."""
     from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import (
-        CONFIG_MAPPING_NAMES,
-        model_type_to_module_name,
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     )
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    root = transformers_root()
     rotary = re.compile(r"RotaryEmbedding|apply_rotary")
-    found = []
-    for model_type in CONFIG_MAPPING_NAMES:
-        module = root / model_type_to_module_name(model_type)
-        source = "".join(f.read_text() for f in module.glob("modeling_*.py"))
-        decoder = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type.endswith("_text")
-        if rotary.search(source) and decoder:
-            found.append(model_type)
+    decoders = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    )
+    found = [
+        model_type
+        for model_type in CONFIG_MAPPING_NAMES
+        if (model_type in decoders or model_type.endswith("_text"))
+        and rotary.search(_modeling_source(model_type))
+    ]
     scope = []
     for model_type in found:
         try:
@@ -117,8 +145,8 @@ def zoo_model_types() -> list[str]:
 
 
 def tiny_config(model_type: str, **extra):
-    """The model type's config with :data:`TINY` sizes where it has those keys, and
-    ``extra``; its text config (eager attention)."""
+    """The model type's text config (eager attention) with :data:`TINY` sizes where it has
+    those keys, and ``extra``."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type).get_text_config()
@@ -128,7 +156,9 @@ def tiny_config(model_type: str, **extra):
         kwargs["head_dim"] = TINY["qk_rope_head_dim"]
     # token ids the tiny vocabulary holds
     kwargs |= {k: 0 for k in ("pad_token_id", "bos_token_id", "eos_token_id") if k in keys}
-    config = AutoConfig.for_model(model_type, **kwargs).get_text_config()
+    # the text config's own class (a composite config would give its text config the
+    # defaults, full size, and the sizes to itself)
+    config = type(base)(**kwargs).get_text_config()
     config._attn_implementation = "eager"
     return config
 
