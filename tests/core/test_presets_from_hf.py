@@ -702,7 +702,7 @@ BAD_CONFIGS = [
         "theta 401 digits",
         lambda: plain(rope_parameters={"rope_type": "default", "rope_theta": 10**400}),
         ValueError,
-        RP.format("rope_theta") + POSITIVE + "an int of 401 digits$",
+        RP.format("rope_theta") + POSITIVE + "an integer of 401 digits$",
     ),
     (
         "linear factor 401 digits",
@@ -710,13 +710,13 @@ BAD_CONFIGS = [
             rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 10**400}
         ),
         ValueError,
-        RP.format("factor") + POSITIVE + "an int of 401 digits$",
+        RP.format("factor") + POSITIVE + "an integer of 401 digits$",
     ),
     (
         "partial_rotary_factor 401 digits",
         lambda: plain(partial_rotary_factor=10**400),
         ValueError,
-        r"^config\.partial_rotary_factor" + FRACTION + "an int of 401 digits$",
+        r"^config\.partial_rotary_factor" + FRACTION + "an integer of 401 digits$",
     ),
     (
         "heads 0",
@@ -762,7 +762,7 @@ def test_a_bad_config_value_is_refused_naming_its_key(make, error, message):
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda: transformers.GPTNeoXConfig(), "a fused qkv whose rows interleave per head"),
+        (lambda: transformers.CodeGenConfig(), "needs a preset builder for CodeGen's config"),
         (
             lambda: rope(VL, mrope_interleaved=False),
             r"mrope_interleaved'\] is False but qwen3_vl_text's code ignores it",
