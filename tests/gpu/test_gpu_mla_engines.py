@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE
+from support.devices import GPU_DEVICE, launch_copies, rope_table
 from support.peer_ports import ON_TRITON
 
 import fqr
@@ -28,16 +28,16 @@ MAX_POSITION = 1 << 17
 
 
 def _run_and_check(gen, preset, *, dtype=torch.bfloat16, change=None):
-    """Draw ``preset``'s call, optionally ``change`` it (inputs -> inputs, on the CPU), run it
+    """Draw ``preset``'s call on the GPU, optionally ``change`` it (inputs -> inputs), run it
     twice on the GPU (the second call takes the kept call's bound launcher), every output
     against float64; returns the inputs and the outputs of the last call."""
     variant = variant_of(preset)
-    table = preset.cos_sin_cache(min(preset.max_position, MAX_POSITION))
+    table = rope_table(preset, min(preset.max_position, MAX_POSITION))
     inputs = variant.draw(preset, TOKENS, dtype, gen, max_position=table.shape[0])
     if change is not None:
         inputs = change(inputs)
     exact = variant.expected(preset, inputs, table)
-    on_gpu = {k: x.to(GPU_DEVICE) for k, x in inputs.items()}
+    on_gpu = launch_copies(inputs)  # the caches are written in place
     gpu_table = table.to(GPU_DEVICE) if variant.reads_table else None
     for call in range(2):
         poison_free_memory(256 << 20, torch.device(GPU_DEVICE))  # unwritten outputs show NaN
@@ -46,7 +46,7 @@ def _run_and_check(gen, preset, *, dtype=torch.bfloat16, change=None):
         assert len(outs) == len(names)
         for n, out in zip(names, outs):
             kind, head_dim = variant.tolerance(n, preset), variant.head_dim(preset, n)
-            c = compare_kind(kind, out.cpu(), exact[n], head_dim=head_dim)
+            c = compare_kind(kind, out, exact[n], head_dim=head_dim)
             assert c.passed, f"{preset.name} call {call} {n}: {c}"
     return inputs, outs
 
@@ -71,7 +71,7 @@ def test_mla_cache_insert_into_two_caches(gen):
     preset = fqr.get_preset("deepseek-v3-mla-insert")
     variant = variant_of(preset)
     inputs = variant.draw(preset, TOKENS, torch.bfloat16, gen, max_position=1)
-    args = {k: x.to(GPU_DEVICE) for k, x in inputs.items()}
+    args = launch_copies(inputs)
     one = args["kv_cache"]
     kv, kpe = one[..., :512].clone(), one[..., 512:].clone()
     call = dict(args, **variant.kwargs(preset), backend="triton")
@@ -90,7 +90,7 @@ def test_mla_prologue_with_a_shorter_slot_mapping(gen, name):
 
     inputs, outs = _run_and_check(gen, fqr.get_preset(name, 8), change=shorter)
     slots = inputs["slot_mapping"]
-    after = outs[-1].cpu().view(torch.uint8)
+    after = outs[-1].view(torch.uint8)
     before = inputs["kv_cache"].view(torch.uint8)
     entry_bytes = after.shape[-1]
     changed = (after != before).reshape(-1, entry_bytes).any(dim=1)
@@ -133,6 +133,7 @@ def test_e5m2_caches(gen):
 
     def e5m2(inputs):
         cache = inputs["kv_cache"].float().to(torch.float8_e5m2)
-        return dict(inputs, kv_cache=cache, k_scale=torch.tensor([2e-5]))  # some saturate
+        scale = torch.tensor([2e-5], device=cache.device)  # some saturate
+        return dict(inputs, kv_cache=cache, k_scale=scale)
 
     _run_and_check(gen, fqr.get_preset("deepseek-v3-fp8", 16), change=e5m2)

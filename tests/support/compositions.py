@@ -31,12 +31,12 @@ class Case:
 
 
 def randn(gen, *shape, scale=1.0, centre=0.0, dtype=torch.bfloat16):
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + centre
+    x = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float64) * scale + centre
     return x.to(dtype)
 
 
 def positions(gen, tokens):
-    return torch.randint(0, MAX_POS, (tokens,), generator=gen)
+    return torch.randint(0, MAX_POS, (tokens,), generator=gen, device=gen.device)
 
 
 def table(rotary_dim, theta=1e6):

@@ -65,14 +65,14 @@ def peer_inputs(case: PeerCase, gen: torch.Generator):
     for s in sections:  # fresh values where a head is, per-head scales
         for h in range(s.heads):
             start = s.offset + h * s.head_stride
-            scale = 0.5 + 3 * torch.rand((), generator=gen)
-            head = torch.randn(t, s.head_dim, generator=gen) * scale
+            scale = 0.5 + 3 * torch.rand((), generator=gen, device=gen.device)
+            head = torch.randn(t, s.head_dim, generator=gen, device=gen.device) * scale
             buffer[:, start : start + s.head_dim] = head.to(case.dtype)
     qkv = buffer[:, :width]
-    positions = torch.randint(0, MAX_POS, (t,), generator=gen)
+    positions = torch.randint(0, MAX_POS, (t,), generator=gen, device=gen.device)
     table = rope_cos_sin_cache(D, MAX_POS, 1e4) if case.rope else None
-    qw = (1 + 0.2 * torch.randn(D, generator=gen)).to(case.dtype)
-    kw_ = (1 + 0.2 * torch.randn(D, generator=gen)).to(case.dtype)
+    qw = (1 + 0.2 * torch.randn(D, generator=gen, device=gen.device)).to(case.dtype)
+    kw_ = (1 + 0.2 * torch.randn(D, generator=gen, device=gen.device)).to(case.dtype)
     return buffer, qkv, positions, table, qw, kw_
 
 
@@ -131,10 +131,12 @@ def check_q_only(
     ``rotary_emb(positions, q, None)`` after ``q_norm`` (Gemma 4's KV-shared / MTP layers), with
     its tensors on ``device``; q is not written."""
     t = 5
-    q = (torch.randn(t, HQ * D, generator=gen) * 2).to(torch.bfloat16)
-    positions = torch.randint(0, MAX_POS, (t,), generator=gen)
+    q = (torch.randn(t, HQ * D, generator=gen, device=gen.device) * 2).to(torch.bfloat16)
+    positions = torch.randint(0, MAX_POS, (t,), generator=gen, device=gen.device)
     table = rope_cos_sin_cache(D, MAX_POS, 1e4)
-    qw = (0.2 * torch.randn(D, generator=gen)).to(torch.bfloat16)  # Gemma: (1 + w)
+    qw = (0.2 * torch.randn(D, generator=gen, device=gen.device)).to(
+        torch.bfloat16
+    )  # Gemma: (1 + w)
     on_device = q.to(device, copy=True)
     out, none = fqr.qk_rmsnorm_rope(
         on_device,

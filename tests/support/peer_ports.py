@@ -112,7 +112,7 @@ def spread(cases: list[dict], count: int) -> list[dict]:
 
 def peer_positions(tokens: int, high: int, gen: torch.Generator) -> torch.Tensor:
     """``torch.randint(0, high, (tokens,))`` int64, as vllm-ascend's tests draw positions."""
-    return torch.randint(0, high, (tokens,), generator=gen, dtype=torch.int64)
+    return torch.randint(0, high, (tokens,), generator=gen, device=gen.device, dtype=torch.int64)
 
 
 def peer_table(

@@ -136,14 +136,20 @@ def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> Non
     block_size = 16
     total_heads = q_heads + 2 * kv_heads + index_heads + 1
     width = total_heads * HD
-    packed = torch.randn((tokens, width + 32), generator=gen).to(torch.bfloat16)[:, :width]
-    weights = [torch.randn(HD, generator=gen).to(torch.bfloat16) * 0.1 for _ in range(4)]
+    packed = torch.randn((tokens, width + 32), generator=gen, device=gen.device).to(torch.bfloat16)[
+        :, :width
+    ]
+    weights = [
+        torch.randn(HD, generator=gen, device=gen.device).to(torch.bfloat16) * 0.1 for _ in range(4)
+    ]
     table = real_table(rotary_dim, 257, torch.bfloat16)
-    positions = torch.randint(257, (tokens,), generator=gen)
+    positions = torch.randint(257, (tokens,), generator=gen, device=gen.device)
     actual = max(1, tokens - 3)
     blocks = (2 * tokens + block_size - 1) // block_size
-    slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
-    index_slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
+    slots = torch.randperm(blocks * block_size, generator=gen, device=gen.device)[:actual].long()
+    index_slots = torch.randperm(blocks * block_size, generator=gen, device=gen.device)[
+        :actual
+    ].long()
     slots[::5] = -1
     index_slots[::7] = -1
     key_cache = torch.full((blocks, block_size, kv_heads, HD), -3.0, dtype=torch.bfloat16)
@@ -238,12 +244,14 @@ def run_dynamic_capacity_case(blocks, tokens, backend, gen, device="cpu") -> Non
     the index projection separate. The positions are a contiguous ``[T]`` here: the peer's
     strided ``positions[:, 0]`` view of a ``[T, 2]`` buffer is issue 26 item 6."""
     hd, block_size, max_position = 128, 128, 263000
-    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16)
-    weights = [torch.randn(hd, generator=gen).to(packed.dtype) * 0.1 for _ in range(4)]
+    packed = torch.randn(tokens, 12 * hd, generator=gen, device=gen.device).to(torch.bfloat16)
+    weights = [
+        torch.randn(hd, generator=gen, device=gen.device).to(packed.dtype) * 0.1 for _ in range(4)
+    ]
     cs = real_table(64, max_position, torch.bfloat16)
     cs_dev = torch.empty((max_position, 80), dtype=packed.dtype, device=device)[:, :64]
     cs_dev.copy_(cs)
-    positions = torch.randint(max_position, (tokens,), generator=gen)
+    positions = torch.randint(max_position, (tokens,), generator=gen, device=gen.device)
     positions[0], positions[-1] = 0, max_position - 1
     slots = torch.arange(blocks * block_size - tokens, blocks * block_size)
     index_slots = slots.flip(0)
@@ -292,10 +300,15 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
     another stream's traffic, as the peer replays its NPU graph (GPU only)."""
     qh, kh, ih, hd, actual = 8, 1, 1, 128, 5
     cache_dtype = E4M3 if fp8 else torch.bfloat16
-    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16).to(device)
+    packed = (
+        torch.randn(tokens, 12 * hd, generator=gen, device=gen.device).to(torch.bfloat16).to(device)
+    )
     if fp8:
         packed[:, 9 * hd : 10 * hd] *= 1000  # v saturates whatever the norm does
-    weights = [(torch.randn(hd, generator=gen) * 0.1).to(packed.dtype).to(device) for _ in range(4)]
+    weights = [
+        (torch.randn(hd, generator=gen, device=gen.device) * 0.1).to(packed.dtype).to(device)
+        for _ in range(4)
+    ]
     cs = real_table(64, tokens + 32, torch.bfloat16).to(device)
     positions = torch.arange(tokens, device=device)
     key = torch.zeros((3, 17, kh, hd), dtype=cache_dtype, device=device)[:, :16]
