@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE, launch_copies, rope_table
+from support.devices import GPU_DEVICE, has_values, launch_copies, rope_table
 from support.peer_ports import ON_TRITON
 
 import fqr
@@ -36,7 +36,7 @@ def _run_and_check(gen, preset, *, dtype=torch.bfloat16, change=None):
     inputs = variant.draw(preset, TOKENS, dtype, gen, max_position=table.shape[0])
     if change is not None:
         inputs = change(inputs)
-    exact = variant.expected(preset, inputs, table)
+    exact = variant.expected(preset, inputs, table) if has_values(table) else None  # meta: none
     on_gpu = launch_copies(inputs)  # the caches are written in place
     gpu_table = table.to(GPU_DEVICE) if variant.reads_table else None
     for call in range(2):
@@ -44,6 +44,8 @@ def _run_and_check(gen, preset, *, dtype=torch.bfloat16, change=None):
         outs = variant.run(preset, on_gpu, gpu_table, backend="triton")
         names = variant.outputs_of(preset)
         assert len(outs) == len(names)
+        if exact is None:
+            continue
         for n, out in zip(names, outs):
             kind, head_dim = variant.tolerance(n, preset), variant.head_dim(preset, n)
             c = compare_kind(kind, out, exact[n], head_dim=head_dim)
@@ -77,7 +79,8 @@ def test_mla_cache_insert_into_two_caches(gen):
     call = dict(args, **variant.kwargs(preset), backend="triton")
     fqr.mla_cache_insert(**dict(call, kv_cache=kv, kpe_cache=kpe))
     fqr.mla_cache_insert(**call)
-    assert torch.equal(kv, one[..., :512]) and torch.equal(kpe, one[..., 512:])
+    if has_values(one):
+        assert torch.equal(kv, one[..., :512]) and torch.equal(kpe, one[..., 512:])
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3.2"])
@@ -89,6 +92,8 @@ def test_mla_prologue_with_a_shorter_slot_mapping(gen, name):
         return dict(inputs, slot_mapping=inputs["slot_mapping"][:n])
 
     inputs, outs = _run_and_check(gen, fqr.get_preset(name, 8), change=shorter)
+    if not has_values(*outs):
+        return
     slots = inputs["slot_mapping"]
     after = outs[-1].view(torch.uint8)
     before = inputs["kv_cache"].view(torch.uint8)

@@ -46,7 +46,7 @@ def flash_cache_need(params: dict) -> int:
     return (1 << 30) + n * (12 + 6 * itemsize)
 
 
-@pytest.mark.gpu_memory(flash_cache_need)
+@pytest.mark.gpu_memory.with_args(flash_cache_need)
 @pytest.mark.parametrize("case", CACHE.PEER_GRID, ids=case_id)
 def test_vllm_reshape_and_cache_flash(gen, case):
     CACHE.check_case(case, "triton", gen, device=GPU_DEVICE)

@@ -80,6 +80,7 @@ def hf_attention_case(
         rotary = m.Gemma3RotaryEmbedding(config)
         layer_args = (config.layer_types[0],)
         offset = 1.0
+    attn = attn.to(gen.device)  # filled where the draws are (the GPU; meta in the build run)
     with torch.no_grad():
         for p in attn.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, device=gen.device) * 0.3)

@@ -62,7 +62,7 @@ def draw(gen, flavour, dtype, q_lora, tokens=5):
     kv_a = (torch.randn(tokens, width, generator=gen, device=gen.device) * 2).to(dtype)
     kv_a[:, q_lora + 2 * TILE : q_lora + 3 * TILE] *= 40  # tiles of different magnitudes
     positions = torch.randint(0, 4096, (tokens,), generator=gen, device=gen.device)
-    table = rope_cos_sin_cache(ROPE, 4096, 1e4)
+    table = rope_cos_sin_cache(ROPE, 4096, 1e4, rows=torch.arange(4096, device=gen.device))
     q_w = (
         (1 + torch.randn(q_lora, generator=gen, device=gen.device) * 0.2).to(dtype)
         if q_lora
@@ -79,7 +79,9 @@ def draw(gen, flavour, dtype, q_lora, tokens=5):
         )
     slots = torch.randperm(BLOCKS * BLOCK_SIZE, generator=gen, device=gen.device)[:tokens]
     slots[[1, tokens - 1]] = -1
-    scale = torch.tensor([0.008]) if flavour == "fp8" else None  # some values saturate
+    scale = (
+        torch.tensor([0.008], device=gen.device) if flavour == "fp8" else None
+    )  # some values saturate
     return kv_a, positions, table, q_w, kv_w, cache, slots, scale
 
 
