@@ -272,7 +272,8 @@ def cache_insert(
     if slot_mapping.shape[0] > x.shape[0]:
         raise ValueError(f"{slot_mapping.shape[0]} slots for {x.shape[0]} tokens")
     blocks, block_size, heads, head_dim = cache.shape
-    expected = cache.detach().to(F64, copy=True)  # one float64 copy (a cache can be GiBs)
+    # one float64 copy (a cache can be GiBs), rows contiguous for the indexed store below
+    expected = cache.detach().to(F64, copy=True, memory_format=torch.contiguous_format)
     values = _f64(x).reshape(x.shape[0], heads, head_dim)
     if cache.dtype in FP8_MAX:
         values = saturate_fp8(values, scale, cache.dtype)
