@@ -22,12 +22,13 @@ to a file and the controller adds them up.
 **Memory by need** (GPU run): each test needs :func:`need_bytes` of GPU memory (stated with
 ``@pytest.mark.gpu_memory(bytes)`` or ``.with_args(params -> bytes)``, else estimated from its
 token count), and a worker runs it only once that much of the GPU's budget
-(:func:`budget_bytes`) is free: the workers share one ledger file under a lock, first come first served (a big case waits until
-the memory is there instead of failing at a fixed share, and the small ones queue behind it).
-Each test runs under a cap of its need plus :data:`HEADROOM` (``set_per_process_memory_
-fraction``: a test far past its statement fails in its own worker, out of memory, instead of
-starving the others), and gives its cached blocks back when it ends. The peak each test
-allocated is recorded; the summary names the largest and any test past its statement.
+(:func:`budget_bytes`) is free: the workers share one ledger file under a lock, first come first
+served (a big case waits until the memory is there instead of failing at a fixed share, and the
+small ones queue behind it). Each test runs under a cap of its need plus :data:`HEADROOM`
+(``set_per_process_memory_ fraction``: a test far past its statement fails in its own worker,
+out of memory, instead of starving the others), and gives its cached blocks back when it ends.
+The peak each test allocated is recorded; the summary names the largest and any test past its
+statement.
 
 Torch's CPU threads: ``FQR_TEST_TORCH_THREADS`` (``share`` of the host's cores per worker by
 default, a number, or ``torch`` for torch's own default).
