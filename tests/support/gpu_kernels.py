@@ -25,7 +25,7 @@ token count), and a worker runs it only once that much of the GPU's budget
 (:func:`budget_bytes`) is free: the workers share one ledger file under a lock, first come first
 served (a big case waits until the memory is there instead of failing at a fixed share, and the
 small ones queue behind it). Each test runs under a cap of its need plus :data:`HEADROOM`
-(``set_per_process_memory_ fraction``: a test far past its statement fails in its own worker,
+(``set_per_process_memory_fraction``: a test far past its statement fails in its own worker,
 out of memory, instead of starving the others), and gives its cached blocks back when it ends.
 The peak each test allocated is recorded; the summary names the largest and any test past its
 statement.
@@ -139,8 +139,9 @@ class Ledger:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 state = json.loads(self.path.read_text()) if self.path.exists() else {}
-                state.setdefault("held", {})
-                state.setdefault("queue", [])
+                # a worker that died (xdist starts another) holds nothing and waits for nothing
+                state["held"] = {w: v for w, v in state.get("held", {}).items() if _alive(v[0])}
+                state["queue"] = [e for e in state.get("queue", []) if _alive(e[1])]
                 yield state
                 self.path.write_text(json.dumps(state))
             finally:
@@ -149,15 +150,17 @@ class Ledger:
     @contextmanager
     def admitted(self, need: int):
         need = min(need, self.budget)
+        me = os.getpid()
         with self._state() as state:
-            state["queue"].append([self.worker, need])
+            state["queue"].append([self.worker, me, need])
         waited = 0.0
         while True:
             with self._state() as state:
-                first = state["queue"][0][0] == self.worker
-                if first and sum(state["held"].values()) + need <= self.budget:
+                first = state["queue"][0][1] == me
+                held = sum(v[1] for v in state["held"].values())
+                if first and held + need <= self.budget:
                     state["queue"].pop(0)
-                    state["held"][self.worker] = need
+                    state["held"][self.worker] = [me, need]
                     break
             time.sleep(0.02)
             waited += 0.02
@@ -166,6 +169,16 @@ class Ledger:
         finally:
             with self._state() as state:
                 state["held"].pop(self.worker, None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _LEDGER: Ledger | None = None
