@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile
+#   bash scripts/gpu_session.sh checks|cold-start|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -136,6 +136,11 @@ bundle-tests)
   export FQR_KERNEL_BUNDLE=$BUNDLE TRITON_CACHE_DIR=$(mktemp -d) FQR_GPU_MEMORY_REPORT=$OUT/gpu-memory.json
   TAILN=${TAILN:-90} step pytest_all timeout -s INT "${TEST_SECONDS:-560}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-14}" --durations=10 --junitxml="$OUT/pytest_all.xml" tests/gpu -m gpu
   echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
+  ;;
+cold-start)
+  # issue 37: the first call from a bundle in parts (import, CUDA context, lowering, bundle open
+  # and checks, module load, launch); fqr's part (after the CUDA context exists) <= 50 ms
+  TAILN=14 step cold_start timeout 400 python3 -m fqr bench --cold-start --preset "${COLD_PRESETS:-qwen3-8b,deepseek-v3}"
   ;;
 checks)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
