@@ -41,10 +41,10 @@ MODES = ("jit", "bundle")
 PARTS = {
     "import_s": "import: the interpreter, torch, fqr and Triton, from the spawn",
     "cuda_context_s": "CUDA context: torch's (an allocation, synchronised) and Triton's driver",
-    "lower_s": "lowering: the program traced, its source generated and made a Triton function",
+    "lower_s": "lowering: the kernel's source generated, cached and made a Triton function",
     "bundle_s": "bundle open and checks: its directory, files, sha256s (loading only)",
     "module_load_s": "module load: the compiled kernel read, its module and launcher loaded",
-    "launch_s": "launch: the rest of the first call (argument checks, Triton's first run)",
+    "launch_s": "launch: the rest (the program traced, the call checked, Triton's first run)",
     "fqr_s": "fqr's part: everything after the CUDA context exists, to the result",
 }
 
