@@ -285,17 +285,9 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
         doc = {"schema": schema("bench.cold-start"), "ok": True, "rows": rows}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return
-    from rich.table import Table
+    from fqr.bench.cold_start import cold_start_table
 
-    table = Table(title="cold start: a fresh process to its first result (medians, wall s)")
-    for column in ("preset", "T", "mode", "to first result", "first call", "compiled", "loaded"):
-        table.add_column(column, justify="left" if column in ("preset", "mode") else "right")
-    for row in rows:
-        for mode, m in row["modes"].items():
-            table.add_row(
-                row["preset"], str(row["tokens"]), mode, f"{m['to_first_result_s']:.2f}",
-                f"{m['first_call_s']:.2f}", str(m["compiled"]), str(m["loaded"]),
-            )  # fmt: skip
+    table = cold_start_table(rows)
     print_table(table)
 
 

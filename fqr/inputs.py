@@ -186,10 +186,10 @@ def with_outliers(x: torch.Tensor, columns: slice, generator: torch.Generator) -
         return x
     x = x.clone()
     width = columns.stop - columns.start
-    for value in OUTLIERS:
-        t = int(torch.randint(0, x.shape[0], (1,), generator=generator, device=generator.device))
-        c = columns.start + int(
-            torch.randint(0, width, (1,), generator=generator, device=generator.device)
+    for value in OUTLIERS:  # indexed by tensors: no value read back to the host
+        t = torch.randint(0, x.shape[0], (1,), generator=generator, device=generator.device)
+        c = columns.start + torch.randint(
+            0, width, (1,), generator=generator, device=generator.device
         )
         x[t, c] = value
     return x

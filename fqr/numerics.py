@@ -170,6 +170,11 @@ class Comparison:
         return asdict(self)
 
 
+# Elements of one piece of a comparison: its float64 / int64 temporaries (a dozen of them,
+# three for each of round_nearest's candidates) stay near 1 GiB whatever the output's size.
+COMPARE_CHUNK = 1 << 23
+
+
 def compare(
     out: torch.Tensor,
     exact: torch.Tensor,
@@ -178,57 +183,103 @@ def compare(
     numerics: str = "fused",
     bitwise: bool = False,
 ) -> Comparison:
-    """Compare ``out`` (any dtype, [T, H*D]) with float64 ``exact`` under the contract above."""
+    """Compare ``out`` (any dtype, [T, H*D]) with float64 ``exact`` under the contract above.
+
+    Runs where ``out`` is (``exact`` is moved there if it is elsewhere): a GPU output is
+    compared on the GPU, nothing copied to the host but the few numbers of the result. The
+    heads are taken in pieces of at most :data:`COMPARE_CHUNK` elements, so the float64
+    temporaries stay bounded for any size; the result is the same as in one piece (maxima
+    and counts over the pieces)."""
     if out.shape != exact.shape:
         raise ValueError(
             f"shape mismatch: output {list(out.shape)} vs expected {list(exact.shape)}"
         )
     dtype, numerics = out.dtype, contract_of(numerics)
-    out_c, exact64 = out.detach().cpu(), exact.detach().cpu().to(torch.float64)
-    out64 = out_c.to(torch.float64)
-    nonfinite = int((~torch.isfinite(out64)).sum())
-    t = out.shape[0]
     if out.numel() == 0:
         return Comparison(0, 0.0, 0.0, 0, 0, True, "empty", 0.0)
-    heads64 = exact64.reshape(t, -1, head_dim)
-    head_max = heads64.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    err = (out64.reshape(heads64.shape) - heads64).abs()
+    out = out.detach()
+    exact = exact.detach().to(device=out.device)
+    t = out.shape[0]
+    heads_out = out.reshape(t, -1, head_dim).reshape(-1, head_dim)
+    heads_exact = exact.reshape(t, -1, head_dim).reshape(-1, head_dim)
+    rows = max(1, COMPARE_CHUNK // head_dim)
+    parts = [
+        _compare_heads(heads_out[i : i + rows], heads_exact[i : i + rows], dtype, numerics, bitwise)
+        for i in range(0, heads_out.shape[0], rows)
+    ]
+    stats = torch.stack([p for p, _ in parts]).amax(dim=0)  # one copy to the host, at the end
+    counts = torch.stack([c for _, c in parts]).sum(dim=0)
+    max_abs, max_rel, max_ulp, ratio = stats.tolist()
+    bad, nonfinite = (int(x) for x in counts.tolist())
+    tol = _tolerance_label(dtype, numerics, bitwise)
+    if bitwise:
+        ratio = 0.0 if bad == 0 else float("inf")
+    elif not (
+        dtype in FP8_MAX or (numerics == "fused" and dtype in (torch.bfloat16, torch.float16))
+    ):
+        ratio = max_rel / HEAD_RELATIVE_BOUND[(numerics, dtype)]
+    has_ulp = dtype in (torch.bfloat16, torch.float16, *FP8_MAX)
+    passed = bad == 0 and nonfinite == 0
+    return Comparison(
+        int(max_ulp) if has_ulp else None, max_abs, max_rel, bad, nonfinite, passed, tol, ratio
+    )
+
+
+def _tolerance_label(dtype: torch.dtype, numerics: str, bitwise: bool) -> str:
+    if bitwise:
+        return "bit-exact"
+    if dtype in FP8_MAX:
+        return tolerance_text(numerics, dtype)
+    if numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
+        return "<=1 ulp"
+    return f"<={HEAD_RELATIVE_BOUND[(numerics, dtype)]:.2g} x head max"
+
+
+def _compare_heads(
+    out: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, numerics: str, bitwise: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One piece of :func:`compare`: heads ``[n, D]`` of ``out`` and of the float64 ``exact``.
+    Returns float64 ``[max_abs, max_rel, max_ulp, ratio]`` and int64 ``[bad, nonfinite]`` as
+    tensors on the heads' device (no host synchronisation per piece)."""
+    exact64 = exact.to(torch.float64)
+    out64 = out.to(torch.float64)
+    nonfinite = (~torch.isfinite(out64)).sum()
+    head_max = exact64.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    err = (out64 - exact64).abs()
+    del out64
     err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
     rel = err / head_max
-    max_abs, max_rel = float(err.max()), float(rel.max())
-    max_ulp = None
+    zero = torch.zeros((), dtype=torch.float64, device=out.device)
+    max_ulp = zero
     if dtype in FP8_MAX:  # the store saturates: compare with the clamped value
         top = FP8_MAX[dtype]
         exact64 = torch.where(exact64.isnan(), exact64, exact64.clamp(-top, top))
+    ulp = None
     if dtype in (torch.bfloat16, torch.float16, *FP8_MAX):
         nearest = round_nearest(exact64, dtype)
-        ulp = (ordered_bits(out_c) - ordered_bits(nearest)).abs().reshape(heads64.shape)
-        max_ulp = int(ulp.max())
+        ulp = (ordered_bits(out) - ordered_bits(nearest)).abs()
+        max_ulp = ulp.max().to(torch.float64)
+    ratio = zero
     if bitwise:
-        tol = "bit-exact"
         ok = err == 0
-        ratio = 0.0 if bool(ok.all()) else float("inf")
     elif dtype in FP8_MAX:
-        tol = tolerance_text(numerics, dtype)
+        assert ulp is not None
         ok = ulp <= 1
         ratio_each = ulp.to(torch.float64)
         if numerics == "unfused":
             ok = ok | (rel <= FP8_UNFUSED_RELATIVE_BOUND)
             ratio_each = torch.minimum(ratio_each, rel / FP8_UNFUSED_RELATIVE_BOUND)
-        ratio = float(ratio_each.max())
+        ratio = ratio_each.max()
     elif numerics == "fused" and dtype in (torch.bfloat16, torch.float16):
-        tol = "<=1 ulp"
+        assert ulp is not None
         ok = (ulp <= 1) | (rel <= COMPUTE_FLOOR)
         # an element passes on either bound: its ratio is the kinder of the two
-        ratio = float(torch.minimum(ulp.to(torch.float64), rel / COMPUTE_FLOOR).max())
+        ratio = torch.minimum(ulp.to(torch.float64), rel / COMPUTE_FLOOR).max()
     else:
-        bound = HEAD_RELATIVE_BOUND[(numerics, dtype)]
-        tol = f"<={bound:.2g} x head max"
-        ok = rel <= bound
-        ratio = max_rel / bound
-    bad = int((~ok).sum()) + 0
-    passed = bad == 0 and nonfinite == 0
-    return Comparison(max_ulp, max_abs, max_rel, bad, nonfinite, passed, tol, ratio)
+        ok = rel <= HEAD_RELATIVE_BOUND[(numerics, dtype)]
+    stats = torch.stack([err.max(), rel.max(), max_ulp, ratio.to(torch.float64)])
+    counts = torch.stack([(~ok).sum(), nonfinite]).to(torch.int64)
+    return stats, counts
 
 
 # The tolerance kinds an output of a prologue variant is held to (``Variant.tolerance``): the
@@ -326,8 +377,8 @@ def compare_ds_mla_entry(
       (1 ULP, or the fp32 compute floor of the head);
     * every entry ``expected.written`` does not mark equals ``original``'s bytes.
     """
-    out, original = out.detach().cpu(), original.detach().cpu()
-    written = expected.written
+    out, original = out.detach(), original.detach().to(out.device)  # compared where out is
+    written = expected.written.to(out.device)
     rows = out[written]  # [n, entry] bytes of the written entries
     n, width = expected.values.shape[-1], expected.rope.shape[-1]
     tiles = expected.scales.shape[-1]
@@ -343,9 +394,9 @@ def compare_ds_mla_entry(
     rope = decode(expected.rope_offset, width, rope_dtype)
     assert expected.rope_offset + width * size <= out.shape[-1]
     parts = {
-        "values": compare(values, expected.values[written], head_dim=expected.tile),
-        "scales": _float32_scales(scales, expected.scales[written]),
-        "rope": compare(rope, expected.rope[written], head_dim=width),
+        "values": compare(values, expected.values.to(out.device)[written], head_dim=expected.tile),
+        "scales": _float32_scales(scales, expected.scales.to(out.device)[written]),
+        "rope": compare(rope, expected.rope.to(out.device)[written], head_dim=width),
     }
     untouched = bool(torch.equal(out[~written], original[~written]))
     return EntryComparison(parts, untouched)
@@ -367,9 +418,10 @@ def compare_packed_ds_mla(
     width = packed.shape[-1] - 1 - rope_dim
     n = width * tile // (tile + 1)
     tiles = n // tile
+    out = out.detach()
+    packed = packed.to(out.device)  # compared where out is
     codes = packed[..., -1]
     written = codes != 0
-    out = out.detach().cpu()
     # the entry's rope part is the 16-bit model dtype (vLLM's), named by the written code
     # (fqr.reference.DS_MLA_ROPE_CODES: 1 bf16, 2 fp16)
     rope_dtype = torch.float16 if bool((codes == 2).any()) else torch.bfloat16

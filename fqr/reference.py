@@ -334,21 +334,25 @@ def cache_insert(
     row ``s % block_size``), unrounded (saturated to +-448 by ``x / scale`` for an FP8
     cache); ``written`` is a bool ``[blocks, block_size]`` of the rows written. Rows not
     written hold the cache's own values (compare them bit for bit). ``slot_mapping`` may be
-    ``[N]`` with N <= T: tokens ``t >= N`` are not written."""
+    ``[N]`` with N <= T: tokens ``t >= N`` are not written. Computed on ``cache``'s device."""
     if slot_mapping.shape[0] > x.shape[0]:
         raise ValueError(f"{slot_mapping.shape[0]} slots for {x.shape[0]} tokens")
     blocks, block_size, heads, head_dim = cache.shape
-    expected = _f64(cache).clone()
-    written = torch.zeros(blocks, block_size, dtype=torch.bool)
+    # one float64 copy (a cache can be GiBs), rows contiguous for the indexed store below
+    expected = cache.detach().to(F64, copy=True, memory_format=torch.contiguous_format)
     values = _f64(x).reshape(x.shape[0], heads, head_dim)
     if cache.dtype in FP8_MAX:
         values = saturate_fp8(values, scale, cache.dtype)
-    for t, slot in enumerate(slot_mapping.tolist()):
-        if slot < 0:
-            continue
-        block, row = divmod(slot, block_size)
-        expected[block, row] = values[t]
-        written[block, row] = True
+    # Where the data is (no copy to the host): each slot's last token (the order of a loop over
+    # the tokens, a slot named twice keeping the later token's row), then one indexed store.
+    slots = slot_mapping.to(device=cache.device, dtype=torch.int64)
+    tokens = torch.arange(slots.shape[0], device=cache.device)
+    keep = slots >= 0
+    last = torch.full((blocks * block_size,), -1, dtype=torch.int64, device=cache.device)
+    last.scatter_reduce_(0, slots[keep], tokens[keep], "amax")
+    written = (last >= 0).reshape(blocks, block_size)
+    rows = written.reshape(-1).nonzero().squeeze(1)
+    expected.view(blocks * block_size, heads, head_dim)[rows] = values[last[rows]]
     return expected, written
 
 
@@ -749,7 +753,7 @@ def mla_cache_entry(
     slots = slot_mapping[keep].long()
     expected[slots // block_size, slots % block_size] = entry[keep]
     written[slots // block_size, slots % block_size] = True
-    return expected, written.cpu()
+    return expected, written
 
 
 # The last column of a packed fp8_ds_mla expectation where an entry was written: the dtype of
@@ -787,7 +791,7 @@ class DsMlaEntry:
         code (:data:`DS_MLA_ROPE_CODES`: 1 bf16, 2 fp16); every other entry as ``original``
         (the cache before the call) holds it, decoded (E4M3 values, float32 scales, rope
         values), then 0 (``fqr.numerics``' ``fp8-ds-mla`` kind)."""
-        raw = original.detach().cpu()
+        raw = original.detach().to(self.values.device)
         n, tiles, r = self.values.shape[-1], self.scales.shape[-1], self.rope.shape[-1]
 
         def decode(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -835,15 +839,17 @@ def ds_mla_entry(
     tiles = _f64(kv_c).reshape(kv_c.shape[0], n // tile, tile)
     scales = (tiles.abs().amax(dim=-1) / E4M3_MAX).clamp_min(FLT_MIN)
     quantized = (tiles / scales[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(-1, n)
-    values = torch.zeros(blocks, block_size, n, dtype=F64)
-    scale_at = torch.zeros(blocks, block_size, n // tile, dtype=F64)
-    rope = torch.zeros(blocks, block_size, r, dtype=F64)
-    written = torch.zeros(blocks, block_size, dtype=torch.bool)
-    keep = (slot_mapping >= 0).cpu()
-    slots = slot_mapping.cpu()[keep].long()
+    device = kv_c.device  # built where the data is
+    values = torch.zeros(blocks, block_size, n, dtype=F64, device=device)
+    scale_at = torch.zeros(blocks, block_size, n // tile, dtype=F64, device=device)
+    rope = torch.zeros(blocks, block_size, r, dtype=F64, device=device)
+    written = torch.zeros(blocks, block_size, dtype=torch.bool, device=device)
+    slot_mapping = slot_mapping.to(device)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
     at = (slots // block_size, slots % block_size)
-    values[at] = quantized.cpu()[keep]
-    scale_at[at] = scales.cpu()[keep]
-    rope[at] = _f64(k_pe).cpu()[keep]
+    values[at] = quantized[keep]
+    scale_at[at] = scales[keep]
+    rope[at] = _f64(k_pe)[keep]
     written[at] = True
     return DsMlaEntry(values, scale_at, rope, written, tile, rope_dtype)

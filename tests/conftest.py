@@ -36,10 +36,15 @@ def real_table(rotary_dim: int, max_position: int, theta: float) -> torch.Tensor
 
 
 @pytest.fixture
-def gen() -> torch.Generator:
+def gen(request) -> torch.Generator:
+    """A generator seeded from the OS (or ``FQR_TEST_SEED``). A test of ``tests/gpu`` gets one
+    on the GPU (:func:`support.devices.test_generator`): its inputs are drawn where they are
+    used, and its float64 references and comparisons run there too."""
+    from support.devices import test_generator
+
     seed = int(os.environ.get("FQR_TEST_SEED") or random.SystemRandom().randrange(2**31))
     print(f"FQR_TEST_SEED={seed}")
-    return torch.Generator().manual_seed(seed)
+    return test_generator(request.path.parent.name == "gpu", seed)
 
 
 def make_problem(

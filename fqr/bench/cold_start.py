@@ -32,32 +32,83 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODES = ("jit", "bundle")
 
+# The parts of a first call (:data:`_CHILD` times each; ``fqr_s`` is everything after the CUDA
+# context exists: lowering, bundle open and checks, module load, launch).
+PARTS = {
+    "import_s": "import: the interpreter, torch, fqr and Triton, from the spawn",
+    "cuda_context_s": "CUDA context: torch's (an allocation, synchronised) and Triton's driver",
+    "lower_s": "lowering: the kernel's source generated, cached and made a Triton function",
+    "bundle_s": "bundle open and checks: its directory, files, sha256s (loading only)",
+    "module_load_s": "module load: the compiled kernel read, its module and launcher loaded",
+    "launch_s": "launch: the rest (the program traced, the call checked, Triton's first run)",
+    "fqr_s": "fqr's part: everything after the CUDA context exists, to the result",
+}
+
 # Runs in the fresh process: argv = preset, TP, tokens; the spawn time in FQR_COLD_START_T0.
+# Each part's functions are wrapped with a timer (nested calls counted once).
 _CHILD = r"""
 import json, os, sys, time
 import torch
+import triton, triton.compiler.compiler as triton_compiler
+import fqr.lowering as lowering
+import fqr.lowering.bundle as bundle
 from fqr.lowering.bundle import STATS
 from fqr.presets import get_preset
 from fqr.prologue import variant_of
+imported = time.time()
+
+spent, depth = {}, {}
+def timed(part, owner, name, static=False):
+    raw = owner.__dict__[name]
+    fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    def wrapper(*args, **kwargs):
+        depth[part] = depth.get(part, 0) + 1
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth[part] -= 1
+            if not depth[part]:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - start
+    setattr(owner, name, classmethod(wrapper) if isinstance(raw, classmethod) else wrapper)
+timed("lower_s", lowering, "_build")
+timed("bundle_s", bundle, "use_kernel_bundle")
+timed("bundle_s", bundle.KernelBundle, "open")
+timed("bundle_s", bundle.KernelBundle, "metadata_group")
+timed("module_load_s", triton_compiler.CompiledKernel, "__init__")
+timed("module_load_s", triton_compiler.CompiledKernel, "_init_handles")
+
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+from triton.runtime import driver
+driver.active.get_current_device()
+driver.active.utils  # Triton's CUDA utilities, loaded once per process
+context = time.time()
 
 preset = get_preset(sys.argv[1], int(sys.argv[2]))
 tokens = int(sys.argv[3])
 variant = variant_of(preset)
-gen = torch.Generator().manual_seed(0)
+gen = torch.Generator(device="cuda").manual_seed(0)
 inputs = variant.draw(preset, tokens, torch.bfloat16, gen, max_position=preset.max_position)
-inputs = {k: v.cuda() for k, v in inputs.items()}
 table = preset.cos_sin_cache(preset.max_position).cuda()
 torch.cuda.synchronize()
 ready = time.time()
 variant.run_in_place(preset, inputs, table, backend="triton")
 torch.cuda.synchronize()
 done = time.time()
+parts = {k: spent.get(k, 0.0) for k in ("lower_s", "bundle_s", "module_load_s")}
+parts["launch_s"] = (done - ready) - sum(parts.values())
 print(json.dumps({
     "to_first_result_s": done - float(os.environ["FQR_COLD_START_T0"]),
     "first_call_s": done - ready,
+    "import_s": imported - float(os.environ["FQR_COLD_START_T0"]),
+    "cuda_context_s": context - imported,
+    **parts,
+    "fqr_s": done - ready,
     "loaded": STATS.loaded,
 }))
 """
@@ -134,8 +185,33 @@ def measure_cold_start(
         rows[mode] = {
             "to_first_result_s": statistics.median(r["to_first_result_s"] for r in results),
             "first_call_s": statistics.median(r["first_call_s"] for r in results),
+            **{part: statistics.median(r[part] for r in results) for part in PARTS},
             "loaded": max(r["loaded"] for r in results),
             "compiled": max(r["compiled"] for r in results),
             "runs": results,
         }
     return {"preset": preset, "tp": tp, "tokens": tokens, "repeats": repeats, "modes": rows}
+
+
+def cold_start_table(rows: list[dict]) -> Any:
+    """The rich table of :func:`measure_cold_start`'s rows: each mode's spans and the parts of
+    its first call (:data:`PARTS`, milliseconds), fqr's own part last."""
+    from rich.table import Table
+
+    table = Table(
+        title="cold start: a fresh process to its first result (medians; wall s, parts ms)"
+    )
+    columns = [
+        *("preset", "T", "mode", "to first result", "import", "CUDA context", "lowering"),
+        *("bundle open+checks", "module load", "launch", "fqr's part", "compiled", "loaded"),
+    ]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("preset", "mode") else "right")
+    for row in rows:
+        for mode, m in row["modes"].items():
+            ms = [f"{1000 * m[p]:.0f}" for p in PARTS]
+            table.add_row(
+                row["preset"], str(row["tokens"]), mode, f"{m['to_first_result_s']:.2f}", *ms,
+                str(m["compiled"]), str(m["loaded"]),
+            )  # fmt: skip
+    return table

@@ -156,7 +156,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def replace_file_at(
-    dfd: int, name: str, data: bytes, *, mode: int, chmod: int | None = None
+    dfd: int, name: str, data: bytes, *, mode: int, chmod: int | None = None, sync: bool = True
 ) -> None:
     """Replace the file ``name`` in the directory open as ``dfd`` by ``data``, atomically and
     never through a symlink (the kernel cache's entries, and every file :mod:`fqr.files`
@@ -167,7 +167,9 @@ def replace_file_at(
     these permission bits exactly, e.g. the replaced file's), written in full and synced, then
     renamed onto ``name`` (``os.replace``: a reader sees the old file or the new one, and a
     link there is replaced rather than followed). On failure the fresh file is removed and the
-    OS's error raised (``FileExistsError`` when no fresh name was found)."""
+    OS's error raised (``FileExistsError`` when no fresh name was found). ``sync=False`` skips
+    the ``fsync`` for a file whose every reader checks its bytes (a kernel cache entry: one a
+    crash tore is found unequal and written again)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(16):
         # at most 22 more bytes than a short stem: a long destination name still fits NAME_MAX
@@ -184,7 +186,8 @@ def replace_file_at(
             if chmod is not None:
                 os.fchmod(fd, chmod)
             write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -197,9 +200,11 @@ def replace_file_at(
 
 
 def _write_entry(dfd: int, name: str, path: Path, data: bytes) -> None:
-    """Atomically replace the entry (concurrent writers of one key agree on the bytes)."""
+    """Atomically replace the entry (concurrent writers of one key agree on the bytes); not
+    synced to disk: :func:`load_kernel` compares an entry's bytes before using it, so one torn
+    by a crash is rewritten (the fsync cost a first call a few ms, issue 37)."""
     try:
-        replace_file_at(dfd, name, data, mode=0o600)
+        replace_file_at(dfd, name, data, mode=0o600, sync=False)
     except OSError as e:
         if e.errno == errno.EISDIR:
             raise KernelCacheError(

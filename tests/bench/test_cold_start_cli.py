@@ -31,3 +31,25 @@ def test_cold_start_misuse_is_one_line(args, line, capsys, monkeypatch):
     _, err = capsys.readouterr()
     assert e.value.code == 2
     assert err.count("\n") == 1 and err.startswith(line), err
+
+
+def test_the_child_reports_every_part_and_the_table_shows_them():
+    """Each part of a first call (fqr.bench.cold_start.PARTS) is a key of the fresh process's
+    report and a column of the table, in milliseconds."""
+    from rich.console import Console
+
+    from fqr.bench.cold_start import _CHILD, PARTS, cold_start_table
+
+    for part in PARTS:
+        assert f'"{part}"' in _CHILD or f"{part}=" in _CHILD or f'parts["{part}"]' in _CHILD, part
+    mode = {p: (i + 1) / 1000 for i, p in enumerate(PARTS)}
+    mode |= {"to_first_result_s": 3.0, "first_call_s": 0.05, "compiled": 0, "loaded": 1}
+    console = Console(width=250, record=True)
+    console.print(
+        cold_start_table([{"preset": "qwen3-8b", "tokens": 1, "modes": {"bundle": mode}}])
+    )
+    text = console.export_text()
+    assert "fqr's part" in text and "bundle open+checks" in text
+    row = next(line for line in text.splitlines() if "qwen3-8b" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[4 : 4 + len(PARTS)] == [str(i + 1) for i in range(len(PARTS))]

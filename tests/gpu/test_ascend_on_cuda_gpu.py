@@ -41,8 +41,8 @@ BATCHES = [
 
 @pytest.mark.parametrize("name,tokens,programs", BATCHES)
 def test_large_batches_against_float64(gen, name, tokens, programs):
-    p, cpu = preset_problem(gen, name, tokens, torch.bfloat16)
-    pb = cpu.to(GPU_DEVICE)
+    p, drawn = preset_problem(gen, name, tokens, torch.bfloat16)  # on the GPU
+    pb = drawn.to(GPU_DEVICE)
     program = program_of(p, torch.bfloat16)
     kernel = lower_ascend_on_cuda(program, num_vectorcore=programs)
     tiles = -(-tokens // kernel.tiling.block_t)
@@ -60,9 +60,9 @@ def test_large_batches_against_float64(gen, name, tokens, programs):
     synchronize()
     if not has_values(*outs):
         return
-    exact = reference.prologue(*cpu.args(), **cpu.kwargs())
+    exact = reference.prologue(*drawn.args(), **drawn.kwargs())
     for n, o, e in zip("qkv", outs, exact):
-        c = compare(o.cpu(), e, head_dim=p.head_dim, bitwise=n == "v")
+        c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")
         assert c.passed, f"{name} T={tokens} programs={programs} {n}: {c}"
 
 
@@ -72,7 +72,7 @@ def test_golden_cases(entry):
     outputs = case.to(GPU_DEVICE).run(NAME)
     if not has_values(*outputs):
         return
-    for name, c in case.check(*(o.cpu() for o in outputs)).items():
+    for name, c in case.check(*outputs).items():
         assert c.passed, f"{entry['name']} {name}: {c}"
 
 

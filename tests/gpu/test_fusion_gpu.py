@@ -14,6 +14,7 @@ import torch
 from support.devices import BUILDING, CUDA_RUNTIME_ONLY, GPU_DEVICE, gpu_marks, has_values
 from support.vllm_model import SEED, VLLM_LAYERS, VllmModel, inputs, vllm_exact
 
+import fqr
 import fqr.fusion
 from fqr.numerics import compare
 
@@ -47,6 +48,31 @@ def test_fused_model_on_gpu(dtype):
                 assert torch.equal(v, qkv[:, layer.q_size + layer.kv_size :])
     torch._dynamo.reset()
     assert fusion.stats.sites == len(VLLM_LAYERS) and len(fusion.stats.graphs) == 1
+
+
+@pytest.mark.skipif(not BUILDING, reason="the build run's stand-in for the compiled model")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_fused_model_kernels_are_built_ahead(dtype):
+    """Inductor cannot compile the model on meta (above): here, in the build run, each layer's
+    fused op is launched eagerly as the fusion pass's replacement calls it
+    (``fqr.fusion.patterns``: the packed qkv the projection wrote, ``[T, W]`` contiguous, the
+    positions, the layer's table and norm weights, ``numerics="unfused"``), so that the kernels
+    the compiled model launches on the GPU are in the bundle (the token count is not
+    specialised: one kernel per layer and dtype)."""
+    model = VllmModel(VLLM_LAYERS, dtype, seed=SEED).eval().to(GPU_DEVICE)
+    positions, _ = (t.to(GPU_DEVICE) for t in inputs(37, dtype, SEED))
+    for layer in model.layers:
+        s = layer.spec
+        width = (s.hq + 2 * s.hkv) * s.d
+        qkv = torch.empty(positions.shape[0], width, dtype=dtype, device=GPU_DEVICE)
+        outs = fqr.split_qkv_rmsnorm_rope(  # what torch.ops.fqr runs on CUDA (meta: its shapes)
+            qkv, positions.flatten(), layer.rotary_emb.cos_sin_cache, layer.q_weight,
+            layer.k_weight, q_bias=layer.q_bias, k_bias=layer.k_bias, num_heads=s.hq,
+            num_kv_heads=s.hkv, head_dim=s.d, eps=s.eps, is_neox=s.neox,
+            weight_offset=1.0 if s.gemma else 0.0, norm="head", numerics="unfused",
+            backend="triton",
+        )  # fmt: skip
+        assert outs[0].shape == (positions.shape[0], s.hq * s.d)
 
 
 @pytest.mark.skipif(BUILDING, reason=f"CUDA graphs and the profiler: {CUDA_RUNTIME_ONLY}")

@@ -1,11 +1,20 @@
 """The triton backend on a CUDA GPU (skipped without one): every preset and dtype against the
 float64 formulation, poisoned outputs, and no recompilation for a new token count. The device
 is :data:`support.devices.GPU_DEVICE` (``meta`` in the bundle build: launches, no values; the
-float64 expectations are computed after the launches, only where there are values to check)."""
+float64 expectations are computed after the launches, only where there are values to check).
+Inputs are drawn on the GPU and the float64 expectations computed and compared there."""
 
 import pytest
 import torch
-from support.devices import BUILDING, CUDA_RUNTIME_ONLY, GPU_DEVICE, gpu_marks, has_values
+from support.devices import (
+    BUILDING,
+    CUDA_RUNTIME_ONLY,
+    GPU_DEVICE,
+    gpu_marks,
+    has_values,
+    launch_copies,
+    rope_table,
+)
 
 import fqr
 from fqr import reference
@@ -22,7 +31,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 def preset_problem(gen, name, tokens, dtype, bias=False):
     p = fqr.get_preset(name)
-    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    cache = rope_table(p, min(p.max_position, 1 << 17))
     return p, random_inputs(p.spec, tokens, dtype, gen, cache, bias=bias)
 
 
@@ -62,11 +71,11 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     except TypeError as e:  # fp8_ds_mla entries hold 16-bit rope values: no fp32 op
         assert "must be bf16 or fp16" in str(e) and dtype == torch.float32, name
         pytest.skip(str(e))
-    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    cache = rope_table(p, min(p.max_position, 1 << 17))
     bias = tp == 8 and variant.has_bias
     inputs = variant.draw(p, tokens, dtype, gen, max_position=cache.shape[0], bias=bias)
     poison_free_memory(256 << 20, torch.device(GPU_DEVICE))  # unwritten outputs would show NaN
-    on_gpu = {k: x.to(GPU_DEVICE) for k, x in inputs.items()}
+    on_gpu = launch_copies(inputs)
     # the second call takes the per-call path's bound launcher
     calls = [variant.run(p, on_gpu, cache.to(GPU_DEVICE), backend="triton") for _ in range(2)]
     names = variant.outputs_of(p)
@@ -77,7 +86,7 @@ def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
     for call, outs in enumerate(calls):
         for n, o in zip(names, outs):
             kind, d = variant.tolerance(n, p), variant.head_dim(p, n)
-            c = compare_kind(kind, o.cpu(), exact[n], head_dim=d)
+            c = compare_kind(kind, o, exact[n], head_dim=d)
             assert c.passed, f"{name} tp={tp} T={tokens} call {call} {n}: {c}"
 
 
@@ -97,17 +106,17 @@ def test_norm_variant_presets_unfused(gen, name, tp, tokens):
     Llama 4 code rounds) on the CUDA kernel, into poisoned memory."""
     p = fqr.get_preset(name, tp)
     variant = variant_of(p)
-    cache = p.cos_sin_cache(min(p.max_position, 1 << 17))
+    cache = rope_table(p, min(p.max_position, 1 << 17))
     inputs = variant.draw(p, tokens, torch.bfloat16, gen, max_position=cache.shape[0])
     poison_free_memory(256 << 20, torch.device(GPU_DEVICE))
-    on_gpu = {k: x.to(GPU_DEVICE) for k, x in inputs.items()}
+    on_gpu = launch_copies(inputs)
     outs = variant.run(p, on_gpu, cache.to(GPU_DEVICE), numerics="unfused", backend="triton")
     if not has_values(*outs):
         return
     exact = variant.expected(p, inputs, cache)
     for n, o in zip(variant.outputs_of(p), outs):
         kind = variant.tolerance(n, p)
-        c = compare_kind(kind, o.cpu(), exact[n], head_dim=p.head_dim, numerics="unfused")
+        c = compare_kind(kind, o, exact[n], head_dim=p.head_dim, numerics="unfused")
         assert c.passed, f"{name} tp={tp} T={tokens} unfused {n}: {c}"
 
 
@@ -118,7 +127,7 @@ def test_text_only_mrope_is_plain_rope_bit_for_bit(gen, name, tokens):
     p = fqr.get_preset(name)
     gated = p.variant == "mrope-gate"
     variant = variant_of(p)
-    cache = p.cos_sin_cache(1 << 17).to(GPU_DEVICE)
+    cache = rope_table(p, 1 << 17).to(GPU_DEVICE)
     inputs = {
         k: x.to(GPU_DEVICE)
         for k, x in variant.draw(p, tokens, torch.bfloat16, gen, max_position=1 << 17).items()

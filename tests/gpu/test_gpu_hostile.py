@@ -7,7 +7,14 @@ input, and ``opcheck`` passes on every variant's op on CUDA. The device is
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE, gpu_marks, has_values, synchronize
+from support.devices import (
+    GPU_DEVICE,
+    gpu_marks,
+    has_values,
+    launch_copies,
+    rope_table,
+    synchronize,
+)
 
 import fqr
 from fqr.numerics import compare_kind
@@ -20,13 +27,13 @@ ROWS = 4096
 def _problem(name: str, gen, tokens: int = 7):
     preset = fqr.PRESETS[presets_of(name)[0]]
     variant = variant_of(preset)
-    table = preset.cos_sin_cache(ROWS)
+    table = rope_table(preset, ROWS)
     inputs = variant.draw(preset, tokens, torch.bfloat16, gen, max_position=ROWS)
     return preset, variant, inputs, table
 
 
 def _to(inputs: dict, device) -> dict:
-    return {k: x.to(device) for k, x in inputs.items()}
+    return {k: x.to(device, copy=True) for k, x in inputs.items()}
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -34,7 +41,7 @@ def test_an_out_of_range_position_marks_its_token_and_the_context_survives(gen, 
     preset, variant, inputs, table = _problem("split-qkv", gen)
     expected = variant.expected(preset, inputs, table)
     bad = 3
-    on_gpu = _to(inputs, GPU_DEVICE)
+    on_gpu = launch_copies(inputs)
     on_gpu["positions"][bad] = ROWS  # one past the table: not read back on the host
     q, k, v = variant.run(preset, on_gpu, table.to(GPU_DEVICE), backend=backend)
     synchronize()  # a device-side assert would surface here
@@ -43,9 +50,9 @@ def test_an_out_of_range_position_marks_its_token_and_the_context_survives(gen, 
     good = [t for t in range(q.shape[0]) if t != bad]
     assert q[bad].isnan().all() and k[bad].isnan().all()
     for n, o in (("q", q), ("k", k)):
-        c = compare_kind("contract", o[good].cpu(), expected[n][good], head_dim=preset.head_dim)
+        c = compare_kind("contract", o[good], expected[n][good], head_dim=preset.head_dim)
         assert c.passed, f"{n}: {c}"
-    assert torch.equal(v.cpu(), inputs["qkv"][:, -v.shape[1] :])  # v is copied through
+    assert torch.equal(v, inputs["qkv"][:, -v.shape[1] :])  # v is copied through
     assert float(torch.ones(4, device=GPU_DEVICE).sum()) == 4.0  # the context still works
 
 
@@ -62,13 +69,13 @@ def test_tensors_on_another_gpu_run_on_theirs(gen, name):
     for n, o in zip(variant.outputs_of(preset), outs):
         assert o.device == second
         kind, d = variant.tolerance(n, preset), variant.head_dim(preset, n)
-        assert compare_kind(kind, o.cpu(), expected[n], head_dim=d).passed, n
+        assert compare_kind(kind, o, expected[n], head_dim=d).passed, n
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_torch_ops_return_no_output_sharing_an_input(gen, name):
     preset, variant, inputs, table = _problem(name, gen)
-    op, args = variant.torch_op(preset, _to(inputs, GPU_DEVICE), table.to(GPU_DEVICE))
+    op, args = variant.torch_op(preset, launch_copies(inputs), table.to(GPU_DEVICE))
     result = op(*args)
     outs = result if isinstance(result, (tuple, list)) else [result]
     given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}

@@ -33,6 +33,20 @@ def test_vllm_fused_qk_norm_rope_kvcache_padded(gen, case):
     KVCACHE.check_case(case, "triton", gen, device=GPU_DEVICE)
 
 
+def flash_cache_need(params: dict) -> int:
+    """GPU memory of one ``reshape_and_cache_flash`` case, from its cache's shape: ``n``
+    elements of the key and value caches (``[num_blocks, 2, block_size, 8 heads, head_size]``)
+    held as the float64 expectation (8 bytes each), drawn in float32 (4), and about six copies
+    in the cache's dtype (the cache, the copy before the call, the peer's expectation, the
+    comparisons' temporaries): 1 GiB + n * (12 + 6 * itemsize). The largest case (head_size
+    256, block_size 32, 5,000 blocks, float32) needs 23 GiB; the 512-block ones under 3."""
+    case = params["case"]
+    n = case["num_blocks"] * 2 * case["block_size"] * CACHE.NUM_HEADS * case["head_size"]
+    itemsize = 1 if case["kv_cache_dtype"] == "fp8" else case["dtype"].itemsize
+    return (1 << 30) + n * (12 + 6 * itemsize)
+
+
+@pytest.mark.gpu_memory.with_args(flash_cache_need)
 @pytest.mark.parametrize("case", CACHE.PEER_GRID, ids=case_id)
 def test_vllm_reshape_and_cache_flash(gen, case):
     CACHE.check_case(case, "triton", gen, device=GPU_DEVICE)

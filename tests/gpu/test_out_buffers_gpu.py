@@ -5,7 +5,7 @@ in the bundle build: launches, no values)."""
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE, gpu_marks, has_values
+from support.devices import GPU_DEVICE, gpu_marks, has_values, rope_table
 
 import fqr
 from fqr import reference
@@ -21,12 +21,12 @@ GAP = 8  # poisoned columns after each view
 @pytest.mark.parametrize("name", ["qwen3-8b", "gemma3-27b", "olmo2-7b", "glm4-9b"])
 def test_out_views_on_triton(gen, name, dtype, tokens):
     p = fqr.get_preset(name)
-    inputs = random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache(1 << 16))
+    inputs = random_inputs(p.spec, tokens, dtype, gen, rope_table(p, 1 << 16))
     on_gpu = inputs.to(GPU_DEVICE)
     widths = (p.spec.q_size, p.spec.kv_size, p.spec.kv_size)
     shape = (tokens, sum(widths) + 3 * GAP)
     buffer = torch.full(shape, float("nan"), dtype=dtype, device=GPU_DEVICE)
-    views, start, written = [], 0, torch.zeros(buffer.shape[1], dtype=torch.bool)
+    views, start, written = [], 0, torch.zeros(buffer.shape[1], dtype=torch.bool, device=GPU_DEVICE)
     for w in widths:
         views.append(buffer[:, start : start + w])
         written[start : start + w] = True
@@ -41,4 +41,4 @@ def test_out_views_on_triton(gen, name, dtype, tokens):
     for n, o, e in zip("qkv", views, exact):
         c = compare(o, e, head_dim=p.head_dim, bitwise=n == "v")
         assert c.passed, f"{n}: {c}"
-    assert buffer[:, ~written.to(buffer.device)].isnan().all()
+    assert buffer[:, ~written].isnan().all()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE, has_values
+from support.devices import GPU_DEVICE, has_values, rope_table
 from support.peer_ports import ON_TRITON
 
 import fqr
@@ -33,13 +33,14 @@ def test_pdl_launch_after_the_projection_gemm_reads_its_output(gen, tokens):
     program = program_of(p, dtype)
     plain = lower_by_tokens(program, "cuda")
     pdl = lower_by_tokens(program, "cuda", pdl=True)
-    x = random_inputs(p.spec, tokens, dtype, gen, p.cos_sin_cache())
+    x = random_inputs(p.spec, tokens, dtype, gen, rope_table(p))
     in_features = variant_of(p).projection_in_features(p)
     assert in_features == 4096, "Qwen3-8B's hidden size"
-    hidden = torch.randn(tokens, in_features, generator=gen).to(dtype)
-    weight = (torch.randn(in_features, p.spec.qkv_width, generator=gen) * in_features**-0.5).to(
-        dtype
-    )
+    hidden = torch.randn(tokens, in_features, generator=gen, device=gen.device).to(dtype)
+    weight = (
+        torch.randn(in_features, p.spec.qkv_width, generator=gen, device=gen.device)
+        * in_features**-0.5
+    ).to(dtype)
     on_gpu = x.to(GPU_DEVICE)
     hidden, weight = hidden.to(GPU_DEVICE), weight.to(GPU_DEVICE)
 
@@ -55,12 +56,10 @@ def test_pdl_launch_after_the_projection_gemm_reads_its_output(gen, tokens):
     qkv_again, pdl_outs = after_gemm(pdl)
     if not has_values(qkv, *plain_outs, *pdl_outs):
         return
-    qkv, qkv_again = qkv.cpu(), qkv_again.cpu()
-    plain_outs, pdl_outs = [o.cpu() for o in plain_outs], [o.cpu() for o in pdl_outs]
     assert torch.equal(qkv.view(torch.int16), qkv_again.view(torch.int16)), "the GEMM differs"
     for name, a, b in zip("qkv", plain_outs, pdl_outs):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}: pdl changed bits"
-    rows = check_row_index(tokens, 1024, gen, "cpu")
+    rows = check_row_index(tokens, 1024, gen, gen.device)
     exact = reference.prologue(qkv[rows], x.positions[rows], *x.args()[2:], **x.kwargs())
     for name, out, ex in zip("qkv", pdl_outs, exact):
         c = compare(out[rows], ex, head_dim=p.head_dim, bitwise=name == "v")

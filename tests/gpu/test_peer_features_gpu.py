@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.devices import GPU_DEVICE, has_values
+from support.devices import GPU_DEVICE, has_values, rope_table
 from support.peer_cases import PEER_CASES, check_peer_case, check_q_only
 from support.peer_ports import ON_TRITON
 
@@ -42,13 +42,14 @@ def test_in_place_at_a_serving_batch(gen):
     fused contract of float64."""
     tokens = SERVING_TOKENS
     p = fqr.get_preset("qwen3-8b")
-    drawn = random_inputs(p.spec, tokens, torch.bfloat16, gen, p.cos_sin_cache())
-    rows = check_row_index(tokens, 1024, gen, "cpu")
+    drawn = random_inputs(p.spec, tokens, torch.bfloat16, gen, rope_table(p))
+    rows = check_row_index(tokens, 1024, gen, gen.device)
     exact = reference.prologue(
         drawn.qkv[rows], drawn.positions[rows], *drawn.args()[2:], **drawn.kwargs()
     )
     before = drawn.qkv.clone().view(torch.int16)
     x = drawn.to(GPU_DEVICE)
+    x.qkv = x.qkv.clone()  # written in place below
     q, k, v = fqr.split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(backend="triton"))
     qi, ki, vi = fqr.split_qkv_rmsnorm_rope(*x.args(), **x.kwargs(backend="triton", inplace=True))
     if not has_values(q, k, v, qi, ki, vi):
@@ -57,8 +58,8 @@ def test_in_place_at_a_serving_batch(gen):
     for name, a, b in (("q", qi, q), ("k", ki, k)):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}: other bits"
     qk_width = p.spec.q_size + p.spec.kv_size
-    assert torch.equal(x.qkv.cpu().view(torch.int16)[:, qk_width:], before[:, qk_width:])
-    assert torch.equal(vi.cpu().view(torch.int16), v.cpu().view(torch.int16))
+    assert torch.equal(x.qkv.view(torch.int16)[:, qk_width:], before[:, qk_width:])
+    assert torch.equal(vi.view(torch.int16), v.view(torch.int16))
     for name, out, ex in (("q", qi, exact[0]), ("k", ki, exact[1])):
-        c = compare(out.cpu()[rows], ex, head_dim=p.head_dim)
+        c = compare(out[rows], ex, head_dim=p.head_dim)
         assert c.passed, f"{name} in place against float64: {c}"

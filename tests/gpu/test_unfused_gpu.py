@@ -52,7 +52,7 @@ def on_device(native: VllmNativeCase, device: str) -> VllmNativeCase:
 def bit_share(got: torch.Tensor, want: torch.Tensor) -> float:
     """The share of elements of ``got`` whose bits equal ``want``'s (same dtype and shape)."""
     assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
-    same = ordered_bits(got.detach().cpu()) == ordered_bits(want.detach().cpu())
+    same = ordered_bits(got.detach()) == ordered_bits(want.detach())
     return float(same.double().mean())
 
 
@@ -63,7 +63,7 @@ def test_unfused_matches_vllm_native_on_the_gpu(gen, head_dim, rotary_dim, is_ne
     ``atol = rtol = 1e-2``), v bit for bit, q and k within the unfused bound of float64."""
     native = vllm_native_case(
         gen, torch.bfloat16, head_dim, rotary_dim, is_neox=is_neox, table_in_dtype=True,
-        heads=8, kv_heads=2, tokens=257, max_position=8192,
+        heads=8, kv_heads=2, tokens=257, max_position=8192, device=gen.device,
     )  # fmt: skip
     kwargs = native.fqr_kwargs()
     exact = reference.prologue(*native.args, **{k: x for k, x in kwargs.items() if k != "numerics"})
@@ -75,10 +75,10 @@ def test_unfused_matches_vllm_native_on_the_gpu(gen, head_dim, rotary_dim, is_ne
     for name, got, want, ex in (("q", q, vllm_q, exact[0]), ("k", k, vllm_k, exact[1])):
         share = bit_share(got, want)
         assert share >= MIN_BIT_SHARE, f"{name}: {share:.5f} of the elements equal vLLM's bits"
-        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
         c = compare(got, ex, head_dim=head_dim, numerics="unfused")
         assert c.passed, f"{name} against float64: {c}"
-    assert torch.equal(v.cpu().view(torch.int16), native.v.view(torch.int16))
+    assert torch.equal(v.view(torch.int16), native.v.view(torch.int16))
 
 
 @pytest.mark.skipif(transformers_missing() is not None, reason=str(transformers_missing()))
@@ -95,7 +95,7 @@ def test_unfused_matches_transformers_attention_on_the_gpu(gen, family):
     if not has_values(q, k):
         return
     statics = {n: x for n, x in kwargs.items() if n != "numerics"}
-    exact = reference.prologue(*(x.cpu() for x in args), **statics)
+    exact = reference.prologue(*args, **statics)
     for name, got, want, ex in (("q", q, hf_q, exact[0]), ("k", k, hf_k, exact[1])):
         share = bit_share(got, want)
         assert share >= MIN_BIT_SHARE, f"{name}: {share:.5f} of the elements equal the model's bits"

@@ -128,7 +128,7 @@ def test_an_op_defined_outside_fqr_is_planned_and_emitted_from_its_rules(gen):
     program = fqr.trace(
         composition, act(4 * d), POS, table_spec(r), spec(d), spec("T", dtype=torch.float32)
     )
-    row, pos, cache = randn(gen, t, 4 * d, scale=2.0), positions(gen, t), table(r)
+    row, pos, cache = randn(gen, t, 4 * d, scale=2.0), positions(gen, t), table(gen, r)
     w = randn(gen, d, scale=0.3, centre=1.0)
     s = randn(gen, t, scale=0.5, centre=1.0, dtype=torch.float32)
 

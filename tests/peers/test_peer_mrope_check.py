@@ -17,8 +17,8 @@ D, SECTION = 128, (24, 20, 20)
 
 
 def _case(gen):
-    q = torch.randn(9, 4 * D, generator=gen).bfloat16()
-    positions = torch.randint(0, 4096, (3, 9), generator=gen)
+    q = torch.randn(9, 4 * D, generator=gen, device=gen.device).bfloat16()
+    positions = torch.randint(0, 4096, (3, 9), generator=gen, device=gen.device)
     cache = planes_table(D, positions, torch.bfloat16, max_position=4096, theta=5e6, device="cpu")
     kw = dict(head_dim=D, mrope_section=SECTION, mrope_interleaved=True)
     fused, _ = fqr.qk_mrope(q, None, positions, cache, backend="reference", **kw)

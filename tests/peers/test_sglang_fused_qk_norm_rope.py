@@ -78,9 +78,11 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     d, (hq, hk, hv), t = case["head_dim"], case["heads"], case["num_tokens"]
     dtype, is_neox = case["dtype"], case["is_neox"]
     rotary_dim = int(d * case["partial_rotary_factor"])
-    qkv = torch.randn(t, (hq + hk + hv) * d, generator=gen).to(dtype).to(device)
+    qkv = torch.randn(t, (hq + hk + hv) * d, generator=gen, device=gen.device).to(dtype).to(device)
     positions = (torch.arange(t, dtype=torch.int32) + POSITION_OFFSET).to(device)
-    q_weight, k_weight = ((torch.randn(d, generator=gen) * 5.0).to(dtype).to(device) for _ in "qk")
+    q_weight, k_weight = (
+        (torch.randn(d, generator=gen, device=gen.device) * 5.0).to(dtype).to(device) for _ in "qk"
+    )
     table = rope_cos_sin_cache(rotary_dim, MAX_POSITION, BASE).to(device)  # float32, as SGLang's
     statics = dict(num_heads=hq, num_kv_heads=hk, head_dim=d, eps=EPS, is_neox=is_neox)
     out = qkv.clone()

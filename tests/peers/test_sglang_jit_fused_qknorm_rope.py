@@ -147,7 +147,7 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     """One case of the peer's tests: inputs drawn as the peer draws them, fqr's in-place op on
     ``backend``, the peer's check of the whole buffer and fqr's float64 check."""
     (hq, hk, hv), d, t = case["heads"], case["head_dim"], case["num_tokens"]
-    qkv = torch.randn(t, (hq + hk + hv) * d, generator=gen).to(DTYPE).to(device)
+    qkv = torch.randn(t, (hq + hk + hv) * d, generator=gen, device=gen.device).to(DTYPE).to(device)
     q_weight = torch.ones(d, dtype=DTYPE, device=device)
     k_weight = torch.ones(d, dtype=DTYPE, device=device)
     positions = torch.arange(t, dtype=torch.int32, device=device)

@@ -90,11 +90,13 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     hi, di, r = case["num_idx_heads"], case["idx_head_dim"], case["rope_dim"]
     attn_fp8, index_fp8 = case["fp8"]
     widths = [hq * d, hkv * d, hkv * d, hi * di, di]
-    qkv = torch.randn(t, sum(widths), generator=gen).to(DTYPE)
-    weights = [torch.randn(n, generator=gen) * 0.1 + 1.0 for n in (d, d, di, di)]  # float32
+    qkv = torch.randn(t, sum(widths), generator=gen, device=gen.device).to(DTYPE)
+    weights = [
+        torch.randn(n, generator=gen, device=gen.device) * 0.1 + 1.0 for n in (d, d, di, di)
+    ]  # float32
     biases = [None, None]
     if case["bias"]:
-        biases = [torch.randn(d, generator=gen) * 0.1 for _ in range(2)]
+        biases = [torch.randn(d, generator=gen, device=gen.device) * 0.1 for _ in range(2)]
     positions = peer_positions(t, ASCEND_MAX_POSITION, gen)
     table = peer_table(r, positions, DTYPE)
     qkv, positions, table = (x.to(device) for x in (qkv, positions, table))
@@ -152,10 +154,12 @@ test_reference_backend, test_interpreted_kernel = cpu_backend_tests(
     ],
 )
 def test_bad_biases_are_refused_naming_them(gen, changes, message):
-    qkv = torch.randn(2, (4 + 2 * 2) * 128 + (2 + 1) * 64, generator=gen).to(DTYPE)
+    qkv = torch.randn(2, (4 + 2 * 2) * 128 + (2 + 1) * 64, generator=gen, device=gen.device).to(
+        DTYPE
+    )
     positions = peer_positions(2, ASCEND_MAX_POSITION, gen)
     table = peer_table(64, positions, DTYPE)
-    weights = [torch.randn(n, generator=gen) for n in (128, 128, 64, 64)]
+    weights = [torch.randn(n, generator=gen, device=gen.device) for n in (128, 128, 64, 64)]
     kwargs = dict(q_bias=torch.ones(128), k_bias=torch.ones(128)) | changes
     with pytest.raises(ValueError, match=message):
         fqr.split_qkv_index_rmsnorm_rope(

@@ -55,11 +55,15 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     """One case of the peer's grid: inputs drawn as the peer draws them, fqr's op on
     ``backend``, the peer's check and fqr's float64 check."""
     t, (hq, hkv), d, r = case["num_tokens"], case["heads"], case["head_size"], case["rope_dim"]
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(DTYPE)
-    q_weight, k_weight = (torch.randn(d, generator=gen).to(DTYPE) for _ in range(2))
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen, device=gen.device).to(DTYPE)
+    q_weight, k_weight = (
+        torch.randn(d, generator=gen, device=gen.device).to(DTYPE) for _ in range(2)
+    )
     q_bias = k_bias = None
     if case["bias"]:
-        q_bias, k_bias = (torch.randn(d, generator=gen).to(DTYPE) for _ in range(2))
+        q_bias, k_bias = (
+            torch.randn(d, generator=gen, device=gen.device).to(DTYPE) for _ in range(2)
+        )
     positions = peer_positions(t, ASCEND_MAX_POSITION, gen)
     table = peer_table(r, positions, DTYPE)
     tensors = [qkv, positions, table, q_weight, k_weight, q_bias, k_bias]

@@ -61,11 +61,13 @@ INTERPRET_GRID = spread(CPU_GRID, 3)
 
 def _draw(case: dict, gen: torch.Generator, device: str):
     t, (hq, hkv, d, r) = case["num_tokens"], case["shape"]
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(DTYPE)
-    q_weight, k_weight = (torch.randn(d, generator=gen).to(DTYPE) for _ in range(2))
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen, device=gen.device).to(DTYPE)
+    q_weight, k_weight = (
+        torch.randn(d, generator=gen, device=gen.device).to(DTYPE) for _ in range(2)
+    )
     biases = [None, None]
     if case["bias"]:
-        biases = [torch.randn(d, generator=gen).to(DTYPE) for _ in range(2)]
+        biases = [torch.randn(d, generator=gen, device=gen.device).to(DTYPE) for _ in range(2)]
     positions = peer_positions(t, ASCEND_MAX_POSITION, gen)
     table = peer_table(r, positions, DTYPE)
     tensors = (qkv, positions, table, q_weight, k_weight, *biases)

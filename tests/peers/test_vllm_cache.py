@@ -178,12 +178,12 @@ def test_a_shorter_slot_mapping_stores_its_tokens_only(gen, backend):
     ``key [T]`` with ``slot_mapping [N]``, N < T: the first N tokens are stored, the padded
     rows are not."""
     tokens, n, head_size, block_size = 9, 6, 64, 8
-    key = torch.randn(tokens, NUM_HEADS, head_size, generator=gen).bfloat16()
-    value = torch.randn(tokens, NUM_HEADS, head_size, generator=gen).bfloat16()
+    key = torch.randn(tokens, NUM_HEADS, head_size, generator=gen, device=gen.device).bfloat16()
+    value = torch.randn(tokens, NUM_HEADS, head_size, generator=gen, device=gen.device).bfloat16()
     key_cache, value_cache = flash_caches(
         4, block_size, NUM_HEADS, head_size, "auto", torch.bfloat16, "NHC", on_device(gen, "cpu")
     )
-    slots = torch.randperm(4 * block_size, generator=gen)[:n]
+    slots = torch.randperm(4 * block_size, generator=gen, device=gen.device)[:n]
     slots[2] = -1
     exact = reference.kv_cache_insert(key, value, key_cache, value_cache, slots)
     fqr.kv_cache_insert(key, value, key_cache, value_cache, slots, backend=backend)

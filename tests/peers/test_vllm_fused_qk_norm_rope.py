@@ -54,10 +54,11 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     dtype, is_neox, eps = case["dtype"], case["is_neox"], case["eps"]
     rotary_dim = int(HEAD_DIM * case["rotary_ratio"])
     width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
-    qkv = torch.randn(NUM_TOKENS, width, generator=gen).to(dtype).to(device)
+    qkv = torch.randn(NUM_TOKENS, width, generator=gen, device=gen.device).to(dtype).to(device)
     positions = torch.arange(NUM_TOKENS, device=device)
     q_weight, k_weight = (
-        (torch.randn(HEAD_DIM, generator=gen) * 0.1 + 1.0).to(dtype).to(device) for _ in range(2)
+        (torch.randn(HEAD_DIM, generator=gen, device=gen.device) * 0.1 + 1.0).to(dtype).to(device)
+        for _ in range(2)
     )
     table = rope_cos_sin_cache(rotary_dim, MAX_POSITION, BASE).to(dtype).to(device)
     shape = dict(num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)

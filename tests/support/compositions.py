@@ -31,16 +31,19 @@ class Case:
 
 
 def randn(gen, *shape, scale=1.0, centre=0.0, dtype=torch.bfloat16):
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + centre
+    x = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float64) * scale + centre
     return x.to(dtype)
 
 
 def positions(gen, tokens):
-    return torch.randint(0, MAX_POS, (tokens,), generator=gen)
+    return torch.randint(0, MAX_POS, (tokens,), generator=gen, device=gen.device)
 
 
-def table(rotary_dim, theta=1e6):
-    return rope_cos_sin_cache(rotary_dim, MAX_POS, theta)
+def table(gen, rotary_dim, theta=1e6):
+    """The real table, built where ``gen`` draws (the inputs' device)."""
+    return rope_cos_sin_cache(
+        rotary_dim, MAX_POS, theta, rows=torch.arange(MAX_POS, device=gen.device)
+    )
 
 
 def table_spec(rotary_dim):
@@ -81,7 +84,7 @@ def gated_case(gen, tokens, hq=3, hkv=1, d=64, r=16, dtype=torch.bfloat16) -> Ca
     row, pos, cache = (
         randn(gen, tokens, width, scale=2.0, dtype=dtype),
         positions(gen, tokens),
-        table(r),
+        table(gen, r),
     )
     qw, kw = randn(gen, d, scale=0.2, dtype=dtype), randn(gen, d, scale=0.2, dtype=dtype)
     pairs = row[:, : 2 * hq * d].reshape(tokens, hq, 2, d)
@@ -133,7 +136,7 @@ def indexer_case(gen, tokens, hq=3, hkv=1, d=64, hi=2, di=32, r=64, ri=16) -> Ca
         spec(di),
     )
     row, pos = randn(gen, tokens, sum(widths), scale=2.0), positions(gen, tokens)
-    cache, icache = table(r), table(ri, 1e4)
+    cache, icache = table(gen, r), table(gen, ri, 1e4)
     qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
     iqw, ikw = randn(gen, di, scale=0.2), randn(gen, di, scale=0.2)
     part = [row[:, a : a + w] for a, w in zip(offsets, widths)]
@@ -172,7 +175,7 @@ def padded_case(gen, tokens, heads=(4, 2, 3), d=48, stride=64, r=32, dtype=torch
     )
     full = randn(gen, tokens, sum(heads), stride, scale=2.0, dtype=dtype)
     full[..., d:] = float("nan")
-    pos, cache = positions(gen, tokens), table(r)
+    pos, cache = positions(gen, tokens), table(gen, r)
     qw, kw = (randn(gen, d, scale=0.2, centre=1.0, dtype=dtype) for _ in range(2))
     q_in, k_in, v = (
         full[:, a : a + h, :d].reshape(tokens, -1)
@@ -194,7 +197,7 @@ def narrow_case(gen, tokens, head_dim=512, rotary_dim=2, is_neox=True) -> Case:
     row, pos, cache = (
         randn(gen, tokens, 4 * d, scale=2.0),
         positions(gen, tokens),
-        table(rotary_dim),
+        table(gen, rotary_dim),
     )
     qw, kw = randn(gen, d, scale=0.2, centre=1.0), randn(gen, d, scale=0.2, centre=1.0)
     expected = [

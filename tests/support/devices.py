@@ -9,8 +9,10 @@ takes its device from here, never from a literal ``"cuda"``.
 
 On ``meta`` every value check (the peers' tolerances, fqr's contract, ``torch.equal``) is
 skipped through :func:`has_values`, and everything else runs as on the GPU: each launch the
-GPU run could make, the ones a check makes only when it fails included. :func:`on_host` is
-``.cpu()`` for the float64 references, a meta tensor staying where it is.
+GPU run could make, the ones a check makes only when it fails included. On the GPU the inputs
+are drawn there (the ``gen`` fixture's generator is on :func:`draw_device`) and the float64
+references and comparisons run there too: no test copies a large tensor to the host except to
+report a failure.
 :class:`CudaDeviceRules` makes ``meta`` refuse the one device mix that CUDA refuses and
 ``meta`` lets through, so a CPU run on ``meta`` (``tests/core/test_meta_device.py``) finds the
 device mix-ups a GPU run would.
@@ -19,12 +21,14 @@ device mix-ups a GPU run would.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
 from fqr.backends import BACKENDS
+from fqr.rope_cache import rope_cos_sin_cache
 
 GPU_DEVICE: str = os.environ.get("FQR_GPU_TEST_DEVICE", "cuda")
 
@@ -60,10 +64,54 @@ def has_values(*tensors) -> bool:
     return not any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors)
 
 
-def on_host(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the CPU, for a float64 reference or a value check; a ``meta`` tensor (nothing
-    to copy) stays on ``meta``, where the reference then runs on shapes alone."""
-    return t if t.is_meta else t.cpu()
+class MetaDraws(torch.Generator):
+    """The build run's generator: a CPU generator whose ``device`` says ``meta``, so that a
+    draw ``torch.randn(..., generator=gen, device=gen.device)`` makes a ``meta`` tensor (torch
+    draws on ``meta`` from a CPU generator; ``meta`` has none of its own) where the GPU run
+    draws on the GPU: a table or buffer built on the CPU and mixed with the drawn inputs fails
+    here as on the GPU."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("meta")
+
+
+def test_generator(for_gpu_file: bool, seed: int) -> torch.Generator:
+    """The ``gen`` fixture's generator: on the GPU for a file of ``tests/gpu`` (its inputs are
+    drawn where they are used; its float64 references and comparisons run there), a
+    :class:`MetaDraws` one in the build run, else on the CPU."""
+    if not for_gpu_file:
+        return torch.Generator().manual_seed(seed)
+    if BUILDING:
+        return MetaDraws().manual_seed(seed)
+    return torch.Generator(device=GPU_DEVICE).manual_seed(seed)
+
+
+def draw_device() -> torch.device:
+    """Where a GPU file's inputs are drawn (the ``gen`` fixture's device): the GPU, or
+    ``meta`` in the build run."""
+    return torch.device(GPU_DEVICE)
+
+
+def launch_copies(inputs: dict) -> dict:
+    """The tensors of ``inputs`` copied for a launch on the GPU (``meta`` in the build run),
+    even where they are there already: a call that writes in place (a cache) leaves the drawn
+    tensors, which the float64 reference reads, as they were drawn."""
+    return {k: x.to(GPU_DEVICE, copy=True) for k, x in inputs.items()}
+
+
+def rope_table(preset, rows: int | None = None) -> torch.Tensor:
+    """``preset.cos_sin_cache(rows)`` built on :func:`draw_device` (the same real table; the
+    GPU computes it in float64 as the CPU does), kept for the next test of the same RoPE: the
+    2^17-row tables take the CPU about half a second each."""
+    rows = rows or preset.max_position
+    return _table(preset.rotary_dim, rows, preset.rope_theta, preset.rope_scaling)
+
+
+@lru_cache(maxsize=4)
+def _table(rotary_dim: int, rows: int, theta: float, scaling: tuple) -> torch.Tensor:
+    at = torch.arange(rows, device=draw_device())
+    return rope_cos_sin_cache(rotary_dim, rows, theta, scaling=dict(scaling), rows=at)
 
 
 # The functions that index a tensor (the first argument) by other tensors.

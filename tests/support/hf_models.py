@@ -80,19 +80,20 @@ def hf_attention_case(
         rotary = m.Gemma3RotaryEmbedding(config)
         layer_args = (config.layer_types[0],)
         offset = 1.0
+    attn = attn.to(gen.device)  # filled where the draws are (the GPU; meta in the build run)
     with torch.no_grad():
         for p in attn.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            p.copy_(torch.randn(p.shape, generator=gen, device=gen.device) * 0.3)
         centre = 1.0 - offset  # the weights the model stores: w (Qwen3) or w - 1 (Gemma)
         for norm in (attn.q_norm, attn.k_norm):
             n = norm.weight.shape[0]
-            norm.weight.copy_(centre + 0.2 * torch.randn(n, generator=gen))
+            norm.weight.copy_(centre + 0.2 * torch.randn(n, generator=gen, device=gen.device))
     attn = attn.to(device=device, dtype=torch.bfloat16)
     rotary = rotary.to(device)
 
-    hidden_states = torch.randn(1, tokens, hidden, generator=gen) * 2.0
+    hidden_states = torch.randn(1, tokens, hidden, generator=gen, device=gen.device) * 2.0
     hidden_states = hidden_states.to(device, torch.bfloat16)
-    positions = torch.randint(0, max_pos, (tokens,), generator=gen).to(device)
+    positions = torch.randint(0, max_pos, (tokens,), generator=gen, device=gen.device).to(device)
     with torch.no_grad():
         cos, sin = rotary(hidden_states, positions[None], *layer_args)
         attn(hidden_states, (cos, sin), None)

@@ -196,13 +196,16 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
     planes) until its first rotary call: ``(model, capture)``."""
 
-    torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator, device=generator.device)))
     # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
     model = text_model_class(config)._from_config(config, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name.rsplit(".", 1)[0].split(".")[-1] and p.dim() == 1:
-                p.copy_(offset + 0.3 * torch.randn(p.shape, generator=generator))
+                p.copy_(
+                    offset
+                    + 0.3 * torch.randn(p.shape, generator=generator, device=generator.device)
+                )
     capture = Capture()
     module = _modeling_module(model)
     originals = {n: getattr(module, n) for n in ROTARY_FUNCTIONS if hasattr(module, n)}
@@ -224,7 +227,9 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
                 store.setdefault(qual, out)
 
             hooks.append(sub.register_forward_hook(hook))
-    ids = torch.randint(0, config.vocab_size, (1, positions.shape[-1]), generator=generator)
+    ids = torch.randint(
+        0, config.vocab_size, (1, positions.shape[-1]), generator=generator, device=generator.device
+    )
     try:
         for name, fn in originals.items():
             setattr(module, name, wrap(name, fn))

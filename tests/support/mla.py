@@ -60,21 +60,29 @@ def draw(gen, flavour, dtype, q_lora, tokens=5):
     """Fresh inputs: the projection row, positions in a real (DeepSeek-sized) table, weights,
     a cache of random values or bytes, slots with two paddings, the FP8 scale."""
     width = q_lora + KV_LORA + ROPE
-    kv_a = (torch.randn(tokens, width, generator=gen) * 2).to(dtype)
+    kv_a = (torch.randn(tokens, width, generator=gen, device=gen.device) * 2).to(dtype)
     kv_a[:, q_lora + 2 * TILE : q_lora + 3 * TILE] *= 40  # tiles of different magnitudes
-    positions = torch.randint(0, 4096, (tokens,), generator=gen)
-    table = rope_cos_sin_cache(ROPE, 4096, 1e4)
-    q_w = (1 + torch.randn(q_lora, generator=gen) * 0.2).to(dtype) if q_lora else None
-    kv_w = (1 + torch.randn(KV_LORA, generator=gen) * 0.2).to(dtype)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen, device=gen.device)
+    table = rope_cos_sin_cache(ROPE, 4096, 1e4, rows=torch.arange(4096, device=gen.device))
+    q_w = (
+        (1 + torch.randn(q_lora, generator=gen, device=gen.device) * 0.2).to(dtype)
+        if q_lora
+        else None
+    )
+    kv_w = (1 + torch.randn(KV_LORA, generator=gen, device=gen.device) * 0.2).to(dtype)
     shape = cache_aval(flavour, dtype, KV_LORA, ROPE).shape
     shape = (BLOCKS, *shape[1:])
     if flavour == "fp8_ds_mla":
-        cache = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+        cache = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen, device=gen.device)
     else:
-        cache = (torch.randn(shape, generator=gen) * 3).to(E4M3 if flavour == "fp8" else dtype)
-    slots = torch.randperm(BLOCKS * BLOCK_SIZE, generator=gen)[:tokens]
+        cache = (torch.randn(shape, generator=gen, device=gen.device) * 3).to(
+            E4M3 if flavour == "fp8" else dtype
+        )
+    slots = torch.randperm(BLOCKS * BLOCK_SIZE, generator=gen, device=gen.device)[:tokens]
     slots[[1, tokens - 1]] = -1
-    scale = torch.tensor([0.008]) if flavour == "fp8" else None  # some values saturate
+    scale = (
+        torch.tensor([0.008], device=gen.device) if flavour == "fp8" else None
+    )  # some values saturate
     return kv_a, positions, table, q_w, kv_w, cache, slots, scale
 
 

@@ -40,7 +40,7 @@ def on_device(gen: torch.Generator, device: str | torch.device) -> Draws:
     device = torch.device(device)
     if device == gen.device or device.type == "meta":
         return Draws(gen, device)
-    seed = int(torch.randint(2**62, (1,), generator=gen))
+    seed = int(torch.randint(2**62, (1,), generator=gen, device=gen.device))
     return Draws(torch.Generator(device=device).manual_seed(seed), device)
 
 

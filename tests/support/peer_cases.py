@@ -61,18 +61,21 @@ def peer_inputs(case: PeerCase, gen: torch.Generator):
     )
     width = (HQ + HKV) * D + hv * dv if stride is None else (HQ + HKV + hv) * stride
     t = case.tokens
-    buffer = torch.full((t, width + case.row_pad), float("nan"), dtype=case.dtype)
+    buffer = torch.full(
+        (t, width + case.row_pad), float("nan"), dtype=case.dtype, device=gen.device
+    )
     for s in sections:  # fresh values where a head is, per-head scales
         for h in range(s.heads):
             start = s.offset + h * s.head_stride
-            scale = 0.5 + 3 * torch.rand((), generator=gen)
-            head = torch.randn(t, s.head_dim, generator=gen) * scale
+            scale = 0.5 + 3 * torch.rand((), generator=gen, device=gen.device)
+            head = torch.randn(t, s.head_dim, generator=gen, device=gen.device) * scale
             buffer[:, start : start + s.head_dim] = head.to(case.dtype)
     qkv = buffer[:, :width]
-    positions = torch.randint(0, MAX_POS, (t,), generator=gen)
-    table = rope_cos_sin_cache(D, MAX_POS, 1e4) if case.rope else None
-    qw = (1 + 0.2 * torch.randn(D, generator=gen)).to(case.dtype)
-    kw_ = (1 + 0.2 * torch.randn(D, generator=gen)).to(case.dtype)
+    positions = torch.randint(0, MAX_POS, (t,), generator=gen, device=gen.device)
+    rows = torch.arange(MAX_POS, device=gen.device)
+    table = rope_cos_sin_cache(D, MAX_POS, 1e4, rows=rows) if case.rope else None
+    qw = (1 + 0.2 * torch.randn(D, generator=gen, device=gen.device)).to(case.dtype)
+    kw_ = (1 + 0.2 * torch.randn(D, generator=gen, device=gen.device)).to(case.dtype)
     return buffer, qkv, positions, table, qw, kw_
 
 
@@ -105,8 +108,9 @@ def check_peer_case(
     for name, got, exact in (("q", q, exact_q), ("k", k, exact_k)):
         c = compare(got, exact, head_dim=D, numerics=case.numerics)
         assert c.passed, f"{case.name} {name} on {backend}: {c}"
-    assert torch.equal(v.cpu().view(torch.int16), exact_v.view(torch.int16)), f"{case.name}: v"
-    bits, was = buffer.cpu().view(torch.int16), before.view(torch.int16)
+    exact_v = exact_v.to(v.device)
+    assert torch.equal(v.view(torch.int16), exact_v.view(torch.int16)), f"{case.name}: v"
+    bits, was = buffer.view(torch.int16), before.to(buffer.device).view(torch.int16)
     if not inplace:
         assert torch.equal(bits, was), "qkv was written"
         for o in (q, k, v):
@@ -131,10 +135,12 @@ def check_q_only(
     ``rotary_emb(positions, q, None)`` after ``q_norm`` (Gemma 4's KV-shared / MTP layers), with
     its tensors on ``device``; q is not written."""
     t = 5
-    q = (torch.randn(t, HQ * D, generator=gen) * 2).to(torch.bfloat16)
-    positions = torch.randint(0, MAX_POS, (t,), generator=gen)
-    table = rope_cos_sin_cache(D, MAX_POS, 1e4)
-    qw = (0.2 * torch.randn(D, generator=gen)).to(torch.bfloat16)  # Gemma: (1 + w)
+    q = (torch.randn(t, HQ * D, generator=gen, device=gen.device) * 2).to(torch.bfloat16)
+    positions = torch.randint(0, MAX_POS, (t,), generator=gen, device=gen.device)
+    table = rope_cos_sin_cache(D, MAX_POS, 1e4, rows=torch.arange(MAX_POS, device=gen.device))
+    qw = (0.2 * torch.randn(D, generator=gen, device=gen.device)).to(
+        torch.bfloat16
+    )  # Gemma: (1 + w)
     on_device = q.to(device, copy=True)
     out, none = fqr.qk_rmsnorm_rope(
         on_device,
@@ -151,7 +157,7 @@ def check_q_only(
     assert none is None
     if not has_values(out):
         return
-    assert torch.equal(on_device.cpu().view(torch.int16), q.view(torch.int16))
+    assert torch.equal(on_device.view(torch.int16), q.to(on_device.device).view(torch.int16))
     exact, _ = reference.qk_prologue(
         q, None, positions, table, qw, None, head_dim=D, weight_offset=1.0
     )

@@ -112,7 +112,7 @@ def spread(cases: list[dict], count: int) -> list[dict]:
 
 def peer_positions(tokens: int, high: int, gen: torch.Generator) -> torch.Tensor:
     """``torch.randint(0, high, (tokens,))`` int64, as vllm-ascend's tests draw positions."""
-    return torch.randint(0, high, (tokens,), generator=gen, dtype=torch.int64)
+    return torch.randint(0, high, (tokens,), generator=gen, device=gen.device, dtype=torch.int64)
 
 
 def peer_table(
@@ -181,8 +181,11 @@ def assert_peer_close(name: str, actual, expected, *, atol: float, rtol: float) 
     if not has_values(actual, expected):
         return
     try:
-        torch.testing.assert_close(
-            actual.to(torch.float32).cpu(), expected.to(torch.float32).cpu(), atol=atol, rtol=rtol
+        torch.testing.assert_close(  # where the outputs are
+            actual.to(torch.float32),
+            expected.to(actual.device, torch.float32),
+            atol=atol,
+            rtol=rtol,
         )
     except AssertionError as e:
         raise AssertionError(f"{name} against the peer's reference: {e}") from None
@@ -221,9 +224,9 @@ def assert_peer_or_nearer(
             assert_peer_close(name, fused, peer_reference, atol=atol, rtol=rtol)
             return True
         except AssertionError as outside:
-            exact64 = exact.to(torch.float64).cpu()
-            fused_err = float((fused.to(torch.float64).cpu() - exact64).abs().max())
-            peer_err = float((peer_reference.to(torch.float64).cpu() - exact64).abs().max())
+            exact64 = exact.to(fused.device, torch.float64)
+            fused_err = float((fused.to(torch.float64) - exact64).abs().max())
+            peer_err = float((peer_reference.to(fused.device, torch.float64) - exact64).abs().max())
             assert fused_err <= peer_err, (
                 f"{outside}\n{name}: fqr's fused error {fused_err:.3g} is not below the peer "
                 f"reference's own error {peer_err:.3g} (against float64)"
@@ -236,11 +239,13 @@ def assert_peer_or_nearer(
     if not has_values(got, peer_reference):
         return True
     if ulps:
-        apart = int((ordered_bits(got.cpu()) - ordered_bits(peer_reference.cpu())).abs().max())
+        peer = peer_reference.to(got.device)
+        apart = int((ordered_bits(got) - ordered_bits(peer)).abs().max())
         assert apart <= ulps, f"{name}: numerics='unfused' is {apart} ULP off the peer's"
         return False
-    assert torch.equal(got.cpu(), peer_reference.cpu()), (
+    peer = peer_reference.to(got.device)
+    assert torch.equal(got, peer), (
         f"{name}: numerics='unfused' differs from the peer's rounding reference "
-        f"(max {float((got.double().cpu() - peer_reference.double().cpu()).abs().max()):.3g})"
+        f"(max {float((got.double() - peer.double()).abs().max()):.3g})"
     )
     return False

@@ -28,7 +28,7 @@ import fqr
 from fqr import reference
 from fqr.backends import auto_backend_name
 from fqr.unfused import vllm_apply_interleaved_rope, vllm_mrotary_embedding, vllm_rms_norm
-from support.devices import has_values, on_host
+from support.devices import has_values
 from support.peer_ports import (
     ASCEND_MAX_POSITION,
     ASCEND_THETA,
@@ -93,7 +93,7 @@ def assert_identical(name: str, out: torch.Tensor, want: torch.Tensor) -> None:
     """``out`` equals ``want`` bit for bit (a copied v or gate, a compiled op against the op
     run eagerly; nothing to check on ``meta``)."""
     if has_values(out, want):
-        assert torch.equal(out.cpu(), want.cpu()), f"{name}: differs bit for bit"
+        assert torch.equal(out, want.to(out.device)), f"{name}: differs bit for bit"
 
 
 # ------------------------------------------------- vLLM tests/kernels/core/test_mrope.py
@@ -140,9 +140,11 @@ def vllm_mrope_case(model: VlmText, tp: int, dtype, tokens: int, *, backend, dev
     the fused op on ``[3, T]`` positions below ``max_position // 4``; atol 1e-2, rtol 1.6e-2."""
     hq, hkv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
     d, rows = model.head_dim, model.max_position // 4
-    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
-    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
-    k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
+    positions = torch.randint(0, rows, (3, tokens), generator=gen, device=gen.device).to(device)
+    q = torch.randn(tokens, hq * d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hkv * d, generator=gen, device=gen.device).to(
+        device=device, dtype=dtype
+    )
     # vLLM's table has 4 * max_position rows (MRotaryEmbedding); the tokens read below rows
     cache = planes_table(
         model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
@@ -154,7 +156,7 @@ def vllm_mrope_case(model: VlmText, tp: int, dtype, tokens: int, *, backend, dev
     unfused = fqr.qk_mrope(
         q, k, positions, cache, head_dim=d, backend=backend, numerics="unfused", **layout
     )
-    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), head_dim=d, **layout)
+    exact = reference.qk_mrope(q, k, positions, cache, head_dim=d, **layout)
     return [
         check_like_peer(
             f"{model.name} tp{tp} T{tokens} {n}",
@@ -179,9 +181,11 @@ def vllm_mrope_compiled_case(
     elements fall outside the peer's tolerance, ``forward_native`` the farther)."""
     hq, hkv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
     d, rows = model.head_dim, model.max_position // 4
-    positions = torch.randint(0, rows, (3, tokens), generator=gen).to(device)
-    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
-    k = torch.randn(tokens, hkv * d, generator=gen).to(device=device, dtype=dtype)
+    positions = torch.randint(0, rows, (3, tokens), generator=gen, device=gen.device).to(device)
+    q = torch.randn(tokens, hq * d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hkv * d, generator=gen, device=gen.device).to(
+        device=device, dtype=dtype
+    )
     # vLLM's table has 4 * max_position rows (MRotaryEmbedding); the tokens read below rows
     cache = planes_table(
         model.rotary_dim, positions, dtype, max_position=rows, theta=model.theta, device=device
@@ -202,7 +206,7 @@ def vllm_mrope_compiled_case(
     unfused = functional_forward(positions, q, k, "unfused")
     native = vllm_mrotary_embedding(positions, q, k, d, cache, True, section, interleaved)
     layout = dict(mrope_section=model.mrope_section, mrope_interleaved=model.interleaved)
-    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), head_dim=d, **layout)
+    exact = reference.qk_mrope(q, k, positions, cache, head_dim=d, **layout)
     backend = auto_backend_name(q.device)  # the one torch.ops.fqr runs on
     for n, out, same, want, ex, rounded in zip("qk", got, eager, native, exact, unfused):
         name = f"{model.name} tp{tp} T{tokens} compiled {n}"
@@ -240,10 +244,16 @@ def vllm_fused_qk_norm_mrope_case(
     frequencies: 22/21/21)."""
     hq, hkv, d, section = config
     tokens = 7
-    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen).to(device=device, dtype=dtype)
-    positions = torch.randint(0, 1000, (3, tokens), generator=gen).to(device)
-    q_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
-    k_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(device=device, dtype=dtype)
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen, device=gen.device).to(
+        device=device, dtype=dtype
+    )
+    positions = torch.randint(0, 1000, (3, tokens), generator=gen, device=gen.device).to(device)
+    q_weight = (1 + 0.1 * torch.randn(d, generator=gen, device=gen.device)).to(
+        device=device, dtype=dtype
+    )
+    k_weight = (1 + 0.1 * torch.randn(d, generator=gen, device=gen.device)).to(
+        device=device, dtype=dtype
+    )
     # MRotaryEmbedding(max_position_embeddings=4096): 4 * 4096 rows, base 1e4, model dtype
     cache = planes_table(d, positions, dtype, max_position=4 * 4096, theta=1e4, device=device)
     # the peer's reference: qkv.split, q_norm / k_norm per head, rope.forward_native
@@ -265,7 +275,7 @@ def vllm_fused_qk_norm_mrope_case(
     args = (qkv, positions, cache, q_weight, k_weight)
     fused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
     unfused = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, numerics="unfused", **kw)
-    exact = reference.mrope_prologue(*map(on_host, args), **kw)
+    exact = reference.mrope_prologue(*args, **kw)
     atol = rtol = 2e-3 if dtype == torch.float16 else 4e-2
     name = f"{dtype} neox={is_neox} interleaved={interleaved} eps={eps} {config}"
     outcomes = [
@@ -307,8 +317,8 @@ def ascend_triton_mrope_case(section, tokens, dtype, *, backend, device, gen):
     op; bf16 atol/rtol 1e-2, fp16 1e-3. cos/sin are the real table's rows at ``[3, T]``
     positions (the peer draws random unit pairs)."""
     hq, hk, d, r = 64, 1, 128, 128
-    q = torch.randn(tokens, hq * d, generator=gen).to(device=device, dtype=dtype)
-    k = torch.randn(tokens, hk * d, generator=gen).to(device=device, dtype=dtype)
+    q = torch.randn(tokens, hq * d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+    k = torch.randn(tokens, hk * d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
     positions = _plane_positions(tokens, ASCEND_MAX_POSITION, gen, device)
     cache = planes_table(
         r, positions, dtype, max_position=ASCEND_MAX_POSITION, theta=ASCEND_THETA, device=device
@@ -326,7 +336,7 @@ def ascend_triton_mrope_case(section, tokens, dtype, *, backend, device, gen):
     kw = dict(head_dim=d, mrope_section=section, mrope_interleaved=True)
     fused = fqr.qk_mrope(q, k, positions, cache, backend=backend, **kw)
     unfused = fqr.qk_mrope(q, k, positions, cache, backend=backend, numerics="unfused", **kw)
-    exact = reference.qk_mrope(*map(on_host, (q, k, positions, cache)), **kw)
+    exact = reference.qk_mrope(q, k, positions, cache, **kw)
     atol = rtol = 1e-2 if dtype == torch.bfloat16 else 1e-3
     return [
         check_like_peer(
@@ -368,9 +378,11 @@ def ascend_split_mrope_case(
     d, eps, rope_dim = head_size, 1e-6, 2 * sum(section)
     q_size, kv_size = hq * d, hkv * d
     width = (2 if gate else 1) * q_size + 2 * kv_size
-    qkv = torch.randn(tokens, width, generator=gen).to(device=device, dtype=dtype)
-    q_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
-    k_weight = torch.randn(d, generator=gen).to(device=device, dtype=dtype)
+    qkv = torch.randn(tokens, width, generator=gen, device=gen.device).to(
+        device=device, dtype=dtype
+    )
+    q_weight = torch.randn(d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+    k_weight = torch.randn(d, generator=gen, device=gen.device).to(device=device, dtype=dtype)
     positions = _plane_positions(tokens, ASCEND_MAX_POSITION, gen, device)
     cache = planes_table(
         rope_dim, positions, dtype, max_position=ASCEND_MAX_POSITION, theta=ASCEND_THETA,
@@ -409,7 +421,7 @@ def ascend_split_mrope_case(
     )
     args = (qkv, positions, cache, q_weight, k_weight)
     outs = fqr.split_qkv_rmsnorm_mrope(*args, backend=backend, **kw)
-    exact = reference.mrope_prologue(*map(on_host, args), **kw)
+    exact = reference.mrope_prologue(*args, **kw)
     name = f"T{tokens} {heads} D{d} {section} interleaved={interleaved} gate={gate} {dtype}"
     outcomes = [
         check_like_peer(

@@ -52,7 +52,7 @@ def assert_close_as_peer(name: str, got, want, atol: float, rtol: float) -> None
     if not has_values(got, want):
         return
     torch.testing.assert_close(
-        got.cpu(), want.to(got.dtype), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}"
+        got, want.to(got.device, got.dtype), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}"
     )
 
 
@@ -64,23 +64,23 @@ def check_exact(packed, table, positions, weights, heads, before, slots, actual,
     float64 formulation (:func:`fqr.reference.index_cache_prologue`) of the packed row, the
     caches ``before`` the call and the slot mappings ``slots`` (main, index) with the tokens
     past ``actual`` storing nothing. Returns that float64 formulation's outputs."""
-    tokens = packed.shape[0]
+    tokens, device = packed.shape[0], packed.device  # computed where the data is
 
     def mapping(m):
-        full = torch.full((tokens,), -1, dtype=torch.int64)
-        full[:actual] = m.cpu()[:actual]
+        full = torch.full((tokens,), -1, dtype=torch.int64, device=device)
+        full[:actual] = m[:actual]
         return full
 
     q_heads, kv_heads, index_heads = heads
     exact = reference.index_cache_prologue(
-        packed.cpu(), positions.cpu(), table.cpu(), *(w.cpu() for w in weights),
-        *(c.cpu() for c in before), mapping(slots[0]), mapping(slots[1]), num_heads=q_heads,
+        packed, positions.to(device), table.to(device), *(w.to(device) for w in weights),
+        *(c.to(device) for c in before), mapping(slots[0]), mapping(slots[1]), num_heads=q_heads,
         num_kv_heads=kv_heads, head_dim=HD, num_index_heads=index_heads, index_head_dim=HD,
         eps=EPS,
     )  # fmt: skip
     names = ("q", "index_q", "key_cache", "value_cache", "index_cache")
     for name, out, want in zip(names, outs, exact):
-        assert_exact(name, out.cpu(), want, head_dim=HD)
+        assert_exact(name, out, want, head_dim=HD)
     return exact
 
 
@@ -89,8 +89,8 @@ def assert_fp8_close_or_nearer(name, got, peer, exact) -> None:
     float64 value (saturated to +-448) than the peer's reference: that reference rounds the norm
     to bf16 before RoPE and then to E4M3, a double rounding that can land one E4M3 step away
     (0.5 for ``|x|`` in [4, 8)) where fqr rounds once."""
-    g, p = got.cpu().double(), peer.cpu().double()
-    e = exact.cpu().double().clamp(-448.0, 448.0)
+    g, p = got.double(), peer.to(got.device).double()
+    e = exact.to(got.device).double().clamp(-448.0, 448.0)
     outside = (g - p).abs() > FP8_ATOL + CACHE_RTOL * p.abs()
     nearer = (g - e).abs() <= (p - e).abs()
     assert bool(nearer[outside].all()), (
@@ -136,22 +136,26 @@ def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> Non
     block_size = 16
     total_heads = q_heads + 2 * kv_heads + index_heads + 1
     width = total_heads * HD
-    packed = torch.randn((tokens, width + 32), generator=gen).to(torch.bfloat16)[:, :width]
-    weights = [torch.randn(HD, generator=gen).to(torch.bfloat16) * 0.1 for _ in range(4)]
-    table = real_table(rotary_dim, 257, torch.bfloat16)
-    positions = torch.randint(257, (tokens,), generator=gen)
+    packed = torch.randn((tokens, width + 32), generator=gen, device=gen.device).to(torch.bfloat16)[
+        :, :width
+    ]
+    weights = [
+        torch.randn(HD, generator=gen, device=gen.device).to(torch.bfloat16) * 0.1 for _ in range(4)
+    ]
+    table = real_table(rotary_dim, 257, torch.bfloat16).to(gen.device)
+    positions = torch.randint(257, (tokens,), generator=gen, device=gen.device)
     actual = max(1, tokens - 3)
     blocks = (2 * tokens + block_size - 1) // block_size
-    slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
-    index_slots = torch.randperm(blocks * block_size, generator=gen)[:actual].long()
+    slots = torch.randperm(blocks * block_size, generator=gen, device=gen.device)[:actual].long()
+    index_slots = torch.randperm(blocks * block_size, generator=gen, device=gen.device)[
+        :actual
+    ].long()
     slots[::5] = -1
     index_slots[::7] = -1
     key_cache = torch.full((blocks, block_size, kv_heads, HD), -3.0, dtype=torch.bfloat16)
+    key_cache = key_cache.to(device)
     value_cache = torch.full_like(key_cache, -4.0)
-    index_cache = torch.full((blocks, block_size, HD), -5.0, dtype=torch.bfloat16)
-    key_cache, value_cache, index_cache = (
-        c.to(device) for c in (key_cache, value_cache, index_cache)
-    )
+    index_cache = torch.full((blocks, block_size, HD), -5.0, dtype=torch.bfloat16, device=device)
     before = [c.clone() for c in (key_cache, value_cache, index_cache)]
     packed_dev = torch.empty((tokens, width + 32), dtype=packed.dtype, device=device)[:, :width]
     packed_dev.copy_(packed)
@@ -185,13 +189,15 @@ def run_cache_case(tokens, heads, rotary_dim, backend, gen, device="cpu") -> Non
         ("value_cache", value_cache, expected[2], slots, -4.0),
         ("index_cache", index_cache, expected[4], index_slots, -5.0),
     ):
-        gold = torch.full(cache.shape, sentinel, dtype=cache.dtype).view(blocks * block_size, -1)
+        gold = torch.full(cache.shape, sentinel, dtype=cache.dtype, device=cache.device)
+        gold = gold.view(blocks * block_size, -1)
+        mapping = mapping.to(cache.device)
         valid = mapping >= 0
-        gold[mapping[valid]] = part[:actual][valid].to(cache.dtype)
-        _assert_close(name, cache.cpu().reshape_as(gold), gold)
-        untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+        gold[mapping[valid]] = part[:actual].to(cache.device)[valid].to(cache.dtype)
+        _assert_close(name, cache.reshape_as(gold), gold)
+        untouched = torch.ones(blocks * block_size, dtype=torch.bool, device=cache.device)
         untouched[mapping[valid]] = False
-        assert torch.equal(cache.cpu().view(blocks * block_size, -1)[untouched], gold[untouched])
+        assert torch.equal(cache.view(blocks * block_size, -1)[untouched], gold[untouched])
     outs = (q, iq, key_cache, value_cache, index_cache)
     mappings = (slots, index_slots)
     check_exact(packed, table, positions, weights, heads, before, mappings, actual, outs)
@@ -238,14 +244,16 @@ def run_dynamic_capacity_case(blocks, tokens, backend, gen, device="cpu") -> Non
     the index projection separate. The positions are a contiguous ``[T]`` here: the peer's
     strided ``positions[:, 0]`` view of a ``[T, 2]`` buffer is issue 26 item 6."""
     hd, block_size, max_position = 128, 128, 263000
-    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16)
-    weights = [torch.randn(hd, generator=gen).to(packed.dtype) * 0.1 for _ in range(4)]
+    packed = torch.randn(tokens, 12 * hd, generator=gen, device=gen.device).to(torch.bfloat16)
+    weights = [
+        torch.randn(hd, generator=gen, device=gen.device).to(packed.dtype) * 0.1 for _ in range(4)
+    ]
     cs = real_table(64, max_position, torch.bfloat16)
     cs_dev = torch.empty((max_position, 80), dtype=packed.dtype, device=device)[:, :64]
     cs_dev.copy_(cs)
-    positions = torch.randint(max_position, (tokens,), generator=gen)
+    positions = torch.randint(max_position, (tokens,), generator=gen, device=gen.device)
     positions[0], positions[-1] = 0, max_position - 1
-    slots = torch.arange(blocks * block_size - tokens, blocks * block_size)
+    slots = torch.arange(blocks * block_size - tokens, blocks * block_size, device=device)
     index_slots = slots.flip(0)
     key = torch.zeros((blocks, block_size, 1, hd), dtype=packed.dtype, device=device)
     value = torch.zeros_like(key)
@@ -270,7 +278,7 @@ def run_dynamic_capacity_case(blocks, tokens, backend, gen, device="cpu") -> Non
     )
     if not has_values(q, iq, key, value, index):
         return
-    expected = peer_cache_reference(packed, cs, positions, weights, 8, 1, 1, 1e-6)
+    expected = peer_cache_reference(packed, cs_dev, positions, weights, 8, 1, 1, 1e-6)
     slots_dev, index_dev = slots.to(device), index_slots.to(device)
     for name, got, gold in (
         ("q", q, expected[0]),
@@ -292,10 +300,15 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
     another stream's traffic, as the peer replays its NPU graph (GPU only)."""
     qh, kh, ih, hd, actual = 8, 1, 1, 128, 5
     cache_dtype = E4M3 if fp8 else torch.bfloat16
-    packed = torch.randn(tokens, 12 * hd, generator=gen).to(torch.bfloat16).to(device)
+    packed = (
+        torch.randn(tokens, 12 * hd, generator=gen, device=gen.device).to(torch.bfloat16).to(device)
+    )
     if fp8:
         packed[:, 9 * hd : 10 * hd] *= 1000  # v saturates whatever the norm does
-    weights = [(torch.randn(hd, generator=gen) * 0.1).to(packed.dtype).to(device) for _ in range(4)]
+    weights = [
+        (torch.randn(hd, generator=gen, device=gen.device) * 0.1).to(packed.dtype).to(device)
+        for _ in range(4)
+    ]
     cs = real_table(64, tokens + 32, torch.bfloat16).to(device)
     positions = torch.arange(tokens, device=device)
     key = torch.zeros((3, 17, kh, hd), dtype=cache_dtype, device=device)[:, :16]
@@ -329,9 +342,7 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
         q, iq = run()
     if not has_values(q, iq, key, value, index):
         return
-    expected = peer_cache_reference(
-        packed.cpu(), cs.cpu(), positions.cpu(), [w.cpu() for w in weights], qh, kh, ih, 1e-6
-    )
+    expected = peer_cache_reference(packed, cs, positions, weights, qh, kh, ih, 1e-6)
     zeros = [torch.zeros_like(c) for c in (key, value, index)]  # all padding before
     outs = (q, iq, key, value, index)
     mappings = (slots, index_slots)
@@ -348,11 +359,11 @@ def run_replay_case(fp8: bool, tokens: int, backend, gen, device="cpu", graph=Fa
         ("value_cache", value, expected[2], slots, exact[3]),
         ("index_cache", index, expected[4], index_slots, exact[4]),
     ):
-        gold = torch.zeros(cache.shape, dtype=cache_dtype)
+        gold = torch.zeros(cache.shape, dtype=cache_dtype, device=cache.device)
         part = part.to(packed.dtype) if cache is not index else part
         if fp8:
             part = part.float().clamp(-448, 448)
-        for token, slot in enumerate(mapping.cpu().tolist()[:actual]):
+        for token, slot in enumerate(mapping.tolist()[:actual]):  # 8 numbers
             if slot >= 0:
                 block, row = divmod(slot, cache.shape[1])
                 gold[block, row] = part[token].reshape_as(gold[0, 0]).to(cache_dtype)

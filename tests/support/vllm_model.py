@@ -128,12 +128,20 @@ class VllmAttention(nn.Module):  # vLLM Qwen3Attention.forward, small
         )
         self.o_proj = nn.Linear(self.q_size, HIDDEN, bias=False, dtype=dtype)
         base = 0.0 if spec.gemma else 1.0
-        self.q_weight = nn.Parameter((base + 0.2 * torch.randn(spec.d, generator=gen)).to(dtype))
-        self.k_weight = nn.Parameter((base + 0.2 * torch.randn(spec.d, generator=gen)).to(dtype))
+        self.q_weight = nn.Parameter(
+            (base + 0.2 * torch.randn(spec.d, generator=gen, device=gen.device)).to(dtype)
+        )
+        self.k_weight = nn.Parameter(
+            (base + 0.2 * torch.randn(spec.d, generator=gen, device=gen.device)).to(dtype)
+        )
         self.q_bias = self.k_bias = None
         if spec.bias:
-            self.q_bias = nn.Parameter((0.2 * torch.randn(spec.d, generator=gen)).to(dtype))
-            self.k_bias = nn.Parameter((0.2 * torch.randn(spec.d, generator=gen)).to(dtype))
+            self.q_bias = nn.Parameter(
+                (0.2 * torch.randn(spec.d, generator=gen, device=gen.device)).to(dtype)
+            )
+            self.k_bias = nn.Parameter(
+                (0.2 * torch.randn(spec.d, generator=gen, device=gen.device)).to(dtype)
+            )
         self.norm = gemma_rms_norm_forward_native if spec.gemma else rms_norm_forward_native
         self.rotary_emb = RotaryEmbedding(spec.d, spec.rotary, spec.neox, dtype)
 
@@ -196,6 +204,6 @@ def vllm_exact(layer: VllmAttention, qkv, positions):
 def inputs(tokens, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     return (
-        torch.randint(0, MAX_POS, (tokens,), generator=g),
-        torch.randn(tokens, HIDDEN, generator=g).to(dtype),
+        torch.randint(0, MAX_POS, (tokens,), generator=g, device=g.device),
+        torch.randn(tokens, HIDDEN, generator=g, device=g.device).to(dtype),
     )

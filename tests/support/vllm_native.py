@@ -89,12 +89,14 @@ def vllm_native_case(
     if table_in_dtype:
         table = table.to(dtype)  # vLLM keeps its cache in the model dtype
     width = heads + 2 * kv_heads
-    scale = 0.5 + 3.0 * torch.rand(width, 1, generator=gen)
-    qkv = (torch.randn(tokens, width, head_dim, generator=gen) * scale).reshape(tokens, -1)
-    positions = torch.randint(0, max_position, (tokens,), generator=gen)
+    scale = 0.5 + 3.0 * torch.rand(width, 1, generator=gen, device=gen.device)
+    qkv = (torch.randn(tokens, width, head_dim, generator=gen, device=gen.device) * scale).reshape(
+        tokens, -1
+    )
+    positions = torch.randint(0, max_position, (tokens,), generator=gen, device=gen.device)
     centre = 0.0 if gemma else 1.0
-    qw = centre + 0.2 * torch.randn(head_dim, generator=gen)
-    kw = centre + 0.2 * torch.randn(head_dim, generator=gen)
+    qw = centre + 0.2 * torch.randn(head_dim, generator=gen, device=gen.device)
+    kw = centre + 0.2 * torch.randn(head_dim, generator=gen, device=gen.device)
     return VllmNativeCase(
         qkv.to(device, dtype),
         positions.to(device),
