@@ -59,12 +59,23 @@ def test_presets_against_float64(gen, name, dtype):
         assert c.passed, f"{n}: {c}"
 
 
+def _largest_shard(name: str, tp: int):
+    """The preset at TP ``tp``, or at the largest smaller TP it shards to (CodeGen-2B's four
+    qkv shards take TP 1, 2 and 4 only)."""
+    for size in range(tp, 0, -1):
+        try:
+            return fqr.get_preset(name, size)
+        except ValueError:
+            continue
+    raise AssertionError(f"{name} shards to no TP <= {tp}")
+
+
 @pytest.mark.parametrize("tokens", [1, 257, 4099])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("tp", [1, 8])
 @pytest.mark.parametrize("name", VARIANT_PRESETS)
 def test_variant_presets_against_float64(gen, name, tp, dtype, tokens):
-    p = fqr.get_preset(name, tp)
+    p = _largest_shard(name, tp)
     variant = variant_of(p)
     try:
         variant.program(p, dtype)
