@@ -198,20 +198,22 @@ def _hidden_size(text) -> int:
     return 0 if hidden is None else positive_count("config.hidden_size", hidden)
 
 
-def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
+def _head_counts(text, model_type: str, family: HFFamily) -> tuple[int, int, int, str]:
     """``(num_attention_heads, num_key_value_heads, head_dim, where head_dim comes from)`` of
     a config of grouped-query attention: only a missing (or None) ``num_key_value_heads``
-    means one kv head per q head, and only a missing ``head_dim`` means ``hidden_size /
-    num_attention_heads`` (as Hugging Face reads them; a 0 is refused, not read as missing)."""
+    means one kv head per q head (:attr:`HFFamily.kv_heads_key` None: one kv head),
+    and only a missing ``head_dim`` means ``hidden_size / num_attention_heads`` (as Hugging
+    Face reads them; a 0 is refused, not read as missing)."""
     heads = positive_count(
         "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
     )
-    kv = getattr(text, "num_key_value_heads", None)
-    kv_heads = heads if kv is None else positive_count("config.num_key_value_heads", kv)
+    key = family.kv_heads_key
+    kv = 1 if key is None else getattr(text, key, None)
+    where = f"config.{key or 'num_key_value_heads'}"
+    kv_heads = heads if kv is None else positive_count(where, kv)
     if heads % kv_heads:
         raise ValueError(
-            f"config.num_attention_heads ({heads}) must be a multiple of "
-            f"config.num_key_value_heads ({kv_heads})"
+            f"config.num_attention_heads ({heads}) must be a multiple of {where} ({kv_heads})"
         )
     head_dim = getattr(text, "head_dim", None)
     if head_dim is not None:
@@ -365,7 +367,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
         variant_params = _mla_variant_params(text, model_type, family)
     else:
-        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type)
+        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type, family)
         partial_rotary_factor, factor_key = 1.0, None
         if rope.get("partial_rotary_factor") is not None:
             factor_key = origin["partial_rotary_factor"]

@@ -70,6 +70,9 @@ class HFFamily:
     # them; vLLM passes rms_norm_eps, so a config whose rms_norm_eps is not 1e-6, GLM-4.7-Flash's
     # and GLM-5's 1e-5, runs another eps in vLLM): the preset takes the model code's
     fixed_eps: float | None = None
+    # The config key of the kv head count the family's code reads; None: one kv head whatever
+    # the config says (Falcon's ``multi_query`` row: ``[q | k | v]`` with one k and one v head)
+    kv_heads_key: str | None = "num_key_value_heads"
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -317,6 +320,20 @@ HF_FAMILIES |= {
     for t in ("hunyuan_v1_dense", "hunyuan_v1_moe")
 }
 
+# Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
+# ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
+# ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
+# ``multi_query`` false interleaves q, k, v per head, ``new_decoder_architecture`` per kv group.
+HF_FAMILIES["falcon"] = HFFamily(
+    "none",
+    kv_heads_key=None,
+    refused_keys=(
+        ("alibi", False, "ALiBi in place of RoPE"),
+        ("new_decoder_architecture", False, "its fused row interleaved per kv group"),
+        ("multi_query", True, "its fused row interleaved per head (q, k, v of each)"),
+    ),
+    note="Falcon (multi_query): one k and one v head, as Llama",
+)
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
@@ -328,6 +345,8 @@ _NEEDS = {
     "an MLA variant with mRoPE": ("hy_v4_vl_text",),
     "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
     "xdrope (its own position layout)": ("hunyuan_vl_text",),
+    "q, k and v clamped to +-attn_config.clip_qkv after the projection (no fqr form; "
+    "transformers' DbrxAttention runs only with clip_qkv set)": ("dbrx",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
     "Hugging Face's yarn table (truncate: false; fqr builds vLLM's DeepSeek yarn)": ("gpt_oss",),
     "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
@@ -336,9 +355,6 @@ _NEEDS = {
     "a preset builder reading rotary_dim and GPT-J's fixed RoPE base 10000 (no rope_theta)": (
         "gptj",
     ),
-    "a preset builder for its fused query_key_value (multi_query: one k and one v head; "
-    "new_decoder_architecture: rows interleaved per kv group)": ("falcon",),
-    "a preset builder reading its attn_config (kv_n_heads, clip_qkv)": ("dbrx",),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
     "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (

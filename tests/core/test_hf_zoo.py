@@ -152,6 +152,9 @@ OPTIONS = [
         rope_type="dynamic", rope_theta=1e4, alpha=1000.0, factor=1.0)), "exact (rope-rmsnorm"),
     ("hunyuan_v1_moe", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4,
         factor=2.0)), "refused: config: RoPE 'dynamic' (hunyuan_v1_moe) without an alpha"),
+    ("falcon", dict(multi_query=False), "refused: config.multi_query False (falcon)"),
+    ("falcon", dict(new_decoder_architecture=True), "refused: config.new_decoder_architecture"),
+    ("falcon", dict(alibi=True), "refused: config.alibi True (falcon)"),
     ("qwen3_vl_text", dict(head_dim=128, rope_parameters=dict(
         rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
         mrope_interleaved=False)), "refused: config.rope_parameters['mrope_interleaved']"),
