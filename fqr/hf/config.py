@@ -227,6 +227,30 @@ def _head_counts(text, model_type: str, family: HFFamily) -> tuple[int, int, int
     return heads, kv_heads, hidden // heads, "config.hidden_size / config.num_attention_heads"
 
 
+def _rotary_fraction(text, key: str, head_dim: int) -> float:
+    """``config.<key> / head_dim``: the fraction of each head a family rotating its first
+    ``rotary_dim`` features rotates (GPT-J, CodeGen: ``q[..., :rotary_dim]``, the table
+    ``rotary_dim`` wide); None (the code then rotates whole heads by a table ``hidden_size``
+    wide) is refused, a width beyond the head (the code's table then does not fit) an error."""
+    model_type = getattr(text, "model_type", "")
+    value = getattr(text, key, None)
+    if value is None:
+        raise UnsupportedConfig(
+            f"config.{key} None ({model_type}): the model's attention then rotates whole heads "
+            f"by a table hidden_size wide, which fqr builds no preset for"
+        )
+    rotary = positive_count(f"config.{key}", value)
+    if rotary > head_dim or rotary % 2:
+        raise ValueError(
+            f"config.{key} ({rotary}) must be even and at most the head_dim ({head_dim}): "
+            f"RoPE rotates pairs of the head's first {key} features"
+        )
+    factor = rotary / head_dim
+    if int(head_dim * factor) != rotary:  # the preset's rotated width is int(D * factor)
+        raise ValueError(f"config.{key} ({rotary}) is no float fraction of head_dim {head_dim}")
+    return factor
+
+
 def _mrope_params(
     rope: dict, origin: dict[str, str], model_type: str, rotary_dim: int, family: HFFamily
 ) -> tuple:
@@ -336,6 +360,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             )
         )
     rope, origin = _rope_parameters(text)
+    if family.fixed_theta is not None:  # the code's own table: no RoPE setting read
+        rope = {"rope_theta": family.fixed_theta}
+        origin = {"rope_theta": f"{model_type}'s fixed RoPE base"}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if not isinstance(rope_type, str):
         raise TypeError(f"config: RoPE type must be a str, got {rope_type!r}")
@@ -369,7 +396,10 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     else:
         heads, kv_heads, head_dim, head_key = _head_counts(text, model_type, family)
         partial_rotary_factor, factor_key = 1.0, None
-        if rope.get("partial_rotary_factor") is not None:
+        if family.rotary_dim_key is not None:
+            factor_key = f"config.{family.rotary_dim_key}"
+            partial_rotary_factor = _rotary_fraction(text, family.rotary_dim_key, head_dim)
+        elif rope.get("partial_rotary_factor") is not None:
             factor_key = origin["partial_rotary_factor"]
             partial_rotary_factor = fraction(factor_key, rope["partial_rotary_factor"])
     rotary_dim = int(head_dim * partial_rotary_factor)

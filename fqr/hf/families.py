@@ -70,9 +70,15 @@ class HFFamily:
     # them; vLLM passes rms_norm_eps, so a config whose rms_norm_eps is not 1e-6, GLM-4.7-Flash's
     # and GLM-5's 1e-5, runs another eps in vLLM): the preset takes the model code's
     fixed_eps: float | None = None
-    # The config key of the kv head count the family's code reads; None: one kv head whatever
+    # The config key of the kv head count the family's code reads (``num_attention_heads``:
+    # multi-head attention, as GPT-J's code reads no other); None: one kv head whatever
     # the config says (Falcon's ``multi_query`` row: ``[q | k | v]`` with one k and one v head)
     kv_heads_key: str | None = "num_key_value_heads"
+    # RoPE the family's code fixes whatever the config says: its base (GPT-J / CodeGen's
+    # ``create_sinusoidal_positions``: 10000, no RoPE key read), and the config key of the
+    # features of each head it rotates (``rotary_dim``; None: partial_rotary_factor)
+    fixed_theta: float | None = None
+    rotary_dim_key: str | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -334,11 +340,31 @@ HF_FAMILIES["falcon"] = HFFamily(
     ),
     note="Falcon (multi_query): one k and one v head, as Llama",
 )
+# GPT-J and CodeGen: head_dim hidden_size / num_attention_heads, one kv head per q head, the
+# first rotary_dim features of each head rotated in GPT-J pairs by a table of the fixed base
+# 10000 (create_sinusoidal_positions); no QK norm. GPT-J's table is cast to the model dtype
+# (Llama's rounding); CodeGen's stays fp32 and rotates in fp32, rounded once (``fused``), its
+# qkv_proj kept as the four model-parallel shards it was trained with (``mp_num = 4``)
+_SINUSOIDAL = dict(is_neox=False, eps_key=None, fixed_theta=10000.0, rotary_dim_key="rotary_dim")
+HF_FAMILIES["gptj"] = HFFamily(
+    "none",
+    kv_heads_key="num_attention_heads",
+    **_SINUSOIDAL,
+    note="GPT-J: GPT-J pairs over rotary_dim",
+)
+HF_FAMILIES["codegen"] = HFFamily(
+    "none",
+    kv_heads_key="num_attention_heads",
+    **_SINUSOIDAL,
+    variant="split-qkv-layout",
+    variant_params=(("qkv_layout", "codegen-mp4"),),
+    numerics="fused",
+    note="CodeGen: its four [q | v | k] shards as stored, GPT-J pairs in fp32",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
-    "a preset builder for CodeGen's config (rotary_dim, its fixed RoPE base 10000, no "
-    "rope_theta) and its qkv_layout 'codegen-mp4' rows": ("codegen",),
     "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note", "dots3_note_text"),
     "an MLA variant (q temperature)": ("mistral_large4_text",),
     "an MLA variant (a gate fused with q)": ("axk2",),
@@ -351,9 +377,6 @@ _NEEDS = {
     "Hugging Face's yarn table (truncate: false; fqr builds vLLM's DeepSeek yarn)": ("gpt_oss",),
     "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
         "ministral3",
-    ),
-    "a preset builder reading rotary_dim and GPT-J's fixed RoPE base 10000 (no rope_theta)": (
-        "gptj",
     ),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "

@@ -207,9 +207,16 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     module = _modeling_module(model)
     originals = {n: getattr(module, n) for n in ROTARY_FUNCTIONS if hasattr(module, n)}
 
+    calls: list[torch.Tensor] = []
+
     def wrap(name, fn):
         def recording(*args, **kwargs):
             out = fn(*args, **kwargs)
+            if torch.is_tensor(out):  # one tensor a call (GPT-J, CodeGen): q's and k's calls
+                calls.append(out)
+                if len(calls) < 2:
+                    return out
+                out = _q_and_k(module, name, calls)
             capture.function, capture.inputs, capture.outputs = name, args, out
             raise Captured
 
@@ -240,10 +247,46 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     return model, capture
 
 
+def _q_and_k(module, name: str, calls: list) -> tuple:
+    """``(q, k)`` of a rotary function that rotates one tensor a call, from the order its
+    modeling module's code calls it in (GPT-J, CodeGen: ``k_rot = apply_rotary_pos_emb(k_rot,
+    ...)`` then ``q_rot = ...``, in each branch alike)."""
+    import inspect
+
+    order = re.findall(rf"\b([qk])\w* = {name}\(", inspect.getsource(module))
+    branches = {tuple(order[i : i + 2]) for i in range(0, len(order), 2)}
+    if len(branches) != 1 or sorted(order[:2]) != ["k", "q"]:
+        raise LookupError(f"{module.__name__}: no one order of q's and k's {name}: {order}")
+    return calls[order.index("q")], calls[order.index("k")]
+
+
+def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
+    half = table.shape[-1] // 2
+    return torch.cat([table[:POSITIONS, half:], table[:POSITIONS, :half]], -1).float()
+
+
+def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
+    """The table the model's rotary embedding builds when built in fp32: GPT-J / CodeGen's
+    ``create_sinusoidal_positions`` divides an int64 ``arange`` by the width, which gives
+    torch's default dtype, the load dtype while a model is built (bf16 here: frequencies
+    rounded to bf16, up to 6e-3 off the sinusoid at positions < 64; a preset's table is the
+    exact one); every other rotary embedding computes its frequencies in fp32 whatever the
+    load dtype: :func:`model_table`."""
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    if getattr(rotary, "embed_positions", None) is None:
+        return model_table(model, mrope)
+    build = importlib.import_module(type(rotary).__module__).create_sinusoidal_positions
+    assert torch.get_default_dtype() == torch.float32
+    return _sin_cos_buffer(build(POSITIONS, rotary.pos_embd_dim))
+
+
 def model_table(model, mrope: bool) -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
     its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
     rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    table = getattr(rotary, "embed_positions", None)
+    if table is not None:  # GPT-J / CodeGen's sinusoidal buffer: [sin | cos] halves
+        return _sin_cos_buffer(table)
     x = torch.zeros(1, dtype=torch.float32)
     pos = torch.arange(POSITIONS)[None]
     if mrope:
@@ -371,6 +414,9 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         out = fqr.split_qkv_rmsnorm_rope(
             qkv, positions, table, *weights, **preset.spec.kwargs(**common), **preset.params
         )
+    # CodeGen rotates in fp32 and rounds q and k to the model dtype after its rotary function
+    # (``query.transpose(1, 2).to(value.dtype)``): its rounded q and k
+    rotated = tuple(x.to(out[0].dtype) for x in rotated)
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))
         for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
