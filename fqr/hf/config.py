@@ -379,7 +379,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         rope_type = "default"
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
-        raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
+        raise ValueError(f"config: RoPE ({rope_type}) of {model_type} has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
     scaling = _scaling(rope, origin, rope_type, model_type)
     variant_params: tuple = family.variant_params

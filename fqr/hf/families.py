@@ -277,6 +277,12 @@ HF_FAMILIES["cosmos3_edge_text"] = HFFamily(
     mrope_section=(24, 20, 20),
     note="Cosmos 3 Edge: qk-mrope, interleaved",
 )
+# Cohere Compass (North): no QK norm, its rotary embedding always interleaves the sections
+# (recomposition_frequencies, default [24, 20, 20]; mrope_interleaved never read), its RoPE per
+# layer type (the full_attention layers')
+HF_FAMILIES["cohere_compass_text"] = replace(
+    HF_FAMILIES["cosmos3_edge_text"], eps_key=None, note="Cohere Compass: qk-mrope, interleaved"
+)
 # GLM-4V and GLM-OCR rotate GPT-J pairs (rotate_half_llm)
 HF_FAMILIES |= {
     model_type: HFFamily(

@@ -291,10 +291,15 @@ def model_table(model, mrope: bool) -> torch.Tensor:
     pos = torch.arange(POSITIONS)[None]
     if mrope:
         pos = pos.expand(3, 1, -1)
-    try:
-        out = rotary(x, pos)
-    except TypeError:
+    import inspect
+
+    if "layer_type" in inspect.signature(rotary.forward).parameters:  # RoPE per layer type
         out = rotary(x, pos, "full_attention")
+    else:
+        try:
+            out = rotary(x, pos)
+        except TypeError:
+            out = rotary(x, pos, "full_attention")
     if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis
         return torch.cat([out.real, out.imag], dim=-1)[0].float()
     cos, sin = (t[0].float() for t in out)
