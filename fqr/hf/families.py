@@ -189,6 +189,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
         note="Molmo 2: qk_norm_type qwen3 (as Qwen3) or olmo (as OLMo 2)",
     ),
 }
+# Qwen4-Exp's indexed-attention layers: Qwen3.5's attention (its rotary embedding always
+# interleaves, default [11, 11, 10]); its indexer is not this prologue
+HF_FAMILIES["qwen4_exp_text"] = HFFamily(
+    **_QWEN3_5, note="Qwen4-Exp: as Qwen3.5, its indexer aside"
+)
 # Families whose attention prologue is one fqr already has, as transformers' code for each
 # runs it (tests/core/test_hf_zoo.py holds each to the model's own attention, bit for bit);
 # a family whose layers differ (sliding / NoPE layers) is the layers that apply RoPE.

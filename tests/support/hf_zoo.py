@@ -213,10 +213,13 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
         def recording(*args, **kwargs):
             out = fn(*args, **kwargs)
             if torch.is_tensor(out):  # one tensor a call (GPT-J, CodeGen): q's and k's calls
+                order = _q_and_k_order(module, name)
+                if order is None:  # another rotation first (Qwen4-Exp's indexer): not q, k
+                    return out
                 calls.append(out)
                 if len(calls) < 2:
                     return out
-                out = _q_and_k(module, name, calls)
+                out = calls[order.index("q")], calls[order.index("k")]
             capture.function, capture.inputs, capture.outputs = name, args, out
             raise Captured
 
@@ -247,17 +250,19 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     return model, capture
 
 
-def _q_and_k(module, name: str, calls: list) -> tuple:
-    """``(q, k)`` of a rotary function that rotates one tensor a call, from the order its
-    modeling module's code calls it in (GPT-J, CodeGen: ``k_rot = apply_rotary_pos_emb(k_rot,
-    ...)`` then ``q_rot = ...``, in each branch alike)."""
+def _q_and_k_order(module, name: str) -> list[str] | None:
+    """The order in which a modeling module rotates q and k with a rotary function that
+    rotates one tensor a call (GPT-J, CodeGen: ``k_rot = apply_rotary_pos_emb(k_rot, ...)``
+    then ``q_rot = ...``, in each branch alike), read from its code; None where its code has
+    no such q and k calls (Qwen4-Exp's indexer rotates its own q and block keys so, the
+    attention's q and k in one call)."""
     import inspect
 
-    order = re.findall(rf"\b([qk])\w* = {name}\(", inspect.getsource(module))
+    order = re.findall(rf"^\s*([qk])\w* = {name}\(", inspect.getsource(module), re.M)
     branches = {tuple(order[i : i + 2]) for i in range(0, len(order), 2)}
     if len(branches) != 1 or sorted(order[:2]) != ["k", "q"]:
-        raise LookupError(f"{module.__name__}: no one order of q's and k's {name}: {order}")
-    return calls[order.index("q")], calls[order.index("k")]
+        return None
+    return order[:2]
 
 
 def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
