@@ -33,7 +33,9 @@ HF_ROPE_DEFAULTS: dict[str, tuple[tuple[str, float], ...]] = {
     ),
 }
 # Keys a scaling carries only when the config has them (vLLM passes them through).
-HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapolation_factor")}
+HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "yarn": ("attn_factor", "extrapolation_factor", "truncate")
+}
 # Config settings with which Hugging Face builds another yarn table than vLLM's DeepSeek path
 # (which ignores them): refused rather than guessed; the value each may harmlessly have.
 _YARN_REFUSED = {"attention_factor": None, "truncate": True}
@@ -85,7 +87,9 @@ def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
     return params, origin
 
 
-def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str) -> tuple:
+def _scaling(
+    rope: dict, origin: dict[str, str], rope_type: str, model_type: str, family: HFFamily
+) -> tuple:
     """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
     (vLLM's default where the config has none), then the extras the config has; each value
     checked (:func:`fqr.rope_cache.check_rope`, errors naming the config key) and held as the
@@ -93,7 +97,15 @@ def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str
     if rope_type == "default":
         return ()
     if rope_type == "yarn":
-        refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
+        refused = [
+            k
+            for k, ok in _YARN_REFUSED.items()
+            if rope.get(k, ok) != ok and not (k == "truncate" and family.yarn_truncate)
+        ]
+        # HF multiplies by g(s, m) / g(s, m_all) only when both are set (non-zero), else by
+        # g(s, 1); vLLM's DeepSeek path always by the former, with its defaults 1 and 0
+        if bool(rope.get("mscale")) != bool(rope.get("mscale_all_dim")):
+            refused.append("only one of mscale and mscale_all_dim")
         if refused:
             raise UnsupportedConfig(
                 f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
@@ -333,7 +345,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` (missing: vLLM's
     ``DeepseekScalingRotaryEmbedding`` defaults 32, 1, 1, 0) and ``attn_factor`` /
     ``extrapolation_factor`` where the config has them; ``attention_factor`` and
-    ``truncate: false`` (Hugging Face's, which vLLM's DeepSeek path ignores) are refused
+    only one of ``mscale`` / ``mscale_all_dim`` (Hugging Face's multiplier is then g(s, 1),
+    vLLM's DeepSeek path's g(s, m) / g(s, m_all)) are refused, and ``truncate: false`` but
+    where the family's yarn reads it (:attr:`HFFamily.yarn_truncate`: gpt-oss), recorded then
     (:mod:`fqr.rope_cache` says how the two differ).
 
     ``name`` defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` ->
@@ -381,7 +395,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     if missing:
         raise ValueError(f"config: RoPE ({rope_type}) of {model_type} has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
-    scaling = _scaling(rope, origin, rope_type, model_type)
+    scaling = _scaling(rope, origin, rope_type, model_type, family)
     variant_params: tuple = family.variant_params
     if family.variant == "mla-kv":
         heads = positive_count(

@@ -79,6 +79,9 @@ class HFFamily:
     # features of each head it rotates (``rotary_dim``; None: partial_rotary_factor)
     fixed_theta: float | None = None
     rotary_dim_key: str | None = None
+    # The family's yarn is Hugging Face's (vLLM's generic YaRNScalingRotaryEmbedding: gpt-oss),
+    # which reads ``truncate``; else vLLM's DeepSeek yarn, which ignores it (false is refused)
+    yarn_truncate: bool = False
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -373,6 +376,16 @@ HF_FAMILIES["codegen"] = HFFamily(
     note="CodeGen: its four [q | v | k] shards as stored, GPT-J pairs in fp32",
 )
 
+# gpt-oss (GptOssAttention): no QK norm, NeoX halves rounded as Llama's, HF's yarn (truncate
+# false; no mscale keys: the multiplier g(s, 1), as fqr's yarn with its defaults); its sinks
+# are after the prologue
+HF_FAMILIES["gpt_oss"] = HFFamily(
+    "none",
+    scalings=("default", "yarn"),
+    yarn_truncate=True,
+    note="gpt-oss: as Llama, yarn (truncate false)",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
@@ -385,7 +398,6 @@ _NEEDS = {
     "q, k and v clamped to +-attn_config.clip_qkv after the projection (no fqr form; "
     "transformers' DbrxAttention runs only with clip_qkv set)": ("dbrx",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
-    "Hugging Face's yarn table (truncate: false; fqr builds vLLM's DeepSeek yarn)": ("gpt_oss",),
     "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
         "ministral3",
     ),

@@ -311,7 +311,9 @@ def model_table(model, mrope: bool) -> torch.Tensor:
     half = cos.shape[-1] // 2
     if torch.equal(cos[:, :half], cos[:, half:]):
         return torch.cat([cos[:, :half], sin[:, :half]], dim=-1)
-    return torch.cat([cos[:, 0::2], sin[:, 0::2]], dim=-1)  # repeat_interleave'd (GPT-J)
+    if torch.equal(cos[:, 0::2], cos[:, 1::2]):
+        return torch.cat([cos[:, 0::2], sin[:, 0::2]], dim=-1)  # repeat_interleave'd (GPT-J)
+    return torch.cat([cos, sin], dim=-1)  # one column a frequency (gpt-oss)
 
 
 # The names models give a fused [q | k | v] projection, and their q and k norms.
