@@ -386,6 +386,18 @@ HF_FAMILIES["gpt_oss"] = HFFamily(
     note="gpt-oss: as Llama, yarn (truncate false)",
 )
 
+# Chameleon (ChameleonAttention): q_proj, k_proj, v_proj back to back, a LayerNorm over each
+# head with that head's own weight and bias (ChameleonLayerNorm: F.layer_norm at its fixed eps
+# 1e-5, then * weight + bias), then RoPE as Llama's
+HF_FAMILIES["chameleon"] = HFFamily(
+    "none",
+    variant="qk-layernorm",
+    variant_params=(("qkv_layout", "qkv"), ("norm_weights", "per-head")),
+    eps_key=None,
+    fixed_eps=1e-5,
+    note="Chameleon: a LayerNorm on each head with its own weight and bias",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {

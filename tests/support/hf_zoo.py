@@ -201,7 +201,9 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     model = text_model_class(config)._from_config(config, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name.rsplit(".", 1)[0].split(".")[-1] and p.dim() == 1:
+            leaf = name.rsplit(".", 1)[0].split(".")[-1]
+            # Chameleon's q_norm / k_norm: a weight and bias per head, [H, D]
+            if "norm" in leaf and (p.dim() == 1 or leaf in ("q_norm", "k_norm")):
                 p.copy_(offset + 0.3 * torch.randn(p.shape, generator=generator))
     capture = Capture()
     module = _modeling_module(model)
@@ -383,6 +385,8 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     if preset.variant == "qk-layernorm":
         # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
         biases = (_bias(attention, *Q_NORMS), _bias(attention, *K_NORMS))
+        # Chameleon's are [H, D] (each head its own): fqr's per-head weights are [H * D]
+        weights, biases = ([x.reshape(-1) for x in pair] for pair in (weights, biases))
         out = fqr.split_qkv_layernorm_rope(
             qkv, positions, table, *weights, *biases, num_heads=preset.num_heads,
             num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
