@@ -22,7 +22,9 @@ through unrotated).
 
 * correction range: ``d(r) = R * ln(L / (2 pi r)) / (2 ln theta)``, ``low = max(floor(d(b_f)), 0)``,
   ``high = min(ceil(d(b_s)), R - 1)`` (vLLM ``yarn_find_correction_range``; the clamp is to R - 1,
-  not R/2 - 1, as vLLM and HF both write it); ``high = low + 0.001`` when they are equal;
+  not R/2 - 1, as vLLM and HF both write it); with ``"truncate": False`` (gpt-oss; default True)
+  the ends are not rounded: ``max(d(b_f), 0)``, ``min(d(b_s), R - 1)`` (HF's and vLLM's
+  ``find_correction_range(..., truncate)``); ``high = low + 0.001`` when they are equal;
 * ramp ``r_i = clamp((i - low) / (high - low), 0, 1)`` for ``i < R/2`` (``yarn_linear_ramp_mask``),
   extrapolation weight ``w_i = (1 - r_i) * e``;
 * ``f_i = (f_i / s) * (1 - w_i) + f_i * w_i``: the fast pairs (``i <= low``) keep their frequency
@@ -34,7 +36,8 @@ through unrotated).
   checkpoint has ``m == m_all`` (1.0; 0.707 for V2-Lite), so its multiplier is exactly 1.
 
 Missing keys take vLLM's defaults: ``beta_fast`` 32, ``beta_slow`` 1, ``mscale`` 1,
-``mscale_all_dim`` 0 (``g = 1``), ``attn_factor`` 1, ``extrapolation_factor`` 1. Any other key
+``mscale_all_dim`` 0 (``g = 1``), ``attn_factor`` 1, ``extrapolation_factor`` 1, ``truncate``
+True. Any other key
 is refused (a ValueError naming it). vLLM's table has ``L * s`` rows (163840 for DeepSeek-V3,
 its ``max_position_embeddings``); here the caller chooses ``max_position`` / ``rows``.
 
@@ -47,10 +50,11 @@ Where the other references differ (fqr follows vLLM):
   multiplies by its own ``attn_factor``), else ``g(s, m) / g(s, m_all)`` only when both
   ``mscale`` and ``mscale_all_dim`` are given and non-zero, else ``g(s, 1)`` whatever ``mscale``
   says. The two agree when both are given (every checkpoint) or neither. HF also has
-  ``truncate: false`` (no floor/ceil; refused here, vLLM's DeepSeek path always truncates),
-  reads a ``beta_fast`` / ``beta_slow`` of 0 as the default, has no ``extrapolation_factor``,
-  and takes ``factor`` from ``max_position_embeddings / L`` when it is missing (vLLM and fqr
-  require it).
+  ``truncate: false`` (gpt-oss: the correction range's ends as computed, no floor/ceil; vLLM's
+  generic yarn reads it too, its DeepSeek path always truncates): the key ``truncate`` here
+  (default True), reads a ``beta_fast`` / ``beta_slow`` of 0 as the default, has no
+  ``extrapolation_factor``, and takes ``factor`` from ``max_position_embeddings / L`` when it
+  is missing (vLLM and fqr require it).
 * DeepSeek's own ``inference/model.py`` (``precompute_freqs_cis``, in the DeepSeek-V3 and
   V3.2-Exp repositories) blends the same frequencies (in float32, and only when ``max_seq_len >
   original_seq_len``) but keeps the table unit-length: its one ``mscale`` (1.0; 0.707 in V2-Lite's
@@ -85,6 +89,7 @@ YARN_KEYS = (
     "mscale_all_dim",
     "attn_factor",
     "extrapolation_factor",
+    "truncate",
 )
 # vLLM DeepseekScalingRotaryEmbedding's defaults for the optional ones.
 YARN_DEFAULTS = {
@@ -94,6 +99,7 @@ YARN_DEFAULTS = {
     "mscale_all_dim": 0.0,
     "attn_factor": 1.0,
     "extrapolation_factor": 1.0,
+    "truncate": True,
 }
 
 
@@ -140,6 +146,13 @@ def fraction(name: str, value) -> float:
     return v
 
 
+def boolean(name: str, value) -> bool:
+    """``value`` as a bool (a bool only: a yarn scaling's ``truncate``); else a TypeError."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {shown(value)}")
+    return value
+
+
 def positive_count(name: str, value) -> int:
     """An int >= 1 (a numpy integer too; not a bool, a float or a string)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -168,6 +181,7 @@ SCALING_KEYS: dict[str, dict[str, Callable[[str, object], float]]] = {
         "mscale_all_dim": nonnegative_number,
         "attn_factor": positive_number,
         "extrapolation_factor": nonnegative_number,
+        "truncate": boolean,
     },
 }
 SCALING_REQUIRED = {
@@ -260,8 +274,10 @@ def _yarn_inverse_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: fl
     def correction_dim(rotations: float) -> float:
         return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(correction_dim(float(p["beta_fast"]))), 0)
-    high = min(math.ceil(correction_dim(float(p["beta_slow"]))), rotary_dim - 1)
+    low, high = correction_dim(float(p["beta_fast"])), correction_dim(float(p["beta_slow"]))
+    if p["truncate"]:  # vLLM's DeepSeek path always; HF's unless ``truncate: false``
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001
     i = torch.arange(rotary_dim // 2, dtype=torch.float64, device=inv_freq.device)

@@ -33,7 +33,9 @@ HF_ROPE_DEFAULTS: dict[str, tuple[tuple[str, float], ...]] = {
     ),
 }
 # Keys a scaling carries only when the config has them (vLLM passes them through).
-HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {"yarn": ("attn_factor", "extrapolation_factor")}
+HF_ROPE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "yarn": ("attn_factor", "extrapolation_factor", "truncate")
+}
 # Config settings with which Hugging Face builds another yarn table than vLLM's DeepSeek path
 # (which ignores them): refused rather than guessed; the value each may harmlessly have.
 _YARN_REFUSED = {"attention_factor": None, "truncate": True}
@@ -85,7 +87,9 @@ def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
     return params, origin
 
 
-def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str) -> tuple:
+def _scaling(
+    rope: dict, origin: dict[str, str], rope_type: str, model_type: str, family: HFFamily
+) -> tuple:
     """The preset's ``rope_scaling`` pairs: the type, its required keys, the optional ones
     (vLLM's default where the config has none), then the extras the config has; each value
     checked (:func:`fqr.rope_cache.check_rope`, errors naming the config key) and held as the
@@ -93,7 +97,15 @@ def _scaling(rope: dict, origin: dict[str, str], rope_type: str, model_type: str
     if rope_type == "default":
         return ()
     if rope_type == "yarn":
-        refused = [k for k, ok in _YARN_REFUSED.items() if rope.get(k, ok) != ok]
+        refused = [
+            k
+            for k, ok in _YARN_REFUSED.items()
+            if rope.get(k, ok) != ok and not (k == "truncate" and family.yarn_truncate)
+        ]
+        # HF multiplies by g(s, m) / g(s, m_all) only when both are set (non-zero), else by
+        # g(s, 1); vLLM's DeepSeek path always by the former, with its defaults 1 and 0
+        if bool(rope.get("mscale")) != bool(rope.get("mscale_all_dim")):
+            refused.append("only one of mscale and mscale_all_dim")
         if refused:
             raise UnsupportedConfig(
                 f"config: RoPE yarn ({model_type}) sets {', '.join(refused)}: with it Hugging "
@@ -198,20 +210,22 @@ def _hidden_size(text) -> int:
     return 0 if hidden is None else positive_count("config.hidden_size", hidden)
 
 
-def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
+def _head_counts(text, model_type: str, family: HFFamily) -> tuple[int, int, int, str]:
     """``(num_attention_heads, num_key_value_heads, head_dim, where head_dim comes from)`` of
     a config of grouped-query attention: only a missing (or None) ``num_key_value_heads``
-    means one kv head per q head, and only a missing ``head_dim`` means ``hidden_size /
-    num_attention_heads`` (as Hugging Face reads them; a 0 is refused, not read as missing)."""
+    means one kv head per q head (:attr:`HFFamily.kv_heads_key` None: one kv head),
+    and only a missing ``head_dim`` means ``hidden_size / num_attention_heads`` (as Hugging
+    Face reads them; a 0 is refused, not read as missing)."""
     heads = positive_count(
         "config.num_attention_heads", _required(text, "num_attention_heads", model_type)
     )
-    kv = getattr(text, "num_key_value_heads", None)
-    kv_heads = heads if kv is None else positive_count("config.num_key_value_heads", kv)
+    key = family.kv_heads_key
+    kv = 1 if key is None else getattr(text, key, None)
+    where = f"config.{key or 'num_key_value_heads'}"
+    kv_heads = heads if kv is None else positive_count(where, kv)
     if heads % kv_heads:
         raise ValueError(
-            f"config.num_attention_heads ({heads}) must be a multiple of "
-            f"config.num_key_value_heads ({kv_heads})"
+            f"config.num_attention_heads ({heads}) must be a multiple of {where} ({kv_heads})"
         )
     head_dim = getattr(text, "head_dim", None)
     if head_dim is not None:
@@ -223,6 +237,30 @@ def _head_counts(text, model_type: str) -> tuple[int, int, int, str]:
             f"({heads}) and config.head_dim is missing"
         )
     return heads, kv_heads, hidden // heads, "config.hidden_size / config.num_attention_heads"
+
+
+def _rotary_fraction(text, key: str, head_dim: int) -> float:
+    """``config.<key> / head_dim``: the fraction of each head a family rotating its first
+    ``rotary_dim`` features rotates (GPT-J, CodeGen: ``q[..., :rotary_dim]``, the table
+    ``rotary_dim`` wide); None (the code then rotates whole heads by a table ``hidden_size``
+    wide) is refused, a width beyond the head (the code's table then does not fit) an error."""
+    model_type = getattr(text, "model_type", "")
+    value = getattr(text, key, None)
+    if value is None:
+        raise UnsupportedConfig(
+            f"config.{key} None ({model_type}): the model's attention then rotates whole heads "
+            f"by a table hidden_size wide, which fqr builds no preset for"
+        )
+    rotary = positive_count(f"config.{key}", value)
+    if rotary > head_dim or rotary % 2:
+        raise ValueError(
+            f"config.{key} ({rotary}) must be even and at most the head_dim ({head_dim}): "
+            f"RoPE rotates pairs of the head's first {key} features"
+        )
+    factor = rotary / head_dim
+    if int(head_dim * factor) != rotary:  # the preset's rotated width is int(D * factor)
+        raise ValueError(f"config.{key} ({rotary}) is no float fraction of head_dim {head_dim}")
+    return factor
 
 
 def _mrope_params(
@@ -307,7 +345,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` (missing: vLLM's
     ``DeepseekScalingRotaryEmbedding`` defaults 32, 1, 1, 0) and ``attn_factor`` /
     ``extrapolation_factor`` where the config has them; ``attention_factor`` and
-    ``truncate: false`` (Hugging Face's, which vLLM's DeepSeek path ignores) are refused
+    only one of ``mscale`` / ``mscale_all_dim`` (Hugging Face's multiplier is then g(s, 1),
+    vLLM's DeepSeek path's g(s, m) / g(s, m_all)) are refused, and ``truncate: false`` but
+    where the family's yarn reads it (:attr:`HFFamily.yarn_truncate`: gpt-oss), recorded then
     (:mod:`fqr.rope_cache` says how the two differ).
 
     ``name`` defaults to the config's checkpoint name, lower case (``Qwen/Qwen3-8B`` ->
@@ -334,6 +374,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
             )
         )
     rope, origin = _rope_parameters(text)
+    if family.fixed_theta is not None:  # the code's own table: no RoPE setting read
+        rope = {"rope_theta": family.fixed_theta}
+        origin = {"rope_theta": f"{model_type}'s fixed RoPE base"}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if not isinstance(rope_type, str):
         raise TypeError(f"config: RoPE type must be a str, got {rope_type!r}")
@@ -350,9 +393,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         rope_type = "default"
     missing = [k for k in ("rope_theta", *HF_ROPE_SCALINGS[rope_type]) if rope.get(k) is None]
     if missing:
-        raise ValueError(f"config: RoPE ({rope_type}) has no {', '.join(missing)}")
+        raise ValueError(f"config: RoPE ({rope_type}) of {model_type} has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
-    scaling = _scaling(rope, origin, rope_type, model_type)
+    scaling = _scaling(rope, origin, rope_type, model_type, family)
     variant_params: tuple = family.variant_params
     if family.variant == "mla-kv":
         heads = positive_count(
@@ -365,9 +408,12 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
         variant_params = _mla_variant_params(text, model_type, family)
     else:
-        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type)
+        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type, family)
         partial_rotary_factor, factor_key = 1.0, None
-        if rope.get("partial_rotary_factor") is not None:
+        if family.rotary_dim_key is not None:
+            factor_key = f"config.{family.rotary_dim_key}"
+            partial_rotary_factor = _rotary_fraction(text, family.rotary_dim_key, head_dim)
+        elif rope.get("partial_rotary_factor") is not None:
             factor_key = origin["partial_rotary_factor"]
             partial_rotary_factor = fraction(factor_key, rope["partial_rotary_factor"])
     rotary_dim = int(head_dim * partial_rotary_factor)

@@ -70,6 +70,18 @@ class HFFamily:
     # them; vLLM passes rms_norm_eps, so a config whose rms_norm_eps is not 1e-6, GLM-4.7-Flash's
     # and GLM-5's 1e-5, runs another eps in vLLM): the preset takes the model code's
     fixed_eps: float | None = None
+    # The config key of the kv head count the family's code reads (``num_attention_heads``:
+    # multi-head attention, as GPT-J's code reads no other); None: one kv head whatever
+    # the config says (Falcon's ``multi_query`` row: ``[q | k | v]`` with one k and one v head)
+    kv_heads_key: str | None = "num_key_value_heads"
+    # RoPE the family's code fixes whatever the config says: its base (GPT-J / CodeGen's
+    # ``create_sinusoidal_positions``: 10000, no RoPE key read), and the config key of the
+    # features of each head it rotates (``rotary_dim``; None: partial_rotary_factor)
+    fixed_theta: float | None = None
+    rotary_dim_key: str | None = None
+    # The family's yarn is Hugging Face's (vLLM's generic YaRNScalingRotaryEmbedding: gpt-oss),
+    # which reads ``truncate``; else vLLM's DeepSeek yarn, which ignores it (false is refused)
+    yarn_truncate: bool = False
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -180,6 +192,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
         note="Molmo 2: qk_norm_type qwen3 (as Qwen3) or olmo (as OLMo 2)",
     ),
 }
+# Qwen4-Exp's indexed-attention layers: Qwen3.5's attention (its rotary embedding always
+# interleaves, default [11, 11, 10]); its indexer is not this prologue
+HF_FAMILIES["qwen4_exp_text"] = HFFamily(
+    **_QWEN3_5, note="Qwen4-Exp: as Qwen3.5, its indexer aside"
+)
 # Families whose attention prologue is one fqr already has, as transformers' code for each
 # runs it (tests/core/test_hf_zoo.py holds each to the model's own attention, bit for bit);
 # a family whose layers differ (sliding / NoPE layers) is the layers that apply RoPE.
@@ -268,6 +285,12 @@ HF_FAMILIES["cosmos3_edge_text"] = HFFamily(
     mrope_section=(24, 20, 20),
     note="Cosmos 3 Edge: qk-mrope, interleaved",
 )
+# Cohere Compass (North): no QK norm, its rotary embedding always interleaves the sections
+# (recomposition_frequencies, default [24, 20, 20]; mrope_interleaved never read), its RoPE per
+# layer type (the full_attention layers')
+HF_FAMILIES["cohere_compass_text"] = replace(
+    HF_FAMILIES["cosmos3_edge_text"], eps_key=None, note="Cohere Compass: qk-mrope, interleaved"
+)
 # GLM-4V and GLM-OCR rotate GPT-J pairs (rotate_half_llm)
 HF_FAMILIES |= {
     model_type: HFFamily(
@@ -317,28 +340,79 @@ HF_FAMILIES |= {
     for t in ("hunyuan_v1_dense", "hunyuan_v1_moe")
 }
 
+# Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
+# ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
+# ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
+# ``multi_query`` false interleaves q, k, v per head, ``new_decoder_architecture`` per kv group.
+HF_FAMILIES["falcon"] = HFFamily(
+    "none",
+    kv_heads_key=None,
+    refused_keys=(
+        ("alibi", False, "ALiBi in place of RoPE"),
+        ("new_decoder_architecture", False, "its fused row interleaved per kv group"),
+        ("multi_query", True, "its fused row interleaved per head (q, k, v of each)"),
+    ),
+    note="Falcon (multi_query): one k and one v head, as Llama",
+)
+# GPT-J and CodeGen: head_dim hidden_size / num_attention_heads, one kv head per q head, the
+# first rotary_dim features of each head rotated in GPT-J pairs by a table of the fixed base
+# 10000 (create_sinusoidal_positions); no QK norm. GPT-J's table is cast to the model dtype
+# (Llama's rounding); CodeGen's stays fp32 and rotates in fp32, rounded once (``fused``), its
+# qkv_proj kept as the four model-parallel shards it was trained with (``mp_num = 4``)
+_SINUSOIDAL = dict(is_neox=False, eps_key=None, fixed_theta=10000.0, rotary_dim_key="rotary_dim")
+HF_FAMILIES["gptj"] = HFFamily(
+    "none",
+    kv_heads_key="num_attention_heads",
+    **_SINUSOIDAL,
+    note="GPT-J: GPT-J pairs over rotary_dim",
+)
+HF_FAMILIES["codegen"] = HFFamily(
+    "none",
+    kv_heads_key="num_attention_heads",
+    **_SINUSOIDAL,
+    variant="split-qkv-layout",
+    variant_params=(("qkv_layout", "codegen-mp4"),),
+    numerics="fused",
+    note="CodeGen: its four [q | v | k] shards as stored, GPT-J pairs in fp32",
+)
+
+# gpt-oss (GptOssAttention): no QK norm, NeoX halves rounded as Llama's, HF's yarn (truncate
+# false; no mscale keys: the multiplier g(s, 1), as fqr's yarn with its defaults); its sinks
+# are after the prologue
+HF_FAMILIES["gpt_oss"] = HFFamily(
+    "none",
+    scalings=("default", "yarn"),
+    yarn_truncate=True,
+    note="gpt-oss: as Llama, yarn (truncate false)",
+)
+
+# Chameleon (ChameleonAttention): q_proj, k_proj, v_proj back to back, a LayerNorm over each
+# head with that head's own weight and bias (ChameleonLayerNorm: F.layer_norm at its fixed eps
+# 1e-5, then * weight + bias), then RoPE as Llama's
+HF_FAMILIES["chameleon"] = HFFamily(
+    "none",
+    variant="qk-layernorm",
+    variant_params=(("qkv_layout", "qkv"), ("norm_weights", "per-head")),
+    eps_key=None,
+    fixed_eps=1e-5,
+    note="Chameleon: a LayerNorm on each head with its own weight and bias",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
-    "a preset builder for CodeGen's config (rotary_dim, its fixed RoPE base 10000, no "
-    "rope_theta) and its qkv_layout 'codegen-mp4' rows": ("codegen",),
     "an MLA variant (latent scaling)": ("longcat_flash", "dots3_note", "dots3_note_text"),
     "an MLA variant (q temperature)": ("mistral_large4_text",),
     "an MLA variant (a gate fused with q)": ("axk2",),
     "an MLA variant with mRoPE": ("hy_v4_vl_text",),
     "a 3-D RoPE (its own position layout)": ("ernie4_5_vl_moe_text",),
     "xdrope (its own position layout)": ("hunyuan_vl_text",),
+    "q, k and v clamped to +-attn_config.clip_qkv after the projection (no fqr form; "
+    "transformers' DbrxAttention runs only with clip_qkv set)": ("dbrx",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
-    "Hugging Face's yarn table (truncate: false; fqr builds vLLM's DeepSeek yarn)": ("gpt_oss",),
     "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
         "ministral3",
     ),
-    "a preset builder reading rotary_dim and GPT-J's fixed RoPE base 10000 (no rope_theta)": (
-        "gptj",
-    ),
-    "a preset builder for its fused query_key_value (multi_query: one k and one v head; "
-    "new_decoder_architecture: rows interleaved per kv group)": ("falcon",),
-    "a preset builder reading its attn_config (kv_n_heads, clip_qkv)": ("dbrx",),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
     "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
@@ -346,7 +420,7 @@ _NEEDS = {
     ),
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
     "then RoPE as Llama's (nearest: unfused, up to 1.6e-2 absolute)": (
-        "afmoe", "flint", "lara_mini",
+        "afmoe", "flint", "lara_mini", "beam",
     ),
     "a weightless QK norm with q scaled by qk_scale_factor after it": (
         "muse_glimmer_text", "muse_spark_text",
@@ -366,5 +440,37 @@ _NEEDS = {
     "RoPE by the negated angle (its rotate_half is cat(x2, -x1)), then a weightless norm": (
         "nanochat",
     ),
+    "RoPE in its attention first: apply_rotary_pos_emb is defined there but never called (no "
+    "rotary prologue to build)": ("jamba", "nemotron_h"),
+    "a RoPE table length: its config has no max_position_embeddings (its rotary embedding "
+    "takes any position)": ("recurrent_gemma",),
+    "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
+    "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
+    "proportional RoPE from a config (fqr builds it for Gemma 4's presets only)": (
+        "diffusion_gemma_text",
+    ),
+    # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
+    "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
+    "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
+    "Zamba2 fixes its layer_types; the Qwen3-Omni talker's default config lacks "
+    "shared_expert_intermediate_size)": (
+        "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text", "zamba2",
+        "qwen3_omni_moe_talker_text",
+    ),
+    "a check against its model: its heads are per-layer attributes (per_layer_config), which "
+    "fqr reads no config of": ("embedding_gemma2_text",),
+    "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
+        "blt",
+    ),
+    "a check against its model: fqr reads no rope_theta from its config (its RoPE settings "
+    "are not where Llama's are)": (
+        "glm5_next_text", "inkling2_text", "step3p5",
+    ),
+    "a check against its model: the zoo's run of its tiny model captured no q_proj / qkv "
+    "projection": (
+        "moshi", "kyutai_speech_to_text",
+    ),
+    "a check against its model: its tiny model does not run in the zoo (a size mismatch "
+    "inside its layers)": ("evolla",),
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}

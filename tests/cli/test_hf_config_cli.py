@@ -53,16 +53,16 @@ def test_a_supported_config_prints_its_preset(tmp_path, capsys, monkeypatch):
 
 
 def test_a_refused_config_prints_the_one_line_and_exits_1(tmp_path, capsys, monkeypatch):
-    config = transformers.CodeGenConfig()
+    config = transformers.JetMoeConfig()
     write_config(tmp_path, config)
     with pytest.raises(ValueError) as refusal:
         Preset.from_hf_config(config)
     code, out, err = fqr(["hf-config", str(tmp_path)], capsys, monkeypatch)
     assert (code, out, err) == (1, f"refused: {refusal.value}\n", "")
-    code, out, _ = fqr(["hf-config", "codegen", "--json"], capsys, monkeypatch)
+    code, out, _ = fqr(["hf-config", "jetmoe", "--json"], capsys, monkeypatch)
     doc = json.loads(out)
     assert (code, doc["ok"], doc["refused"]) == (1, False, str(refusal.value))
-    assert "a preset builder for CodeGen's config" in doc["refused"]
+    assert "its own attention prologue" in doc["refused"]
 
 
 @pytest.mark.parametrize(

@@ -230,7 +230,6 @@ def test_attn_and_extrapolation_factors():
     "extra, message",
     [
         ({"attention_factor": 1.0}, "attention_factor"),
-        ({"truncate": False}, "truncate"),
     ],
 )
 def test_keys_vllm_does_not_read_are_refused(extra, message):
@@ -265,3 +264,29 @@ def test_inverse_frequencies_and_scaling_agree_with_transformers():
         ours = inverse_frequencies(R, theta, sc)
         torch.testing.assert_close(inv_freq.double(), ours, rtol=2e-7, atol=0, msg=name)
         assert attention_factor == pytest.approx(cos_sin_scale(sc), rel=1e-15), name
+
+
+def test_truncate_false_agrees_with_transformers():
+    """``truncate: false`` (gpt-oss's yarn): the correction range's ends unrounded, as Hugging
+    Face's ``_compute_yarn_parameters`` reads it on a ``GptOssConfig`` (float32: to float32
+    precision), and unlike the truncated table (which fqr built before)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    sc = {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 4096,
+    }  # fmt: skip
+    config = transformers.GptOssConfig(rope_parameters=sc | {"rope_theta": 150000.0})
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = inverse_frequencies(config.head_dim, 150000.0, sc)
+    torch.testing.assert_close(inv_freq.double(), ours, rtol=2e-7, atol=0)
+    assert attention_factor == pytest.approx(cos_sin_scale(sc), rel=1e-15)
+    truncated = inverse_frequencies(config.head_dim, 150000.0, sc | {"truncate": True})
+    assert ((truncated - ours) / ours).abs().max() > 1e-2  # the ramp's frequencies move
+
+
+def test_truncate_must_be_a_bool():
+    _, sc, _ = CASES["deepseek-v3"]
+    with pytest.raises(TypeError, match=r"scaling\['truncate'\] must be a bool"):
+        rope_cos_sin_cache(R, 4, 1e4, scaling=sc | {"truncate": "no"})

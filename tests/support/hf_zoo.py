@@ -201,7 +201,9 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     model = text_model_class(config)._from_config(config, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name.rsplit(".", 1)[0].split(".")[-1] and p.dim() == 1:
+            leaf = name.rsplit(".", 1)[0].split(".")[-1]
+            # Chameleon's q_norm / k_norm: a weight and bias per head, [H, D]
+            if "norm" in leaf and (p.dim() == 1 or leaf in ("q_norm", "k_norm")):
                 p.copy_(
                     offset
                     + 0.3 * torch.randn(p.shape, generator=generator, device=generator.device)
@@ -210,9 +212,19 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     module = _modeling_module(model)
     originals = {n: getattr(module, n) for n in ROTARY_FUNCTIONS if hasattr(module, n)}
 
+    calls: list[torch.Tensor] = []
+
     def wrap(name, fn):
         def recording(*args, **kwargs):
             out = fn(*args, **kwargs)
+            if torch.is_tensor(out):  # one tensor a call (GPT-J, CodeGen): q's and k's calls
+                order = _q_and_k_order(module, name)
+                if order is None:  # another rotation first (Qwen4-Exp's indexer): not q, k
+                    return out
+                calls.append(out)
+                if len(calls) < 2:
+                    return out
+                out = calls[order.index("q")], calls[order.index("k")]
             capture.function, capture.inputs, capture.outputs = name, args, out
             raise Captured
 
@@ -245,25 +257,70 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     return model, capture
 
 
+def _q_and_k_order(module, name: str) -> list[str] | None:
+    """The order in which a modeling module rotates q and k with a rotary function that
+    rotates one tensor a call (GPT-J, CodeGen: ``k_rot = apply_rotary_pos_emb(k_rot, ...)``
+    then ``q_rot = ...``, in each branch alike), read from its code; None where its code has
+    no such q and k calls (Qwen4-Exp's indexer rotates its own q and block keys so, the
+    attention's q and k in one call)."""
+    import inspect
+
+    order = re.findall(rf"^\s*([qk])\w* = {name}\(", inspect.getsource(module), re.M)
+    branches = {tuple(order[i : i + 2]) for i in range(0, len(order), 2)}
+    if len(branches) != 1 or sorted(order[:2]) != ["k", "q"]:
+        return None
+    return order[:2]
+
+
+def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
+    half = table.shape[-1] // 2
+    return torch.cat([table[:POSITIONS, half:], table[:POSITIONS, :half]], -1).float()
+
+
+def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
+    """The table the model's rotary embedding builds when built in fp32: GPT-J / CodeGen's
+    ``create_sinusoidal_positions`` divides an int64 ``arange`` by the width, which gives
+    torch's default dtype, the load dtype while a model is built (bf16 here: frequencies
+    rounded to bf16, up to 6e-3 off the sinusoid at positions < 64; a preset's table is the
+    exact one); every other rotary embedding computes its frequencies in fp32 whatever the
+    load dtype: :func:`model_table`."""
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    if getattr(rotary, "embed_positions", None) is None:
+        return model_table(model, mrope)
+    build = importlib.import_module(type(rotary).__module__).create_sinusoidal_positions
+    assert torch.get_default_dtype() == torch.float32
+    return _sin_cos_buffer(build(POSITIONS, rotary.pos_embd_dim))
+
+
 def model_table(model, mrope: bool) -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
     its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
     rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    table = getattr(rotary, "embed_positions", None)
+    if table is not None:  # GPT-J / CodeGen's sinusoidal buffer: [sin | cos] halves
+        return _sin_cos_buffer(table)
     x = torch.zeros(1, dtype=torch.float32)
     pos = torch.arange(POSITIONS)[None]
     if mrope:
         pos = pos.expand(3, 1, -1)
-    try:
-        out = rotary(x, pos)
-    except TypeError:
+    import inspect
+
+    if "layer_type" in inspect.signature(rotary.forward).parameters:  # RoPE per layer type
         out = rotary(x, pos, "full_attention")
+    else:
+        try:
+            out = rotary(x, pos)
+        except TypeError:
+            out = rotary(x, pos, "full_attention")
     if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis
         return torch.cat([out.real, out.imag], dim=-1)[0].float()
     cos, sin = (t[0].float() for t in out)
     half = cos.shape[-1] // 2
     if torch.equal(cos[:, :half], cos[:, half:]):
         return torch.cat([cos[:, :half], sin[:, :half]], dim=-1)
-    return torch.cat([cos[:, 0::2], sin[:, 0::2]], dim=-1)  # repeat_interleave'd (GPT-J)
+    if torch.equal(cos[:, 0::2], cos[:, 1::2]):
+        return torch.cat([cos[:, 0::2], sin[:, 0::2]], dim=-1)  # repeat_interleave'd (GPT-J)
+    return torch.cat([cos, sin], dim=-1)  # one column a frequency (gpt-oss)
 
 
 # The names models give a fused [q | k | v] projection, and their q and k norms.
@@ -333,6 +390,8 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     if preset.variant == "qk-layernorm":
         # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
         biases = (_bias(attention, *Q_NORMS), _bias(attention, *K_NORMS))
+        # Chameleon's are [H, D] (each head its own): fqr's per-head weights are [H * D]
+        weights, biases = ([x.reshape(-1) for x in pair] for pair in (weights, biases))
         out = fqr.split_qkv_layernorm_rope(
             qkv, positions, table, *weights, *biases, num_heads=preset.num_heads,
             num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim, eps=preset.eps,
@@ -376,6 +435,9 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         out = fqr.split_qkv_rmsnorm_rope(
             qkv, positions, table, *weights, **preset.spec.kwargs(**common), **preset.params
         )
+    # CodeGen rotates in fp32 and rounds q and k to the model dtype after its rotary function
+    # (``query.transpose(1, 2).to(value.dtype)``): its rounded q and k
+    rotated = tuple(x.to(out[0].dtype) for x in rotated)
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))
         for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
