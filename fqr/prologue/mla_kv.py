@@ -468,9 +468,9 @@ SPLIT_MLA_RMSNORM_ROPE_CACHE = declare(
             "cache (its form is still checked, its value is not read)",
         ),
         params.quant_scale("quant_scale_q", "q_c is returned as FP8 (what an FP8 q_b_proj reads)"),
-        params.quantize_dtype("quant_scale_q"),
         KPE_CACHE,
         numerics(),
+        params.quantize_dtype("quant_scale_q"),
         BACKEND,
     ),
     (

@@ -162,8 +162,8 @@ MLA_Q_ROPE = declare(
             "the nope and rope parts of every q head, as new FP8 (``quantize_dtype``) ``q_nope "
             "[T, H * nope]`` and ``q_pe [T, H * rope]`` (q is then not written)",
         ),
-        params.quantize_dtype("quant_scale_q"),
         numerics(),
+        params.quantize_dtype("quant_scale_q"),
         BACKEND,
     ),
     (

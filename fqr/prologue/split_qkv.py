@@ -413,6 +413,7 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             "one (a padded [T, heads, head_stride] layout; the padding is neither read nor "
             "written); the outputs are contiguous",
         ),
+        numerics(),
         params.QKV_LAYOUT,
         Form(
             "inplace",
@@ -423,7 +424,6 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
             "else of qkv is written) and return views (q, k, v) of qkv; needs heads back to back "
             "and no input that requires grad",
         ),
-        numerics(),
         BACKEND,
         Form(
             "out",
