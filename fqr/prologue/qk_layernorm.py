@@ -175,7 +175,9 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     for which, heads in (("q", spec.num_heads), ("k", spec.num_kv_heads)):
         n = heads * spec.head_dim if per_head else spec.head_dim
         for name, centre in (("weight", 1.0), ("bias", 0.0)):
-            x = centre + 0.3 * torch.randn(n, generator=generator, dtype=torch.float64)
+            x = centre + 0.3 * torch.randn(
+                n, generator=generator, dtype=torch.float64, device=generator.device
+            )
             drawn[f"{which}_{name}"] = x.to(dtype)
     return drawn
 
