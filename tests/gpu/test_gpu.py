@@ -176,10 +176,13 @@ def _compiled_variants(fn) -> int:
 
 def test_new_token_counts_do_not_recompile(gen):
     """Every token count runs its bucket's kernel variant (the dispatch table's schedule for
-    that bucket), and each variant compiles (or loads from a bundle) once, whatever T."""
+    that bucket); once a variant has run, other token counts of its bucket compile (or load)
+    nothing more. (Counted as a difference: an earlier test of this worker may have run the
+    same variant with other specialisations, e.g. misaligned views.)"""
     p = fqr.get_preset("qwen3-0.6b")
     kernels = lower_by_tokens(program_of(p, torch.bfloat16), "cuda")
-    used = {}
+    first_seen: dict[int, int] = {}
+    grew = []
     for tokens in (1, 2, 16, 17, 1000, 4096):
         _, pb = preset_problem(gen, "qwen3-0.6b", tokens, torch.bfloat16)
         on_gpu = pb.to(GPU_DEVICE)
@@ -187,11 +190,15 @@ def test_new_token_counts_do_not_recompile(gen):
         if has_values(q):
             exact = reference.prologue(*pb.args(), **pb.kwargs())
             assert compare(q, exact[0], head_dim=p.head_dim).passed
-        kernel = kernels.kernel_for(tokens)
-        used[id(kernel)] = kernel
-    if not BUILDING:  # Triton's own per-device cache of compiled variants, a runtime's
-        counts = [_compiled_variants(kernel.fn) for kernel in used.values()]
-        assert counts == [1] * len(used), [k.tiling for k in used.values()]
+        if not BUILDING:  # Triton's own per-device cache of compiled variants, a runtime's
+            kernel = kernels.kernel_for(tokens)
+            count = _compiled_variants(kernel.fn)
+            assert count >= 1, f"T={tokens}: the bucket's variant {kernel.tiling} never ran"
+            if first_seen.setdefault(id(kernel), count) != count:
+                grew.append((tokens, first_seen[id(kernel)], count))
+    assert not grew, f"(T, variants before, after) of a bucket that compiled again: {grew}"
+    if not BUILDING:
+        assert len(first_seen) == len({id(kernels.kernel_for(t)) for t in (1, 4096)})
 
 
 @pytest.mark.skipif(BUILDING, reason=f"a CUDA generator {CUDA_RUNTIME_ONLY}")
