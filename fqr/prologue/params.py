@@ -397,10 +397,11 @@ def _check_quantize_dtype(name: str, value) -> None:
         )
 
 
-def quantize_dtype(scale: str) -> Static:
-    """FlashInfer's ``quantize_dtype``: the FP8 format of the outputs ``scale`` (the factor
-    argument, :func:`quant_scale`) turns on; None is float8_e4m3fn. The composition takes it
-    as the static ``quantize_dtype``, a torch dtype."""
+def quantize_dtype(asks: str, gives: str = "gives") -> Static:
+    """FlashInfer's ``quantize_dtype``: the FP8 format of the outputs the argument(s) ``asks``
+    turn on (``quant_scale_q``, :func:`quant_scale`; MiniMax-M3's ``attn_fp8`` / ``index_fp8``
+    flags, ``gives="give"``); None is float8_e4m3fn. The composition takes it as the static
+    ``quantize_dtype``, a torch dtype (an E4M3 program is the one of before)."""
     return Static(
         "quantize_dtype",
         None,
@@ -408,20 +409,32 @@ def quantize_dtype(scale: str) -> Static:
         check=_check_quantize_dtype,
         normalize=lambda value: FP8_E4M3 if value is None else value,
         schema="ScalarType?",
-        doc=f"the FP8 format of the outputs ``{scale}`` gives (FlashInfer's ``quantize_dtype``): "
-        "``torch.float8_e4m3fn`` (None, the default; clamped to +-448) or "
-        "``torch.float8_e5m2`` (clamped to +-57344); only with ``" + scale + "``",
+        doc=f"the FP8 format of the outputs ``{asks}`` {gives} (FlashInfer's "
+        "``quantize_dtype``): ``torch.float8_e4m3fn`` (None, the default; clamped to +-448) or "
+        f"``torch.float8_e5m2`` (clamped to +-57344); only with ``{asks}``",
     )
 
 
-def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
-    """``quantize_dtype`` names the format of FP8 outputs: given without ``scale`` (the
-    argument that asks for them) it would be silently unused, so it is refused."""
-    if call.quantize_dtype is not None and getattr(call, scale) is None:
+def check_quantize_dtype_asked(call: Call, asks: str, asked: bool, give: str) -> None:
+    """``quantize_dtype`` names the format of FP8 outputs: given where no argument asks for
+    them (``asked`` False; ``asks`` names the argument(s), ``give`` how to ask) it would be
+    silently unused, so it is refused."""
+    if call.quantize_dtype is not None and not asked:
         raise ValueError(
-            f"quantize_dtype applies to the FP8 outputs {scale} asks for: give {scale} "
-            f"(torch.tensor(1.0) for no scaling) or leave quantize_dtype None"
+            f"quantize_dtype applies to the FP8 outputs {asks} for: give {give} or leave "
+            "quantize_dtype None"
         )
+
+
+def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
+    """:func:`check_quantize_dtype_asked` of the factor argument ``scale``
+    (:func:`quant_scale`)."""
+    check_quantize_dtype_asked(
+        call,
+        f"{scale} asks",
+        getattr(call, scale) is not None,
+        f"{scale} (torch.tensor(1.0) for no scaling)",
+    )
 
 
 # The key and value caches of a prologue that stores k and v (donated: updated in place), the
@@ -449,6 +462,13 @@ def cache_encoding(cache) -> str | None:
     uint8 cache of a per-tensor FP8 ``kv_cache_dtype`` holds E5M2 bytes (an E4M3 one enters
     as float8_e4m3fn, :func:`fp8_cache_view`)."""
     return "e5m2" if cache.dtype == torch.uint8 else None
+
+
+def cache_fp8_dtype(cache) -> torch.dtype | None:
+    """The FP8 format a program's cache operand holds (an E4M3 cache enters as
+    float8_e4m3fn, an E5M2 one as its uint8 bytes, :func:`fp8_cache_view`); None: the model
+    dtype."""
+    return {FP8_E4M3: FP8_E4M3, torch.uint8: FP8_E5M2}.get(cache.dtype)
 
 
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").
