@@ -151,7 +151,8 @@ def _insert_abstract(
         raise ValueError(f"fp8={fp8} does not match the cache dtype {cache.dtype}")
     if scale is not None and cache.dtype != FP8_E4M3 and encoding is None:
         raise ValueError(
-            f"a scale applies only to a float8_e4m3fn cache, not to a {cache.dtype} cache"
+            f"a scale applies only to a float8_e4m3fn cache or an E5M2 one (float8_e5m2 "
+            f"bytes, encoding='e5m2'), not to a {cache.dtype} cache"
         )
     return Aval(cache.shape, cache.dtype)
 
