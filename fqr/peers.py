@@ -416,11 +416,15 @@ def vllm_norm_rope(x, weight, positions, cos_sin_cache, head_dim, spec: Prologue
     return vllm_rotary_native(positions, normed, head_dim, cos_sin_cache, spec.is_neox)
 
 
-def fp8_store(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """vllm-ascend's ``clamp(y, -448, 448).to(float8_e4m3fn)`` (with vLLM's ``x / scale``)."""
+def fp8_store(
+    x: torch.Tensor, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float8_e4m3fn
+) -> torch.Tensor:
+    """vllm-ascend's ``clamp(y, -448, 448).to(float8_e4m3fn)`` (with vLLM's ``x / scale``);
+    ``dtype=torch.float8_e5m2``: ``clamp(y, -57344, 57344).to(float8_e5m2)``."""
     if scale is not None:
         x = x.float() / scale
-    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    top = torch.finfo(dtype).max
+    return x.clamp(-top, top).to(dtype)
 
 
 def minimax_index_prologue(
@@ -432,10 +436,12 @@ def minimax_index_prologue(
     index_head_dim: int,
     attn_fp8: bool,
     index_fp8: bool,
+    quantize_dtype: torch.dtype | None = None,
 ):
     """MiniMax-M3's own unfused chain (vllm-ascend ``MiniMaxM3SparseAttention.
     _sparse_prepare`` fallback: ``narrow`` x 5, ``GemmaRMSNorm`` x 4, ``rotary_emb`` x 2,
-    ``clamp`` + cast for FP8), in the model dtype with the table held in it."""
+    ``clamp`` + cast for FP8, to ``quantize_dtype``: E4M3 by default), in the model dtype
+    with the table held in it."""
     d, di, hi = spec.head_dim, index_head_dim, num_index_heads
     sizes = [spec.q_size, spec.kv_size, spec.kv_size, hi * di, di]
     pos = inputs["positions"]
@@ -445,8 +451,9 @@ def minimax_index_prologue(
     iq = vllm_norm_rope(iq, inputs["index_q_weight"], pos, cos_sin_cache, di, spec)
     ik = vllm_norm_rope(ik, inputs["index_k_weight"], pos, cos_sin_cache, di, spec)
     v = v.contiguous()
-    attn = [fp8_store(x) for x in (q, k, v)] if attn_fp8 else [q, k, v]
-    index = [fp8_store(x) for x in (iq, ik)] if index_fp8 else [iq, ik]
+    fp8 = quantize_dtype or torch.float8_e4m3fn
+    attn = [fp8_store(x, dtype=fp8) for x in (q, k, v)] if attn_fp8 else [q, k, v]
+    index = [fp8_store(x, dtype=fp8) for x in (iq, ik)] if index_fp8 else [iq, ik]
     return (*attn, *index)
 
 
@@ -477,8 +484,8 @@ def minimax_index_cache_prologue(
     index_cache, index_slots = inputs["index_cache"], inputs["index_slot_mapping"]
     keep = index_slots >= 0
     slots, block_size = index_slots[keep].long(), index_cache.shape[1]
-    if index_cache.dtype == torch.float8_e4m3fn:
-        ik, iq = fp8_store(ik), fp8_store(iq)
+    if index_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        ik, iq = fp8_store(ik, dtype=index_cache.dtype), fp8_store(iq, dtype=index_cache.dtype)
     index_cache[slots // block_size, slots % block_size] = ik[keep].to(index_cache.dtype)
     return q, iq, key_cache, value_cache, index_cache
 

@@ -397,6 +397,7 @@ def index_prologue(
     head_dim: int, num_index_heads: int, index_head_dim: int, eps: float,
     weight_offset: float = 1.0, is_neox: bool = True, attn_fp8: bool = False,
     index_fp8: bool = False, q_bias: Tensor | None = None, k_bias: Tensor | None = None,
+    quantize_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, ...]:  # fmt: skip
     """MiniMax-M3's prologue with indexer heads, float64: the packed row ``[q | k | v |
     index_q | index_k]`` (one shared index_k head of ``index_head_dim``), q, k, index_q and
@@ -405,8 +406,9 @@ def index_prologue(
     them; the index heads take none) and rotated by the same angle rows, each group over its
     first ``min(R, its head_dim)`` features (:func:`group_rows`; R the table width), v copied.
     Returns ``(q, k, v, index_q, index_k)``: float64 but v (the row's dtype); ``attn_fp8`` /
-    ``index_fp8``: q, k, v / index_q, index_k saturated to +-448 (:func:`saturate_fp8`: what an
-    FP8 E4M3 store rounds)."""
+    ``index_fp8``: q, k, v / index_q, index_k saturated to the range of ``quantize_dtype``
+    (:func:`saturate_fp8`: what the FP8 store rounds; None or float8_e4m3fn +-448,
+    float8_e5m2 +-57344)."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     iq_at = q_size + 2 * kv_size
     sections = qkv_sections(num_heads, num_kv_heads, head_dim) + (
@@ -424,10 +426,11 @@ def index_prologue(
         out.append(head_norm_rotate(x, w, group_rows(rows, d), bias=b, **per_head))
     attn = [out[0], out[1], v]
     index = [out[2], out[3]]
+    fp8 = quantize_dtype or torch.float8_e4m3fn
     if attn_fp8:
-        attn = [saturate_fp8(x) for x in attn]
+        attn = [saturate_fp8(x, None, fp8) for x in attn]
     if index_fp8:
-        index = [saturate_fp8(x) for x in index]
+        index = [saturate_fp8(x, None, fp8) for x in index]
     return (*attn, *index)
 
 
@@ -465,7 +468,8 @@ def index_cache_prologue(
     index_k into the 3-D ``index_cache [blocks, block_size, Di]`` by ``index_slot_mapping``
     (:func:`cache_insert`; an FP8 index cache saturates, no scale). Returns ``(q, index_q,
     expected key_cache, expected value_cache, expected index_cache)``; index_q saturated to
-    +-448 when the index cache is FP8 (it is returned in that dtype)."""
+    the index cache's FP8 range when it is FP8 (E4M3 +-448, E5M2 +-57344: it is returned in
+    that dtype)."""
     row = qkv if index_qkv is None else torch.cat([_f64(qkv), _f64(index_qkv)], dim=1)
     q, k, v, iq, ik = index_prologue(
         row, positions, cos_sin_cache, q_weight, k_weight, index_q_weight, index_k_weight,
@@ -475,8 +479,8 @@ def index_cache_prologue(
     )  # fmt: skip
     key, value = store_kv(key_cache, value_cache, k, v, slot_mapping, k_scale, v_scale)
     index, _ = cache_insert(index_cache.unsqueeze(2), ik, index_slot_mapping)
-    if index_cache.dtype == torch.float8_e4m3fn:
-        iq = saturate_fp8(iq)
+    if index_cache.dtype in FP8_MAX:
+        iq = saturate_fp8(iq, None, index_cache.dtype)
     return q, iq, key, value, index.squeeze(2)
 
 

@@ -24,7 +24,9 @@ __NV_SATFINITE, __NV_E4M3)``). An E5M2 cache (vLLM's ``fp8_e5m2``) is given to t
 uint8 bytes with ``encoding="e5m2"``: ``store(x) = e5m2(clamp(x / scale, -57344, 57344))``,
 its byte encoded on the fp32 bits in the kernel (:func:`fqr.ops.fp8.e5m2_code_lines`: one
 encoding on every target, no float8_e5m2 type needed by any compiler). A 16-bit cache takes
-no scale (vLLM ignores it there; fqr refuses one rather than drop it).
+no scale: the op refuses one (a program never holds a scale it does not read); the public
+ops take the scale vLLM passes with a model-dtype cache and leave it out of the program, as
+vLLM's kernels ignore it (``fqr.prologue.params.reads_cache_scale``).
 
 **Entry caches.** A 3-D ``cache [num_blocks, block_size, entry_width]`` holds one entry per
 slot, and ``column`` says where the value goes in it: ``x [T, w]`` is written at entry
@@ -149,7 +151,8 @@ def _insert_abstract(
         raise ValueError(f"fp8={fp8} does not match the cache dtype {cache.dtype}")
     if scale is not None and cache.dtype != FP8_E4M3 and encoding is None:
         raise ValueError(
-            f"a scale applies only to a float8_e4m3fn cache, not to a {cache.dtype} cache"
+            f"a scale applies only to a float8_e4m3fn cache or an E5M2 one (float8_e5m2 "
+            f"bytes, encoding='e5m2'), not to a {cache.dtype} cache"
         )
     return Aval(cache.shape, cache.dtype)
 

@@ -7,7 +7,8 @@ The composition (:func:`index_cache_prologue`) is ``split_heads`` of the row (or
 row and a separate index projection) -> per-head norm + RoPE of the four head groups (each over
 ``min(R, its head_dim)``, :func:`.blocks.group_rotary_dim`) -> three ``cache_insert`` (k and v
 into the 4-D caches by ``slot_mapping``, index_k into the 3-D index cache by
-``index_slot_mapping``) -> ``quantize_fp8`` of index_q where the index cache is FP8. The float64
+``index_slot_mapping``) -> ``quantize_fp8`` of index_q where the index cache is FP8 (E4M3 or
+E5M2: index_q in the index cache's format). The float64
 reference is :func:`fqr.reference.index_cache_prologue`.
 
 :func:`minimax_qknorm_rope_cache` takes vllm-ascend's call as its callers write it (positional
@@ -23,14 +24,13 @@ import torch
 
 from .. import ops, reference
 from ..inputs import random_fp8_scales, random_index_row, random_paged_cache, random_slot_mapping
-from ..ops.fp8 import FP8_E4M3
+from ..ops.fp8 import FP8_E4M3, FP8_E5M2
 from ..peers import minimax_index_cache_prologue
 from ..validate import check_tensor
 from . import params
 from .blocks import index_split_norm_rope
 from .declare import (
     BACKEND,
-    Cache,
     Call,
     Output,
     Rows,
@@ -60,9 +60,12 @@ def index_cache_prologue(
     encoding = params.cache_encoding(key_cache)  # E5M2 bytes
     key_cache = ops.cache_insert(key_cache, k, slot_mapping, k_scale, encoding=encoding)
     value_cache = ops.cache_insert(value_cache, v, slot_mapping, v_scale, encoding=encoding)
-    index_cache = ops.cache_insert(index_cache, ik, index_slot_mapping)
-    if index_cache.dtype == FP8_E4M3:  # index_q in the index cache's dtype, as the peer's
-        iq = ops.quantize_fp8(iq)
+    index_fp8 = params.cache_fp8_dtype(index_cache)
+    index_cache = ops.cache_insert(
+        index_cache, ik, index_slot_mapping, encoding=params.cache_encoding(index_cache)
+    )
+    if index_fp8 is not None:  # index_q in the index cache's format, as the peer's
+        iq = ops.quantize_fp8(iq, dtype=index_fp8)
     return q, iq, key_cache, value_cache, index_cache
 
 
@@ -107,7 +110,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
         *params.KV_CACHES,
         params.positional(
             "index_cache",
-            Cache(
+            params.TypedCache(
                 shape=_index_cache_shape,
                 dtypes=params.cache_dtypes,
                 dtype_text=params.cache_dtype_text,
@@ -116,8 +119,9 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
             ),
             donated=True,
             doc="``[num_blocks, block_size, Di]`` paged index-key cache (its own blocks and "
-            "block size, any strides with a contiguous last dim) in qkv's dtype or "
-            "float8_e4m3fn (saturated to +-448, no scale); updated in place",
+            "block size, any strides with a contiguous last dim) in qkv's dtype, "
+            "float8_e4m3fn (saturated to +-448, no scale) or float8_e5m2 (+-57344); index_q "
+            "is returned in its FP8 format; updated in place",
         ),
         params.positional(
             "slot_mapping",
@@ -183,12 +187,15 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE_CACHE = declare(
         index_cache[u // ibs, u % ibs, :]   = store(index_k[t])
 
     ``bs`` and ``ibs`` the block sizes of the caches (they may differ). ``store`` rounds to the
-    cache's dtype; an FP8 cache stores ``e4m3(clamp(x / scale, -448, 448))`` (``k_scale`` /
-    ``v_scale`` for the KV cache, default 1; the index cache takes none, as the peer's). A
+    cache's dtype; an FP8 cache stores ``e4m3(clamp(x / scale, -448, 448))``, an E5M2 one
+    ``e5m2(clamp(x / scale, -57344, 57344))`` (``k_scale`` / ``v_scale`` for the KV cache,
+    default 1, ignored with a model-dtype KV cache as vLLM ignores them; the index cache
+    takes none, as the peer's). A
     negative slot writes nothing, nor does a token past its mapping's length (``[N]`` and
     ``[Ni]``, at most T: vLLM pads T for CUDA graphs and passes the actual tokens' slots);
     rows no slot names keep their bytes. ``index_q`` is returned
-    in the index cache's dtype (FP8: saturated to +-448), q in qkv's.
+    in the index cache's dtype (FP8: saturated to +-448 as E4M3, to +-57344 as E5M2), q in
+    qkv's.
 
     The index heads come from the row after v, or from ``index_qkv`` (a separate projection,
     no concatenation). **The caches are updated in place** (donated, as
@@ -343,7 +350,7 @@ def _draw(variant, preset, tokens, dtype, generator, *, max_position, positions_
     drawn["index_slot_mapping"] = random_slot_mapping(
         tokens, blocks * bs, generator, padding_from=2
     )
-    if cache_dtype == FP8_E4M3:
+    if cache_dtype in (FP8_E4M3, FP8_E5M2):
         drawn |= random_fp8_scales(generator)
     return drawn
 

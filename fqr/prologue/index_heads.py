@@ -1,6 +1,6 @@
 """``split_qkv_index_rmsnorm_rope``: MiniMax-M3's sparse-attention prologue with its
-lightning-indexer heads (vllm-ascend's ``split_qkv_index_rmsnorm_rope``), FP8 E4M3 outputs
-when asked.
+lightning-indexer heads (vllm-ascend's ``split_qkv_index_rmsnorm_rope``), FP8 outputs (E4M3,
+or E5M2 with ``quantize_dtype``) when asked.
 
 The composition (:func:`index_heads_prologue`) is ``split_heads`` in five -> per-head norm +
 RoPE of q, k, index_q and index_k -> ``quantize_fp8`` where asked; the float64 reference is
@@ -39,21 +39,30 @@ def index_heads_prologue(
     ``q_bias``/``k_bias`` when given, after the weight, before RoPE), index_q and the one
     index_k head per ``index_head_dim`` head, all four rotated by the same table, each group
     over ``min(R, its head_dim)`` features (:func:`.blocks.group_rotary_dim`);
-    ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to +-448 and store them
-    as E4M3."""
+    ``attn_fp8`` / ``index_fp8`` saturate q, k, v / index_q, index_k to the range of
+    ``quantize_dtype`` (E4M3 +-448, E5M2 +-57344) and store them in it."""
     q, k, v, iq, ik = index_split_norm_rope(
         qkv, None, positions, cos_sin_cache, (q_weight, k_weight),
         (index_q_weight, index_k_weight), s, biases=(q_bias, k_bias),
     )  # fmt: skip
     attn, index = [q, k, v], [iq, ik]
+    dtype = s["quantize_dtype"]
     if s["attn_fp8"]:
-        attn = [ops.quantize_fp8(x) for x in attn]
+        attn = [ops.quantize_fp8(x, dtype=dtype) for x in attn]
     if s["index_fp8"]:
-        index = [ops.quantize_fp8(x) for x in index]
+        index = [ops.quantize_fp8(x, dtype=dtype) for x in index]
     return (*attn, *index)
 
 
 _HEAD_WEIGHT = Vector(what="its head_dim")
+
+
+def _fp8_asked(call) -> None:
+    params.check_quantize_dtype_asked(
+        call, "attn_fp8 / index_fp8 ask", call.attn_fp8 or call.index_fp8,
+        "attn_fp8=True or index_fp8=True",
+    )  # fmt: skip
+
 
 SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     "split_qkv_index_rmsnorm_rope",
@@ -87,7 +96,8 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
             annotation="bool",
             check=flag,
             schema="bool",
-            doc="q, k, v returned as float8_e4m3fn, clamp(y, -448, 448) rounded to nearest even",
+            doc="q, k, v returned as FP8 of ``quantize_dtype``: float8_e4m3fn (the default), "
+            "clamp(y, -448, 448) rounded to nearest even; float8_e5m2, clamp(y, -57344, 57344)",
         ),
         Static(
             "index_fp8",
@@ -95,9 +105,10 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
             annotation="bool",
             check=flag,
             schema="bool",
-            doc="index_q, index_k returned as float8_e4m3fn likewise",
+            doc="index_q, index_k returned as FP8 of ``quantize_dtype`` likewise",
         ),
         numerics(),
+        params.quantize_dtype("attn_fp8`` / ``index_fp8", "give"),
         BACKEND,
     ),
     (
@@ -108,7 +119,7 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         Output("index_k", head_dim=lambda s: s["index_head_dim"]),
     ),
     reference=reference.index_prologue,
-    static_checks=(params.heads_divide, params.biases_together),
+    static_checks=(params.heads_divide, params.biases_together, _fp8_asked),
     doc=f"""
     MiniMax-M3's sparse-attention prologue with its lightning-indexer heads, fused: vllm-
     ascend's ``split_qkv_index_rmsnorm_rope``. Returns new ``(q, k, v, index_q, index_k)``.
@@ -128,13 +139,18 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
     48 under a 64- or 128-wide table rotates 48 features); v is copied. ``attn_fp8``: q, k and v are
     returned as ``float8_e4m3fn``, ``clamp(y, -448, 448)`` rounded to nearest-even E4M3;
     ``index_fp8`` the same for index_q and index_k. The scale is 1, as vllm-ascend's kernel
-    writes it (``clamp(y, -448, 448).to(float8_e4m3fn)``, no scale argument). Otherwise the
+    writes it (``clamp(y, -448, 448).to(float8_e4m3fn)``, no scale argument). With
+    ``quantize_dtype=torch.float8_e5m2`` (FlashInfer's argument of that name) those outputs
+    are ``float8_e5m2`` instead, ``clamp(y, -57344, 57344)`` rounded to nearest-even E5M2
+    (values past 448 keep their magnitude). Otherwise the
     outputs are in qkv's dtype: q ``[T, Hq*D]``, k and v ``[T, Hkv*D]``, index_q ``[T,
     Hi*Di]``, index_k ``[T, Di]``.
 
     The reference it matches is :func:`fqr.reference.index_prologue`. ``numerics`` as
     :func:`fqr.split_qkv_rmsnorm_rope` (``unfused``: vLLM's ``GemmaRMSNorm`` then
     ``RotaryEmbedding.forward_native`` in the model dtype, then clamp and cast for FP8).
+    ``quantize_dtype`` given without ``attn_fp8`` or ``index_fp8`` is refused (it would be
+    unused).
 
     {params.EXAMPLE_WITH_TABLE}
         >>> width = (4 + 2 * 2) * 64 + (2 + 1) * 64  # q | k | v | 2 index_q heads | index_k

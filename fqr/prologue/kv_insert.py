@@ -6,8 +6,10 @@ updates of the caches that the public op donates, so the kernel stores in place.
 vLLM's attention backends pass: ``key`` / ``value`` ``[T, Hkv, D]`` (views of the QKV output,
 rows at any stride), the caches in the flash layout ``[num_blocks, block_size, Hkv, D]`` at any
 strides (vLLM's ``NHC``, and its ``HNC`` as the permuted view), ``slot_mapping [N]`` with
-``N <= T`` (``num_actual_tokens``), ``kv_cache_dtype`` ``"auto"`` or ``"fp8"`` (an E4M3 cache:
-``float8_e4m3fn``, or vLLM's ``uint8`` allocation of it) with ``k_scale`` / ``v_scale``. The
+``N <= T`` (``num_actual_tokens``), ``kv_cache_dtype`` ``"auto"``, ``"fp8"`` / ``"fp8_e4m3"`` (an
+E4M3 cache: ``float8_e4m3fn``, or vLLM's ``uint8`` allocation of it) or ``"fp8_e5m2"`` with
+``k_scale`` / ``v_scale`` (read for an FP8 cache, ignored with ``"auto"`` as vLLM ignores
+them). The
 float64 reference is :func:`fqr.reference.kv_cache_insert`; the variant ``kv-insert``.
 """
 
@@ -139,18 +141,6 @@ def _cache(name: str, what: str) -> Tensor:
     )
 
 
-def _caches_agree(call: Call) -> None:
-    """:func:`params.caches_match`, and a scale only where ``kv_cache_dtype`` is FP8 (a uint8
-    cache holds E4M3 bytes, so the dtype alone does not say)."""
-    params.caches_match(call)
-    for name in ("k_scale", "v_scale"):
-        if getattr(call, name) is not None and call.kv_cache_dtype == "auto":
-            raise ValueError(
-                f"{name} applies only to an FP8 cache (kv_cache_dtype 'fp8'), not to "
-                f"kv_cache_dtype 'auto' (vLLM ignores it there; pass None)"
-            )
-
-
 KV_CACHE_INSERT = declare(
     "kv_cache_insert",
     kv_insert,
@@ -170,14 +160,14 @@ KV_CACHE_INSERT = declare(
             "``'fp8_e4m3'`` (E4M3: float8_e4m3fn, or uint8 bytes) or ``'fp8_e5m2'`` (E5M2: "
             "float8_e5m2, or uint8 bytes)",
         ),
-        params.cache_scale("k_scale", "key", keyword=False),
-        params.cache_scale("v_scale", "value", keyword=False),
+        params.cache_scale("k_scale", "key", keyword=False, used=params.reads_cache_scale),
+        params.cache_scale("v_scale", "value", keyword=False, used=params.reads_cache_scale),
         numerics(modes=("fused", "unfused")),
         BACKEND,
     ),
     params.KV_CACHE_OUTPUTS,
     reference=reference.kv_cache_insert,
-    checks=(_caches_agree,),
+    checks=(params.caches_match,),
     returns=lambda call, outs: None,
     doc="""
     Write each token's key and value heads into the paged KV cache by slot: vLLM's
@@ -194,7 +184,11 @@ KV_CACHE_INSERT = declare(
     ``store`` rounds to the cache's dtype once (``kv_cache_dtype="auto"``: the key's dtype, a
     copy); an FP8 cache (``"fp8"``) stores ``e4m3(clamp(x / scale, -448, 448))`` with the
     float32 ``[1]`` per-tensor ``k_scale`` / ``v_scale`` (default 1; vLLM's
-    ``scaled_convert``), ``"fp8_e5m2"`` ``e5m2(clamp(x / scale, -57344, 57344))``. A
+    ``scaled_convert``), ``"fp8_e5m2"`` ``e5m2(clamp(x / scale, -57344, 57344))``. With
+    ``"auto"`` the scales are taken and ignored, as vLLM's kernel ignores the
+    ``layer._k_scale`` / ``_v_scale`` its attention backends pass with every cache dtype
+    (their form is checked: float32 ``[1]`` or 0-dim on the key's device; their value is not
+    read). A
     negative slot writes nothing, rows no slot names keep their contents. The caches are updated
     in place (the composition is functional, :func:`fqr.ops.cache_insert`, and the op donates
     them). ``numerics`` changes nothing here (one rounding either way). The reference it matches

@@ -180,7 +180,7 @@ MLA_CACHE_INSERT = declare(
             keyword=False,
             annotation=params.OPTIONAL_TENSOR,
             kind=Scale(
-                used=lambda call: call.kv_cache_dtype in params.FP8_KV_CACHE_DTYPES,
+                used=params.reads_cache_scale,
                 what=params.FP8_SCALE_WHAT,
             ),
             optional=True,

@@ -263,6 +263,17 @@ __all__ = [
 # ------------------------------------------------------------ paged KV caches (vLLM's flash layout)
 
 
+# vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
+# allocates such a cache as uint8 bytes).
+FP8_KV_CACHE_DTYPES = KV_CACHE_FP8_DTYPES
+# What a per-tensor cache scale is, in every message about it: the dtypes and the names that
+# read one
+FP8_SCALE_WHAT = (
+    "the per-tensor scale of an FP8 cache: float8_e4m3fn or float8_e5m2, kv_cache_dtype "
+    + ", ".join(repr(name) for name in FP8_KV_CACHE_DTYPES)
+)
+
+
 def _cache_shape(call: Call):
     hkv, d = call.num_kv_heads, call.head_dim
     return (None, hkv, d), (f"[num_blocks, block_size, num_kv_heads={hkv}, head_dim={d}]")
@@ -305,15 +316,26 @@ def caches_match(call: Call) -> None:
 
 
 def caches_agree(call: Call) -> None:
-    """:func:`caches_match`, and a scale only for a float8_e4m3fn cache."""
+    """:func:`caches_match` (a scale with a model-dtype cache is taken and ignored:
+    :func:`reads_typed_cache_scale`)."""
     caches_match(call)
-    key = call.key_cache
-    for name in ("k_scale", "v_scale"):
-        if getattr(call, name) is not None and key.dtype not in (FP8_E4M3, FP8_E5M2):
-            raise ValueError(
-                f"{name} applies only to a float8_e4m3fn or float8_e5m2 cache, not to a "
-                f"{DTYPE_NAMES.get(key.dtype)} cache"
-            )
+
+
+def reads_typed_cache_scale(call: Call) -> bool:
+    """Whether a call whose cache dtype says what it holds (:class:`TypedCache`, no
+    ``kv_cache_dtype``) reads its per-tensor ``k_scale`` / ``v_scale``: an FP8 key_cache
+    (E4M3 or E5M2). With a model-dtype cache the scale is taken and ignored, as vLLM's
+    ``reshape_and_cache_flash`` ignores the ``layer._k_scale`` its attention layers pass with
+    every cache (its form is still checked; its value is not read)."""
+    return call.key_cache.dtype in (FP8_E4M3, FP8_E5M2)
+
+
+def reads_cache_scale(call: Call) -> bool:
+    """Whether a call with vLLM's ``kv_cache_dtype`` reads its per-tensor scale: a
+    per-tensor FP8 name (:data:`FP8_KV_CACHE_DTYPES`: 'fp8', 'fp8_e4m3', 'fp8_e5m2'); with
+    any other name ('auto', 'fp8_ds_mla') the scale vLLM passes is taken and ignored, as its
+    kernels ignore it (its form is still checked; its value is not read)."""
+    return call.kv_cache_dtype in FP8_KV_CACHE_DTYPES
 
 
 def paged_cache(name: str, what: str) -> Tensor:
@@ -323,21 +345,29 @@ def paged_cache(name: str, what: str) -> Tensor:
         PAGED_CACHE,
         donated=True,
         doc=f"``[num_blocks, block_size, Hkv, D]`` paged {what} cache (vLLM's flash layout, any "
-        "strides with a contiguous last dim) in qkv's dtype or float8_e4m3fn; updated in place",
+        "strides with a contiguous last dim) in qkv's dtype, float8_e4m3fn or float8_e5m2; updated "
+        "in place",
     )
 
 
-def cache_scale(name: str, of: str, *, keyword: bool = True) -> Tensor:
-    """The optional per-tensor scale ``name`` of an FP8 ``of`` cache (k_scale, v_scale)."""
+def cache_scale(
+    name: str, of: str, *, keyword: bool = True, used=reads_typed_cache_scale
+) -> Tensor:
+    """The optional per-tensor scale ``name`` of an FP8 ``of`` cache (k_scale, v_scale),
+    read where ``used(call)`` (an FP8 cache: :func:`reads_typed_cache_scale`, or
+    :func:`reads_cache_scale` for an op with ``kv_cache_dtype``), else taken and ignored."""
     return Tensor(
         name,
         None,
         keyword=keyword,
         annotation=OPTIONAL_TENSOR,
-        kind=Scale(),
+        kind=Scale(used=used, what=FP8_SCALE_WHAT),
         optional=True,
-        doc=f"float32 ``[1]`` per-tensor scale of an FP8 {of} cache (default 1): stored "
-        "``e4m3(clamp(x / scale, -448, 448))``, vLLM's convention",
+        doc=f"float32 ``[1]`` or 0-dim per-tensor scale of an FP8 {of} cache (default 1): "
+        "stored ``fp8(clamp(x / scale, -max, max))`` (E4M3 +-448, E5M2 +-57344), vLLM's "
+        "convention; with a model-dtype cache it is ignored, as vLLM's kernels ignore the "
+        "``layer._k_scale`` / ``_v_scale`` its attention layers pass with every cache (its "
+        "form is still checked, its value is not read)",
     )
 
 
@@ -367,10 +397,11 @@ def _check_quantize_dtype(name: str, value) -> None:
         )
 
 
-def quantize_dtype(scale: str) -> Static:
-    """FlashInfer's ``quantize_dtype``: the FP8 format of the outputs ``scale`` (the factor
-    argument, :func:`quant_scale`) turns on; None is float8_e4m3fn. The composition takes it
-    as the static ``quantize_dtype``, a torch dtype."""
+def quantize_dtype(asks: str, gives: str = "gives") -> Static:
+    """FlashInfer's ``quantize_dtype``: the FP8 format of the outputs the argument(s) ``asks``
+    turn on (``quant_scale_q``, :func:`quant_scale`; MiniMax-M3's ``attn_fp8`` / ``index_fp8``
+    flags, ``gives="give"``); None is float8_e4m3fn. The composition takes it as the static
+    ``quantize_dtype``, a torch dtype (an E4M3 program is the one of before)."""
     return Static(
         "quantize_dtype",
         None,
@@ -378,20 +409,32 @@ def quantize_dtype(scale: str) -> Static:
         check=_check_quantize_dtype,
         normalize=lambda value: FP8_E4M3 if value is None else value,
         schema="ScalarType?",
-        doc=f"the FP8 format of the outputs ``{scale}`` gives (FlashInfer's ``quantize_dtype``): "
-        "``torch.float8_e4m3fn`` (None, the default; clamped to +-448) or "
-        "``torch.float8_e5m2`` (clamped to +-57344); only with ``" + scale + "``",
+        doc=f"the FP8 format of the outputs ``{asks}`` {gives} (FlashInfer's "
+        "``quantize_dtype``): ``torch.float8_e4m3fn`` (None, the default; clamped to +-448) or "
+        f"``torch.float8_e5m2`` (clamped to +-57344); only with ``{asks}``",
     )
 
 
-def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
-    """``quantize_dtype`` names the format of FP8 outputs: given without ``scale`` (the
-    argument that asks for them) it would be silently unused, so it is refused."""
-    if call.quantize_dtype is not None and getattr(call, scale) is None:
+def check_quantize_dtype_asked(call: Call, asks: str, asked: bool, give: str) -> None:
+    """``quantize_dtype`` names the format of FP8 outputs: given where no argument asks for
+    them (``asked`` False; ``asks`` names the argument(s), ``give`` how to ask) it would be
+    silently unused, so it is refused."""
+    if call.quantize_dtype is not None and not asked:
         raise ValueError(
-            f"quantize_dtype applies to the FP8 outputs {scale} asks for: give {scale} "
-            f"(torch.tensor(1.0) for no scaling) or leave quantize_dtype None"
+            f"quantize_dtype applies to the FP8 outputs {asks} for: give {give} or leave "
+            "quantize_dtype None"
         )
+
+
+def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
+    """:func:`check_quantize_dtype_asked` of the factor argument ``scale``
+    (:func:`quant_scale`)."""
+    check_quantize_dtype_asked(
+        call,
+        f"{scale} asks",
+        getattr(call, scale) is not None,
+        f"{scale} (torch.tensor(1.0) for no scaling)",
+    )
 
 
 # The key and value caches of a prologue that stores k and v (donated: updated in place), the
@@ -399,15 +442,6 @@ def check_quantize_dtype_needs_scale(call: Call, scale: str) -> None:
 KV_CACHES = (paged_cache("key_cache", "key"), paged_cache("value_cache", "value"))
 KV_SCALES = (cache_scale("k_scale", "key"), cache_scale("v_scale", "value"))
 KV_CACHE_OUTPUTS = (Output("key_cache"), Output("value_cache"))  # donated: not returned
-
-
-# vLLM's kv_cache_dtype names of a per-tensor FP8 cache -> the float8 dtype it holds (vLLM
-# allocates such a cache as uint8 bytes).
-FP8_KV_CACHE_DTYPES = KV_CACHE_FP8_DTYPES
-# What a per-tensor cache scale is, in every message about it: the names that read one
-FP8_SCALE_WHAT = "the per-tensor scale of an FP8 cache: kv_cache_dtype " + ", ".join(
-    repr(name) for name in FP8_KV_CACHE_DTYPES
-)
 
 
 def fp8_cache_view(x, kv_cache_dtype: str | None) -> torch.dtype | None:
@@ -428,6 +462,13 @@ def cache_encoding(cache) -> str | None:
     uint8 cache of a per-tensor FP8 ``kv_cache_dtype`` holds E5M2 bytes (an E4M3 one enters
     as float8_e4m3fn, :func:`fp8_cache_view`)."""
     return "e5m2" if cache.dtype == torch.uint8 else None
+
+
+def cache_fp8_dtype(cache) -> torch.dtype | None:
+    """The FP8 format a program's cache operand holds (an E4M3 cache enters as
+    float8_e4m3fn, an E5M2 one as its uint8 bytes, :func:`fp8_cache_view`); None: the model
+    dtype."""
+    return {FP8_E4M3: FP8_E4M3, torch.uint8: FP8_E5M2}.get(cache.dtype)
 
 
 # A preset's cache_dtype -> the cache's dtype (None: the model dtype, vLLM's "auto").

@@ -215,7 +215,7 @@ def test_cache_insert_argument_errors_name_the_argument(gen):
         ({"key_cache": kc[..., :64]}, ValueError, "key_cache must be"),
         ({"value_cache": inputs["value_cache"].to(E4M3)}, ValueError, "value_cache"),
         ({"value_cache": kc}, ValueError, "key_cache overlaps value_cache in memory"),
-        ({"k_scale": torch.ones(1)}, ValueError, "k_scale applies only"),
+        ({"k_scale": torch.ones(2)}, ValueError, "k_scale must be a float32 tensor of shape"),
         ({"slot_mapping": inputs["slot_mapping"].float()}, TypeError, "slot_mapping"),
         ({"slot_mapping": inputs["slot_mapping"].repeat(2)}, ValueError, "slot_mapping must be"),
         ({"slot_mapping": torch.full((5,), rows)}, ValueError, "slot_mapping names slot"),

@@ -149,7 +149,7 @@ def test_cache_insert_shape_rule_names_the_argument():
         return trace(ops.cache_insert, c, v, s, scale)
 
     run(cache, x, slots)  # fine
-    with pytest.raises(ValueError, match="a scale applies only to a float8_e4m3fn cache"):
+    with pytest.raises(ValueError, match="scale applies only to a float8_e4m3fn cache or an E5M2"):
         run(cache, x, slots, Aval((1,), torch.float32))
     with pytest.raises(ValueError, match="cache must be 4-D .* or 3-D"):
         run(Aval(("B", 16 * 128), torch.bfloat16), x, slots)
