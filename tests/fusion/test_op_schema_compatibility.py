@@ -15,7 +15,9 @@ import fqr  # noqa: F401  (registers torch.ops.fqr)
 
 RELEASED = [
     torch._C.parse_schema(line)
-    for line in (Path(__file__).parent / "data" / "released_op_schemas.txt").read_text().splitlines()
+    for line in (Path(__file__).parent / "data" / "released_op_schemas.txt")
+    .read_text()
+    .splitlines()
     if line.strip()
 ]
 
