@@ -213,6 +213,10 @@ _SAME_PROLOGUE = {
         "mllama_text_model",
     ),
     "glm": ("helium",),
+    # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
+    # halves, its full-attention layers' heads (num_attention_heads; the sliding ones take
+    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention'])
+    "gemma3_text": ("step3p5",),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
         "kolibri1", "laguna", "mellum", "sarvam_moe",
@@ -462,9 +466,9 @@ _NEEDS = {
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),
-    "a check against its model: fqr reads no rope_theta from its config (its RoPE settings "
-    "are not where Llama's are)": (
-        "glm5_next_text", "inkling2_text", "step3p5",
+    "RoPE in its text attention: only its vision tower rotates (GLM-5-Next's text layers are "
+    "NoPE DSA / linear attention, Inkling 2's a relative position bias)": (
+        "glm5_next_text", "inkling2_text",
     ),
     "a check against its model: the zoo's run of its tiny model captured no q_proj / qkv "
     "projection": (

@@ -55,6 +55,8 @@ TINY_EXTRA = {
         indexer_compress_ratio=4,
     ),
     "gemma3_text": dict(layer_types=["full_attention"]),
+    # Step 3.7's model builds its sliding-window mask whatever its layers are
+    "step3p7": dict(sliding_window=16),
     "olmo3": dict(layer_types=["full_attention"]),
     # qk-mrope's default sections: [16, 24, 24] rotate 128 features, [8, 12, 12] 64 (GLM-4.5V
     # rotates half of its head)
