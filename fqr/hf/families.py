@@ -302,6 +302,13 @@ HF_FAMILIES |= {
     )
     for model_type in ("glm4v_text", "glm_ocr_text")
 }
+# Per-head QK norms that multiply the weight in fp32 and round once (``(self.weight *
+# hidden_states).to(input_dtype)``, where Qwen3's rounds before the weight), then RoPE as
+# Llama's (cos / sin in the model dtype): "unfused-hf" (fqr.numerics); their RoPE layers
+HF_FAMILIES |= {
+    t: HFFamily("head", numerics="unfused-hf", note=f"{t}: per-head norms, the weight in fp32")
+    for t in ("afmoe", "flint", "lara_mini")
+}
 HF_FAMILIES |= {
     "lfm2": HFFamily("head", eps_key="norm_eps", note="LFM2: per-head QK norms (norm_eps)"),
     "lfm2_moe": HFFamily("head", eps_key="norm_eps", note="LFM2-MoE: as LFM2"),
@@ -423,9 +430,8 @@ _NEEDS = {
         "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
     ),
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
-    "then RoPE as Llama's (nearest: unfused, up to 1.6e-2 absolute)": (
-        "afmoe", "flint", "lara_mini", "beam",
-    ),
+    "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
+    "nearest: unfused-hf, OLMo 2's rounding on per-head norms)": ("beam",),
     "a weightless QK norm with q scaled by qk_scale_factor after it": (
         "muse_glimmer_text", "muse_spark_text",
     ),

@@ -221,6 +221,8 @@ OTHER_READINGS = [
     ("codegen", "unfused", {}),
     # Chameleon rounds after the LayerNorm, the weight and the bias
     ("chameleon", "fused", {}),
+    # AFMoE's norms multiply the weight in fp32 before their one rounding (Qwen3's round first)
+    ("afmoe", "unfused", {}),
     ("codegen", None, dict(qkv_layout="qkv")),
 ]
 
@@ -238,7 +240,7 @@ def test_another_reading_of_the_config_is_caught(model_type, numerics, params, g
 # sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
 INTERPRET_SAMPLE = [
     "qwen3_vl_text", "qwen2_vl_text", "olmo2", "deepseek_v2", "ernie4_5", "persimmon",
-    "hunyuan_v1_dense",
+    "hunyuan_v1_dense", "afmoe",
 ]  # fmt: skip
 
 
