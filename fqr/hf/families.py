@@ -82,6 +82,11 @@ class HFFamily:
     # The family's yarn is Hugging Face's (vLLM's generic YaRNScalingRotaryEmbedding: gpt-oss),
     # which reads ``truncate``; else vLLM's DeepSeek yarn, which ignores it (false is refused)
     yarn_truncate: bool = False
+    # The family's rotary embedding returns cos / sin in the model dtype (``cos.to(x.dtype)``)
+    # and its RoPE multiplies them with the fp32 q and k, rounded once (Cohere's ``q.float()``):
+    # fqr's ``fused`` arithmetic given the table in the model dtype
+    # (``preset.cos_sin_cache(dtype=...)``, the dtype vLLM's rotary embedding casts it to)
+    table_in_model_dtype: bool = False
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -409,6 +414,29 @@ HF_FAMILIES["chameleon"] = HFFamily(
     note="Chameleon: a LayerNorm on each head with its own weight and bias",
 )
 
+# Cohere (CohereAttention) and its kin: no QK norm (Cohere's use_qk_norm LayerNorm is refused),
+# GPT-J pairs (the table repeat_interleave'd, rotate_half of pairs), RoPE in fp32 from the
+# model-dtype cos / sin, rounded once (table_in_model_dtype); Cohere 2 rotates on its sliding
+# layers only. ModernBERT's decoder: the same arithmetic on NeoX halves
+_MODEL_DTYPE_TABLE = dict(eps_key=None, numerics="fused", table_in_model_dtype=True)
+_COHERE_NOTE = "GPT-J pairs in fp32 from the table in the model dtype"
+HF_FAMILIES["cohere"] = HFFamily(
+    "none",
+    is_neox=False,
+    **_MODEL_DTYPE_TABLE,
+    refused_keys=(("use_qk_norm", False, "a LayerNorm on q and k (each head its own weight)"),),
+    note=f"Cohere: {_COHERE_NOTE}",
+)
+HF_FAMILIES |= {
+    t: HFFamily("none", is_neox=False, **_MODEL_DTYPE_TABLE, note=f"{t}: {_COHERE_NOTE}")
+    for t in ("cohere2", "cohere2_moe")
+}
+HF_FAMILIES["modernbert-decoder"] = HFFamily(
+    "none",
+    **_MODEL_DTYPE_TABLE,
+    note="ModernBERT decoder: RoPE in fp32 from the table in the model dtype, global layers",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
@@ -425,10 +453,6 @@ _NEEDS = {
         "ministral3",
     ),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
-    "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
-    "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
-        "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
-    ),
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
     "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
     "nearest: unfused-hf, OLMo 2's rounding on per-head norms)": ("beam",),

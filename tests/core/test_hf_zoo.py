@@ -108,10 +108,19 @@ def tiny(model_type: str):
 
 
 def run(
-    model_type: str, config, preset: Preset, numerics: str, generator, backend="reference", **params
+    model_type: str,
+    config,
+    preset: Preset,
+    numerics: str,
+    generator,
+    backend="reference",
+    table_in_model_dtype: bool | None = None,
+    **params,
 ):
     """``[(name, fqr's, the model's)]`` for ``preset`` (with ``params`` replacing its variant
-    params) under ``numerics`` on ``backend``, and the largest table difference."""
+    params) under ``numerics`` on ``backend``, with the table in the model dtype where the
+    family's rotary embedding returns it so (``table_in_model_dtype`` None), and the largest
+    table difference."""
     from dataclasses import replace
 
     family = HF_FAMILIES[config.model_type]
@@ -124,6 +133,10 @@ def run(
     table = hf_zoo.model_table(model, mrope)
     own = hf_zoo.table_as_built_in_fp32(model, mrope)
     table_error = (own - preset.cos_sin_cache(hf_zoo.POSITIONS)).abs().max().item()
+    if table_in_model_dtype is None:
+        table_in_model_dtype = family.table_in_model_dtype
+    if table_in_model_dtype:  # the cos / sin its rotary embedding returns
+        table = table.to(torch.bfloat16)
     if params:
         preset = replace(preset, variant_params=tuple((preset.params | params).items()))
     pairs = hf_zoo.compared_outputs(preset, numerics, model, capture, positions, table, backend)
@@ -236,6 +249,15 @@ def test_another_reading_of_the_config_is_caught(model_type, numerics, params, g
     assert not all(torch.equal(ours, theirs) for _, ours, theirs in pairs)
 
 
+def test_cohere_rotates_by_its_table_in_the_model_dtype(gen):
+    """Cohere's fp32 RoPE multiplies the bf16 cos / sin its rotary embedding returns: given the
+    fp32 table, fqr's fused op is not the model's."""
+    config, _ = tiny("cohere")
+    preset = Preset.from_hf_config(config, name="tiny")
+    pairs, _ = run("cohere", config, preset, "fused", gen, table_in_model_dtype=False)
+    assert not all(torch.equal(ours, theirs) for _, ours, theirs in pairs)
+
+
 # The generated kernel under the interpreter on a sample, one family per prologue form: it
 # sums squares in its own fp32 order, so it lands within one ULP of the model (DESIGN.md)
 INTERPRET_SAMPLE = [
@@ -291,7 +313,7 @@ def test_the_readme_lists_every_family_with_its_numerics():
     for row in section.splitlines():
         cells = row.split(" | ")
         if len(cells) == 3 and cells[1].startswith("`"):
-            names = re.findall(r"`([a-z0-9_]+)`", cells[2])
+            names = re.findall(r"`([a-z0-9_-]+)`", cells[2])
             listed += [(t, cells[1].strip("`")) for t in names if t in HF_FAMILIES]
     assert sorted(t for t, _ in listed) == sorted(HF_FAMILIES)  # each family once
     for model_type, numerics in listed:
