@@ -232,8 +232,11 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
 
     hooks = []
     for qual, sub in model.named_modules():
-        if isinstance(sub, torch.nn.Linear) or "norm" in qual.rsplit(".", 1)[-1]:
-            store = capture.linears if isinstance(sub, torch.nn.Linear) else capture.norms
+        leaf = qual.rsplit(".", 1)[-1]
+        # a projection of its own module class (Moshi's MoshiLinear around its nn.Linear)
+        projection = isinstance(sub, torch.nn.Linear) or leaf in ("q_proj", "k_proj", "v_proj")
+        if projection or "norm" in leaf:
+            store = capture.linears if projection else capture.norms
 
             def hook(mod, args, out, qual=qual, store=store):
                 store.setdefault(qual, out)
