@@ -433,6 +433,9 @@ HF_FAMILIES |= {
     t: HFFamily("none", is_neox=False, **_MODEL_DTYPE_TABLE, note=f"{t}: {_COHERE_NOTE}")
     for t in ("cohere2", "cohere2_moe")
 }
+HF_FAMILIES["evolla"] = HFFamily(
+    "none", **_MODEL_DTYPE_TABLE, note="Evolla: RoPE in fp32 from the table in the model dtype"
+)
 HF_FAMILIES["modernbert-decoder"] = HFFamily(
     "none",
     **_MODEL_DTYPE_TABLE,
@@ -504,7 +507,5 @@ _NEEDS = {
     ),
     "a check against its model: its tiny model does not run in the zoo (its input ids carry "
     "audio codebooks beside the text token)": ("kyutai_speech_to_text",),
-    "a check against its model: its tiny model does not run in the zoo (a size mismatch "
-    "inside its layers)": ("evolla",),
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}
