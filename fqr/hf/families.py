@@ -485,9 +485,9 @@ _NEEDS = {
     "takes any position)": ("recurrent_gemma",),
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
-    "proportional RoPE from a config (fqr builds it for Gemma 4's presets only)": (
-        "diffusion_gemma_text",
-    ),
+    "Gemma 4's attention: the split-qkv-vnorm variant with norms that multiply the weight in "
+    "fp32 (one rounding, which the variant's numerics do not define), per-layer head sizes "
+    "(k = v on its full layers) and their proportional RoPE": ("diffusion_gemma_text",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
     "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
