@@ -45,11 +45,13 @@ the ``8 u`` of the table (a bias adds one rounding of the biased value).
 full-width norm (``norm="full"``, OLMo2) HF's ``Olmo2RMSNorm`` rounds once, ``n = round(x * rstd
 * w)``, and its ``apply_rotary_pos_emb`` multiplies the bf16 ``n`` by fp32 cos/sin and rounds
 once, ``round(n1*c - n2*s)`` (vLLM's OLMo2 uses ``RMSNorm`` and its rotary embedding:
-``unfused``). The MLA ops (``split_mla_rmsnorm_rope_cache``, ``mla_q_rope``): HF's DeepSeek-V2
-rotates with an fp32 complex product (``apply_rotary_emb``) rounded once, its norms round as
-vLLM's (HF's DeepSeek-V3 rounds as vLLM: ``unfused``). Per-head norms, no norm and their RoPE
-round the same in both (HF Qwen3 / Gemma 3
-/ Llama = vLLM), so there the two modes are one.
+``unfused``). With per-head norms of offset 0, HF's AFMoE / Flint / Lara norms also multiply the
+weight in fp32, ``n = round(x * rstd * w)``, and then rotate as Llama's (rounding points 2 and 3
+above), where HF's Qwen3 rounds as vLLM's (``unfused``). The MLA ops
+(``split_mla_rmsnorm_rope_cache``, ``mla_q_rope``): HF's DeepSeek-V2 rotates with an fp32
+complex product (``apply_rotary_emb``) rounded once, its norms round as vLLM's (HF's DeepSeek-V3
+rounds as vLLM: ``unfused``). ``(1 + w)`` norms, no norm and their RoPE round the same in both
+(HF Gemma 3 / Llama = vLLM), so there the two modes are one.
 
 The norm variants (issue 15): a norm without weight rounds once, ``n = round(x * rstd)``
 (vLLM's ``RMSNorm(has_weight=False)``: Gemma 4's v norm, Llama 4's ``qk_norm`` on ``q.float()``;

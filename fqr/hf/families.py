@@ -82,6 +82,11 @@ class HFFamily:
     # The family's yarn is Hugging Face's (vLLM's generic YaRNScalingRotaryEmbedding: gpt-oss),
     # which reads ``truncate``; else vLLM's DeepSeek yarn, which ignores it (false is refused)
     yarn_truncate: bool = False
+    # The family's rotary embedding returns cos / sin in the model dtype (``cos.to(x.dtype)``)
+    # and its RoPE multiplies them with the fp32 q and k, rounded once (Cohere's ``q.float()``):
+    # fqr's ``fused`` arithmetic given the table in the model dtype
+    # (``preset.cos_sin_cache(dtype=...)``, the dtype vLLM's rotary embedding casts it to)
+    table_in_model_dtype: bool = False
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -211,8 +216,14 @@ _SAME_PROLOGUE = {
         # transformers runs these with Llama's code (config-only types) or its copy
         "deepseek_ocr2_text", "emu3_text_model", "exaone", "internlm3", "iquestcoder",
         "mllama_text_model",
+        # Moshi's temporal transformer (its MoshiLinear projections)
+        "moshi",
     ),
     "glm": ("helium",),
+    # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
+    # halves, its full-attention layers' heads (num_attention_heads; the sliding ones take
+    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention'])
+    "gemma3_text": ("step3p5",),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
         "kolibri1", "laguna", "mellum", "sarvam_moe",
@@ -297,6 +308,13 @@ HF_FAMILIES |= {
         **_QWEN2_VL, is_neox=False, mrope_section=(8, 12, 12), note=f"{model_type}: qk-mrope"
     )
     for model_type in ("glm4v_text", "glm_ocr_text")
+}
+# Per-head QK norms that multiply the weight in fp32 and round once (``(self.weight *
+# hidden_states).to(input_dtype)``, where Qwen3's rounds before the weight), then RoPE as
+# Llama's (cos / sin in the model dtype): "unfused-hf" (fqr.numerics); their RoPE layers
+HF_FAMILIES |= {
+    t: HFFamily("head", numerics="unfused-hf", note=f"{t}: per-head norms, the weight in fp32")
+    for t in ("afmoe", "flint", "lara_mini")
 }
 HF_FAMILIES |= {
     "lfm2": HFFamily("head", eps_key="norm_eps", note="LFM2: per-head QK norms (norm_eps)"),
@@ -398,6 +416,32 @@ HF_FAMILIES["chameleon"] = HFFamily(
     note="Chameleon: a LayerNorm on each head with its own weight and bias",
 )
 
+# Cohere (CohereAttention) and its kin: no QK norm (Cohere's use_qk_norm LayerNorm is refused),
+# GPT-J pairs (the table repeat_interleave'd, rotate_half of pairs), RoPE in fp32 from the
+# model-dtype cos / sin, rounded once (table_in_model_dtype); Cohere 2 rotates on its sliding
+# layers only. ModernBERT's decoder: the same arithmetic on NeoX halves
+_MODEL_DTYPE_TABLE = dict(eps_key=None, numerics="fused", table_in_model_dtype=True)
+_COHERE_NOTE = "GPT-J pairs in fp32 from the table in the model dtype"
+HF_FAMILIES["cohere"] = HFFamily(
+    "none",
+    is_neox=False,
+    **_MODEL_DTYPE_TABLE,
+    refused_keys=(("use_qk_norm", False, "a LayerNorm on q and k (each head its own weight)"),),
+    note=f"Cohere: {_COHERE_NOTE}",
+)
+HF_FAMILIES |= {
+    t: HFFamily("none", is_neox=False, **_MODEL_DTYPE_TABLE, note=f"{t}: {_COHERE_NOTE}")
+    for t in ("cohere2", "cohere2_moe")
+}
+HF_FAMILIES["evolla"] = HFFamily(
+    "none", **_MODEL_DTYPE_TABLE, note="Evolla: RoPE in fp32 from the table in the model dtype"
+)
+HF_FAMILIES["modernbert-decoder"] = HFFamily(
+    "none",
+    **_MODEL_DTYPE_TABLE,
+    note="ModernBERT decoder: RoPE in fp32 from the table in the model dtype, global layers",
+)
+
 # Families fqr builds no preset for, with what their attention prologue needs (read from their
 # transformers modeling code; the zoo test prints each refusal).
 _NEEDS = {
@@ -414,14 +458,9 @@ _NEEDS = {
         "ministral3",
     ),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
-    "a numerics mode: RoPE in fp32 from model-dtype cos/sin, rounded once (nearest: fused, "
-    "up to 2e-3 absolute, 193 ULP where the rotation cancels)": (
-        "cohere", "cohere2", "cohere2_moe", "modernbert-decoder",
-    ),
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
-    "then RoPE as Llama's (nearest: unfused, up to 1.6e-2 absolute)": (
-        "afmoe", "flint", "lara_mini", "beam",
-    ),
+    "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
+    "nearest: unfused-hf, OLMo 2's rounding on per-head norms)": ("beam",),
     "a weightless QK norm with q scaled by qk_scale_factor after it": (
         "muse_glimmer_text", "muse_spark_text",
     ),
@@ -446,9 +485,9 @@ _NEEDS = {
     "takes any position)": ("recurrent_gemma",),
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
-    "proportional RoPE from a config (fqr builds it for Gemma 4's presets only)": (
-        "diffusion_gemma_text",
-    ),
+    "Gemma 4's attention: the split-qkv-vnorm variant with norms that multiply the weight in "
+    "fp32 (one rounding, which the variant's numerics do not define), per-layer head sizes "
+    "(k = v on its full layers) and their proportional RoPE": ("diffusion_gemma_text",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
     "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
@@ -462,15 +501,11 @@ _NEEDS = {
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),
-    "a check against its model: fqr reads no rope_theta from its config (its RoPE settings "
-    "are not where Llama's are)": (
-        "glm5_next_text", "inkling2_text", "step3p5",
+    "RoPE in its text attention: only its vision tower rotates (GLM-5-Next's text layers are "
+    "NoPE DSA / linear attention, Inkling 2's a relative position bias)": (
+        "glm5_next_text", "inkling2_text",
     ),
-    "a check against its model: the zoo's run of its tiny model captured no q_proj / qkv "
-    "projection": (
-        "moshi", "kyutai_speech_to_text",
-    ),
-    "a check against its model: its tiny model does not run in the zoo (a size mismatch "
-    "inside its layers)": ("evolla",),
+    "a check against its model: its tiny model does not run in the zoo (its input ids carry "
+    "audio codebooks beside the text token)": ("kyutai_speech_to_text",),
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}

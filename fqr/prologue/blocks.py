@@ -30,9 +30,11 @@ def norm_then_rope(
     alone. ``numerics="unfused"`` rounds to q's dtype where the model code does, in the norm
     and in every RoPE step (:mod:`fqr.ops.norm`, :mod:`fqr.ops.rope`)."""
     round_to = q.dtype if numerics.startswith("unfused") else None
-    # HF's OLMo2 (full-width norms): the weight multiplies in fp32 (one rounding), and RoPE runs
-    # in fp32 with fp32 cos/sin, rounded once (fqr.numerics, "unfused-hf")
-    hf_full_norm = numerics == "unfused-hf" and full_norm
+    # "unfused-hf" (fqr.numerics): Hugging Face's RMSNorms that multiply the weight in fp32
+    # (one rounding: OLMo 2's full-width norms, AFMoE's per-head ones); with the full-width
+    # norms (HF's OLMo2) RoPE also runs in fp32 with fp32 cos/sin, rounded once
+    hf_norm = numerics == "unfused-hf"
+    hf_full_norm = hf_norm and full_norm
     values = [q, k]
     if groups is not None:
         values = [
@@ -48,7 +50,7 @@ def norm_then_rope(
                 sum_sq=ss,
                 count=n,
                 round_to=round_to,
-                round_before_weight=False if hf_full_norm else None,
+                round_before_weight=False if hf_norm else None,
             )
             for x, w, b, g, ss, n in zip(values, weights, biases, groups, sums, counts)
         ]

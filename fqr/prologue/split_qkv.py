@@ -456,7 +456,8 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
     reference it matches is :func:`fqr.reference.prologue`. ``numerics="fused"`` computes in fp32
     and rounds once at the store; ``"unfused"`` rounds where vLLM's native code and Hugging Face's
     Qwen3 / Gemma 3 modules round, bit for bit; ``"unfused-hf"`` as Hugging Face's code where it
-    rounds otherwise than vLLM's (OLMo2's full-width norm; :mod:`fqr.numerics`).
+    rounds otherwise than vLLM's (norms that multiply the weight in fp32: OLMo2's full-width
+    norm, AFMoE's per-head ones; :mod:`fqr.numerics`).
 
     {params.EXAMPLE_HEADING}
 

@@ -232,8 +232,11 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
 
     hooks = []
     for qual, sub in model.named_modules():
-        if isinstance(sub, torch.nn.Linear) or "norm" in qual.rsplit(".", 1)[-1]:
-            store = capture.linears if isinstance(sub, torch.nn.Linear) else capture.norms
+        leaf = qual.rsplit(".", 1)[-1]
+        # a projection of its own module class (Moshi's MoshiLinear around its nn.Linear)
+        projection = isinstance(sub, torch.nn.Linear) or leaf in ("q_proj", "k_proj", "v_proj")
+        if projection or "norm" in leaf:
+            store = capture.linears if projection else capture.norms
 
             def hook(mod, args, out, qual=qual, store=store):
                 store.setdefault(qual, out)
@@ -272,6 +275,17 @@ def _q_and_k_order(module, name: str) -> list[str] | None:
     return order[:2]
 
 
+def _rotary_embedding(model) -> torch.nn.Module:
+    """The model's own rotary embedding: the outermost one (Evolla's text model also holds its
+    protein encoder's, deeper down)."""
+    found = [
+        (qual.count("."), i, m)
+        for i, (qual, m) in enumerate(model.named_modules())
+        if type(m).__name__.endswith("RotaryEmbedding")
+    ]
+    return min(found, key=lambda x: x[:2])[2]
+
+
 def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
     half = table.shape[-1] // 2
     return torch.cat([table[:POSITIONS, half:], table[:POSITIONS, :half]], -1).float()
@@ -284,7 +298,7 @@ def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
     rounded to bf16, up to 6e-3 off the sinusoid at positions < 64; a preset's table is the
     exact one); every other rotary embedding computes its frequencies in fp32 whatever the
     load dtype: :func:`model_table`."""
-    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    rotary = _rotary_embedding(model)
     if getattr(rotary, "embed_positions", None) is None:
         return model_table(model, mrope)
     build = importlib.import_module(type(rotary).__module__).create_sinusoidal_positions
@@ -295,7 +309,7 @@ def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
 def model_table(model, mrope: bool) -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
     its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
-    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    rotary = _rotary_embedding(model)
     table = getattr(rotary, "embed_positions", None)
     if table is not None:  # GPT-J / CodeGen's sinusoidal buffer: [sin | cos] halves
         return _sin_cos_buffer(table)
