@@ -39,3 +39,13 @@ def peak_bytes(fn) -> int:
     before = _status("VmRSS")
     fn()
     return _status("VmHWM") - before
+
+
+def in_fresh_process(fn, *args):
+    """``fn(*args)`` in a new interpreter (``spawn``; ``fn`` a module-level function): a
+    measure of the resident set there depends on the call alone, not on the heap that earlier
+    tests of this process left fragmented (the main suite runs in one process)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
