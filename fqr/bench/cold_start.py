@@ -12,8 +12,9 @@ compiled by an earlier run is found:
 
 Triton's own runtime pieces (its CUDA utilities, which it builds with the host's C compiler the
 first time it runs on a machine) come from an untimed call before: each process starts with a
-copy of a Triton cache that holds them and no fqr kernel. Each mode runs ``repeats`` times,
-alternating; the medians of two wall-clock spans are kept:
+copy of a Triton cache that holds them and no fqr kernel, and the bytecode of the modules the
+call imports is cached as on an installed machine (:func:`_bytecode_env`). Each mode runs
+``repeats`` times, alternating; the medians of two wall-clock spans are kept:
 ``to_first_result`` from just before the process is spawned to the first result on the host
 (``torch.cuda.synchronize`` after the call), and ``first_call`` the call alone (the inputs
 are on the GPU and synchronised before it starts). The child also reports how many kernels
@@ -115,10 +116,16 @@ print(json.dumps({
 
 
 def _run_child(
-    preset: str, tp: int, tokens: int, bundle: str | None, triton_runtime: Path | None
+    preset: str,
+    tp: int,
+    tokens: int,
+    bundle: str | None,
+    triton_runtime: Path | None,
+    pycache: Path | None = None,
 ) -> dict:
     """One fresh process; ``triton_runtime``: a Triton cache holding only Triton's own
-    compiled runtime pieces, copied in first (a machine that ran Triton before has them)."""
+    compiled runtime pieces, copied in first (a machine that ran Triton before has them);
+    ``pycache``: the bytecode cache the processes share (:func:`_bytecode_env`)."""
     with tempfile.TemporaryDirectory(prefix="fqr-cold-") as scratch:
         kernels, triton_cache = Path(scratch, "kernels"), Path(scratch, "triton")
         kernels.mkdir(mode=0o700)
@@ -126,7 +133,7 @@ def _run_child(
             triton_cache.mkdir(mode=0o700)
         else:
             shutil.copytree(triton_runtime, triton_cache)
-        env = dict(os.environ)
+        env = dict(os.environ) | _bytecode_env(pycache)
         env.pop("FQR_KERNEL_BUNDLE", None)
         env |= {"FQR_CACHE_DIR": str(kernels), "TRITON_CACHE_DIR": str(triton_cache)}
         if bundle is not None:
@@ -152,11 +159,24 @@ def _spawn(preset: str, tp: int, tokens: int, env: dict[str, str], what: str) ->
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _bytecode_env(pycache: Path | None) -> dict[str, str]:
+    """Python's bytecode cache for the measured processes: the caller's
+    ``PYTHONPYCACHEPREFIX`` if set, else ``pycache``, which the untimed warm-up fills. An
+    installed package has its bytecode; where site-packages is read-only and shipped without
+    it (the GPU image), every fresh process would compile Triton's sources again (117 ms of a
+    first call went to compiling the modules Triton imports on its first launch)."""
+    if "PYTHONPYCACHEPREFIX" in os.environ or pycache is None:
+        return {}
+    return {"PYTHONPYCACHEPREFIX": str(pycache)}
+
+
 def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Path) -> Path:
     """A Triton cache with Triton's runtime pieces (its CUDA utilities, built with the host's C
-    compiler on first use) and no fqr kernel: what an untimed call from the bundle leaves."""
+    compiler on first use) and no fqr kernel: what an untimed call from the bundle leaves; the
+    bytecode of every module the call imports goes to ``scratch / "pycache"``."""
     runtime = scratch / "triton"
     env = dict(os.environ, TRITON_CACHE_DIR=str(runtime), FQR_KERNEL_BUNDLE=bundle)
+    env |= _bytecode_env(scratch / "pycache")
     env["FQR_CACHE_DIR"] = str(scratch / "kernels")
     runtime.mkdir(mode=0o700)
     (scratch / "kernels").mkdir(mode=0o700)
@@ -179,7 +199,8 @@ def measure_cold_start(
         for _ in range(repeats):
             for mode in MODES:
                 chosen = bundle if mode == "bundle" else None
-                runs[mode].append(_run_child(preset, tp, tokens, chosen, runtime))
+                pycache = Path(scratch, "pycache")
+                runs[mode].append(_run_child(preset, tp, tokens, chosen, runtime, pycache))
     rows = {}
     for mode, results in runs.items():
         rows[mode] = {

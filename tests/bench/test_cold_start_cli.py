@@ -53,3 +53,17 @@ def test_the_child_reports_every_part_and_the_table_shows_them():
     row = next(line for line in text.splitlines() if "qwen3-8b" in line)
     cells = [c.strip() for c in row.split("│") if c.strip()]
     assert cells[4 : 4 + len(PARTS)] == [str(i + 1) for i in range(len(PARTS))]
+
+
+def test_measured_processes_share_a_bytecode_cache_unless_the_caller_chose_one(
+    monkeypatch, tmp_path
+):
+    """A read-only site-packages without bytecode (the GPU image) made every fresh process
+    compile Triton's sources: the measured processes share one bytecode cache, the caller's
+    ``PYTHONPYCACHEPREFIX`` kept where given."""
+    from fqr.bench.cold_start import _bytecode_env
+
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    assert _bytecode_env(tmp_path) == {"PYTHONPYCACHEPREFIX": str(tmp_path)}
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/elsewhere")
+    assert _bytecode_env(tmp_path) == {}
