@@ -75,7 +75,11 @@ def test_fused_model_kernels_are_built_ahead(dtype):
         assert outs[0].shape == (positions.shape[0], s.hq * s.d)
 
 
-@pytest.mark.skipif(BUILDING, reason=f"CUDA graphs and the profiler: {CUDA_RUNTIME_ONLY}")
+@pytest.mark.skipif(
+    BUILDING,
+    reason=f"CUDA graphs and the profiler: {CUDA_RUNTIME_ONLY}; its kernels are built by "
+    "test_examples_gpu.py::test_vllm_example_kernels_are_built_ahead",
+)
 def test_compiled_comparison_under_cuda_graphs():
     from fqr.fusion.compiled import compare_compiled
 
