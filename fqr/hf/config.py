@@ -396,6 +396,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         raise ValueError(f"config: RoPE ({rope_type}) of {model_type} has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
     scaling = _scaling(rope, origin, rope_type, model_type, family)
+    if family.negated_angle:  # only from "default" (its scalings): the negated positions' table
+        scaling = (("rope_type", "negated"),)
     variant_params: tuple = family.variant_params
     if family.variant == "mla-kv":
         heads = positive_count(

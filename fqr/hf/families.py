@@ -87,6 +87,10 @@ class HFFamily:
     # fqr's ``fused`` arithmetic given the table in the model dtype
     # (``preset.cos_sin_cache(dtype=...)``, the dtype vLLM's rotary embedding casts it to)
     table_in_model_dtype: bool = False
+    # The family's RoPE rotates by the negated angle (nanochat's ``rotate_half`` is
+    # ``cat(x2, -x1)``): the usual rotation by the table of the negated positions (the preset's
+    # scaling ``negated``, built from a ``default`` one)
+    negated_angle: bool = False
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -358,6 +362,18 @@ HF_FAMILIES |= {
     for t in ("hunyuan_v1_dense", "hunyuan_v1_moe")
 }
 
+# nanochat (NanoChatAttention): NeoX halves rotated by the negated angle (its rotate_half is
+# cat(x2, -x1): the usual rotation by the table of the negated positions, exactly, as sin is
+# odd), rounded as Llama's, then a weightless RMSNorm of each head (q_norm / k_norm: fp32,
+# rounded once), eps rms_norm_eps: the rope-l2norm variant, vLLM's rounding
+HF_FAMILIES["nanochat"] = HFFamily(
+    "none",
+    variant="rope-l2norm",
+    scalings=("default",),
+    negated_angle=True,
+    note="nanochat: RoPE by the negated angle, then a weightless norm",
+)
+
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
 # ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
 # ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
@@ -475,9 +491,6 @@ _NEEDS = {
     "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
     "fp32 (one rounding, which the variant's numerics do not define)": (
         "gemma3n_text", "gemma4_unified_text",
-    ),
-    "RoPE by the negated angle (its rotate_half is cat(x2, -x1)), then a weightless norm": (
-        "nanochat",
     ),
     "RoPE in its attention first: apply_rotary_pos_emb is defined there but never called (no "
     "rotary prologue to build)": ("jamba", "nemotron_h"),

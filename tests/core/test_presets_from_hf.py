@@ -1009,7 +1009,7 @@ BAD_PRESETS = [
         Q,
         dict(rope_scaling=(("rope_type", "dynamic"), ("factor", 2.0))),
         ValueError,
-        r"^rope_scaling\['rope_type'\] must be one of linear, llama3, proportional, yarn, "
+        r"^rope_scaling\['rope_type'\] must be one of linear, llama3, proportional, negated, yarn, "
         "got 'dynamic'",
     ),
     (

@@ -306,6 +306,12 @@ def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
     return _sin_cos_buffer(build(POSITIONS, rotary.pos_embd_dim))
 
 
+def negated_angle(table: torch.Tensor) -> torch.Tensor:
+    """The table ``[P, R]`` (cos | sin halves) of the negated angles: sin negated (exact)."""
+    half = table.shape[-1] // 2
+    return torch.cat([table[:, :half], -table[:, half:]], -1)
+
+
 def model_table(model, mrope: bool) -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
     its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
