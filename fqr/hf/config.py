@@ -304,6 +304,40 @@ def _mrope_params(
     return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))
 
 
+def _q_scale(text, family: HFFamily) -> float:
+    """``config.<family.q_scale_key>``: required, a finite real number (as fp32: the
+    product's compute dtype)."""
+    key = family.q_scale_key
+    where = f"config.{key}"
+    value = _required(text, key, getattr(text, "model_type", ""))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+    check_finite_scalar(where, float(value))
+    return float(value)
+
+
+def norm_weights(config, preset: Preset, q_weight=None, k_weight=None) -> tuple:
+    """The ``(q_weight, k_weight)`` fqr's op takes for the model of ``config`` (of a family
+    in :data:`HF_FAMILIES`; ``preset`` built from it), given the model's own QK-norm weights
+    (its ``q_norm.weight`` / ``k_norm.weight``; None where its norm has none): those weights,
+    or for a family whose norm has no weight (:attr:`HFFamily.weightless_norm`) ones of
+    ``preset.head_dim``, in fp32; where the family multiplies q after its norm by a config
+    value (:attr:`HFFamily.q_scale_key`: Muse's ``qk_scale_factor``), q's are that value in
+    fp32. Under ``unfused`` the norm rounds to the model dtype, then the product with the fp32
+    weight is rounded once: the model's ``qk_norm(q) * qk_scale_factor`` bit for bit."""
+    import torch
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    family = HF_FAMILIES[text.model_type]
+    if not family.weightless_norm:
+        return q_weight, k_weight
+    if q_weight is not None or k_weight is not None:
+        raise ValueError(f"{text.model_type}: its QK norm has no weight, got one")
+    ones = torch.ones(preset.head_dim, dtype=torch.float32)
+    scale = 1.0 if family.q_scale_key is None else _q_scale(text, family)
+    return ones * scale, ones
+
+
 def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
     :data:`HF_FAMILIES` (a multimodal config gives its text config's).
@@ -320,7 +354,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     (:data:`MROPE_VARIANTS`: Qwen3-VL ``mrope``, Qwen3.5 ``mrope-gate``, Qwen2-VL kin
     ``qk-mrope``) its ``mrope_section`` (missing: the code's default) and
     ``mrope_interleaved`` (where the code ignores it, what the code does; a config saying
-    otherwise is refused). From the family: the norm kind (or the one
+    otherwise is refused). A family whose QK norm has no weight takes the weights
+    :func:`norm_weights` gives (Muse: ones, q's ``qk_scale_factor``). From the family: the norm
+    kind (or the one
     :attr:`HFFamily.norm_key` picks), its weight offset, the RoPE pairing and the variant; a
     setting the family's code applies that fqr has no form for (:attr:`HFFamily.refused_keys`)
     is refused naming it. Families whose prologue is another variant
@@ -430,6 +466,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         variant_params = _mrope_params(rope, origin, model_type, rotary_dim, family)
     for key in family.required:
         _required(text, key, model_type)
+    if family.q_scale_key is not None:
+        _q_scale(text, family)
     for key, harmless, what in family.refused_keys:
         value = getattr(text, key, harmless)
         if value != harmless:

@@ -91,6 +91,13 @@ class HFFamily:
     # ``cat(x2, -x1)``): the usual rotation by the table of the negated positions (the preset's
     # scaling ``negated``, built from a ``default`` one)
     negated_angle: bool = False
+    # The family's per-head QK norm has no weight (Muse's qk_norm, ``with_scale=False``), and
+    # its q is multiplied after the norm by the config value of this key (Muse's
+    # ``qk_scale_factor``, a Python float: the bf16 product computed in fp32, rounded once):
+    # fqr's op takes ones as k's weight and that value as q's, in fp32
+    # (:func:`fqr.hf.config.norm_weights`); None: the model's own norm weights
+    weightless_norm: bool = False
+    q_scale_key: str | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -374,6 +381,21 @@ HF_FAMILIES["nanochat"] = HFFamily(
     note="nanochat: RoPE by the negated angle, then a weightless norm",
 )
 
+# Muse Glimmer / Spark text models (their TextAttention): one weightless per-head RMSNorm of q
+# and of k (fp32, torch.pow(ms, -0.5), which is rsqrt, rounded once), q then multiplied by
+# qk_scale_factor in the model dtype (bf16(bf16(n) * s), s in fp32), then RoPE as Llama's; their
+# RoPE layers (layer_rope_theta non-zero; the rest are NoPE). fqr's per-head norm with the
+# weights norm_weights gives (ones for k, qk_scale_factor for q, in fp32), rounded as Qwen3's
+HF_FAMILIES |= {
+    t: HFFamily(
+        "head",
+        weightless_norm=True,
+        q_scale_key="qk_scale_factor",
+        note=f"{t}: weightless per-head norms, q times qk_scale_factor (fqr.hf.norm_weights)",
+    )
+    for t in ("muse_glimmer_text", "muse_spark_text")
+}
+
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
 # ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
 # ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
@@ -477,9 +499,6 @@ _NEEDS = {
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
     "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
     "nearest: unfused-hf, OLMo 2's rounding on per-head norms)": ("beam",),
-    "a weightless QK norm with q scaled by qk_scale_factor after it": (
-        "muse_glimmer_text", "muse_spark_text",
-    ),
     "Hugging Face's yarn table and a q scale by position (llama_4_scaling_beta), in MLA": (
         "mistral4",
     ),

@@ -391,6 +391,7 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     projection output the model computed, with the model's norm weights and RoPE table
     (``table``), under ``numerics``, on ``backend``."""
     import fqr
+    from fqr.hf import norm_weights
 
     rotated = tuple(capture.outputs[:2])
     if preset.variant == "mla-kv":
@@ -406,6 +407,8 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
             if f"{prefix}.{n}" in capture.linears
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
+    # a weightless norm (Muse's qk_norm): the weights fqr's mapping gives for the config
+    weights = norm_weights(model.config, preset, *weights)
     common = dict(numerics=numerics, backend=backend)
     if preset.variant == "qk-layernorm":
         # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
