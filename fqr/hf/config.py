@@ -316,6 +316,31 @@ def _q_scale(text, family: HFFamily) -> float:
     return float(value)
 
 
+def _index_params(text, model_type: str, kv_heads: int, rotary_dim: int) -> tuple:
+    """The ``index-heads`` fields of a MiniMax-M3 config with indexer layers:
+    ``index_head_dim`` (``config.index_head_dim``), no FP8 outputs (transformers' model
+    computes in its own dtype). fqr's variant has as many indexer q heads as kv heads
+    (``config.index_n_heads`` otherwise refused), and rotates them over ``min(rotary_dim,
+    index_head_dim)`` features: the model slices its table ``cos[..., :index_head_dim]``,
+    which for an index head narrower than the table is no rotation fqr has (refused)."""
+    heads = positive_count("config.index_n_heads", _required(text, "index_n_heads", model_type))
+    head_dim = positive_count(
+        "config.index_head_dim", _required(text, "index_head_dim", model_type)
+    )
+    if heads != kv_heads:
+        raise UnsupportedConfig(
+            f"config.index_n_heads {heads} ({model_type}): fqr's index-heads variant has as "
+            f"many indexer q heads as kv heads ({kv_heads})"
+        )
+    if head_dim < rotary_dim or head_dim % 2:
+        raise UnsupportedConfig(
+            f"config.index_head_dim {head_dim} ({model_type}): the indexer then rotates by "
+            f"the first {head_dim} columns of a {rotary_dim}-wide cos / sin (no rotation fqr "
+            f"has; an even index_head_dim >= the rotary width is)"
+        )
+    return (("index_head_dim", head_dim), ("attn_fp8", False), ("index_fp8", False))
+
+
 def norm_weights(config, preset: Preset, q_weight=None, k_weight=None) -> tuple:
     """The ``(q_weight, k_weight)`` fqr's op takes for the model of ``config`` (of a family
     in :data:`HF_FAMILIES`; ``preset`` built from it), given the model's own QK-norm weights
@@ -468,6 +493,10 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         _required(text, key, model_type)
     if family.q_scale_key is not None:
         _q_scale(text, family)
+    variant = family.variant
+    if family.indexer_layer_type in (getattr(text, "layer_types", None) or ()):
+        variant = "index-heads"
+        variant_params = _index_params(text, model_type, kv_heads, rotary_dim)
     for key, harmless, what in family.refused_keys:
         value = getattr(text, key, harmless)
         if value != harmless:
@@ -496,7 +525,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         partial_rotary_factor=partial_rotary_factor,
         is_neox=_is_neox(text, family),
         rope_scaling=scaling,
-        variant=family.variant,
+        variant=variant,
         variant_params=variant_params,
         hidden_size=_hidden_size(text),
     )

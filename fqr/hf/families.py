@@ -98,6 +98,11 @@ class HFFamily:
     # (:func:`fqr.hf.config.norm_weights`); None: the model's own norm weights
     weightless_norm: bool = False
     q_scale_key: str | None = None
+    # The layer type (in ``config.layer_types``) whose layers run MiniMax-M3's lightning
+    # indexer beside the attention: a config that has such layers builds the preset of those
+    # layers, the ``index-heads`` variant (its index heads read from the config); one without
+    # them the family's own
+    indexer_layer_type: str | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -283,7 +288,6 @@ HF_VARIANT_FAMILIES: dict[str, str] = {
     "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant), its global layers "
     "have their own head sizes (global_head_dim, k = v with attention_k_eq_v), and its norms "
     "multiply the weight in fp32 (one rounding, which the variant's numerics do not define)",
-    "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
 }
 # The variants whose preset carries mrope_section / mrope_interleaved
 MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
@@ -395,6 +399,18 @@ HF_FAMILIES |= {
     )
     for t in ("muse_glimmer_text", "muse_spark_text")
 }
+
+# MiniMax-M3 (MiniMaxM3VLAttention): Gemma 3's (1 + w) per-head norms (the weight in fp32, as
+# Gemma3RMSNorm), RoPE over partial_rotary_factor of each head (its rotary embedding reads no
+# rotary_dim); its minimax_m3_sparse layers also run the lightning indexer (MiniMaxM3VLIndexer:
+# index_n_heads q heads and one k head of index_head_dim, (1 + w) norms, the same table): the
+# index-heads variant, their q / k / v and the indexer's projections read as one row
+HF_FAMILIES["minimax_m3_vl_text"] = HFFamily(
+    "head",
+    1.0,
+    indexer_layer_type="minimax_m3_sparse",
+    note="MiniMax-M3: (1 + w) norms; its sparse layers with the indexer heads (index-heads)",
+)
 
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
 # ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's

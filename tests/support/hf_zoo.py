@@ -79,6 +79,9 @@ class Capture:
     outputs: tuple = ()
     linears: dict = field(default_factory=dict)
     norms: dict = field(default_factory=dict)
+    # the outputs of the rotary calls after the first (``run_model(rotary_calls=...)``: MiniMax-M3's
+    # indexer rotates its own q and k after the attention's)
+    later: list = field(default_factory=list)
 
 
 def transformers_root() -> pathlib.Path:
@@ -191,10 +194,18 @@ def _modeling_module(model):
     return importlib.import_module(type(model).__module__)
 
 
-def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, offset: float):
+def run_model(
+    config,
+    positions: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    offset: float,
+    rotary_calls: int = 1,
+):
     """The model of ``config`` (one layer, bf16, random weights; norm weights ``offset + 0.3
     * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
-    planes) until its first rotary call: ``(model, capture)``."""
+    planes) until its first rotary call (its ``rotary_calls``-th: the later ones' outputs in
+    ``capture.later``): ``(model, capture)``."""
 
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator, device=generator.device)))
     # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
@@ -225,7 +236,12 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
                 if len(calls) < 2:
                     return out
                 out = calls[order.index("q")], calls[order.index("k")]
-            capture.function, capture.inputs, capture.outputs = name, args, out
+            if capture.function:
+                capture.later.append(out)
+            else:
+                capture.function, capture.inputs, capture.outputs = name, args, out
+            if 1 + len(capture.later) < rotary_calls:
+                return out
             raise Captured
 
         return recording
@@ -392,6 +408,7 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     (``table``), under ``numerics``, on ``backend``."""
     import fqr
     from fqr.hf import norm_weights
+    from fqr.prologue.params import index_head_kwargs
 
     rotated = tuple(capture.outputs[:2])
     if preset.variant == "mla-kv":
@@ -443,6 +460,20 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         norms = norms[:1] * 2 if norms[0] is not None else norms[1:]
         with torch.no_grad():
             rotated = tuple(norm(x) for norm, x in zip(norms, rotated))
+    elif preset.variant == "index-heads":
+        # MiniMax-M3's sparse layer: its indexer's q_proj / k_proj after the attention's row,
+        # their (1 + w) norms; the indexer's rotated q and k, the later rotary call
+        indexer = attention.indexer
+        qkv = torch.cat(
+            [qkv, *(capture.linears[f"{prefix}.indexer.{n}"][0] for n in ("q_proj", "k_proj"))],
+            -1,
+        )
+        out = fqr.split_qkv_index_rmsnorm_rope(
+            qkv, positions, table, *weights, _weight(indexer, "q_norm"), _weight(indexer, "k_norm"),
+            **index_head_kwargs(preset, attn_fp8=False, index_fp8=False), **common,
+        )  # fmt: skip
+        out = (out[0], out[1], out[3], out[4])
+        rotated = (*rotated, *capture.later[0])
     elif preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
@@ -461,9 +492,10 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     # CodeGen rotates in fp32 and rounds q and k to the model dtype after its rotary function
     # (``query.transpose(1, 2).to(value.dtype)``): its rounded q and k
     rotated = tuple(x.to(out[0].dtype) for x in rotated)
+    names = ("q", "k", "index_q", "index_k")
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))
-        for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
+        for name, ours, theirs in zip(names, out, rotated)
     ]
 
 
