@@ -508,9 +508,9 @@ _NEEDS = {
     "q, k and v clamped to +-attn_config.clip_qkv after the projection (no fqr form; "
     "transformers' DbrxAttention runs only with clip_qkv set)": ("dbrx",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
-    "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
-        "ministral3",
-    ),
+    "q scaled by position after RoPE (rope_parameters' llama_4_scaling_beta: q times 1 + beta "
+    "* log(1 + floor(position / original_max_position_embeddings)), in the model dtype), "
+    "which no fqr op applies after RoPE": ("ministral3",),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
     "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
@@ -518,9 +518,9 @@ _NEEDS = {
     "Hugging Face's yarn table and a q scale by position (llama_4_scaling_beta), in MLA": (
         "mistral4",
     ),
-    "v heads of their own width (v_head_dim 128 beside head_dim 192: the split takes one D)": (
-        "mimo_v2_flash",
-    ),
+    "v scaled by attention_value_scale after its projection (0.707 by default; no fqr op "
+    "scales v), and v heads of their own width (v_head_dim 128 beside head_dim 192), which the "
+    "split op takes (v_head_dim) but no preset variant carries": ("mimo_v2_flash",),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
     "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
