@@ -285,9 +285,9 @@ HF_FAMILIES["granitemoehybrid"] = HFFamily(
 )
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 HF_VARIANT_FAMILIES: dict[str, str] = {
-    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant), its global layers "
-    "have their own head sizes (global_head_dim, k = v with attention_k_eq_v), and its norms "
-    "multiply the weight in fp32 (one rounding, which the variant's numerics do not define)",
+    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant, unfused-hf), and "
+    "its global layers have their own head sizes (global_head_dim, k = v with "
+    "attention_k_eq_v) and a proportional RoPE, which the builder reads no config of",
 }
 # The variants whose preset carries mrope_section / mrope_interleaved
 MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
@@ -412,6 +412,18 @@ HF_FAMILIES["minimax_m3_vl_text"] = HFFamily(
     note="MiniMax-M3: (1 + w) norms; its sparse layers with the indexer heads (index-heads)",
 )
 
+# Gemma 3n (Gemma3nTextAttention): per-head q_norm / k_norm that multiply the weight in fp32
+# before their one rounding (Gemma3nRMSNorm, no offset), v normalised per head without weight
+# (v_norm), RoPE as Llama's on q and k: the split-qkv-vnorm variant under unfused-hf; the
+# full-attention layers (rope_parameters['full_attention']); its kv-shared layers reuse an
+# earlier layer's k and v (their prologue is q's alone)
+HF_FAMILIES["gemma3n_text"] = HFFamily(
+    "head",
+    variant="split-qkv-vnorm",
+    numerics="unfused-hf",
+    note="Gemma 3n: per-head norms (the weight in fp32), v normalised too, full layers",
+)
+
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
 # ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
 # ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
@@ -523,19 +535,16 @@ _NEEDS = {
     "split op takes (v_head_dim) but no preset variant carries": ("mimo_v2_flash",),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
-    "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
-    "fp32 (one rounding, which the variant's numerics do not define)": (
-        "gemma3n_text", "gemma4_unified_text",
-    ),
     "RoPE in its attention first: apply_rotary_pos_emb is defined there but never called (no "
     "rotary prologue to build)": ("jamba", "nemotron_h"),
     "a RoPE table length: its config has no max_position_embeddings (its rotary embedding "
     "takes any position)": ("recurrent_gemma",),
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
-    "Gemma 4's attention: the split-qkv-vnorm variant with norms that multiply the weight in "
-    "fp32 (one rounding, which the variant's numerics do not define), per-layer head sizes "
-    "(k = v on its full layers) and their proportional RoPE": ("diffusion_gemma_text",),
+    "Gemma 4's attention (the split-qkv-vnorm variant, unfused-hf): per-layer head sizes "
+    "(global_head_dim, k = v on its full layers) and their proportional RoPE from a config": (
+        "diffusion_gemma_text", "gemma4_unified_text",
+    ),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
     "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "

@@ -200,12 +200,13 @@ def run_model(
     generator: torch.Generator,
     *,
     offset: float,
-    rotary_calls: int = 1,
+    rotary_calls: int | None = 1,
 ):
     """The model of ``config`` (one layer, bf16, random weights; norm weights ``offset + 0.3
     * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
     planes) until its first rotary call (its ``rotary_calls``-th: the later ones' outputs in
-    ``capture.later``): ``(model, capture)``."""
+    ``capture.later``; None: the whole forward, Gemma 3n's v_norm runs after k's rotation):
+    ``(model, capture)``."""
 
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator, device=generator.device)))
     # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
@@ -227,7 +228,7 @@ def run_model(
 
     def wrap(name, fn):
         def recording(*args, **kwargs):
-            out = fn(*args, **kwargs)
+            out = returned = fn(*args, **kwargs)
             if torch.is_tensor(out):  # one tensor a call (GPT-J, CodeGen): q's and k's calls
                 order = _q_and_k_order(module, name)
                 if order is None:  # another rotation first (Qwen4-Exp's indexer): not q, k
@@ -240,8 +241,8 @@ def run_model(
                 capture.later.append(out)
             else:
                 capture.function, capture.inputs, capture.outputs = name, args, out
-            if 1 + len(capture.later) < rotary_calls:
-                return out
+            if rotary_calls is None or 1 + len(capture.later) < rotary_calls:
+                return returned
             raise Captured
 
         return recording
@@ -426,6 +427,7 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
     # a weightless norm (Muse's qk_norm): the weights fqr's mapping gives for the config
     weights = norm_weights(model.config, preset, *weights)
+    names = ("q", "k", "index_q", "index_k")  # fqr's outputs compared, in order
     common = dict(numerics=numerics, backend=backend)
     if preset.variant == "qk-layernorm":
         # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
@@ -474,6 +476,13 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         )  # fmt: skip
         out = (out[0], out[1], out[3], out[4])
         rotated = (*rotated, *capture.later[0])
+    elif preset.variant == "split-qkv-vnorm":
+        # Gemma 3n / 4: v normalised too, the model's own v_norm output compared beside q, k
+        out = fqr.split_qkv_rmsnorm_rope_vnorm(
+            qkv, positions, table, *weights, **preset.spec.head_kwargs(**common)
+        )
+        rotated = (*rotated, capture.norms[f"{prefix}.v_norm"])
+        names = ("q", "k", "v")
     elif preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
@@ -492,7 +501,6 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     # CodeGen rotates in fp32 and rounds q and k to the model dtype after its rotary function
     # (``query.transpose(1, 2).to(value.dtype)``): its rounded q and k
     rotated = tuple(x.to(out[0].dtype) for x in rotated)
-    names = ("q", "k", "index_q", "index_k")
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))
         for name, ours, theirs in zip(names, out, rotated)
