@@ -58,16 +58,16 @@ def _required(text, key: str, model_type: str):
     return value
 
 
-def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
+def _rope_parameters(config, layer_type: str = "full_attention") -> tuple[dict, dict[str, str]]:
     """The RoPE settings of the layers the prologue runs in: transformers 5's
-    ``rope_parameters`` (per layer type for Gemma 3: the ``full_attention`` ones), else
+    ``rope_parameters`` (per layer type for Gemma 3: the ``layer_type`` ones), else
     4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes; and where
     each was read (``config.rope_parameters['factor']``, ``config.rope_theta``, ...), the
     name an error about it gives."""
     params = getattr(config, "rope_parameters", None)
     where = "config.rope_parameters"
-    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
-        params, where = params["full_attention"], f"{where}['full_attention']"
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params, where = params[layer_type], f"{where}[{layer_type!r}]"
     if params is not None and not isinstance(params, dict):
         raise TypeError(f"{where} must be a dict, got {type(params).__name__}")
     params = dict(params or {})
@@ -202,6 +202,23 @@ def _is_neox(text, family: HFFamily) -> bool:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"config.{key} must be a bool, got {type(value).__name__} {value!r}")
     return not value
+
+
+def _layer_config(text, model_type: str, family: HFFamily):
+    """The config the family's attention reads its sizes from for the layers the preset
+    describes (:attr:`HFFamily.layer_type`): where the config is per layer
+    (``per_layer_config``, transformers' heterogeneous configs: Gemma 4's head_dim and kv heads
+    differ by layer type) that of the first layer of that type, else the config itself."""
+    if family.layer_type is None:
+        return text
+    types = list(getattr(text, "layer_types", None) or ())
+    if family.layer_type not in types:
+        raise UnsupportedConfig(
+            f"config.layer_types ({model_type}) has no {family.layer_type!r} layer: its preset "
+            f"is of those layers"
+        )
+    per_layer = getattr(text, "per_layer_config", None)
+    return text if per_layer is None else per_layer[types.index(family.layer_type)]
 
 
 def _hidden_size(text) -> int:
@@ -434,7 +451,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
                 else "its attention is not checked against fqr's ops (tests/core/test_hf_zoo.py)"
             )
         )
-    rope, origin = _rope_parameters(text)
+    rope, origin = _rope_parameters(text, family.layer_type or "full_attention")
     if family.fixed_theta is not None:  # the code's own table: no RoPE setting read
         rope = {"rope_theta": family.fixed_theta}
         origin = {"rope_theta": f"{model_type}'s fixed RoPE base"}
@@ -471,7 +488,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
         variant_params = _mla_variant_params(text, model_type, family)
     else:
-        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type, family)
+        layer = _layer_config(text, model_type, family)
+        heads, kv_heads, head_dim, head_key = _head_counts(layer, model_type, family)
         partial_rotary_factor, factor_key = 1.0, None
         if family.rotary_dim_key is not None:
             factor_key = f"config.{family.rotary_dim_key}"

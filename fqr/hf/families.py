@@ -103,6 +103,11 @@ class HFFamily:
     # layers, the ``index-heads`` variant (its index heads read from the config); one without
     # them the family's own
     indexer_layer_type: str | None = None
+    # The layer type (in ``config.layer_types``) whose layers the preset describes: its RoPE
+    # settings (``rope_parameters[layer_type]``) and, where the config is per layer
+    # (``per_layer_config``: Gemma 4), the sizes of its first layer of that type; None: the
+    # ``full_attention`` RoPE settings where the config has them per layer type, the global sizes
+    layer_type: str | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -284,11 +289,8 @@ HF_FAMILIES["granitemoehybrid"] = HFFamily(
     note="Granite 4.0 hybrid: as Llama with position_embedding_type rope",
 )
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
-HF_VARIANT_FAMILIES: dict[str, str] = {
-    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant, unfused-hf), and "
-    "its global layers have their own head sizes (global_head_dim, k = v with "
-    "attention_k_eq_v) and a proportional RoPE, which the builder reads no config of",
-}
+# (none now: Gemma 4's and MiniMax-M3's variants have builders)
+HF_VARIANT_FAMILIES: dict[str, str] = {}
 # The variants whose preset carries mrope_section / mrope_interleaved
 MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
 
@@ -424,6 +426,19 @@ HF_FAMILIES["gemma3n_text"] = HFFamily(
     note="Gemma 3n: per-head norms (the weight in fp32), v normalised too, full layers",
 )
 
+# Gemma 4 (Gemma4TextAttention): as Gemma 3n (the weight in fp32, v normalised); its sliding
+# layers, sizes from per_layer_config (head_dim, num_key_value_heads), RoPE from
+# rope_parameters['sliding_attention']; its full layers (global_head_dim, k = v with
+# attention_k_eq_v, a proportional RoPE) are not this preset
+HF_FAMILIES |= {
+    t: replace(
+        HF_FAMILIES["gemma3n_text"],
+        layer_type="sliding_attention",
+        note=f"{t}: as Gemma 3n, its sliding layers (sizes per layer)",
+    )
+    for t in ("gemma4_text", "gemma4_unified_text")  # Gemma4UnifiedTextAttention: the same code
+}
+
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
 # ``[q | k | v]`` with one k and one v head whatever num_kv_heads says (the code's
 # ``num_kv_heads = 1``); RoPE as Llama's unless ``alibi``. Its other rows are refused:
@@ -543,7 +558,7 @@ _NEEDS = {
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
     "Gemma 4's attention (the split-qkv-vnorm variant, unfused-hf): per-layer head sizes "
     "(global_head_dim, k = v on its full layers) and their proportional RoPE from a config": (
-        "diffusion_gemma_text", "gemma4_unified_text",
+        "diffusion_gemma_text",
     ),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "

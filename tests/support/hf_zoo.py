@@ -308,7 +308,7 @@ def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
     return torch.cat([table[:POSITIONS, half:], table[:POSITIONS, :half]], -1).float()
 
 
-def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
+def table_as_built_in_fp32(model, mrope: bool, layer_type: str = "full_attention") -> torch.Tensor:
     """The table the model's rotary embedding builds when built in fp32: GPT-J / CodeGen's
     ``create_sinusoidal_positions`` divides an int64 ``arange`` by the width, which gives
     torch's default dtype, the load dtype while a model is built (bf16 here: frequencies
@@ -317,7 +317,7 @@ def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
     load dtype: :func:`model_table`."""
     rotary = _rotary_embedding(model)
     if getattr(rotary, "embed_positions", None) is None:
-        return model_table(model, mrope)
+        return model_table(model, mrope, layer_type)
     build = importlib.import_module(type(rotary).__module__).create_sinusoidal_positions
     assert torch.get_default_dtype() == torch.float32
     return _sin_cos_buffer(build(POSITIONS, rotary.pos_embd_dim))
@@ -329,9 +329,10 @@ def negated_angle(table: torch.Tensor) -> torch.Tensor:
     return torch.cat([table[:, :half], -table[:, half:]], -1)
 
 
-def model_table(model, mrope: bool) -> torch.Tensor:
+def model_table(model, mrope: bool, layer_type: str = "full_attention") -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
-    its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
+    its rotary embedding called in fp32 on positions ``0..POSITIONS-1`` (where its RoPE is per
+    layer type, ``layer_type``'s)."""
     rotary = _rotary_embedding(model)
     table = getattr(rotary, "embed_positions", None)
     if table is not None:  # GPT-J / CodeGen's sinusoidal buffer: [sin | cos] halves
@@ -343,12 +344,12 @@ def model_table(model, mrope: bool) -> torch.Tensor:
     import inspect
 
     if "layer_type" in inspect.signature(rotary.forward).parameters:  # RoPE per layer type
-        out = rotary(x, pos, "full_attention")
+        out = rotary(x, pos, layer_type)
     else:
         try:
             out = rotary(x, pos)
         except TypeError:
-            out = rotary(x, pos, "full_attention")
+            out = rotary(x, pos, layer_type)
     if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis
         return torch.cat([out.real, out.imag], dim=-1)[0].float()
     cos, sin = (t[0].float() for t in out)
