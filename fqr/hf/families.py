@@ -436,7 +436,9 @@ HF_FAMILIES |= {
         layer_type="sliding_attention",
         note=f"{t}: as Gemma 3n, its sliding layers (sizes per layer)",
     )
-    for t in ("gemma4_text", "gemma4_unified_text")  # Gemma4UnifiedTextAttention: the same code
+    # Gemma4UnifiedTextAttention: the same code; EmbeddingGemma2Attention normalises q, k, v
+    # first, then rotates q and k (the same prologue)
+    for t in ("gemma4_text", "gemma4_unified_text", "embedding_gemma2_text")
 }
 
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
@@ -568,8 +570,6 @@ _NEEDS = {
         "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text", "zamba2",
         "qwen3_omni_moe_talker_text",
     ),
-    "a check against its model: its heads are per-layer attributes (per_layer_config), which "
-    "fqr reads no config of": ("embedding_gemma2_text",),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),
