@@ -437,8 +437,9 @@ HF_FAMILIES |= {
         note=f"{t}: as Gemma 3n, its sliding layers (sizes per layer)",
     )
     # Gemma4UnifiedTextAttention: the same code; EmbeddingGemma2Attention normalises q, k, v
-    # first, then rotates q and k (the same prologue)
-    for t in ("gemma4_text", "gemma4_unified_text", "embedding_gemma2_text")
+    # first, then rotates q and k (the same prologue); DiffusionGemma's encoder and decoder
+    # attention: Gemma 4's without its kv sharing
+    for t in ("gemma4_text", "gemma4_unified_text", "embedding_gemma2_text", "diffusion_gemma_text")
 }
 
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
@@ -558,10 +559,6 @@ _NEEDS = {
     "takes any position)": ("recurrent_gemma",),
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
-    "Gemma 4's attention (the split-qkv-vnorm variant, unfused-hf): per-layer head sizes "
-    "(global_head_dim, k = v on its full layers) and their proportional RoPE from a config": (
-        "diffusion_gemma_text",
-    ),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
     "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
