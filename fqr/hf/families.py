@@ -144,6 +144,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen3_vl_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL-MoE: as Qwen3-VL"),
     # Qwen3-Omni's thinker: Qwen3-VL's rotary embedding (always interleaved, [24, 20, 20])
     "qwen3_omni_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-Omni thinker: as Qwen3-VL"),
+    # its talker (Qwen3OmniMoeTalkerDecoderLayer): the thinker's attention and rotary embedding
+    "qwen3_omni_moe_talker_text": HFFamily(**_QWEN3_VL, note="Qwen3-Omni talker: as its thinker"),
     "llama": HFFamily("none", note="Llama 3: no QK norm"),
     "olmo2": HFFamily(
         "full", numerics="unfused-hf", note="OLMo 2: one norm over the whole q and the whole k"
@@ -562,10 +564,8 @@ _NEEDS = {
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
     "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
-    "Zamba2 fixes its layer_types; the Qwen3-Omni talker's default config lacks "
-    "shared_expert_intermediate_size)": (
+    "Zamba2 fixes its layer_types)": (
         "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text", "zamba2",
-        "qwen3_omni_moe_talker_text",
     ),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",

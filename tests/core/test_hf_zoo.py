@@ -41,6 +41,8 @@ TINY_EXTRA = {
     "qwen3_vl_text": dict(head_dim=128),
     "qwen3_vl_moe_text": dict(head_dim=128),
     "qwen3_omni_moe_text": dict(head_dim=128),
+    # its default config has no shared_expert_intermediate_size (its MoE block needs one)
+    "qwen3_omni_moe_talker_text": dict(head_dim=128, shared_expert_intermediate_size=32),
     "qwen3_5_text": dict(head_dim=256, layer_types=["full_attention"]),
     "qwen3_5_moe_text": dict(head_dim=256, layer_types=["full_attention"]),
     # its default partial_rotary_factor 1.0 leaves [11, 11, 10] short of the head: refused
@@ -362,7 +364,7 @@ def test_the_kernel_lands_within_one_ulp_of_the_model(model_type, gen):
 
 # The census as measured (transformers 5.24: 164 model types in scope): a family lost, or a
 # model type that stopped being exact, fails here even where it is refused cleanly
-EXACT_AT_LEAST = 133
+EXACT_AT_LEAST = 134
 
 
 def test_census_counts(request):

@@ -265,8 +265,16 @@ def run_model(
     try:
         for name, fn in originals.items():
             setattr(module, name, wrap(name, fn))
+        inputs = dict(position_ids=positions[..., None, :], use_cache=False)
         with torch.no_grad():
-            model(input_ids=ids, position_ids=positions[..., None, :], use_cache=False)
+            try:
+                model(input_ids=ids, **inputs)
+            except AttributeError as e:
+                # Qwen3-Omni's talker embeds no ids (its forward asks for an embed_tokens it
+                # does not have): its own input embeddings (codec_embedding) given instead
+                if "embed_tokens" not in str(e):
+                    raise
+                model(inputs_embeds=model.get_input_embeddings()(ids), **inputs)
     except Captured:
         pass
     finally:
