@@ -290,6 +290,15 @@ HF_FAMILIES["granitemoehybrid"] = HFFamily(
     refused_keys=(("position_embedding_type", "rope", "no RoPE"),),
     note="Granite 4.0 hybrid: as Llama with position_embedding_type rope",
 )
+# Zamba2's shared attention (Zamba2Attention): as Llama, head_dim attention_head_dim (its
+# attribute map's head_dim), RoPE only with use_mem_rope (default False: no RoPE, no prologue
+# of fqr's); its LoRA adapters (use_shared_attention_adapter) add to the projection's output,
+# the row the op reads
+HF_FAMILIES["zamba2"] = HFFamily(
+    "none",
+    refused_keys=(("use_mem_rope", True, "no RoPE"),),
+    note="Zamba2: as Llama with use_mem_rope",
+)
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
 # (none now: Gemma 4's and MiniMax-M3's variants have builders)
 HF_VARIANT_FAMILIES: dict[str, str] = {}
@@ -563,9 +572,8 @@ _NEEDS = {
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
-    "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
-    "Zamba2 fixes its layer_types)": (
-        "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text", "zamba2",
+    "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class)": (
+        "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text",
     ),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
