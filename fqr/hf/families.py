@@ -245,8 +245,10 @@ _SAME_PROLOGUE = {
     "glm": ("helium",),
     # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
     # halves, its full-attention layers' heads (num_attention_heads; the sliding ones take
-    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention'])
-    "gemma3_text": ("step3p5",),
+    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention']); T5Gemma 2's
+    # encoder self-attention (t5gemma2_text) and its decoder's merged attention (its
+    # self-attention part; the cross-attention's k and v are not rotated): Gemma 3's
+    "gemma3_text": ("step3p5", "t5gemma2_text", "t5gemma2_decoder"),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
         "kolibri1", "laguna", "mellum", "sarvam_moe",
@@ -572,8 +574,8 @@ _NEEDS = {
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
-    "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class)": (
-        "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text",
+    "runs only with image inputs; Voxtral Realtime has no text model class)": (
+        "idefics", "voxtral_realtime_text",
     ),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",

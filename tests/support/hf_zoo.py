@@ -183,7 +183,8 @@ def text_model_class(config):
         if (
             isinstance(value, type)
             and getattr(value, "config_class", None) is type(config)
-            and value.__name__.endswith("Model")
+            # T5Gemma 2's text encoder and decoder are its text models
+            and value.__name__.endswith(("Model", "Encoder", "Decoder"))
             and value.forward is not torch.nn.Module.forward  # not the pretrained base class
         ):
             return value
@@ -275,6 +276,16 @@ def run_model(
                 if "embed_tokens" not in str(e):
                     raise
                 model(inputs_embeds=model.get_input_embeddings()(ids), **inputs)
+            except ValueError as e:
+                # a decoder that runs only with an encoder's output (T5Gemma 2's): random
+                # encoder states (its cross-attention comes after its self-attention's RoPE)
+                if "encoder_hidden_states" not in str(e):
+                    raise
+                states = torch.randn(
+                    (1, ids.shape[-1], config.hidden_size), generator=generator,
+                    device=generator.device,
+                ).to(torch.bfloat16)  # fmt: skip
+                model(input_ids=ids, encoder_hidden_states=states, **inputs)
     except Captured:
         pass
     finally:
