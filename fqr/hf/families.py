@@ -239,8 +239,9 @@ _SAME_PROLOGUE = {
         # transformers runs these with Llama's code (config-only types) or its copy
         "deepseek_ocr2_text", "emu3_text_model", "exaone", "internlm3", "iquestcoder",
         "mllama_text_model",
-        # Moshi's temporal transformer (its MoshiLinear projections)
-        "moshi",
+        # Moshi's temporal transformer (its MoshiLinear projections); Voxtral Realtime's text
+        # decoder (VoxtralRealtimeTextAttention: no QK norm)
+        "moshi", "voxtral_realtime_text",
     ),
     "glm": ("helium",),
     # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
@@ -574,9 +575,7 @@ _NEEDS = {
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
     "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
-    "runs only with image inputs; Voxtral Realtime has no text model class)": (
-        "idefics", "voxtral_realtime_text",
-    ),
+    "runs only with image inputs)": ("idefics",),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),

@@ -176,6 +176,8 @@ def text_model_class(config):
         return AutoModel._model_mapping[type(config)]
     except KeyError:
         pass
+    except ValueError:  # mapped to a class its package does not export (Voxtral Realtime's)
+        pass
     package = type(config).__module__.rsplit(".", 1)[0]
     name = package.rsplit(".", 1)[1]
     module = importlib.import_module(f"{package}.modeling_{name}")
