@@ -242,6 +242,8 @@ _SAME_PROLOGUE = {
         # Moshi's temporal transformer (its MoshiLinear projections); Voxtral Realtime's text
         # decoder (VoxtralRealtimeTextAttention: no QK norm)
         "moshi", "voxtral_realtime_text",
+        # Kyutai's speech-to-text decoder: Moshi's attention (its projections per codebook)
+        "kyutai_speech_to_text",
     ),
     "glm": ("helium",),
     # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
@@ -583,7 +585,6 @@ _NEEDS = {
     "NoPE DSA / linear attention, Inkling 2's a relative position bias)": (
         "glm5_next_text", "inkling2_text",
     ),
-    "a check against its model: its tiny model does not run in the zoo (its input ids carry "
-    "audio codebooks beside the text token)": ("kyutai_speech_to_text",),
+
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}

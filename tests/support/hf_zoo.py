@@ -65,6 +65,12 @@ TINY = dict(
 )
 
 
+# Model types whose input ids carry, per position, a text token beside its audio codebooks
+# (``[B, T, num_codebooks + 1]``): the zoo's ids as ``[1, T, 1]``, which their embedding
+# broadcasts over the codebooks (Kyutai's speech-to-text)
+IDS_WITH_CODEBOOKS = ("kyutai_speech_to_text",)
+
+
 class Captured(Exception):
     """Raised by the wrapped rotary function once it has recorded its call."""
 
@@ -265,6 +271,8 @@ def run_model(
     ids = torch.randint(
         0, config.vocab_size, (1, positions.shape[-1]), generator=generator, device=generator.device
     )
+    if config.model_type in IDS_WITH_CODEBOOKS:
+        ids = ids[..., None]
     try:
         for name, fn in originals.items():
             setattr(module, name, wrap(name, fn))
