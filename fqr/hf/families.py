@@ -244,6 +244,9 @@ _SAME_PROLOGUE = {
         "moshi", "voxtral_realtime_text",
         # Kyutai's speech-to-text decoder: Moshi's attention (its projections per codebook)
         "kyutai_speech_to_text",
+        # IDEFICS's decoder self-attention (its gated cross-attention layers rotate nothing;
+        # multi-head: no num_key_value_heads)
+        "idefics",
     ),
     "glm": ("helium",),
     # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
@@ -576,8 +579,6 @@ _NEEDS = {
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
-    "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
-    "runs only with image inputs)": ("idefics",),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),
@@ -585,6 +586,5 @@ _NEEDS = {
     "NoPE DSA / linear attention, Inkling 2's a relative position bias)": (
         "glm5_next_text", "inkling2_text",
     ),
-
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}

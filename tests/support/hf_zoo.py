@@ -288,14 +288,27 @@ def run_model(
                 model(inputs_embeds=model.get_input_embeddings()(ids), **inputs)
             except ValueError as e:
                 # a decoder that runs only with an encoder's output (T5Gemma 2's): random
-                # encoder states (its cross-attention comes after its self-attention's RoPE)
-                if "encoder_hidden_states" not in str(e):
+                # encoder states (its cross-attention comes after its self-attention's RoPE);
+                # IDEFICS runs only with images: one of random image encoder states, every
+                # token seeing it (its gated cross-attention rotates nothing)
+                if "image_encoder_embeddings" in str(e):
+                    width = config.vision_config.embed_dim
+                    images = torch.randn(
+                        (1, 4, width), generator=generator, device=generator.device
+                    ).to(torch.bfloat16)
+                    mask = torch.ones((1, ids.shape[-1], 1), dtype=torch.long)
+                    model(
+                        input_ids=ids, image_encoder_embeddings=images,
+                        image_attention_mask=mask, **inputs,
+                    )  # fmt: skip
+                elif "encoder_hidden_states" in str(e):
+                    states = torch.randn(
+                        (1, ids.shape[-1], config.hidden_size), generator=generator,
+                        device=generator.device,
+                    ).to(torch.bfloat16)  # fmt: skip
+                    model(input_ids=ids, encoder_hidden_states=states, **inputs)
+                else:
                     raise
-                states = torch.randn(
-                    (1, ids.shape[-1], config.hidden_size), generator=generator,
-                    device=generator.device,
-                ).to(torch.bfloat16)  # fmt: skip
-                model(input_ids=ids, encoder_hidden_states=states, **inputs)
     except Captured:
         pass
     finally:
@@ -410,7 +423,8 @@ def _attention(model, capture: Capture, *names: str) -> tuple[str, torch.nn.Modu
     of one of ``names``."""
     for qual in capture.linears:
         prefix, _, leaf = qual.rpartition(".")
-        if leaf in names:
+        # not a cross-attention (IDEFICS's gated ones run before its self-attention)
+        if leaf in names and not getattr(model.get_submodule(prefix), "is_cross_attention", 0):
             return prefix, model.get_submodule(prefix)
     raise LookupError(f"no projection named {', '.join(names)} ran")
 
