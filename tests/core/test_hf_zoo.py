@@ -63,7 +63,13 @@ TINY_EXTRA = {
         for t in ("t5gemma2_text", "t5gemma2")  # t5gemma2: its decoder text config
     },
     # a full-attention layer of its own k and v (no layer reusing another's)
-    "gemma3n_text": dict(layer_types=["full_attention"], num_kv_shared_layers=0),
+    # (their per-layer input embeddings cut to the tiny vocabulary: 262144 x 256 by default)
+    "gemma3n_text": dict(
+        layer_types=["full_attention"],
+        num_kv_shared_layers=0,
+        vocab_size_per_layer_input=128,
+        hidden_size_per_layer_input=16,
+    ),
     # Gemma 4: its first layer a sliding one (the last is always forced to full attention)
     **{
         t: dict(
@@ -71,6 +77,8 @@ TINY_EXTRA = {
             layer_types=["sliding_attention", "full_attention"],
             num_kv_shared_layers=0,
             global_head_dim=32,
+            vocab_size_per_layer_input=128,
+            hidden_size_per_layer_input=16,
         )
         for t in ("gemma4_text", "gemma4_unified_text", "embedding_gemma2_text")
     },
@@ -115,6 +123,17 @@ TINY_EXTRA = {
     "bamba": dict(attn_layer_indices=[0]),
     "granitemoehybrid": dict(position_embedding_type="rope", layer_types=["attention"]),
     "zamba2": dict(use_mem_rope=True, layer_types=["hybrid"]),
+    # IDEFICS builds its vision tower (32 layers of 768 by default)
+    "idefics": dict(
+        vision_config=dict(
+            embed_dim=32,
+            image_size=28,
+            patch_size=14,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ),
+    ),
     # two audio codebooks of the text vocabulary's size (their ids share the zoo's draw), the
     # audio padding token its embedding's last row
     "kyutai_speech_to_text": dict(num_codebooks=2, codebook_vocab_size=128, audio_pad_token_id=384),
