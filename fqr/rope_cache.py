@@ -13,6 +13,9 @@ frequencies are ``1 / theta^(2i / head_dim)`` and the rest are 0 (cos 1, sin 0: 
 through unrotated).
 ``{"rope_type": "linear", "factor": f}`` divides every position by ``f`` (vLLM
 ``LinearScalingRotaryEmbedding``).
+``{"rope_type": "negated"}`` is the table of the negated positions (every frequency ``-f_i``: cos
+as it is, sin negated, exactly): nanochat rotates by the negated angle (its ``rotate_half`` is
+``cat(x2, -x1)``), which is the usual rotation given this table.
 
 ``{"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L, "beta_fast": b_f,
 "beta_slow": b_s, "mscale": m, "mscale_all_dim": m_all}`` (optional ``"attn_factor"`` a,
@@ -172,6 +175,7 @@ SCALING_KEYS: dict[str, dict[str, Callable[[str, object], float]]] = {
         "original_max_position_embeddings": positive_count,
     },
     "proportional": {"partial_rotary_factor": fraction},
+    "negated": {},
     "yarn": {
         "factor": positive_number,
         "original_max_position_embeddings": positive_count,
@@ -188,6 +192,7 @@ SCALING_REQUIRED = {
     "linear": ("factor",),
     "llama3": tuple(SCALING_KEYS["llama3"]),
     "proportional": ("partial_rotary_factor",),
+    "negated": (),
     "yarn": ("factor", "original_max_position_embeddings"),
 }
 
@@ -313,6 +318,8 @@ def inverse_frequencies(
     elif scaling and scaling.get("rope_type") == "proportional":
         rotated = int(rotary_dim * scaling["partial_rotary_factor"]) // 2
         inv_freq[rotated:] = 0.0
+    elif scaling and scaling.get("rope_type") == "negated":
+        inv_freq = -inv_freq  # the negated positions' angles (module docstring)
     elif scaling and scaling.get("rope_type") == "yarn":
         inv_freq = _yarn_inverse_frequencies(inv_freq, rotary_dim, theta, scaling)
     elif scaling:

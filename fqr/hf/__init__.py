@@ -12,6 +12,7 @@ from .config import (
     HF_ROPE_EXTRAS,
     HF_ROPE_SCALINGS,
     UnsupportedConfig,
+    norm_weights,
     preset_from_hf_config,
 )
 from .families import HF_FAMILIES, HF_NEEDS, HF_VARIANT_FAMILIES, MROPE_VARIANTS, HFFamily
@@ -26,5 +27,6 @@ __all__ = [
     "MROPE_VARIANTS",
     "HFFamily",
     "UnsupportedConfig",
+    "norm_weights",
     "preset_from_hf_config",
 ]

@@ -58,16 +58,16 @@ def _required(text, key: str, model_type: str):
     return value
 
 
-def _rope_parameters(config) -> tuple[dict, dict[str, str]]:
+def _rope_parameters(config, layer_type: str = "full_attention") -> tuple[dict, dict[str, str]]:
     """The RoPE settings of the layers the prologue runs in: transformers 5's
-    ``rope_parameters`` (per layer type for Gemma 3: the ``full_attention`` ones), else
+    ``rope_parameters`` (per layer type for Gemma 3: the ``layer_type`` ones), else
     4.x's ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` attributes; and where
     each was read (``config.rope_parameters['factor']``, ``config.rope_theta``, ...), the
     name an error about it gives."""
     params = getattr(config, "rope_parameters", None)
     where = "config.rope_parameters"
-    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
-        params, where = params["full_attention"], f"{where}['full_attention']"
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params, where = params[layer_type], f"{where}[{layer_type!r}]"
     if params is not None and not isinstance(params, dict):
         raise TypeError(f"{where} must be a dict, got {type(params).__name__}")
     params = dict(params or {})
@@ -204,6 +204,23 @@ def _is_neox(text, family: HFFamily) -> bool:
     return not value
 
 
+def _layer_config(text, model_type: str, family: HFFamily):
+    """The config the family's attention reads its sizes from for the layers the preset
+    describes (:attr:`HFFamily.layer_type`): where the config is per layer
+    (``per_layer_config``, transformers' heterogeneous configs: Gemma 4's head_dim and kv heads
+    differ by layer type) that of the first layer of that type, else the config itself."""
+    if family.layer_type is None:
+        return text
+    types = list(getattr(text, "layer_types", None) or ())
+    if family.layer_type not in types:
+        raise UnsupportedConfig(
+            f"config.layer_types ({model_type}) has no {family.layer_type!r} layer: its preset "
+            f"is of those layers"
+        )
+    per_layer = getattr(text, "per_layer_config", None)
+    return text if per_layer is None else per_layer[types.index(family.layer_type)]
+
+
 def _hidden_size(text) -> int:
     """``config.hidden_size`` (a positive count), or 0 where the config has none."""
     hidden = getattr(text, "hidden_size", None)
@@ -304,6 +321,65 @@ def _mrope_params(
     return (("mrope_section", tuple(section)), ("mrope_interleaved", interleaved))
 
 
+def _q_scale(text, family: HFFamily) -> float:
+    """``config.<family.q_scale_key>``: required, a finite real number (as fp32: the
+    product's compute dtype)."""
+    key = family.q_scale_key
+    where = f"config.{key}"
+    value = _required(text, key, getattr(text, "model_type", ""))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+    check_finite_scalar(where, float(value))
+    return float(value)
+
+
+def _index_params(text, model_type: str, kv_heads: int, rotary_dim: int) -> tuple:
+    """The ``index-heads`` fields of a MiniMax-M3 config with indexer layers:
+    ``index_head_dim`` (``config.index_head_dim``), no FP8 outputs (transformers' model
+    computes in its own dtype). fqr's variant has as many indexer q heads as kv heads
+    (``config.index_n_heads`` otherwise refused), and rotates them over ``min(rotary_dim,
+    index_head_dim)`` features: the model slices its table ``cos[..., :index_head_dim]``,
+    which for an index head narrower than the table is no rotation fqr has (refused)."""
+    heads = positive_count("config.index_n_heads", _required(text, "index_n_heads", model_type))
+    head_dim = positive_count(
+        "config.index_head_dim", _required(text, "index_head_dim", model_type)
+    )
+    if heads != kv_heads:
+        raise UnsupportedConfig(
+            f"config.index_n_heads {heads} ({model_type}): fqr's index-heads variant has as "
+            f"many indexer q heads as kv heads ({kv_heads})"
+        )
+    if head_dim < rotary_dim or head_dim % 2:
+        raise UnsupportedConfig(
+            f"config.index_head_dim {head_dim} ({model_type}): the indexer then rotates by "
+            f"the first {head_dim} columns of a {rotary_dim}-wide cos / sin (no rotation fqr "
+            f"has; an even index_head_dim >= the rotary width is)"
+        )
+    return (("index_head_dim", head_dim), ("attn_fp8", False), ("index_fp8", False))
+
+
+def norm_weights(config, preset: Preset, q_weight=None, k_weight=None) -> tuple:
+    """The ``(q_weight, k_weight)`` fqr's op takes for the model of ``config`` (of a family
+    in :data:`HF_FAMILIES`; ``preset`` built from it), given the model's own QK-norm weights
+    (its ``q_norm.weight`` / ``k_norm.weight``; None where its norm has none): those weights,
+    or for a family whose norm has no weight (:attr:`HFFamily.weightless_norm`) ones of
+    ``preset.head_dim``, in fp32; where the family multiplies q after its norm by a config
+    value (:attr:`HFFamily.q_scale_key`: Muse's ``qk_scale_factor``), q's are that value in
+    fp32. Under ``unfused`` the norm rounds to the model dtype, then the product with the fp32
+    weight is rounded once: the model's ``qk_norm(q) * qk_scale_factor`` bit for bit."""
+    import torch
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    family = HF_FAMILIES[text.model_type]
+    if not family.weightless_norm:
+        return q_weight, k_weight
+    if q_weight is not None or k_weight is not None:
+        raise ValueError(f"{text.model_type}: its QK norm has no weight, got one")
+    ones = torch.ones(preset.head_dim, dtype=torch.float32)
+    scale = 1.0 if family.q_scale_key is None else _q_scale(text, family)
+    return ones * scale, ones
+
+
 def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     """A :class:`Preset` from a Hugging Face ``PretrainedConfig`` of a family in
     :data:`HF_FAMILIES` (a multimodal config gives its text config's).
@@ -320,7 +396,9 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
     (:data:`MROPE_VARIANTS`: Qwen3-VL ``mrope``, Qwen3.5 ``mrope-gate``, Qwen2-VL kin
     ``qk-mrope``) its ``mrope_section`` (missing: the code's default) and
     ``mrope_interleaved`` (where the code ignores it, what the code does; a config saying
-    otherwise is refused). From the family: the norm kind (or the one
+    otherwise is refused). A family whose QK norm has no weight takes the weights
+    :func:`norm_weights` gives (Muse: ones, q's ``qk_scale_factor``). From the family: the norm
+    kind (or the one
     :attr:`HFFamily.norm_key` picks), its weight offset, the RoPE pairing and the variant; a
     setting the family's code applies that fqr has no form for (:attr:`HFFamily.refused_keys`)
     is refused naming it. Families whose prologue is another variant
@@ -373,7 +451,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
                 else "its attention is not checked against fqr's ops (tests/core/test_hf_zoo.py)"
             )
         )
-    rope, origin = _rope_parameters(text)
+    rope, origin = _rope_parameters(text, family.layer_type or "full_attention")
     if family.fixed_theta is not None:  # the code's own table: no RoPE setting read
         rope = {"rope_theta": family.fixed_theta}
         origin = {"rope_theta": f"{model_type}'s fixed RoPE base"}
@@ -396,6 +474,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         raise ValueError(f"config: RoPE ({rope_type}) of {model_type} has no {', '.join(missing)}")
     theta = positive_number(origin["rope_theta"], rope["rope_theta"])
     scaling = _scaling(rope, origin, rope_type, model_type, family)
+    if family.negated_angle:  # only from "default" (its scalings): the negated positions' table
+        scaling = (("rope_type", "negated"),)
     variant_params: tuple = family.variant_params
     if family.variant == "mla-kv":
         heads = positive_count(
@@ -408,7 +488,8 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         head_key, partial_rotary_factor, factor_key = "config.qk_rope_head_dim", 1.0, None
         variant_params = _mla_variant_params(text, model_type, family)
     else:
-        heads, kv_heads, head_dim, head_key = _head_counts(text, model_type, family)
+        layer = _layer_config(text, model_type, family)
+        heads, kv_heads, head_dim, head_key = _head_counts(layer, model_type, family)
         partial_rotary_factor, factor_key = 1.0, None
         if family.rotary_dim_key is not None:
             factor_key = f"config.{family.rotary_dim_key}"
@@ -428,6 +509,12 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         variant_params = _mrope_params(rope, origin, model_type, rotary_dim, family)
     for key in family.required:
         _required(text, key, model_type)
+    if family.q_scale_key is not None:
+        _q_scale(text, family)
+    variant = family.variant
+    if family.indexer_layer_type in (getattr(text, "layer_types", None) or ()):
+        variant = "index-heads"
+        variant_params = _index_params(text, model_type, kv_heads, rotary_dim)
     for key, harmless, what in family.refused_keys:
         value = getattr(text, key, harmless)
         if value != harmless:
@@ -456,7 +543,7 @@ def preset_from_hf_config(config, *, name: str | None = None) -> Preset:
         partial_rotary_factor=partial_rotary_factor,
         is_neox=_is_neox(text, family),
         rope_scaling=scaling,
-        variant=family.variant,
+        variant=variant,
         variant_params=variant_params,
         hidden_size=_hidden_size(text),
     )

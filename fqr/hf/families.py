@@ -87,6 +87,27 @@ class HFFamily:
     # fqr's ``fused`` arithmetic given the table in the model dtype
     # (``preset.cos_sin_cache(dtype=...)``, the dtype vLLM's rotary embedding casts it to)
     table_in_model_dtype: bool = False
+    # The family's RoPE rotates by the negated angle (nanochat's ``rotate_half`` is
+    # ``cat(x2, -x1)``): the usual rotation by the table of the negated positions (the preset's
+    # scaling ``negated``, built from a ``default`` one)
+    negated_angle: bool = False
+    # The family's per-head QK norm has no weight (Muse's qk_norm, ``with_scale=False``), and
+    # its q is multiplied after the norm by the config value of this key (Muse's
+    # ``qk_scale_factor``, a Python float: the bf16 product computed in fp32, rounded once):
+    # fqr's op takes ones as k's weight and that value as q's, in fp32
+    # (:func:`fqr.hf.config.norm_weights`); None: the model's own norm weights
+    weightless_norm: bool = False
+    q_scale_key: str | None = None
+    # The layer type (in ``config.layer_types``) whose layers run MiniMax-M3's lightning
+    # indexer beside the attention: a config that has such layers builds the preset of those
+    # layers, the ``index-heads`` variant (its index heads read from the config); one without
+    # them the family's own
+    indexer_layer_type: str | None = None
+    # The layer type (in ``config.layer_types``) whose layers the preset describes: its RoPE
+    # settings (``rope_parameters[layer_type]``) and, where the config is per layer
+    # (``per_layer_config``: Gemma 4), the sizes of its first layer of that type; None: the
+    # ``full_attention`` RoPE settings where the config has them per layer type, the global sizes
+    layer_type: str | None = None
 
 
 # DeepSeek's attention (vLLM DeepseekV2Attention and the MLA attention of
@@ -123,6 +144,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen3_vl_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-VL-MoE: as Qwen3-VL"),
     # Qwen3-Omni's thinker: Qwen3-VL's rotary embedding (always interleaved, [24, 20, 20])
     "qwen3_omni_moe_text": HFFamily(**_QWEN3_VL, note="Qwen3-Omni thinker: as Qwen3-VL"),
+    # its talker (Qwen3OmniMoeTalkerDecoderLayer): the thinker's attention and rotary embedding
+    "qwen3_omni_moe_talker_text": HFFamily(**_QWEN3_VL, note="Qwen3-Omni talker: as its thinker"),
     "llama": HFFamily("none", note="Llama 3: no QK norm"),
     "olmo2": HFFamily(
         "full", numerics="unfused-hf", note="OLMo 2: one norm over the whole q and the whole k"
@@ -216,14 +239,22 @@ _SAME_PROLOGUE = {
         # transformers runs these with Llama's code (config-only types) or its copy
         "deepseek_ocr2_text", "emu3_text_model", "exaone", "internlm3", "iquestcoder",
         "mllama_text_model",
-        # Moshi's temporal transformer (its MoshiLinear projections)
-        "moshi",
+        # Moshi's temporal transformer (its MoshiLinear projections); Voxtral Realtime's text
+        # decoder (VoxtralRealtimeTextAttention: no QK norm)
+        "moshi", "voxtral_realtime_text",
+        # Kyutai's speech-to-text decoder: Moshi's attention (its projections per codebook)
+        "kyutai_speech_to_text",
+        # IDEFICS's decoder self-attention (its gated cross-attention layers rotate nothing;
+        # multi-head: no num_key_value_heads)
+        "idefics",
     ),
     "glm": ("helium",),
     # Step 3.7's text model (model_type step3p5): Gemma 3's (1 + w) per-head norms and NeoX
     # halves, its full-attention layers' heads (num_attention_heads; the sliding ones take
-    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention'])
-    "gemma3_text": ("step3p5",),
+    # num_sliding_attention_heads) and RoPE (rope_parameters['full_attention']); T5Gemma 2's
+    # encoder self-attention (t5gemma2_text) and its decoder's merged attention (its
+    # self-attention part; the cross-attention's k and v are not rotated): Gemma 3's
+    "gemma3_text": ("step3p5", "t5gemma2_text", "t5gemma2_decoder"),
     "qwen3": (
         "apertus", "apertus1p5_text", "doge", "dots1", "exaone4", "exaone_moe", "hy_v3",
         "kolibri1", "laguna", "mellum", "sarvam_moe",
@@ -267,13 +298,18 @@ HF_FAMILIES["granitemoehybrid"] = HFFamily(
     refused_keys=(("position_embedding_type", "rope", "no RoPE"),),
     note="Granite 4.0 hybrid: as Llama with position_embedding_type rope",
 )
+# Zamba2's shared attention (Zamba2Attention): as Llama, head_dim attention_head_dim (its
+# attribute map's head_dim), RoPE only with use_mem_rope (default False: no RoPE, no prologue
+# of fqr's); its LoRA adapters (use_shared_attention_adapter) add to the projection's output,
+# the row the op reads
+HF_FAMILIES["zamba2"] = HFFamily(
+    "none",
+    refused_keys=(("use_mem_rope", True, "no RoPE"),),
+    note="Zamba2: as Llama with use_mem_rope",
+)
 # Families whose prologue is a variant (fqr.prologue), not the split-qkv op: why.
-HF_VARIANT_FAMILIES: dict[str, str] = {
-    "gemma4_text": "Gemma 4 also normalises v (the split-qkv-vnorm variant), its global layers "
-    "have their own head sizes (global_head_dim, k = v with attention_k_eq_v), and its norms "
-    "multiply the weight in fp32 (one rounding, which the variant's numerics do not define)",
-    "minimax_m3_vl_text": "MiniMax-M3 packs indexer heads in the row (the indexer variant)",
-}
+# (none now: Gemma 4's and MiniMax-M3's variants have builders)
+HF_VARIANT_FAMILIES: dict[str, str] = {}
 # The variants whose preset carries mrope_section / mrope_interleaved
 MROPE_VARIANTS = ("mrope", "mrope-gate", "qk-mrope")
 
@@ -356,6 +392,73 @@ HF_FAMILIES |= {
         note=f"{t}: RoPE, then a weighted per-head RMSNorm",
     )
     for t in ("hunyuan_v1_dense", "hunyuan_v1_moe")
+}
+
+# nanochat (NanoChatAttention): NeoX halves rotated by the negated angle (its rotate_half is
+# cat(x2, -x1): the usual rotation by the table of the negated positions, exactly, as sin is
+# odd), rounded as Llama's, then a weightless RMSNorm of each head (q_norm / k_norm: fp32,
+# rounded once), eps rms_norm_eps: the rope-l2norm variant, vLLM's rounding
+HF_FAMILIES["nanochat"] = HFFamily(
+    "none",
+    variant="rope-l2norm",
+    scalings=("default",),
+    negated_angle=True,
+    note="nanochat: RoPE by the negated angle, then a weightless norm",
+)
+
+# Muse Glimmer / Spark text models (their TextAttention): one weightless per-head RMSNorm of q
+# and of k (fp32, torch.pow(ms, -0.5), which is rsqrt, rounded once), q then multiplied by
+# qk_scale_factor in the model dtype (bf16(bf16(n) * s), s in fp32), then RoPE as Llama's; their
+# RoPE layers (layer_rope_theta non-zero; the rest are NoPE). fqr's per-head norm with the
+# weights norm_weights gives (ones for k, qk_scale_factor for q, in fp32), rounded as Qwen3's
+HF_FAMILIES |= {
+    t: HFFamily(
+        "head",
+        weightless_norm=True,
+        q_scale_key="qk_scale_factor",
+        note=f"{t}: weightless per-head norms, q times qk_scale_factor (fqr.hf.norm_weights)",
+    )
+    for t in ("muse_glimmer_text", "muse_spark_text")
+}
+
+# MiniMax-M3 (MiniMaxM3VLAttention): Gemma 3's (1 + w) per-head norms (the weight in fp32, as
+# Gemma3RMSNorm), RoPE over partial_rotary_factor of each head (its rotary embedding reads no
+# rotary_dim); its minimax_m3_sparse layers also run the lightning indexer (MiniMaxM3VLIndexer:
+# index_n_heads q heads and one k head of index_head_dim, (1 + w) norms, the same table): the
+# index-heads variant, their q / k / v and the indexer's projections read as one row
+HF_FAMILIES["minimax_m3_vl_text"] = HFFamily(
+    "head",
+    1.0,
+    indexer_layer_type="minimax_m3_sparse",
+    note="MiniMax-M3: (1 + w) norms; its sparse layers with the indexer heads (index-heads)",
+)
+
+# Gemma 3n (Gemma3nTextAttention): per-head q_norm / k_norm that multiply the weight in fp32
+# before their one rounding (Gemma3nRMSNorm, no offset), v normalised per head without weight
+# (v_norm), RoPE as Llama's on q and k: the split-qkv-vnorm variant under unfused-hf; the
+# full-attention layers (rope_parameters['full_attention']); its kv-shared layers reuse an
+# earlier layer's k and v (their prologue is q's alone)
+HF_FAMILIES["gemma3n_text"] = HFFamily(
+    "head",
+    variant="split-qkv-vnorm",
+    numerics="unfused-hf",
+    note="Gemma 3n: per-head norms (the weight in fp32), v normalised too, full layers",
+)
+
+# Gemma 4 (Gemma4TextAttention): as Gemma 3n (the weight in fp32, v normalised); its sliding
+# layers, sizes from per_layer_config (head_dim, num_key_value_heads), RoPE from
+# rope_parameters['sliding_attention']; its full layers (global_head_dim, k = v with
+# attention_k_eq_v, a proportional RoPE) are not this preset
+HF_FAMILIES |= {
+    t: replace(
+        HF_FAMILIES["gemma3n_text"],
+        layer_type="sliding_attention",
+        note=f"{t}: as Gemma 3n, its sliding layers (sizes per layer)",
+    )
+    # Gemma4UnifiedTextAttention: the same code; EmbeddingGemma2Attention normalises q, k, v
+    # first, then rotates q and k (the same prologue); DiffusionGemma's encoder and decoder
+    # attention: Gemma 4's without its kv sharing
+    for t in ("gemma4_text", "gemma4_unified_text", "embedding_gemma2_text", "diffusion_gemma_text")
 }
 
 # Falcon (FalconAttention): with ``multi_query`` (its default) the fused query_key_value is
@@ -454,50 +557,28 @@ _NEEDS = {
     "q, k and v clamped to +-attn_config.clip_qkv after the projection (no fqr form; "
     "transformers' DbrxAttention runs only with clip_qkv set)": ("dbrx",),
     "its own attention prologue (no fqr form yet)": ("deepseek_v4", "dory", "jetmoe", "zaya"),
-    "Hugging Face's yarn table with llama_4_scaling_beta (fqr builds vLLM's DeepSeek yarn)": (
-        "ministral3",
-    ),
+    "q scaled by position after RoPE (rope_parameters' llama_4_scaling_beta: q times 1 + beta "
+    "* log(1 + floor(position / original_max_position_embeddings)), in the model dtype), "
+    "which no fqr op applies after RoPE": ("ministral3",),
     # measured by the zoo (tests/core/test_hf_zoo.py) on its tiny configs
     "a numerics mode: per-head QK norms that multiply the weight in fp32 before one rounding, "
     "then RoPE in fp32 from fp32 cos / sin, rounded once (unfused-hf rotates as Llama's there; "
     "nearest: unfused-hf, OLMo 2's rounding on per-head norms)": ("beam",),
-    "a weightless QK norm with q scaled by qk_scale_factor after it": (
-        "muse_glimmer_text", "muse_spark_text",
-    ),
     "Hugging Face's yarn table and a q scale by position (llama_4_scaling_beta), in MLA": (
         "mistral4",
     ),
-    "v heads of their own width (v_head_dim 128 beside head_dim 192: the split takes one D)": (
-        "mimo_v2_flash",
-    ),
+    "v scaled by attention_value_scale after its projection (0.707 by default; no fqr op "
+    "scales v), and v heads of their own width (v_head_dim 128 beside head_dim 192), which the "
+    "split op takes (v_head_dim) but no preset variant carries": ("mimo_v2_flash",),
     "proportional RoPE from a config and a numerics mode: per-head norms rounded as Llama's, "
     "RoPE in fp32 rounded once (nearest: unfused, up to 1.6e-2 absolute)": ("lfm3",),
-    "the split-qkv-vnorm variant (v normalised too) with norms that multiply the weight in "
-    "fp32 (one rounding, which the variant's numerics do not define)": (
-        "gemma3n_text", "gemma4_unified_text",
-    ),
-    "RoPE by the negated angle (its rotate_half is cat(x2, -x1)), then a weightless norm": (
-        "nanochat",
-    ),
     "RoPE in its attention first: apply_rotary_pos_emb is defined there but never called (no "
     "rotary prologue to build)": ("jamba", "nemotron_h"),
     "a RoPE table length: its config has no max_position_embeddings (its rotary embedding "
     "takes any position)": ("recurrent_gemma",),
     "a preset builder for its fixed sinusoidal table (base 10000, no rope_theta; "
     "RoFormerSinusoidalPositionalEmbedding)": ("roformer",),
-    "Gemma 4's attention: the split-qkv-vnorm variant with norms that multiply the weight in "
-    "fp32 (one rounding, which the variant's numerics do not define), per-layer head sizes "
-    "(k = v on its full layers) and their proportional RoPE": ("diffusion_gemma_text",),
     # what stops the zoo's check (tests/core/test_hf_zoo.py); fqr builds no preset unchecked
-    "a check against its model, which the zoo cannot build or run from a tiny config (IDEFICS "
-    "runs only with image inputs; T5Gemma 2 and Voxtral Realtime have no text model class; "
-    "Zamba2 fixes its layer_types; the Qwen3-Omni talker's default config lacks "
-    "shared_expert_intermediate_size)": (
-        "idefics", "t5gemma2_decoder", "t5gemma2_text", "voxtral_realtime_text", "zamba2",
-        "qwen3_omni_moe_talker_text",
-    ),
-    "a check against its model: its heads are per-layer attributes (per_layer_config), which "
-    "fqr reads no config of": ("embedding_gemma2_text",),
     "a check against its model: its config has no num_attention_heads (BLT's own sizes)": (
         "blt",
     ),
@@ -505,7 +586,5 @@ _NEEDS = {
     "NoPE DSA / linear attention, Inkling 2's a relative position bias)": (
         "glm5_next_text", "inkling2_text",
     ),
-    "a check against its model: its tiny model does not run in the zoo (its input ids carry "
-    "audio codebooks beside the text token)": ("kyutai_speech_to_text",),
 }  # fmt: skip
 HF_NEEDS: dict[str, str] = {t: needs for needs, types in _NEEDS.items() for t in types}

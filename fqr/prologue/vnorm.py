@@ -32,11 +32,6 @@ def vnorm_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, q_bias, k_
 def _gemma4(call: Call) -> None:
     if call.cos_sin_cache is None:
         raise ValueError("cos_sin_cache is required (Gemma 4 rotates every layer)")
-    if call.numerics == "unfused-hf":
-        raise ValueError(
-            "numerics 'unfused-hf' is not defined for the v-norm prologue: 'unfused' rounds "
-            "as vLLM's Gemma4Attention does"
-        )
 
 
 SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
@@ -73,7 +68,9 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
     layers (head_dim 512) take their proportional RoPE table as a full-width ``cos_sin_cache``
     (:mod:`fqr.rope_cache`); their ``attention_k_eq_v`` checkpoints load k's weights into v's
     slot, so the row keeps its ``[q | k | v]`` layout. ``numerics="unfused"`` rounds where vLLM's
-    native modules do (the v norm once, fp32 inside).
+    native modules do (the v norm once, fp32 inside); ``"unfused-hf"`` as Hugging Face's
+    Gemma 3n attention (``Gemma3nRMSNorm``): q's and k's norms multiply the weight in fp32 and
+    round once, as the split op's ``unfused-hf`` per-head norms, v's and RoPE as ``unfused``.
 
     {params.EXAMPLE_WITH_TABLE}
         >>> qkv = torch.randn(2, (4 + 2 * 2) * 64, dtype=torch.bfloat16)

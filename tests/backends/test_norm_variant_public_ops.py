@@ -49,6 +49,25 @@ def test_vnorm_unfused_is_vllms_gemma4_chain(gen, name, backend):
             assert c.passed, (name_, c)
 
 
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_vnorm_unfused_hf_is_the_split_ops_with_vs_unfused_norm(gen, backend):
+    """``unfused-hf`` (Hugging Face's Gemma 3n): q and k as the split op's ``unfused-hf``
+    per-head norms (the weight multiplied in fp32, one rounding) and RoPE, v's weightless norm
+    as ``unfused``; q and k differ from ``unfused`` (AFMoE's and Qwen3's roundings differ)."""
+    preset = get_preset("gemma4-31b-sliding", 8)
+    x, cache = _inputs(preset, gen), _table(preset)
+    run = variant_of(preset).run
+    hf = run(preset, x, cache, numerics="unfused-hf", backend=backend)
+    vllm = run(preset, x, cache, numerics="unfused", backend=backend)
+    split = fqr.split_qkv_rmsnorm_rope(
+        x["qkv"], x["positions"], cache, x["q_weight"], x["k_weight"],
+        **preset.spec.kwargs(numerics="unfused-hf", backend=backend),
+    )  # fmt: skip
+    assert torch.equal(hf[0], split[0]) and torch.equal(hf[1], split[1])
+    assert torch.equal(hf[2], vllm[2])
+    assert not (torch.equal(hf[0], vllm[0]) and torch.equal(hf[1], vllm[1]))
+
+
 @pytest.mark.parametrize("name", ["llama4-scout", "llama4-scout-nope"])
 def test_rope_l2norm_unfused_is_vllms_llama4_chain(gen, name):
     preset = get_preset(name, 8)
@@ -183,8 +202,6 @@ def test_bad_arguments_are_named_before_any_kernel():
         )
     with pytest.raises(ValueError, match="numerics"):
         _l2(qkv, pos, cache, numerics="fast")
-    with pytest.raises(ValueError, match="unfused-hf"):
-        _vnorm(qkv, pos, cache, w, numerics="unfused-hf")
     with pytest.raises(ValueError, match="floor_scale"):
         _l2(qkv, pos, None, floor_scale=-1.0)
     with pytest.raises(TypeError, match="attn_scale"):

@@ -88,6 +88,7 @@ SAMPLE_SCALINGS = {
         "original_max_position_embeddings": 8192,
     },
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+    "negated": {"rope_type": "negated"},
     "yarn": {
         "rope_type": "yarn",
         "factor": 40.0,

@@ -129,10 +129,13 @@ def test_mrope_family_without_default_sections_needs_them(monkeypatch):
         Preset.from_hf_config(transformers.Qwen3VLTextConfig())
 
 
-@pytest.mark.parametrize("model_type", ["gemma4"])
-def test_variant_family_is_refused(model_type):
-    config = transformers.AutoConfig.for_model(model_type)
-    with pytest.raises(ValueError, match="variants are not built from a config yet"):
+def test_variant_family_is_refused(monkeypatch):
+    """A family listed in HF_VARIANT_FAMILIES (none now) is refused with its line."""
+    from fqr.hf import HF_VARIANT_FAMILIES
+
+    monkeypatch.setitem(HF_VARIANT_FAMILIES, "gemma4_text", "a line naming what it lacks")
+    config = transformers.AutoConfig.for_model("gemma4")
+    with pytest.raises(ValueError, match="gemma4_text: a line naming what it lacks; presets of"):
         Preset.from_hf_config(config)
 
 
@@ -1009,7 +1012,7 @@ BAD_PRESETS = [
         Q,
         dict(rope_scaling=(("rope_type", "dynamic"), ("factor", 2.0))),
         ValueError,
-        r"^rope_scaling\['rope_type'\] must be one of linear, llama3, proportional, yarn, "
+        r"^rope_scaling\['rope_type'\] must be one of linear, llama3, proportional, negated, yarn, "
         "got 'dynamic'",
     ),
     (

@@ -65,6 +65,12 @@ TINY = dict(
 )
 
 
+# Model types whose input ids carry, per position, a text token beside its audio codebooks
+# (``[B, T, num_codebooks + 1]``): the zoo's ids as ``[1, T, 1]``, which their embedding
+# broadcasts over the codebooks (Kyutai's speech-to-text)
+IDS_WITH_CODEBOOKS = ("kyutai_speech_to_text",)
+
+
 class Captured(Exception):
     """Raised by the wrapped rotary function once it has recorded its call."""
 
@@ -79,6 +85,9 @@ class Capture:
     outputs: tuple = ()
     linears: dict = field(default_factory=dict)
     norms: dict = field(default_factory=dict)
+    # the outputs of the rotary calls after the first (``run_model(rotary_calls=...)``: MiniMax-M3's
+    # indexer rotates its own q and k after the attention's)
+    later: list = field(default_factory=list)
 
 
 def transformers_root() -> pathlib.Path:
@@ -173,6 +182,8 @@ def text_model_class(config):
         return AutoModel._model_mapping[type(config)]
     except KeyError:
         pass
+    except ValueError:  # mapped to a class its package does not export (Voxtral Realtime's)
+        pass
     package = type(config).__module__.rsplit(".", 1)[0]
     name = package.rsplit(".", 1)[1]
     module = importlib.import_module(f"{package}.modeling_{name}")
@@ -180,7 +191,8 @@ def text_model_class(config):
         if (
             isinstance(value, type)
             and getattr(value, "config_class", None) is type(config)
-            and value.__name__.endswith("Model")
+            # T5Gemma 2's text encoder and decoder are its text models
+            and value.__name__.endswith(("Model", "Encoder", "Decoder"))
             and value.forward is not torch.nn.Module.forward  # not the pretrained base class
         ):
             return value
@@ -191,10 +203,19 @@ def _modeling_module(model):
     return importlib.import_module(type(model).__module__)
 
 
-def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, offset: float):
+def run_model(
+    config,
+    positions: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    offset: float,
+    rotary_calls: int | None = 1,
+):
     """The model of ``config`` (one layer, bf16, random weights; norm weights ``offset + 0.3
     * N(0, 1)``) run on ``TOKENS`` random tokens at ``positions`` (``[T]``, or ``[3, T]``
-    planes) until its first rotary call: ``(model, capture)``."""
+    planes) until its first rotary call (its ``rotary_calls``-th: the later ones' outputs in
+    ``capture.later``; None: the whole forward, Gemma 3n's v_norm runs after k's rotation):
+    ``(model, capture)``."""
 
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator, device=generator.device)))
     # built in bf16 as a checkpoint loads (the rotary inverse frequencies stay fp32)
@@ -216,7 +237,7 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
 
     def wrap(name, fn):
         def recording(*args, **kwargs):
-            out = fn(*args, **kwargs)
+            out = returned = fn(*args, **kwargs)
             if torch.is_tensor(out):  # one tensor a call (GPT-J, CodeGen): q's and k's calls
                 order = _q_and_k_order(module, name)
                 if order is None:  # another rotation first (Qwen4-Exp's indexer): not q, k
@@ -225,7 +246,12 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
                 if len(calls) < 2:
                     return out
                 out = calls[order.index("q")], calls[order.index("k")]
-            capture.function, capture.inputs, capture.outputs = name, args, out
+            if capture.function:
+                capture.later.append(out)
+            else:
+                capture.function, capture.inputs, capture.outputs = name, args, out
+            if rotary_calls is None or 1 + len(capture.later) < rotary_calls:
+                return returned
             raise Captured
 
         return recording
@@ -245,11 +271,44 @@ def run_model(config, positions: torch.Tensor, generator: torch.Generator, *, of
     ids = torch.randint(
         0, config.vocab_size, (1, positions.shape[-1]), generator=generator, device=generator.device
     )
+    if config.model_type in IDS_WITH_CODEBOOKS:
+        ids = ids[..., None]
     try:
         for name, fn in originals.items():
             setattr(module, name, wrap(name, fn))
+        inputs = dict(position_ids=positions[..., None, :], use_cache=False)
         with torch.no_grad():
-            model(input_ids=ids, position_ids=positions[..., None, :], use_cache=False)
+            try:
+                model(input_ids=ids, **inputs)
+            except AttributeError as e:
+                # Qwen3-Omni's talker embeds no ids (its forward asks for an embed_tokens it
+                # does not have): its own input embeddings (codec_embedding) given instead
+                if "embed_tokens" not in str(e):
+                    raise
+                model(inputs_embeds=model.get_input_embeddings()(ids), **inputs)
+            except ValueError as e:
+                # a decoder that runs only with an encoder's output (T5Gemma 2's): random
+                # encoder states (its cross-attention comes after its self-attention's RoPE);
+                # IDEFICS runs only with images: one of random image encoder states, every
+                # token seeing it (its gated cross-attention rotates nothing)
+                if "image_encoder_embeddings" in str(e):
+                    width = config.vision_config.embed_dim
+                    images = torch.randn(
+                        (1, 4, width), generator=generator, device=generator.device
+                    ).to(torch.bfloat16)
+                    mask = torch.ones((1, ids.shape[-1], 1), dtype=torch.long)
+                    model(
+                        input_ids=ids, image_encoder_embeddings=images,
+                        image_attention_mask=mask, **inputs,
+                    )  # fmt: skip
+                elif "encoder_hidden_states" in str(e):
+                    states = torch.randn(
+                        (1, ids.shape[-1], config.hidden_size), generator=generator,
+                        device=generator.device,
+                    ).to(torch.bfloat16)  # fmt: skip
+                    model(input_ids=ids, encoder_hidden_states=states, **inputs)
+                else:
+                    raise
     except Captured:
         pass
     finally:
@@ -291,7 +350,7 @@ def _sin_cos_buffer(table: torch.Tensor) -> torch.Tensor:
     return torch.cat([table[:POSITIONS, half:], table[:POSITIONS, :half]], -1).float()
 
 
-def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
+def table_as_built_in_fp32(model, mrope: bool, layer_type: str = "full_attention") -> torch.Tensor:
     """The table the model's rotary embedding builds when built in fp32: GPT-J / CodeGen's
     ``create_sinusoidal_positions`` divides an int64 ``arange`` by the width, which gives
     torch's default dtype, the load dtype while a model is built (bf16 here: frequencies
@@ -300,15 +359,22 @@ def table_as_built_in_fp32(model, mrope: bool) -> torch.Tensor:
     load dtype: :func:`model_table`."""
     rotary = _rotary_embedding(model)
     if getattr(rotary, "embed_positions", None) is None:
-        return model_table(model, mrope)
+        return model_table(model, mrope, layer_type)
     build = importlib.import_module(type(rotary).__module__).create_sinusoidal_positions
     assert torch.get_default_dtype() == torch.float32
     return _sin_cos_buffer(build(POSITIONS, rotary.pos_embd_dim))
 
 
-def model_table(model, mrope: bool) -> torch.Tensor:
+def negated_angle(table: torch.Tensor) -> torch.Tensor:
+    """The table ``[P, R]`` (cos | sin halves) of the negated angles: sin negated (exact)."""
+    half = table.shape[-1] // 2
+    return torch.cat([table[:, :half], -table[:, half:]], -1)
+
+
+def model_table(model, mrope: bool, layer_type: str = "full_attention") -> torch.Tensor:
     """The model's own RoPE table in vLLM layout ``[POSITIONS, R]`` (cos | sin halves, fp32):
-    its rotary embedding called in fp32 on positions ``0..POSITIONS-1``."""
+    its rotary embedding called in fp32 on positions ``0..POSITIONS-1`` (where its RoPE is per
+    layer type, ``layer_type``'s)."""
     rotary = _rotary_embedding(model)
     table = getattr(rotary, "embed_positions", None)
     if table is not None:  # GPT-J / CodeGen's sinusoidal buffer: [sin | cos] halves
@@ -320,12 +386,12 @@ def model_table(model, mrope: bool) -> torch.Tensor:
     import inspect
 
     if "layer_type" in inspect.signature(rotary.forward).parameters:  # RoPE per layer type
-        out = rotary(x, pos, "full_attention")
+        out = rotary(x, pos, layer_type)
     else:
         try:
             out = rotary(x, pos)
         except TypeError:
-            out = rotary(x, pos, "full_attention")
+            out = rotary(x, pos, layer_type)
     if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis
         return torch.cat([out.real, out.imag], dim=-1)[0].float()
     cos, sin = (t[0].float() for t in out)
@@ -357,7 +423,8 @@ def _attention(model, capture: Capture, *names: str) -> tuple[str, torch.nn.Modu
     of one of ``names``."""
     for qual in capture.linears:
         prefix, _, leaf = qual.rpartition(".")
-        if leaf in names:
+        # not a cross-attention (IDEFICS's gated ones run before its self-attention)
+        if leaf in names and not getattr(model.get_submodule(prefix), "is_cross_attention", 0):
             return prefix, model.get_submodule(prefix)
     raise LookupError(f"no projection named {', '.join(names)} ran")
 
@@ -385,6 +452,8 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     projection output the model computed, with the model's norm weights and RoPE table
     (``table``), under ``numerics``, on ``backend``."""
     import fqr
+    from fqr.hf import norm_weights
+    from fqr.prologue.params import index_head_kwargs
 
     rotated = tuple(capture.outputs[:2])
     if preset.variant == "mla-kv":
@@ -400,6 +469,9 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
             if f"{prefix}.{n}" in capture.linears
         )
     weights = (_weight(attention, *Q_NORMS), _weight(attention, *K_NORMS))
+    # a weightless norm (Muse's qk_norm): the weights fqr's mapping gives for the config
+    weights = norm_weights(model.config, preset, *weights)
+    names = ("q", "k", "index_q", "index_k")  # fqr's outputs compared, in order
     common = dict(numerics=numerics, backend=backend)
     if preset.variant == "qk-layernorm":
         # Persimmon's q_layernorm / k_layernorm (weight and bias), its row as stored
@@ -434,6 +506,27 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
         norms = norms[:1] * 2 if norms[0] is not None else norms[1:]
         with torch.no_grad():
             rotated = tuple(norm(x) for norm, x in zip(norms, rotated))
+    elif preset.variant == "index-heads":
+        # MiniMax-M3's sparse layer: its indexer's q_proj / k_proj after the attention's row,
+        # their (1 + w) norms; the indexer's rotated q and k, the later rotary call
+        indexer = attention.indexer
+        qkv = torch.cat(
+            [qkv, *(capture.linears[f"{prefix}.indexer.{n}"][0] for n in ("q_proj", "k_proj"))],
+            -1,
+        )
+        out = fqr.split_qkv_index_rmsnorm_rope(
+            qkv, positions, table, *weights, _weight(indexer, "q_norm"), _weight(indexer, "k_norm"),
+            **index_head_kwargs(preset, attn_fp8=False, index_fp8=False), **common,
+        )  # fmt: skip
+        out = (out[0], out[1], out[3], out[4])
+        rotated = (*rotated, *capture.later[0])
+    elif preset.variant == "split-qkv-vnorm":
+        # Gemma 3n / 4: v normalised too, the model's own v_norm output compared beside q, k
+        out = fqr.split_qkv_rmsnorm_rope_vnorm(
+            qkv, positions, table, *weights, **preset.spec.head_kwargs(**common)
+        )
+        rotated = (*rotated, capture.norms[f"{prefix}.v_norm"])
+        names = ("q", "k", "v")
     elif preset.variant == "qk-mrope":
         q, k = (capture.linears[f"{prefix}.{n}"][0] for n in ("q_proj", "k_proj"))
         out = fqr.qk_mrope(
@@ -454,7 +547,7 @@ def compared_outputs(preset, numerics, model, capture, positions, table, backend
     rotated = tuple(x.to(out[0].dtype) for x in rotated)
     return [
         (name, _rotated_part(ours, theirs), _heads(theirs))
-        for name, ours, theirs in (("q", out[0], rotated[0]), ("k", out[1], rotated[1]))
+        for name, ours, theirs in zip(names, out, rotated)
     ]
 
 
