@@ -41,6 +41,7 @@ from .inputs import PrologueInputs, random_norm_params, random_positions, random
 from .numerics import Comparison, compare, compare_kind, kind_text, tolerance_text
 from .presets import PRESETS, PrologueSpec, get_preset
 from .prologue import VARIANTS, CaseSpec, NormStats, get_variant, golden_cases
+from .prologue.declare import NUMERICS
 from .prologue.split_qkv import SPLIT_QKV
 from .rope_cache import rope_cos_sin_cache
 from .validate import NORM_KINDS, check_finite_scalar
@@ -460,7 +461,7 @@ def entry_problem(entry) -> str | None:
         return f"'sha256' must be 64 lowercase hex digits, got {entry['sha256']!r:.72}"
     for key, choices in (
         ("dtype", ACTIVATION_DTYPE_NAMES),
-        ("numerics", ("fused", "unfused")),
+        ("numerics", NUMERICS),
         ("norm", NORM_KINDS),
         ("positions_dtype", ("int32", "int64")),
     ):

@@ -100,6 +100,7 @@ VNORM = register_variant(
         golden=(
             CaseSpec("gemma4-31b-sliding", "bf16", 7, tp=8),
             CaseSpec("gemma4-31b-sliding", "fp16", 1, "unfused", tp=8),
+            CaseSpec("gemma4-31b-sliding", "bf16", 5, "unfused-hf", tp=8),
             CaseSpec("gemma4-31b-full", "bf16", 7, tp=8, max_position=1 << 18),
             CaseSpec("gemma4-31b-full", "bf16", 1, "unfused", tp=8),
         ),
