@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fqr_cli.app import main
+from support.cli import fqr_in_process
 
 from fqr.golden import GOLDEN_DIR, list_cases
 
@@ -24,22 +24,7 @@ TINY_RUN = ["run", "--preset", "qwen3-0.6b", "--requests", "2", "--prompt-len", 
 
 
 def fqr(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    """``fqr ARGS`` in this process: (exit code, stdout, stderr). A worker spawn fails the
-    test: every row here must be refused before one."""
-    from fqr.runtime.executor import MultiprocExecutor
-
-    def no_spawn(self):
-        raise AssertionError("a worker was started")
-
-    monkeypatch.setattr(MultiprocExecutor, "start", no_spawn)
-    monkeypatch.setattr(sys, "argv", ["fqr", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return fqr_in_process(args, capsys, monkeypatch)
 
 
 def _golden_copy(d: Path, mutate=None, manifest: bytes | None = None) -> Path:

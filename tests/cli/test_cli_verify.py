@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import fqr_in_process
 
 from fqr.backends import BACKENDS, available_backends
 from fqr.golden import GOLDEN_DIR, list_cases, peer_kwargs
@@ -111,12 +112,13 @@ def test_tampered_golden_file_is_reported_corrupt(tmp_path):
         (["golden", "list", "--case", "no-such-case*"], "--case"),
     ],
 )
-def test_bad_usage_exits_2_with_one_line(args, needle):
-    r = fqr(*args)
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
-    assert r.stdout == ""
+def test_bad_usage_exits_2_with_one_line(args, needle, capsys, monkeypatch):
+    """In this process (:mod:`support.cli`): the files above run the real entry point."""
+    code, out, err = fqr_in_process(args, capsys, monkeypatch)
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+    assert out == ""
 
 
 def test_golden_list_json_and_regen_subset(tmp_path):
