@@ -112,7 +112,7 @@ def test_run_bench_itself_refuses_without_gpu(monkeypatch):
 
 def test_from_json_does_not_take_measuring_options(monkeypatch, capsys, tmp_path):
     path = tmp_path / "b.json"
-    path.write_text(json.dumps(_document(tmp_path)))
+    path.write_text(json.dumps(_document(tmp_path, tokens=[2])))
     code, _, err = run_cli(monkeypatch, capsys, "--from-json", str(path), "--preset", "qwen3-8b")
     assert code == 2 and "--preset" in err
 
@@ -309,7 +309,7 @@ def _document(tmp_path, **kw):
 
 
 def test_json_round_trip_table_and_plot(monkeypatch, capsys, tmp_path):
-    doc = _document(tmp_path)
+    doc = _document(tmp_path, tokens=[1, 2])  # small cells: the CPU run of 300 tokens is above
     path = tmp_path / "b.json"
     path.write_text(json.dumps(doc))
     png = tmp_path / "b.png"
