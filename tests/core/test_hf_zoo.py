@@ -134,6 +134,28 @@ TINY_EXTRA = {
             intermediate_size=32,
         ),
     ),
+    # Phi-4-multimodal builds its vision tower (27 layers of 1152) and audio encoder (24 blocks
+    # of 1024) beside the decoder
+    "phi4_multimodal": dict(
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            crop_size=28,
+            patch_size=14,
+        ),
+        audio_config=dict(
+            hidden_size=32,
+            intermediate_size=32,
+            num_blocks=1,
+            num_attention_heads=2,
+            ext_pw_out_channel=32,
+            depthwise_separable_out_channel=32,
+            nemo_conv_channels=32,
+        ),
+    ),  # fmt: skip
     # two audio codebooks of the text vocabulary's size (their ids share the zoo's draw), the
     # audio padding token its embedding's last row
     "kyutai_speech_to_text": dict(num_codebooks=2, codebook_vocab_size=128, audio_pad_token_id=384),
