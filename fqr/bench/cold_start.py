@@ -177,6 +177,9 @@ def _triton_runtime(preset: str, tp: int, tokens: int, bundle: str, scratch: Pat
     runtime = scratch / "triton"
     env = dict(os.environ, TRITON_CACHE_DIR=str(runtime), FQR_KERNEL_BUNDLE=bundle)
     env |= _bytecode_env(scratch / "pycache")
+    # the warm-up writes the bytecode the measured processes read (an image that sets
+    # PYTHONDONTWRITEBYTECODE would otherwise leave the shared cache empty)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["FQR_CACHE_DIR"] = str(scratch / "kernels")
     runtime.mkdir(mode=0o700)
     (scratch / "kernels").mkdir(mode=0o700)

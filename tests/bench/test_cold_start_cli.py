@@ -4,6 +4,7 @@ process is started or any bundle built (its measurement runs on the GPU: docs/PE
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -67,3 +68,19 @@ def test_measured_processes_share_a_bytecode_cache_unless_the_caller_chose_one(
     assert _bytecode_env(tmp_path) == {"PYTHONPYCACHEPREFIX": str(tmp_path)}
     monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/elsewhere")
     assert _bytecode_env(tmp_path) == {}
+
+
+def test_the_warm_up_writes_the_bytecode_the_measured_processes_read(monkeypatch, tmp_path):
+    """Under ``PYTHONDONTWRITEBYTECODE`` (set by some images) the shared cache would stay
+    empty: the untimed warm-up writes it; only the warm-up drops the variable."""
+    import fqr.bench.cold_start as cold
+
+    seen: list[dict] = []
+    monkeypatch.setattr(cold, "_spawn", lambda preset, tp, tokens, env, what: seen.append(env))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    cold._triton_runtime("qwen3-8b", 1, 1, "bundle-dir", tmp_path)
+    (env,) = seen
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    assert os.environ["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's own untouched
