@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|cold-start|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
+#   bash scripts/gpu_session.sh checks|cold-start|cold-profile|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -175,6 +175,19 @@ cold-start)
   # issue 37: the first call from a bundle in parts (import, CUDA context, lowering, bundle open
   # and checks, module load, launch); fqr's part (after the CUDA context exists) <= 50 ms
   TAILN=14 step cold_start timeout 400 python3 -m fqr bench --cold-start --preset "${COLD_PRESETS:-qwen3-8b,deepseek-v3}"
+  ;;
+cold-profile)
+  # issue 37: where the first call from a bundle goes (cProfile), with the bytecode cache as
+  # the cold start's measured processes have it: one untimed run writes it (and Triton's
+  # runtime pieces), the profiled run reads it. Carry .bundle/cold (fqr build --preset
+  # qwen3-8b,deepseek-v3 with the device's Triton).
+  python3 -c 'import os, sys; print("dont_write_bytecode", sys.flags.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"))'
+  [ -f "$PWD/.bundle/cold/bundle.json" ] || { echo "no kernel bundle at .bundle/cold"; exit 2; }
+  chmod -R go-w "$PWD/.bundle/cold"
+  export FQR_KERNEL_BUNDLE=$PWD/.bundle/cold TRITON_CACHE_DIR=$(mktemp -d) PYTHONPYCACHEPREFIX=$(mktemp -d)
+  FQR_CACHE_DIR=$(mktemp -d) env -u PYTHONDONTWRITEBYTECODE python3 scripts/profile_first_call.py "${COLD_PRESET:-qwen3-8b}" 1 5 > "$OUT/cold_profile_warmup.log" 2>&1
+  echo "bytecode files written by the warm-up: $(find "$PYTHONPYCACHEPREFIX" -name '*.pyc' | wc -l)"
+  FQR_CACHE_DIR=$(mktemp -d) TAILN=${TAILN:-60} step cold_profile python3 scripts/profile_first_call.py "${COLD_PRESET:-qwen3-8b}" 1 45
   ;;
 checks)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv

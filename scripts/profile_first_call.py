@@ -46,3 +46,6 @@ for order in ("cumulative", "tottime"):
     pstats.Stats(profile, stream=text).sort_stats(order).print_stats(lines)
     print(text.getvalue())
 print(f"first call of {name} (T={tokens}) under cProfile: {took * 1e3:.1f} ms")
+from fqr.lowering.bundle import STATS  # noqa: E402
+
+print(f"kernels loaded from the bundle: {STATS.loaded}, compiled: {STATS.compiled}")
