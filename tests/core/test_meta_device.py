@@ -200,8 +200,55 @@ def test_qk_rmsnorm_rope_on_meta(gen):
         assert alone[0].device == META and alone[1] is None
 
 
+def projected_calls(gen) -> dict:
+    """One call of each projected form (``fqr.prologue.projected``): ``name -> (args,
+    kwargs)``, CPU tensors, with the projection's bias."""
+    hidden, d = 80, 64
+    x = torch.randn(TOKENS, hidden, generator=gen).to(torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    table = rope_cos_sin_cache(64, ROWS, 1e4)
+    positions = torch.randint(0, ROWS, (TOKENS,), generator=gen)
+    heads = dict(num_heads=4, num_kv_heads=2, head_dim=d)
+
+    def weight(n):
+        return torch.randn(n, hidden, generator=gen).to(torch.bfloat16)
+
+    def bias(n):
+        return torch.randn(n, generator=gen).to(torch.bfloat16)
+
+    n = 8 * d
+    planes = torch.randint(0, ROWS, (3, TOKENS), generator=gen)
+    mrope = dict(mrope_section=(16, 8, 8), mrope_interleaved=True, output_gate=True, **heads)
+    return {
+        "split_qkv_rmsnorm_rope_proj": ((x, weight(n), positions, table, w, w),
+                                        dict(qkv_bias=bias(n), **heads)),
+        "split_qkv_rmsnorm_mrope_proj": ((x, weight(n + 4 * d), planes, table, w, w),
+                                         dict(qkv_bias=bias(n + 4 * d), **mrope)),
+        "split_qkv_rmsnorm_rope_vnorm_proj": ((x, weight(n), positions, table, w, w), heads),
+    }  # fmt: skip
+
+
+def test_projected_forms_on_meta(gen):
+    """The projected forms (no preset variant runs them yet): the public op, its torch op
+    and its float64 reference on meta tensors, like the CPU run."""
+    for name, (args, kwargs) in projected_calls(gen).items():
+        decl = DECLARATIONS[name]
+        cpu = decl.function(*args, **kwargs)
+        meta_args = tuple(a.to(META) for a in args)
+        meta_kwargs = {k: v.to(META) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}  # fmt: skip
+        assert_like(list(decl.function(*meta_args, **meta_kwargs)), list(cpu))
+        names = [p.name for p in decl.params]
+        given = dict(zip(names, meta_args), **meta_kwargs)
+        expected = decl.reference(**decl.reference_kwargs(given))
+        assert [t.device for t in expected] == [META] * len(expected)
+
+
 # Declared ops no preset variant runs, each with its own test above.
-WITHOUT_A_VARIANT = {"qk_rmsnorm_rope": test_qk_rmsnorm_rope_on_meta}
+WITHOUT_A_VARIANT = {
+    "qk_rmsnorm_rope": test_qk_rmsnorm_rope_on_meta,
+    **dict.fromkeys(projected_calls(torch.Generator()), test_projected_forms_on_meta),
+}
 
 
 def test_every_declared_op_runs_on_meta():
@@ -212,14 +259,16 @@ def test_every_declared_op_runs_on_meta():
 
 
 def test_every_primitive_impl_runs_on_meta():
-    """The programs run above (every preset, every numerics mode) hold every primitive of
-    ``fqr.ops``: each one's ``impl`` rule ran on meta tensors."""
+    """The programs run above (every preset, every numerics mode, the projected forms) hold
+    every primitive of ``fqr.ops``: each one's ``impl`` rule ran on meta tensors."""
     ran = set()
     for name in PRESETS:
         preset = fqr.PRESETS[name]
         variant = variant_of(preset)
         for numerics in numerics_modes(variant, preset):
             ran |= {e.prim.name for e in variant.program(preset, numerics=numerics).eqns}
+    for name, (args, kwargs) in projected_calls(torch.Generator()).items():  # no preset yet
+        ran |= {e.prim.name for e in DECLARATIONS[name].program_for(*args, **kwargs).eqns}
     defined = {
         p.name
         for module in vars(fqr.ops).values()

@@ -1,0 +1,208 @@
+"""The projected form of the prologues (``fqr.prologue.projected``): the same op from the hidden
+states ``x`` and the packed weight ``w_qkv``, held to the fused contract of the float64
+composition ``x @ w_qkv.T (+ bias)`` then the prologue, on the reference backend.
+
+Fresh random inputs (a new generator per case), real RoPE tables (``fqr.rope_cache``), odd
+widths and head counts, with and without the projection bias."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fqr
+from fqr import reference
+from fqr.numerics import compare
+from fqr.prologue import DECLARATIONS
+from fqr.rope_cache import rope_cos_sin_cache
+
+MAX_POSITION = 97
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _draw(tokens, hidden, width, dtype, seed, *, bias):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64).to(dtype)
+    # a weight scaled as a trained projection's (rows of norm about 1): qkv values of order 1
+    w = (torch.randn(width, hidden, generator=g, dtype=torch.float64) / hidden**0.5).to(dtype)
+    b = (0.1 * torch.randn(width, generator=g, dtype=torch.float64)).to(dtype) if bias else None
+    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=g)
+    positions[0] = MAX_POSITION - 1
+    return g, x, w, b, positions
+
+
+def _norm_weights(g, d, dtype):
+    return tuple(
+        (1 + 0.1 * torch.randn(d, generator=g, dtype=torch.float64)).to(dtype) for _ in "qk"
+    )
+
+
+def _check(outs, expected, head_dim):
+    assert len(outs) == len(expected)
+    for name, out, exact in zip("qkvg", outs, expected):
+        assert torch.isfinite(out).all(), name
+        result = compare(out, exact, head_dim=head_dim, numerics="fused")
+        assert result.passed, (name, result)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize(
+    "hq,hkv,d,rotary,hidden,norm",
+    [
+        (3, 1, 64, 64, 96, "head"),  # Qwen3-like: per-head norm, odd heads, full rotary
+        (5, 1, 32, 16, 40, "head"),  # partial rotary, odd hidden
+        (3, 1, 64, 64, 72, "none"),  # Llama: no norm
+        (2, 2, 32, 32, 48, "full"),  # OLMo2: one norm over the whole q and k
+    ],
+)
+def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, dtype):
+    tokens, width = 7, (hq + 2 * hkv) * d
+    g, x, w, b, positions = _draw(tokens, hidden, width, dtype, 1000 + hq * d + hidden, bias=bias)
+    table = rope_cos_sin_cache(rotary, MAX_POSITION, 1e6)
+    if norm == "none":
+        qw = kw = None
+    elif norm == "head":
+        qw, kw = _norm_weights(g, d, dtype)
+    else:
+        qw = (1 + 0.1 * torch.randn(hq * d, generator=g, dtype=torch.float64)).to(dtype)
+        kw = (1 + 0.1 * torch.randn(hkv * d, generator=g, dtype=torch.float64)).to(dtype)
+    heads = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm=norm)
+    outs = fqr.split_qkv_rmsnorm_rope_proj(
+        x, w, positions, table, qw, kw, qkv_bias=b, backend="reference", **heads
+    )
+    assert [o.dtype for o in outs] == [dtype] * 3
+    assert [o.shape for o in outs] == [(tokens, hq * d), (tokens, hkv * d), (tokens, hkv * d)]
+    expected = reference.prologue(reference.project(x, w, b), positions, table, qw, kw, **heads)
+    _check(outs, expected, d)
+    # the derived reference is the same composition
+    decl = DECLARATIONS["split_qkv_rmsnorm_rope_proj"]
+    again = decl.reference(x, w, b, positions=positions, cos_sin_cache=table, q_weight=qw,
+                           k_weight=kw, **heads)  # fmt: skip
+    for a, e in zip(again, expected):
+        assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("gate", [False, True], ids=["mrope", "mrope-gate"])
+def test_split_qkv_mrope_proj_matches_float64(bias, gate):
+    """Qwen3-VL (interleaved sections) and Qwen3.5's gated row, from the hidden states."""
+    hq, hkv, d, rotary, hidden, tokens = 3, 1, 64, 64, 80, 6
+    width = (hq * (2 if gate else 1) + 2 * hkv) * d
+    g, x, w, b, _ = _draw(tokens, hidden, width, torch.bfloat16, 77 + gate, bias=bias)
+    planes = torch.randint(0, MAX_POSITION, (3, tokens), generator=g)
+    planes[:, ::3] = planes[0, ::3]  # text tokens: one position on every plane
+    table = rope_cos_sin_cache(rotary, MAX_POSITION, 5e6)
+    qw, kw = _norm_weights(g, d, torch.bfloat16)
+    static = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, mrope_section=(12, 10, 10),
+                  mrope_interleaved=True, output_gate=gate)  # fmt: skip
+    outs = fqr.split_qkv_rmsnorm_mrope_proj(
+        x, w, planes, table, qw, kw, qkv_bias=b, backend="reference", **static
+    )
+    expected = reference.mrope_prologue(reference.project(x, w, b), planes, table, qw, kw, **static)
+    _check(outs, expected, d)
+
+
+def test_vnorm_proj_matches_float64():
+    """Gemma 4's v norm: v is normalised from the unrounded projection too."""
+    hq, hkv, d, hidden, tokens = 3, 1, 64, 64, 5
+    g, x, w, b, positions = _draw(tokens, hidden, (hq + 2 * hkv) * d, torch.bfloat16, 5, bias=False)
+    table = rope_cos_sin_cache(d, MAX_POSITION, 1e4)
+    qw, kw = _norm_weights(g, d, torch.bfloat16)
+    static = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d)
+    outs = fqr.split_qkv_rmsnorm_rope_vnorm_proj(
+        x, w, positions, table, qw, kw, backend="reference", **static
+    )
+    decl = DECLARATIONS["split_qkv_rmsnorm_rope_vnorm"]
+    expected = decl.reference(reference.project(x, w), positions, table, qw, kw, **static)
+    _check(outs, expected, d)
+
+
+def test_proj_rounds_once_where_the_pair_rounds_twice():
+    """v of the projected form is the product rounded once; matmul + the prologue rounds it
+    at the GEMM's output and copies it: the projected v is within 1 ULP of float64 (the
+    fused contract), and is the correctly rounded product on every element here."""
+    g, x, w, b, positions = _draw(9, 128, (2 + 2) * 64, torch.bfloat16, 11, bias=True)
+    table = rope_cos_sin_cache(64, MAX_POSITION, 1e4)
+    qw, kw = _norm_weights(g, 64, torch.bfloat16)
+    _, _, v = fqr.split_qkv_rmsnorm_rope_proj(
+        x, w, positions, table, qw, kw, qkv_bias=b, num_heads=2, num_kv_heads=1, head_dim=64,
+        backend="reference",
+    )  # fmt: skip
+    exact_v = reference.project(x, w, b)[:, 3 * 64 :]
+    assert compare(v, exact_v, head_dim=64).passed
+
+
+def test_proj_program_is_one_program():
+    decl = DECLARATIONS["split_qkv_rmsnorm_rope_proj"]
+    x = torch.zeros(2, 96, dtype=torch.bfloat16)
+    w = torch.zeros(5 * 64, 96, dtype=torch.bfloat16)
+    table = rope_cos_sin_cache(64, MAX_POSITION, 1e4)
+    wn = torch.ones(64, dtype=torch.bfloat16)
+    text = str(decl.program_for(x, w, torch.zeros(2, dtype=torch.int64), table, wn, wn,
+                                num_heads=3, num_kv_heads=1, head_dim=64))  # fmt: skip
+    assert text.splitlines()[1].split(" = ")[1].startswith("linear[] ")
+    assert "split_heads[" in text and "rms_norm[" in text and "rope[" in text
+
+
+def _args(**change):
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    w = torch.randn(5 * 64, 96, dtype=torch.bfloat16)
+    args = dict(
+        x=x,
+        w_qkv=w,
+        positions=torch.tensor([0, 5, 9]),
+        cos_sin_cache=rope_cos_sin_cache(64, MAX_POSITION, 1e4),
+        q_weight=torch.ones(64, dtype=torch.bfloat16),
+        k_weight=torch.ones(64, dtype=torch.bfloat16),
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=64,
+        backend="reference",
+    )
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        (dict(w_qkv=torch.randn(4 * 64, 96, dtype=torch.bfloat16)), ValueError,
+         r"w_qkv has 256 rows != \(num_heads \+ 2\*num_kv_heads\) \* head_dim"),
+        (dict(w_qkv=torch.randn(5 * 64, 95, dtype=torch.bfloat16)), ValueError,
+         "w_qkv has K = 95 columns but x has 96"),
+        (dict(w_qkv=torch.randn(5 * 64, 96, dtype=torch.float16)), TypeError,
+         "w_qkv must have x's dtype"),
+        (dict(w_qkv=torch.randn(96, 5 * 64, dtype=torch.bfloat16).T), ValueError,
+         "w_qkv must be contiguous"),
+        (dict(qkv_bias=torch.randn(5 * 64 - 1, dtype=torch.bfloat16)), ValueError,
+         r"qkv_bias must be \[N\] with N = 320"),
+        (dict(qkv_bias=torch.randn(5 * 64, dtype=torch.float32)), TypeError, "qkv_bias must have"),
+        (dict(x=torch.ones(3, 96, dtype=torch.int32)), TypeError, "x must be"),
+        (dict(positions=torch.tensor([0, 5])), ValueError, "positions must be"),
+        (dict(num_kv_heads=2), ValueError, "num_kv_heads"),
+        (dict(backend="interpret"), ValueError,
+         "cannot run the projected form: its fused GEMM-epilogue kernel is not built"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_name_the_argument(change, error, match):
+    with pytest.raises(error, match=match):
+        fqr.split_qkv_rmsnorm_rope_proj(**_args(**change))
+
+
+def test_not_taken_arguments():
+    with pytest.raises(TypeError, match="inplace"):
+        fqr.split_qkv_rmsnorm_rope_proj(**_args(inplace=True))
+    with pytest.raises(ValueError, match="numerics must be one of fused, got 'unfused'"):
+        fqr.split_qkv_rmsnorm_rope_proj(**_args(numerics="unfused"))
+
+
+def test_torch_op_runs_the_projected_form():
+    args = _args()
+    outs = torch.ops.fqr.split_qkv_rmsnorm_rope_proj(
+        args["x"], args["w_qkv"], args["positions"], args["cos_sin_cache"], args["q_weight"],
+        args["k_weight"], None, None, None, num_heads=3, num_kv_heads=1, head_dim=64,
+    )  # fmt: skip
+    again = fqr.split_qkv_rmsnorm_rope_proj(**args)
+    for a, b in zip(outs, again):
+        assert torch.equal(a, b)
