@@ -206,3 +206,63 @@ def test_torch_op_runs_the_projected_form():
     again = fqr.split_qkv_rmsnorm_rope_proj(**args)
     for a, b in zip(outs, again):
         assert torch.equal(a, b)
+
+
+def _ulp(y: torch.Tensor) -> torch.Tensor:
+    """float64 spacing of ``y``'s dtype at each of its values (bf16 / fp16)."""
+    info = torch.finfo(y.dtype)
+    a = y.double().abs().clamp_min(info.smallest_normal)
+    return torch.exp2(torch.floor(torch.log2(a)) - (info.nmant if hasattr(info, "nmant") else 0))
+
+
+def _cancelling_weight(x, width, g, dtype):
+    """``[width, K]`` rows whose product with each token of ``x`` cancels: the last column of
+    row ``n`` is chosen (then rounded) against token ``n % T``'s sum of the others."""
+    tokens, hidden = x.shape
+    w = torch.randn(width, hidden, generator=g, dtype=torch.float64) / hidden**0.5
+    xd = x.double()
+    for n in range(width):
+        t = n % tokens
+        w[n, -1] = -(xd[t, :-1] @ w[n, :-1]) / xd[t, -1]
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_cancelling_products_stay_within_the_accumulation_bound(dtype):
+    """Where ``x @ w.T`` cancels, the fp32 accumulation's own floor
+    (:func:`fqr.numerics.accumulation_bound`) is what the outputs are held to: v within
+    ``1 ulp + bound``, q and k (RoPE, no norm) within ``1 ulp + sqrt(2) * the head's largest
+    bound + the fp32 compute floor``."""
+    from fqr.numerics import COMPUTE_FLOOR, accumulation_bound
+
+    hq, hkv, d, hidden, tokens = 2, 1, 64, 256, 4
+    g = torch.Generator().manual_seed(4040)
+    x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64).to(dtype)
+    w = _cancelling_weight(x, (hq + 2 * hkv) * d, g, dtype)
+    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=g)
+    table = rope_cos_sin_cache(d, MAX_POSITION, 1e4)
+    heads = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm="none")
+    outs = fqr.split_qkv_rmsnorm_rope_proj(
+        x, w, positions, table, None, None, backend="reference", **heads
+    )
+    exact_row = reference.project(x, w)
+    expected = reference.prologue(exact_row, positions, table, None, None, **heads)
+    bound = accumulation_bound(x, w)
+    cuts = (0, hq * d, (hq + hkv) * d, (hq + 2 * hkv) * d)
+    for i, (out, exact) in enumerate(zip(outs, expected)):
+        err = (out.double() - exact).abs()
+        b = bound[:, cuts[i] : cuts[i + 1]]
+        assert torch.isfinite(out).all()
+        if i == 2:  # v: the product rounded once
+            allowed = _ulp(out) + b
+        else:  # rotated: a pair keeps its error's length; the head's largest bound
+            per_head = b.reshape(tokens, -1, d).amax(-1, keepdim=True)
+            scale = exact.abs().reshape(tokens, -1, d).amax(-1, keepdim=True)
+            allowed = _ulp(out) + (2**0.5 * per_head + COMPUTE_FLOOR * scale).expand(
+                -1, -1, d
+            ).reshape(tokens, -1)
+        assert (err <= allowed).all(), (i, (err - allowed).max().item())
+    # the cancellation is real: each row's value for its token is far below the products
+    magnitude = x.double().abs() @ w.double().abs().T
+    own = torch.arange(w.shape[0]) % tokens == torch.arange(tokens)[:, None]
+    assert (exact_row.abs() < 2**-6 * magnitude)[own].float().mean() > 0.9
