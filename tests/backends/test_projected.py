@@ -266,3 +266,53 @@ def test_cancelling_products_stay_within_the_accumulation_bound(dtype):
     magnitude = x.double().abs() @ w.double().abs().T
     own = torch.arange(w.shape[0]) % tokens == torch.arange(tokens)[:, None]
     assert (exact_row.abs() < 2**-6 * magnitude)[own].float().mean() > 0.9
+
+
+# ------------------------------------------------------------ the presets' projected forms
+
+# (preset, TP): Qwen3 (per-head norm), Llama 3 (no norm), Qwen3-VL (mRoPE), Qwen3.5 (mRoPE
+# with the gate), Gemma 4 (the v norm): each model's real widths, its own hidden_size.
+PRESET_CASES = [
+    ("qwen3-8b", 8),
+    ("qwen3-32b", 8),
+    ("llama3-8b", 8),
+    ("qwen3-vl-8b", 4),
+    ("qwen3.5-27b", 8),
+    ("gemma4-31b-sliding", 16),
+]
+
+
+def projected_call(variant, preset, tokens, dtype, gen, *, bias):
+    """The projected form's arguments for a preset's call: the variant's draw with its qkv
+    replaced by hidden states and a packed weight of the preset's sizes, and the float64
+    expectation (``reference.project``, then the variant's reference)."""
+    from fqr.prologue import DECLARATIONS
+
+    proj = DECLARATIONS[variant.declaration.name + "_proj"]
+    table = preset.cos_sin_cache(MAX_POSITION)
+    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
+    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
+    x = torch.randn(tokens, hidden, generator=gen, dtype=torch.float64).to(dtype)
+    w = (torch.randn(width, hidden, generator=gen, dtype=torch.float64) / hidden**0.5).to(dtype)
+    b = (0.1 * torch.randn(width, generator=gen, dtype=torch.float64)).to(dtype) if bias else None
+    values = variant.arguments(preset, inputs, table)
+    values = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
+    expected = variant.expected(preset, dict(inputs, qkv=reference.project(x, w, b)), table)
+    return proj, dict(values, x=x, w_qkv=w, qkv_bias=b), expected
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("name,tp", PRESET_CASES, ids=lambda v: str(v))
+def test_presets_projected_forms_match_float64(name, tp, bias, gen):
+    from fqr.presets import get_preset
+    from fqr.prologue import variant_of
+
+    preset = get_preset(name, tp)
+    variant = variant_of(preset)
+    proj, args, expected = projected_call(variant, preset, 3, torch.bfloat16, gen, bias=bias)
+    outs = proj.function(**args, backend="reference")
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert len(outs) == len(expected)
+    for (out_name, exact), out in zip(expected.items(), outs):
+        result = compare(out, exact, head_dim=preset.head_dim)
+        assert result.passed, (out_name, result)
