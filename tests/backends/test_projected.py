@@ -279,6 +279,15 @@ PRESET_CASES = [
     ("qwen3-vl-8b", 4),
     ("qwen3.5-27b", 8),
     ("gemma4-31b-sliding", 16),
+    ("persimmon-8b", 8),  # LayerNorm on q and k, the checkpoint's per-head row
+    ("chameleon-7b", 8),  # LayerNorm with per-head weights
+    ("llama4-scout", 8),  # RoPE then the L2 norm
+    ("llama4-scout-nope", 8),  # a NoPE layer: the temperature
+    ("hunyuan-a13b", 8),  # RoPE then the RMSNorm
+    ("minimax-m3", 8),  # the indexer heads
+    ("minimax-m3-fp8", 8),  # FP8 outputs
+    ("pythia-6.9b", 8),  # GPT-NeoX's per-head row
+    ("codegen-2b", 4),  # CodeGen's model-parallel shards
 ]
 
 

@@ -201,37 +201,35 @@ def test_qk_rmsnorm_rope_on_meta(gen):
 
 
 def projected_calls(gen) -> dict:
-    """One call of each projected form (``fqr.prologue.projected``): ``name -> (args,
-    kwargs)``, CPU tensors, with the projection's bias."""
-    hidden, d = 80, 64
-    x = torch.randn(TOKENS, hidden, generator=gen).to(torch.bfloat16)
-    w = torch.ones(64, dtype=torch.bfloat16)
-    table = rope_cos_sin_cache(64, ROWS, 1e4)
-    positions = torch.randint(0, ROWS, (TOKENS,), generator=gen)
-    heads = dict(num_heads=4, num_kv_heads=2, head_dim=d)
-
-    def weight(n):
-        return torch.randn(n, hidden, generator=gen).to(torch.bfloat16)
-
-    def bias(n):
-        return torch.randn(n, generator=gen).to(torch.bfloat16)
-
-    n = 8 * d
-    planes = torch.randint(0, ROWS, (3, TOKENS), generator=gen)
-    mrope = dict(mrope_section=(16, 8, 8), mrope_interleaved=True, output_gate=True, **heads)
-    return {
-        "split_qkv_rmsnorm_rope_proj": ((x, weight(n), positions, table, w, w),
-                                        dict(qkv_bias=bias(n), **heads)),
-        "split_qkv_rmsnorm_mrope_proj": ((x, weight(n + 4 * d), planes, table, w, w),
-                                         dict(qkv_bias=bias(n + 4 * d), **mrope)),
-        "split_qkv_rmsnorm_rope_vnorm_proj": ((x, weight(n), positions, table, w, w), heads),
-    }  # fmt: skip
+    """One call of each projected form (``fqr.prologue.projected``) for the first preset of
+    its prologue's variants: ``name -> (args, kwargs)``, CPU tensors, the variant's draw with
+    its qkv replaced by hidden states, a packed weight and its bias."""
+    calls: dict = {}
+    for preset in fqr.PRESETS.values():
+        variant = variant_of(preset)
+        name = variant.declaration.name + "_proj"
+        if name not in DECLARATIONS or name in calls:
+            continue
+        decl = DECLARATIONS[name]
+        inputs = variant.draw(preset, TOKENS, torch.bfloat16, gen, max_position=ROWS)
+        width, hidden = inputs["qkv"].shape[1], 96
+        values = variant.arguments(preset, inputs, preset.cos_sin_cache(ROWS))
+        values = {k: v for k, v in values.items() if k in decl.index and k != "qkv"}
+        values.update(
+            x=torch.randn(TOKENS, hidden, generator=gen).to(torch.bfloat16),
+            w_qkv=torch.randn(width, hidden, generator=gen).to(torch.bfloat16),
+            qkv_bias=torch.randn(width, generator=gen).to(torch.bfloat16),
+        )
+        calls[name] = ((), values)
+    return calls
 
 
 def test_projected_forms_on_meta(gen):
-    """The projected forms (no preset variant runs them yet): the public op, its torch op
-    and its float64 reference on meta tensors, like the CPU run."""
-    for name, (args, kwargs) in projected_calls(gen).items():
+    """The projected forms (no preset variant runs them yet): the public op and its float64
+    reference on meta tensors, like the CPU run; every projected form is run."""
+    calls = projected_calls(gen)
+    assert set(calls) == {n for n in DECLARATIONS if n.endswith("_proj")}
+    for name, (args, kwargs) in calls.items():
         decl = DECLARATIONS[name]
         cpu = decl.function(*args, **kwargs)
         meta_args = tuple(a.to(META) for a in args)
@@ -247,7 +245,7 @@ def test_projected_forms_on_meta(gen):
 # Declared ops no preset variant runs, each with its own test above.
 WITHOUT_A_VARIANT = {
     "qk_rmsnorm_rope": test_qk_rmsnorm_rope_on_meta,
-    **dict.fromkeys(projected_calls(torch.Generator()), test_projected_forms_on_meta),
+    **{n: test_projected_forms_on_meta for n in DECLARATIONS if n.endswith("_proj")},
 }
 
 
