@@ -325,3 +325,32 @@ def test_presets_projected_forms_match_float64(name, tp, bias, gen):
     for (out_name, exact), out in zip(expected.items(), outs):
         result = compare(out, exact, head_dim=preset.head_dim)
         assert result.passed, (out_name, result)
+
+
+def test_torch_op_passes_opcheck():
+    """``torch.ops.fqr.split_qkv_rmsnorm_rope_proj``: schema, fake (shapes and dtypes from the
+    declaration, no kernel run) and autograd registration, as ``torch.library.opcheck``
+    checks them."""
+    args = _args(qkv_bias=torch.randn(5 * 64, dtype=torch.bfloat16))
+    op = torch.ops.fqr.split_qkv_rmsnorm_rope_proj.default
+    positional = (args["x"], args["w_qkv"], args["positions"], args["cos_sin_cache"],
+                  args["q_weight"], args["k_weight"], args["qkv_bias"], None, None)  # fmt: skip
+    torch.library.opcheck(op, positional, dict(num_heads=3, num_kv_heads=1, head_dim=64))
+
+
+def test_a_repeat_call_takes_the_fast_path():
+    """The second call of one key runs its kept call (no new trace), with the same values."""
+    from fqr.prologue import checked_calls, forget_checked_calls
+
+    decl = DECLARATIONS["split_qkv_rmsnorm_rope_proj"]
+    forget_checked_calls()
+    args = _args()
+    first = fqr.split_qkv_rmsnorm_rope_proj(**args)
+    kept = checked_calls(decl)
+    assert len(kept) == 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(decl, "program", lambda call: pytest.fail("traced again"))
+        again = fqr.split_qkv_rmsnorm_rope_proj(**args)
+    assert checked_calls(decl) == kept
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
