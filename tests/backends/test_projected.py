@@ -354,3 +354,36 @@ def test_a_repeat_call_takes_the_fast_path():
     assert checked_calls(decl) == kept
     for a, b in zip(first, again):
         assert torch.equal(a, b)
+
+
+def test_no_tokens_and_strided_rows():
+    """T = 0 returns empty outputs; hidden rows at a stride wider than K are read in place."""
+    args = _args(x=torch.randn(0, 96, dtype=torch.bfloat16), positions=torch.zeros(0).long())
+    assert [o.shape for o in fqr.split_qkv_rmsnorm_rope_proj(**args)] == [
+        (0, 192), (0, 64), (0, 64)
+    ]  # fmt: skip
+    wide = torch.randn(3, 128, dtype=torch.bfloat16)
+    args = _args(x=wide[:, :96])
+    strided = fqr.split_qkv_rmsnorm_rope_proj(**args)
+    dense = fqr.split_qkv_rmsnorm_rope_proj(**dict(args, x=wide[:, :96].contiguous()))
+    for a, b in zip(strided, dense):
+        assert torch.equal(a, b)
+
+
+def test_gradients_flow_to_the_hidden_states_and_the_weight():
+    """fp32, reference backend: the projected form's gradients are the prologue's on
+    ``x @ w_qkv.T`` (the same fp32 program, differentiated)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 96, generator=g).requires_grad_()
+    w = (torch.randn(5 * 64, 96, generator=g) / 96**0.5).requires_grad_()
+    rest = _args()
+    kw = dict(num_heads=3, num_kv_heads=1, head_dim=64, backend="reference")
+    weights = (rest["q_weight"].float(), rest["k_weight"].float())
+    tail = (rest["positions"], rest["cos_sin_cache"], *weights)
+    outs = fqr.split_qkv_rmsnorm_rope_proj(x, w, *tail, **kw)
+    sum(o.square().sum() for o in outs).backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    outs2 = fqr.split_qkv_rmsnorm_rope(x2 @ w2.T, *tail, **kw)
+    sum(o.square().sum() for o in outs2).backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-5, atol=1e-5)
