@@ -104,12 +104,21 @@ def _row_width(decl: Declaration):
     return width
 
 
+def _of_x(p: Param) -> Param:
+    """A prologue parameter as the projected form takes it: its numerics fused only, a
+    token-indexed argument counted against ``x``'s rows (its messages say so)."""
+    if p.name == "numerics":
+        return NUMERICS
+    kind = getattr(p, "kind", None)
+    if getattr(kind, "rows_of", None) == "qkv":
+        return replace(p, kind=replace(kind, rows_of="x"))  # type: ignore[type-var]
+    return p
+
+
 def _projected_params(decl: Declaration) -> tuple[Param, ...]:
     """``x``, ``w_qkv``, the prologue's positional parameters after ``qkv``, ``qkv_bias`` (the
     first keyword-only one), then the prologue's other parameters."""
-    rest = [
-        NUMERICS if p.name == "numerics" else p for p in decl.params[1:] if p.name not in DROPPED
-    ]
+    rest = [_of_x(p) for p in decl.params[1:] if p.name not in DROPPED]
     positional = [p for p in rest if not p.keyword]
     keyword = [p for p in rest if p.keyword]
     return (
