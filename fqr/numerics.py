@@ -18,6 +18,11 @@ unfused     fp32                as fused fp32
 any         float8_e4m3fn       within 1 E4M3 ULP of the float64 value clamped to +-448 and
                                 correctly rounded (the clamp is the FP8 store's saturation)
 any         any                 NaN or Inf in an output never passes
+projected   as above            as above, plus the fp32 accumulation floor of the product
+                                (:func:`accumulation_bound`, ``~K * 2^-24 * sum|x_k*w_k|``,
+                                carried through the norm and RoPE): it matters only where the
+                                dot product cancels; the projected forms of
+                                ``fqr.prologue.projected``
 ==========  ==================  ==============================================================
 
 ``unfused`` rounds (to the activation dtype, nearest even) exactly where vLLM's native code
@@ -88,6 +93,40 @@ _INT_OF = {
 FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 # The FP8 output dtypes and the value each store saturates to (E4M3 448, E5M2 57344)
 FP8_MAX = {d: float(torch.finfo(d).max) for d in (torch.float8_e4m3fn, torch.float8_e5m2)}
+
+
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def accumulation_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
+    """float64 ``[T, N]``: how far an fp32 accumulation of ``x [T, K] @ w [N, K].T (+ bias)``
+    may land from the exact product, in any order of the sum, with or without FMA: the floor
+    of the projected form's contract (:mod:`fqr.prologue.projected`), which the fused
+    contract's 1 ULP does not include.
+
+    Derivation (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 3.5):
+    each of the ``K`` products and the ``K - 1`` additions (one more with a bias) is exact or
+    rounded once to fp32, ``u = 2^-24``, so ``|s_hat - s| <= gamma_n * sum_k |x_k * w_k|``
+    (``+ |bias|``), ``gamma_n = n*u / (1 - n*u)``, ``n = K + 1`` (``K + 2`` with a bias; a
+    bf16 / fp16 product is exact in fp32, so this counts one rounding more than it needs).
+    A kernel's split-K partial sums and their fix-up are additions of the same sum: the
+    bound holds for every schedule.
+
+    What it gives the outputs: a copied value (v) rounded once is within ``1/2 ulp + bound``
+    of the float64 value, which is inside the 1 ULP of the fused contract wherever the bound
+    is below half an ULP of the value (``|s| >> K * 2^-24 * sum|x*w|``: no cancellation);
+    where the dot product cancels, the bound takes over. Through an RMSNorm of a head
+    (``y_i = s_i * r * w_i``, ``r = rsqrt(mean(s^2) + eps)``) an error ``e_j`` of each input
+    moves ``y_i`` by at most ``r * |w_i| * max_j e_j * (1 + |s_i| / rms(s))`` (first order:
+    ``|sum_j s_j e_j| <= |s| * |e|``); RoPE rotates each pair, which keeps the length of its
+    error: at most ``sqrt(2)`` times the pair's larger bound.
+    """
+    k = x.shape[1] + 1 + (bias is not None)
+    gamma = k * FP32_UNIT_ROUNDOFF / (1 - k * FP32_UNIT_ROUNDOFF)
+    magnitude = x.detach().double().abs() @ w.detach().double().abs().T
+    if bias is not None:
+        magnitude = magnitude + bias.detach().double().abs()
+    return gamma * magnitude
 
 
 def contract_of(numerics: str) -> str:

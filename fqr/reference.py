@@ -135,6 +135,14 @@ def layer_norm(
     return y.reshape(t, width)
 
 
+def project(x: Tensor, w_qkv: Tensor, qkv_bias: Tensor | None = None) -> Tensor:
+    """float64 QKV projection ``x [T, K] @ w_qkv[N, K].T (+ qkv_bias [N])``: the packed row a
+    projected prologue (:mod:`fqr.prologue.projected`) feeds its prologue, never rounded to
+    the activation dtype (the float64 composition the fused projected form is held to)."""
+    y = _f64(x) @ _f64(w_qkv).T
+    return y if qkv_bias is None else y + _f64(qkv_bias)
+
+
 def cos_sin_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """float64 angle rows ``[T, R]`` of the tokens: ``cos_sin_cache[positions]``."""
     return _f64(cos_sin_cache.index_select(0, positions.long()))

@@ -18,6 +18,7 @@ from .layer_norm import layer_norm, layer_norm_p
 from .mrope import mrope, mrope_p
 from .norm import rms_norm, rms_norm_p
 from .precision import reduce_precision, reduce_precision_p
+from .projection import linear, linear_p
 from .rope import rope, rope_p
 from .split import (
     QKV_LAYOUTS,
@@ -39,6 +40,8 @@ __all__ = [
     "codegen_shards",
     "qkv_layout_sections",
     "rms_norm",
+    "linear",
+    "linear_p",
     "layer_norm",
     "layer_norm_p",
     "rope",

@@ -58,7 +58,7 @@ from .variant import (
 # The machinery; every other module of the package is one declaration, imported here (in name
 # order, after split_qkv, the base op) so that it registers: a new member of the family is a
 # new file, nothing else.
-MACHINERY = ("blocks", "declare", "params", "variant")
+MACHINERY = ("blocks", "declare", "params", "projected", "variant")
 DECLARATION_MODULES = tuple(
     name
     for name in sorted(m.name for m in pkgutil.iter_modules(__path__))

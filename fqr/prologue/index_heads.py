@@ -27,6 +27,7 @@ from .declare import (
     flag,
     numerics,
 )
+from .projected import projected
 from .variant import CaseSpec, Variant, register_variant, spec_chain
 
 
@@ -163,6 +164,20 @@ SPLIT_QKV_INDEX_RMSNORM_ROPE = declare(
         >>> q.dtype, index_q.dtype, index_q.shape, index_k.shape
         (torch.float8_e4m3fn, torch.bfloat16, torch.Size([2, 128]), torch.Size([2, 64]))
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_INDEX_RMSNORM_ROPE_PROJ = projected(
+    SPLIT_QKV_INDEX_RMSNORM_ROPE,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64 + (2 + 1) * 64, 80, dtype=torch.bfloat16)
+        >>> w = torch.zeros(64, dtype=torch.bfloat16)  # (1 + w) weights: weight_offset=1.0
+        >>> q, k, v, index_q, index_k = fqr.split_qkv_index_rmsnorm_rope_proj(
+        ...     x, w_qkv, torch.tensor([0, 1]), table, w, w, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64, num_index_heads=2, index_head_dim=64, attn_fp8=True,
+        ... )
+        >>> q.dtype, index_q.dtype, index_q.shape, index_k.shape
+        (torch.float8_e4m3fn, torch.bfloat16, torch.Size([2, 128]), torch.Size([2, 64]))""",
 )
 
 split_qkv_index_rmsnorm_rope = SPLIT_QKV_INDEX_RMSNORM_ROPE.function

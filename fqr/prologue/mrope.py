@@ -22,6 +22,7 @@ from ..validate import check_mrope_section
 from . import params
 from .blocks import multimodal_rope, round_to
 from .declare import BACKEND, Call, Output, Positions, Rows, Static, declare, flag, numerics
+from .projected import projected
 from .variant import CaseSpec, Variant, register_variant
 
 
@@ -170,6 +171,21 @@ SPLIT_QKV_RMSNORM_MROPE = declare(
         >>> q.shape, k.shape, v.shape
         (torch.Size([2, 256]), torch.Size([2, 128]), torch.Size([2, 128]))
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_RMSNORM_MROPE_PROJ = projected(
+    SPLIT_QKV_RMSNORM_MROPE,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64, 80, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> positions = torch.tensor([[7, 7], [0, 1], [0, 0]])  # [3, T]: temporal, height, width
+        >>> q, k, v = fqr.split_qkv_rmsnorm_mrope_proj(
+        ...     x, w_qkv, positions, table, w, w, num_heads=4, num_kv_heads=2, head_dim=64,
+        ...     mrope_section=(16, 8, 8), mrope_interleaved=True,
+        ... )
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([2, 256]), torch.Size([2, 128]), torch.Size([2, 128]))""",
 )
 
 split_qkv_rmsnorm_mrope = SPLIT_QKV_RMSNORM_MROPE.function

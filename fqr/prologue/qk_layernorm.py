@@ -18,6 +18,7 @@ from ..peers import hf_layernorm_prologue
 from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Static, Tensor, Vector, choice, declare, numerics
+from .projected import projected
 from .variant import CaseSpec, Variant, preset_layout, register_variant
 
 NORM_WEIGHTS = ("shared", "per-head")
@@ -141,6 +142,20 @@ SPLIT_QKV_LAYERNORM_ROPE = declare(
         >>> torch.equal(v, qkv.view(2, 4, 3, 64)[:, :, 2].reshape(2, -1))  # each head's v
         True
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_LAYERNORM_ROPE_PROJ = projected(
+    SPLIT_QKV_LAYERNORM_ROPE,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn(3 * 4 * 64, 80, dtype=torch.bfloat16)  # Persimmon's per-head row
+        >>> w, b = torch.ones(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+        >>> q, k, v = fqr.split_qkv_layernorm_rope_proj(
+        ...     x, w_qkv, torch.tensor([0, 1]), table, w, w, b, b, num_heads=4, num_kv_heads=4,
+        ...     head_dim=64, qkv_layout="per-head",
+        ... )
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([2, 256]), torch.Size([2, 256]), torch.Size([2, 256]))""",
 )
 
 split_qkv_layernorm_rope = SPLIT_QKV_LAYERNORM_ROPE.function

@@ -17,6 +17,7 @@ from ..validate import check_finite_scalar
 from . import params
 from .blocks import round_to
 from .declare import BACKEND, Call, Output, Positions, Static, declare, numerics
+from .projected import projected
 from .variant import CaseSpec, Variant, draw_row, register_variant
 
 MAX_TEMPERATURE_POSITION = 1 << 24  # positions are exact as fp32 numbers below this
@@ -152,6 +153,18 @@ SPLIT_QKV_ROPE_L2NORM = declare(
         >>> torch.equal(k, qkv[:, 256:384])
         True
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_ROPE_L2NORM_PROJ = projected(
+    SPLIT_QKV_ROPE_L2NORM,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64, 80, dtype=torch.bfloat16)
+        >>> q, k, v = fqr.split_qkv_rope_l2norm_proj(
+        ...     x, w_qkv, torch.tensor([3, 4]), table, num_heads=4, num_kv_heads=2, head_dim=64
+        ... )
+        >>> q.shape, k.shape, v.shape
+        (torch.Size([2, 256]), torch.Size([2, 128]), torch.Size([2, 128]))""",
 )
 
 split_qkv_rope_l2norm = SPLIT_QKV_ROPE_L2NORM.function

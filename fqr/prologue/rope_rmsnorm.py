@@ -14,6 +14,7 @@ from ..peers import hunyuan_prologue
 from . import params
 from .blocks import round_to
 from .declare import BACKEND, Output, declare, numerics
+from .projected import projected
 from .variant import CaseSpec, Variant, draw_row, register_variant, row_chain
 
 
@@ -71,6 +72,20 @@ SPLIT_QKV_ROPE_RMSNORM = declare(
         >>> q.float().view(2, 4, 64).pow(2).mean(-1).round().tolist()  # normalised after RoPE
         [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_ROPE_RMSNORM_PROJ = projected(
+    SPLIT_QKV_ROPE_RMSNORM,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64, 80, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> q, k, v = fqr.split_qkv_rope_rmsnorm_proj(
+        ...     x, w_qkv, torch.tensor([3, 4]), table, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64,
+        ... )
+        >>> q.float().view(2, 4, 64).pow(2).mean(-1).round().tolist()  # normalised after RoPE
+        [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]""",
 )
 
 split_qkv_rope_rmsnorm = SPLIT_QKV_ROPE_RMSNORM.function

@@ -41,6 +41,7 @@ from .declare import (
     numerics,
     optional_positive_int,
 )
+from .projected import projected
 from .variant import CaseSpec, Variant, draw_row, register_variant, row_chain
 
 
@@ -474,6 +475,24 @@ SPLIT_QKV_RMSNORM_ROPE = declare(
         >>> torch.equal(v, qkv[:, 3072:])  # v is copied bit for bit
         True
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_RMSNORM_ROPE_PROJ = projected(
+    SPLIT_QKV_RMSNORM_ROPE,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 96, dtype=torch.float32)  # hidden states, K = 96
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64, 96) / 96**0.5  # 4 q heads, 2 kv heads of 64
+        >>> w = torch.ones(64)
+        >>> q, k, v = fqr.split_qkv_rmsnorm_rope_proj(
+        ...     x, w_qkv, torch.tensor([0, 7]), table, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64,
+        ... )
+        >>> q2, k2, v2 = fqr.split_qkv_rmsnorm_rope(  # fp32: the same row, the same values
+        ...     x @ w_qkv.T, torch.tensor([0, 7]), table, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64,
+        ... )
+        >>> torch.equal(q, q2), torch.equal(k, k2), torch.equal(v, v2)
+        (True, True, True)""",
 )
 
 split_qkv_rmsnorm_rope = SPLIT_QKV_RMSNORM_ROPE.function

@@ -15,6 +15,7 @@ from ..peers import gemma4_prologue
 from . import params
 from .blocks import round_to, split_head_norm_rope
 from .declare import BACKEND, NUMERICS, Call, Output, declare, numerics
+from .projected import projected
 from .variant import CaseSpec, Variant, draw_row, head_kwargs, register_variant, row_chain
 
 
@@ -81,6 +82,20 @@ SPLIT_QKV_RMSNORM_ROPE_VNORM = declare(
         >>> v.float().pow(2).mean(-1).round().tolist()  # v's heads RMS-normalised, no weight
         [1.0, 1.0]
     """,
+)
+# the same op from the hidden states: x @ w_qkv.T, then this prologue (.projected)
+SPLIT_QKV_RMSNORM_ROPE_VNORM_PROJ = projected(
+    SPLIT_QKV_RMSNORM_ROPE_VNORM,
+    f"""{params.EXAMPLE_WITH_TABLE}
+        >>> x = torch.randn(2, 80, dtype=torch.bfloat16)
+        >>> w_qkv = torch.randn((4 + 2 * 2) * 64, 80, dtype=torch.bfloat16)
+        >>> w = torch.ones(64, dtype=torch.bfloat16)
+        >>> q, k, v = fqr.split_qkv_rmsnorm_rope_vnorm_proj(
+        ...     x, w_qkv, torch.tensor([0, 7]), table, w, w, num_heads=4, num_kv_heads=2,
+        ...     head_dim=64,
+        ... )
+        >>> v.shape
+        torch.Size([2, 128])""",
 )
 
 split_qkv_rmsnorm_rope_vnorm = SPLIT_QKV_RMSNORM_ROPE_VNORM.function

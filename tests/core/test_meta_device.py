@@ -200,8 +200,53 @@ def test_qk_rmsnorm_rope_on_meta(gen):
         assert alone[0].device == META and alone[1] is None
 
 
+def projected_calls(gen) -> dict:
+    """One call of each projected form (``fqr.prologue.projected``) for the first preset of
+    its prologue's variants: ``name -> (args, kwargs)``, CPU tensors, the variant's draw with
+    its qkv replaced by hidden states, a packed weight and its bias."""
+    calls: dict = {}
+    for preset in fqr.PRESETS.values():
+        variant = variant_of(preset)
+        name = variant.declaration.name + "_proj"
+        if name not in DECLARATIONS or name in calls:
+            continue
+        decl = DECLARATIONS[name]
+        inputs = variant.draw(preset, TOKENS, torch.bfloat16, gen, max_position=ROWS)
+        width, hidden = inputs["qkv"].shape[1], 96
+        values = variant.arguments(preset, inputs, preset.cos_sin_cache(ROWS))
+        values = {k: v for k, v in values.items() if k in decl.index and k != "qkv"}
+        values.update(
+            x=torch.randn(TOKENS, hidden, generator=gen).to(torch.bfloat16),
+            w_qkv=torch.randn(width, hidden, generator=gen).to(torch.bfloat16),
+            qkv_bias=torch.randn(width, generator=gen).to(torch.bfloat16),
+        )
+        calls[name] = ((), values)
+    return calls
+
+
+def test_projected_forms_on_meta(gen):
+    """The projected forms (no preset variant runs them yet): the public op and its float64
+    reference on meta tensors, like the CPU run; every projected form is run."""
+    calls = projected_calls(gen)
+    assert set(calls) == {n for n in DECLARATIONS if n.endswith("_proj")}
+    for name, (args, kwargs) in calls.items():
+        decl = DECLARATIONS[name]
+        cpu = decl.function(*args, **kwargs)
+        meta_args = tuple(a.to(META) for a in args)
+        meta_kwargs = {k: v.to(META) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}  # fmt: skip
+        assert_like(list(decl.function(*meta_args, **meta_kwargs)), list(cpu))
+        names = [p.name for p in decl.params]
+        given = dict(zip(names, meta_args), **meta_kwargs)
+        expected = decl.reference(**decl.reference_kwargs(given))
+        assert [t.device for t in expected] == [META] * len(expected)
+
+
 # Declared ops no preset variant runs, each with its own test above.
-WITHOUT_A_VARIANT = {"qk_rmsnorm_rope": test_qk_rmsnorm_rope_on_meta}
+WITHOUT_A_VARIANT = {
+    "qk_rmsnorm_rope": test_qk_rmsnorm_rope_on_meta,
+    **{n: test_projected_forms_on_meta for n in DECLARATIONS if n.endswith("_proj")},
+}
 
 
 def test_every_declared_op_runs_on_meta():
@@ -212,14 +257,16 @@ def test_every_declared_op_runs_on_meta():
 
 
 def test_every_primitive_impl_runs_on_meta():
-    """The programs run above (every preset, every numerics mode) hold every primitive of
-    ``fqr.ops``: each one's ``impl`` rule ran on meta tensors."""
+    """The programs run above (every preset, every numerics mode, the projected forms) hold
+    every primitive of ``fqr.ops``: each one's ``impl`` rule ran on meta tensors."""
     ran = set()
     for name in PRESETS:
         preset = fqr.PRESETS[name]
         variant = variant_of(preset)
         for numerics in numerics_modes(variant, preset):
             ran |= {e.prim.name for e in variant.program(preset, numerics=numerics).eqns}
+    for name, (args, kwargs) in projected_calls(torch.Generator()).items():  # no preset yet
+        ran |= {e.prim.name for e in DECLARATIONS[name].program_for(*args, **kwargs).eqns}
     defined = {
         p.name
         for module in vars(fqr.ops).values()
