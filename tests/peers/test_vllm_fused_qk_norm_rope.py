@@ -45,10 +45,14 @@ PEER_GRID = grid(
     rotary_ratio=[1.0, 0.5, 0.25],
 )
 CPU_GRID = PEER_GRID
-# On the GPU vLLM's native ops reduce in their own order: README's numerics section measured
-# at least 0.99995 of the elements bit for bit (docs/results/unfused-cuda-bits-h200.log), so
-# an element may sit one ULP apart there (seen at seed 1170899066, rotary 0.25, bf16).
-UNFUSED_ULPS_ON_GPU = 1
+# A kernel sums x^2 in its own fp32 order, torch (vLLM's native ops) in another, so a head's
+# rstd may differ in its last bit and a normalised element one ULP (of the head's scale: RoPE's
+# sum may cancel it down to smaller values) apart: on the GPU README's numerics
+# section measured at least 0.99995 of the elements bit for bit (docs/results/
+# unfused-cuda-bits-h200.log; seen at seed 1170899066, rotary 0.25, bf16), and the interpreter
+# too (seed 1828606412, bf16, NeoX, eps 1e-5: three elements of one head). Only the reference
+# backend reduces as torch does.
+UNFUSED_ULPS_OF_A_KERNEL = 1
 INTERPRET_GRID = spread(PEER_GRID, 3)
 
 
@@ -89,7 +93,8 @@ def check_case(case: dict, backend: str, gen: torch.Generator, device: str = "cp
     atol, rtol = TOLERANCES[dtype]
     within = assert_peer_or_nearer(
         "qkv", fused, peer_ref, torch.cat(exact, dim=-1), lambda: run("unfused"), atol=atol,
-        rtol=rtol, ulps=0 if torch.device(device).type == "cpu" else UNFUSED_ULPS_ON_GPU,
+        rtol=rtol, ulps=0 if backend == "reference" else UNFUSED_ULPS_OF_A_KERNEL,
+        head_dim=HEAD_DIM,
     )  # fmt: skip
     for name, out, ex in zip("qkv", fused.split([q_size, kv_size, kv_size], dim=-1), exact):
         assert_exact(name, out, ex, head_dim=HEAD_DIM, bitwise=name == "v")

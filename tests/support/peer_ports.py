@@ -210,13 +210,15 @@ def assert_peer_or_nearer(
     atol: float,
     rtol: float,
     ulps: int = 0,
+    head_dim: int | None = None,
 ) -> bool:
     """The peer's check of a fused output against a peer reference that rounds between its
     steps. Returns True when the peer's tolerance holds; otherwise asserts that the fused
     output is nearer the exact (float64) value than the peer's reference is, and that fqr's
     ``numerics="unfused"`` output (``unfused()``) equals the peer's reference bit for bit
-    (``ulps``: within that many ULPs, for a kernel whose fp32 reduction order is not torch's),
-    and returns False; ``unfused`` None: no numerics mode rounds as the peer does, so outside
+    (``ulps``: within that many ULPs, for a kernel whose fp32 reduction order is not torch's;
+    with ``head_dim``, ULPs of each head's largest element, for a norm whose rstd may differ in
+    its last bit before RoPE's sums cancel), and returns False; ``unfused`` None: no numerics mode rounds as the peer does, so outside
     the tolerance fails. On ``meta`` (no values) it calls ``unfused()`` always, the launch the
     GPU run makes where the tolerance fails, checks its dtype and returns True."""
     if has_values(fused, peer_reference, exact):
@@ -238,6 +240,15 @@ def assert_peer_or_nearer(
     assert got.dtype == peer_reference.dtype, (got.dtype, peer_reference.dtype)
     if not has_values(got, peer_reference):
         return True
+    if ulps and head_dim:
+        peer = peer_reference.to(got.device).to(torch.float64)
+        heads = got.to(torch.float64).unflatten(-1, (-1, head_dim))
+        peer_heads = peer.unflatten(-1, (-1, head_dim))
+        largest = peer_heads.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(got.dtype).tiny)
+        head_ulp = torch.exp2(torch.frexp(largest).exponent - 1) * torch.finfo(got.dtype).eps
+        apart = float(((heads - peer_heads).abs() / head_ulp).max())
+        assert apart <= ulps, f"{name}: numerics='unfused' is {apart:g} head-scale ULP off the peer's"
+        return False
     if ulps:
         peer = peer_reference.to(got.device)
         apart = int((ordered_bits(got) - ordered_bits(peer)).abs().max())
