@@ -144,7 +144,7 @@ class Eqn:
     outputs: list[Var]
     params: dict[str, Any]
 
-    def facts(self) -> Views | HeadOp | None:
+    def facts(self) -> Views | HeadOp | Product | None:
         """The primitive's lowering facts for this equation (None: the primitive has none)."""
         if self.prim.facts is None:
             return None
@@ -190,7 +190,7 @@ class Program:
                     roots[id(e.outputs[0])] = roots.get(id(cache), cache)
         return roots
 
-    def eqn_facts(self) -> list[tuple[Eqn, Views | HeadOp | None]]:
+    def eqn_facts(self) -> list[tuple[Eqn, Views | HeadOp | Product | None]]:
         """Each equation with its primitive's lowering facts."""
         return [(e, e.facts()) for e in self.eqns]
 
@@ -387,6 +387,9 @@ class Role(enum.Enum):
     TABLE = "table"  # [rows, width]: rows gathered by an INDEX operand (cos_sin_cache)
     SCALAR = "scalar"  # [1] float: one number for the whole call (a per-tensor scale)
     CACHE = "cache"  # [blocks, block_size, heads, head_dim] or [blocks, block_size, entry]
+    HIDDEN = "hidden states"  # [T, K]: the rows a Product multiplies (K static)
+    WEIGHT = "weight"  # [N, K], contiguous: the matrix a Product multiplies by (transposed)
+    BIAS = "bias"  # [N]: one number per column of a Product's output
 
 
 class Reduction(enum.Enum):
@@ -420,6 +423,24 @@ class Views:
     loaded from the packed row where it is first used."""
 
     sections: tuple[Section, ...]
+
+
+@dataclass(frozen=True)
+class Product:
+    """Facts of a primitive whose output is a packed row ``[T, N]`` computed as a matrix
+    product of program inputs: ``y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n])``, the operands
+    in the roles :attr:`Role.HIDDEN` (x), :attr:`Role.WEIGHT` (w) and :attr:`Role.BIAS` (bias,
+    None where absent). The kernel never holds ``y`` whole: a :class:`Views` equation cuts it
+    into heads as it cuts a packed input, and each head is computed where it is first used, its
+    columns' dot products accumulated in fp32 over K (the prologue then runs on the
+    accumulator, the GEMM's epilogue)."""
+
+    operands: tuple[Role | None, ...]
+
+    def operand(self, role: Role) -> int | None:
+        """The index of the operand in ``role`` (None: the op has none)."""
+        found = [i for i, r in enumerate(self.operands) if r is role]
+        return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -611,7 +632,7 @@ class EmitContext(Protocol):
         ...
 
 
-FactsRule = Callable[..., "Views | HeadOp"]
+FactsRule = Callable[..., "Views | HeadOp | Product"]
 EmitRule = Callable[[EmitContext, Eqn], None]
 
 

@@ -84,6 +84,13 @@ class Tiling:
     # (the next tiles' rows are read while the current one computes). 0: a plain ``range``.
     # Shown in the repr only when on.
     pipeline_stages: int = 0
+    # A product-sourced chain (the projected form, :class:`fqr.lowering.plan.ProductSource`):
+    # the K step of its dot products (0: the kernel has no product) and how each step is
+    # multiplied: "mma" (``tl.dot``: the tensor cores, every tile at least 16 wide) or "fma"
+    # (a broadcast product summed over the step: any width, the GEMV of a few tokens). Shown
+    # in the repr only for a kernel with a product.
+    block_k: int = 0
+    product_dot: str = "mma"
 
     def __repr__(self) -> str:
         hidden_defaults = {
@@ -91,6 +98,8 @@ class Tiling:
             "grid_dependency": False,
             "heads_per_program": 0,
             "pipeline_stages": 0,
+            "block_k": 0,
+            **({"product_dot": "mma"} if not self.block_k else {}),
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
@@ -293,7 +302,6 @@ class KernelBuilder:
         self.arg_names: dict[int, str] = {}
         self._chain: Chain | None = None
         self.head_valid: str | None = None
-        self.src_base = ""
         self.row_sumsq: dict[int, str] = {}  # id(var) -> its row statistic from a first pass
         self.uses_round_bf16 = False
         self.uses_round_fp8 = False
@@ -348,7 +356,7 @@ class KernelBuilder:
             base = f"{self.var_name(v)}_ptr"
             self.arg_names[id(v)] = base
             self.param_list.append(base)
-            if role in (Role.VALUE, Role.TABLE):
+            if role in (Role.VALUE, Role.TABLE, Role.HIDDEN):
                 self.param_list.append(f"{self.var_name(v)}_stride")
                 self.dense_strides.append((f"{self.var_name(v)}_stride", int(v.aval.shape[1])))
             if role is Role.TABLE:
@@ -522,6 +530,105 @@ class KernelBuilder:
             byte = f"({bits} >> {8 * k}) & 255" if k else f"{bits} & 255"
             at = base if off == "0" else f"{base} + {byte_size} * {off}"
             self.emit(f"tl.store({at}{f' + {k}' if k else ''}, ({byte}).to(tl.uint8), mask={mask})")
+
+    # -------------------------------------------------------------- products
+    def _source_slots(self, chain: Chain, mask: str, prefix: str) -> dict[str, str]:
+        """The chain's source value in the current head tile as pieces: loaded from its packed
+        row, or, for a product-sourced chain, computed (:meth:`_product_slots`)."""
+        if chain.product is not None:
+            return self._product_slots(chain, prefix)
+        return self._load_slots(
+            self._head_base(chain), mask, chain.head_layout, not chain.compute_free, prefix,
+            self.emit,
+        )  # fmt: skip
+
+    def _weight_rows(self, chain: Chain, slot: Slot, second: bool) -> tuple[str, str | None]:
+        """(the rows of the weight ``[1, heads, padded]`` that a slot's piece (``second``: a
+        pair slot's odd features) multiplies by, the mask of the rows that exist or None)."""
+        s = chain.section
+        if s.grouped:
+            g = s.group_heads
+            head = f"(hh // {g}) * {s.group_stride} + (hh % {g}) * {s.head_stride}"
+        else:
+            head = f"hh * {s.head_stride}"
+        c = self.cols(slot.padded)
+        feature = c if slot.kind == "contig" else f"2 * {c}{' + 1' if second else ''}"
+        rows = f"({s.offset + slot.start} + {head} + {feature})"
+        masks = [self.head_valid] if self.head_valid else []
+        if slot.padded != slot.count:
+            masks.append(f"({c} < {slot.count})")
+        return rows, " & ".join(masks) or None
+
+    def _product_slots(self, chain: Chain, prefix: str) -> dict[str, str]:
+        """The pieces of a product-sourced chain's heads in the current head tile: for each
+        slot, ``x[tok, :] @ w[rows, :].T (+ bias[rows])`` accumulated in fp32 over K in steps
+        of :attr:`Tiling.block_k` (``tl.dot``, or a summed broadcast product with
+        ``product_dot="fma"``), one shared load of x per step."""
+        product = chain.product
+        assert product is not None
+        depth, step = product.depth, self.tiling.block_k
+        assert step, "a kernel with a product has a K step (Tiling.block_k)"
+        x = self.var_name(product.hidden)
+        w = self.arg_names[id(product.weight)]
+        heads = self.head_tile
+        mma = self.tiling.product_dot == "mma"
+        # An interpreter (whose casts are wrong: ``bf16_rounding="bits"``) multiplies bf16
+        # tiles wrongly in ``tl.dot``: there the operands go to fp32 first, which is exact (a
+        # product of two bf16 or fp16 values fits fp32's mantissa).
+        widen = mma and self.tiling.bf16_rounding == "bits"
+        fp32 = product.hidden.aval.dtype == torch.float32 or widen
+        self.emit(f"# {x} @ w.T for these heads: K = {depth} in steps of {step}")
+        xrow = self.fresh("xrow")
+        self.emit(f"{xrow} = {x}_ptr + tok64[:, None] * {x}_stride")
+        parts = []  # (piece name, rows, row mask, accumulator, weight-row offsets, its mask)
+        for slot in chain.head_layout.slots:
+            for i, piece in enumerate(slot.names):
+                rows, rmask = self._weight_rows(chain, slot, second=i == 1)
+                width = f"{heads} * {slot.padded}"
+                acc, flat = self.fresh(f"acc_{piece}_"), self.fresh("wrow")
+                self.emit(f"{flat} = tl.reshape({rows}, [{width}]).to(tl.int64) * {depth}")
+                fmask = None
+                if rmask is not None:
+                    fmask = self.fresh("wmask")
+                    full = f"({rmask}) & ({rows} >= 0)"  # broadcast to the tile's shape
+                    self.emit(f"{fmask} = tl.reshape({full}, [{width}])")
+                self.emit(f"{acc} = tl.zeros([BLOCK_T, {width}], dtype=tl.float32)")
+                parts.append((piece, rows, rmask, acc, flat, fmask, slot.padded))
+        self.emit(f"for k0 in range(0, {depth}, {step}):")
+        self.indent += 1
+        self.emit(f"kk = k0 + tl.arange(0, {step})")
+        ragged = depth % step != 0
+        kx = " & (kk < {})[None, :]".format(depth) if ragged else ""
+        self.emit(
+            f"xk = tl.load({xrow} + kk[None, :], mask=tmask[:, None]{kx}, other=0.0)"
+            + ("" if mma and not widen else ".to(tl.float32)")
+        )
+        for piece, _, _, acc, flat, fmask, _ in parts:
+            wk = self.fresh("wk")
+            masks = [m for m in (f"{fmask}[None, :]" if fmask else None,
+                                 f"(kk < {depth})[:, None]" if ragged else None) if m]  # fmt: skip
+            m = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
+            self.emit(f"{wk} = tl.load({w} + {flat}[None, :] + kk[:, None]{m})")
+            if mma:
+                precision = ', input_precision="ieee"' if fp32 else ""
+                operand = f"{wk}.to(tl.float32)" if widen else wk
+                self.emit(f"{acc} = tl.dot(xk, {operand}, {acc}{precision})")
+            else:
+                self.emit(
+                    f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)"
+                )
+        self.indent -= 1
+        pieces = {}
+        bias = product.bias
+        for piece, rows, rmask, acc, _, _, padded in parts:
+            name = self.fresh(f"{prefix}_{piece}_")
+            value = f"tl.reshape({acc}, [BLOCK_T, {heads}, {padded}])"
+            if bias is not None:
+                m = f", mask={rmask}, other=0.0" if rmask else ""
+                value += f" + tl.load({self.arg_names[id(bias)]} + {rows}{m}).to(tl.float32)"
+            self.emit(f"{name} = {value}")
+            pieces[piece] = name
+        return pieces
 
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
@@ -702,14 +809,7 @@ class KernelBuilder:
             chain = self.plan.chain_of[id(var)]
             if var is not chain.source:
                 raise PlanError(f"value {self.var_name(var)} used before it was computed")
-            self.values[id(var)] = self._load_slots(
-                self.src_base,
-                "hmask",
-                chain.head_layout,
-                cast=not chain.compute_free,
-                prefix=self.var_name(var),
-                emit=self.emit,
-            )
+            self.values[id(var)] = self._source_slots(chain, "hmask", self.var_name(var))
         return self.values[id(var)]
 
     def set(self, var: Var, pieces: dict[str, str]) -> None:
@@ -836,10 +936,10 @@ class KernelBuilder:
             f"# chain {chain.index}: {name} ({chain.heads} heads x {chain.head_dim}{stride}, "
             f"{chain.head_layout.tag}{where})"
         )
-        self.emit(f"row{chain.index} = {src}_ptr + tok64[:, None, None] * {src}_stride")
+        if chain.product is None:  # a product-sourced chain reads its hidden states' rows
+            self.emit(f"row{chain.index} = {src}_ptr + tok64[:, None, None] * {src}_stride")
 
     def _emit_chain_body(self, chain: Chain) -> None:
-        self.src_base = self._head_base(chain)
         self.values = {}
         self._store_if_output(chain.source)
         for e in chain.eqns:
@@ -918,9 +1018,7 @@ class KernelBuilder:
                 self.head_tile = str(tile)
                 self.emit(f"hh = {hh}")
                 self.emit(f"hmask = {mask}")
-                pieces = self._load_slots(
-                    self._head_base(chain), "hmask", chain.head_layout, True, "pre", self.emit
-                )
+                pieces = self._source_slots(chain, "hmask", "pre")
                 terms = " + ".join(f"tl.sum(tl.sum({p} * {p}, 2), 1)" for p in pieces.values())
                 self.emit(f"{acc} += {terms}")
             self.indent -= parts is None
@@ -938,7 +1036,7 @@ class KernelBuilder:
                     f" + hh * {head_stride}"
                 )
                 pieces = self.pieces(var)
-                native = chain.compute_free and var is chain.source
+                native = chain.compute_free and var is chain.source and chain.product is None
                 self._store_slots(
                     base, "hmask", chain.head_layout, pieces, None if native else o.aval.dtype
                 )

@@ -245,7 +245,7 @@ class Kernel:
         for i, (role, a) in enumerate(zip(self._roles, args)):
             flat.append(a)
             aligned.append(a.data_ptr() & 15)
-            if role is Role.VALUE or role is Role.TABLE:
+            if role is Role.VALUE or role is Role.TABLE or role is Role.HIDDEN:
                 stride = a.stride(0)
                 flat.append(stride)
                 ints.append(stride)

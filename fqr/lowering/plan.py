@@ -9,6 +9,10 @@ The plan knows no primitive: it reads each equation's lowering facts (``fqr.core
 
 * :class:`~fqr.core.Views` -- the outputs are sections of a packed program input: each starts a
   chain at that section's columns (offset, head stride);
+* :class:`~fqr.core.Product` -- the output is a packed row computed as ``x @ w.T (+ bias)``
+  of program inputs (the QKV projection): a view of it starts chains as a view of a packed
+  input does, each chain recording its :class:`ProductSource` (the emitter computes a head's
+  columns where the head is first used, the prologue being the product's epilogue);
 * :class:`~fqr.core.HeadOp` -- the equation joins the chain of its VALUE operand; its other
   operands take their :class:`~fqr.core.Role` (vectors, per-token values, index, table), its
   ``head_dim`` must be the chain's, its ``layout`` request decides how the chain's heads are
@@ -50,6 +54,7 @@ from ..core import (
     HeadLayout,
     HeadOp,
     PagedStore,
+    Product,
     Program,
     Reduction,
     Role,
@@ -146,6 +151,20 @@ class Layout:
         return "plain" if self.style == "plain" else f"{self.style}{self.rotary_dim}"
 
 
+@dataclass(frozen=True)
+class ProductSource:
+    """The packed row of a product-sourced chain: ``hidden @ weight.T (+ bias)`` of program
+    inputs (:class:`fqr.core.Product`), ``depth`` (K) the length of each dot product."""
+
+    hidden: Var
+    weight: Var
+    bias: Var | None
+
+    @property
+    def depth(self) -> int:
+        return int(self.hidden.aval.shape[1])
+
+
 @dataclass
 class Chain:
     """A per-head value and the equations that transform it (see module docstring)."""
@@ -157,6 +176,7 @@ class Chain:
     eqns: list[Eqn] = field(default_factory=list)
     layout: Layout | None = None
     row_reductions: list[Eqn] = field(default_factory=list)  # sums over the whole row
+    product: ProductSource | None = None  # the packed row is a product computed in the kernel
 
     @property
     def heads(self) -> int:
@@ -205,6 +225,12 @@ class KernelPlan:
     # id(cache input) -> the entry fields its stores write (empty: a 4-D cache's whole rows)
     cache_fields: dict[int, tuple[EntryField, ...]] = field(default_factory=dict)
 
+    @property
+    def products(self) -> bool:
+        """Whether a chain's packed row is a product computed in the kernel (the projected
+        form: the kernel is a GEMM with the prologue as its epilogue)."""
+        return any(c.product is not None for c in self.chains)
+
     def input_role(self, var: Var) -> Role | None:
         """How the kernel reads a program input (None: an input nothing reads)."""
         return self.roles.get(id(var))
@@ -246,6 +272,7 @@ def plan_program(program: Program) -> KernelPlan:
     updated: set[int] = set()  # cache values a store has already updated
     input_ids = {id(v) for v in program.inputs}
     printer_names = {id(v): f"input {i}" for i, v in enumerate(program.inputs)}
+    products: dict[int, ProductSource] = {}  # id(a product's output) -> how it is computed
 
     def assign(var: Var, role: Role, prim: str) -> None:
         if id(var) not in input_ids:
@@ -268,16 +295,28 @@ def plan_program(program: Program) -> KernelPlan:
         name = e.prim.name
         if facts is None:
             raise PlanError(f"{name} has no lowering facts: it cannot be part of a fused kernel")
+        if isinstance(facts, Product):
+            products[id(e.outputs[0])] = _product_source(e, facts, assign)
+            continue
         if isinstance(facts, Views):
             src = e.inputs[0]
-            if src is None or id(src) not in input_ids or src.aval.shape[0] != TOKENS:
-                raise PlanError(f"{name} must read a [T, width] program input (a packed row)")
-            assign(src, Role.VALUE, name)
+            product = None if src is None else products.get(id(src))
+            if product is None:
+                if src is None or id(src) not in input_ids or src.aval.shape[0] != TOKENS:
+                    raise PlanError(
+                        f"{name} must read a [T, width] program input (a packed row) or a "
+                        f"product's output"
+                    )
+                assign(src, Role.VALUE, name)
             for out, section in zip(e.outputs, facts.sections):
-                new_chain(out, src, section)
+                new_chain(out, src, section).product = product
             continue
         x = e.inputs[facts.value_operand]
         assert x is not None
+        if id(x) in products:
+            raise PlanError(
+                f"{name}: a product's output is cut into heads by a view before any op reads it"
+            )
         if id(x) not in chain_of:
             if id(x) not in input_ids or x.aval.ndim != 2 or x.aval.shape[0] != TOKENS:
                 raise PlanError(f"{name}: its operand must be a [T, width] activation")
@@ -345,6 +384,28 @@ def plan_program(program: Program) -> KernelPlan:
         if id(v) in cache_stores:
             cache_fields[id(v)] = _check_fields(v, cache_stores[id(v)])
     return KernelPlan(program, chains, chain_of, roles, stores, cache_roots, cache_fields)
+
+
+def _product_source(e: Eqn, facts: Product, assign) -> ProductSource:
+    """The :class:`ProductSource` of a :class:`fqr.core.Product` equation, its operands
+    assigned their roles: the hidden states ``[T, K]``, the weight ``[N, K]`` (N the output's
+    width), the bias ``[N]`` or None."""
+    name = e.prim.name
+    at = {role: facts.operand(role) for role in (Role.HIDDEN, Role.WEIGHT, Role.BIAS)}
+    if at[Role.HIDDEN] is None or at[Role.WEIGHT] is None:
+        raise PlanError(f"{name}: a product needs a hidden-states and a weight operand")
+    x, w = e.inputs[at[Role.HIDDEN]], e.inputs[at[Role.WEIGHT]]
+    bias = None if at[Role.BIAS] is None else e.inputs[at[Role.BIAS]]
+    assert x is not None and w is not None
+    depth = x.aval.shape[1] if x.aval.ndim == 2 else None
+    if x.aval.shape[0] != TOKENS or not isinstance(depth, int):
+        raise PlanError(f"{name}: its hidden states must be [T, K] with K fixed, got {x.aval}")
+    if w.aval.ndim != 2 or w.aval.shape[1] != depth:
+        raise PlanError(f"{name}: its weight must be [N, {depth}], got {w.aval}")
+    for v, role in zip(e.inputs, facts.operands):
+        if v is not None and role is not None:
+            assign(v, role, name)
+    return ProductSource(x, w, bias)
 
 
 def _store_cache(

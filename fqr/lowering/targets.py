@@ -110,6 +110,8 @@ class CudaTarget(Target):
     bf16_rounding: str = "native"
 
     def tiling(self, plan: KernelPlan, **options: Any) -> Tiling:
+        if plan.products:
+            return self.product_tiling(plan, **options)
         budget = int(options.get("tile_elems", 2048))
         mode = options.get("chunk_mode", "unroll")
         if mode not in CHUNK_MODES:
@@ -157,6 +159,53 @@ class CudaTarget(Target):
             pipeline_stages=stages if stages > 1 else 0,
         )
 
+    def product_tiling(self, plan: KernelPlan, **options: Any) -> Tiling:
+        """The tiling of a kernel whose packed row is a product computed in it (the projected
+        form, a GEMM with the prologue as its epilogue): one program per group of
+        ``heads_per_program`` heads (default 1) and token tile, so that the weight's rows
+        are spread over the programs; each head's columns accumulated over K in steps of
+        ``block_k`` (default 64) by ``product_dot`` ("mma", default: ``tl.dot`` on tiles of at
+        least 16 tokens; "fma": any tile). A chain reduced over its whole row (OLMo2's norm)
+        stays one program, chunked by ``tile_elems`` as other kernels are."""
+        mode = options.get("chunk_mode", "grid")
+        if mode != "grid":
+            raise ValueError(
+                "a kernel with a product (the projected form) runs one program per group of "
+                f"heads: chunk_mode must be 'grid', got {mode!r}"
+            )
+        per_program = schedule_knob(options, "heads_per_program") or 1
+        if per_program & (per_program - 1):
+            raise ValueError(f"heads_per_program must be a power of two, got {per_program}")
+        block_k = schedule_knob(options, "block_k") or 64
+        dot = options.get("product_dot", "mma")
+        if dot not in ("mma", "fma"):
+            raise ValueError(f"product_dot must be 'mma' or 'fma', got {dot!r}")
+        if block_k & (block_k - 1) or (dot == "mma" and block_k < 16):
+            raise ValueError(
+                f"block_k must be a power of two (at least 16 with product_dot 'mma'), got "
+                f"{block_k}"
+            )
+        budget = int(options.get("tile_elems", 2048))
+        chunks = []
+        for c in plan.chains:
+            if c.row_reductions:
+                fit = max(1, budget // c.head_layout.padded_elems)
+                chunks.append(c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1))
+            else:
+                chunks.append(min(per_program, next_pow2(c.heads)))
+        grouped = any(h < c.heads for h, c in zip(chunks, plan.chains) if not c.row_reductions)
+        return Tiling(
+            block_t=16 if dot == "mma" else 1,
+            head_chunks=tuple(chunks),
+            bf16_rounding=self.bf16_rounding,
+            chunk_mode="grid",
+            pair_access=options.get("pair_access", "reshape"),
+            heads_per_program=per_program if grouped else 0,
+            pipeline_stages=0,
+            block_k=block_k,
+            product_dot=dot,
+        )
+
     def launch_options(
         self, plan: KernelPlan, *, rounding_points: bool = False, **options: Any
     ) -> dict[str, Any]:
@@ -182,7 +231,13 @@ class CudaTarget(Target):
         return launch
 
     def block_t(self, plan: KernelPlan, tiling: Tiling, **options: Any) -> int:
-        return checked_block_t(options.get("block_t", tiling.block_t))
+        block_t = checked_block_t(options.get("block_t", tiling.block_t))
+        if tiling.block_k and tiling.product_dot == "mma" and block_t < 16:
+            raise ValueError(
+                f"product_dot 'mma' multiplies tiles of at least 16 tokens: block_t must be >= "
+                f"16, got {block_t} (product_dot 'fma' takes any)"
+            )
+        return block_t
 
     def program_cap(self, device: torch.device, **options: Any) -> int | None:
         """The most programs launched on ``device``: ``max_programs`` where given, else
@@ -211,7 +266,7 @@ class CudaTarget(Target):
         """Three variants when no tiling option is pinned: decode (T <= 256), middle
         (T <= 8192) and large T, tuned per shape on the H200 (:data:`TUNED`, with
         :data:`UNTUNED` for shapes not in the table); any option given pins one variant."""
-        if any(k in options for k in TILING_OPTIONS):
+        if plan.products or any(k in options for k in TILING_OPTIONS):
             return ((None, dict(options)),)
         tuned = tuned_variants(plan)
         return tuple(

@@ -12,16 +12,17 @@ between the product and the ops that follow: in a traced program the projection'
 fp32 accumulator, rounded once with the program's outputs (the fused contract). The float64
 reference it matches is :func:`fqr.reference.project`.
 
-Lowering: the primitive has no lowering facts yet; the fused GEMM-epilogue kernel (issue 40,
-item 2) is not built, so a program that holds it runs on the reference backend only (the
-planner refuses it with one line naming the primitive).
+Lowering: its facts are a :class:`fqr.core.Product` (x the hidden states, w the weight, bias
+per column): the kernel computes each head that a ``split_heads`` cuts from the row as the
+fp32 dot products of its columns over K, where the head is first used, and runs the prologue
+on that accumulator (the GEMM's epilogue, :mod:`fqr.lowering.emit`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core import Aval, primitive
+from ..core import Aval, Product, Role, primitive
 
 linear_p = primitive("linear")
 
@@ -49,3 +50,8 @@ def _impl(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.
     dtype = torch.promote_types(x.dtype, w.dtype)
     y = x.to(dtype) @ w.to(dtype).T
     return y if bias is None else y + bias.to(dtype)
+
+
+@linear_p.def_facts
+def _facts(x: Aval, w: Aval, bias: Aval | None) -> Product:
+    return Product((Role.HIDDEN, Role.WEIGHT, None if bias is None else Role.BIAS))

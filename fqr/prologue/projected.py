@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import ops, reference
-from ..backends import resolve_backend
 from ..validate import check_tensor
 from .declare import Call, Declaration, Param, Rows, Static, Tensor, TensorKind, numerics
 
@@ -212,20 +211,10 @@ class _Standing:
         )
 
 
-# Why a kernel backend refuses the projected form (one line, after the backend's name).
-KERNEL_REFUSAL = (
-    "cannot run the projected form: its fused GEMM-epilogue kernel is not built yet (issue "
-    "40); use backend='reference', or torch.matmul then the prologue op"
-)
-
-
 class ProjectedDeclaration(Declaration):
-    """A declaration derived by :func:`projected` (module docstring); ``base`` the prologue;
-    ``kernel_refusal``: why no kernel backend runs it (the tests that launch every declared
-    op's kernel leave it out)."""
+    """A declaration derived by :func:`projected` (module docstring); ``base`` the prologue."""
 
     base: Declaration
-    kernel_refusal = KERNEL_REFUSAL
 
     def __init__(self, decl: Declaration, example: str):
         self.base = decl
@@ -244,7 +233,6 @@ class ProjectedDeclaration(Declaration):
                 statics.update(decl._program_statics(call))
             return statics
 
-        backend_named = any(p.name == "backend" for p in params)
         super().__init__(
             decl.name + SUFFIX,
             _composition(decl, params),
@@ -253,7 +241,7 @@ class ProjectedDeclaration(Declaration):
             reference=_reference(decl, params),
             doc=_doc(decl, example),
             static_checks=decl.static_checks,
-            checks=(*decl.checks, *((_runs_here,) if backend_named else ())),
+            checks=decl.checks,
             value_checks=decl.value_checks,
             returns=decl._returns,
             program_statics=program_statics,
@@ -262,13 +250,6 @@ class ProjectedDeclaration(Declaration):
         base_call = self._call_class
         namespace: dict = {"qkv": _Standing(), **defaults}
         self._call_class = type(base_call.__name__, (base_call,), namespace)
-
-
-def _runs_here(call: Call) -> None:
-    """Only the reference backend runs the projected form (:data:`KERNEL_REFUSAL`)."""
-    backend = resolve_backend(call.backend, call.x.device)
-    if backend.target is not None:
-        raise ValueError(f"backend {backend.name!r} {KERNEL_REFUSAL}")
 
 
 def _doc(decl: Declaration, example: str) -> str:

@@ -1,6 +1,7 @@
 """The projected form of the prologues (``fqr.prologue.projected``): the same op from the hidden
 states ``x`` and the packed weight ``w_qkv``, held to the fused contract of the float64
-composition ``x @ w_qkv.T (+ bias)`` then the prologue, on the reference backend.
+composition ``x @ w_qkv.T (+ bias)`` then the prologue, on the reference backend and on the
+generated GEMM-epilogue kernel under the interpreter (``tl.dot`` and the broadcast product).
 
 Fresh random inputs (a new generator per case), real RoPE tables (``fqr.rope_cache``), odd
 widths and head counts, with and without the projection bias."""
@@ -15,8 +16,10 @@ from fqr import reference
 from fqr.numerics import compare
 from fqr.prologue import DECLARATIONS
 from fqr.rope_cache import rope_cos_sin_cache
+from support.peer_ports import INTERPRET
 
 MAX_POSITION = 97
+BACKENDS = ("reference", INTERPRET)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -45,6 +48,7 @@ def _check(outs, expected, head_dim):
         assert result.passed, (name, result)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize(
@@ -56,7 +60,7 @@ def _check(outs, expected, head_dim):
         (2, 2, 32, 32, 48, "full"),  # OLMo2: one norm over the whole q and k
     ],
 )
-def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, dtype):
+def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, dtype, backend):
     tokens, width = 7, (hq + 2 * hkv) * d
     g, x, w, b, positions = _draw(tokens, hidden, width, dtype, 1000 + hq * d + hidden, bias=bias)
     table = rope_cos_sin_cache(rotary, MAX_POSITION, 1e6)
@@ -69,7 +73,7 @@ def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, 
         kw = (1 + 0.1 * torch.randn(hkv * d, generator=g, dtype=torch.float64)).to(dtype)
     heads = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm=norm)
     outs = fqr.split_qkv_rmsnorm_rope_proj(
-        x, w, positions, table, qw, kw, qkv_bias=b, backend="reference", **heads
+        x, w, positions, table, qw, kw, qkv_bias=b, backend=backend, **heads
     )
     assert [o.dtype for o in outs] == [dtype] * 3
     assert [o.shape for o in outs] == [(tokens, hq * d), (tokens, hkv * d), (tokens, hkv * d)]
@@ -83,9 +87,10 @@ def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, 
         assert torch.equal(a, e)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("gate", [False, True], ids=["mrope", "mrope-gate"])
-def test_split_qkv_mrope_proj_matches_float64(bias, gate):
+def test_split_qkv_mrope_proj_matches_float64(bias, gate, backend):
     """Qwen3-VL (interleaved sections) and Qwen3.5's gated row, from the hidden states."""
     hq, hkv, d, rotary, hidden, tokens = 3, 1, 64, 64, 80, 6
     width = (hq * (2 if gate else 1) + 2 * hkv) * d
@@ -97,13 +102,14 @@ def test_split_qkv_mrope_proj_matches_float64(bias, gate):
     static = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, mrope_section=(12, 10, 10),
                   mrope_interleaved=True, output_gate=gate)  # fmt: skip
     outs = fqr.split_qkv_rmsnorm_mrope_proj(
-        x, w, planes, table, qw, kw, qkv_bias=b, backend="reference", **static
+        x, w, planes, table, qw, kw, qkv_bias=b, backend=backend, **static
     )
     expected = reference.mrope_prologue(reference.project(x, w, b), planes, table, qw, kw, **static)
     _check(outs, expected, d)
 
 
-def test_vnorm_proj_matches_float64():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vnorm_proj_matches_float64(backend):
     """Gemma 4's v norm: v is normalised from the unrounded projection too."""
     hq, hkv, d, hidden, tokens = 3, 1, 64, 64, 5
     g, x, w, b, positions = _draw(tokens, hidden, (hq + 2 * hkv) * d, torch.bfloat16, 5, bias=False)
@@ -111,7 +117,7 @@ def test_vnorm_proj_matches_float64():
     qw, kw = _norm_weights(g, d, torch.bfloat16)
     static = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d)
     outs = fqr.split_qkv_rmsnorm_rope_vnorm_proj(
-        x, w, positions, table, qw, kw, backend="reference", **static
+        x, w, positions, table, qw, kw, backend=backend, **static
     )
     decl = DECLARATIONS["split_qkv_rmsnorm_rope_vnorm"]
     expected = decl.reference(reference.project(x, w), positions, table, qw, kw, **static)
@@ -182,8 +188,8 @@ def _args(**change):
         (dict(positions=torch.tensor([0, 5])), ValueError,
          r"positions must be \[T\] with T = 3 \(x rows\)"),
         (dict(num_kv_heads=2), ValueError, "num_kv_heads"),
-        (dict(backend="interpret"), ValueError,
-         "cannot run the projected form: its fused GEMM-epilogue kernel is not built"),
+        (dict(backend="interpret", positions=torch.tensor([0, 5])), ValueError,
+         r"positions must be \[T\] with T = 3 \(x rows\)"),
     ],
 )  # fmt: skip
 def test_bad_arguments_name_the_argument(change, error, match):
@@ -228,8 +234,9 @@ def _cancelling_weight(x, width, g, dtype):
     return w.to(dtype)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_cancelling_products_stay_within_the_accumulation_bound(dtype):
+def test_cancelling_products_stay_within_the_accumulation_bound(dtype, backend):
     """Where ``x @ w.T`` cancels, the fp32 accumulation's own floor
     (:func:`fqr.numerics.accumulation_bound`) is what the outputs are held to: v within
     ``1 ulp + bound``, q and k (RoPE, no norm) within ``1 ulp + sqrt(2) * the head's largest
@@ -244,7 +251,7 @@ def test_cancelling_products_stay_within_the_accumulation_bound(dtype):
     table = rope_cos_sin_cache(d, MAX_POSITION, 1e4)
     heads = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm="none")
     outs = fqr.split_qkv_rmsnorm_rope_proj(
-        x, w, positions, table, None, None, backend="reference", **heads
+        x, w, positions, table, None, None, backend=backend, **heads
     )
     exact_row = reference.project(x, w)
     expected = reference.prologue(exact_row, positions, table, None, None, **heads)
@@ -311,16 +318,33 @@ def projected_call(variant, preset, tokens, dtype, gen, *, bias):
     return proj, dict(values, x=x, w_qkv=w, qkv_bias=b), expected
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("name,tp", PRESET_CASES, ids=lambda v: str(v))
-def test_presets_projected_forms_match_float64(name, tp, bias, gen):
+# The interpreted GEMM-epilogue kernel on a spread of them (a few seconds each): the row
+# layouts (plain, mRoPE, the v norm, GPT-NeoX's per-head row, CodeGen's shards), with and
+# without the bias; every preset on the GPU (tests/gpu/test_gpu_projected.py).
+INTERPRET_PRESETS = [
+    ("qwen3-8b", 8, True),
+    ("llama3-8b", 8, False),
+    ("qwen3-vl-8b", 4, True),
+    ("gemma4-31b-sliding", 16, False),
+    ("pythia-6.9b", 8, True),
+    ("codegen-2b", 4, False),
+]
+PRESET_GRID = [
+    *(pytest.param(n, tp, bias, "reference") for n, tp in PRESET_CASES for bias in (False, True)),
+    *(pytest.param(n, tp, bias, INTERPRET.values[0], marks=INTERPRET.marks)
+      for n, tp, bias in INTERPRET_PRESETS),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,tp,bias,backend", PRESET_GRID)
+def test_presets_projected_forms_match_float64(name, tp, bias, backend, gen):
     from fqr.presets import get_preset
     from fqr.prologue import variant_of
 
     preset = get_preset(name, tp)
     variant = variant_of(preset)
     proj, args, expected = projected_call(variant, preset, 3, torch.bfloat16, gen, bias=bias)
-    outs = proj.function(**args, backend="reference")
+    outs = proj.function(**args, backend=backend)
     outs = outs if isinstance(outs, tuple) else (outs,)
     assert len(outs) == len(expected)
     for (out_name, exact), out in zip(expected.items(), outs):
