@@ -188,6 +188,26 @@ def bench(
             "presets qwen3-8b,llama4-scout,llama3-8b-qk-rope, tokens 65536)",
         ),
     ] = False,
+    projection: Annotated[
+        bool,
+        typer.Option(
+            "--projection",
+            help="instead of the table: the QKV projection and its prologue, per preset, --tp "
+            "and token count: cuBLAS GEMM alone, GEMM + fqr's op, fqr's projected op (one "
+            "kernel, per --schedules entry) and the copy of the weights' bytes, each checked "
+            "against float64 before it is timed",
+        ),
+    ] = False,
+    tp: Annotated[
+        str | None, comma_list("--tp", help="--projection: tensor-parallel sizes (default 1,8)")
+    ] = None,
+    schedules: Annotated[
+        str | None,
+        typer.Option(
+            help="--projection: a JSON object of schedule name -> lowering options of the "
+            'projected kernel (default {"default": {}})',
+        ),
+    ] = None,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
@@ -217,14 +237,19 @@ def bench(
     if bundle is not None and not cold_start:
         raise UsageError("--bundle is the kernel bundle of --cold-start")
     mode = "copy_probe" if copy_probe else "cold_start" if cold_start else "from_json"
-    if not (copy_probe or cold_start or from_json):
+    if projection:
+        mode = "projection"
+    elif not (copy_probe or cold_start or from_json):
         mode = "table"
     refused = [flag for name, flag in _given(ctx) if name not in MODE_TAKES[mode]]
     if refused:
         raise UsageError(f"{MODE_WORDS[mode]}; it takes no {refused[0]}")
-    if mode in ("copy_probe", "table"):
+    if mode in ("copy_probe", "table", "projection"):
         _check_ms("--rep-ms", rep_ms)
         _check_ms("--warmup-ms", warmup_ms)
+    if projection:
+        _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out)
+        return
     if copy_probe:
         _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
         return
@@ -291,6 +316,72 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
     print_table(table)
 
 
+def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out):
+    """``--projection``: one row per (preset, TP, T, dtype) (:mod:`fqr.bench.projection`)."""
+    import torch
+
+    from fqr.bench.projection import projection_cell
+    from fqr.bench.timers import CudaTimers
+
+    presets = _parse_presets(preset or ["qwen3-8b"])
+    counts = _parse_tokens(tokens or "1,16,1024,16384")
+    sizes = parse_csv(tp or "1,8", "tp", int)
+    if any(t < 1 for t in sizes):
+        raise UsageError(f"--tp: tensor-parallel sizes must be >= 1, got {sizes}")
+    try:
+        named = json.loads(schedules) if schedules else {"default": {}}
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--schedules: not JSON ({e.msg})") from None
+    if not isinstance(named, dict) or not all(isinstance(v, dict) for v in named.values()):
+        raise UsageError("--schedules must be a JSON object of name -> lowering options")
+    dtypes = parse_dtypes(dtype) if dtype else [torch.bfloat16]
+    for p in presets:
+        for t in sizes:
+            try:
+                get_preset(p.name, t)
+            except ValueError as e:
+                raise UsageError(f"--tp: {e}") from None
+    try:
+        require_gpu()
+    except NoGPU as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    timers = CudaTimers()
+    rows = []
+    for p in presets:
+        for t in sizes:
+            for d in dtypes:
+                for count in counts:
+                    err.print(f"{p.name} TP{t} T={count} ...", highlight=False)
+                    rows.append(
+                        projection_cell(p.name, t, count, d, named, timers, rep_ms, seed)
+                    )
+    ok = all(c["passed"] for r in rows for c in r["checks"].values())
+    if json_out:
+        doc = {"schema": schema("bench.projection"), "ok": ok, "rows": rows}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        from rich.table import Table
+
+        table = Table(title="QKV projection + prologue (device us, CUDA-graph replay)")
+        for column in ("preset", "TP", "T", "GEMM", "GEMM+op", *(f"fused[{n}]" for n in named),
+                       "fused/pair", "weights copy"):  # fmt: skip
+            table.add_column(column, justify="left" if column == "preset" else "right")
+        for r in rows:
+            fused = [
+                "fail" if v is None else f"{v:.2f}" for v in r["fused_us"].values()
+            ]
+            ratio = r["fused_over_pair"]
+            table.add_row(
+                r["preset"], str(r["tp"]), str(r["tokens"]), f"{r['gemm_us']:.2f}",
+                f"{r['pair_us']:.2f}", *fused, "-" if ratio is None else f"{ratio:.2f}",
+                "-" if r["weights_us"] is None else f"{r['weights_us']:.2f}",
+            )  # fmt: skip
+        print_table(table)
+    if not ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
 # What each mode of ``fqr bench`` takes (parameter names; the JSON switch in all of them): any
 # other option given on the command line is refused, naming it, so that nothing the user asked
 # for is silently ignored.
@@ -302,12 +393,17 @@ MODE_TAKES = {
     "from_json": {"from_json", "json_out", "plot"},
     "cold_start": {"cold_start", "preset", "tokens", "bundle", "json_out"},
     "copy_probe": {"copy_probe", "preset", "tokens", "rep_ms", "warmup_ms", "json_out", "save"},
+    "projection": {
+        "projection", "preset", "tokens", "dtype", "tp", "schedules", "rep_ms", "warmup_ms",
+        "seed", "json_out",
+    },
 }  # fmt: skip
 MODE_WORDS = {
     "table": "the bench table measures",
     "from_json": "--from-json renders saved results",
     "cold_start": "--cold-start measures",
     "copy_probe": "--copy-probe measures copies",
+    "projection": "--projection measures the projection and its prologue",
 }
 
 

@@ -1,0 +1,123 @@
+"""``fqr bench --projection``: the QKV projection and its prologue, as engines run them and in
+one generated kernel.
+
+Per (preset, TP, T), in one process, bf16 or fp16, every time a median of CUDA-graph replays
+(device µs, :meth:`fqr.bench.timers.CudaTimers.graph_us`) rotating over sets of hidden states
+and packed weights ``[N, K]`` whose weights together are at least twice the L2 (so the weights
+stream from HBM as in a real layer):
+
+``gemm_us``     ``torch.mm(x, w_qkv.T)`` (cuBLAS), into the packed row ``[T, N]``;
+``pair_us``     that GEMM, then fqr's prologue op on the row (the triton backend): today's pair;
+``fused_us``    fqr's projected op (``<op>_proj``): the GEMM with the prologue as its epilogue,
+                one kernel, under each schedule asked for (``schedules``: lowering options,
+                and ``max_tokens``: the largest T the schedule is timed at);
+``weights_us``  the fastest same-size copy of the weight's bytes (:func:`.floors.measure_copy_floor`):
+                what reading the weights once costs.
+
+Before it is timed, each fused schedule's outputs (first input set) are checked against the
+float64 composition (``fqr.reference.project``, then the prologue's reference), on the device,
+under the fused contract widened by the fp32 accumulation's bound (:func:`fqr.numerics.compare`
+with the projected form's tolerance): a cell that fails is reported and not timed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..numerics import compare
+from ..presets import get_preset
+from ..prologue import DECLARATIONS, variant_of
+from .floors import measure_copy_floor, rotating
+
+L2_BYTES = 50 * 2**20  # the H100 / H200 L2: weights sets add up to at least twice it
+MAX_POSITION = 4096
+
+
+def _sets_for(weight_bytes: int) -> int:
+    return max(2, math.ceil(2 * L2_BYTES / weight_bytes))
+
+
+def projection_cell(
+    preset_name: str,
+    tp: int,
+    tokens: int,
+    dtype: torch.dtype,
+    schedules: dict[str, dict],
+    timers,
+    rep_ms: float,
+    seed: int = 0,
+) -> dict:
+    """One row (module docstring): ``gemm_us``, ``pair_us``, ``weights_us``, and per schedule
+    name ``fused_us[name]`` with its check (``checks[name]``: passed, max ULP)."""
+    from .. import reference
+    from ..lowering import lower
+
+    device = torch.device("cuda")
+    preset = get_preset(preset_name, tp)
+    variant = variant_of(preset)
+    base = variant.declaration
+    proj = DECLARATIONS[base.name + "_proj"]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    table = preset.cos_sin_cache(MAX_POSITION).to(device)
+    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
+    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
+    weight_bytes = width * hidden * dtype.itemsize
+    sets = _sets_for(weight_bytes)
+    xs = [torch.randn(tokens, hidden, generator=gen, device=device, dtype=dtype) for _ in range(sets)]
+    ws = [
+        (torch.randn(width, hidden, generator=gen, device=device, dtype=dtype) * hidden**-0.5)
+        for _ in range(sets)
+    ]
+    values = variant.arguments(preset, inputs, table)
+    rest = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
+    row = dict(preset=preset_name, tp=tp, tokens=tokens, dtype=str(dtype).split(".")[-1],
+               hidden=hidden, width=width, weight_sets=sets, fused_us={}, checks={})  # fmt: skip
+
+    # the pair: cuBLAS into the packed row, then the prologue op on it
+    rows = [torch.empty(tokens, width, device=device, dtype=dtype) for _ in range(sets)]
+    base_values = {k: v for k, v in values.items() if k in base.index}
+
+    def gemm_of(i: int) -> Callable[[], object]:
+        return lambda: torch.mm(xs[i], ws[i].T, out=rows[i])
+
+    def pair_of(i: int) -> Callable[[], object]:
+        args = dict(base_values, qkv=rows[i], backend="triton")
+        return lambda: (torch.mm(xs[i], ws[i].T, out=rows[i]), base.function(**args))
+
+    row["gemm_us"] = timers.graph_us(rotating([gemm_of(i) for i in range(sets)]), rep_ms)
+    row["pair_us"] = timers.graph_us(rotating([pair_of(i) for i in range(sets)]), rep_ms)
+
+    exact_inputs = dict(inputs, qkv=reference.project(xs[0], ws[0]))
+    expected = variant.expected(preset, exact_inputs, table)
+    for name, schedule in schedules.items():
+        schedule = dict(schedule)
+        most = schedule.pop("max_tokens", None)  # the schedule's token range (a bench key)
+        if most is not None and tokens > int(most):
+            row["fused_us"][name] = None
+            continue
+        calls = []
+        for i in range(sets):
+            call = proj.bound(proj.bind((), dict(rest, x=xs[i], w_qkv=ws[i], backend="triton")))
+            proj.validate(call)
+            kernel = lower(proj.program(call), "cuda", **schedule)
+            operands = proj.operands(call)
+            calls.append(lambda k=kernel, o=operands: k.launch(o))
+        outs = calls[0]()
+        results = [
+            compare(out, exact, head_dim=preset.head_dim)
+            for out, exact in zip(outs, expected.values())
+        ]
+        passed = all(r.passed for r in results)
+        row["checks"][name] = dict(
+            passed=passed, max_ulp=max((r.max_ulp or 0) for r in results)
+        )
+        row["fused_us"][name] = timers.graph_us(rotating(calls), rep_ms) if passed else None
+    floors, _ = measure_copy_floor(weight_bytes, 2, device, rep_ms, timers)
+    row["weights_us"] = floors.get("copy_us")
+    best = [v for v in row["fused_us"].values() if v is not None]
+    row["best_fused_us"] = min(best) if best else None
+    row["fused_over_pair"] = row["best_fused_us"] / row["pair_us"] if best else None
+    return row

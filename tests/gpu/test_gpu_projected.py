@@ -1,0 +1,71 @@
+"""Issue 40 on the compiled CUDA kernel (skipped without a GPU; on ``meta`` in the bundle build):
+the projected forms (``<op>_proj``: the QKV GEMM with the prologue as its epilogue, one kernel)
+at each preset's real widths and hidden size, against the float64 composition computed on the
+device (``fqr.reference.project``, then the prologue's reference), outputs in NaN-poisoned
+memory. Token counts 1, 16 (decode: one 16-token MMA tile) and 300 (several tiles, a ragged
+last one); the tensor-core schedule (``product_dot="mma"``, the default) and the broadcast
+product of a few tokens (``"fma"``, ``block_t=1``). The interpreted kernel runs the same forms
+on small shapes in ``tests/backends/test_projected.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.devices import GPU_DEVICE, has_values
+from support.peer_ports import ON_TRITON
+
+from fqr import reference
+from fqr.bench.checks import poison_free_memory
+from fqr.lowering import lower
+from fqr.numerics import compare
+from fqr.presets import get_preset
+from fqr.prologue import DECLARATIONS, variant_of
+
+pytestmark = ON_TRITON
+
+MAX_POSITION = 4096
+GIB = 1 << 30
+# (preset, TP): the families of issue 40's bench (Qwen3 at two sizes, Llama 3 without q/k norm,
+# Qwen3-VL's mRoPE) and the row layouts of the others (the gated mRoPE row, the v norm,
+# GPT-NeoX's per-head row, CodeGen's shards, LayerNorm, FP8 outputs).
+CASES = [
+    ("qwen3-8b", 1), ("qwen3-8b", 8), ("qwen3-32b", 8), ("llama3-8b", 1), ("llama3-8b", 8),
+    ("qwen3-vl-8b", 1), ("qwen3-vl-8b", 8), ("qwen3.5-27b", 8), ("gemma4-31b-sliding", 16),
+    ("pythia-6.9b", 8), ("codegen-2b", 4), ("persimmon-8b", 8), ("minimax-m3-fp8", 8),
+]  # fmt: skip
+SCHEDULES = {"mma": {}, "fma": {"product_dot": "fma", "block_t": 1}}
+
+
+@pytest.mark.gpu_memory(GIB)
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+@pytest.mark.parametrize("name,tp", CASES, ids=lambda v: str(v))
+def test_projected_kernel_matches_float64(gen, name, tp, tokens, schedule):
+    if schedule == "fma" and tokens == 300:
+        pytest.skip("the broadcast product is the few-token schedule")
+    preset = get_preset(name, tp)
+    variant = variant_of(preset)
+    proj = DECLARATIONS[variant.declaration.name + "_proj"]
+    device = torch.device(GPU_DEVICE)
+    table = preset.cos_sin_cache(MAX_POSITION).to(device)
+    dtype = torch.bfloat16
+    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
+    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
+    x = torch.randn(tokens, hidden, generator=gen, device=gen.device, dtype=torch.float64)
+    w = torch.randn(width, hidden, generator=gen, device=gen.device, dtype=torch.float64)
+    x, w = x.to(device, dtype), (w / hidden**0.5).to(device, dtype)
+    values = variant.arguments(preset, inputs, table)
+    rest = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in values.items() if k in proj.index and k != "qkv"}  # fmt: skip
+    call = proj.bound(proj.bind((), dict(rest, x=x, w_qkv=w, backend="triton")))
+    proj.validate(call)
+    kernel = lower(proj.program(call), "cuda", **SCHEDULES[schedule])
+    if device.type == "cuda":
+        poison_free_memory(256 << 20, device)
+    outs = kernel.launch(proj.operands(call))
+    if not has_values(*outs):
+        return
+    expected = variant.expected(preset, dict(inputs, qkv=reference.project(x, w)), table)
+    for (out_name, exact), out in zip(expected.items(), outs):
+        result = compare(out, exact.to(device), head_dim=preset.head_dim)
+        assert result.passed and result.nonfinite == 0, (out_name, result)
