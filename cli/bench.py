@@ -353,9 +353,7 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
             for d in dtypes:
                 for count in counts:
                     err.print(f"{p.name} TP{t} T={count} ...", highlight=False)
-                    rows.append(
-                        projection_cell(p.name, t, count, d, named, timers, rep_ms, seed)
-                    )
+                    rows.append(projection_cell(p.name, t, count, d, named, timers, rep_ms, seed))
     ok = all(c["passed"] for r in rows for c in r["checks"].values())
     if json_out:
         doc = {"schema": schema("bench.projection"), "ok": ok, "rows": rows}
@@ -368,9 +366,7 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
                        "fused/pair", "weights copy"):  # fmt: skip
             table.add_column(column, justify="left" if column == "preset" else "right")
         for r in rows:
-            fused = [
-                "fail" if v is None else f"{v:.2f}" for v in r["fused_us"].values()
-            ]
+            fused = ["fail" if v is None else f"{v:.2f}" for v in r["fused_us"].values()]
             ratio = r["fused_over_pair"]
             table.add_row(
                 r["preset"], str(r["tp"]), str(r["tokens"]), f"{r['gemm_us']:.2f}",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|cold-start|cold-profile|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
+#   bash scripts/gpu_session.sh checks|projection|cold-start|cold-profile|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -170,6 +170,18 @@ bundle-tests)
   export FQR_KERNEL_BUNDLE=$BUNDLE TRITON_CACHE_DIR=$(mktemp -d) FQR_GPU_MEMORY_REPORT=$OUT/gpu-memory.json
   TAILN=${TAILN:-90} step pytest_all timeout -s INT -k 20 "${TEST_SECONDS:-540}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-14}" --durations=10 --junitxml="$OUT/pytest_all.xml" tests/gpu -m gpu
   echo "fqr kernels compiled into Triton's cache here: $(find "$TRITON_CACHE_DIR" -name 'fqr_*.cubin' | wc -l)"
+  ;;
+projection)
+  # issue 40: fqr bench --projection, bf16: cuBLAS GEMM alone, GEMM + fqr's op, the projected
+  # kernel (the GEMM with the prologue as its epilogue) per schedule, the weights' copy; every
+  # fused cell checked against float64 before it is timed. JSON in $OUT/projection.json.
+  SCHED=${PROJ_SCHEDULES:-'{"mma": {}, "mma-w4-k128": {"num_warps": 4, "block_k": 128}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}}'}
+  export FQR_KERNEL_BUNDLE=$BUNDLE
+  [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }
+  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --preset "${PROJ_PRESETS:-qwen3-8b,qwen3-32b,llama3-8b,qwen3-vl-8b}" --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" --schedules "$SCHED" --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
+  summary+=("projection rc=$?")
+  tail -n 5 "$OUT/projection.log"
+  python3 scripts/projection_table.py "$OUT/projection.json" | tee "$OUT/projection-table.txt"
   ;;
 cold-start)
   # issue 37: the first call from a bundle in parts (import, CUDA context, lowering, bundle open

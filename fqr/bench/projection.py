@@ -11,8 +11,8 @@ stream from HBM as in a real layer):
 ``fused_us``    fqr's projected op (``<op>_proj``): the GEMM with the prologue as its epilogue,
                 one kernel, under each schedule asked for (``schedules``: lowering options,
                 and ``max_tokens``: the largest T the schedule is timed at);
-``weights_us``  the fastest same-size copy of the weight's bytes (:func:`.floors.measure_copy_floor`):
-                what reading the weights once costs.
+``weights_us``  the fastest same-size copy of the weight's bytes
+                (:func:`.floors.measure_copy_floor`): what reading the weights once costs.
 
 Before it is timed, each fused schedule's outputs (first input set) are checked against the
 float64 composition (``fqr.reference.project``, then the prologue's reference), on the device,
@@ -66,7 +66,9 @@ def projection_cell(
     width, hidden = inputs["qkv"].shape[1], preset.hidden_size
     weight_bytes = width * hidden * dtype.itemsize
     sets = _sets_for(weight_bytes)
-    xs = [torch.randn(tokens, hidden, generator=gen, device=device, dtype=dtype) for _ in range(sets)]
+    xs = [
+        torch.randn(tokens, hidden, generator=gen, device=device, dtype=dtype) for _ in range(sets)
+    ]
     ws = [
         (torch.randn(width, hidden, generator=gen, device=device, dtype=dtype) * hidden**-0.5)
         for _ in range(sets)
@@ -111,9 +113,7 @@ def projection_cell(
             for out, exact in zip(outs, expected.values())
         ]
         passed = all(r.passed for r in results)
-        row["checks"][name] = dict(
-            passed=passed, max_ulp=max((r.max_ulp or 0) for r in results)
-        )
+        row["checks"][name] = dict(passed=passed, max_ulp=max((r.max_ulp or 0) for r in results))
         row["fused_us"][name] = timers.graph_us(rotating(calls), rep_ms) if passed else None
     floors, _ = measure_copy_floor(weight_bytes, 2, device, rep_ms, timers)
     row["weights_us"] = floors.get("copy_us")

@@ -598,12 +598,12 @@ class KernelBuilder:
         self.indent += 1
         self.emit(f"kk = k0 + tl.arange(0, {step})")
         ragged = depth % step != 0
-        kx = " & (kk < {})[None, :]".format(depth) if ragged else ""
+        kx = f" & (kk < {depth})[None, :]" if ragged else ""
         self.emit(
             f"xk = tl.load({xrow} + kk[None, :], mask=tmask[:, None]{kx}, other=0.0)"
             + ("" if mma and not widen else ".to(tl.float32)")
         )
-        for piece, _, _, acc, flat, fmask, _ in parts:
+        for _, _, _, acc, flat, fmask, _ in parts:
             wk = self.fresh("wk")
             masks = [m for m in (f"{fmask}[None, :]" if fmask else None,
                                  f"(kk < {depth})[:, None]" if ragged else None) if m]  # fmt: skip
@@ -614,9 +614,7 @@ class KernelBuilder:
                 operand = f"{wk}.to(tl.float32)" if widen else wk
                 self.emit(f"{acc} = tl.dot(xk, {operand}, {acc}{precision})")
             else:
-                self.emit(
-                    f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)"
-                )
+                self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
         self.indent -= 1
         pieces = {}
         bias = product.bias

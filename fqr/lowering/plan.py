@@ -308,6 +308,7 @@ def plan_program(program: Program) -> KernelPlan:
                         f"product's output"
                     )
                 assign(src, Role.VALUE, name)
+            assert src is not None
             for out, section in zip(e.outputs, facts.sections):
                 new_chain(out, src, section).product = product
             continue
@@ -391,11 +392,12 @@ def _product_source(e: Eqn, facts: Product, assign) -> ProductSource:
     assigned their roles: the hidden states ``[T, K]``, the weight ``[N, K]`` (N the output's
     width), the bias ``[N]`` or None."""
     name = e.prim.name
-    at = {role: facts.operand(role) for role in (Role.HIDDEN, Role.WEIGHT, Role.BIAS)}
-    if at[Role.HIDDEN] is None or at[Role.WEIGHT] is None:
+    hidden_at, weight_at = facts.operand(Role.HIDDEN), facts.operand(Role.WEIGHT)
+    bias_at = facts.operand(Role.BIAS)
+    if hidden_at is None or weight_at is None:
         raise PlanError(f"{name}: a product needs a hidden-states and a weight operand")
-    x, w = e.inputs[at[Role.HIDDEN]], e.inputs[at[Role.WEIGHT]]
-    bias = None if at[Role.BIAS] is None else e.inputs[at[Role.BIAS]]
+    x, w = e.inputs[hidden_at], e.inputs[weight_at]
+    bias = None if bias_at is None else e.inputs[bias_at]
     assert x is not None and w is not None
     depth = x.aval.shape[1] if x.aval.ndim == 2 else None
     if x.aval.shape[0] != TOKENS or not isinstance(depth, int):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.peer_ports import INTERPRET
 
 import fqr
 from fqr import reference
 from fqr.numerics import compare
 from fqr.prologue import DECLARATIONS
 from fqr.rope_cache import rope_cos_sin_cache
-from support.peer_ports import INTERPRET
 
 MAX_POSITION = 97
 BACKENDS = ("reference", INTERPRET)

@@ -218,9 +218,10 @@ def assert_peer_or_nearer(
     ``numerics="unfused"`` output (``unfused()``) equals the peer's reference bit for bit
     (``ulps``: within that many ULPs, for a kernel whose fp32 reduction order is not torch's;
     with ``head_dim``, ULPs of each head's largest element, for a norm whose rstd may differ in
-    its last bit before RoPE's sums cancel), and returns False; ``unfused`` None: no numerics mode rounds as the peer does, so outside
-    the tolerance fails. On ``meta`` (no values) it calls ``unfused()`` always, the launch the
-    GPU run makes where the tolerance fails, checks its dtype and returns True."""
+    its last bit before RoPE's sums cancel), and returns False; ``unfused`` None: no numerics
+    mode rounds as the peer does, so outside the tolerance fails. On ``meta`` (no values) it
+    calls ``unfused()`` always, the launch the GPU run makes where the tolerance fails, checks
+    its dtype and returns True."""
     if has_values(fused, peer_reference, exact):
         try:
             assert_peer_close(name, fused, peer_reference, atol=atol, rtol=rtol)
@@ -247,7 +248,7 @@ def assert_peer_or_nearer(
         largest = peer_heads.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(got.dtype).tiny)
         head_ulp = torch.exp2(torch.frexp(largest).exponent - 1) * torch.finfo(got.dtype).eps
         apart = float(((heads - peer_heads).abs() / head_ulp).max())
-        assert apart <= ulps, f"{name}: numerics='unfused' is {apart:g} head-scale ULP off the peer's"
+        assert apart <= ulps, f"{name}: numerics='unfused' is {apart:g} head ULPs off the peer's"
         return False
     if ulps:
         peer = peer_reference.to(got.device)
