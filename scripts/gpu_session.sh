@@ -175,7 +175,8 @@ projection)
   # issue 40: fqr bench --projection, bf16: cuBLAS GEMM alone, GEMM + fqr's op, the projected
   # kernel (the GEMM with the prologue as its epilogue) per schedule, the weights' copy; every
   # fused cell checked against float64 before it is timed. JSON in $OUT/projection.json.
-  SCHED=${PROJ_SCHEDULES:-'{"mma": {}, "mma-w4-k128": {"num_warps": 4, "block_k": 128}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}}'}
+  SCHED='{"mma": {}, "mma-w4-k128": {"num_warps": 4, "block_k": 128}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}}'
+  SCHED=${PROJ_SCHEDULES:-$SCHED}
   export FQR_KERNEL_BUNDLE=$BUNDLE
   [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }
   timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --preset "${PROJ_PRESETS:-qwen3-8b,qwen3-32b,llama3-8b,qwen3-vl-8b}" --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" --schedules "$SCHED" --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
