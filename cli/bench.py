@@ -352,8 +352,17 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
         for t in sizes:
             for d in dtypes:
                 for count in counts:
-                    err.print(f"{p.name} TP{t} T={count} ...", highlight=False)
-                    rows.append(projection_cell(p.name, t, count, d, named, timers, rep_ms, seed))
+                    row = projection_cell(p.name, t, count, d, named, timers, rep_ms, seed)
+                    rows.append(row)
+                    fused = " ".join(
+                        f"{n}={'-' if v is None else f'{v:.2f}'}"
+                        for n, v in row["fused_us"].items()
+                    )
+                    err.print(
+                        f"{p.name} TP{t} T={count}: GEMM {row['gemm_us']:.2f} GEMM+op "
+                        f"{row['pair_us']:.2f} fused {fused} us",
+                        highlight=False,
+                    )
     ok = all(c["passed"] for r in rows for c in r["checks"].values())
     if json_out:
         doc = {"schema": schema("bench.projection"), "ok": ok, "rows": rows}
