@@ -175,7 +175,7 @@ projection)
   # issue 40: fqr bench --projection, bf16: cuBLAS GEMM alone, GEMM + fqr's op, the projected
   # kernel (the GEMM with the prologue as its epilogue) per schedule, the weights' copy; every
   # fused cell checked against float64 before it is timed. JSON in $OUT/projection.json.
-  SCHED='{"mma": {}, "mma-w4-k128": {"num_warps": 4, "block_k": 128}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}}'
+  SCHED='{"mma": {"max_tokens": 1024}, "mma-w4-k128": {"num_warps": 4, "block_k": 128, "max_tokens": 1024}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}, "t64-w4": {"block_t": 64, "num_warps": 4, "min_tokens": 1024}, "t128-h2-w8": {"block_t": 128, "heads_per_program": 2, "num_warps": 8, "min_tokens": 1024}}'
   SCHED=${PROJ_SCHEDULES:-$SCHED}
   export FQR_KERNEL_BUNDLE=$BUNDLE
   [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }

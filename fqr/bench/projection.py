@@ -10,7 +10,7 @@ stream from HBM as in a real layer):
 ``pair_us``     that GEMM, then fqr's prologue op on the row (the triton backend): today's pair;
 ``fused_us``    fqr's projected op (``<op>_proj``): the GEMM with the prologue as its epilogue,
                 one kernel, under each schedule asked for (``schedules``: lowering options,
-                and ``max_tokens``: the largest T the schedule is timed at);
+                and ``min_tokens`` / ``max_tokens``: the T range the schedule is timed at);
 ``weights_us``  the fastest same-size copy of the weight's bytes
                 (:func:`.floors.measure_copy_floor`): what reading the weights once costs.
 
@@ -96,8 +96,9 @@ def projection_cell(
     expected = variant.expected(preset, exact_inputs, table)
     for name, schedule in schedules.items():
         schedule = dict(schedule)
-        most = schedule.pop("max_tokens", None)  # the schedule's token range (a bench key)
-        if most is not None and tokens > int(most):
+        most = schedule.pop("max_tokens", None)  # the schedule's token range (bench keys)
+        least = schedule.pop("min_tokens", None)
+        if (most is not None and tokens > int(most)) or (least is not None and tokens < least):
             row["fused_us"][name] = None
             continue
         calls = []
