@@ -205,7 +205,8 @@ def bench(
         str | None,
         typer.Option(
             help="--projection: a JSON object of schedule name -> lowering options of the "
-            'projected kernel (default {"default": {}})',
+            "projected kernel, each with its min_tokens / max_tokens (default: "
+            "fqr.bench.projection.SCHEDULES)",
         ),
     ] = None,
     check_rows: Annotated[
@@ -320,16 +321,17 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
     """``--projection``: one row per (preset, TP, T, dtype) (:mod:`fqr.bench.projection`)."""
     import torch
 
-    from fqr.bench.projection import projection_cell
+    from fqr.bench.projection import PRESETS as PROJECTION_PRESETS
+    from fqr.bench.projection import SCHEDULES, projection_cell
     from fqr.bench.timers import CudaTimers
 
-    presets = _parse_presets(preset or ["qwen3-8b"])
+    presets = _parse_presets(preset or list(PROJECTION_PRESETS))
     counts = _parse_tokens(tokens or "1,16,1024,16384")
     sizes = parse_csv(tp or "1,8", "tp", int)
     if any(t < 1 for t in sizes):
         raise UsageError(f"--tp: tensor-parallel sizes must be >= 1, got {sizes}")
     try:
-        named = json.loads(schedules) if schedules else {"default": {}}
+        named = json.loads(schedules) if schedules else dict(SCHEDULES)
     except json.JSONDecodeError as e:
         raise UsageError(f"--schedules: not JSON ({e.msg})") from None
     if not isinstance(named, dict) or not all(isinstance(v, dict) for v in named.values()):

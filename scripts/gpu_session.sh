@@ -53,6 +53,17 @@ bundle-build)
   tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
   echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
   ;;
+projection-build)
+  # issue 40: the projected kernels fqr bench --projection times (fqr.bench.projection's
+  # presets x TP 1, 8 x SCHEDULES), compiled for the device into the tests-gpu bundle
+  mkdir -p -m 700 "$BUNDLE"
+  FQR_GPU_TEST_DEVICE=meta TRITON_INTERPRET=0 FQR_BUNDLE_BUILD_DIR=$BUNDLE FQR_CACHE_DIR=$(mktemp -d) \
+    TAILN=5 step projection_build "${DEVICE_VENV:-.venv-device}/bin/python" -c 'import os; from fqr.lowering.bundle import BundleWriter; from fqr.bench.projection import build_ahead
+with BundleWriter(os.environ["FQR_BUNDLE_BUILD_DIR"]) as w: n = build_ahead()
+print(n, "projected kernels launched on meta,", w.written, "compiled into the bundle")'
+  tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
+  echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
+  ;;
 sweep-build)
   # issue 31: every kernel the tuning sweep launches, compiled for the device on this machine
   VENV=${DEVICE_VENV:-.venv-device}
@@ -175,11 +186,10 @@ projection)
   # issue 40: fqr bench --projection, bf16: cuBLAS GEMM alone, GEMM + fqr's op, the projected
   # kernel (the GEMM with the prologue as its epilogue) per schedule, the weights' copy; every
   # fused cell checked against float64 before it is timed. JSON in $OUT/projection.json.
-  SCHED='{"mma": {"max_tokens": 1024}, "mma-w4-k128": {"num_warps": 4, "block_k": 128, "max_tokens": 1024}, "fma": {"product_dot": "fma", "block_t": 1, "max_tokens": 16}, "fma-w4": {"product_dot": "fma", "block_t": 1, "num_warps": 4, "max_tokens": 16}, "t64-w4": {"block_t": 64, "num_warps": 4, "min_tokens": 1024}, "t128-h2-w8": {"block_t": 128, "heads_per_program": 2, "num_warps": 8, "min_tokens": 1024}}'
-  SCHED=${PROJ_SCHEDULES:-$SCHED}
+  SCHED=${PROJ_SCHEDULES:-}   # default: fqr.bench.projection.SCHEDULES (built ahead by projection-build)
   export FQR_KERNEL_BUNDLE=$BUNDLE
   [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }
-  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --preset "${PROJ_PRESETS:-qwen3-8b,qwen3-32b,llama3-8b,qwen3-vl-8b}" --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" --schedules "$SCHED" --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
+  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" ${SCHED:+--schedules "$SCHED"} --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
   summary+=("projection rc=$?")
   tail -n 5 "$OUT/projection.log"
   python3 scripts/projection_table.py "$OUT/projection.json" | tee "$OUT/projection-table.txt"

@@ -34,6 +34,68 @@ from .floors import measure_copy_floor, rotating
 
 L2_BYTES = 50 * 2**20  # the H100 / H200 L2: weights sets add up to at least twice it
 MAX_POSITION = 4096
+PRESETS = ("qwen3-8b", "qwen3-32b", "llama3-8b", "qwen3-vl-8b")  # issue 40's four families
+# The schedules ``--projection`` compares by default (lowering options of the projected
+# kernel, with the T range each is timed at): decode by split-K (the weight streamed by
+# 8 to 32 programs per head group), prefill by 64- and 128-token MMA tiles; bf16 operands
+# multiplied natively or widened to TF32 (exact products either way).
+SCHEDULES: dict[str, dict] = {
+    "sk8": {"split_k": 8, "num_warps": 4, "max_tokens": 16},
+    "sk8-tf32": {"split_k": 8, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
+    "sk16-tf32": {"split_k": 16, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
+    "sk32-tf32": {"split_k": 32, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
+    "t64": {"block_t": 64, "num_warps": 4, "min_tokens": 1024},
+    "t64-tf32": {"block_t": 64, "num_warps": 4, "product_operands": "tf32", "min_tokens": 1024},
+    "t128-h2-tf32": {
+        "block_t": 128, "heads_per_program": 2, "num_warps": 8, "product_operands": "tf32",
+        "min_tokens": 1024,
+    },
+}  # fmt: skip
+
+
+def lowering_options(schedule: dict) -> dict:
+    """A schedule's lowering options (its token range, a bench key, left out)."""
+    return {k: v for k, v in schedule.items() if k not in ("min_tokens", "max_tokens")}
+
+
+def projected_call(preset_name: str, tp: int, tokens: int, dtype, device, gen=None) -> tuple:
+    """``(proj, rest, hidden, width, inputs, variant, preset, table)``: the projected op of a
+    preset's variant and its arguments but x and w_qkv (``variant.draw`` on ``device``; on
+    ``meta`` no values)."""
+    preset = get_preset(preset_name, tp)
+    variant = variant_of(preset)
+    proj = DECLARATIONS[variant.declaration.name + "_proj"]
+    table = preset.cos_sin_cache(MAX_POSITION).to(device)
+    if gen is None:
+        gen = torch.Generator().manual_seed(0)
+    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    values = variant.arguments(preset, inputs, table)
+    rest = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
+    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
+    return proj, rest, hidden, width, inputs, values, variant, preset, table
+
+
+def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat16) -> int:
+    """Launch every (preset, TP, schedule) projected kernel on ``meta`` tensors: under
+    ``FQR_BUNDLE_BUILD_DIR`` each is compiled into the kernel bundle being built (what the
+    device then loads instead of compiling). Returns the kernels launched."""
+    from ..lowering import lower
+
+    launched = 0
+    meta = torch.device("meta")
+    for name in presets:
+        for tp in tps:
+            proj, rest, hidden, width, *_ = projected_call(name, tp, 16, dtype, meta)
+            x = torch.empty(16, hidden, dtype=dtype, device=meta)
+            w = torch.empty(width, hidden, dtype=dtype, device=meta)
+            call = proj.bound(proj.bind((), dict(rest, x=x, w_qkv=w, backend="triton")))
+            proj.validate(call)
+            for schedule in (schedules or SCHEDULES).values():
+                kernel = lower(proj.program(call), "cuda", **lowering_options(schedule))
+                kernel.launch(proj.operands(call))
+                launched += 1
+    return launched
 
 
 def _sets_for(weight_bytes: int) -> int:
@@ -56,14 +118,11 @@ def projection_cell(
     from ..lowering import lower
 
     device = torch.device("cuda")
-    preset = get_preset(preset_name, tp)
-    variant = variant_of(preset)
-    base = variant.declaration
-    proj = DECLARATIONS[base.name + "_proj"]
     gen = torch.Generator(device=device).manual_seed(seed)
-    table = preset.cos_sin_cache(MAX_POSITION).to(device)
-    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
-    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
+    proj, rest, hidden, width, inputs, values, variant, preset, table = projected_call(
+        preset_name, tp, tokens, dtype, device, gen
+    )
+    base = variant.declaration
     weight_bytes = width * hidden * dtype.itemsize
     sets = _sets_for(weight_bytes)
     xs = [
@@ -73,8 +132,6 @@ def projection_cell(
         (torch.randn(width, hidden, generator=gen, device=device, dtype=dtype) * hidden**-0.5)
         for _ in range(sets)
     ]
-    values = variant.arguments(preset, inputs, table)
-    rest = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
     row = dict(preset=preset_name, tp=tp, tokens=tokens, dtype=str(dtype).split(".")[-1],
                hidden=hidden, width=width, weight_sets=sets, fused_us={}, checks={})  # fmt: skip
 

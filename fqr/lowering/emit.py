@@ -91,6 +91,14 @@ class Tiling:
     # in the repr only for a kernel with a product.
     block_k: int = 0
     product_dot: str = "mma"
+    # How "mma" multiplies bf16 / fp16 operands: "native" (in their dtype) or "tf32" (widened
+    # to fp32 and multiplied as TF32, whose 10-bit mantissa holds theirs: the products exact).
+    product_operands: str = "native"
+    # Split-K (the decode schedule of a product: few tokens, the weight streamed by many
+    # programs): K in ``split_k`` ranges along grid axis 2, each program's partial sums stored
+    # to an fp32 workspace; the last program of a (token tile, head group) to finish (an
+    # atomic count) sums the ranges in order and runs the epilogue. 1: off.
+    split_k: int = 1
 
     def __repr__(self) -> str:
         hidden_defaults = {
@@ -100,6 +108,8 @@ class Tiling:
             "pipeline_stages": 0,
             "block_k": 0,
             **({"product_dot": "mma"} if not self.block_k else {}),
+            "product_operands": "native",
+            "split_k": 1,
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
@@ -307,6 +317,7 @@ class KernelBuilder:
         self.uses_round_fp8 = False
         self.uses_round_fp8e5m2 = False
         self.rounding_points = False  # round_point was emitted: no FMA contraction
+        self.split_depth = 0  # chain-body lines under a split-K's last-range test
         self.aliases = plan.program.aliases()  # output index -> the input it updates in place
         self.head_tile = "1"  # heads in the current chunk's tiles (a literal)
         self.param_list: list[str] = []
@@ -378,6 +389,8 @@ class KernelBuilder:
                     self.param_list.append(f"out{i}_hstride")
                     head_dim = self.plan.chain_of[id(o)].head_dim
                     self.dense_strides.append((f"out{i}_hstride", head_dim))
+        if self.tiling.split_k > 1:  # the split-K workspace and its per-tile counts
+            self.param_list += ["ws_ptr", "count_ptr"]
         self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
     def cast(self, expr: str, dtype: torch.dtype) -> str:
@@ -575,8 +588,11 @@ class KernelBuilder:
         # An interpreter (whose casts are wrong: ``bf16_rounding="bits"``) multiplies bf16
         # tiles wrongly in ``tl.dot``: there the operands go to fp32 first, which is exact (a
         # product of two bf16 or fp16 values fits fp32's mantissa).
-        widen = mma and self.tiling.bf16_rounding == "bits"
-        fp32 = product.hidden.aval.dtype == torch.float32 or widen
+        interpreted = self.tiling.bf16_rounding == "bits"
+        is_fp32 = product.hidden.aval.dtype == torch.float32
+        widen = mma and not is_fp32 and (interpreted or self.tiling.product_operands == "tf32")
+        precision = "ieee" if is_fp32 or interpreted else "tf32"
+        splits = self.tiling.split_k
         self.emit(f"# {x} @ w.T for these heads: K = {depth} in steps of {step}")
         xrow = self.fresh("xrow")
         self.emit(f"{xrow} = {x}_ptr + tok64[:, None] * {x}_stride")
@@ -594,10 +610,15 @@ class KernelBuilder:
                     self.emit(f"{fmask} = tl.reshape({full}, [{width}])")
                 self.emit(f"{acc} = tl.zeros([BLOCK_T, {width}], dtype=tl.float32)")
                 parts.append((piece, rows, rmask, acc, flat, fmask, slot.padded))
-        self.emit(f"for k0 in range(0, {depth}, {step}):")
+        if splits > 1:
+            span = -(-(-(-depth // splits)) // step) * step  # each range: whole steps
+            self.emit(f"ksplit = tl.program_id(2)  # K range [{span} * ksplit, + {span})")
+            self.emit(f"for k0 in range(ksplit * {span}, ksplit * {span} + {span}, {step}):")
+        else:
+            self.emit(f"for k0 in range(0, {depth}, {step}):")
         self.indent += 1
         self.emit(f"kk = k0 + tl.arange(0, {step})")
-        ragged = depth % step != 0
+        ragged = depth % step != 0 or (splits > 1 and depth % (splits * step) != 0)
         kx = f" & (kk < {depth})[None, :]" if ragged else ""
         self.emit(
             f"xk = tl.load({xrow} + kk[None, :], mask=tmask[:, None]{kx}, other=0.0)"
@@ -610,12 +631,14 @@ class KernelBuilder:
             m = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
             self.emit(f"{wk} = tl.load({w} + {flat}[None, :] + kk[:, None]{m})")
             if mma:
-                precision = ', input_precision="ieee"' if fp32 else ""
+                how = f', input_precision="{precision}"' if widen or is_fp32 else ""
                 operand = f"{wk}.to(tl.float32)" if widen else wk
-                self.emit(f"{acc} = tl.dot(xk, {operand}, {acc}{precision})")
+                self.emit(f"{acc} = tl.dot(xk, {operand}, {acc}{how})")
             else:
                 self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
         self.indent -= 1
+        if splits > 1:
+            self._join_splits(product.weight, parts)
         pieces = {}
         bias = product.bias
         for piece, rows, rmask, acc, _, _, padded in parts:
@@ -627,6 +650,35 @@ class KernelBuilder:
             self.emit(f"{name} = {value}")
             pieces[piece] = name
         return pieces
+
+    def _join_splits(self, weight: Var, parts: list) -> None:
+        """Split-K: this program's partial sums to the workspace ``[split_k, tokens, N]``
+        (fp32, tokens padded to whole tiles), then an atomic count per (token tile, program
+        block); the program that counts last sums every range in order (the same sum whoever
+        is last) into the accumulators and runs the rest of the chain, under ``if``: the
+        chain body's indent stays one deeper until :meth:`_emit_chain_body` ends."""
+        width = int(weight.aval.shape[0])
+        splits = self.tiling.split_k
+        self.emit("padded_t = tl.cdiv(T, BLOCK_T) * BLOCK_T")
+        for _, _, _, acc, flat, fmask, _ in parts:
+            m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
+            cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+            at = f"ws_ptr + (ksplit * padded_t + tok64[:, None]) * {width} + {cols}"
+            self.emit(f"tl.store({at}, {acc}, mask={m})")
+        self.emit("tl.debug_barrier()  # every thread's partial sums stored before the count")
+        self.emit("count_at = count_ptr + (t0 // BLOCK_T) * tl.num_programs(1) + block")
+        self.emit('arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")')
+        self.emit(f"if arrived == {splits - 1}:  # the last range: sum them all, in order")
+        self.indent += 1
+        self.emit("tl.atomic_xchg(count_at, 0)  # the count ready for the next launch")
+        for _, _, _, acc, flat, fmask, _ in parts:
+            m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
+            cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+            self.emit(f"{acc} = tl.zeros_like({acc})")
+            self.emit(f"for part in range({splits}):")
+            at = f"ws_ptr + (part * padded_t + tok64[:, None]) * {width} + {cols}"
+            self.emit(f"    {acc} += tl.load({at}, mask={m}, other=0.0, volatile=True)")
+        self.split_depth += 1
 
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
@@ -945,6 +997,8 @@ class KernelBuilder:
             e.prim.lower(self, e)
             for out in e.outputs:
                 self._store_if_output(out)
+        self.indent -= self.split_depth  # out of a split-K's last-range test
+        self.split_depth = 0
 
     def emit_chain(self, chain: Chain, head_chunk: int) -> None:
         """A chain in ``loop`` mode: a runtime loop over equal chunks, the last one masked."""

@@ -67,6 +67,11 @@ class Kernel:
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
         # (per head group with the decode schedule, ``Tiling.heads_per_program``)
         self.grid_blocks = grid_programs(self.plan, self.tiling)
+        # Split-K (``Tiling.split_k``): the K ranges along grid axis 2, an fp32 workspace per
+        # launch and, per device, the counts of ranges done (reset by the last range: zero
+        # between launches; two launches at once on two streams would share them).
+        self.grid_splits = self.tiling.split_k
+        self._counts: dict[torch.device, torch.Tensor] = {}
         self._direct: Any = False  # not yet made (None: the installed triton has none)
 
     def __call__(
@@ -172,7 +177,12 @@ class Kernel:
         if tokens == 0:
             return outs
         flat, constexprs, key = self.launch_arguments(args, outs, tokens, out is None)
-        grid = (self.target.grid(tokens, self._block_t, device, **self.options), self.grid_blocks)
+        grid: tuple = (
+            self.target.grid(tokens, self._block_t, device, **self.options),
+            self.grid_blocks,
+        )
+        if self.grid_splits > 1:
+            grid = (*grid, self.grid_splits)
         if device.type == "meta" and hasattr(self.fn, "run"):
             # a Triton function and no values: compiled into the bundle being built, not run
             # (a stand-in fn without run, e.g. ascend_compile's recorder, takes the call)
@@ -186,6 +196,23 @@ class Kernel:
         else:
             launch_through_triton(self.fn, grid, flat, {**constexprs, **self._launch})
         return outs
+
+    def split_buffers(self, device: torch.device, tokens: int) -> list[torch.Tensor]:
+        """Split-K's launch arguments: a new fp32 workspace ``[split_k, tokens padded to
+        whole tiles, N]`` and the device's counts of ranges done, one per (token tile, program
+        block), zero between launches (grown, zeroed, when a call has more tiles)."""
+        tiles = -(-tokens // self._block_t)
+        product = self.plan.chains[0].product
+        assert product is not None, "a split-K kernel computes a product"
+        width = int(product.weight.aval.shape[0])
+        workspace = torch.empty(
+            self.grid_splits * tiles * self._block_t * width, dtype=torch.float32, device=device
+        )
+        counts = self._counts.get(device)
+        if counts is None or counts.numel() < tiles * self.grid_blocks:
+            counts = torch.zeros(tiles * self.grid_blocks, dtype=torch.int32, device=device)
+            self._counts[device] = counts
+        return [workspace, counts]
 
     def strided_variant(self) -> Kernel:
         """This program's kernel on this target whose outputs take their head strides
@@ -279,6 +306,8 @@ class Kernel:
                 flat.append(head_stride)
                 ints.append(head_stride)
                 dense = dense and head_stride == head_dim
+        if self.grid_splits > 1:
+            flat += self.split_buffers(args[0].device, tokens)
         flat.append(tokens)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
         return flat, constexprs, (dense, tuple(ints), tuple(aligned), allocated)

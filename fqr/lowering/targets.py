@@ -166,7 +166,9 @@ class CudaTarget(Target):
         are spread over the programs; each head's columns accumulated over K in steps of
         ``block_k`` (default 64) by ``product_dot`` ("mma", default: ``tl.dot`` on tiles of at
         least 16 tokens; "fma": any tile). A chain reduced over its whole row (OLMo2's norm)
-        stays one program, chunked by ``tile_elems`` as other kernels are."""
+        stays one program, chunked by ``tile_elems`` as other kernels are. ``product_operands``
+        ("native" or "tf32") and ``split_k`` (K in ranges, the decode schedule): see
+        :class:`~fqr.lowering.emit.Tiling`."""
         mode = options.get("chunk_mode", "grid")
         if mode != "grid":
             raise ValueError(
@@ -184,6 +186,15 @@ class CudaTarget(Target):
             raise ValueError(
                 f"block_k must be a power of two (at least 16 with product_dot 'mma'), got "
                 f"{block_k}"
+            )
+        operands = options.get("product_operands", "native")
+        if operands not in ("native", "tf32"):
+            raise ValueError(f"product_operands must be 'native' or 'tf32', got {operands!r}")
+        split_k = schedule_knob(options, "split_k") or 1
+        if split_k > 1 and any(c.row_reductions for c in plan.chains):
+            raise ValueError(
+                "split_k: a chain normalised over its whole row (OLMo2's norm) is computed in "
+                "one program; split_k must be 1 there"
             )
         budget = int(options.get("tile_elems", 2048))
         chunks = []
@@ -204,6 +215,8 @@ class CudaTarget(Target):
             pipeline_stages=0,
             block_k=block_k,
             product_dot=dot,
+            product_operands=operands,
+            split_k=split_k,
         )
 
     def launch_options(

@@ -3,8 +3,9 @@ the projected forms (``<op>_proj``: the QKV GEMM with the prologue as its epilog
 at each preset's real widths and hidden size, against the float64 composition computed on the
 device (``fqr.reference.project``, then the prologue's reference), outputs in NaN-poisoned
 memory. Token counts 1, 16 (decode: one 16-token MMA tile) and 300 (several tiles, a ragged
-last one); the tensor-core schedule (``product_dot="mma"``, the default) and the broadcast
-product of a few tokens (``"fma"``, ``block_t=1``). The interpreted kernel runs the same forms
+last one); the tensor-core schedule (``product_dot="mma"``, the default; bf16 operands
+native or widened to TF32), the broadcast product of a few tokens (``"fma"``, ``block_t=1``)
+and split-K (8 K ranges, the last to finish runs the epilogue). The interpreted kernel runs the same forms
 on small shapes in ``tests/backends/test_projected.py``."""
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ CASES = [
     ("qwen3-vl-8b", 1), ("qwen3-vl-8b", 8), ("qwen3.5-27b", 8), ("gemma4-31b-sliding", 16),
     ("pythia-6.9b", 8), ("codegen-2b", 4), ("persimmon-8b", 8), ("minimax-m3-fp8", 8),
 ]  # fmt: skip
-SCHEDULES = {"mma": {}, "fma": {"product_dot": "fma", "block_t": 1}}
+SCHEDULES = {
+    "mma": {},
+    "mma-tf32": {"product_operands": "tf32"},
+    "fma": {"product_dot": "fma", "block_t": 1},
+    "sk8": {"split_k": 8, "num_warps": 4},
+    "sk8-tf32": {"split_k": 8, "num_warps": 4, "product_operands": "tf32"},
+}
+FEW_TOKENS = ("fma", "sk8", "sk8-tf32")  # the decode schedules
 
 
 @pytest.mark.gpu_memory(GIB)
@@ -41,8 +49,8 @@ SCHEDULES = {"mma": {}, "fma": {"product_dot": "fma", "block_t": 1}}
 @pytest.mark.parametrize("tokens", [1, 16, 300])
 @pytest.mark.parametrize("name,tp", CASES, ids=lambda v: str(v))
 def test_projected_kernel_matches_float64(gen, name, tp, tokens, schedule):
-    if schedule == "fma" and tokens == 300:
-        pytest.skip("the broadcast product is the few-token schedule")
+    if schedule in FEW_TOKENS and tokens == 300:
+        pytest.skip("a decode schedule (the broadcast product, split-K)")
     preset = get_preset(name, tp)
     variant = variant_of(preset)
     proj = DECLARATIONS[variant.declaration.name + "_proj"]
