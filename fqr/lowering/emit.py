@@ -611,7 +611,8 @@ class KernelBuilder:
                 self.emit(f"{acc} = tl.zeros([BLOCK_T, {width}], dtype=tl.float32)")
                 parts.append((piece, rows, rmask, acc, flat, fmask, slot.padded))
         if splits > 1:
-            span = -(-(-(-depth // splits)) // step) * step  # each range: whole steps
+            per_split = -(-depth // splits)
+            span = -(-per_split // step) * step  # each range: whole steps
             self.emit(f"ksplit = tl.program_id(2)  # K range [{span} * ksplit, + {span})")
             self.emit(f"for k0 in range(ksplit * {span}, ksplit * {span} + {span}, {step}):")
         else:
@@ -643,7 +644,13 @@ class KernelBuilder:
         bias = product.bias
         for piece, rows, rmask, acc, _, _, padded in parts:
             name = self.fresh(f"{prefix}_{piece}_")
-            value = f"tl.reshape({acc}, [BLOCK_T, {heads}, {padded}])"
+            # one head: a new axis, not a reshape (on the H200 a tl.reshape of tl.dot's
+            # accumulator gave values off by up to 2^-8 of the head, Triton 3.6)
+            value = (
+                f"{acc}[:, None, :]"
+                if heads == "1"
+                else f"tl.reshape({acc}, [BLOCK_T, {heads}, {padded}])"
+            )
             if bias is not None:
                 m = f", mask={rmask}, other=0.0" if rmask else ""
                 value += f" + tl.load({self.arg_names[id(bias)]} + {rows}{m}).to(tl.float32)"

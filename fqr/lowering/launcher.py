@@ -82,7 +82,7 @@ class DirectLauncher:
         ``device`` (None before its first launch): what a generated host function calls."""
         return self._bound.get((device, key))
 
-    def launch(self, grid: tuple[int, int], args: list, constexprs: dict[str, Any], key) -> None:
+    def launch(self, grid: tuple[int, ...], args: list, constexprs: dict[str, Any], key) -> None:
         device = self._device()
         bound = self._bound.get((device, key))
         if bound is None or self.hooks_installed():
@@ -103,7 +103,7 @@ class DirectLauncher:
         run(
             grid[0],
             grid[1],
-            1,
+            grid[2] if len(grid) > 2 else 1,  # split-K's K ranges
             self._stream(device),
             function,
             packed,

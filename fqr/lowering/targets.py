@@ -219,6 +219,26 @@ class CudaTarget(Target):
             split_k=split_k,
         )
 
+    def product_buckets(
+        self, plan: KernelPlan, **options: Any
+    ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
+        """A projected kernel's variants when no schedule option is pinned: decode (T <= 16)
+        by split-K, K in enough ranges that the head groups times the ranges make at least
+        256 programs (the weight streamed by the whole GPU; each range at least two K steps,
+        at most 32 ranges), 4 warps; then 64-token tensor-core tiles, 4 warps (measured on the
+        H200: docs/PERFORMANCE.md, issue 40). Any option given pins one variant."""
+        if any(k in options for k in (*TILING_OPTIONS, *PRODUCT_OPTIONS)):
+            return ((None, dict(options)),)
+        blocks = sum(c.heads if not c.row_reductions else 1 for c in plan.chains)
+        depth = max(c.product.depth for c in plan.chains if c.product is not None)
+        split = 1
+        while split < 32 and blocks * split < 256 and depth // (2 * split) >= 2 * 64:
+            split *= 2
+        if any(c.row_reductions for c in plan.chains):
+            split = 1
+        decode = {"num_warps": 4, **({"split_k": split} if split > 1 else {})}
+        return ((16, {**decode, **options}), (None, {"block_t": 64, "num_warps": 4, **options}))
+
     def launch_options(
         self, plan: KernelPlan, *, rounding_points: bool = False, **options: Any
     ) -> dict[str, Any]:
@@ -279,13 +299,19 @@ class CudaTarget(Target):
         """Three variants when no tiling option is pinned: decode (T <= 256), middle
         (T <= 8192) and large T, tuned per shape on the H200 (:data:`TUNED`, with
         :data:`UNTUNED` for shapes not in the table); any option given pins one variant."""
-        if plan.products or any(k in options for k in TILING_OPTIONS):
+        if plan.products:
+            return self.product_buckets(plan, **options)
+        if any(k in options for k in TILING_OPTIONS):
             return ((None, dict(options)),)
         tuned = tuned_variants(plan)
         return tuple(
             (limit, {**dict(zip(TILING_OPTIONS, cfg)), **options})
             for limit, cfg in zip(TOKEN_BUCKETS, tuned)
         )
+
+
+# The projected kernel's own schedule options (CudaTarget.product_tiling).
+PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k")
 
 
 def schedule_knob(options: dict[str, Any], name: str) -> int:

@@ -3,10 +3,11 @@ the projected forms (``<op>_proj``: the QKV GEMM with the prologue as its epilog
 at each preset's real widths and hidden size, against the float64 composition computed on the
 device (``fqr.reference.project``, then the prologue's reference), outputs in NaN-poisoned
 memory. Token counts 1, 16 (decode: one 16-token MMA tile) and 300 (several tiles, a ragged
-last one); the tensor-core schedule (``product_dot="mma"``, the default; bf16 operands
-native or widened to TF32), the broadcast product of a few tokens (``"fma"``, ``block_t=1``)
-and split-K (8 K ranges, the last to finish runs the epilogue). The interpreted kernel runs the same forms
-on small shapes in ``tests/backends/test_projected.py``."""
+last one); the public op's own schedule (its token buckets), the tensor-core tiles of 16 and
+64 tokens (one head a program, or two), bf16 operands native or widened to TF32, the
+broadcast product of a few tokens (``"fma"``, ``block_t=1``) and split-K (8 K ranges, the last
+to finish runs the epilogue). The interpreted kernel runs the same forms on small shapes in
+``tests/backends/test_projected.py``."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ CASES = [
     ("pythia-6.9b", 8), ("codegen-2b", 4), ("persimmon-8b", 8), ("minimax-m3-fp8", 8),
 ]  # fmt: skip
 SCHEDULES = {
-    "mma": {},
+    "default": None,  # the public op: its token buckets (split-K at T <= 16, 64-token tiles)
+    "mma": {"block_t": 16},
+    "mma-h2": {"block_t": 16, "heads_per_program": 2},
+    "t64": {"block_t": 64, "num_warps": 4},
     "mma-tf32": {"product_operands": "tf32"},
     "fma": {"product_dot": "fma", "block_t": 1},
     "sk8": {"split_k": 8, "num_warps": 4},
@@ -65,12 +69,17 @@ def test_projected_kernel_matches_float64(gen, name, tp, tokens, schedule):
     values = variant.arguments(preset, inputs, table)
     rest = {k: v.to(device) if isinstance(v, torch.Tensor) else v
             for k, v in values.items() if k in proj.index and k != "qkv"}  # fmt: skip
-    call = proj.bound(proj.bind((), dict(rest, x=x, w_qkv=w, backend="triton")))
-    proj.validate(call)
-    kernel = lower(proj.program(call), "cuda", **SCHEDULES[schedule])
+    given = dict(rest, x=x, w_qkv=w, backend="triton")
     if device.type == "cuda":
         poison_free_memory(256 << 20, device)
-    outs = kernel.launch(proj.operands(call))
+    if SCHEDULES[schedule] is None:
+        outs = proj.function(**given)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+    else:
+        call = proj.bound(proj.bind((), given))
+        proj.validate(call)
+        kernel = lower(proj.program(call), "cuda", **SCHEDULES[schedule])
+        outs = kernel.launch(proj.operands(call))
     if not has_values(*outs):
         return
     expected = variant.expected(preset, dict(inputs, qkv=reference.project(x, w)), table)
