@@ -42,13 +42,13 @@ PRESETS = ("qwen3-8b", "qwen3-32b", "llama3-8b", "qwen3-vl-8b")  # issue 40's fo
 SCHEDULES: dict[str, dict] = {
     "default": {},  # what a call gets: CudaTarget.product_buckets
     "sk8": {"split_k": 8, "num_warps": 4, "max_tokens": 16},
-    "sk8-tf32": {"split_k": 8, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
-    "sk16-tf32": {"split_k": 16, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
-    "sk32-tf32": {"split_k": 32, "num_warps": 4, "product_operands": "tf32", "max_tokens": 16},
     "t64": {"block_t": 64, "num_warps": 4, "min_tokens": 1024},
     "t128-w8": {"block_t": 128, "num_warps": 8, "min_tokens": 1024},
-    "t64-h2": {"block_t": 64, "heads_per_program": 2, "num_warps": 4, "min_tokens": 1024},
-    "t64-tf32": {"block_t": 64, "num_warps": 4, "product_operands": "tf32", "min_tokens": 1024},
+    "t64-ws": {"block_t": 64, "num_warps": 4, "product_workspace": True, "min_tokens": 1024},
+    "t128-w8-ws": {
+        "block_t": 128, "num_warps": 8, "product_workspace": True, "min_tokens": 1024,
+    },
+    "mma-ws": {"block_t": 16, "num_warps": 4, "product_workspace": True, "max_tokens": 16},
 }  # fmt: skip
 
 

@@ -99,6 +99,15 @@ class Tiling:
     # to an fp32 workspace; the last program of a (token tile, head group) to finish (an
     # atomic count) sums the ranges in order and runs the epilogue. 1: off.
     split_k: int = 1
+    # The accumulators go through the fp32 workspace (stored, then read back) before the
+    # epilogue even without split-K (a diagnosis of the H200 runs, issue 40: the epilogue on
+    # tl.dot's accumulator itself was up to 2 bf16 ULP off where split-K's was not).
+    product_workspace: bool = False
+
+    @property
+    def uses_workspace(self) -> bool:
+        """Whether the kernel takes the fp32 workspace and counts (split-K or the above)."""
+        return self.split_k > 1 or self.product_workspace
 
     def __repr__(self) -> str:
         hidden_defaults = {
@@ -110,6 +119,7 @@ class Tiling:
             **({"product_dot": "mma"} if not self.block_k else {}),
             "product_operands": "native",
             "split_k": 1,
+            "product_workspace": False,
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
@@ -389,7 +399,7 @@ class KernelBuilder:
                     self.param_list.append(f"out{i}_hstride")
                     head_dim = self.plan.chain_of[id(o)].head_dim
                     self.dense_strides.append((f"out{i}_hstride", head_dim))
-        if self.tiling.split_k > 1:  # the split-K workspace and its per-tile counts
+        if self.tiling.uses_workspace:  # the split-K workspace and its per-tile counts
             self.param_list += ["ws_ptr", "count_ptr"]
         self.param_list += ["T", "BLOCK_T: tl.constexpr", "DENSE: tl.constexpr"]
 
@@ -638,7 +648,7 @@ class KernelBuilder:
             else:
                 self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
         self.indent -= 1
-        if splits > 1:
+        if self.tiling.uses_workspace:
             self._join_splits(product.weight, parts)
         pieces = {}
         bias = product.bias
@@ -666,6 +676,8 @@ class KernelBuilder:
         chain body's indent stays one deeper until :meth:`_emit_chain_body` ends."""
         width = int(weight.aval.shape[0])
         splits = self.tiling.split_k
+        if splits == 1:
+            self.emit("ksplit = 0")
         self.emit("padded_t = tl.cdiv(T, BLOCK_T) * BLOCK_T")
         for _, _, _, acc, flat, fmask, _ in parts:
             m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
@@ -673,6 +685,13 @@ class KernelBuilder:
             at = f"ws_ptr + (ksplit * padded_t + tok64[:, None]) * {width} + {cols}"
             self.emit(f"tl.store({at}, {acc}, mask={m})")
         self.emit("tl.debug_barrier()  # every thread's partial sums stored before the count")
+        if splits == 1:  # no count: read the sums back
+            for _, _, _, acc, flat, fmask, _ in parts:
+                m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
+                cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+                at = f"ws_ptr + tok64[:, None] * {width} + {cols}"
+                self.emit(f"{acc} = tl.load({at}, mask={m}, other=0.0, volatile=True)")
+            return
         self.emit("count_at = count_ptr + (t0 // BLOCK_T) * tl.num_programs(1) + block")
         self.emit('arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")')
         self.emit(f"if arrived == {splits - 1}:  # the last range: sum them all, in order")

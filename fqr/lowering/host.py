@@ -126,7 +126,7 @@ def host_function(variants, args: list, out: list | None = None) -> HostFunction
         return None
     if args[0].device.type == "meta":  # a bundle build: every call takes Kernel.launch
         return None
-    if any(k is not None and k.grid_splits > 1 for k in variants._kernels):
+    if any(k is not None and k.tiling.uses_workspace for k in variants._kernels):
         return None  # split-K allocates its workspace per call: Kernel.launch runs it
     if out is not None and not all(isinstance(o, torch.Tensor) for o in out):
         return None

@@ -306,7 +306,7 @@ class Kernel:
                 flat.append(head_stride)
                 ints.append(head_stride)
                 dense = dense and head_stride == head_dim
-        if self.grid_splits > 1:
+        if self.tiling.uses_workspace:
             flat += self.split_buffers(args[0].device, tokens)
         flat.append(tokens)
         constexprs = {"BLOCK_T": self._block_t, "DENSE": dense}
