@@ -36,19 +36,18 @@ L2_BYTES = 50 * 2**20  # the H100 / H200 L2: weights sets add up to at least twi
 MAX_POSITION = 4096
 PRESETS = ("qwen3-8b", "qwen3-32b", "llama3-8b", "qwen3-vl-8b")  # issue 40's four families
 # The schedules ``--projection`` compares by default (lowering options of the projected
-# kernel, with the T range each is timed at): decode by split-K (the weight streamed by
-# 8 to 32 programs per head group), prefill by 64- and 128-token MMA tiles; bf16 operands
-# multiplied natively or widened to TF32 (exact products either way).
+# kernel, with the T range each is timed at): the public op's own (its token buckets),
+# decode by split-K (the weight streamed by 4 to 16 programs per head, K steps of 64 or
+# 128), prefill by 64- and 128-token tensor-core tiles.
 SCHEDULES: dict[str, dict] = {
     "default": {},  # what a call gets: CudaTarget.product_buckets
+    "sk4": {"split_k": 4, "num_warps": 4, "max_tokens": 16},
     "sk8": {"split_k": 8, "num_warps": 4, "max_tokens": 16},
+    "sk8-k128": {"split_k": 8, "block_k": 128, "num_warps": 4, "max_tokens": 16},
+    "sk16": {"split_k": 16, "num_warps": 4, "max_tokens": 16},
     "t64": {"block_t": 64, "num_warps": 4, "min_tokens": 1024},
+    "t128-w4": {"block_t": 128, "num_warps": 4, "min_tokens": 1024},
     "t128-w8": {"block_t": 128, "num_warps": 8, "min_tokens": 1024},
-    "t64-ws": {"block_t": 64, "num_warps": 4, "product_workspace": True, "min_tokens": 1024},
-    "t128-w8-ws": {
-        "block_t": 128, "num_warps": 8, "product_workspace": True, "min_tokens": 1024,
-    },
-    "mma-ws": {"block_t": 16, "num_warps": 4, "product_workspace": True, "max_tokens": 16},
 }  # fmt: skip
 
 

@@ -99,15 +99,11 @@ class Tiling:
     # to an fp32 workspace; the last program of a (token tile, head group) to finish (an
     # atomic count) sums the ranges in order and runs the epilogue. 1: off.
     split_k: int = 1
-    # The accumulators go through the fp32 workspace (stored, then read back) before the
-    # epilogue even without split-K (a diagnosis of the H200 runs, issue 40: the epilogue on
-    # tl.dot's accumulator itself was up to 2 bf16 ULP off where split-K's was not).
-    product_workspace: bool = False
 
     @property
     def uses_workspace(self) -> bool:
-        """Whether the kernel takes the fp32 workspace and counts (split-K or the above)."""
-        return self.split_k > 1 or self.product_workspace
+        """Whether the kernel takes split-K's fp32 workspace and counts."""
+        return self.split_k > 1
 
     def __repr__(self) -> str:
         hidden_defaults = {
@@ -119,7 +115,6 @@ class Tiling:
             **({"product_dot": "mma"} if not self.block_k else {}),
             "product_operands": "native",
             "split_k": 1,
-            "product_workspace": False,
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
@@ -620,6 +615,12 @@ class KernelBuilder:
                     self.emit(f"{fmask} = tl.reshape({full}, [{width}])")
                 self.emit(f"{acc} = tl.zeros([BLOCK_T, {width}], dtype=tl.float32)")
                 parts.append((piece, rows, rmask, acc, flat, fmask, slot.padded))
+        if mma:
+            # Each K step's product is added to the accumulator by an fp32 add (promoted, as
+            # DeepSeek-V3 does for its FP8 GEMMs): a tensor-core chain accumulating all of K
+            # left bf16-ULP errors on the H200. Its dot starts from a zero Triton cannot see
+            # as a constant, which would fold the add back into the dot.
+            self.emit("unfolded_zero = T.to(tl.float32) * 0.0")
         if splits > 1:
             per_split = -(-depth // splits)
             span = -(-per_split // step) * step  # each range: whole steps
@@ -644,7 +645,8 @@ class KernelBuilder:
             if mma:
                 how = f', input_precision="{precision}"' if widen or is_fp32 else ""
                 operand = f"{wk}.to(tl.float32)" if widen else wk
-                self.emit(f"{acc} = tl.dot(xk, {operand}, {acc}{how})")
+                zero = f"tl.zeros_like({acc}) + unfolded_zero"
+                self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
             else:
                 self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
         self.indent -= 1
@@ -676,8 +678,6 @@ class KernelBuilder:
         chain body's indent stays one deeper until :meth:`_emit_chain_body` ends."""
         width = int(weight.aval.shape[0])
         splits = self.tiling.split_k
-        if splits == 1:
-            self.emit("ksplit = 0")
         self.emit("padded_t = tl.cdiv(T, BLOCK_T) * BLOCK_T")
         for _, _, _, acc, flat, fmask, _ in parts:
             m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
@@ -685,13 +685,6 @@ class KernelBuilder:
             at = f"ws_ptr + (ksplit * padded_t + tok64[:, None]) * {width} + {cols}"
             self.emit(f"tl.store({at}, {acc}, mask={m})")
         self.emit("tl.debug_barrier()  # every thread's partial sums stored before the count")
-        if splits == 1:  # no count: read the sums back
-            for _, _, _, acc, flat, fmask, _ in parts:
-                m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
-                cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
-                at = f"ws_ptr + tok64[:, None] * {width} + {cols}"
-                self.emit(f"{acc} = tl.load({at}, mask={m}, other=0.0, volatile=True)")
-            return
         self.emit("count_at = count_ptr + (t0 // BLOCK_T) * tl.num_programs(1) + block")
         self.emit('arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")')
         self.emit(f"if arrived == {splits - 1}:  # the last range: sum them all, in order")

@@ -217,7 +217,6 @@ class CudaTarget(Target):
             product_dot=dot,
             product_operands=operands,
             split_k=split_k,
-            product_workspace=bool(options.get("product_workspace", False)),
         )
 
     def product_buckets(
@@ -312,7 +311,7 @@ class CudaTarget(Target):
 
 
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
-PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k", "product_workspace")
+PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k")
 
 
 def schedule_knob(options: dict[str, Any], name: str) -> int:

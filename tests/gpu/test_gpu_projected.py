@@ -40,8 +40,6 @@ SCHEDULES = {
     "mma": {"block_t": 16},
     "mma-h2": {"block_t": 16, "heads_per_program": 2},
     "t64": {"block_t": 64, "num_warps": 4},
-    "t64-ws": {"block_t": 64, "num_warps": 4, "product_workspace": True},
-    "mma-ws": {"block_t": 16, "num_warps": 4, "product_workspace": True},
     "mma-tf32": {"product_operands": "tf32"},
     "fma": {"product_dot": "fma", "block_t": 1},
     "sk8": {"split_k": 8, "num_warps": 4},
