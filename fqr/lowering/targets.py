@@ -223,17 +223,18 @@ class CudaTarget(Target):
         self, plan: KernelPlan, **options: Any
     ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
         """A projected kernel's variants when no schedule option is pinned: decode (T <= 16)
-        by split-K, K in enough ranges that the head groups times the ranges make at least
-        256 programs (the weight streamed by the whole GPU; each range at least two K steps,
-        at most 32 ranges), 4 warps; then 64-token tensor-core tiles, 4 warps (measured on the
-        H200: docs/PERFORMANCE.md, issue 40). Any option given pins one variant."""
+        by split-K, 4 warps, K in 4 ranges where there are 32 head programs or more (Qwen3-8B
+        at TP 1: 48) and in 8 below (TP 8: 6), as far as each range keeps two K steps of 64;
+        then 64-token tensor-core tiles, 4 warps. Measured on the H200 among 4 to 16 ranges
+        and 64 / 128-token tiles (docs/results/projection-h200-issue40.log). A chain normalised
+        over its whole row keeps one range. Any option given pins one variant."""
         if any(k in options for k in (*TILING_OPTIONS, *PRODUCT_OPTIONS)):
             return ((None, dict(options)),)
         blocks = sum(c.heads if not c.row_reductions else 1 for c in plan.chains)
         depth = max(c.product.depth for c in plan.chains if c.product is not None)
-        split = 1
-        while split < 32 and blocks * split < 256 and depth // (2 * split) >= 2 * 64:
-            split *= 2
+        split = 4 if blocks >= 32 else 8
+        while split > 1 and depth // split < 2 * 64:
+            split //= 2
         if any(c.row_reductions for c in plan.chains):
             split = 1
         decode = {"num_warps": 4, **({"split_k": split} if split > 1 else {})}
