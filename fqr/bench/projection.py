@@ -37,7 +37,7 @@ MAX_POSITION = 4096
 PRESETS = ("qwen3-8b", "qwen3-32b", "llama3-8b", "qwen3-vl-8b")  # issue 40's four families
 # The schedules ``--projection`` compares by default (lowering options of the projected
 # kernel, with the T range each is timed at): the public op's own (its token buckets),
-# decode by split-K (the weight streamed by 4 to 16 programs per head, K steps of 64 or
+# decode by split-K (the weight streamed by 4 to 32 programs per head, K steps of 64 or
 # 128), prefill by 64- and 128-token tensor-core tiles.
 SCHEDULES: dict[str, dict] = {
     "default": {},  # what a call gets: CudaTarget.product_buckets
@@ -45,6 +45,7 @@ SCHEDULES: dict[str, dict] = {
     "sk8": {"split_k": 8, "num_warps": 4, "max_tokens": 16},
     "sk8-k128": {"split_k": 8, "block_k": 128, "num_warps": 4, "max_tokens": 16},
     "sk16": {"split_k": 16, "num_warps": 4, "max_tokens": 16},
+    "sk32": {"split_k": 32, "num_warps": 4, "max_tokens": 16},
     "t64": {"block_t": 64, "num_warps": 4, "min_tokens": 1024},
     "t128-w4": {"block_t": 128, "num_warps": 4, "min_tokens": 1024},
     "t128-w8": {"block_t": 128, "num_warps": 8, "min_tokens": 1024},

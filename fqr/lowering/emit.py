@@ -694,9 +694,13 @@ class KernelBuilder:
             m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
             cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
             self.emit(f"{acc} = tl.zeros_like({acc})")
-            self.emit(f"for part in range({splits}):")
+            # unrolled, so that every range's load is in flight at once; from L2 (.cg: this
+            # SM's L1 may hold no line of them, the acquire above orders them after the count)
+            self.emit(f"for part in tl.static_range({splits}):")
             at = f"ws_ptr + (part * padded_t + tok64[:, None]) * {width} + {cols}"
-            self.emit(f"    {acc} += tl.load({at}, mask={m}, other=0.0, volatile=True)")
+            self.emit(
+                f'    {acc} += tl.load({at}, mask={m}, other=0.0, cache_modifier=".cg")'
+            )
         self.split_depth += 1
 
     # -------------------------------------------------------------- tile-scope values
