@@ -698,9 +698,7 @@ class KernelBuilder:
             # SM's L1 may hold no line of them, the acquire above orders them after the count)
             self.emit(f"for part in tl.static_range({splits}):")
             at = f"ws_ptr + (part * padded_t + tok64[:, None]) * {width} + {cols}"
-            self.emit(
-                f'    {acc} += tl.load({at}, mask={m}, other=0.0, cache_modifier=".cg")'
-            )
+            self.emit(f'    {acc} += tl.load({at}, mask={m}, other=0.0, cache_modifier=".cg")')
         self.split_depth += 1
 
     # -------------------------------------------------------------- tile-scope values
