@@ -25,7 +25,7 @@ import pytest
 import torch
 from support.devices import GPU_DEVICE, has_values
 from support.hf_models import hf_attention_case
-from support.peer_ports import ON_TRITON
+from support.peer_ports import ON_TRITON, head_ulps_apart
 from support.vllm_native import VllmNativeCase, vllm_native_case
 
 import fqr
@@ -75,7 +75,13 @@ def test_unfused_matches_vllm_native_on_the_gpu(gen, head_dim, rotary_dim, is_ne
     for name, got, want, ex in (("q", q, vllm_q, exact[0]), ("k", k, vllm_k, exact[1])):
         share = bit_share(got, want)
         assert share >= MIN_BIT_SHARE, f"{name}: {share:.5f} of the elements equal vLLM's bits"
-        torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+        # vLLM's own tolerance, or one ULP of the head's scale: a head whose rstd differs in
+        # its last bit, its error cancelled down by RoPE (seen: 0.0156 at an element of 0.5,
+        # a GPT-J head of values near 2-4, seed of the 2026-12-04 visit)
+        outside = ~torch.isclose(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+        near = head_ulps_apart(got, want, head_dim) <= 1
+        assert bool((~outside | near.flatten(-2)).all()), f"{name}: outside vLLM's tolerance"
+
         c = compare(got, ex, head_dim=head_dim, numerics="unfused")
         assert c.passed, f"{name} against float64: {c}"
     assert torch.equal(v.view(torch.int16), native.v.view(torch.int16))

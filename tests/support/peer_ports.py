@@ -200,6 +200,17 @@ def assert_exact(name: str, out, exact, *, head_dim: int, bitwise: bool = False)
     assert c.passed, f"{name} against the float64 reference: {c}"
 
 
+def head_ulps_apart(got: torch.Tensor, want: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``|got - want|`` in ULPs of ``got``'s dtype at the largest ``|want|`` of each head
+    (``[..., heads, head_dim]``): how far apart two roundings of one chain are where a head's
+    rstd differs in its last bit and RoPE's sums cancel the error down to smaller values."""
+    heads = got.to(torch.float64).unflatten(-1, (-1, head_dim))
+    want_heads = want.to(torch.float64).unflatten(-1, (-1, head_dim))
+    largest = want_heads.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(got.dtype).tiny)
+    head_ulp = torch.exp2(torch.frexp(largest).exponent - 1) * torch.finfo(got.dtype).eps
+    return (heads - want_heads).abs() / head_ulp
+
+
 def assert_peer_or_nearer(
     name: str,
     fused,
@@ -242,12 +253,7 @@ def assert_peer_or_nearer(
     if not has_values(got, peer_reference):
         return True
     if ulps and head_dim:
-        peer = peer_reference.to(got.device).to(torch.float64)
-        heads = got.to(torch.float64).unflatten(-1, (-1, head_dim))
-        peer_heads = peer.unflatten(-1, (-1, head_dim))
-        largest = peer_heads.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(got.dtype).tiny)
-        head_ulp = torch.exp2(torch.frexp(largest).exponent - 1) * torch.finfo(got.dtype).eps
-        apart = float(((heads - peer_heads).abs() / head_ulp).max())
+        apart = float(head_ulps_apart(got, peer_reference.to(got.device), head_dim).max())
         assert apart <= ulps, f"{name}: numerics='unfused' is {apart:g} head ULPs off the peer's"
         return False
     if ulps:
