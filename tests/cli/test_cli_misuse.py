@@ -209,10 +209,16 @@ BENCH_IGNORED = [
     ("--from-json", "--rep-ms", "5"),
     ("--from-json", "--check-rows", "0"),
     ("--from-json", "--numerics", "unfused"),
+    # issue 40: --projection times the projected kernel beside cuBLAS + fqr's op
+    ("--projection", "--compare", "eager"),
+    ("--projection", "--save", "s.json"),
+    ("--projection", "--numerics", "unfused"),
+    ("--projection", "--pdl", None),
 ]
 MODE_WORDS = {
     "--cold-start": "--cold-start measures",
     "--copy-probe": "--copy-probe measures copies",
+    "--projection": "--projection measures the projection and its prologue",
 }
 
 
@@ -235,6 +241,11 @@ for _args, _needle in [
     (["--copy-probe", "--warmup-ms", "inf"], "--warmup-ms must be a finite number"),
     (["--rep-ms", "inf"], "--rep-ms must be a finite number of milliseconds > 0, got inf"),
     (["--warmup-ms", "nan"], "--warmup-ms must be a finite number of milliseconds > 0"),
+    (["--tp", "8"], "the bench table measures; it takes no --tp"),
+    (["--projection", "--tp", "3"], "--tp: tp=3 does not divide qwen3-8b's 32 q heads"),
+    (["--projection", "--tp", "0"], "--tp: tensor-parallel sizes must be >= 1"),
+    (["--projection", "--schedules", "[1]"], "--schedules must be a JSON object of name"),
+    (["--projection", "--schedules", "{"], "--schedules: not JSON"),
 ]:
     MISUSE.append((f"bench {' '.join(_args)}", lambda d, a=_args: ["bench", *a], _needle))
 
