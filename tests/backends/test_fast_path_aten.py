@@ -66,6 +66,7 @@ VIEWS = {
     "kv_cache_insert": {"aten::view": 2},  # key, value [T, H, D] as the program's [T, H*D] rows
     "mla_q_rope": {"aten::view": 1, "aten::slice": 1},  # q's rope columns, rotated in place
     "split_qkv_rmsnorm_mrope": {"aten::unbind": 1},  # [3, T] positions: an input per plane
+    "split_qkv_rmsnorm_mrope_proj": {"aten::unbind": 1},  # the same, from the hidden states
     "qk_mrope": {"aten::unbind": 1},
     "split_qkv_rmsnorm_rope public inplace=True": {"aten::slice": 3},  # q, k, v in qkv
 }
@@ -134,8 +135,6 @@ def cases() -> Iterator[tuple[str, int, str]]:
     """``(op, example call, form)``: each example call as made, with each of the public op's
     flags (a :class:`Form` that is False by default, ``inplace``) set, and as the torch op."""
     for name, decl in DECLARATIONS.items():
-        if getattr(decl, "kernel_refusal", None):  # no kernel backend runs it (its message)
-            continue
         flags = [p.name for p in decl.params if isinstance(p, Form) and p.default is False]
         for i in range(len(example_calls(name))):
             yield name, i, "public"
