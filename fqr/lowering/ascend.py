@@ -472,6 +472,12 @@ class AscendTarget(Target):
         )
 
     def tiling(self, plan: KernelPlan, **options) -> Tiling:
+        if plan.products:
+            raise ValueError(
+                f"target {self.name}: the projected form's GEMM-epilogue kernel is built for the "
+                "cuda and interpret targets only (its cube-unit lowering is not; issue 40): run "
+                "torch.matmul, then the prologue op"
+            )
         return self.ascend_tiling(plan, **options).tiling
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
