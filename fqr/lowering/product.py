@@ -1,0 +1,207 @@
+"""The emission of a product-sourced chain (the projected form, issue 40): the QKV GEMM whose
+N tile is one head group, the traced prologue as its epilogue.
+
+:class:`ProductEmission` is the part of :class:`fqr.lowering.emit.KernelBuilder` that writes a
+chain's source value when its packed row is ``x @ w.T (+ bias)`` (``Chain.product``, from a
+:class:`fqr.core.Product`) instead of a load: for each slot of the head layout (RoPE's halves,
+GPT-J's even and odd features, the pass-through runs) the weight rows it multiplies, the dot
+products accumulated over K in fp32 (``tl.dot`` per K step added by an fp32 add, or a summed
+broadcast product), split-K's ranges joined through an fp32 workspace and an atomic count
+(:attr:`fqr.lowering.emit.Tiling.split_k`), the bias added. The chain's emit rules then run on
+those pieces as on loaded ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core import Var
+from .plan import Chain, Layout, Slot
+
+if TYPE_CHECKING:
+    from .emit import Tiling
+
+
+class ProductEmission:
+    """Mixed into :class:`fqr.lowering.emit.KernelBuilder` (whose state it uses: ``tiling``,
+    ``head_tile``, ``head_valid``, ``split_depth``, ``emit``, ``fresh``, ``cols``, the
+    argument names)."""
+
+    if TYPE_CHECKING:  # what it uses of KernelBuilder
+        tiling: Tiling
+        head_tile: str
+        head_valid: str | None
+        split_depth: int
+        indent: int
+        arg_names: dict[int, str]
+
+        def emit(self, line: str) -> None: ...
+        def fresh(self, prefix: str) -> str: ...
+        def cols(self, padded: int) -> str: ...
+        def var_name(self, var: Var) -> str: ...
+        def _head_base(self, chain: Chain) -> str: ...
+        def _load_slots(
+            self,
+            base: str,
+            mask: str | None,
+            layout: Layout,
+            cast: bool,
+            prefix: str,
+            emit: Callable[[str], None],
+            scalar_base: bool = False,
+            lead: str = "BLOCK_T",
+        ) -> dict[str, str]: ...
+
+    def _source_slots(self, chain: Chain, mask: str, prefix: str) -> dict[str, str]:
+        """The chain's source value in the current head tile as pieces: loaded from its packed
+        row, or, for a product-sourced chain, computed (:meth:`_product_slots`)."""
+        if chain.product is not None:
+            return self._product_slots(chain, prefix)
+        return self._load_slots(
+            self._head_base(chain), mask, chain.head_layout, not chain.compute_free, prefix,
+            self.emit,
+        )  # fmt: skip
+
+    def _weight_rows(self, chain: Chain, slot: Slot, second: bool) -> tuple[str, str | None]:
+        """(the rows of the weight ``[1, heads, padded]`` that a slot's piece (``second``: a
+        pair slot's odd features) multiplies by, the mask of the rows that exist or None)."""
+        s = chain.section
+        if s.grouped:
+            g = s.group_heads
+            head = f"(hh // {g}) * {s.group_stride} + (hh % {g}) * {s.head_stride}"
+        else:
+            head = f"hh * {s.head_stride}"
+        c = self.cols(slot.padded)
+        feature = c if slot.kind == "contig" else f"2 * {c}{' + 1' if second else ''}"
+        rows = f"({s.offset + slot.start} + {head} + {feature})"
+        masks = [self.head_valid] if self.head_valid else []
+        if slot.padded != slot.count:
+            masks.append(f"({c} < {slot.count})")
+        return rows, " & ".join(masks) or None
+
+    def _product_slots(self, chain: Chain, prefix: str) -> dict[str, str]:
+        """The pieces of a product-sourced chain's heads in the current head tile: for each
+        slot, ``x[tok, :] @ w[rows, :].T (+ bias[rows])`` accumulated in fp32 over K in steps
+        of :attr:`Tiling.block_k` (``tl.dot``, or a summed broadcast product with
+        ``product_dot="fma"``), one shared load of x per step."""
+        product = chain.product
+        assert product is not None
+        depth, step = product.depth, self.tiling.block_k
+        assert step, "a kernel with a product has a K step (Tiling.block_k)"
+        x = self.var_name(product.hidden)
+        w = self.arg_names[id(product.weight)]
+        heads = self.head_tile
+        mma = self.tiling.product_dot == "mma"
+        # An interpreter (whose casts are wrong: ``bf16_rounding="bits"``) multiplies bf16
+        # tiles wrongly in ``tl.dot``: there the operands go to fp32 first, which is exact (a
+        # product of two bf16 or fp16 values fits fp32's mantissa).
+        interpreted = self.tiling.bf16_rounding == "bits"
+        is_fp32 = product.hidden.aval.dtype == torch.float32
+        widen = mma and not is_fp32 and (interpreted or self.tiling.product_operands == "tf32")
+        precision = "ieee" if is_fp32 or interpreted else "tf32"
+        splits = self.tiling.split_k
+        self.emit(f"# {x} @ w.T for these heads: K = {depth} in steps of {step}")
+        xrow = self.fresh("xrow")
+        self.emit(f"{xrow} = {x}_ptr + tok64[:, None] * {x}_stride")
+        parts = []  # (piece name, rows, row mask, accumulator, weight-row offsets, its mask)
+        for slot in chain.head_layout.slots:
+            for i, piece in enumerate(slot.names):
+                rows, rmask = self._weight_rows(chain, slot, second=i == 1)
+                width = f"{heads} * {slot.padded}"
+                acc, flat = self.fresh(f"acc_{piece}_"), self.fresh("wrow")
+                self.emit(f"{flat} = tl.reshape({rows}, [{width}]).to(tl.int64) * {depth}")
+                fmask = None
+                if rmask is not None:
+                    fmask = self.fresh("wmask")
+                    full = f"({rmask}) & ({rows} >= 0)"  # broadcast to the tile's shape
+                    self.emit(f"{fmask} = tl.reshape({full}, [{width}])")
+                self.emit(f"{acc} = tl.zeros([BLOCK_T, {width}], dtype=tl.float32)")
+                parts.append((piece, rows, rmask, acc, flat, fmask, slot.padded))
+        if mma:
+            # Each K step's product is added to the accumulator by an fp32 add (promoted, as
+            # DeepSeek-V3 does for its FP8 GEMMs): a tensor-core chain accumulating all of K
+            # left bf16-ULP errors on the H200. Its dot starts from a zero Triton cannot see
+            # as a constant, which would fold the add back into the dot.
+            self.emit("unfolded_zero = T.to(tl.float32) * 0.0")
+        if splits > 1:
+            per_split = -(-depth // splits)
+            span = -(-per_split // step) * step  # each range: whole steps
+            self.emit(f"ksplit = tl.program_id(2)  # K range [{span} * ksplit, + {span})")
+            self.emit(f"for k0 in range(ksplit * {span}, ksplit * {span} + {span}, {step}):")
+        else:
+            self.emit(f"for k0 in range(0, {depth}, {step}):")
+        self.indent += 1
+        self.emit(f"kk = k0 + tl.arange(0, {step})")
+        ragged = depth % step != 0 or (splits > 1 and depth % (splits * step) != 0)
+        kx = f" & (kk < {depth})[None, :]" if ragged else ""
+        self.emit(
+            f"xk = tl.load({xrow} + kk[None, :], mask=tmask[:, None]{kx}, other=0.0)"
+            + ("" if mma and not widen else ".to(tl.float32)")
+        )
+        for _, _, _, acc, flat, fmask, _ in parts:
+            wk = self.fresh("wk")
+            masks = [m for m in (f"{fmask}[None, :]" if fmask else None,
+                                 f"(kk < {depth})[:, None]" if ragged else None) if m]  # fmt: skip
+            m = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
+            self.emit(f"{wk} = tl.load({w} + {flat}[None, :] + kk[:, None]{m})")
+            if mma:
+                how = f', input_precision="{precision}"' if widen or is_fp32 else ""
+                operand = f"{wk}.to(tl.float32)" if widen else wk
+                zero = f"tl.zeros_like({acc}) + unfolded_zero"
+                self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
+            else:
+                self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
+        self.indent -= 1
+        if self.tiling.uses_workspace:
+            self._join_splits(product.weight, parts)
+        pieces = {}
+        bias = product.bias
+        for piece, rows, rmask, acc, _, _, padded in parts:
+            name = self.fresh(f"{prefix}_{piece}_")
+            # one head: a new axis, not a reshape (on the H200 a tl.reshape of tl.dot's
+            # accumulator gave values off by up to 2^-8 of the head, Triton 3.6)
+            value = (
+                f"{acc}[:, None, :]"
+                if heads == "1"
+                else f"tl.reshape({acc}, [BLOCK_T, {heads}, {padded}])"
+            )
+            if bias is not None:
+                m = f", mask={rmask}, other=0.0" if rmask else ""
+                value += f" + tl.load({self.arg_names[id(bias)]} + {rows}{m}).to(tl.float32)"
+            self.emit(f"{name} = {value}")
+            pieces[piece] = name
+        return pieces
+
+    def _join_splits(self, weight: Var, parts: list) -> None:
+        """Split-K: this program's partial sums to the workspace ``[split_k, tokens, N]``
+        (fp32, tokens padded to whole tiles), then an atomic count per (token tile, program
+        block); the program that counts last sums every range in order (the same sum whoever
+        is last) into the accumulators and runs the rest of the chain, under ``if``: the
+        chain body's indent stays one deeper until :meth:`_emit_chain_body` ends."""
+        width = int(weight.aval.shape[0])
+        splits = self.tiling.split_k
+        self.emit("padded_t = tl.cdiv(T, BLOCK_T) * BLOCK_T")
+        for _, _, _, acc, flat, fmask, _ in parts:
+            m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
+            cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+            at = f"ws_ptr + (ksplit * padded_t + tok64[:, None]) * {width} + {cols}"
+            self.emit(f"tl.store({at}, {acc}, mask={m})")
+        self.emit("tl.debug_barrier()  # every thread's partial sums stored before the count")
+        self.emit("count_at = count_ptr + (t0 // BLOCK_T) * tl.num_programs(1) + block")
+        self.emit('arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")')
+        self.emit(f"if arrived == {splits - 1}:  # the last range: sum them all, in order")
+        self.indent += 1
+        self.emit("tl.atomic_xchg(count_at, 0)  # the count ready for the next launch")
+        for _, _, _, acc, flat, fmask, _ in parts:
+            m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
+            cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+            self.emit(f"{acc} = tl.zeros_like({acc})")
+            # unrolled, so that every range's load is in flight at once; from L2 (.cg: this
+            # SM's L1 may hold no line of them, the acquire above orders them after the count)
+            self.emit(f"for part in tl.static_range({splits}):")
+            at = f"ws_ptr + (part * padded_t + tok64[:, None]) * {width} + {cols}"
+            self.emit(f'    {acc} += tl.load({at}, mask={m}, other=0.0, cache_modifier=".cg")')
+        self.split_depth += 1
