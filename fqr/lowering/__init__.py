@@ -31,11 +31,12 @@ import torch
 from ..core import TOKENS, Aval, Program, trace
 from . import ascend  # noqa: F401  (registers the ascend and ascend-interpret targets)
 from .bundle import note_kernel
-from .emit import EMITTER_VERSION, EmittedKernel, KernelBuilder, Tiling
+from .emit import EMITTER_VERSION, EmittedKernel, KernelBuilder
 from .kernel import Kernel
 from .loader import cache_key, load_kernel
 from .plan import KernelPlan, PlanError, plan_program
 from .targets import ACCELERATOR_TARGETS, TARGETS, Target, get_target
+from .tiling import Tiling
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _tiling_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def tiling_of(program: Program, target: str = "cuda", **options: Any) -> Tiling:
-    """The :class:`~fqr.lowering.emit.Tiling` the target profile picks for ``program``."""
+    """The :class:`~fqr.lowering.tiling.Tiling` the target profile picks for ``program``."""
     return get_target(target).tiling(plan_program(program), **_tiling_options(options))
 
 

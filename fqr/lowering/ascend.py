@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core import Role, lookup
-from .emit import Tiling, static_parts
+from .emit import static_parts
 from .plan import Chain, KernelPlan, next_pow2
 from .targets import Target, cdiv, register_target
+from .tiling import Tiling
 
 KIB = 1024
 DEFAULT_NUM_VECTORCORE = 40

@@ -10,10 +10,11 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .bundle import compile_ahead, launch_through_triton
-from .emit import Tiling, grid_programs
+from .emit import grid_programs
 from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
+from .tiling import Tiling
 
 
 @dataclass

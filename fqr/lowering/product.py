@@ -7,7 +7,7 @@ chain's source value when its packed row is ``x @ w.T (+ bias)`` (``Chain.produc
 GPT-J's even and odd features, the pass-through runs) the weight rows it multiplies, the dot
 products accumulated over K in fp32 (``tl.dot`` per K step added by an fp32 add, or a summed
 broadcast product), split-K's ranges joined through an fp32 workspace and an atomic count
-(:attr:`fqr.lowering.emit.Tiling.split_k`), the bias added. The chain's emit rules then run on
+(:attr:`fqr.lowering.tiling.Tiling.split_k`), the bias added. The chain's emit rules then run on
 those pieces as on loaded ones.
 """
 
@@ -20,9 +20,7 @@ import torch
 
 from ..core import Var
 from .plan import Chain, Layout, Slot
-
-if TYPE_CHECKING:
-    from .emit import Tiling
+from .tiling import Tiling
 
 
 class ProductEmission:

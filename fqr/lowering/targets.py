@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from ..core import lookup
-from .emit import Tiling
 from .plan import KernelPlan, next_pow2
+from .tiling import Tiling
 from .tuning import CHUNK_MODES, TILING_OPTIONS, TOKEN_BUCKETS, Variants, load_table
 
 
@@ -168,7 +168,7 @@ class CudaTarget(Target):
         least 16 tokens; "fma": any tile). A chain reduced over its whole row (OLMo2's norm)
         stays one program, chunked by ``tile_elems`` as other kernels are. ``product_operands``
         ("native" or "tf32") and ``split_k`` (K in ranges, the decode schedule): see
-        :class:`~fqr.lowering.emit.Tiling`."""
+        :class:`~fqr.lowering.tiling.Tiling`."""
         mode = options.get("chunk_mode", "grid")
         if mode != "grid":
             raise ValueError(
