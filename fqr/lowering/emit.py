@@ -27,7 +27,7 @@ import torch
 
 from ..core import TOKENS, ProgramPrinter, Reduction, Role, Var
 from .plan import Chain, KernelPlan, Layout, PlanError, Slot, next_pow2
-from .product import ProductEmission
+from .product import ProductEmission, head_offset
 from .tiling import Tiling
 
 TL_DTYPES = {
@@ -470,6 +470,16 @@ class KernelBuilder(ProductEmission):
             at = base if off == "0" else f"{base} + {byte_size} * {off}"
             self.emit(f"tl.store({at}{f' + {k}' if k else ''}, ({byte}).to(tl.uint8), mask={mask})")
 
+    def _source_slots(self, chain: Chain, mask: str, prefix: str) -> dict[str, str]:
+        """The chain's source value in the current head tile as pieces: loaded from its packed
+        row, or, for a product-sourced chain, computed (:meth:`_product_slots`)."""
+        if chain.product is not None:
+            return self._product_slots(chain, prefix)
+        return self._load_slots(
+            self._head_base(chain), mask, chain.head_layout, not chain.compute_free, prefix,
+            self.emit,
+        )  # fmt: skip
+
     # -------------------------------------------------------------- tile-scope values
     def _index(self, var: Var) -> str:
         """An INDEX input ``[T]`` (positions) as ``[BLOCK_T]`` (0 past the last token), read
@@ -712,14 +722,7 @@ class KernelBuilder(ProductEmission):
 
     # -------------------------------------------------------------- chain emission
     def _head_base(self, chain: Chain) -> str:
-        s = chain.section
-        if s.grouped:  # heads in groups (CodeGen's model-parallel shards): fqr.core.Section
-            g = s.group_heads
-            return (
-                f"(row{chain.index} + {s.offset} + (hh // {g}) * {s.group_stride}"
-                f" + (hh % {g}) * {s.head_stride})"
-            )
-        return f"(row{chain.index} + {s.offset} + hh * {s.head_stride})"
+        return f"(row{chain.index} + {chain.section.offset} + {head_offset(chain.section)})"
 
     def emit_static_block(self, chain: Chain, parts: list[tuple[int, int]]) -> None:
         """A chain (or part of it) as static power-of-two head chunks, unmasked."""

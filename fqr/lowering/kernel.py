@@ -71,7 +71,6 @@ class Kernel:
         # Split-K (``Tiling.split_k``): the K ranges along grid axis 2, an fp32 workspace per
         # launch and, per device, the counts of ranges done (reset by the last range: zero
         # between launches; two launches at once on two streams would share them).
-        self.grid_splits = self.tiling.split_k
         self._counts: dict[torch.device, torch.Tensor] = {}
         self._direct: Any = False  # not yet made (None: the installed triton has none)
 
@@ -182,8 +181,8 @@ class Kernel:
             self.target.grid(tokens, self._block_t, device, **self.options),
             self.grid_blocks,
         )
-        if self.grid_splits > 1:
-            grid = (*grid, self.grid_splits)
+        if self.tiling.split_k > 1:
+            grid = (*grid, self.tiling.split_k)
         if device.type == "meta" and hasattr(self.fn, "run"):
             # a Triton function and no values: compiled into the bundle being built, not run
             # (a stand-in fn without run, e.g. ascend_compile's recorder, takes the call)
@@ -207,7 +206,7 @@ class Kernel:
         assert product is not None, "a split-K kernel computes a product"
         width = int(product.weight.aval.shape[0])
         workspace = torch.empty(
-            self.grid_splits * tiles * self._block_t * width, dtype=torch.float32, device=device
+            self.tiling.split_k * tiles * self._block_t * width, dtype=torch.float32, device=device
         )
         counts = self._counts.get(device)
         if counts is None or counts.numel() < tiles * self.grid_blocks:

@@ -13,14 +13,22 @@ those pieces as on loaded ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..core import Var
-from .plan import Chain, Layout, Slot
+from ..core import Section, Var
+from .plan import Chain, Slot
 from .tiling import Tiling
+
+
+def head_offset(section: Section) -> str:
+    """Where head ``hh`` of ``section`` starts, past its offset, in a row of the packed
+    value (heads in groups, CodeGen's model-parallel shards: :class:`fqr.core.Section`)."""
+    if section.grouped:
+        g = section.group_heads
+        return f"(hh // {g}) * {section.group_stride} + (hh % {g}) * {section.head_stride}"
+    return f"hh * {section.head_stride}"
 
 
 class ProductEmission:
@@ -40,41 +48,14 @@ class ProductEmission:
         def fresh(self, prefix: str) -> str: ...
         def cols(self, padded: int) -> str: ...
         def var_name(self, var: Var) -> str: ...
-        def _head_base(self, chain: Chain) -> str: ...
-        def _load_slots(
-            self,
-            base: str,
-            mask: str | None,
-            layout: Layout,
-            cast: bool,
-            prefix: str,
-            emit: Callable[[str], None],
-            scalar_base: bool = False,
-            lead: str = "BLOCK_T",
-        ) -> dict[str, str]: ...
-
-    def _source_slots(self, chain: Chain, mask: str, prefix: str) -> dict[str, str]:
-        """The chain's source value in the current head tile as pieces: loaded from its packed
-        row, or, for a product-sourced chain, computed (:meth:`_product_slots`)."""
-        if chain.product is not None:
-            return self._product_slots(chain, prefix)
-        return self._load_slots(
-            self._head_base(chain), mask, chain.head_layout, not chain.compute_free, prefix,
-            self.emit,
-        )  # fmt: skip
 
     def _weight_rows(self, chain: Chain, slot: Slot, second: bool) -> tuple[str, str | None]:
         """(the rows of the weight ``[1, heads, padded]`` that a slot's piece (``second``: a
         pair slot's odd features) multiplies by, the mask of the rows that exist or None)."""
-        s = chain.section
-        if s.grouped:
-            g = s.group_heads
-            head = f"(hh // {g}) * {s.group_stride} + (hh % {g}) * {s.head_stride}"
-        else:
-            head = f"hh * {s.head_stride}"
         c = self.cols(slot.padded)
         feature = c if slot.kind == "contig" else f"2 * {c}{' + 1' if second else ''}"
-        rows = f"({s.offset + slot.start} + {head} + {feature})"
+        head = head_offset(chain.section)
+        rows = f"({chain.section.offset + slot.start} + {head} + {feature})"
         masks = [self.head_valid] if self.head_valid else []
         if slot.padded != slot.count:
             masks.append(f"({c} < {slot.count})")
@@ -182,24 +163,24 @@ class ProductEmission:
         width = int(weight.aval.shape[0])
         splits = self.tiling.split_k
         self.emit("padded_t = tl.cdiv(T, BLOCK_T) * BLOCK_T")
+        places = []  # per accumulator: (its tile's address in range ``{r}``, its mask)
         for _, _, _, acc, flat, fmask, _ in parts:
             m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
             cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
-            at = f"ws_ptr + (ksplit * padded_t + tok64[:, None]) * {width} + {cols}"
-            self.emit(f"tl.store({at}, {acc}, mask={m})")
+            at = f"ws_ptr + ({{r}} * padded_t + tok64[:, None]) * {width} + {cols}"
+            places.append((acc, at, m))
+            self.emit(f"tl.store({at.format(r='ksplit')}, {acc}, mask={m})")
         self.emit("tl.debug_barrier()  # every thread's partial sums stored before the count")
         self.emit("count_at = count_ptr + (t0 // BLOCK_T) * tl.num_programs(1) + block")
         self.emit('arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")')
         self.emit(f"if arrived == {splits - 1}:  # the last range: sum them all, in order")
         self.indent += 1
         self.emit("tl.atomic_xchg(count_at, 0)  # the count ready for the next launch")
-        for _, _, _, acc, flat, fmask, _ in parts:
-            m = f"tmask[:, None] & {fmask}[None, :]" if fmask else "tmask[:, None]"
-            cols = f"({flat} // {int(weight.aval.shape[1])})[None, :]"
+        for acc, at, m in places:
             self.emit(f"{acc} = tl.zeros_like({acc})")
             # unrolled, so that every range's load is in flight at once; from L2 (.cg: this
             # SM's L1 may hold no line of them, the acquire above orders them after the count)
             self.emit(f"for part in tl.static_range({splits}):")
-            at = f"ws_ptr + (part * padded_t + tok64[:, None]) * {width} + {cols}"
-            self.emit(f'    {acc} += tl.load({at}, mask={m}, other=0.0, cache_modifier=".cg")')
+            load = f'tl.load({at.format(r="part")}, mask={m}, other=0.0, cache_modifier=".cg")'
+            self.emit(f"    {acc} += {load}")
         self.split_depth += 1

@@ -116,9 +116,7 @@ class CudaTarget(Target):
         mode = options.get("chunk_mode", "unroll")
         if mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode must be loop, unroll or grid, got {mode!r}")
-        per_program = schedule_knob(options, "heads_per_program")
-        if per_program & (per_program - 1):
-            raise ValueError(f"heads_per_program must be a power of two, got {per_program}")
+        per_program = heads_per_program(options)
         if per_program and mode != "grid":
             raise ValueError(
                 f"heads_per_program (one program per group of heads) needs chunk_mode='grid', "
@@ -134,12 +132,7 @@ class CudaTarget(Target):
                 # its whole row stays one program, chunked by the budget below)
                 chunks.append(min(per_program, next_pow2(c.heads)))
                 continue
-            fit = max(1, budget // c.head_layout.padded_elems)
-            hc = c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1)
-            chunks.append(hc)
-        pair_access = options.get("pair_access", "reshape")
-        if pair_access not in ("split", "reshape"):
-            raise ValueError(f"pair_access must be split or reshape, got {pair_access!r}")
+            chunks.append(budget_chunk(c, budget))
         if options.get("pdl") and self.interpret:
             raise ValueError(
                 "pdl: programmatic dependent launch runs on a CUDA GPU (target cuda), not "
@@ -150,7 +143,7 @@ class CudaTarget(Target):
             head_chunks=tuple(chunks),
             bf16_rounding=self.bf16_rounding,
             chunk_mode=mode,
-            pair_access=pair_access,
+            pair_access=pair_access(options),
             grid_dependency=bool(options.get("pdl", False)),
             # off where no chain is grouped (MLA's single heads): the same kernel as without it
             heads_per_program=per_program
@@ -175,9 +168,7 @@ class CudaTarget(Target):
                 "a kernel with a product (the projected form) runs one program per group of "
                 f"heads: chunk_mode must be 'grid', got {mode!r}"
             )
-        per_program = schedule_knob(options, "heads_per_program") or 1
-        if per_program & (per_program - 1):
-            raise ValueError(f"heads_per_program must be a power of two, got {per_program}")
+        per_program = heads_per_program(options) or 1
         block_k = schedule_knob(options, "block_k") or 64
         dot = options.get("product_dot", "mma")
         if dot not in ("mma", "fma"):
@@ -200,8 +191,7 @@ class CudaTarget(Target):
         chunks = []
         for c in plan.chains:
             if c.row_reductions:
-                fit = max(1, budget // c.head_layout.padded_elems)
-                chunks.append(c.heads if next_pow2(c.heads) <= fit else 1 << (fit.bit_length() - 1))
+                chunks.append(budget_chunk(c, budget))
             else:
                 chunks.append(min(per_program, next_pow2(c.heads)))
         grouped = any(h < c.heads for h, c in zip(chunks, plan.chains) if not c.row_reductions)
@@ -210,7 +200,7 @@ class CudaTarget(Target):
             head_chunks=tuple(chunks),
             bf16_rounding=self.bf16_rounding,
             chunk_mode="grid",
-            pair_access=options.get("pair_access", "reshape"),
+            pair_access=pair_access(options),
             heads_per_program=per_program if grouped else 0,
             pipeline_stages=0,
             block_k=block_k,
@@ -313,6 +303,29 @@ class CudaTarget(Target):
 
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
 PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k")
+
+
+def heads_per_program(options: dict[str, Any]) -> int:
+    """The ``heads_per_program`` knob: 0 (off) or a power of two; ValueError otherwise."""
+    per_program = schedule_knob(options, "heads_per_program")
+    if per_program & (per_program - 1):
+        raise ValueError(f"heads_per_program must be a power of two, got {per_program}")
+    return per_program
+
+
+def pair_access(options: dict[str, Any]) -> str:
+    """How GPT-J pair tiles are read (:attr:`~fqr.lowering.tiling.Tiling.pair_access`)."""
+    access = options.get("pair_access", "reshape")
+    if access not in ("split", "reshape"):
+        raise ValueError(f"pair_access must be split or reshape, got {access!r}")
+    return access
+
+
+def budget_chunk(chain, budget: int) -> int:
+    """The heads of ``chain`` one chunk holds within ``budget`` fp32 values per token: all of
+    them where their padded count fits, else the largest power of two that does (at least 1)."""
+    fit = max(1, budget // chain.head_layout.padded_elems)
+    return chain.heads if next_pow2(chain.heads) <= fit else 1 << (fit.bit_length() - 1)
 
 
 def schedule_knob(options: dict[str, Any], name: str) -> int:
