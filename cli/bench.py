@@ -323,6 +323,7 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
 
     from fqr.bench.projection import PRESETS as PROJECTION_PRESETS
     from fqr.bench.projection import SCHEDULES, projection_cell
+    from fqr.bench.projection import table as projection_table
     from fqr.bench.timers import CudaTimers
 
     presets = _parse_presets(preset or list(PROJECTION_PRESETS))
@@ -372,18 +373,12 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
     else:
         from rich.table import Table
 
+        columns, cells = projection_table(rows)
         table = Table(title="QKV projection + prologue (device us, CUDA-graph replay)")
-        for column in ("preset", "TP", "T", "GEMM", "GEMM+op", *(f"fused[{n}]" for n in named),
-                       "fused/pair", "weights copy"):  # fmt: skip
+        for column in columns:
             table.add_column(column, justify="left" if column == "preset" else "right")
-        for r in rows:
-            fused = ["fail" if v is None else f"{v:.2f}" for v in r["fused_us"].values()]
-            ratio = r["fused_over_pair"]
-            table.add_row(
-                r["preset"], str(r["tp"]), str(r["tokens"]), f"{r['gemm_us']:.2f}",
-                f"{r['pair_us']:.2f}", *fused, "-" if ratio is None else f"{ratio:.2f}",
-                "-" if r["weights_us"] is None else f"{r['weights_us']:.2f}",
-            )  # fmt: skip
+        for row in cells:
+            table.add_row(*row)
         print_table(table)
     if not ok:
         raise typer.Exit(EXIT_FAILED)

@@ -32,7 +32,6 @@ from ..presets import get_preset
 from ..prologue import DECLARATIONS, variant_of
 from .floors import measure_copy_floor, rotating
 
-L2_BYTES = 50 * 2**20  # the H100 / H200 L2: weights sets add up to at least twice it
 MAX_POSITION = 4096
 PRESETS = ("qwen3-8b", "qwen3-32b", "llama3-8b", "qwen3-vl-8b")  # issue 40's four families
 # The schedules ``--projection`` compares by default (lowering options of the projected
@@ -107,8 +106,36 @@ def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat1
     return launched
 
 
-def _sets_for(weight_bytes: int) -> int:
-    return max(2, math.ceil(2 * L2_BYTES / weight_bytes))
+def _sets_for(weight_bytes: int, device: torch.device) -> int:
+    """Weight sets that add up to at least twice ``device``'s L2 (at least 2 sets)."""
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    return max(2, math.ceil(2 * l2_bytes / weight_bytes))
+
+
+def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The columns and cells of ``--projection``'s table (the CLI's and
+    ``scripts/projection_table.py``'s): per row its µs, a fused schedule's "-" outside its T
+    range and "fail" where its check failed, the best fused over the pair, the weights' copy,
+    each schedule's largest ULP against float64."""
+    names = list(rows[0]["fused_us"]) if rows else []
+    columns = ["preset", "TP", "T", "GEMM", "GEMM+op", *(f"fused[{n}]" for n in names),
+               "fused/pair", "weights copy", "max ULP"]  # fmt: skip
+
+    def us(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    cells = []
+    for r in rows:
+        checks = r["checks"]
+        fused = [
+            "fail" if name in checks and not checks[name]["passed"] else us(value)
+            for name, value in r["fused_us"].items()
+        ]
+        ulps = ",".join(f"{n}:{c['max_ulp']}" for n, c in checks.items())
+        cells.append([r["preset"], str(r["tp"]), str(r["tokens"]), us(r["gemm_us"]),
+                      us(r["pair_us"]), *fused, us(r["fused_over_pair"]), us(r["weights_us"]),
+                      ulps])  # fmt: skip
+    return columns, cells
 
 
 def projection_cell(
@@ -133,7 +160,7 @@ def projection_cell(
     )
     base = variant.declaration
     weight_bytes = width * hidden * dtype.itemsize
-    sets = _sets_for(weight_bytes)
+    sets = _sets_for(weight_bytes, device)
     xs = [
         torch.randn(tokens, hidden, generator=gen, device=device, dtype=dtype) for _ in range(sets)
     ]
