@@ -6,25 +6,13 @@ refuses it with, exit 2 and one line on stderr (nothing on stdout) for bad input
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from fqr_cli.app import main
+from support.cli import fqr_in_process as fqr
 
 from fqr.presets import Preset
 
 transformers = pytest.importorskip("transformers")
-
-
-def fqr(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["fqr", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_config(path, config) -> None:

@@ -4,21 +4,8 @@ variant preset with one line and exit 2 instead of running the wrong prologue.""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from fqr_cli.app import main
-
-
-def fqr(args, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["fqr", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
+from support.cli import fqr_in_process as fqr
 
 
 @pytest.mark.parametrize(
