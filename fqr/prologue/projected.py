@@ -22,9 +22,10 @@ not take (``inplace``, ``out=``, ``norm_stats``: they address a packed row a pro
 never materialises) stand at their defaults. Its ``numerics`` is ``"fused"`` only (the unfused
 modes round qkv as the model's unfused chain does: that is ``torch.matmul`` then the prologue).
 
-Where it runs: the fused GEMM-epilogue kernel (issue 40, item 2) is not built; the projected
-form runs on the reference backend (``fqr.core.eval_program``: fp32 product, then the
-prologue, rounded once), and any other backend is refused with one line before anything runs.
+Where it runs: the reference backend (``fqr.core.eval_program``: fp32 product, then the
+prologue, rounded once), and the interpret and triton backends as ONE generated kernel, the
+GEMM with the prologue as its epilogue (``fqr.lowering.product``); the Ascend targets refuse it
+with one line before anything runs (no cube-unit lowering yet).
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ def _doc(decl: Declaration, example: str) -> str:
     ``fqr.reference.project`` then ``{decl.reference.__name__}``; see :mod:`fqr.numerics`
     for the bound of the fp32 accumulation). The other arguments are ``{decl.name}``'s; its
     ``inplace``, ``out=`` and ``norm_stats`` are not taken, and ``numerics`` is "fused" only.
-    Runs on the reference backend (the fused GEMM-epilogue kernel is not built yet).
+    On the triton and interpret backends it is one kernel: the GEMM with the prologue as its
+    epilogue (split-K at T <= 16, 64-token tensor-core tiles after).
 
     {example}
     """
