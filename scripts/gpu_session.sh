@@ -55,11 +55,13 @@ bundle-build)
   ;;
 projection-build)
   # issue 40: the projected kernels fqr bench --projection times (fqr.bench.projection's
-  # presets x TP 1, 8 x SCHEDULES), compiled for the device into the tests-gpu bundle
+  # presets x TP 1, 8 x SCHEDULES, or the JSON object in $PROJ_SCHEDULES as `projection` takes
+  # it), compiled for the device into the tests-gpu bundle
   mkdir -p -m 700 "$BUNDLE"
   FQR_GPU_TEST_DEVICE=meta TRITON_INTERPRET=0 FQR_BUNDLE_BUILD_DIR=$BUNDLE FQR_CACHE_DIR=$(mktemp -d) \
     TAILN=5 step projection_build "${DEVICE_VENV:-.venv-device}/bin/python" -c 'import os; from fqr.lowering.bundle import BundleWriter; from fqr.bench.projection import build_ahead
-with BundleWriter(os.environ["FQR_BUNDLE_BUILD_DIR"]) as w: n = build_ahead()
+import json; named = os.environ.get("PROJ_SCHEDULES")
+with BundleWriter(os.environ["FQR_BUNDLE_BUILD_DIR"]) as w: n = build_ahead(schedules=json.loads(named) if named else None)
 print(n, "projected kernels launched on meta,", w.written, "compiled into the bundle")'
   tar -C "$(dirname "$BUNDLE")" -cJf "$BUNDLE.tar.xz" "$(basename "$BUNDLE")"
   echo "bundle: $(ls "$BUNDLE"/*.cubin 2>/dev/null | wc -l) kernels, $(du -h "$BUNDLE.tar.xz" | cut -f1) packed"
