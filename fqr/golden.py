@@ -168,7 +168,7 @@ def _table_rows_used(preset, positions: torch.Tensor, max_position: int):
 
 def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
     """Draw one case's inputs from its seed (:mod:`fqr.inputs`) and compute its expectations."""
-    if case.variant_name != SPLIT_QKV.name:
+    if case.variant_name != SPLIT_QKV.name or case.hidden is not None:
         return _variant_case_tensors(case)
     preset = get_preset(case.preset, case.tp)
     is_neox = preset.is_neox if case.is_neox is None else case.is_neox
@@ -274,12 +274,17 @@ def _case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict]:
-    """A case of any other variant: its inputs drawn by the variant, the RoPE rows its positions
-    use (none for an op without positions: a stand-alone cache insert), and the variant's
-    float64 expectation of each output (``expected_<output>``)."""
+    """A case of any other variant, or of a projected form (``case.hidden``): its inputs drawn
+    by the variant, the RoPE rows its positions use (none for an op without positions: a
+    stand-alone cache insert), and the variant's float64 expectation of each output
+    (``expected_<output>``)."""
     variant = get_variant(case.variant_name)
     preset = get_preset(case.preset, case.tp)
     variant.check(preset)
+    projected = None
+    if case.hidden is not None:
+        projected = {"hidden": case.hidden, "qkv_bias": case.qkv_bias}
+        variant = variant.projected_form(**projected)
     if case.row_pad:
         raise ValueError(f"case {case.name}: row_pad is a split-qkv case option")
     dtype = dtype_of(case.dtype)
@@ -331,8 +336,13 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
         "rope_theta": preset.rope_theta,
         "max_position": max_position,
         "positions_dtype": case.positions_dtype,
-        # the packed row's width: the op's first (token-indexed) argument
-        "row_stride": int(inputs[variant.declaration.tensor_params[0].name].shape[1]),
+        # the packed row's width: the op's first (token-indexed) argument, or the rows of a
+        # projected form's weight (the row the product makes)
+        "row_stride": int(
+            inputs["w_qkv"].shape[0]
+            if projected
+            else inputs[variant.declaration.tensor_params[0].name].shape[1]
+        ),
         "outputs": list(outputs),
         "tolerance_kinds": kinds,
         "tolerance": {
@@ -343,6 +353,8 @@ def _variant_case_tensors(case: CaseSpec) -> tuple[dict[str, torch.Tensor], dict
             for name, x in tensors.items()
         },
     }
+    if projected:
+        entry["projected"] = projected
     return tensors, entry
 
 
@@ -475,8 +487,12 @@ def entry_problem(entry) -> str | None:
     variant = entry.get("variant", SPLIT_QKV.name)
     if variant not in VARIANTS:
         return f"'variant' must be one of {', '.join(VARIANTS)}, got {variant!r:.40}"
+    problem = _projected_problem(entry, variant)
+    if problem is not None:
+        return problem
+    row_case = is_row_case(entry)
     outputs = ("q", "k", "v")
-    if variant != SPLIT_QKV.name:
+    if not row_case:
         try:
             outputs = VARIANTS[variant].outputs_of(get_preset(entry["preset"], entry["tp"]))
         except (KeyError, ValueError) as e:
@@ -507,7 +523,7 @@ def entry_problem(entry) -> str | None:
     if problem is not None:
         return problem
     width = row_width(entry)
-    if variant == SPLIT_QKV.name and entry["row_stride"] < width:
+    if row_case and entry["row_stride"] < width:
         return f"'row_stride' {entry['row_stride']} is smaller than the qkv width {width}"
     if entry["rotary_dim"] % 2 or entry["rotary_dim"] > entry["head_dim"]:
         return f"'rotary_dim' {entry['rotary_dim']} must be even and at most 'head_dim'"
@@ -518,7 +534,7 @@ def entry_problem(entry) -> str | None:
             f"'max_position' {entry['max_position']} is beyond {MAX_POSITION}, the longest "
             "context of fqr's presets (the case's RoPE table is built whole)"
         )
-    if variant == SPLIT_QKV.name and entry["row_stride"] > MAX_ROW_STRIDE_FACTOR * width:
+    if row_case and entry["row_stride"] > MAX_ROW_STRIDE_FACTOR * width:
         return (
             f"'row_stride' {entry['row_stride']} is more than {MAX_ROW_STRIDE_FACTOR}x the qkv "
             f"width {width}"
@@ -534,6 +550,40 @@ def entry_problem(entry) -> str | None:
             VARIANTS[variant].check(preset)
         except ValueError as e:
             return f"'variant': {e}"
+    return None
+
+
+def is_row_case(entry: dict) -> bool:
+    """Whether an entry is a split-qkv case of the packed row (a :class:`GoldenCase`, stored
+    as ``qkv`` and the norm's tensors); every other case (another variant, a projected form) is
+    a :class:`VariantCase` whose entry records its tensors."""
+    return entry.get("variant", SPLIT_QKV.name) == SPLIT_QKV.name and "projected" not in entry
+
+
+def _projected_problem(entry: dict, variant: str) -> str | None:
+    """Why an entry's optional "projected" field (a case of the variant's projected form:
+    ``{"hidden": K, "qkv_bias": bool}``) is unusable, or None."""
+    if "projected" not in entry:
+        return None
+    form = entry["projected"]
+    if not (
+        isinstance(form, dict)
+        and set(form) == {"hidden", "qkv_bias"}
+        and type(form["hidden"]) is int
+        and form["hidden"] >= 1
+        and isinstance(form["qkv_bias"], bool)
+    ):
+        return (
+            "'projected' must map exactly 'hidden' to an integer >= 1 and 'qkv_bias' to true or "
+            f"false, got {form!r:.60}"
+        )
+    if VARIANTS[variant].projected is None:
+        decl = VARIANTS[variant].declaration.name
+        return f"'projected': variant {variant}'s op {decl} has no projected form"
+    if entry["numerics"] != "fused":
+        return f"'numerics' of a projected case must be fused, got {entry['numerics']!r:.40}"
+    if "peer" in entry:
+        return "'peer' is a form of the packed-row op, not of a projected case"
     return None
 
 
@@ -894,12 +944,53 @@ def _variant_tensor_problem(entry: dict, t: dict) -> str | None:
     for name in entry["outputs"]:
         if f"expected_{name}" not in t:
             return f"no tensor 'expected_{name}'"
+    decl = _case_variant(entry).declaration
+    params = {p.name for p in decl.tensor_params}
+    for name in sorted(t):
+        if name not in params and not name.startswith("expected_") and name not in _TABLE:
+            return f"tensor {name!r} is not an argument of {decl.name}"
+    if "projected" in entry:
+        problem = _projection_problem(entry, t)
+        if problem is not None:
+            return problem
     if not _reads_positions(entry["variant"]):
         return None
     for name in ("positions", "cos_sin_index", "cos_sin_rows"):
         if name not in t:
             return f"no tensor {name!r}"
     return _table_problem(entry, t)
+
+
+def _projection_problem(entry: dict, t: dict) -> str | None:
+    """Why a projected case's ``x``, ``w_qkv`` and ``qkv_bias`` do not fit its entry's
+    ``projected`` field, dtype, token count and packed row width (``row_stride``), or None."""
+    form, n, dtype = entry["projected"], entry["row_stride"], dtype_of(entry["dtype"])
+    want = {"x": [entry["tokens"], form["hidden"]], "w_qkv": [n, form["hidden"]]}
+    if form["qkv_bias"]:
+        want["qkv_bias"] = [n]
+    elif "qkv_bias" in t:
+        return "tensor 'qkv_bias' in a case whose 'projected' says qkv_bias false"
+    for name, shape in want.items():
+        if name not in t:
+            return f"no tensor {name!r}"
+        x = t[name]
+        if list(x.shape) != shape or x.dtype != dtype:
+            return (
+                f"tensor {name!r} is {DTYPE_NAMES.get(x.dtype, x.dtype)} {list(x.shape)}, the "
+                f"entry's 'projected' implies {entry['dtype']} {shape}"
+            )
+    return None
+
+
+_TABLE = ("cos_sin_rows", "cos_sin_index")  # the stored RoPE rows (load_case builds the table)
+
+
+def _case_variant(entry: dict):
+    """The variant an entry runs: its ``variant``, or that variant's projected form (the
+    entry's ``projected``)."""
+    variant = get_variant(entry["variant"])
+    form = entry.get("projected")
+    return variant if form is None else variant.projected_form(**form)
 
 
 @dataclass
@@ -923,7 +1014,8 @@ class VariantCase:
 
     @property
     def variant(self):
-        return get_variant(self.entry["variant"])
+        """The entry's variant, or its projected form (the entry's ``projected``)."""
+        return _case_variant(self.entry)
 
     def to(self, device) -> VariantCase:
         """The inputs on ``device`` (expectations stay on the CPU)."""
@@ -1002,20 +1094,16 @@ def load_case(
     except SafetensorError as e:
         raise GoldenCorrupt(f"{path}: not a safetensors file ({e})") from None
     variant = entry.get("variant", SPLIT_QKV.name)
-    check = _tensor_problem if variant == SPLIT_QKV.name else _variant_tensor_problem
+    check = _tensor_problem if is_row_case(entry) else _variant_tensor_problem
     problem = check(entry, t)
     if problem is not None:
         raise GoldenCorrupt(f"{path}: {problem}")
-    if variant != SPLIT_QKV.name:
+    if not is_row_case(entry):
         table = None
         if _reads_positions(variant):
             table = _sparse_table(t["cos_sin_rows"], t["cos_sin_index"], entry["max_position"])
         expected = {name: t[f"expected_{name}"] for name in entry["outputs"]}
-        inputs = {
-            k: x
-            for k, x in t.items()
-            if not k.startswith("expected_") and k not in ("cos_sin_rows", "cos_sin_index")
-        }
+        inputs = {k: x for k, x in t.items() if not k.startswith("expected_") and k not in _TABLE}
         return VariantCase(entry, inputs, table, expected)
     qkv = t["qkv"]
     buffer = torch.full((qkv.shape[0], entry["row_stride"]), float("nan"), dtype=qkv.dtype)

@@ -12,6 +12,9 @@ the same tensors, whichever of them a caller asks for):
    or ``0.2 N(0, 1)`` for Gemma-style ``(1 + w)`` weights stored as ``w``), biases
    ``0.05 N(0, 1)``.
 
+A projected call (:mod:`fqr.prologue.projected`) takes the hidden states and the projection
+in place of ``qkv``: :func:`random_projection` draws them after the rest of its inputs.
+
 The angle table is the model's real one (:meth:`fqr.presets.Preset.cos_sin_cache`), never
 random.
 """
@@ -81,6 +84,35 @@ def random_qkv(
     scale = 0.5 + 2.5 * torch.rand(heads, generator=generator, dtype=F64, device=device)
     qkv = torch.randn(tokens, heads, spec.head_dim, generator=generator, dtype=F64, device=device)
     return (qkv * scale[:, None]).reshape(tokens, spec.qkv_width).to(dtype)
+
+
+# The projection bias's spread (Qwen2's and GPT-NeoX's qkv biases are of the products' order).
+PROJECTION_BIAS_STD = 0.5
+
+
+def random_projection(
+    tokens: int,
+    hidden: int,
+    width: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    bias: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``{"x", "w_qkv"}`` (and ``"qkv_bias"`` with ``bias``) of a projected call, in ``dtype``:
+    ``x [tokens, hidden] ~ N(0, 1)``, each row ``n`` of ``w_qkv [width, hidden]`` scaled as
+    :func:`random_qkv` scales a head (``s_n ~ U(0.5, 3)``) over ``sqrt(hidden)``, so the packed
+    row ``x @ w_qkv.T`` has the magnitudes of a drawn ``qkv``; the bias
+    ``PROJECTION_BIAS_STD N(0, 1)``."""
+    device = generator.device
+    x = torch.randn(tokens, hidden, generator=generator, dtype=F64, device=device)
+    scale = 0.5 + 2.5 * torch.rand(width, generator=generator, dtype=F64, device=device)
+    w = torch.randn(width, hidden, generator=generator, dtype=F64, device=device)
+    drawn = {"x": x.to(dtype), "w_qkv": (w * (scale / hidden**0.5)[:, None]).to(dtype)}
+    if bias:
+        b = torch.randn(width, generator=generator, dtype=F64, device=device)
+        drawn["qkv_bias"] = (PROJECTION_BIAS_STD * b).to(dtype)
+    return drawn
 
 
 def random_positions(

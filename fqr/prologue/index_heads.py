@@ -226,6 +226,8 @@ INDEX_HEADS = register_variant(
             CaseSpec("minimax-m3", "bf16", 7, tp=8),
             CaseSpec("minimax-m3", "bf16", 1, "unfused", tp=4),
             CaseSpec("minimax-m3-fp8", "bf16", 7, tp=8),
+            # the projected form (a shorter table: 2^20 rows whole at each load)
+            CaseSpec("minimax-m3", "bf16", 7, tp=16, max_position=1 << 16, hidden=80),
         ),
     )
 )

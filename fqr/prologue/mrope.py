@@ -285,11 +285,13 @@ CASES = (
     CaseSpec("qwen3-vl-8b", "bf16", 7),
     CaseSpec("qwen3-vl-8b", "fp16", 5, "unfused", tp=2),
     CaseSpec("qwen3-vl-8b", "bf16", 3, tp=8, bias=True, positions_dtype="int32"),
+    CaseSpec("qwen3-vl-8b", "bf16", 7, tp=16, hidden=200, qkv_bias=True),  # projected form
 )
 GATED_CASES = (
     CaseSpec("qwen3.5-27b", "bf16", 7),
     CaseSpec("qwen3.5-27b", "fp16", 7, tp=8, bias=True),
     CaseSpec("qwen3.5-27b", "fp32", 1, "unfused"),
+    CaseSpec("qwen3.5-27b", "bf16", 3, tp=8, hidden=80),  # projected form
 )
 MROPE = _mrope_variant("mrope", gated=False)
 MROPE_GATE = _mrope_variant("mrope-gate", gated=True)

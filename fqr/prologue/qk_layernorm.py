@@ -221,6 +221,7 @@ QK_LAYERNORM = register_variant(
             CaseSpec("persimmon-8b", "bf16", 3, "unfused", tp=16),
             CaseSpec("chameleon-7b", "bf16", 3, tp=8),
             CaseSpec("chameleon-7b", "fp16", 3, "unfused", tp=8),
+            CaseSpec("chameleon-7b", "fp16", 3, tp=16, hidden=200, qkv_bias=True),  # projected
         ),
     )
 )

@@ -48,6 +48,8 @@ QKV_LAYOUT = register_variant(
             CaseSpec("pythia-6.9b", "fp16", 3, "unfused", tp=8),
             CaseSpec("codegen-2b", "bf16", 3, tp=2),
             CaseSpec("codegen-2b", "fp32", 2, tp=4),
+            # the projected form, with GPT-NeoX's qkv bias
+            CaseSpec("pythia-6.9b", "bf16", 5, tp=16, hidden=80, qkv_bias=True),
         ),
     )
 )

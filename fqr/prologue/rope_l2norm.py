@@ -220,6 +220,7 @@ ROPE_L2NORM = register_variant(
                 max_position=POS_2_18,
                 positions_dtype="int32",
             ),
+            CaseSpec("llama4-scout", "bf16", 7, tp=8, max_position=POS_2_18, hidden=80),
         ),
     )
 )
@@ -236,6 +237,8 @@ NOPE_TEMPERATURE = register_variant(
         golden=(
             CaseSpec("llama4-scout-nope", "bf16", 7, tp=8, max_position=POS_2_18),
             CaseSpec("llama4-scout-nope", "fp32", 1, tp=4, max_position=POS_2_18),
+            # projected: k is the product rounded once, not a copy
+            CaseSpec("llama4-scout-nope", "fp32", 3, tp=8, max_position=POS_2_18, hidden=80),
         ),
     )
 )

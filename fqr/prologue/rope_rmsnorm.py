@@ -116,6 +116,7 @@ ROPE_RMSNORM = register_variant(
         golden=(
             CaseSpec("hunyuan-a13b", "bf16", 5, tp=8),
             CaseSpec("hunyuan-a13b", "fp16", 3, "unfused", tp=8),
+            CaseSpec("hunyuan-a13b", "bf16", 5, tp=16, hidden=200),  # projected form
         ),
     )
 )

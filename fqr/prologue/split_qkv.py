@@ -542,6 +542,19 @@ PEER_CASES: tuple[CaseSpec, ...] = (
     # partial rotary and GPT-J pairs written in place
     CaseSpec("glm4-9b", "bf16", 1, "unfused", tp=8, peer="inplace"),
 )
+# The projected form (split_qkv_rmsnorm_rope_proj, CaseSpec.hidden: x's features K): one
+# kernel from the hidden states, small (K <= 256, the few heads of a wide TP view), fused only;
+# the projection's bias, K not a power of two, NeoX and GPT-J, partial rotary (glm4), norm bias,
+# (1 + w) (gemma3), full-width norm (olmo2), no norm (llama3), bf16/fp16/fp32.
+PROJECTED_CASES: tuple[CaseSpec, ...] = (
+    CaseSpec("qwen3-0.6b", "bf16", 7, tp=16, hidden=200, qkv_bias=True),
+    CaseSpec("qwen3-8b", "fp16", 1, tp=16, hidden=80),
+    CaseSpec("qwen3-32b", "bf16", 5, tp=16, bias=True, is_neox=False, hidden=96),
+    CaseSpec("gemma3-1b", "fp32", 3, tp=4, hidden=80),
+    CaseSpec("olmo2-7b", "bf16", 5, tp=16, hidden=128),
+    CaseSpec("llama3-8b", "bf16", 7, tp=16, max_position=POS_2_18, hidden=256),
+    CaseSpec("glm4-9b", "fp16", 3, tp=16, hidden=200, qkv_bias=True),
+)
 
 
 # ------------------------------------------------------------------------- the variant
@@ -566,6 +579,6 @@ SPLIT_QKV = register_variant(
         eager_chain=row_chain(vllm_prologue),
         has_bias=True,
         sharded_stats=_sharded_stats,
-        golden=CASES + PEER_CASES,
+        golden=CASES + PEER_CASES + PROJECTED_CASES,
     )
 )

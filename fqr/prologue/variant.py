@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..core import TOKENS, Program, lookup
-from ..inputs import random_norm_inputs, random_row
+from ..inputs import random_norm_inputs, random_projection, random_row
 from ..presets import Preset, get_preset
-from .declare import Cache, Declaration, torch_op_params
+from .declare import DECLARATIONS, Cache, Declaration, torch_op_params
+from .projected import SUFFIX
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class CaseSpec:
     the variations it exercises. ``is_neox=None`` keeps the preset's RoPE style;
     ``max_position=None`` the preset's table length; ``row_pad`` extra (NaN) elements per qkv
     row (row stride > width); ``peer`` a layout or form of the split op (:data:`fqr.golden.
-    PEER_FORMS`). The case runs its preset's variant."""
+    PEER_FORMS`). The case runs its preset's variant; with ``hidden``, that variant's projected
+    form (:meth:`Variant.projected_form`: ``x`` of ``hidden`` features and the packed weight in
+    place of ``qkv``, ``qkv_bias`` with the projection's bias)."""
 
     preset: str
     dtype: str
@@ -54,6 +57,12 @@ class CaseSpec:
     positions_dtype: str = "int64"
     row_pad: int = 0
     peer: str | None = None
+    hidden: int | None = None
+    qkv_bias: bool = False
+
+    def __post_init__(self):
+        if self.qkv_bias and self.hidden is None:
+            raise ValueError("CaseSpec: qkv_bias is an option of a projected case (hidden)")
 
     @property
     def variant_name(self) -> str:
@@ -79,6 +88,10 @@ class CaseSpec:
             parts.append("strided")
         if self.peer:
             parts.append(self.peer)
+        if self.hidden is not None:
+            parts.append(f"proj{self.hidden}")
+        if self.qkv_bias:
+            parts.append("qkvbias")
         return "-".join(parts)
 
     @property
@@ -119,6 +132,40 @@ class Variant:
     projection_in: Callable[[Preset], int] | None = None
 
     # -------------------------------------------------------------- what it is
+    @property
+    def projected(self) -> Declaration | None:
+        """The projected form of the variant's op (:mod:`.projected`: ``<op>_proj``), or None
+        where it has none."""
+        return DECLARATIONS.get(self.declaration.name + SUFFIX)
+
+    def projected_form(self, hidden: int, qkv_bias: bool = False) -> Variant:
+        """This variant run by its op's projected form: the same presets, static arguments and
+        other inputs; ``x [T, hidden]``, ``w_qkv`` and (with ``qkv_bias``) the projection's
+        bias drawn in place of ``qkv`` (:func:`fqr.inputs.random_projection`, after the rest);
+        every output held to the contract (none is a copy of a stored row: v is the product,
+        rounded once). Not registered: presets name the variant, a case its form."""
+        decl = self.projected
+        if decl is None:
+            raise ValueError(
+                f"variant {self.name!r}: {self.declaration.name} has no projected form"
+            )
+        base = self
+
+        def draw_inputs(variant, preset, tokens, dtype, generator, **options):
+            drawn = base.draw_inputs(base, preset, tokens, dtype, generator, **options)
+            width = drawn.pop("qkv").shape[1]
+            x = random_projection(tokens, hidden, width, dtype, generator, bias=qkv_bias)
+            return x | drawn
+
+        return replace(
+            self,
+            declaration=decl,
+            draw_inputs=draw_inputs,
+            copies_too=frozenset(),
+            sharded_stats=None,
+            golden=(),
+        )
+
     def outputs_of(self, preset: Preset | None = None) -> tuple[str, ...]:
         """The outputs a call of this variant (for ``preset``, where the preset decides: MLA
         without ``q_lora_rank`` has no ``q_c``) has, in order."""

@@ -118,6 +118,9 @@ VNORM = register_variant(
             CaseSpec("gemma4-31b-sliding", "bf16", 5, "unfused-hf", tp=8),
             CaseSpec("gemma4-31b-full", "bf16", 7, tp=8, max_position=1 << 18),
             CaseSpec("gemma4-31b-full", "bf16", 1, "unfused", tp=8),
+            # the projected form: v normalised from the unrounded product, head_dim 512 (a
+            # shorter table: the whole one is 512 MB of fp32 to rebuild at each load)
+            CaseSpec("gemma4-31b-full", "fp16", 1, tp=16, max_position=1 << 15, hidden=64),
         ),
     )
 )
