@@ -21,6 +21,7 @@ from .core import Aval, Program, TraceError, eval_program, spec, trace
 from .logger import configure_from_env
 from .lowering.bundle import KernelBundleError, use_kernel_bundle
 from .presets import PRESETS, Preset, get_preset
+from .projection import proj_dispatch
 from .prologue import DECLARATIONS, NormStats, attention_prologue, minimax_qknorm_rope_cache
 from .rope_cache import rope_cos_sin_cache
 
@@ -34,6 +35,7 @@ __all__ = [  # noqa: F822  (the declared ops are set above)
     "__version__",
     "attention_prologue",
     "minimax_qknorm_rope_cache",
+    "proj_dispatch",
     "NormStats",
     "ops",
     "presets",

@@ -286,6 +286,7 @@ RUN_ON_META = {
     "NormStats": "preset_call: the full-width-norm presets under TP",
     "minimax_qknorm_rope_cache": "test_vllm_ascend_minimax_runners_on_meta",
     "rope_cos_sin_cache": "test_a_table_is_built_on_the_rows_device",
+    "proj_dispatch": "tests/backends/test_proj_dispatch.py::test_runs_on_meta (the pair)",
     # the compiled kernels take meta tensors in the kernel-bundle build (tests/gpu on meta)
     "lower": "the kernel-bundle build",
     "jit": "the kernel-bundle build",
