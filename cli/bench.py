@@ -209,6 +209,14 @@ def bench(
             "fqr.bench.projection.SCHEDULES)",
         ),
     ] = None,
+    write_dispatch: Annotated[
+        Path | None,
+        typer.Option(
+            help="--projection: also write the projection dispatch table (fqr.projection) "
+            "here: per shape and token bucket the fused kernel or GEMM + op, whichever this run "
+            "measured faster (the shipped table's entries for shapes not measured are kept)",
+        ),
+    ] = None,
     check_rows: Annotated[
         int, typer.Option(help="rows checked against float64 before timing (0 = all)")
     ] = 1024,
@@ -249,7 +257,9 @@ def bench(
         _check_ms("--rep-ms", rep_ms)
         _check_ms("--warmup-ms", warmup_ms)
     if projection:
-        _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out)
+        _projection(
+            preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out, write_dispatch
+        )
         return
     if copy_probe:
         _copy_probe(preset, tokens, rep_ms, warmup_ms, json_out, save)
@@ -317,8 +327,11 @@ def _cold_start(preset, tokens, bundle: Path | None, json_out: bool) -> None:
     print_table(table)
 
 
-def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out):
-    """``--projection``: one row per (preset, TP, T, dtype) (:mod:`fqr.bench.projection`)."""
+def _projection(
+    preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, json_out, write_dispatch
+):
+    """``--projection``: one row per (preset, TP, T, dtype) (:mod:`fqr.bench.projection`);
+    ``write_dispatch``: the dispatch table from those rows written there."""
     import torch
 
     from fqr.bench.projection import PRESETS as PROJECTION_PRESETS
@@ -337,6 +350,15 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
         raise UsageError(f"--schedules: not JSON ({e.msg})") from None
     if not isinstance(named, dict) or not all(isinstance(v, dict) for v in named.values()):
         raise UsageError("--schedules must be a JSON object of name -> lowering options")
+    if write_dispatch is not None:
+        if "default" not in named:
+            raise UsageError(
+                "--write-dispatch needs the 'default' schedule in --schedules (the public op: "
+                "what the dispatch runs)"
+            )
+        if not write_dispatch.parent.is_dir():
+            raise UsageError(f"--write-dispatch: no such directory {write_dispatch.parent}")
+        _check_outputs(write_dispatch=write_dispatch)
     dtypes = parse_dtypes(dtype) if dtype else [torch.bfloat16]
     for p in presets:
         for t in sizes:
@@ -367,6 +389,8 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
                         highlight=False,
                     )
     ok = all(c["passed"] for r in rows for c in r["checks"].values())
+    if write_dispatch is not None:
+        _write_dispatch(write_dispatch, rows, counts)
     if json_out:
         doc = {"schema": schema("bench.projection"), "ok": ok, "rows": rows}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
@@ -384,6 +408,34 @@ def _projection(preset, tokens, dtype, tp, schedules, rep_ms, warmup_ms, seed, j
         raise typer.Exit(EXIT_FAILED)
 
 
+def _write_dispatch(path: Path, rows: list[dict], counts: list[int]) -> None:
+    """The projection dispatch table from ``--projection``'s rows (:mod:`fqr.projection`),
+    the shipped table's entries for keys not measured kept, written to ``path``."""
+    import datetime
+
+    import torch
+
+    from fqr import __version__, projection
+    from fqr.bench.projection import dispatch_table
+
+    device = projection.device_name(torch.device("cuda", torch.cuda.current_device()))
+    presets = sorted({f"{r['preset']} TP{r['tp']}" for r in rows})
+    source = (
+        f"fqr bench --projection --write-dispatch on {device}, fqr {__version__}, "
+        f"{datetime.date.today().isoformat()}: {', '.join(presets)} at T = "
+        f"{', '.join(map(str, counts))} (device us of CUDA-graph replays; fused = the public "
+        "op's own schedule, 'default')"
+    )
+    doc = dispatch_table(rows, device, source=source, kept=projection.load_table())
+    write_file(path, projection.table_text(doc))
+    fused = sum(c == "fused" for e in doc["entries"] for c in e["choice"])
+    err.print(
+        f"dispatch table written to {escape(str(path))}: {len(doc['entries'])} entries, "
+        f"{fused} bucket(s) pick the fused kernel",
+        highlight=False,
+    )
+
+
 # What each mode of ``fqr bench`` takes (parameter names; the JSON switch in all of them): any
 # other option given on the command line is refused, naming it, so that nothing the user asked
 # for is silently ignored.
@@ -397,7 +449,7 @@ MODE_TAKES = {
     "copy_probe": {"copy_probe", "preset", "tokens", "rep_ms", "warmup_ms", "json_out", "save"},
     "projection": {
         "projection", "preset", "tokens", "dtype", "tp", "schedules", "rep_ms", "warmup_ms",
-        "seed", "json_out",
+        "seed", "json_out", "write_dispatch",
     },
 }  # fmt: skip
 MODE_WORDS = {

@@ -14,6 +14,11 @@ stream from HBM as in a real layer):
 ``weights_us``  the fastest same-size copy of the weight's bytes
                 (:func:`.floors.measure_copy_floor`): what reading the weights once costs.
 
+``dispatch_table(rows, device)`` turns the rows into a projection dispatch table
+(:mod:`fqr.projection`: per bucket the fused kernel or the pair, whichever the row measured
+faster; ``fqr bench --projection --write-dispatch PATH``). It reads the ``default`` schedule:
+the public op's own, what the dispatch runs.
+
 Before it is timed, each fused schedule's outputs (first input set) are checked against the
 float64 composition (``fqr.reference.project``, then the prologue's reference), on the device,
 under the fused contract widened by the fp32 accumulation's bound (:func:`fqr.numerics.compare`
@@ -136,6 +141,60 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                       us(r["pair_us"]), *fused, us(r["fused_over_pair"]), us(r["weights_us"]),
                       ulps])  # fmt: skip
     return columns, cells
+
+
+def preset_key(preset_name: str, tp: int, dtype: torch.dtype, device: str):
+    """The dispatch table key (:class:`fqr.projection.Key`) of a preset's projected call at
+    ``tp``, on the device named ``device``, without a projection bias (as the bench times it)."""
+    from dataclasses import replace
+
+    from ..projection import key_of
+
+    meta = torch.device("meta")
+    proj, rest, hidden, width, *_ = projected_call(preset_name, tp, 1, dtype, meta)
+    x = torch.empty(1, hidden, dtype=dtype, device=meta)
+    w = torch.empty(width, hidden, dtype=dtype, device=meta)
+    call = proj.bound(proj.bind((), dict(rest, x=x, w_qkv=w)))
+    return replace(key_of(proj, call), device=device)
+
+
+def dispatch_table(rows: list[dict], device: str, *, source: str, kept: dict | None = None) -> dict:
+    """A projection dispatch table (:mod:`fqr.projection`) from ``--projection`` rows measured
+    on the device named ``device``: per (preset, TP, dtype) one entry, its ``measured`` the
+    rows' ``[T, pair_us, fused_us["default"]]`` (null where that check failed), its choices
+    derived from them. ``kept`` (``{key: entry}``, e.g. the shipped table's): entries for keys
+    these rows do not measure, kept as they are, after the new ones. ``ValueError`` when a row
+    lacks the ``default`` schedule (the public op, what the dispatch runs)."""
+    from ..projection import entry_doc, table_doc
+
+    def worse(a, b) -> bool:  # a (pair, fused) cell slower for the fused kernel than b
+        return a[1] is None or (b[1] is not None and a[1] / a[0] > b[1] / b[0])
+
+    models: dict = {}
+    measured: dict = {}
+    for r in rows:
+        if "default" not in r["fused_us"]:
+            raise ValueError(
+                "a dispatch table needs the 'default' schedule (the public op, what the "
+                f"dispatch runs); {r['preset']} TP{r['tp']} T={r['tokens']} has "
+                f"{', '.join(r['fused_us']) or 'none'}"
+            )
+        key = preset_key(r["preset"], r["tp"], getattr(torch, r["dtype"]), device)
+        names = models.setdefault(key, [])
+        if f"{r['preset']} TP{r['tp']}" not in names:
+            names.append(f"{r['preset']} TP{r['tp']}")
+        cell = (r["pair_us"], r["fused_us"]["default"])
+        cells = measured.setdefault(key, {})
+        # two presets of one key at one T: the one less favourable to the fused kernel
+        if r["tokens"] not in cells or worse(cell, cells[r["tokens"]]):
+            cells[r["tokens"]] = cell
+    entries = [
+        entry_doc(k, [(t, *c) for t, c in cells.items()], model=" + ".join(models[k]),
+                  source=source)
+        for k, cells in measured.items()
+    ]  # fmt: skip
+    entries += [e.doc for k, e in (kept or {}).items() if k not in measured]
+    return table_doc(entries, source=source)
 
 
 def projection_cell(

@@ -214,6 +214,7 @@ BENCH_IGNORED = [
     ("--projection", "--save", "s.json"),
     ("--projection", "--numerics", "unfused"),
     ("--projection", "--pdl", None),
+    ("--copy-probe", "--write-dispatch", "d.json"),  # the dispatch table is --projection's
 ]
 MODE_WORDS = {
     "--cold-start": "--cold-start measures",
@@ -246,6 +247,7 @@ for _args, _needle in [
     (["--projection", "--tp", "0"], "--tp: tensor-parallel sizes must be >= 1"),
     (["--projection", "--schedules", "[1]"], "--schedules must be a JSON object of name"),
     (["--projection", "--schedules", "{"], "--schedules: not JSON"),
+    (["--projection", "--write-dispatch", "/no/such/dir/d.json"], "--write-dispatch: no such"),
 ]:
     MISUSE.append((f"bench {' '.join(_args)}", lambda d, a=_args: ["bench", *a], _needle))
 
