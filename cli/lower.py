@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -143,18 +144,31 @@ def lower(
 
 
 def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
-    """``--target ascend --check``: one row per (preset, TP); exit 1 when a stage fails."""
+    """``--target ascend --check``: one row per (preset, TP), and one per (preset, TP) for the
+    projected form of the preset's op where it has one (fused numerics: its only mode); exit 1
+    when a stage fails."""
     from rich.table import Table
 
     from fqr.lowering.ascend_compile import NEEDS_CANN
-    from fqr.tools.ascend_check import check_preset, preset_tp_pairs, require_triton_ascend
+    from fqr.tools.ascend_check import (
+        check_preset,
+        check_projected,
+        preset_tp_pairs,
+        projected_declaration,
+        require_triton_ascend,
+    )
 
     require_triton_ascend()
+    cube = {k: v for k, v in options.items() if k != "num_vectorcore"}  # AI cores: its grid
     results = []
     for name, size in preset_tp_pairs(preset, tp):
-        r = check_preset(name, size, dtype, numerics=numerics, bias=bias, **options)
-        err.print(f"{r.label}: {r.report.summary}", highlight=False, markup=False)
-        results.append(r)
+        checks = [partial(check_preset, numerics=numerics, bias=bias, **options)]
+        if numerics == "fused" and projected_declaration(name, size) is not None:
+            checks.append(partial(check_projected, bias=bias, **cube))
+        for check in checks:
+            r = check(name, size, dtype)
+            err.print(f"{r.label}: {r.report.summary}", highlight=False, markup=False)
+            results.append(r)
     failed = [r for r in results if not r.report.passed]
     if json_out:
         doc = {

@@ -87,12 +87,18 @@ def chunk_blocks(plan: KernelPlan, tiling: Tiling) -> list[Block]:
     return blocks
 
 
-def grid_programs(plan: KernelPlan, tiling: Tiling) -> int:
-    """The programs along grid axis 1 (per token tile): one per chunk block in ``grid`` mode
-    (a block of head groups, one per group), else 1."""
+def block_count(plan: KernelPlan, tiling: Tiling) -> int:
+    """The program blocks per token tile: one per chunk block in ``grid`` mode (a block of
+    head groups, one per group), else 1."""
     if tiling.chunk_mode != "grid":
         return 1
     return sum(b.groups for b in chunk_blocks(plan, tiling))
+
+
+def grid_programs(plan: KernelPlan, tiling: Tiling) -> int:
+    """The programs along grid axis 1 (per token tile): :func:`block_count`, or 1 where the
+    persistent loop walks the blocks (:attr:`Tiling.persistent_blocks`)."""
+    return 1 if tiling.persistent_blocks else block_count(plan, tiling)
 
 
 ROUND_TO_BF16 = {
@@ -889,13 +895,21 @@ class KernelBuilder(ProductEmission):
     # -------------------------------------------------------------- whole kernel
     def _token_loop(self) -> str:
         """The persistent loop over this program's token tiles (pipelined with
-        :attr:`Tiling.pipeline_stages`)."""
+        :attr:`Tiling.pipeline_stages`), or over its (token tile, block) work items
+        (:attr:`Tiling.persistent_blocks`)."""
+        if self.tiling.persistent_blocks:
+            blocks = block_count(self.plan, self.tiling)
+            return f"for work in range(pid, tl.cdiv(T, BLOCK_T) * {blocks}, nprog):"
         stages = self.tiling.pipeline_stages
         if stages:
             return f"for t0 in tl.range(pid * BLOCK_T, T, nprog * BLOCK_T, num_stages={stages}):"
         return "for t0 in range(pid * BLOCK_T, T, nprog * BLOCK_T):"
 
     def _token_lines(self) -> None:
+        if self.tiling.persistent_blocks:
+            blocks = block_count(self.plan, self.tiling)
+            self.emit(f"t0 = (work // {blocks}) * BLOCK_T")
+            self.emit(f"block = work % {blocks}")
         self.emit("tok = t0 + tt")
         self.emit("tmask = tok < T")
         self.emit("tok64 = tok.to(tl.int64)")
@@ -906,13 +920,19 @@ class KernelBuilder(ProductEmission):
         # Triton pipelines the loads of a loop's body, not those under a branch in it: a grid
         # kernel with a pipelined loop runs the loop inside each block's branch instead.
         loop_inside = mode == "grid" and bool(self.tiling.pipeline_stages)
+        if self.tiling.persistent_blocks and (mode != "grid" or loop_inside):
+            raise PlanError(
+                "persistent_blocks walks grid mode's blocks in the token loop: it needs "
+                "chunk_mode 'grid' and no pipeline_stages"
+            )
         if loop_inside:
             self.indent = 1
         else:
             self._token_lines()
         if mode == "grid":
             # One program per (token tiles, block): each block loads what it needs itself.
-            self.emit_pre("block = tl.program_id(1)")
+            if not self.tiling.persistent_blocks:
+                self.emit_pre("block = tl.program_id(1)")
             first = 0
             for i, block in enumerate(chunk_blocks(self.plan, self.tiling)):
                 # blocks take program indices in order: a range test after the ones before

@@ -302,10 +302,10 @@ def _variant_body(
         params = [_literal(v) for v in flat]
     except _Unsupported:
         return None
-    grid = kernel.target.grid_expression(kernel._block_t, device, **kernel.options)
+    grid = kernel.target.grid_expression(kernel._block_t, device, **kernel.grid_options)
     if grid is None:
         ns[f"GRID{i}"] = kernel.target.grid
-        ns[f"OPTIONS{i}"] = dict(kernel.options)
+        ns[f"OPTIONS{i}"] = dict(kernel.grid_options)
         grid = f"GRID{i}(T, {kernel._block_t}, DEVICE, **OPTIONS{i})"
     lines = [f"g = {grid}"]
     if kernel._direct is None:

@@ -10,7 +10,7 @@ import torch
 
 from ..core import TOKENS, Program, Role
 from .bundle import compile_ahead, launch_through_triton
-from .emit import grid_programs
+from .emit import block_count, grid_programs
 from .launcher import direct_launcher
 from .plan import KernelPlan
 from .targets import Target
@@ -68,6 +68,11 @@ class Kernel:
         # Programs along grid axis 1: one per chunk block in ``grid`` chunk mode.
         # (per head group with the decode schedule, ``Tiling.heads_per_program``)
         self.grid_blocks = grid_programs(self.plan, self.tiling)
+        # What the target sizes grid axis 0 from: the options, and where the persistent loop
+        # walks the blocks too (``Tiling.persistent_blocks``) its work items per token tile.
+        self.grid_options = dict(self.options)
+        if self.tiling.persistent_blocks:
+            self.grid_options["work_per_tile"] = block_count(self.plan, self.tiling)
         # Split-K (``Tiling.split_k``): the K ranges along grid axis 2, an fp32 workspace per
         # launch and, per device, the counts of ranges done (reset by the last range: zero
         # between launches; two launches at once on two streams would share them).
@@ -178,7 +183,7 @@ class Kernel:
             return outs
         flat, constexprs, key = self.launch_arguments(args, outs, tokens, out is None)
         grid: tuple = (
-            self.target.grid(tokens, self._block_t, device, **self.options),
+            self.target.grid(tokens, self._block_t, device, **self.grid_options),
             self.grid_blocks,
         )
         if self.tiling.split_k > 1:

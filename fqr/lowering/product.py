@@ -13,12 +13,13 @@ those pieces as on loaded ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..core import Section, Var
-from .plan import Chain, Slot
+from .plan import Chain, Layout, Slot
 from .tiling import Tiling
 
 
@@ -45,6 +46,17 @@ class ProductEmission:
         arg_names: dict[int, str]
 
         def emit(self, line: str) -> None: ...
+        def _load_slots(
+            self,
+            base: str,
+            mask: str | None,
+            layout: Layout,
+            cast: bool,
+            prefix: str,
+            emit: Callable[[str], None],
+            scalar_base: bool = False,
+            lead: str = "BLOCK_T",
+        ) -> dict[str, str]: ...
         def fresh(self, prefix: str) -> str: ...
         def cols(self, padded: int) -> str: ...
         def var_name(self, var: Var) -> str: ...
@@ -138,7 +150,17 @@ class ProductEmission:
             self._join_splits(product.weight, parts)
         pieces = {}
         bias = product.bias
-        for piece, rows, rmask, acc, _, _, padded in parts:
+        biases = {}
+        if bias is not None:
+            # the bias's rows of these heads read as the chain's rows are (a GPT-J pair slot
+            # as a pair tile, split), never through a stride-2 index: Triton-Ascend's
+            # interleave lowering refuses one with a constant odd offset
+            first = f"{chain.section.offset} + {head_offset(chain.section)}"
+            at = f"{self.arg_names[id(bias)]} + ({first})"
+            biases = self._load_slots(
+                at, self.head_valid, chain.head_layout, True, f"{prefix}_bias", self.emit, lead="1"
+            )
+        for piece, _, _, acc, _, _, padded in parts:
             name = self.fresh(f"{prefix}_{piece}_")
             # one head: a new axis, not a reshape (on the H200 a tl.reshape of tl.dot's
             # accumulator gave values off by up to 2^-8 of the head, Triton 3.6)
@@ -147,9 +169,8 @@ class ProductEmission:
                 if heads == "1"
                 else f"tl.reshape({acc}, [BLOCK_T, {heads}, {padded}])"
             )
-            if bias is not None:
-                m = f", mask={rmask}, other=0.0" if rmask else ""
-                value += f" + tl.load({self.arg_names[id(bias)]} + {rows}{m}).to(tl.float32)"
+            if biases:
+                value += f" + {biases[piece]}"
             self.emit(f"{name} = {value}")
             pieces[piece] = name
         return pieces

@@ -63,6 +63,13 @@ class Tiling:
     # to an fp32 workspace; the last program of a (token tile, head group) to finish (an
     # atomic count) sums the ranges in order and runs the epilogue. 1: off.
     split_k: int = 1
+    # ``grid`` mode's program blocks walked by the persistent loop instead of laid along grid
+    # axis 1: a 1-D grid (on Ascend one program per AI core: its grid is its physical cores)
+    # whose programs take the work items ``w = pid, pid + nprog, ...`` over (token tile,
+    # block) pairs, ``t0 = (w // blocks) * BLOCK_T`` and ``block = w % blocks`` (the blocks
+    # of one token tile side by side), each item's K loop whole. Shown in the repr only when
+    # on.
+    persistent_blocks: bool = False
 
     @property
     def uses_workspace(self) -> bool:
@@ -79,6 +86,7 @@ class Tiling:
             **({"product_dot": "mma"} if not self.block_k else {}),
             "product_operands": "native",
             "split_k": 1,
+            "persistent_blocks": False,
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"

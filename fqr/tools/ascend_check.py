@@ -6,6 +6,11 @@ stages by :func:`fqr.lowering.ascend_compile.check_kernel` (TTIR, then ``triton-
 to Ascend linalg/HIVM; the NPU binary step needs CANN). Needs the Ascend environment
 (``make ascend-env``).
 
+A preset whose op has a projected form (``<op>_proj``, :mod:`fqr.prologue.projected`: the QKV
+GEMM with the prologue as its epilogue) is checked in that form too (:func:`check_projected`,
+one more row per TP size: the cube-unit kernel, :func:`fqr.lowering.ascend.
+ascend_product_tiling`), at the model's hidden size.
+
 FP8 stores (E4M3 outputs or caches): only the 950 has them (:func:`fqr.lowering.ascend.
 check_store_dtypes`). A program that stores FP8 is checked for the 950 unless a chip is named
 (``--chip`` / ``$FQR_ASCEND_CHIP``; :func:`fqr.lowering.ascend.default_chip`); named A2 or A3,
@@ -19,13 +24,15 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import BackendUnavailable
-from ..core import DTYPE_NAMES
+from ..core import DTYPE_NAMES, Program
 from ..lowering import lower
 from ..lowering.ascend import AscendTarget, AscendTiling
 from ..lowering.ascend_compile import CheckReport, check_kernel, triton_ascend_missing
 from ..lowering.targets import get_target
 from ..presets import PRESETS, get_preset
-from ..prologue import program_of
+from ..prologue import DECLARATIONS, program_of, variant_of
+from ..prologue.declare import Declaration
+from ..prologue.projected import SUFFIX
 
 
 class AscendToolchainMissing(BackendUnavailable):
@@ -54,6 +61,7 @@ class PresetCheck:
     dtype: str
     tiling: AscendTiling
     report: CheckReport
+    projected: bool = False  # the projected form (<op>_proj), not the prologue op
 
     def to_dict(self) -> dict:
         t = self.tiling
@@ -61,11 +69,13 @@ class PresetCheck:
             "preset": self.preset,
             "tp": self.tp,
             "dtype": self.dtype,
+            "projected": self.projected,
             "block_t": t.tiling.block_t,
             "head_chunks": list(t.tiling.head_chunks),
             "footprint_bytes": t.footprint,
             "budget_bytes": t.budget,
             "chip": t.chip.name,
+            **({"block_k": t.tiling.block_k} if self.projected else {}),
             **self.report.to_dict(),
         }
 
@@ -114,10 +124,72 @@ def check_preset(
         )
         if v is not None
     }
+    tiling, report = _check_program(program, options)
+    return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
+
+
+def _check_program(program: Program, options: dict) -> tuple[AscendTiling, CheckReport]:
+    """Lower ``program`` for ``ascend`` and compile-check the kernel."""
     kernel = lower(program, "ascend", **options)
     target = get_target("ascend")
     assert isinstance(target, AscendTarget)
     tiling = target.ascend_tiling(kernel.plan, **options)
     assert tiling.tiling == kernel.tiling, "the kernel was emitted with another tiling"
-    report = check_kernel(kernel, chip=tiling.chip)
-    return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
+    return tiling, check_kernel(kernel, chip=tiling.chip)
+
+
+def projected_declaration(preset: str, tp: int = 1) -> Declaration | None:
+    """The projected form of the preset's op (``<op>_proj``), or None where it has none."""
+    return DECLARATIONS.get(variant_of(get_preset(preset, tp)).declaration.name + SUFFIX)
+
+
+def projected_program(
+    preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, *, bias: bool = False
+) -> Program:
+    """The program the projected form of the preset's op traces for one call of its TP view:
+    ``x [T, hidden_size]``, the packed weight ``[N, hidden_size]`` and the projection's bias
+    (a model's ``qkv_proj`` with one, Qwen2's: the kernel adds it), the op's other arguments
+    drawn as :meth:`fqr.prologue.variant.Variant.program` draws them (``bias``: the norms'
+    bias terms)."""
+    p = get_preset(preset, tp)
+    variant = variant_of(p)
+    proj = projected_declaration(preset, tp)
+    if proj is None:
+        raise ValueError(f"preset {p.label}: {variant.declaration.name} has no projected form")
+    inputs = variant.example(p, dtype, positions_dtype=torch.int64, bias=bias)
+    table = torch.zeros(1, p.rotary_dim) if variant.reads_table else None
+    values = variant.arguments(p, inputs, table)
+    width, hidden = inputs["qkv"].shape[1], p.hidden_size
+    given = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
+    given |= {
+        "x": torch.zeros(1, hidden, dtype=dtype),
+        "w_qkv": torch.zeros(width, hidden, dtype=dtype),
+        "qkv_bias": torch.zeros(width, dtype=dtype),
+    }
+    call = proj.bound(proj.bind((), given))
+    proj.validate(call)
+    return proj.program(call)
+
+
+def check_projected(
+    preset: str,
+    tp: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    bias: bool = False,
+    chip: str | None = None,
+    ub_bytes: int | None = None,
+    num_aicore: int | None = None,
+) -> PresetCheck:
+    """Lower the projected form of the preset's op (:func:`projected_program`) for
+    ``ascend`` (the cube-unit kernel) and compile-check it."""
+    require_triton_ascend()
+    program = projected_program(preset, tp, dtype, bias=bias)
+    options = {
+        k: v
+        for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_aicore", num_aicore))
+        if v is not None
+    }
+    tiling, report = _check_program(program, options)
+    label = f"{get_preset(preset, tp).label} proj"
+    return PresetCheck(label, preset, tp, DTYPE_NAMES[dtype], tiling, report, projected=True)

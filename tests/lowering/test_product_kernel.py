@@ -174,10 +174,3 @@ def test_the_cuda_kernels_compile_for_sm90(tmp_path):
     """Split-K (tensor cores and its atomic count) and the 64-token tiles compile for sm_90."""
     out = run_compiling(SM90, tmp_path / "cache")
     assert out.split()[-4:] == ["True", "True", "True", "False"]
-
-
-@pytest.mark.parametrize("target", ["ascend", "ascend-interpret"])
-def test_the_ascend_targets_refuse_a_product_with_one_line(target):
-    program, *_ = _problem(1)
-    with pytest.raises(ValueError, match=f"target {target}: the projected form's GEMM-epilogue"):
-        get_target(target).tiling(plan_program(program))
