@@ -43,7 +43,11 @@ from .coalesce import coalesce_splits
 
 log = logging.getLogger(__name__)
 
-FUSED_OPS = (torch.ops.fqr.split_qkv_rmsnorm_rope.default, torch.ops.fqr.qk_rmsnorm_rope.default)
+FUSED_OPS = (
+    torch.ops.fqr.split_qkv_rmsnorm_rope.default,
+    torch.ops.fqr.qk_rmsnorm_rope.default,
+    torch.ops.fqr.split_qkv_rmsnorm_rope_proj_dispatch.default,  # fqr.projection's entry
+)
 
 # What the unfused prologue leaves in an aten graph: RMSNorm's statistic and RoPE's gather.
 # None of these should survive in a graph whose prologues were all fused.
@@ -65,6 +69,8 @@ _SOURCES = tuple(
         "../prologue/declare.py",  # torch.ops.fqr.* and their fakes
         "../prologue/split_qkv.py",
         "../prologue/qk.py",
+        "../prologue/projected.py",
+        "../projection.py",  # torch.ops.fqr.*_proj_dispatch
     )
 )
 
@@ -94,6 +100,18 @@ def fusion_patterns() -> PatternMatcherPass:
     return patterns
 
 
+@lru_cache(maxsize=1)
+def projection_patterns() -> PatternMatcherPass:
+    """The QKV projection patterns (:mod:`fqr.fusion.patterns`, "QKV projection"), applied
+    after :func:`fusion_patterns` to the fused ops they left."""
+    from .patterns import register_projection_patterns
+
+    check_torch_version()
+    patterns = PatternMatcherPass(pass_name="fqr_qkv_projection_fusion")
+    register_projection_patterns(patterns)
+    return patterns
+
+
 @dataclass
 class GraphRecord:
     sites: int
@@ -101,6 +119,7 @@ class GraphRecord:
     fused_ops: int  # fqr ops in the graph after the pass
     unfused_ops: dict  # aten op name -> count of UNFUSED_OPS left after the pass
     ops: dict  # every call_function target name -> count, after the pass
+    projected: int = 0  # of the sites, those whose qkv_proj GEMM went into the dispatching op
 
 
 @dataclass
@@ -110,6 +129,11 @@ class FusionStats:
     @property
     def sites(self) -> int:
         return sum(g.sites for g in self.graphs)
+
+    @property
+    def projected(self) -> int:
+        """Sites whose ``qkv_proj`` GEMM went into ``*_proj_dispatch`` (fqr.projection)."""
+        return sum(g.projected for g in self.graphs)
 
     @property
     def unfused_left(self) -> int:
@@ -148,12 +172,15 @@ class FusionPass(CustomGraphPass):
 
     def __init__(self):
         self.patterns = fusion_patterns()
+        self.projection = projection_patterns()
         self.stats = FusionStats()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         unify_symbolic_sizes(graph)
         coalesced = coalesce_splits(graph)
         sites = self.patterns.apply(graph)
+        # the fused ops' qkv_proj GEMMs, where the dispatch table can pick the fused kernel
+        projected = self.projection.apply(graph) if sites else 0
         if sites or coalesced:
             # A replacement lands before the first matched output (v, early in the graph);
             # an input computed later (a Gemma (1 + w) in fp32, say) must move up.
@@ -161,8 +188,10 @@ class FusionPass(CustomGraphPass):
             graph.eliminate_dead_code()
         ops = op_counts(graph)
         log.info(
-            "fqr fusion: fused %d attention prologue site(s) in a graph of %d nodes",
+            "fqr fusion: fused %d attention prologue site(s) (%d with their qkv_proj) in a "
+            "graph of %d nodes",
             sites,
+            projected,
             len(graph.nodes),
         )
         self.stats.graphs.append(
@@ -172,11 +201,15 @@ class FusionPass(CustomGraphPass):
                 fused_ops=sum(ops[o] for o in FUSED_OPS),
                 unfused_ops={str(o): ops[o] for o in UNFUSED_OPS if ops[o]},
                 ops={str(o): n for o, n in ops.items()},
+                projected=projected,
             )
         )
 
     def uuid(self):
-        return get_hash_for_files(_SOURCES)
+        # the projection rewrites follow the dispatch table in use (fqr.projection)
+        from ..projection import table_digest
+
+        return get_hash_for_files(_SOURCES, extra=table_digest())
 
 
 class FusionBackend:

@@ -20,6 +20,26 @@ Hugging Face form (separate projections; :func:`fqr.unfused.hf_qk_norm_rope`)::
                                                            q_weight, k_weight, D, eps, ...)
                                                        q = qo.view(B, S, Hq, D).transpose(1, 2)
 
+QKV projection (vLLM form; :mod:`fqr.projection`), run after the patterns above, on the fused op
+they left: one packed ``qkv_proj`` GEMM (``mm``, ``addmm`` with its bias, or ``mm`` then a bias
+``add``) whose row only the prologue reads::
+
+    unfused (after the patterns above)              fused
+    qkv = mm(x, permute(w_qkv, [1, 0])) (+ bias)    q, k, v = fqr.split_qkv_rmsnorm_rope_proj_
+    q, k, v = fqr.split_qkv_rmsnorm_rope(qkv,           dispatch(x, w_qkv, positions,
+        positions, cos_sin_cache, q_weight,             cos_sin_cache, q_weight, k_weight, bias,
+        k_weight, q_bias, k_bias, Hq, Hkv, D, eps,      q_bias, k_bias, Hq, Hkv, D, eps,
+        is_neox, offset, "head", "unfused")             is_neox, offset, "head")
+
+The dispatching op picks, per call, the fused GEMM + prologue kernel or the pair (the GEMM,
+then the prologue op) as the dispatch table measured (:mod:`fqr.projection`), so with a dynamic
+T the choice is made at run time. A site is rewritten only where the table can pick the fused
+kernel for its device, dtype and shape (at its T when T is static); elsewhere (another device,
+an unmeasured shape, a static T whose bucket keeps the pair) the graph stays as the patterns
+above left it: Inductor's GEMM, then fqr's op. The rewritten site runs the ``fused`` contract
+(the projected form has no ``unfused`` mode): one rounding where the model's code rounds after
+each step, so its q and k are closer to float64 than the unfused chain's.
+
 Nothing about a model is global here. Each pattern is traced once with small example shapes
 and example scalars; the first match ignores every int and float constant (sizes, split sizes,
 eps). The split sizes (``q_size``, ``kv_size``) and ``eps`` of a match are then read from the
@@ -44,6 +64,7 @@ within the ``unfused`` numerics contract (:mod:`fqr.numerics`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -191,6 +212,8 @@ class Replacement:
     example_scalars: dict
     read_scalars: Callable[[pm.Match], dict | None]
     check: Callable[[pm.Match, dict], bool]
+    ignored: tuple = _IGNORED_CONSTANTS  # the constant types the first match ignores
+    fake: bool = False  # trace on fake tensors (a search calling an fqr op: one fake mode)
 
     @property
     def argnames(self) -> tuple[str, ...]:
@@ -199,10 +222,13 @@ class Replacement:
 
     def pattern(self) -> pm.PatternExpr:
         """The search graph with every int/float constant a wildcard (the first match)."""
-        gm = trace_like_inductor(
-            functools.partial(self.search, **self.example_scalars), list(self.example_inputs)
-        )
-        return pm.fx_to_pattern(gm, ignore_types=_IGNORED_CONSTANTS, argnames=self.argnames)
+        inputs = list(self.example_inputs)
+        fake_mode = torch._subclasses.FakeTensorMode() if self.fake else contextlib.nullcontext()
+        with fake_mode:
+            if self.fake:
+                inputs = [fake_mode.from_tensor(t) for t in inputs]  # type: ignore[union-attr]
+            gm = trace_like_inductor(functools.partial(self.search, **self.example_scalars), inputs)
+        return pm.fx_to_pattern(gm, ignore_types=self.ignored, argnames=self.argnames)
 
     def accepts(self, match: pm.Match) -> bool:
         scalars = self.read_scalars(match)
@@ -426,6 +452,153 @@ def hf_variants() -> list[HfVariant]:
     return [HfVariant(torch.bfloat16), HfVariant(torch.float32)]
 
 
+# ------------------------------------------------------------------------- QKV projection
+
+# The forms of vLLM's ``qkv_proj`` (``F.linear`` of 2-D hidden states) in a post-grad graph.
+PROJECTION_FORMS = ("mm", "addmm", "mm-add")
+# The projection patterns also ignore bools (is_neox) in their first match.
+_PROJECTION_IGNORED = (*_IGNORED_CONSTANTS, bool)
+# The fused op runs while the pattern is traced: its example heads must be a valid GQA layout.
+_PROJECTION_SCALARS = {"hq": 6, "hkv": 2, "d": _D, "eps": _EPS, "neox": True, "offset": 0.0}
+_PROLOGUE_OP = torch.ops.fqr.split_qkv_rmsnorm_rope.default
+
+
+@dataclass(frozen=True)
+class ProjectionVariant:
+    """One graph shape of ``qkv_proj`` then the fused prologue (module docstring): the
+    projection's form and whether the norm has a bias."""
+
+    form: str  # PROJECTION_FORMS
+    norm_bias: bool
+
+    @property
+    def name(self) -> str:
+        return f"proj-{self.form}-{'bias' if self.norm_bias else 'nobias'}"
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        s = _PROJECTION_SCALARS
+        hidden, width = 5, (s["hq"] + 2 * s["hkv"]) * _D
+        tensors = [
+            torch.zeros(_T, hidden),
+            torch.zeros(width, hidden),
+            torch.zeros(_T, dtype=torch.int64),
+            torch.zeros(_ROWS, _D),
+            torch.zeros(_D),
+            torch.zeros(_D),
+        ]
+        if self.norm_bias:
+            tensors += [torch.zeros(_D), torch.zeros(_D)]
+        if self.form != "mm":
+            tensors.append(torch.zeros(width))
+        return tuple(tensors)
+
+    def replacement(self) -> Replacement:
+        form, norm_bias = self.form, self.norm_bias
+
+        def split(tensors):
+            """(x, w, positions, cache, q_weight, k_weight, q_bias, k_bias, bias)."""
+            x, w, positions, cache, qw, kw, *rest = tensors
+            qb, kb = (rest[0], rest[1]) if norm_bias else (None, None)
+            bias = rest[-1] if form != "mm" else None
+            return x, w, positions, cache, qw, kw, qb, kb, bias
+
+        def search_of(*tensors, hq, hkv, d, eps, neox, offset):
+            x, w, positions, cache, qw, kw, qb, kb, bias = split(tensors)
+            if form == "addmm":
+                qkv = aten.addmm(bias, x, aten.permute(w, [1, 0]))
+            else:
+                qkv = aten.mm(x, aten.permute(w, [1, 0]))
+                if form == "mm-add":
+                    qkv = aten.add(qkv, bias)
+            statics = (hq, hkv, d, eps, neox, offset, "head", "unfused")
+            return _PROLOGUE_OP(qkv, positions, cache, qw, kw, qb, kb, *statics)
+
+        def replace_of(*tensors, hq, hkv, d, eps, neox, offset):
+            x, w, positions, cache, qw, kw, qb, kb, bias = split(tensors)
+            return torch.ops.fqr.split_qkv_rmsnorm_rope_proj_dispatch(
+                x, w, positions, cache, qw, kw, bias, qb, kb, hq, hkv, d, eps, neox, offset, "head"
+            )
+
+        names = ["x", "w_qkv", "positions", "cos_sin_cache", "q_weight", "k_weight"]
+        names += ["q_bias", "k_bias"] if norm_bias else []
+        names += ["bias"] if form != "mm" else []
+        search = _with_names(search_of, names)
+        replace = _with_names(replace_of, names)
+        return Replacement(
+            self.name,
+            search,
+            replace,
+            self.example_inputs(),
+            _PROJECTION_SCALARS,
+            read_prologue_scalars,
+            _projection_check,
+            _PROJECTION_IGNORED,
+            fake=True,
+        )
+
+
+def _with_names(fn: Callable, names: list[str]) -> Callable:
+    """``fn(*tensors, **scalars)`` as a function whose parameters are ``names`` (the pattern's
+    argument names, read from the signature by :class:`Replacement`), then the scalars."""
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in _PROJECTION_SCALARS]
+
+    def named(*args, **kwargs):
+        bound = inspect.Signature(params).bind(*args, **kwargs)
+        tensors = [bound.arguments[n] for n in names]
+        return fn(*tensors, **{n: bound.arguments[n] for n in _PROJECTION_SCALARS})
+
+    named.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return named
+
+
+def projection_variants() -> list[ProjectionVariant]:
+    return [ProjectionVariant(f, b) for f in PROJECTION_FORMS for b in (False, True)]
+
+
+def read_prologue_scalars(match: pm.Match) -> dict | None:
+    """``hq, hkv, d, eps, neox, offset`` from the match's ``split_qkv_rmsnorm_rope`` node (its
+    arguments 7 to 12, as the vLLM-form replacement wrote them), else None."""
+    (node,) = [n for n in match.nodes if n.target is _PROLOGUE_OP] or [None]
+    if node is None or len(node.args) != 15:
+        return None
+    hq, hkv, d, eps, neox, offset = node.args[7:13]
+    if not (type(hq) is type(hkv) is type(d) is int and type(neox) is bool):
+        return None
+    if type(eps) is not float or type(offset) is not float:
+        return None
+    return {"hq": hq, "hkv": hkv, "d": d, "eps": eps, "neox": neox, "offset": offset}
+
+
+def _projection_check(match: pm.Match, scalars: dict) -> bool:
+    """The projected form takes the call (its own checks, on the matched tensors' metadata)
+    and the dispatch table can pick the fused kernel for it: for its token count when that is
+    static, in some bucket when it is symbolic (:func:`fqr.projection.choose`)."""
+    from .. import projection
+
+    kw = match.kwargs
+    tensors = {name: _val(kw[name]) if name in kw else None for name in
+               ("x", "w_qkv", "positions", "cos_sin_cache", "q_weight", "k_weight", "q_bias",
+                "k_bias")}  # fmt: skip
+    x, w = tensors["x"], tensors["w_qkv"]
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2:
+        return False
+    proj = projection.projected_declaration("split_qkv_rmsnorm_rope")
+    given = dict(tensors, qkv_bias=_val(kw["bias"]) if "bias" in kw else None,
+                 num_heads=scalars["hq"], num_kv_heads=scalars["hkv"], head_dim=scalars["d"],
+                 eps=scalars["eps"], is_neox=scalars["neox"],
+                 weight_offset=scalars["offset"])  # fmt: skip
+    fake_mode = torch._guards.detect_fake_mode([x, w])
+    try:
+        with fake_mode or contextlib.nullcontext():
+            call = proj.bound(proj.bind((), given))
+            proj.validate(call, values_too=False)
+    except (TypeError, ValueError):
+        return False
+    tokens = x.shape[0] if isinstance(x.shape[0], int) else None
+    return projection.choose(projection.key_of(proj, call), tokens) == "fused"
+
+
 # ------------------------------------------------------------------------------- checks
 
 
@@ -537,3 +710,12 @@ def register_patterns(pass_dict: pm.PatternMatcherPass) -> int:
             r.register(pass_dict)
             count += 1
     return count
+
+
+def register_projection_patterns(pass_dict: pm.PatternMatcherPass) -> int:
+    """Register the QKV projection rewrites (applied after :func:`register_patterns`' on the
+    same graph); returns how many were registered."""
+    with torch.no_grad():
+        for v in projection_variants():
+            v.replacement().register(pass_dict)
+    return len(projection_variants())

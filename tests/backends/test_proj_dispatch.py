@@ -228,3 +228,13 @@ def test_runs_on_meta():
     meta = [a.to("meta") for a in args]
     q, k, v = fqr.proj_dispatch(OP, *meta, **kwargs)
     assert q.device.type == "meta" and q.shape == (5, HQ * D) and v.shape == (5, HKV * D)
+
+
+def test_the_docstring_example_runs():
+    import doctest
+
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner()
+    test = parser.get_doctest(fqr.proj_dispatch.__doc__, {}, "fqr.proj_dispatch", None, 0)
+    runner.run(test, out=lambda text: print(text, end=""))
+    result = runner.summarize(verbose=False)
+    assert result.attempted > 0 and result.failed == 0

@@ -34,6 +34,7 @@ LAYERS = {
     "fqr.unfused": 4,
     "fqr.prologue": 5,
     "fqr.backends": 5,
+    "fqr.projection": 5,  # the projection dispatch: the projected op or the pair, per bucket
     "fqr.golden": 6,
     "fqr.bench": 6,
     "fqr.runtime": 6,
