@@ -36,6 +36,7 @@ LAYERS = {
     "fqr.backends": 5,
     "fqr.projection": 5,  # the projection dispatch: the projected op or the pair, per bucket
     "fqr.golden": 6,
+    "fqr.golden_cases": 6,  # the cases' contents (inputs, expectations, entries) fqr.golden stores
     "fqr.bench": 6,
     "fqr.runtime": 6,
     "fqr.fusion": 6,
