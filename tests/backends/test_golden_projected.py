@@ -116,14 +116,6 @@ def test_expectations_are_the_float64_composition(name):
         torch.testing.assert_close(got.double(), want, atol=1e-30, rtol=2**-24)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_cases_pass_on_the_reference_backend(name):
-    from fqr_cli.verify import verify_one
-
-    row = verify_one(_load(name), "reference")
-    assert row["status"] == "pass", row
-
-
 @pytest.mark.parametrize("backend", ["reference", INTERPRET])
 def test_a_wrong_output_fails(backend):
     """The projected kernel's outputs pass, and one output two ULPs off fails: the case checks
@@ -248,3 +240,17 @@ def test_a_tampered_projected_file_is_corrupt_in_verify(copy, capsys, monkeypatc
     code, out, err = fqr_in_process(args, capsys, monkeypatch)
     (row,) = json.loads(out)["results"]
     assert code == 1 and row["status"] == "corrupt" and "sha256" in row["detail"]
+
+
+def test_the_commands_count_the_projected_cases(capsys, monkeypatch):
+    """``fqr golden list`` (every case: one without q, a cache insert, shows its first
+    output's tolerance) counts the projected cases among the others; ``fqr verify`` passes
+    every one of them on the reference backend."""
+    from support.cli import fqr_in_process
+
+    code, out, err = fqr_in_process(["golden", "list"], capsys, monkeypatch)
+    assert code == 0 and f"{len(golden.CASES)} cases, " in err
+    assert "key_cache: " in out and all(name in out for name in NAMES)
+    args = ["verify", "--backend", "reference", "--case", "*-proj*"]
+    code, out, err = fqr_in_process(args, capsys, monkeypatch)
+    assert code == 0 and f"{len(NAMES)} cases x 1 backends (reference): {len(NAMES)} pass" in err
