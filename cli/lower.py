@@ -144,9 +144,9 @@ def lower(
 
 
 def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
-    """``--target ascend --check``: one row per (preset, TP), and one per (preset, TP) for the
-    projected form of the preset's op where it has one (fused numerics: its only mode); exit 1
-    when a stage fails."""
+    """``--target ascend --check``: one row per (preset, TP), and one for the projected form of
+    the preset's op where it has one (fused numerics: its only mode) at the TP sizes of
+    ``projected_tp_pairs``; exit 1 when a stage fails."""
     from rich.table import Table
 
     from fqr.lowering.ascend_compile import NEEDS_CANN
@@ -154,16 +154,17 @@ def _ascend_check(preset, tp, dtype, numerics, bias, options, json_out) -> None:
         check_preset,
         check_projected,
         preset_tp_pairs,
-        projected_declaration,
+        projected_tp_pairs,
         require_triton_ascend,
     )
 
     require_triton_ascend()
     cube = {k: v for k, v in options.items() if k != "num_vectorcore"}  # AI cores: its grid
     results = []
+    projected = set(projected_tp_pairs(preset, tp)) if numerics == "fused" else set()
     for name, size in preset_tp_pairs(preset, tp):
         checks = [partial(check_preset, numerics=numerics, bias=bias, **options)]
-        if numerics == "fused" and projected_declaration(name, size) is not None:
+        if (name, size) in projected:
             checks.append(partial(check_projected, bias=bias, **cube))
         for check in checks:
             r = check(name, size, dtype)

@@ -586,6 +586,7 @@ def ascend_product_tiling(
     heads_per_program: int = 0,
     block_k: int = 0,
     bf16_rounding: str = "native",
+    min_dot: int = 1,
 ) -> AscendTiling:
     """The tiling of a kernel with a product (the projected form) on the cube unit.
 
@@ -601,6 +602,7 @@ def ascend_product_tiling(
     is then the largest power of two up to :data:`MAX_BLOCK_K` (and not past K) that every
     block's operands fit, unless ``block_k`` pins it. When even ``min_block_t`` tokens of one
     head group do not fit, :class:`TileDoesNotFit` says which buffer, with the numbers.
+    ``min_dot``: the target's smallest ``tl.dot`` (:attr:`Tiling.min_dot`).
     """
     chip = chip or default_chip(plan)
     check_store_dtypes(plan, chip)
@@ -675,6 +677,7 @@ def ascend_product_tiling(
         block_k=bk,
         product_dot="mma",
         persistent_blocks=True,
+        min_dot=min_dot,
     )
     base = fixed + tile_scope_footprint(plan, bt, mb)
     chunked = tuple(
@@ -788,15 +791,11 @@ class AscendTarget(Target):
     default_vector_cores: int = DEFAULT_NUM_VECTORCORE
     # the persistent grid of a kernel with a product (the cube's programs) where no NPU says
     default_ai_cores: int = DEFAULT_NUM_AICORE
+    # the smallest M, N, K its tl.dot takes (Tiling.min_dot): Triton-Ascend's compiler and
+    # upstream Triton pad small M and N themselves; Triton-Ascend 3.2's interpreter asserts 16
+    min_dot: int = 1
     bf16_rounding: str = "native"  # the NPU's fp32 -> bf16 conversion rounds to nearest even
     chunk_mode: str = "unroll"  # static power-of-two head parts: no padded heads in the UB
-
-    @property
-    def min_product_block_t(self) -> int:
-        """The smallest token tile of a kernel with a product: Triton-Ascend's cube pads M to
-        its fractal itself (:data:`MIN_BLOCK_T`, the adapter's own floor); upstream Triton's
-        ``tl.dot`` (``ascend-on-cuda``) takes tiles of at least 16 rows."""
-        return CUBE_FRACTAL if self.flavour == "upstream" else MIN_BLOCK_T
 
     def ascend_tiling(self, plan: KernelPlan, **options) -> AscendTiling:
         """Options: ``chip`` (A2, A3, 950; default: the NPU's, else ``$FQR_ASCEND_CHIP`` or A2),
@@ -846,7 +845,7 @@ class AscendTarget(Target):
             chip=chip or detected_chip(),
             ub_bytes=options.get("ub_bytes", options.get("buffer_bytes")),
             max_block_t=options.get("max_block_t", PRODUCT_MAX_BLOCK_T),
-            min_block_t=self.min_product_block_t,
+            min_dot=self.min_dot,
             heads_per_program=options.get("heads_per_program") or 0,
             block_k=options.get("block_k") or 0,
             bf16_rounding=self.bf16_rounding,
@@ -862,7 +861,7 @@ class AscendTarget(Target):
         pinned = ("max_block_t", "block_k", "heads_per_program")
         if not plan.products or any(options.get(k) is not None for k in pinned):
             return ((None, dict(options)),)
-        decode = {"max_block_t": max(PRODUCT_DECODE_TOKENS, self.min_product_block_t)}
+        decode = {"max_block_t": PRODUCT_DECODE_TOKENS}
         return ((PRODUCT_DECODE_TOKENS, {**decode, **options}), (None, dict(options)))
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options) -> int:
@@ -891,5 +890,7 @@ register_target(
         default_vector_cores=DEFAULT_INTERPRET_VECTORCORES,
         default_ai_cores=DEFAULT_INTERPRET_AICORES,
         bf16_rounding="bits",
+        # its tl.dot asserts M, N, K >= 16 (triton-ascend 3.2's interpreter builder)
+        min_dot=CUBE_FRACTAL,
     )
 )

@@ -73,6 +73,12 @@ class ProductEmission:
             masks.append(f"({c} < {slot.count})")
         return rows, " & ".join(masks) or None
 
+    def _dot_takes(self, padded: int) -> bool:
+        """Whether the target's ``tl.dot`` takes a piece ``padded`` wide per head of this
+        head tile, at the tiling's token tile (:attr:`Tiling.min_dot`)."""
+        smallest = self.tiling.min_dot
+        return self.tiling.block_t >= smallest and int(self.head_tile) * padded >= smallest
+
     def _product_slots(self, chain: Chain, prefix: str) -> dict[str, str]:
         """The pieces of a product-sourced chain's heads in the current head tile: for each
         slot, ``x[tok, :] @ w[rows, :].T (+ bias[rows])`` accumulated in fp32 over K in steps
@@ -132,19 +138,21 @@ class ProductEmission:
             f"xk = tl.load({xrow} + kk[None, :], mask=tmask[:, None]{kx}, other=0.0)"
             + ("" if mma and not widen else ".to(tl.float32)")
         )
-        for _, _, _, acc, flat, fmask, _ in parts:
+        xk_fp32 = "xk" if widen or not mma or is_fp32 else "xk.to(tl.float32)"
+        for _, _, _, acc, flat, fmask, padded in parts:
             wk = self.fresh("wk")
             masks = [m for m in (f"{fmask}[None, :]" if fmask else None,
                                  f"(kk < {depth})[:, None]" if ragged else None) if m]  # fmt: skip
             m = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
             self.emit(f"{wk} = tl.load({w} + {flat}[None, :] + kk[:, None]{m})")
-            if mma:
+            if mma and self._dot_takes(padded):
                 how = f', input_precision="{precision}"' if widen or is_fp32 else ""
                 operand = f"{wk}.to(tl.float32)" if widen else wk
                 zero = f"tl.zeros_like({acc}) + unfolded_zero"
                 self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
             else:
-                self.emit(f"{acc} += tl.sum(xk[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)")
+                terms = f"{xk_fp32}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
+                self.emit(f"{acc} += tl.sum({terms}, 1)")
         self.indent -= 1
         if self.tiling.uses_workspace:
             self._join_splits(product.weight, parts)

@@ -70,6 +70,12 @@ class Tiling:
     # of one token tile side by side), each item's K loop whole. Shown in the repr only when
     # on.
     persistent_blocks: bool = False
+    # The smallest M, N and K the target's ``tl.dot`` takes (Triton-Ascend 3.2's interpreter:
+    # 16; its compiler and upstream Triton pad small M and N themselves: 1). A product piece
+    # narrower than this, or a token tile shorter, is multiplied as a broadcast product summed
+    # over the K step (``product_dot="fma"``'s form), the rest of the kernel unchanged. Shown
+    # in the repr only when not 1.
+    min_dot: int = 1
 
     @property
     def uses_workspace(self) -> bool:
@@ -87,6 +93,7 @@ class Tiling:
             "product_operands": "native",
             "split_k": 1,
             "persistent_blocks": False,
+            "min_dot": 1,
         }
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"

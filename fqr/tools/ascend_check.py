@@ -7,9 +7,10 @@ to Ascend linalg/HIVM; the NPU binary step needs CANN). Needs the Ascend environ
 (``make ascend-env``).
 
 A preset whose op has a projected form (``<op>_proj``, :mod:`fqr.prologue.projected`: the QKV
-GEMM with the prologue as its epilogue) is checked in that form too (:func:`check_projected`,
-one more row per TP size: the cube-unit kernel, :func:`fqr.lowering.ascend.
-ascend_product_tiling`), at the model's hidden size.
+GEMM with the prologue as its epilogue) is checked in that form too (:func:`check_projected`:
+the cube-unit kernel, :func:`fqr.lowering.ascend.ascend_product_tiling`), at the model's
+hidden size: at its smallest and largest TP size, or at the one asked for
+(:func:`projected_tp_pairs`).
 
 FP8 stores (E4M3 outputs or caches): only the 950 has them (:func:`fqr.lowering.ascend.
 check_store_dtypes`). A program that stores FP8 is checked for the 950 unless a chip is named
@@ -98,6 +99,21 @@ def preset_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tu
     return pairs
 
 
+def projected_tp_pairs(preset: str | None = None, tp: int | None = None) -> list[tuple[str, int]]:
+    """The (preset, TP) pairs whose projected form (``<op>_proj``) the sweep checks: with
+    ``tp`` given, each pair of :func:`preset_tp_pairs` whose op has one; else each such
+    preset at its smallest and largest TP size (its widest chains and its narrowest, one-head
+    ones: the sizes between differ from them only in the count of head groups, a constant of
+    the same work loop, and the tiles of one head are the same at every size)."""
+    pairs = [(n, t) for n, t in preset_tp_pairs(preset, tp) if projected_declaration(n, t)]
+    if tp is not None:
+        return pairs
+    sizes: dict[str, list[int]] = {}
+    for name, size in pairs:
+        sizes.setdefault(name, []).append(size)
+    return [(n, t) for n, ts in sizes.items() for t in sorted({min(ts), max(ts)})]
+
+
 def check_preset(
     preset: str,
     tp: int = 1,
@@ -180,14 +196,23 @@ def check_projected(
     chip: str | None = None,
     ub_bytes: int | None = None,
     num_aicore: int | None = None,
+    heads_per_program: int | None = None,
+    block_k: int | None = None,
 ) -> PresetCheck:
     """Lower the projected form of the preset's op (:func:`projected_program`) for
-    ``ascend`` (the cube-unit kernel) and compile-check it."""
+    ``ascend`` (the cube-unit kernel, :func:`fqr.lowering.ascend.ascend_product_tiling`:
+    ``heads_per_program`` and ``block_k`` pin its schedule) and compile-check it."""
     require_triton_ascend()
     program = projected_program(preset, tp, dtype, bias=bias)
     options = {
         k: v
-        for k, v in (("chip", chip), ("ub_bytes", ub_bytes), ("num_aicore", num_aicore))
+        for k, v in (
+            ("chip", chip),
+            ("ub_bytes", ub_bytes),
+            ("num_aicore", num_aicore),
+            ("heads_per_program", heads_per_program),
+            ("block_k", block_k),
+        )
         if v is not None
     }
     tiling, report = _check_program(program, options)

@@ -26,7 +26,7 @@ from fqr.lowering import lower
 from fqr.lowering.ascend import get_chip
 from fqr.lowering.ascend_compile import NEEDS_CANN, check_kernel, compile_stages
 from fqr.lowering.loader import triton_mode
-from fqr.tools.ascend_check import check_preset
+from fqr.tools.ascend_check import check_preset, check_projected
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -77,6 +77,40 @@ def test_preset_kernels_lower_to_ascend_linalg(preset, tp, dtype, options):
     # DENSE: the launcher found every row stride equal to its width (contiguous meta inputs)
     assert r.report.constants == {"BLOCK_T": r.tiling.tiling.block_t, "DENSE": True}
     assert r.tiling.footprint <= r.tiling.budget
+
+
+@pytest.mark.parametrize(
+    "preset, tp, dtype, options",
+    [
+        ("glm4-9b", 2, torch.bfloat16, {}),  # GPT-J pairs, a one-head k (the bias as pair tiles)
+        ("qwen3-8b", 8, torch.float16, {"heads_per_program": 2}),  # head groups, one masked
+        ("qwen3-vl-8b", 4, torch.float32, {}),  # fp32 operands on the cube
+        ("gemma4-31b-full", 1, torch.bfloat16, {}),  # D = 512: 8-token tiles (M < 16)
+        ("olmo2-7b", 8, torch.bfloat16, {"ub_bytes": 40 * 1024}),  # whole-row norm in chunks
+        ("qwen3-8b", 1, torch.bfloat16, {"chip": "950", "block_k": 32}),
+    ],
+    ids=lambda v: (
+        str(v).replace("torch.", "")
+        if not isinstance(v, dict)
+        else "-".join(f"{k}={x}" for k, x in v.items()) or "default"
+    ),
+)
+def test_projected_kernels_lower_to_ascend_linalg_on_the_cube(preset, tp, dtype, options):
+    """The projected form (the QKV GEMM with the prologue as its epilogue): a mix kernel (the
+    cube's tl.dot and the vector cores' epilogue), its tiles within the stated budgets."""
+    r = check_projected(preset, tp, dtype, **options)
+    stages = {s.name: s for s in r.report.stages}
+    assert r.report.passed, r.report.to_dict()
+    assert "mix_mode=mix" in stages["linalg"].detail
+    t = r.tiling
+    assert t.footprint <= t.budget and t.cube is not None and not t.cube.over(t.chip.cube)
+    assert t.tiling.persistent_blocks and t.tiling.split_k == 1
+    if "block_k" in options:
+        assert t.tiling.block_k == options["block_k"]
+    if preset == "olmo2-7b":
+        assert t.tiling.head_chunks[0] < 4, t.describe()  # the row in chunks
+    assert r.report.signature["T"] == "i32"
+    assert r.report.constants == {"BLOCK_T": t.tiling.block_t, "DENSE": True}
 
 
 @triton.jit
@@ -155,7 +189,12 @@ def test_cli_check_json_and_usage_errors():
     )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["ok"] and [c["tp"] for c in report["checks"]] == [8]
+    # the prologue op, then its projected form (the QKV GEMM with the prologue as epilogue)
+    assert report["ok"] and [(c["tp"], c["projected"]) for c in report["checks"]] == [
+        (8, False),
+        (8, True),
+    ]
+    assert report["checks"][1]["block_k"] >= 16
     assert (
         "needs the CANN toolkit" in r.stderr or report["checks"][0]["stages"][2]["status"] == "ok"
     )

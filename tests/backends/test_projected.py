@@ -1,7 +1,8 @@
 """The projected form of the prologues (``fqr.prologue.projected``): the same op from the hidden
 states ``x`` and the packed weight ``w_qkv``, held to the fused contract of the float64
 composition ``x @ w_qkv.T (+ bias)`` then the prologue, on the reference backend and on the
-generated GEMM-epilogue kernel under the interpreter (``tl.dot`` and the broadcast product).
+generated GEMM-epilogue kernel under the interpreter (``tl.dot`` and the broadcast product);
+a few forms on the Ascend kernel under Triton-Ascend's interpreter too (skipped elsewhere).
 
 Fresh random inputs (a new generator per case), real RoPE tables (``fqr.rope_cache``), odd
 widths and head counts, with and without the projection bias."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.ascend import ASCEND_INTERPRET_MARKS
 from support.peer_ports import INTERPRET
 
 import fqr
@@ -20,6 +22,10 @@ from fqr.rope_cache import rope_cos_sin_cache
 
 MAX_POSITION = 97
 BACKENDS = ("reference", INTERPRET)
+# A few forms also on the ascend-target kernel under Triton-Ascend's interpreter (the cube-unit
+# lowering; run where that environment is, tests/ascend/test_ascend_projected.py has more)
+ASCEND_INTERPRET = pytest.param("ascend-interpret", marks=ASCEND_INTERPRET_MARKS)
+SOME_BACKENDS = (*BACKENDS, ASCEND_INTERPRET)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -87,7 +93,7 @@ def test_split_qkv_proj_matches_float64(hq, hkv, d, rotary, hidden, norm, bias, 
         assert torch.equal(a, e)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SOME_BACKENDS)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("gate", [False, True], ids=["mrope", "mrope-gate"])
 def test_split_qkv_mrope_proj_matches_float64(bias, gate, backend):
@@ -108,7 +114,7 @@ def test_split_qkv_mrope_proj_matches_float64(bias, gate, backend):
     _check(outs, expected, d)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SOME_BACKENDS)
 def test_vnorm_proj_matches_float64(backend):
     """Gemma 4's v norm: v is normalised from the unrounded projection too."""
     hq, hkv, d, hidden, tokens = 3, 1, 64, 64, 5
@@ -234,7 +240,7 @@ def _cancelling_weight(x, width, g, dtype):
     return w.to(dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SOME_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_cancelling_products_stay_within_the_accumulation_bound(dtype, backend):
     """Where ``x @ w.T`` cancels, the fp32 accumulation's own floor

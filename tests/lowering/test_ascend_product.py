@@ -138,21 +138,42 @@ def test_cuda_only_or_bad_options_are_refused_with_one_line(options, match):
 
 
 def test_ascend_on_cuda_lowers_the_same_body_and_launches_meta_tensors():
-    """The ascend-on-cuda kernel is the ascend source; its launcher (on ``meta`` tensors,
-    which no device mix-up can pass: every tensor it hands the kernel is one of them or made
-    on their device) passes a 1-D grid of AI-core programs."""
-    program = projected_program("qwen3-8b", 8)
+    """The ascend-on-cuda kernel is the ascend source (upstream Triton's tl.dot pads small M
+    and N as Triton-Ascend's does: even the 8-token tiles of a 512-wide head); its launcher, on
+    ``meta`` tensors (a tensor made on another device would not be one), passes a 1-D grid of
+    AI-core programs."""
     ascend_on_cuda.register_target()
     body = ascend_on_cuda.generated_body
-    assert body(kernel_source(program, "ascend-on-cuda")) == body(kernel_source(program, "ascend"))
-    kernel = lower(program, "ascend-on-cuda")
+    for name, tp in (("qwen3-8b", 8), ("gemma4-31b-full", 1)):
+        program = projected_program(name, tp)
+        assert body(kernel_source(program, "ascend-on-cuda")) == body(
+            kernel_source(program, "ascend")
+        )
+    assert lower(program, "ascend-on-cuda").tiling.block_t == 8
+    kernel = lower(projected_program("qwen3-8b", 8), "ascend-on-cuda")
     args, kwargs, grid = launch_arguments(kernel, tokens=1000)
     tensors = [a for a in args if isinstance(a, A.torch.Tensor)]
     assert tensors and all(a.device.type == "meta" for a in tensors)
-    assert grid == (20, 1) and kwargs["BLOCK_T"] == kernel.tiling.block_t >= 16
-    # upstream tl.dot takes 16 rows or more: a head whose 16-token tile overflows the UB is
-    # refused there with the numbers (the ascend target takes 8 tokens of it)
-    wide = plan_program(projected_program("gemma4-31b-full", 1))
-    assert get_target("ascend").tiling(wide).block_t == 8
-    with pytest.raises(TileDoesNotFit, match=r"1 head of 16 token\(s\)"):
-        get_target("ascend-on-cuda").tiling(wide)
+    assert grid == (20, 1) and kwargs["BLOCK_T"] == kernel.tiling.block_t
+    assert "tl.dot(" in kernel.source and "tl.sum(xk" not in kernel.source
+
+
+def test_narrow_pieces_are_broadcast_products_where_the_dot_takes_16():
+    """Triton-Ascend 3.2's interpreter asserts M, N, K >= 16 in tl.dot: there a piece narrower
+    (GPT-J's 8 pairs of a 16-wide rotary) is a broadcast product; the ascend kernel keeps its
+    dots. Both under the same tiling otherwise."""
+    from fqr.prologue.split_qkv import SPLIT_QKV_RMSNORM_ROPE_PROJ as proj
+
+    torch = A.torch
+    x = torch.zeros(3, 48, dtype=torch.bfloat16)
+    w = torch.zeros(7 * 32, 48, dtype=torch.bfloat16)
+    table = torch.zeros(5, 16)
+    weight = torch.ones(32, dtype=torch.bfloat16)
+    program = proj.program_for(x, w, torch.zeros(3, dtype=torch.int64), table, weight, weight,
+                               num_heads=5, num_kv_heads=1, head_dim=32, is_neox=False)  # fmt: skip
+    plan = plan_program(program)
+    assert get_target("ascend-interpret").tiling(plan).min_dot == 16
+    assert get_target("ascend").tiling(plan).min_dot == 1
+    compiled, interpreted = (kernel_source(program, t) for t in ("ascend", "ascend-interpret"))
+    assert "tl.sum(xk" not in compiled
+    assert "tl.sum(xk" in interpreted and "tl.dot(" in interpreted
