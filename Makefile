@@ -103,7 +103,8 @@ ascend-env:
 	bash scripts/ascend-env.sh $(ASCEND_VENV)
 
 # 1. the compile check: every preset at TP 1/2/4/8/16 through TTIR and triton-adapter-opt
-#    (Ascend linalg/HIVM for Ascend910B3; bishengir needs CANN and is reported, not failed);
+#    (Ascend linalg/HIVM for Ascend910B3; bishengir needs CANN and is reported, not failed),
+#    and each projected form (the QKV GEMM + prologue on the cube) at its smallest and largest TP;
 # 2. the ascend-target kernel under Triton-Ascend's interpreter on every golden case;
 # 3. tests/ascend: the compile tests in a compiling process, then the interpreter tests
 #    (multi-tile cases where vllm-ascend's kernel breaks, head chunks) and the profile tests.

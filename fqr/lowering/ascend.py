@@ -23,6 +23,14 @@ compile (or, with a hand-picked budget that is too large, spills). So this profi
   taking UB) or as a runtime loop (``"loop"``). Nothing is clamped silently: when one head of
   :data:`MIN_BLOCK_T` tokens does not fit, :class:`TileDoesNotFit` says so with the numbers.
 
+A kernel with a product (the projected form, ``fqr.<op>_proj``: the QKV GEMM with the prologue
+as its epilogue) multiplies on the AI cores' **cube unit** instead (``tl.dot``: a mix kernel,
+one cube and its two vector cores per program): :func:`ascend_product_tiling` sizes it from
+the UB and from the cube's own buffers per AI core (:class:`CubeBuffers`: L0A / L0B for one K
+step's operands, L0C for its fp32 products, L1 staging both), and the grid is one program per
+AI core walking (token tile, head group) items, each K loop whole: no split-K, no workspace,
+no atomics (:attr:`Tiling.persistent_blocks`).
+
 The emitted source itself is the generic one (``fqr/lowering/emit.py``): positions and cos/sin
 are loaded as vectors of the token tile and used as tensors (a position is never read back as
 a scalar from a tile whose load may still be in flight, the flaw of vllm-ascend issue 16674).
@@ -37,6 +45,11 @@ chip      Triton-Ascend arch     UB         note
 ``950``   ``Ascend910_9599``     248 KiB    Ascend 950PR/950DT, SIMD-only kernels (216 KiB when
                                             SIMD and SIMT mix; these kernels are SIMD)
 ========  =====================  =========  =====================================================
+
+Cube buffers (bytes per AI core): L1 512 KiB, L0A 64 KiB, L0B 64 KiB, L0C 128 KiB on A2 / A3
+(CATLASS, ``Catlass::Arch::AtlasA2`` in include/catlass/arch/arch.hpp, which also gives the
+UB's 192 KiB); the 950's L0C 256 KiB (ops-transformer, gmm/common/groupedmatmul_act/utils/
+arch.h for ``__NPU_ARCH__ == 3101``), its others unchanged.
 """
 
 from __future__ import annotations

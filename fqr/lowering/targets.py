@@ -8,7 +8,9 @@
                     with bigger token tiles (numpy vectorises them) and a small grid, so the
                     persistent loop really iterates.
 ``ascend``          Triton-Ascend on NPUs (``fqr/lowering/ascend.py``): one program per vector
-                    core, tiles sized from the on-chip buffer budget, head chunks when needed.
+                    core, tiles sized from the on-chip buffer budget, head chunks when needed;
+                    a kernel with a product (the projected form): one program per AI core,
+                    ``tl.dot`` on the cube, tiles sized from the UB and the cube's buffers.
 ``ascend-interpret`` the ``ascend`` source under Triton-Ascend's interpreter (CPU tensors).
 =================== ========================================================================
 """
@@ -68,6 +70,9 @@ class Target:
         return tiling.block_t
 
     def grid(self, tokens: int, tile: int, device: torch.device, **options: Any) -> int:
+        """Programs along grid axis 0 for ``tokens`` tokens in tiles of ``tile``; ``options``
+        are the kernel's, with ``work_per_tile`` (blocks per token tile) where the persistent
+        loop walks the blocks too (:attr:`~fqr.lowering.tiling.Tiling.persistent_blocks`)."""
         return max(1, cdiv(tokens, tile))
 
     def grid_expression(self, tile: int, device: torch.device, **options: Any) -> str | None:

@@ -23,9 +23,14 @@ never materialises) stand at their defaults. Its ``numerics`` is ``"fused"`` onl
 modes round qkv as the model's unfused chain does: that is ``torch.matmul`` then the prologue).
 
 Where it runs: the reference backend (``fqr.core.eval_program``: fp32 product, then the
-prologue, rounded once), and the interpret and triton backends as ONE generated kernel, the
-GEMM with the prologue as its epilogue (``fqr.lowering.product``); the Ascend targets refuse it
-with one line before anything runs (no cube-unit lowering yet).
+prologue, rounded once), and every kernel backend as ONE generated kernel, the GEMM with the
+prologue as its epilogue (``fqr.lowering.product``): on the triton and interpret backends
+split-K at T <= 16 and 64-token tensor-core tiles after; on the Ascend backends (ascend,
+ascend-interpret, ascend-on-cuda) the cube-unit lowering (``fqr.lowering.ascend.
+ascend_product_tiling``: ``tl.dot`` on the cube, the epilogue on the vector cores, one program
+per AI core walking (token tile, head group) items with each K loop whole, tiles sized from
+the UB and the cube's L0A/L0B/L0C/L1; a head too wide for them is refused with one line
+naming the numbers before anything runs).
 """
 
 from __future__ import annotations
@@ -262,8 +267,9 @@ def _doc(decl: Declaration, example: str) -> str:
     ``fqr.reference.project`` then ``{decl.reference.__name__}``; see :mod:`fqr.numerics`
     for the bound of the fp32 accumulation). The other arguments are ``{decl.name}``'s; its
     ``inplace``, ``out=`` and ``norm_stats`` are not taken, and ``numerics`` is "fused" only.
-    On the triton and interpret backends it is one kernel: the GEMM with the prologue as its
-    epilogue (split-K at T <= 16, 64-token tensor-core tiles after).
+    On every kernel backend it is one kernel: the GEMM with the prologue as its epilogue
+    (triton, interpret: split-K at T <= 16, 64-token tensor-core tiles after; the Ascend
+    backends: the cube unit's tl.dot, each program's K loop whole).
 
     {example}
     """
