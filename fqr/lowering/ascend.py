@@ -483,7 +483,12 @@ PRODUCT_DECODE_TOKENS = 16
 # product added to the accumulator by an fp32 add) and that step's products out of L0C.
 PRODUCT_UB_TILES = 3
 # The options of the cuda target's product schedules that the cube lowering has no use for.
-CUDA_PRODUCT_OPTIONS = {"split_k": 1, "product_dot": "mma", "product_operands": "native"}
+# option -> the values it may take here (split_k 0 or 1: off)
+CUDA_PRODUCT_OPTIONS = {
+    "split_k": (0, 1),
+    "product_dot": ("mma",),
+    "product_operands": ("native",),
+}
 
 
 def _fractal(n: int) -> int:
@@ -838,13 +843,13 @@ class AscendTarget(Target):
         """The cube lowering of a projected kernel; the cuda target's schedules that it has no
         use for (split-K, the broadcast product, TF32 operands, chunk modes) are refused with
         one line naming the option."""
-        for name, only in CUDA_PRODUCT_OPTIONS.items():
-            value = options.get(name)
-            if value is not None and value != only and not (name == "split_k" and value == 0):
+        for option, allowed in CUDA_PRODUCT_OPTIONS.items():
+            value = options.get(option)
+            if value is not None and value not in allowed:
                 raise ValueError(
-                    f"{name}={value!r}: target {self.name} multiplies on the cube unit "
+                    f"{option}={value!r}: target {self.name} multiplies on the cube unit "
                     f"(tl.dot, each program's K loop whole: no split-K workspace or atomics); "
-                    f"{name} must be {only!r} there"
+                    f"{option} must be {allowed[-1]!r} there"
                 )
         if options.get("chunk_mode") not in (None, "grid"):
             raise ValueError(

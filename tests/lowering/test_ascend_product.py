@@ -15,13 +15,16 @@ passes ``meta`` tensors and an AI-core-sized 1-D grid. The interpreter runs the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fqr import ascend_on_cuda
 from fqr.lowering import ascend as A
-from fqr.lowering import kernel_source, lower, plan_program
+from fqr.lowering import kernel_source, plan_program, tiling_of
 from fqr.lowering.ascend import TileDoesNotFit
 from fqr.lowering.ascend_compile import launch_arguments
+from fqr.lowering.kernel import Kernel
 from fqr.lowering.plan import next_pow2
 from fqr.lowering.targets import get_target
 from fqr.presets import get_preset
@@ -43,6 +46,15 @@ def _fits(plan, chosen, block_t, block_k):
         ub = base + A.product_chain_footprint(A.ChainShape.of(c, plan), c, block_t, held, mb)
         cube = A.cube_footprint(c, block_t, held, block_k)
         yield ub <= chosen.budget and not cube.over(chip.cube)
+
+
+def _unloaded_kernel(program, target: str, **options) -> Kernel:
+    """The :class:`~fqr.lowering.kernel.Kernel` ``lower`` would make, its source not loaded (a
+    compiled target's would load triton compiled into this interpreted test process)."""
+    plan = plan_program(program)
+    tiling = get_target(target).tiling(plan, **options)
+    source = kernel_source(program, target, **options)
+    return Kernel(program, plan, get_target(target), tiling, source, Path(), False, None, options)
 
 
 def _cases():
@@ -79,7 +91,7 @@ def test_every_projected_tiling_fits_the_stated_budgets(name, tp):
 
 def test_the_kernel_walks_token_tiles_and_head_groups_on_a_1d_grid():
     program = projected_program("qwen3-8b", 8)  # 4 q heads, 1 k, 1 v: 6 head groups
-    kernel = lower(program, "ascend")
+    kernel = _unloaded_kernel(program, "ascend")
     src = kernel.source
     assert "for work in range(pid, tl.cdiv(T, BLOCK_T) * 6, nprog):" in src
     assert "block = work % 6" in src and "tl.program_id(1)" not in src
@@ -133,7 +145,7 @@ def test_a_head_too_wide_for_the_budget_says_the_numbers():
 def test_cuda_only_or_bad_options_are_refused_with_one_line(options, match):
     program = projected_program("qwen3-8b", 8)
     with pytest.raises(ValueError, match=match) as e:
-        lower(program, "ascend", **options)
+        tiling_of(program, "ascend", **options)
     assert "\n" not in str(e.value)
 
 
@@ -149,8 +161,8 @@ def test_ascend_on_cuda_lowers_the_same_body_and_launches_meta_tensors():
         assert body(kernel_source(program, "ascend-on-cuda")) == body(
             kernel_source(program, "ascend")
         )
-    assert lower(program, "ascend-on-cuda").tiling.block_t == 8
-    kernel = lower(projected_program("qwen3-8b", 8), "ascend-on-cuda")
+    assert tiling_of(program, "ascend-on-cuda").block_t == 8
+    kernel = _unloaded_kernel(projected_program("qwen3-8b", 8), "ascend-on-cuda")
     args, kwargs, grid = launch_arguments(kernel, tokens=1000)
     tensors = [a for a in args if isinstance(a, A.torch.Tensor)]
     assert tensors and all(a.device.type == "meta" for a in tensors)
