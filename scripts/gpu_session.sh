@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: everything that needs the GPU, logs under $OUT, a short summary last.
 # Usage (on the device machine, repo root):
-#   bash scripts/gpu_session.sh checks|projection|cold-start|cold-profile|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
+#   bash scripts/gpu_session.sh checks|projection|decode-probe|cold-start|cold-profile|bench|dispatch|minimax|declared|recheck|floors|probe|variants|gputests|second-ops|peers|bundle-tests|extras|sweep|table-a|table-b|table-c|profile|sched
 # and on the CPU machine, before the visit (no GPU; issue 30):
 #   bash scripts/gpu_session.sh bundle-build   # tests/gpu's kernels for the device into .bundle/tests-gpu
 #   bash scripts/gpu_session.sh sweep-build    # the tuning sweep's kernels into .bundle/sweep
@@ -188,13 +188,19 @@ projection)
   # issue 40: fqr bench --projection, bf16: cuBLAS GEMM alone, GEMM + fqr's op, the projected
   # kernel (the GEMM with the prologue as its epilogue) per schedule, the weights' copy; every
   # fused cell checked against float64 before it is timed. JSON in $OUT/projection.json.
+  # PROJ_WRITE_DISPATCH=1: the projection dispatch table from this run in $OUT/proj_dispatch.json
   SCHED=${PROJ_SCHEDULES:-}   # default: fqr.bench.projection.SCHEDULES (built ahead by projection-build)
   export FQR_KERNEL_BUNDLE=$BUNDLE
   [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }
-  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" ${SCHED:+--schedules "$SCHED"} --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
+  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" ${SCHED:+--schedules "$SCHED"} ${PROJ_WRITE_DISPATCH:+--write-dispatch "$OUT/proj_dispatch.json"} --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
   summary+=("projection rc=$?")
   tail -n 5 "$OUT/projection.log"
   python3 scripts/projection_table.py "$OUT/projection.json" | tee "$OUT/projection-table.txt"
+  ;;
+decode-probe)
+  # issue 38: where a decode call's time goes (scripts/decode_floor_probe.py: empty, copy, table
+  # gather, norm, norm+rope by hand, fqr; one warp a head; device us of graph replays)
+  TAILN=14 step decode_probe timeout 200 python3 scripts/decode_floor_probe.py --tokens 1,16 --json "$OUT/decode-probe.json"
   ;;
 cold-start)
   # issue 37: the first call from a bundle in parts (import, CUDA context, lowering, bundle open
