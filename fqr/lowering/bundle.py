@@ -90,6 +90,12 @@ class KernelBundleError(OSError):
     """A kernel bundle cannot be used or written; the message names the path and the cause."""
 
 
+class StaleBundleEntry(KernelBundleError):
+    """An entry built from another source of the same kernel key (an fqr whose emitter changed
+    since the build): its binary is never loaded. A launch that meets one compiles the kernel
+    (one warning line) and keeps using the rest of the bundle."""
+
+
 @dataclass(frozen=True)
 class BundleTarget:
     """What a bundle is compiled for: ``cuda:<arch>`` (compute capability as one number, 90
@@ -689,7 +695,7 @@ class KernelBundle:
             if entry["kernel_key"] != key:
                 return None
             if entry["source"]["sha256"] != _sha256(source.encode()):
-                raise KernelBundleError(
+                raise StaleBundleEntry(
                     f"kernel bundle entry {record}: its source is not the one this fqr "
                     "generates for that kernel"
                 )
@@ -855,6 +861,9 @@ def _checked_group(
     """:meth:`KernelBundle.checked_entry`, a refusal handled by :func:`_refuse` (None)."""
     try:
         return bundle.checked_entry(ident, key, source)
+    except StaleBundleEntry as e:
+        _warn_once(f"{e} (an older build): compiling it; the rest of the bundle is used")
+        return None
     except KernelBundleError as e:
         _refuse(e)
         return None

@@ -220,6 +220,30 @@ def test_a_bad_env_bundle_is_one_warning_and_jit(tmp_path, monkeypatch, caplog):
     assert line.startswith("FQR_KERNEL_BUNDLE: kernel bundle") and "no such directory" in line
 
 
+def test_a_stale_entry_of_an_env_bundle_is_compiled_and_the_bundle_kept(
+    tmp_path, monkeypatch, caplog
+):
+    """An entry built from an older source of the same kernel key (the emitter changed since
+    the build) is a miss, with one warning line naming it; the rest of the bundle stays in use
+    (on the H200 one stale entry once dropped a whole bundle, and the run compiled everything)."""
+    directory = _fake_bundle(tmp_path / "b")
+    bundle = B.KernelBundle.open(directory)
+    monkeypatch.setattr(B, "_ACTIVE", bundle)
+    monkeypatch.setattr(B, "_FROM_ENV", True)
+    monkeypatch.setattr(B, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="fqr.lowering.bundle"):
+        assert B._checked_group(bundle, "abc", "k", "another source") is None
+        assert B._checked_group(bundle, "abc", "k", "source") is not None
+    assert B._ACTIVE is bundle
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "abc.fqr.json" in line and "not the one this fqr generates" in line
+    assert "the rest of the bundle is used" in line
+    # an altered binary still drops the bundle
+    (directory / "abc.cubin").write_bytes(b"planted")
+    assert B._checked_group(bundle, "abc", "k", "source") is None
+    assert B._ACTIVE is None
+
+
 @pytest.mark.parametrize(
     "text, parsed",
     [("cuda:90", "cuda:90"), ("cuda:sm_90", "cuda:90"), ("cuda:sm100", "cuda:100")],
