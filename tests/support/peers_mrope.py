@@ -71,8 +71,8 @@ def check_like_peer(
     """``fused`` meets fqr's contract against ``exact`` (float64,
     :func:`support.peer_ports.assert_exact`) and the peer's ``assert_close(atol, rtol)``
     against ``peer``, or is nearer float64 than the peer's reference with ``unfused`` equal
-    to it (:func:`support.peer_ports.assert_peer_or_nearer`; one ULP on a kernel, whose fp32
-    reduction order is not torch's). Returns ``"close"`` or ``"peer farther"``."""
+    to it (:func:`support.peer_ports.assert_peer_or_nearer`; one ULP of each head's largest
+    element on a kernel, whose fp32 reduction order is not torch's). Returns ``"close"`` or ``"peer farther"``."""
     assert_exact(name, fused, exact, head_dim=head_dim)
     within = assert_peer_or_nearer(
         name,
@@ -83,6 +83,10 @@ def check_like_peer(
         atol=atol,
         rtol=rtol,
         ulps=0 if backend == "reference" else 1,
+        # a kernel's rstd may differ from torch's in its last bit before RoPE's sums cancel:
+        # one ULP of the head's largest element, as the qk-norm-rope port allows (on the
+        # H200, seed 174566212: 2 element ULPs at a cancelled fp16 element)
+        head_dim=None if backend == "reference" else head_dim,
     )
     if not within:
         print(f"{name}: the peer's {peer.dtype} reference is the farther from float64")
