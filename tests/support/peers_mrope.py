@@ -72,7 +72,8 @@ def check_like_peer(
     :func:`support.peer_ports.assert_exact`) and the peer's ``assert_close(atol, rtol)``
     against ``peer``, or is nearer float64 than the peer's reference with ``unfused`` equal
     to it (:func:`support.peer_ports.assert_peer_or_nearer`; one ULP of each head's largest
-    element on a kernel, whose fp32 reduction order is not torch's). Returns ``"close"`` or ``"peer farther"``."""
+    element on a kernel, whose fp32 reduction order is not torch's). Returns ``"close"`` or
+    ``"peer farther"``."""
     assert_exact(name, fused, exact, head_dim=head_dim)
     within = assert_peer_or_nearer(
         name,
