@@ -217,12 +217,16 @@ class CudaTarget(Target):
     def product_buckets(
         self, plan: KernelPlan, **options: Any
     ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
-        """A projected kernel's variants when no schedule option is pinned: decode (T <= 16)
-        by split-K, 4 warps, K in 4 ranges where there are 32 head programs or more (Qwen3-8B
-        at TP 1: 48) and in 8 below (TP 8: 6), as far as each range keeps two K steps of 64;
-        then 64-token tensor-core tiles, 4 warps. Measured on the H200 among 4 to 16 ranges
-        and 64 / 128-token tiles (docs/results/projection-h200-issue40.log). A chain normalised
-        over its whole row keeps one range. Any option given pins one variant."""
+        """A projected kernel's variants when no schedule option is pinned: one token where
+        there are fewer than 32 head programs (TP 8's 6 to 10 heads) by the broadcast-product
+        GEMV (``product_dot="fma"``, 8 warps, K in ranges of one 256-wide step); decode
+        (T <= 16) by split-K, 4 warps, K in 4 ranges where there are 32 head programs or more
+        (Qwen3-8B at TP 1: 48) and in 8 below, as far as each range keeps two K steps of 64;
+        then 64-token tensor-core tiles, 4 warps. Measured on the H200 among 4 to 64 ranges,
+        K steps of 64 to 256, tensor-core and broadcast products, 64 / 128-token tiles
+        (docs/results/projection-h200-issue40.log, projection-decode-h200-issue40-b.log). A
+        chain normalised over its whole row keeps one range. Any option given pins one
+        variant."""
         if any(k in options for k in (*TILING_OPTIONS, *PRODUCT_OPTIONS)):
             return ((None, dict(options)),)
         blocks = sum(c.heads if not c.row_reductions else 1 for c in plan.chains)
@@ -230,10 +234,18 @@ class CudaTarget(Target):
         split = 4 if blocks >= 32 else 8
         while split > 1 and depth // split < 2 * 64:
             split //= 2
-        if any(c.row_reductions for c in plan.chains):
+        whole_rows = any(c.row_reductions for c in plan.chains)
+        if whole_rows:
             split = 1
         decode = {"num_warps": 4, **({"split_k": split} if split > 1 else {})}
-        return ((16, {**decode, **options}), (None, {"block_t": 64, "num_warps": 4, **options}))
+        buckets: list[tuple[int | None, dict[str, Any]]] = []
+        gemv_split = -(-depth // GEMV_BLOCK_K)
+        if blocks < 32 and not whole_rows and gemv_split > 1:
+            gemv = {"product_dot": "fma", "block_k": GEMV_BLOCK_K, "num_warps": 8}
+            buckets.append((1, {**gemv, "split_k": gemv_split, **options}))
+        buckets.append((16, {**decode, **options}))
+        buckets.append((None, {"block_t": 64, "num_warps": 4, **options}))
+        return tuple(buckets)
 
     def launch_options(
         self, plan: KernelPlan, *, rounding_points: bool = False, **options: Any
@@ -306,6 +318,9 @@ class CudaTarget(Target):
         )
 
 
+# The K step of the one-token GEMV schedule (CudaTarget.product_buckets): each split-K range
+# one step, every weight load of a program in flight at once.
+GEMV_BLOCK_K = 256
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
 PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k")
 

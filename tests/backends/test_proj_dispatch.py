@@ -58,16 +58,16 @@ def _call(dtype, seed, *, tokens=5, bias=False):
 
 
 def test_the_shipped_table_is_the_h200_logs():
-    """Seeded from docs/results/projection*-h200-issue40.log: the fused kernel at TP 8 decode
-    T = 1 where it beat cuBLAS + fqr's op (Qwen3-8B 8.99 against 9.37 us), the pair everywhere
-    else (TP 1, T = 16, prefill; Qwen3-32B TP 8 10.65 against 10.52)."""
+    """Written by ``fqr bench --projection --write-dispatch`` on the H200
+    (docs/results/projection-h200-issue40-b.log): the fused kernel at TP 8 decode T = 1 where
+    it beat cuBLAS + fqr's op (Qwen3-8B 7.62 against 9.32 us), the pair everywhere else (TP 1,
+    T = 16, prefill; Qwen3-32B TP 8 12.49 against 10.46)."""
     doc = json.loads(TABLE_FILE.read_text())
-    assert "projection-decode-h200-issue40.log" in doc["source"]
-    assert "projection-h200-issue40.log" in doc["source"]
+    assert "projection-h200-issue40-b" in doc["source"]
     table = load_table()
     by_model = {e.doc["model"]: e for e in table.values()}
     assert by_model["qwen3-8b TP8"].choices == ("fused", "pair", "pair", "pair")
-    assert by_model["qwen3-8b TP8"].measured[0] == (1, 9.37, 8.99)
+    assert by_model["qwen3-8b TP8"].measured[0] == (1, 9.32, 7.62)
     assert by_model["qwen3-32b TP8"].choices == ("pair",) * 4
     assert by_model["llama3-8b TP8"].key.norm == "none"
     for name, e in by_model.items():

@@ -135,12 +135,15 @@ def test_a_product_is_read_through_a_view():
     "preset_tp,split", [((32, 8, 8), 4), ((4, 1, 1), 8)], ids=["48-heads", "6-heads"]
 )
 def test_the_public_ops_buckets(preset_tp, split):
-    """Split-K at T <= 16 (4 ranges for 32 head programs or more, 8 below: the H200's best),
-    64-token tiles after; any schedule option pins one variant."""
+    """Below 32 head programs, one token by the broadcast-product GEMV (K in ranges of one
+    256-wide step, 8 warps); split-K at T <= 16 (4 ranges for 32 head programs or more, 8
+    below: the H200's best), 64-token tiles after; any schedule option pins one variant."""
     hq, hkv, _ = preset_tp
     program, *_ = _problem(2, hq=hq, hkv=hkv, d=128, rotary=128, hidden=4096, tokens=2)
     buckets = get_target("cuda").token_buckets(plan_program(program))
+    gemv = {"product_dot": "fma", "block_k": 256, "num_warps": 8, "split_k": 16}
     assert buckets == (
+        *([(1, gemv)] if hq + 2 * hkv < 32 else []),
         (16, {"num_warps": 4, "split_k": split}),
         (None, {"block_t": 64, "num_warps": 4}),
     )
