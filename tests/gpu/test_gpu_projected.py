@@ -36,7 +36,7 @@ CASES = [
     ("pythia-6.9b", 8), ("codegen-2b", 4), ("persimmon-8b", 8), ("minimax-m3-fp8", 8),
 ]  # fmt: skip
 SCHEDULES = {
-    "default": None,  # the public op: its token buckets (split-K at T <= 16, 64-token tiles)
+    "default": None,  # the public op: its token buckets (GEMV, split-K, 64-token tiles)
     "mma": {"block_t": 16},
     "mma-h2": {"block_t": 16, "heads_per_program": 2},
     "t64": {"block_t": 64, "num_warps": 4},
