@@ -130,18 +130,16 @@ def check_preset(
     require_triton_ascend()
     p = get_preset(preset, tp)
     program = program_of(p, dtype, numerics=numerics, bias=bias, sharded_full_norm=tp > 1)
-    options = {
-        k: v
-        for k, v in (
-            ("chip", chip),
-            ("ub_bytes", ub_bytes),
-            ("num_vectorcore", num_vectorcore),
-            ("chunk_mode", chunk_mode),
-        )
-        if v is not None
-    }
+    options = _given(
+        chip=chip, ub_bytes=ub_bytes, num_vectorcore=num_vectorcore, chunk_mode=chunk_mode
+    )
     tiling, report = _check_program(program, options)
     return PresetCheck(p.label, preset, tp, DTYPE_NAMES[dtype], tiling, report)
+
+
+def _given(**options: object) -> dict:
+    """The lowering options given (those not None)."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _check_program(program: Program, options: dict) -> tuple[AscendTiling, CheckReport]:
@@ -162,29 +160,16 @@ def projected_declaration(preset: str, tp: int = 1) -> Declaration | None:
 def projected_program(
     preset: str, tp: int = 1, dtype: torch.dtype = torch.bfloat16, *, bias: bool = False
 ) -> Program:
-    """The program the projected form of the preset's op traces for one call of its TP view:
-    ``x [T, hidden_size]``, the packed weight ``[N, hidden_size]`` and the projection's bias
-    (a model's ``qkv_proj`` with one, Qwen2's: the kernel adds it), the op's other arguments
-    drawn as :meth:`fqr.prologue.variant.Variant.program` draws them (``bias``: the norms'
-    bias terms)."""
+    """The program the projected form of the preset's op traces for one call of its TP view
+    (:meth:`fqr.prologue.variant.Variant.projected_form` with the projection's bias, which
+    the kernel adds: ``x [T, hidden_size]``, the packed weight ``[N, hidden_size]``, the op's
+    other arguments as :meth:`~fqr.prologue.variant.Variant.program` draws them; ``bias``:
+    the norms' bias terms)."""
     p = get_preset(preset, tp)
     variant = variant_of(p)
-    proj = projected_declaration(preset, tp)
-    if proj is None:
+    if projected_declaration(preset, tp) is None:
         raise ValueError(f"preset {p.label}: {variant.declaration.name} has no projected form")
-    inputs = variant.example(p, dtype, positions_dtype=torch.int64, bias=bias)
-    table = torch.zeros(1, p.rotary_dim) if variant.reads_table else None
-    values = variant.arguments(p, inputs, table)
-    width, hidden = inputs["qkv"].shape[1], p.hidden_size
-    given = {k: v for k, v in values.items() if k in proj.index and k != "qkv"}
-    given |= {
-        "x": torch.zeros(1, hidden, dtype=dtype),
-        "w_qkv": torch.zeros(width, hidden, dtype=dtype),
-        "qkv_bias": torch.zeros(width, dtype=dtype),
-    }
-    call = proj.bound(proj.bind((), given))
-    proj.validate(call)
-    return proj.program(call)
+    return variant.projected_form(p.hidden_size, qkv_bias=True).program(p, dtype, bias=bias)
 
 
 def check_projected(
@@ -204,17 +189,13 @@ def check_projected(
     ``heads_per_program`` and ``block_k`` pin its schedule) and compile-check it."""
     require_triton_ascend()
     program = projected_program(preset, tp, dtype, bias=bias)
-    options = {
-        k: v
-        for k, v in (
-            ("chip", chip),
-            ("ub_bytes", ub_bytes),
-            ("num_aicore", num_aicore),
-            ("heads_per_program", heads_per_program),
-            ("block_k", block_k),
-        )
-        if v is not None
-    }
+    options = _given(
+        chip=chip,
+        ub_bytes=ub_bytes,
+        num_aicore=num_aicore,
+        heads_per_program=heads_per_program,
+        block_k=block_k,
+    )
     tiling, report = _check_program(program, options)
     label = f"{get_preset(preset, tp).label} proj"
     return PresetCheck(label, preset, tp, DTYPE_NAMES[dtype], tiling, report, projected=True)
