@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from .core import ACTIVATION_DTYPE_NAMES, dtype_name, dtype_of
+from .lowering.tuning import table_text as table_text  # tuning.json's one-entry-a-line JSON
 from .prologue import DECLARATIONS
 from .prologue.declare import (
     DISPATCH_KEYS,
@@ -266,22 +267,6 @@ def table_doc(entries: list[Mapping[str, Any]], *, source: str) -> dict[str, Any
            "entries": [dict(e) for e in entries]}  # fmt: skip
     parse_table(doc)
     return doc
-
-
-def table_text(doc: Mapping[str, Any]) -> str:
-    """A table as ``proj_dispatch.json`` holds it: one key per line, each entry's fields on
-    lines of their own (a regenerated table diffs by entry)."""
-
-    def line(value: Any) -> str:
-        return json.dumps(value, ensure_ascii=False)
-
-    head = [f" {line(k)}: {line(v)}" for k, v in doc.items() if k != "entries"]
-    entries = [
-        "  {\n" + ",\n".join(f"   {line(k)}: {line(v)}" for k, v in e.items()) + "\n  }"
-        for e in doc.get("entries", [])
-    ]
-    body = ",\n".join([*head, ' "entries": [\n' + ",\n".join(entries) + "\n ]"])
-    return "{\n" + body + "\n}\n"
 
 
 # ---------------------------------------------------------------------------- the lookup

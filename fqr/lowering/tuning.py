@@ -257,9 +257,10 @@ def table_from_sweep(
 
 
 def table_text(doc: Mapping[str, Any]) -> str:
-    """A tuning document as ``tuning.json`` holds it: one key per line, each entry's fields on
-    lines of their own, and every list of scalars or option sets on one line (a regenerated
-    table diffs by entry)."""
+    """A table document as ``tuning.json`` (and the projection dispatch's
+    ``proj_dispatch.json``) holds it: one key per line, each entry's fields on lines of their
+    own, and every list of scalars or option sets on one line (a regenerated table diffs by
+    entry)."""
 
     def line(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
