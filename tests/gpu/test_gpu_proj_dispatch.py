@@ -11,15 +11,13 @@ import pytest
 import torch
 from support.devices import GPU_DEVICE, has_values
 from support.peer_ports import ON_TRITON
+from support.projected import projected_case
 
 from fqr import projection, reference
 from fqr.numerics import compare
-from fqr.presets import get_preset
-from fqr.prologue import DECLARATIONS, variant_of
 
 pytestmark = ON_TRITON
 
-MAX_POSITION = 4096
 # (preset, TP, T, what the shipped table picks on the H200)
 CASES = [
     ("qwen3-8b", 8, 1, "fused"),
@@ -34,21 +32,9 @@ CASES = [
 @pytest.mark.gpu_memory(1 << 30)
 @pytest.mark.parametrize("name,tp,tokens,on_h200", CASES, ids=lambda v: str(v))
 def test_dispatch_runs_what_the_table_says(gen, name, tp, tokens, on_h200):
-    preset = get_preset(name, tp)
-    variant = variant_of(preset)
-    proj = DECLARATIONS[variant.declaration.name + "_proj"]
-    device = torch.device(GPU_DEVICE)
-    table = preset.cos_sin_cache(MAX_POSITION).to(device)
-    dtype = torch.bfloat16
-    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
-    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
-    x = torch.randn(tokens, hidden, generator=gen, device=gen.device, dtype=torch.float64)
-    w = torch.randn(width, hidden, generator=gen, device=gen.device, dtype=torch.float64)
-    x, w = x.to(device, dtype), (w / hidden**0.5).to(device, dtype)
-    values = variant.arguments(preset, inputs, table)
-    rest = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-            for k, v in values.items() if k in proj.index and k != "qkv"}  # fmt: skip
-    given = dict(rest, x=x, w_qkv=w)
+    case = projected_case(gen, name, tp, tokens, torch.device(GPU_DEVICE))
+    proj, device = case.proj, case.x.device
+    x, w, rest, given = case.x, case.w, case.rest, case.given
     choice = projection.choice_for(proj.base.name, **given)
     if device.type == "cuda" and projection.device_name(device) == "NVIDIA H200":
         assert choice == on_h200
@@ -66,7 +52,7 @@ def test_dispatch_runs_what_the_table_says(gen, name, tp, tokens, on_h200):
         return
     for got, want in zip(outs, named):
         assert torch.equal(got, want)
-    expected = variant.expected(preset, dict(inputs, qkv=row), table)
+    expected = case.variant.expected(case.preset, dict(case.inputs, qkv=row), case.table)
     for (out_name, exact), out in zip(expected.items(), outs):
-        result = compare(out, exact.to(device), head_dim=preset.head_dim)
+        result = compare(out, exact.to(device), head_dim=case.preset.head_dim)
         assert result.passed and result.nonfinite == 0, (out_name, choice, result)

@@ -15,17 +15,15 @@ import pytest
 import torch
 from support.devices import GPU_DEVICE, has_values
 from support.peer_ports import ON_TRITON
+from support.projected import projected_case
 
 from fqr import reference
 from fqr.bench.checks import poison_free_memory
 from fqr.lowering import lower
 from fqr.numerics import compare
-from fqr.presets import get_preset
-from fqr.prologue import DECLARATIONS, variant_of
 
 pytestmark = ON_TRITON
 
-MAX_POSITION = 4096
 GIB = 1 << 30
 # (preset, TP): the families of issue 40's bench (Qwen3 at two sizes, Llama 3 without q/k norm,
 # Qwen3-VL's mRoPE) and the row layouts of the others (the gated mRoPE row, the v norm,
@@ -55,21 +53,9 @@ FEW_TOKENS = ("fma", "sk8", "sk8-tf32")  # the decode schedules
 def test_projected_kernel_matches_float64(gen, name, tp, tokens, schedule):
     if schedule in FEW_TOKENS and tokens == 300:
         pytest.skip("a decode schedule (the broadcast product, split-K)")
-    preset = get_preset(name, tp)
-    variant = variant_of(preset)
-    proj = DECLARATIONS[variant.declaration.name + "_proj"]
-    device = torch.device(GPU_DEVICE)
-    table = preset.cos_sin_cache(MAX_POSITION).to(device)
-    dtype = torch.bfloat16
-    inputs = variant.draw(preset, tokens, dtype, gen, max_position=MAX_POSITION)
-    width, hidden = inputs["qkv"].shape[1], preset.hidden_size
-    x = torch.randn(tokens, hidden, generator=gen, device=gen.device, dtype=torch.float64)
-    w = torch.randn(width, hidden, generator=gen, device=gen.device, dtype=torch.float64)
-    x, w = x.to(device, dtype), (w / hidden**0.5).to(device, dtype)
-    values = variant.arguments(preset, inputs, table)
-    rest = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-            for k, v in values.items() if k in proj.index and k != "qkv"}  # fmt: skip
-    given = dict(rest, x=x, w_qkv=w, backend="triton")
+    case = projected_case(gen, name, tp, tokens, torch.device(GPU_DEVICE))
+    proj, device = case.proj, case.x.device
+    given = dict(case.given, backend="triton")
     if device.type == "cuda":
         poison_free_memory(256 << 20, device)
     if SCHEDULES[schedule] is None:
@@ -82,7 +68,8 @@ def test_projected_kernel_matches_float64(gen, name, tp, tokens, schedule):
         outs = kernel.launch(proj.operands(call))
     if not has_values(*outs):
         return
-    expected = variant.expected(preset, dict(inputs, qkv=reference.project(x, w)), table)
+    row = reference.project(case.x, case.w)
+    expected = case.variant.expected(case.preset, dict(case.inputs, qkv=row), case.table)
     for (out_name, exact), out in zip(expected.items(), outs):
-        result = compare(out, exact.to(device), head_dim=preset.head_dim)
+        result = compare(out, exact.to(device), head_dim=case.preset.head_dim)
         assert result.passed and result.nonfinite == 0, (out_name, result)
