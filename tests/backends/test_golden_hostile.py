@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
+from support.golden_dirs import copy_case, write_manifest
 
 from fqr import golden
 from fqr.golden import GOLDEN_DIR, GoldenCorrupt, list_cases, load_case, regen
@@ -30,14 +30,7 @@ VARIANT_CASE = "deepseek-v3-q-rope-tp16-bf16-t1-unfused"  # the smallest variant
 @pytest.fixture
 def copy(tmp_path):
     """A golden directory holding one shipped case: (directory, its manifest entry)."""
-    (entry,) = list_cases(pattern=CASE)
-    shutil.copy(GOLDEN_DIR / entry["file"], tmp_path / entry["file"])
-    _write(tmp_path, [entry])
-    return tmp_path, entry
-
-
-def _write(d, cases, **doc):
-    (d / "manifest.json").write_text(json.dumps({"format": "fqr-golden/1", "cases": cases, **doc}))
+    return copy_case(tmp_path, CASE)
 
 
 def _rewrite_file(d, entry, tensors):
@@ -46,7 +39,7 @@ def _rewrite_file(d, entry, tensors):
     data = save_safetensors(tensors)
     (d / entry["file"]).write_bytes(data)
     entry = dict(entry, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-    _write(d, [entry])
+    write_manifest(d, [entry])
     return entry
 
 
@@ -124,7 +117,7 @@ MALFORMED_ENTRIES = [
 @pytest.mark.parametrize("label,mutate", MALFORMED_ENTRIES, ids=[m[0] for m in MALFORMED_ENTRIES])
 def test_a_malformed_entry_is_a_corrupt_case(copy, label, mutate):
     d, entry = copy
-    _write(d, [mutate(dict(entry))])
+    write_manifest(d, [mutate(dict(entry))])
     (row,) = list_cases(d)
     assert "corrupt" in row and row["corrupt"], row
     assert isinstance(row["name"], str) and row["name"]
@@ -182,7 +175,7 @@ def test_verify_reports_an_unbounded_case_and_checks_the_others(copy):
     from fqr_cli.verify import verify_one
 
     d, entry = copy
-    _write(d, [dict(entry, name="huge", max_position=2**40), entry])
+    write_manifest(d, [dict(entry, name="huge", max_position=2**40), entry])
     huge, good = list_cases(d)
     assert "max_position" in huge["corrupt"] and "corrupt" not in good
     with pytest.raises(GoldenCorrupt, match="max_position"):
@@ -250,7 +243,7 @@ def test_a_file_outside_the_directory_is_never_opened(copy, tmp_path, monkeypatc
     secret = tmp_path.parent / f"{tmp_path.name}-secret.safetensors"
     secret.write_bytes((d / entry["file"]).read_bytes())  # even a valid case file
     for file in (f"../{secret.name}", str(secret)):
-        _write(d, [dict(entry, file=file)])
+        write_manifest(d, [dict(entry, file=file)])
         opened = []
         for module, name in ((os, "open"), (io, "open")):
             real = getattr(module, name)
@@ -336,13 +329,13 @@ def test_a_file_that_is_not_safetensors_is_corrupt(copy):
     d, entry = copy
     data = os.urandom(4096)
     (d / entry["file"]).write_bytes(data)
-    _write(d, [dict(entry, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))])
+    write_manifest(d, [dict(entry, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))])
     _corrupt(d, "not a safetensors file")
 
 
 def test_a_wrong_max_position_is_corrupt(copy):
     d, entry = copy
-    _write(d, [dict(entry, max_position=3)])
+    write_manifest(d, [dict(entry, max_position=3)])
     _corrupt(d, "cos_sin_index")
 
 

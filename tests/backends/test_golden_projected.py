@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
+from support.golden_dirs import copy_case, write_manifest
 from support.peer_ports import INTERPRET
 
 import fqr
@@ -152,14 +152,7 @@ def test_regen_is_deterministic(tmp_path):
 @pytest.fixture
 def copy(tmp_path):
     """A golden directory holding one shipped projected case: (directory, its entry)."""
-    (entry,) = list_cases(pattern=BIASED)
-    shutil.copy(GOLDEN_DIR / entry["file"], tmp_path / entry["file"])
-    _write(tmp_path, [entry])
-    return tmp_path, entry
-
-
-def _write(d, cases):
-    (d / "manifest.json").write_text(json.dumps({"format": "fqr-golden/1", "cases": cases}))
+    return copy_case(tmp_path, BIASED)
 
 
 def _corrupt(d, needle: str):
@@ -195,7 +188,7 @@ MALFORMED = [
 @pytest.mark.parametrize("label,mutate,needle", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_a_malformed_projected_entry_is_corrupt(copy, label, mutate, needle):
     d, entry = copy
-    _write(d, [mutate(dict(entry))])
+    write_manifest(d, [mutate(dict(entry))])
     _corrupt(d, needle)
 
 
@@ -206,7 +199,7 @@ def _rewrite(d, entry, tensors):
     (d / entry["file"]).write_bytes(data)
     record = {n: [DTYPE_NAMES[x.dtype], list(x.shape)] for n, x in tensors.items()}
     sha = hashlib.sha256(data).hexdigest()
-    _write(d, [dict(entry, tensors=record, sha256=sha, bytes=len(data))])
+    write_manifest(d, [dict(entry, tensors=record, sha256=sha, bytes=len(data))])
 
 
 WRONG_TENSORS = [
