@@ -123,13 +123,16 @@ class ProductEmission:
             # left bf16-ULP errors on the H200. Its dot starts from a zero Triton cannot see
             # as a constant, which would fold the add back into the dot.
             self.emit("unfolded_zero = T.to(tl.float32) * 0.0")
+        stages = self.tiling.k_stages
+        loop = f"tl.range({{}}, num_stages={stages})" if stages else "range({})"
         if splits > 1:
             per_split = -(-depth // splits)
             span = -(-per_split // step) * step  # each range: whole steps
             self.emit(f"ksplit = tl.program_id(2)  # K range [{span} * ksplit, + {span})")
-            self.emit(f"for k0 in range(ksplit * {span}, ksplit * {span} + {span}, {step}):")
+            bounds = f"ksplit * {span}, ksplit * {span} + {span}, {step}"
         else:
-            self.emit(f"for k0 in range(0, {depth}, {step}):")
+            bounds = f"0, {depth}, {step}"
+        self.emit(f"for k0 in {loop.format(bounds)}:")
         self.indent += 1
         self.emit(f"kk = k0 + tl.arange(0, {step})")
         ragged = depth % step != 0 or (splits > 1 and depth % (splits * step) != 0)
@@ -151,8 +154,15 @@ class ProductEmission:
                 zero = f"tl.zeros_like({acc}) + unfolded_zero"
                 self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
             else:
+                # One token (a GEMV): the weight tile times x as a column, summed over K in the
+                # tile's own layout (within threads, then warp shuffles). The broadcast over a
+                # token axis staged every weight tile through shared memory on the H200.
+                column = f"tl.reshape({xk_fp32}, [{step}])[:, None]"
                 terms = f"{xk_fp32}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
-                self.emit(f"{acc} += tl.sum({terms}, 1)")
+                self.emit("if BLOCK_T == 1:")
+                self.emit(f"    {acc} += tl.sum({wk}.to(tl.float32) * {column}, 0)[None, :]")
+                self.emit("else:")
+                self.emit(f"    {acc} += tl.sum({terms}, 1)")
         self.indent -= 1
         if self.tiling.uses_workspace:
             self._join_splits(product.weight, parts)

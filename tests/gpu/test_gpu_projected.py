@@ -5,9 +5,9 @@ device (``fqr.reference.project``, then the prologue's reference), outputs in Na
 memory. Token counts 1, 16 (decode: one 16-token MMA tile) and 300 (several tiles, a ragged
 last one); the public op's own schedule (its token buckets), the tensor-core tiles of 16 and
 64 tokens (one head a program, or two), bf16 operands native or widened to TF32, the
-broadcast product of a few tokens (``"fma"``, ``block_t=1``) and split-K (8 K ranges, the last
-to finish runs the epilogue). The interpreted kernel runs the same forms on small shapes in
-``tests/backends/test_projected.py``."""
+broadcast product of a few tokens (``"fma"``, ``block_t=1``: the one-token GEMV form), split-K
+(8 K ranges, the last to finish runs the epilogue) and the GEMV in 24 ranges. The interpreted
+kernel runs the same forms on small shapes in ``tests/backends/test_projected.py``."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ SCHEDULES = {
     "fma": {"product_dot": "fma", "block_t": 1},
     "sk8": {"split_k": 8, "num_warps": 4},
     "sk8-tf32": {"split_k": 8, "num_warps": 4, "product_operands": "tf32"},
+    # the one-token GEMV in ranges of two 128-wide K steps (some ranges past K, masked)
+    "gemv-sk24": {"product_dot": "fma", "block_k": 128, "split_k": 24, "num_warps": 4},
 }
-FEW_TOKENS = ("fma", "sk8", "sk8-tf32")  # the decode schedules
+FEW_TOKENS = ("fma", "sk8", "sk8-tf32", "gemv-sk24")  # the decode schedules
 
 
 @pytest.mark.gpu_memory(GIB)

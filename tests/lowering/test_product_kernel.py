@@ -61,6 +61,10 @@ SCHEDULES = [
     {"split_k": 2},
     {"split_k": 3, "block_k": 16},
     {"split_k": 4, "heads_per_program": 2, "product_dot": "fma", "block_t": 4},
+    # the one-token GEMV form (BLOCK_T == 1) with grouped heads and ragged K ranges
+    {"split_k": 3, "heads_per_program": 2, "product_dot": "fma", "block_t": 1, "block_k": 16},
+    # the K loop pipelined (tl.range with num_stages), K in two ranges of two to three steps
+    {"split_k": 2, "product_dot": "fma", "block_t": 1, "block_k": 16, "k_stages": 3},
 ]
 
 
@@ -104,6 +108,7 @@ def test_full_width_norm_stays_one_program_and_refuses_split_k():
         (dict(product_operands="fp8"), "product_operands must be 'native' or 'tf32'"),
         (dict(heads_per_program=3), "heads_per_program must be a power of two"),
         (dict(split_k=-1), "split_k must be an int >= 0"),
+        (dict(k_stages=9), r"k_stages must be 0 \.\. 8, got 9"),
     ],
 )
 def test_bad_schedule_options_are_refused(options, match):
