@@ -205,7 +205,7 @@ def bench(
         str | None,
         typer.Option(
             help="--projection: a JSON object of schedule name -> lowering options of the "
-            "projected kernel, each with its min_tokens / max_tokens (default: "
+            "projected kernel, each with its min_tokens / max_tokens and k_range (default: "
             "fqr.bench.projection.SCHEDULES)",
         ),
     ] = None,

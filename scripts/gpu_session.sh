@@ -197,6 +197,15 @@ projection)
   tail -n 5 "$OUT/projection.log"
   python3 scripts/projection_table.py "$OUT/projection.json" | tee "$OUT/projection-table.txt"
   ;;
+projection-profile)
+  # issue 40: Nsight Compute counters of the projected kernel beside cuBLAS + fqr's op
+  # (scripts/projection_profile.py; PROF_PRESETS, PROF_TP, PROF_TOKENS, PROF_OPTIONS)
+  export FQR_KERNEL_BUNDLE=$BUNDLE
+  OPTS=${PROF_OPTIONS:-"{}"}
+  for P in ${PROF_PRESETS:-qwen3-8b}; do
+    TAILN=${TAILN:-8} step "ncu_proj_$P" timeout "${PROFILE_SECONDS:-120}" ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats python3 scripts/projection_profile.py --preset "$P" --tp "${PROF_TP:-1,8}" --tokens "${PROF_TOKENS:-1}" --options "$OPTS"
+  done
+  ;;
 decode-probe)
   # issue 38: where a decode call's time goes (scripts/decode_floor_probe.py: empty, copy, table
   # gather, norm, norm+rope by hand, fqr; one warp a head; device us of graph replays)

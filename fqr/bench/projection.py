@@ -10,9 +10,11 @@ stream from HBM as in a real layer):
 ``pair_us``     that GEMM, then fqr's prologue op on the row (the triton backend): today's pair;
 ``fused_us``    fqr's projected op (``<op>_proj``): the GEMM with the prologue as its epilogue,
                 one kernel, under each schedule asked for (``schedules``: lowering options,
-                and ``min_tokens`` / ``max_tokens``: the T range the schedule is timed at);
+                ``min_tokens`` / ``max_tokens``: the T range the schedule is timed at, and
+                ``k_range``: the K of each split-K range, for ``split_k = ceil(K / k_range)``);
 ``weights_us``  the fastest same-size copy of the weight's bytes
-                (:func:`.floors.measure_copy_floor`): what reading the weights once costs.
+                (:func:`.floors.measure_copy_floor`), rotated over as many buffers as the
+                weight sets (from HBM): what reading the weights once costs.
 
 ``dispatch_table(rows, device)`` turns the rows into a projection dispatch table
 (:mod:`fqr.projection`: per bucket the fused kernel or the pair, whichever the row measured
@@ -55,9 +57,17 @@ SCHEDULES: dict[str, dict] = {
 }  # fmt: skip
 
 
-def lowering_options(schedule: dict) -> dict:
-    """A schedule's lowering options (its token range, a bench key, left out)."""
-    return {k: v for k, v in schedule.items() if k not in ("min_tokens", "max_tokens")}
+BENCH_KEYS = ("min_tokens", "max_tokens", "k_range")  # a schedule's keys that are not options
+
+
+def lowering_options(schedule: dict, depth: int) -> dict:
+    """A schedule's lowering options for a projection over ``depth`` (K) features: its token
+    range left out, and ``k_range`` (the K each split-K range covers, so that one schedule
+    fits every K) turned into ``split_k = ceil(K / k_range)``."""
+    options = {k: v for k, v in schedule.items() if k not in BENCH_KEYS}
+    if schedule.get("k_range"):
+        options["split_k"] = -(-depth // int(schedule["k_range"]))
+    return options
 
 
 def projected_call(preset_name: str, tp: int, tokens: int, dtype, device, gen=None) -> tuple:
@@ -99,7 +109,7 @@ def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat1
     launched = 0
     for name in presets:
         for tp in tps:
-            for tokens in (16, 1024):  # the public op's two token buckets
+            for tokens in (1, 16, 1024):  # the public op's token buckets
                 proj, args = given(name, tp, tokens)
                 proj.function(**args)
                 launched += 1
@@ -113,7 +123,8 @@ def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat1
                     proj, args = given(name, tp, tokens)
                     call = proj.bound(proj.bind((), args))
                     proj.validate(call)
-                    kernel = lower(proj.program(call), "cuda", **lowering_options(schedule))
+                    options = lowering_options(schedule, args["x"].shape[1])
+                    kernel = lower(proj.program(call), "cuda", **options)
                     kernel.launch(proj.operands(call))
                     launched += 1
     return launched
@@ -254,13 +265,13 @@ def projection_cell(
 
     exact_inputs = dict(inputs, qkv=reference.project(xs[0], ws[0]))
     expected = variant.expected(preset, exact_inputs, table)
-    for name, schedule in schedules.items():
-        schedule = dict(schedule)
-        most = schedule.pop("max_tokens", None)  # the schedule's token range (bench keys)
-        least = schedule.pop("min_tokens", None)
+    for name, given_schedule in schedules.items():
+        most = given_schedule.get("max_tokens")  # the schedule's token range (bench keys)
+        least = given_schedule.get("min_tokens")
         if (most is not None and tokens > int(most)) or (least is not None and tokens < least):
             row["fused_us"][name] = None
             continue
+        schedule = lowering_options(given_schedule, hidden)
         calls = []
         for i in range(sets):
             given = dict(rest, x=xs[i], w_qkv=ws[i], backend="triton")
@@ -280,7 +291,8 @@ def projection_cell(
         passed = all(r.passed for r in results)
         row["checks"][name] = dict(passed=passed, max_ulp=max((r.max_ulp or 0) for r in results))
         row["fused_us"][name] = timers.graph_us(rotating(calls), rep_ms) if passed else None
-    floors, _ = measure_copy_floor(weight_bytes, 2, device, rep_ms, timers)
+    # rotated over as many buffers as the weight sets, so that the copy streams from HBM too
+    floors, _ = measure_copy_floor(weight_bytes, sets, device, rep_ms, timers)
     row["weights_us"] = floors.get("copy_us")
     best = [v for v in row["fused_us"].values() if v is not None]
     row["best_fused_us"] = min(best) if best else None

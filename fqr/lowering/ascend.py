@@ -488,6 +488,7 @@ CUDA_PRODUCT_OPTIONS = {
     "split_k": (0, 1),
     "product_dot": ("mma",),
     "product_operands": ("native",),
+    "k_stages": (0,),
 }
 
 

@@ -165,8 +165,8 @@ class CudaTarget(Target):
         ``block_k`` (default 64) by ``product_dot`` ("mma", default: ``tl.dot`` on tiles of at
         least 16 tokens; "fma": any tile). A chain reduced over its whole row (OLMo2's norm)
         stays one program, chunked by ``tile_elems`` as other kernels are. ``product_operands``
-        ("native" or "tf32") and ``split_k`` (K in ranges, the decode schedule): see
-        :class:`~fqr.lowering.tiling.Tiling`."""
+        ("native" or "tf32"), ``split_k`` (K in ranges, the decode schedule) and ``k_stages``
+        (the K loop's loads pipelined): see :class:`~fqr.lowering.tiling.Tiling`."""
         mode = options.get("chunk_mode", "grid")
         if mode != "grid":
             raise ValueError(
@@ -187,6 +187,9 @@ class CudaTarget(Target):
         if operands not in ("native", "tf32"):
             raise ValueError(f"product_operands must be 'native' or 'tf32', got {operands!r}")
         split_k = schedule_knob(options, "split_k") or 1
+        k_stages = schedule_knob(options, "k_stages")
+        if k_stages > 8:
+            raise ValueError(f"k_stages must be 0 .. 8, got {k_stages}")
         if split_k > 1 and any(c.row_reductions for c in plan.chains):
             raise ValueError(
                 "split_k: a chain normalised over its whole row (OLMo2's norm) is computed in "
@@ -212,6 +215,7 @@ class CudaTarget(Target):
             product_dot=dot,
             product_operands=operands,
             split_k=split_k,
+            k_stages=k_stages if k_stages > 1 else 0,
         )
 
     def product_buckets(
@@ -322,7 +326,7 @@ class CudaTarget(Target):
 # one step, every weight load of a program in flight at once.
 GEMV_BLOCK_K = 256
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
-PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k")
+PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k", "k_stages")
 
 
 def heads_per_program(options: dict[str, Any]) -> int:

@@ -63,6 +63,11 @@ class Tiling:
     # to an fp32 workspace; the last program of a (token tile, head group) to finish (an
     # atomic count) sums the ranges in order and runs the epilogue. 1: off.
     split_k: int = 1
+    # A product's K loop as ``tl.range(..., num_stages=n)``: Triton pipelines its weight loads
+    # (the next steps' tiles are read while the current one is summed), for a program that
+    # walks several K steps. 0: a plain ``range`` (a ``tl.dot`` loop is pipelined by Triton's
+    # own ``num_stages`` anyway). Shown in the repr only when on.
+    k_stages: int = 0
     # ``grid`` mode's program blocks walked by the persistent loop instead of laid along grid
     # axis 1: a 1-D grid (on Ascend one program per AI core: its grid is its physical cores)
     # whose programs take the work items ``w = pid, pid + nprog, ...`` over (token tile,
@@ -92,6 +97,7 @@ class Tiling:
             **({"product_dot": "mma"} if not self.block_k else {}),
             "product_operands": "native",
             "split_k": 1,
+            "k_stages": 0,
             "persistent_blocks": False,
             "min_dot": 1,
         }

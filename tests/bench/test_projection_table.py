@@ -7,7 +7,20 @@ from __future__ import annotations
 
 import pytest
 
-from fqr.bench.projection import dispatch_table, table
+from fqr.bench.projection import dispatch_table, lowering_options, table
+
+
+@pytest.mark.parametrize(
+    "depth,k_range,splits", [(4096, 256, 16), (5120, 256, 20), (5120, 384, 14)]
+)
+def test_a_schedules_k_range_becomes_split_k_for_each_depth(depth, k_range, splits):
+    """One schedule fits Qwen3-8B's K (4,096) and Qwen3-32B's (5,120): ``k_range`` is the K of
+    each split-K range, ``split_k`` the ranges that cover K; the token range is no option."""
+    schedule = {"product_dot": "fma", "k_range": k_range, "num_warps": 8, "max_tokens": 1}
+    options = lowering_options(schedule, depth)
+    assert options == {"product_dot": "fma", "num_warps": 8, "split_k": splits}
+    assert (splits - 1) * k_range < depth <= splits * k_range
+    assert lowering_options({"split_k": 4, "min_tokens": 16}, depth) == {"split_k": 4}
 
 
 def _row(**fused):

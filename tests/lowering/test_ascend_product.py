@@ -135,6 +135,7 @@ def test_a_head_too_wide_for_the_budget_says_the_numbers():
         (dict(split_k=4), r"split_k=4: target ascend multiplies on the cube unit"),
         (dict(product_dot="fma"), "product_dot must be 'mma' there"),
         (dict(product_operands="tf32"), "product_operands must be 'native' there"),
+        (dict(k_stages=3), "k_stages must be 0 there"),
         (dict(chunk_mode="unroll"), "chunk_mode='unroll': a kernel with a product"),
         (dict(block_k=8), r"block_k must be 0 or a power of two >= 16, got 8"),
         (dict(heads_per_program=3), "heads_per_program must be 0 or a power of two"),
