@@ -153,16 +153,11 @@ class ProductEmission:
                 operand = f"{wk}.to(tl.float32)" if widen else wk
                 zero = f"tl.zeros_like({acc}) + unfolded_zero"
                 self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
-            else:
-                # One token (a GEMV): the weight tile times x as a column, summed over K in the
-                # tile's own layout (within threads, then warp shuffles). The broadcast over a
-                # token axis staged every weight tile through shared memory on the H200.
-                column = f"tl.reshape({xk_fp32}, [{step}])[:, None]"
+            elif mma:  # a piece narrower than the target's dot takes: a broadcast product
                 terms = f"{xk_fp32}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
-                self.emit("if BLOCK_T == 1:")
-                self.emit(f"    {acc} += tl.sum({wk}.to(tl.float32) * {column}, 0)[None, :]")
-                self.emit("else:")
-                self.emit(f"    {acc} += tl.sum({terms}, 1)")
+                self.emit(f"{acc} += tl.sum({terms}, 1)")
+            else:
+                self._gemv_step(acc, wk, xk_fp32, step)
         self.indent -= 1
         if self.tiling.uses_workspace:
             self._join_splits(product.weight, parts)
@@ -192,6 +187,20 @@ class ProductEmission:
             self.emit(f"{name} = {value}")
             pieces[piece] = name
         return pieces
+
+    def _gemv_step(self, acc: str, wk: str, xk: str, step: int) -> None:
+        """One K step of ``product_dot="fma"``: for one token, the weight tile ``wk [step,
+        width]`` times x as a column, summed over K in the tile's own layout (within threads,
+        then warp shuffles); a broadcast over a token axis staged every weight tile through
+        shared memory on the H200, so it is kept for a tile of several tokens only (a loop
+        over the tile's tokens with the weight tile kept in registers was 10-100x slower
+        there, docs/PERFORMANCE.md)."""
+        column = f"tl.reshape({xk}, [{step}])[:, None]"
+        terms = f"{xk}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
+        self.emit("if BLOCK_T == 1:")
+        self.emit(f"    {acc} += tl.sum({wk}.to(tl.float32) * {column}, 0)[None, :]")
+        self.emit("else:")
+        self.emit(f"    {acc} += tl.sum({terms}, 1)")
 
     def _join_splits(self, weight: Var, parts: list) -> None:
         """Split-K: this program's partial sums to the workspace ``[split_k, tokens, N]``

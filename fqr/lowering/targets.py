@@ -221,16 +221,18 @@ class CudaTarget(Target):
     def product_buckets(
         self, plan: KernelPlan, **options: Any
     ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
-        """A projected kernel's variants when no schedule option is pinned: one token where
-        there are fewer than 32 head programs (TP 8's 6 to 10 heads) by the broadcast-product
-        GEMV (``product_dot="fma"``, 8 warps, K in ranges of one 256-wide step); decode
-        (T <= 16) by split-K, 4 warps, K in 4 ranges where there are 32 head programs or more
-        (Qwen3-8B at TP 1: 48) and in 8 below, as far as each range keeps two K steps of 64;
-        then 64-token tensor-core tiles, 4 warps. Measured on the H200 among 4 to 64 ranges,
-        K steps of 64 to 256, tensor-core and broadcast products, 64 / 128-token tiles
-        (docs/results/projection-h200-issue40.log, projection-decode-h200-issue40-b.log). A
-        chain normalised over its whole row keeps one range. Any option given pins one
-        variant."""
+        """A projected kernel's variants when no schedule option is pinned. One token: the
+        GEMV (``product_dot="fma"``: each weight tile times x as a column), in K ranges of one
+        256-wide step and 8 warps where that makes at most :data:`ONE_STEP_GEMV_PROGRAMS`
+        programs (TP 8's 6 heads at K = 4,096: 96), else in ranges of 512 walked in 64-wide
+        steps with their loads pipelined 4 deep (``k_stages``), 4 warps (Qwen3-8B at TP 1, 48
+        heads; Qwen3-32B at TP 8, 10 heads at K = 5,120). Decode (T <= 16): split-K on tensor
+        cores, 4 warps, K in 4 ranges where there are 32 head programs or more and in 8 below,
+        as far as each range keeps two K steps of 64. Then 64-token tensor-core tiles, 4 warps.
+        Measured on the H200 among 4 to 64 ranges, K steps of 64 to 256, tensor-core and
+        broadcast products, 64 / 128-token tiles, 2 to 8 warps, 0 to 4 stages
+        (docs/results/projection-*-issue40*.log). A chain normalised over its whole row keeps
+        one range (and no GEMV bucket). Any option given pins one variant."""
         if any(k in options for k in (*TILING_OPTIONS, *PRODUCT_OPTIONS)):
             return ((None, dict(options)),)
         blocks = sum(c.heads if not c.row_reductions else 1 for c in plan.chains)
@@ -243,10 +245,17 @@ class CudaTarget(Target):
             split = 1
         decode = {"num_warps": 4, **({"split_k": split} if split > 1 else {})}
         buckets: list[tuple[int | None, dict[str, Any]]] = []
-        gemv_split = -(-depth // GEMV_BLOCK_K)
-        if blocks < 32 and not whole_rows and gemv_split > 1:
-            gemv = {"product_dot": "fma", "block_k": GEMV_BLOCK_K, "num_warps": 8}
-            buckets.append((1, {**gemv, "split_k": gemv_split, **options}))
+        if not whole_rows:
+            one_step = -(-depth // GEMV_BLOCK_K)
+            if blocks * one_step <= ONE_STEP_GEMV_PROGRAMS:
+                gemv = {"product_dot": "fma", "block_k": GEMV_BLOCK_K, "num_warps": 8}
+                gemv_split = one_step
+            else:
+                gemv = dict(PIPELINED_GEMV)
+                gemv_split = -(-depth // PIPELINED_GEMV_RANGE)
+            if gemv_split > 1:
+                gemv["split_k"] = gemv_split
+            buckets.append((1, {**gemv, **options}))
         buckets.append((16, {**decode, **options}))
         buckets.append((None, {"block_t": 64, "num_warps": 4, **options}))
         return tuple(buckets)
@@ -322,9 +331,14 @@ class CudaTarget(Target):
         )
 
 
-# The K step of the one-token GEMV schedule (CudaTarget.product_buckets): each split-K range
-# one step, every weight load of a program in flight at once.
+# The one-token GEMV schedules (CudaTarget.product_buckets). One step a split-K range, every
+# weight load of a program in flight at once, where heads x ranges stay within this many
+# programs (one wave of 8-warp programs on the H200's 132 SMs); else ranges of 512 in 64-wide
+# steps, the next steps' weight tiles loaded while one is summed.
 GEMV_BLOCK_K = 256
+ONE_STEP_GEMV_PROGRAMS = 128
+PIPELINED_GEMV = {"product_dot": "fma", "block_k": 64, "k_stages": 4, "num_warps": 4}
+PIPELINED_GEMV_RANGE = 512
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
 PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k", "k_stages")
 

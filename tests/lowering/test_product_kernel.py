@@ -136,20 +136,31 @@ def test_a_product_is_read_through_a_view():
         plan_program(program)
 
 
+ONE_STEP = {"product_dot": "fma", "block_k": 256, "num_warps": 8}
+PIPELINED = {"product_dot": "fma", "block_k": 64, "k_stages": 4, "num_warps": 4}
+
+
 @pytest.mark.parametrize(
-    "preset_tp,split", [((32, 8, 8), 4), ((4, 1, 1), 8)], ids=["48-heads", "6-heads"]
+    "heads,hidden,split,gemv",
+    [
+        ((32, 8), 4096, 4, {**PIPELINED, "split_k": 8}),  # Qwen3-8B TP 1: 48 x 16 > 128
+        ((4, 1), 4096, 8, {**ONE_STEP, "split_k": 16}),  # Qwen3-8B TP 8: 6 x 16 = 96
+        ((8, 1), 5120, 8, {**PIPELINED, "split_k": 10}),  # Qwen3-32B TP 8: 10 x 20 > 128
+        ((4, 1), 200, 1, {**ONE_STEP}),  # K in one step: no ranges, no workspace
+    ],
+    ids=["48-heads", "6-heads", "10-heads-k5120", "k200"],
 )
-def test_the_public_ops_buckets(preset_tp, split):
-    """Below 32 head programs, one token by the broadcast-product GEMV (K in ranges of one
-    256-wide step, 8 warps); split-K at T <= 16 (4 ranges for 32 head programs or more, 8
-    below: the H200's best), 64-token tiles after; any schedule option pins one variant."""
-    hq, hkv, _ = preset_tp
-    program, *_ = _problem(2, hq=hq, hkv=hkv, d=128, rotary=128, hidden=4096, tokens=2)
+def test_the_public_ops_buckets(heads, hidden, split, gemv):
+    """One token by the GEMV: K in ranges of one 256-wide step and 8 warps where heads x
+    ranges stay within 128 programs, else ranges of 512 in pipelined 64-wide steps, 4 warps;
+    split-K at T <= 16 (4 ranges for 32 head programs or more, 8 below, as far as each keeps
+    two 64-wide steps), 64-token tiles after; any schedule option pins one variant."""
+    hq, hkv = heads
+    program, *_ = _problem(2, hq=hq, hkv=hkv, d=128, rotary=128, hidden=hidden, tokens=2)
     buckets = get_target("cuda").token_buckets(plan_program(program))
-    gemv = {"product_dot": "fma", "block_k": 256, "num_warps": 8, "split_k": 16}
     assert buckets == (
-        *([(1, gemv)] if hq + 2 * hkv < 32 else []),
-        (16, {"num_warps": 4, "split_k": split}),
+        (1, gemv),
+        (16, {"num_warps": 4, **({"split_k": split} if split > 1 else {})}),
         (None, {"block_t": 64, "num_warps": 4}),
     )
     assert get_target("cuda").token_buckets(plan_program(program), split_k=2) == (
@@ -157,6 +168,13 @@ def test_the_public_ops_buckets(preset_tp, split):
     )
     # the interpreter runs one variant: the tests pin its tiling
     assert get_target("interpret").token_buckets(plan_program(program)) == ((None, {}),)
+
+
+def test_a_whole_row_norm_has_no_gemv_bucket():
+    """OLMo2's norm over the whole row is one program: no split-K, and no GEMV bucket."""
+    program, *_ = _problem(3, hq=2, hkv=2, norm="full", hidden=4096)
+    buckets = get_target("cuda").token_buckets(plan_program(program))
+    assert buckets == ((16, {"num_warps": 4}), (None, {"block_t": 64, "num_warps": 4}))
 
 
 SM90 = """
