@@ -3,8 +3,9 @@ pair (cuBLAS + fqr's prologue op), per bucket, whichever was measured faster.
 
 Every prologue has a projected form ``fqr.<op>_proj(x, w_qkv, ..., qkv_bias=None)``
 (:mod:`fqr.prologue.projected`): one kernel, the GEMM with the prologue as its epilogue, the
-fused contract (one rounding). It is not faster everywhere: on the H200 it wins at TP 8 decode
-and loses at TP 1 and at prefill (docs/PERFORMANCE.md, issue 40). The projected op keeps its
+fused contract (one rounding). It is not faster everywhere: on the H200 it wins at T = 1 (at
+TP 8 for every family measured, at TP 1 for all but Qwen3-32B) and loses at T = 16 and at
+prefill (docs/PERFORMANCE.md, issue 40). The projected op keeps its
 meaning (always that one kernel); this module is the separate entry that chooses::
 
     q, k, v = fqr.proj_dispatch("split_qkv_rmsnorm_rope", x, w_qkv, positions, cos_sin_cache,
@@ -32,7 +33,7 @@ The table (``proj_dispatch.json`` beside this module, ``schema`` ``fqr.proj-disp
                   "n": 768, "k": 4096, "heads": [4, 1, 128], "norm": "head", "bias": false,
                   "model": "qwen3-8b TP8", "source": "...",
                   "choice": ["fused", "pair", "pair", "pair"],
-                  "measured": [[1, 9.37, 8.99], [16, 9.79, 14.08], ...]}, ...]}
+                  "measured": [[1, 9.37, 6.66], [16, 9.72, 13.84], ...]}, ...]}
 
 An entry's key is the device's name (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors),
 the activation dtype, the prologue op, the projection's ``N`` (w_qkv's rows) and ``K`` (its
@@ -47,9 +48,9 @@ is refused. A call whose key has no entry (another device, dtype or shape; a bia
 not time) runs the pair: today's behaviour, never slower than it.
 
 ``fqr bench --projection --write-dispatch PATH`` writes a new table from its measured cells
-(:func:`fqr.bench.projection.dispatch_table`); the shipped one is seeded from the H200 logs
-``docs/results/projection-decode-h200-issue40.log`` (T = 1, 16) and
-``docs/results/projection-h200-issue40.log`` (T = 1024, 16384).
+(:func:`fqr.bench.projection.dispatch_table`); the shipped one was written so from one H200
+run at T = 1, 16, 1024 and 16384, whose log and cells are
+``docs/results/projection-h200-issue40-c.{log,json}``.
 """
 
 from __future__ import annotations
