@@ -340,7 +340,7 @@ def _projection(
     from fqr.bench.timers import CudaTimers
 
     presets = _parse_presets(preset or list(PROJECTION_PRESETS))
-    counts = _parse_tokens(tokens or "1,16,1024,16384")
+    counts = _parse_tokens(tokens or "1,2,16,1024,16384")
     sizes = parse_csv(tp or "1,8", "tp", int)
     if any(t < 1 for t in sizes):
         raise UsageError(f"--tp: tensor-parallel sizes must be >= 1, got {sizes}")
@@ -410,7 +410,8 @@ def _projection(
 
 def _write_dispatch(path: Path, rows: list[dict], counts: list[int]) -> None:
     """The projection dispatch table from ``--projection``'s rows (:mod:`fqr.projection`),
-    the shipped table's entries for keys not measured kept, written to ``path``."""
+    the shipped table's entries for keys not measured kept (none, with one warning line, where
+    the shipped table cannot be read), written to ``path``."""
     import datetime
 
     import torch
@@ -426,7 +427,16 @@ def _write_dispatch(path: Path, rows: list[dict], counts: list[int]) -> None:
         f"{', '.join(map(str, counts))} (device us of CUDA-graph replays; fused = the public "
         "op's own schedule, 'default')"
     )
-    doc = dispatch_table(rows, device, source=source, kept=projection.load_table())
+    try:
+        kept = projection.load_table()
+    except projection.DispatchTableError as e:
+        # a shipped table of another bucket layout (an older fqr's): nothing of it can be kept
+        err.print(
+            f"warning: {escape(str(e))}: the new table holds the measured entries only",
+            highlight=False,
+        )
+        kept = {}
+    doc = dispatch_table(rows, device, source=source, kept=kept)
     write_file(path, projection.table_text(doc))
     fused = sum(c == "fused" for e in doc["entries"] for c in e["choice"])
     err.print(

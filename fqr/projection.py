@@ -28,12 +28,12 @@ models; :class:`fqr.fusion.models.VllmStyleAttention` calls it with ``prologue="
 
 The table (``proj_dispatch.json`` beside this module, ``schema`` ``fqr.proj-dispatch/1``)::
 
-    {"schema": "fqr.proj-dispatch/1", "source": "...", "buckets": [1, 16, 1024, null],
+    {"schema": "fqr.proj-dispatch/1", "source": "...", "buckets": [1, 2, 16, 1024, null],
      "entries": [{"device": "NVIDIA H200", "dtype": "bf16", "op": "split_qkv_rmsnorm_rope",
                   "n": 768, "k": 4096, "heads": [4, 1, 128], "norm": "head", "bias": false,
                   "model": "qwen3-8b TP8", "source": "...",
-                  "choice": ["fused", "pair", "pair", "pair"],
-                  "measured": [[1, 9.37, 6.66], [16, 9.72, 13.84], ...]}, ...]}
+                  "choice": ["fused", "fused", "pair", "pair", "pair"],
+                  "measured": [[1, 9.37, 6.66], [2, 9.47, 7.23], [16, 9.72, 13.84], ...]}, ...]}
 
 An entry's key is the device's name (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors),
 the activation dtype, the prologue op, the projection's ``N`` (w_qkv's rows) and ``K`` (its
@@ -41,8 +41,8 @@ columns), the heads ``[num_heads, num_kv_heads, head_dim]`` and the ``norm`` arg
 call (null for an op without them), and whether a ``qkv_bias`` is given. ``measured`` holds, per
 token count the bench timed, ``[T, pair µs, fused µs]`` (device µs of CUDA-graph replays,
 ``fqr bench --projection``; fused null where its float64 check failed); ``choice`` has one
-entry per token bucket (``T <= 1``, ``<= 16``, ``<= 1024``, any): ``"fused"`` where the fused
-kernel was faster than the pair at every T measured in the bucket, else ``"pair"`` (a bucket
+entry per token bucket (``T <= 1``, ``<= 2``, ``<= 16``, ``<= 1024``, any): ``"fused"`` where the
+fused kernel was faster than the pair at every T measured in the bucket, else ``"pair"`` (a bucket
 with no measurement keeps the pair). A table whose choices disagree with its own measurements
 is refused. A call whose key has no entry (another device, dtype or shape; a bias the bench did
 not time) runs the pair: today's behaviour, never slower than it.
@@ -82,7 +82,7 @@ from .text import printable
 
 SCHEMA = "fqr.proj-dispatch/1"
 TABLE_FILE = Path(__file__).with_name("proj_dispatch.json")
-TOKEN_BUCKETS = (1, 16, 1024, None)  # the upper T of each bucket (None: any T)
+TOKEN_BUCKETS = (1, 2, 16, 1024, None)  # the upper T of each bucket (None: any T)
 CHOICES = ("fused", "pair")
 OP_SUFFIX = "_dispatch"  # torch.ops.fqr.<op>_proj_dispatch
 ENTRY_FIELDS = ("device", "dtype", "op", "n", "k", "heads", "norm", "bias", "model", "source",

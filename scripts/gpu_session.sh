@@ -192,7 +192,7 @@ projection)
   SCHED=${PROJ_SCHEDULES:-}   # default: fqr.bench.projection.SCHEDULES (built ahead by projection-build)
   export FQR_KERNEL_BUNDLE=$BUNDLE
   [ -d "$BUNDLE" ] || { [ -f "$BUNDLE.tar.xz" ] && tar -C "$(dirname "$BUNDLE")" -xJf "$BUNDLE.tar.xz"; }
-  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --tp 1,8 --tokens "${PROJ_TOKENS:-1,16,1024,16384}" ${SCHED:+--schedules "$SCHED"} ${PROJ_WRITE_DISPATCH:+--write-dispatch "$OUT/proj_dispatch.json"} --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
+  timeout "${PROJ_SECONDS:-480}" python3 -m fqr bench --projection --tp 1,8 --tokens "${PROJ_TOKENS:-1,2,16,1024,16384}" ${SCHED:+--schedules "$SCHED"} ${PROJ_WRITE_DISPATCH:+--write-dispatch "$OUT/proj_dispatch.json"} --rep-ms 20 --json > "$OUT/projection.json" 2> "$OUT/projection.log"
   summary+=("projection rc=$?")
   tail -n 5 "$OUT/projection.log"
   python3 scripts/projection_table.py "$OUT/projection.json" | tee "$OUT/projection-table.txt"

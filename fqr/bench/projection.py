@@ -109,17 +109,17 @@ def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat1
     launched = 0
     for name in presets:
         for tp in tps:
-            for tokens in (1, 16, 1024):  # the public op's token buckets
+            for tokens in (1, 2, 16, 1024):  # the public op's token buckets
                 proj, args = given(name, tp, tokens)
                 proj.function(**args)
                 launched += 1
             for schedule in (schedules or SCHEDULES).values():
                 if not schedule:
                     continue
-                # at each token count of its range the bench times (1, 16, 1024): a launch's
+                # at each token count of its range the bench times (1, 2, 16, 1024): a launch's
                 # specialisation (the workspace, the token tiles) can differ between them
                 low, high = schedule.get("min_tokens", 1), schedule.get("max_tokens", 1 << 30)
-                for tokens in (t for t in (1, 16, 1024) if low <= t <= high):
+                for tokens in (t for t in (1, 2, 16, 1024) if low <= t <= high):
                     proj, args = given(name, tp, tokens)
                     call = proj.bound(proj.bind((), args))
                     proj.validate(call)

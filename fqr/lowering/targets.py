@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,12 +222,14 @@ class CudaTarget(Target):
     def product_buckets(
         self, plan: KernelPlan, **options: Any
     ) -> tuple[tuple[int | None, dict[str, Any]], ...]:
-        """A projected kernel's variants when no schedule option is pinned. One token: the
-        GEMV (``product_dot="fma"``: each weight tile times x as a column), in K ranges of one
-        256-wide step and 8 warps where that makes at most :data:`ONE_STEP_GEMV_PROGRAMS`
-        programs (TP 8's 6 heads at K = 4,096: 96), else in ranges of 512 walked in 64-wide
-        steps with their loads pipelined 4 deep (``k_stages``), 4 warps (Qwen3-8B at TP 1, 48
-        heads; Qwen3-32B at TP 8, 10 heads at K = 5,120). Decode (T <= 16): split-K on tensor
+        """A projected kernel's variants when no schedule option is pinned. One token, and two
+        where the weights are at most :data:`GEMV_TWO_TOKEN_BYTES`: the GEMV
+        (``product_dot="fma"``: each weight tile times x as a column, a program per token and
+        K range; :func:`gemv_schedule`): ranges of one 256-wide step and 8 warps where that
+        makes at most :data:`ONE_STEP_GEMV_PROGRAMS` programs (TP 8's 6 heads at K = 4,096 and
+        one token: 96), else ranges of 512 walked in 64-wide steps with their loads pipelined
+        4 deep (``k_stages``), 4 warps (Qwen3-8B at TP 1, 48 heads; Qwen3-32B at TP 8, 10
+        heads at K = 5,120; two tokens at TP 8). Decode (T <= 16): split-K on tensor
         cores, 4 warps, K in 4 ranges where there are 32 head programs or more and in 8 below,
         as far as each range keeps two K steps of 64. Then 64-token tensor-core tiles, 4 warps.
         Measured on the H200 among 4 to 64 ranges, K steps of 64 to 256, tensor-core and
@@ -246,16 +249,12 @@ class CudaTarget(Target):
         decode = {"num_warps": 4, **({"split_k": split} if split > 1 else {})}
         buckets: list[tuple[int | None, dict[str, Any]]] = []
         if not whole_rows:
-            one_step = -(-depth // GEMV_BLOCK_K)
-            if blocks * one_step <= ONE_STEP_GEMV_PROGRAMS:
-                gemv = {"product_dot": "fma", "block_k": GEMV_BLOCK_K, "num_warps": 8}
-                gemv_split = one_step
-            else:
-                gemv = dict(PIPELINED_GEMV)
-                gemv_split = -(-depth // PIPELINED_GEMV_RANGE)
-            if gemv_split > 1:
-                gemv["split_k"] = gemv_split
-            buckets.append((1, {**gemv, **options}))
+            weight = next(c.product.weight for c in plan.chains if c.product is not None)
+            weight_bytes = math.prod(weight.aval.shape) * weight.aval.dtype.itemsize
+            # a second token re-reads the weights: from L2 where they fit it easily
+            most = 2 if weight_bytes <= GEMV_TWO_TOKEN_BYTES else 1
+            for tokens in range(1, most + 1):
+                buckets.append((tokens, {**gemv_schedule(tokens * blocks, depth), **options}))
         buckets.append((16, {**decode, **options}))
         buckets.append((None, {"block_t": 64, "num_warps": 4, **options}))
         return tuple(buckets)
@@ -339,6 +338,27 @@ GEMV_BLOCK_K = 256
 ONE_STEP_GEMV_PROGRAMS = 128
 PIPELINED_GEMV = {"product_dot": "fma", "block_k": 64, "k_stages": 4, "num_warps": 4}
 PIPELINED_GEMV_RANGE = 512
+# The GEMV also takes T = 2 (one program per token and range, the second token's weight reads
+# hitting L2) where the weights are at most this big: TP 8's 6-10 MB on the H200 (50 MB of L2),
+# not TP 1's 50-105 MB.
+GEMV_TWO_TOKEN_BYTES = 16 << 20
+
+
+def gemv_schedule(head_programs: int, depth: int) -> dict[str, Any]:
+    """The GEMV's options for ``head_programs`` (tokens x heads) over K = ``depth``: one
+    256-wide step a split-K range and 8 warps where that makes at most
+    :data:`ONE_STEP_GEMV_PROGRAMS` programs, else ranges of :data:`PIPELINED_GEMV_RANGE`
+    (:data:`PIPELINED_GEMV`); no ``split_k`` where K is one range."""
+    one_step = -(-depth // GEMV_BLOCK_K)
+    if head_programs * one_step <= ONE_STEP_GEMV_PROGRAMS:
+        gemv = {"product_dot": "fma", "block_k": GEMV_BLOCK_K, "num_warps": 8}
+        split = one_step
+    else:
+        gemv = dict(PIPELINED_GEMV)
+        split = -(-depth // PIPELINED_GEMV_RANGE)
+    return {**gemv, "split_k": split} if split > 1 else gemv
+
+
 # The projected kernel's own schedule options (CudaTarget.product_tiling).
 PRODUCT_OPTIONS = ("block_k", "product_dot", "product_operands", "split_k", "k_stages")
 

@@ -62,13 +62,13 @@ def _call(dtype, seed, *, tokens=5, bias=False):
 def test_the_shipped_table_is_the_h200_logs():
     """Written by ``fqr bench --projection --write-dispatch`` on the H200: its entries are what
     ``fqr.bench.projection.dispatch_table`` makes of that run's cells, which are committed
-    beside its log (docs/results/projection-h200-issue40-c.json): per bucket the fused kernel
+    beside its log (docs/results/projection-h200-issue40-d.json): per bucket the fused kernel
     where the public op's schedule beat cuBLAS + fqr's op at every T measured in it."""
     from fqr.bench.projection import dispatch_table
 
     doc = json.loads(TABLE_FILE.read_text())
-    log = DOCS / "results" / "projection-h200-issue40-c.json"
-    assert "projection-h200-issue40-c" in doc["source"]
+    log = DOCS / "results" / "projection-h200-issue40-d.json"
+    assert "projection-h200-issue40-d" in doc["source"]
     rows = json.loads(log.read_text())["rows"]
     derived = dispatch_table(rows, "NVIDIA H200", source="the log")
 
@@ -86,7 +86,8 @@ def test_the_shipped_table_is_the_h200_logs():
 
 
 @pytest.mark.parametrize(
-    "tokens,bucket", [(1, 0), (2, 1), (16, 1), (17, 2), (1024, 2), (1025, 3), (65536, 3)]
+    "tokens,bucket",
+    [(1, 0), (2, 1), (3, 2), (16, 2), (17, 3), (1024, 3), (1025, 4), (65536, 4)],
 )
 def test_token_buckets(tokens, bucket):
     assert bucket_of(tokens) == bucket
@@ -107,7 +108,8 @@ def test_lookup_and_fallback():
 def test_a_bucket_picks_the_fused_kernel_only_where_it_won_every_measured_t():
     measured = [(1, 5.0, 4.0), (8, 5.0, 6.0), (16, 5.0, 4.0), (100, 5.0, None)]
     doc = entry_doc(_key(), measured)
-    assert doc["choice"] == ["fused", "pair", "pair", "pair"]  # T = 8 lost; failed; unmeasured
+    # T = 2 unmeasured; T = 8 lost; T = 100 failed; past 1,024 unmeasured
+    assert doc["choice"] == ["fused", "pair", "pair", "pair", "pair"]
 
 
 # Each row: a change to a valid document, and the text the one error line must contain.
@@ -124,8 +126,8 @@ HOSTILE = [
     ("heads", lambda d: d["entries"][0].update(heads=[3, 1]), "entries[0].heads must be"),
     ("bias", lambda d: d["entries"][0].update(bias="no"), "entries[0].bias must be true"),
     ("device", lambda d: d["entries"][0].update(device=""), "entries[0].device must be"),
-    ("choice", lambda d: d["entries"][0].update(choice=["fused"] * 4), "disagrees with its"),
-    ("choice word", lambda d: d["entries"][0].update(choice=["fast"] * 4), "'fused' or 'pair'"),
+    ("choice", lambda d: d["entries"][0].update(choice=["fused"] * 5), "disagrees with its"),
+    ("choice word", lambda d: d["entries"][0].update(choice=["fast"] * 5), "'fused' or 'pair'"),
     (
         "us nan",
         lambda d: d["entries"][0]["measured"][0].__setitem__(1, float("nan")),

@@ -66,6 +66,7 @@ def test_dispatch_table_from_rows():
 
     rows = [
         _cell("qwen3-8b", 8, 1, 9.37, 8.99, sk16=7.92),
+        _cell("qwen3-8b", 8, 2, 9.47, 7.23),
         _cell("qwen3-8b", 8, 16, 9.79, 14.08, sk16=7.0),
         _cell("qwen3-8b", 8, 1024, 16.09, None),  # its check failed: not timed
         _cell("qwen3-8b", 1, 1, 17.46, 18.66),
@@ -83,9 +84,14 @@ def test_dispatch_table_from_rows():
         "head",
         False,
     )
-    assert tp8["choice"] == ["fused", "pair", "pair", "pair"]
-    assert tp8["measured"] == [[1, 9.37, 8.99], [16, 9.79, 14.08], [1024, 16.09, None]]
-    assert entries["qwen3-8b TP1"]["choice"] == ["pair"] * 4
+    assert tp8["choice"] == ["fused", "fused", "pair", "pair", "pair"]
+    assert tp8["measured"] == [
+        [1, 9.37, 8.99],
+        [2, 9.47, 7.23],
+        [16, 9.79, 14.08],
+        [1024, 16.09, None],
+    ]
+    assert entries["qwen3-8b TP1"]["choice"] == ["pair"] * 5
     assert entries["qwen3-vl-8b TP8"]["op"] == "split_qkv_rmsnorm_mrope"
     assert all(e["device"] == "NVIDIA H200" and e["source"] == "stub run" for e in doc["entries"])
     assert len(table) == 3
@@ -99,7 +105,7 @@ def test_dispatch_table_keeps_the_shapes_it_did_not_measure_and_the_worse_of_one
     doc = dispatch_table(rows, "NVIDIA H200", source="stub run", kept=shipped)
     assert len(parse_table(doc)) == len(shipped)
     (new,) = [e for e in doc["entries"] if e.get("source") == "stub run"]
-    assert new["choice"] == ["pair"] * 4
+    assert new["choice"] == ["pair"] * 5
     # two presets of one key at one T: the cell less favourable to the fused kernel
     twice = [_cell("qwen3-8b", 8, 1, 9.0, 8.0), _cell("qwen3-8b", 8, 1, 9.0, 8.9)]
     (entry,) = dispatch_table(twice, "NVIDIA H200", source="s")["entries"]
@@ -113,9 +119,12 @@ def test_dispatch_table_needs_the_public_ops_schedule():
         dispatch_table([row], "NVIDIA H200", source="s")
 
 
-def test_bench_projection_writes_the_dispatch_table(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("shipped", ["readable", "unreadable"])
+def test_bench_projection_writes_the_dispatch_table(tmp_path, capsys, monkeypatch, shipped):
     """``fqr bench --projection --write-dispatch PATH`` with the cells stubbed (no GPU here):
-    the table is written from the measured rows, the shipped entries of other shapes kept."""
+    the table is written from the measured rows, the shipped entries of other shapes kept; a
+    shipped table that cannot be read (an older bucket layout) keeps nothing, says so in one
+    warning line, and the measured table is still written."""
     import torch
     from fqr_cli import bench as cli_bench
     from support.cli import fqr_in_process
@@ -133,6 +142,12 @@ def test_bench_projection_writes_the_dispatch_table(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(bench_projection, "projection_cell", cell)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(projection, "device_name", lambda device: "NVIDIA H200")
+    shipped_entries = len(projection.load_table()) if shipped == "readable" else 0
+    if shipped == "unreadable":
+        old = tmp_path / "old.json"
+        old.write_text('{"schema": "fqr.proj-dispatch/1", "buckets": [1, 16, 1024, null]}')
+        read = projection.load_table
+        monkeypatch.setattr(projection, "load_table", lambda path=old: read(path))
     path = tmp_path / "dispatch.json"
     args = ["bench", "--projection", "--preset", "llama3-8b", "--tokens", "1,16",
             "--write-dispatch", str(path), "--json"]  # fmt: skip
@@ -143,9 +158,14 @@ def test_bench_projection_writes_the_dispatch_table(tmp_path, capsys, monkeypatc
     written = [e for e in table.values() if e.measured[0][1:] in (stub[1, 1], stub[8, 1])]
     assert sorted(e.doc["model"] for e in written) == ["llama3-8b TP1", "llama3-8b TP8"]
     choices = {e.doc["model"]: e.choices for e in written}
-    assert choices["llama3-8b TP8"] == ("fused", "pair", "pair", "pair")
-    assert choices["llama3-8b TP1"] == ("pair",) * 4
-    assert len(table) == len(projection.load_table())  # the other shipped entries kept
+    assert choices["llama3-8b TP8"] == ("fused", "pair", "pair", "pair", "pair")
+    assert choices["llama3-8b TP1"] == ("pair",) * 5
+    if shipped == "readable":
+        assert len(table) == shipped_entries  # the other shipped entries kept
+    else:
+        assert len(table) == 2
+        warning = [line for line in err.splitlines() if line.startswith("warning:")]
+        assert len(warning) == 1 and "'buckets' must be" in warning[0], err
 
 
 def test_write_dispatch_without_the_default_schedule_is_refused(tmp_path, capsys, monkeypatch):

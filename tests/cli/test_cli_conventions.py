@@ -148,8 +148,13 @@ def test_info_log_names_the_lowered_kernel(monkeypatch, tmp_path, capsys):
     from fqr.presets import get_preset
     from fqr.prologue import program_of
 
+    from fqr.lowering import loader
+
     monkeypatch.setenv("FQR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "_KERNELS", {})
+    # the process's loaded kernels too: an earlier test may have loaded this one (then nothing
+    # is read from or written to the cache, and the log says so: order-dependent otherwise)
+    monkeypatch.setattr(loader, "_LOADED", {})
     configure("DEBUG")
     kernel = lowering.lower(program_of(get_preset("qwen3-0.6b")), "interpret")
     err = capsys.readouterr().err

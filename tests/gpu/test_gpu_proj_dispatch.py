@@ -2,8 +2,8 @@
 build): the projection dispatch (``fqr.proj_dispatch``, ``torch.ops.fqr.<op>_proj_dispatch``)
 runs what the shipped table says for this device, bit for bit the op it names (the projected
 kernel, or ``F.linear`` then the prologue op), and each against float64. On the H200 the table
-(docs/results/projection-h200-issue40-c.log) picks the fused kernel at T = 1 at TP 8 and at TP 1
-but for Qwen3-32B, and the pair at T = 16; on any other GPU it runs the pair."""
+(docs/results/projection-h200-issue40-d.log) picks the fused kernel at T = 1 at TP 8 and at TP 1
+but for Qwen3-32B, at T = 2 at TP 8, and the pair at T = 16; on any other GPU it runs the pair."""
 
 from __future__ import annotations
 
@@ -21,13 +21,16 @@ pytestmark = ON_TRITON
 # (preset, TP, T, what the shipped table picks on the H200)
 CASES = [
     ("qwen3-8b", 8, 1, "fused"),
+    ("qwen3-8b", 8, 2, "fused"),
     ("qwen3-8b", 8, 16, "pair"),
     ("qwen3-8b", 1, 1, "fused"),
     ("qwen3-8b", 1, 16, "pair"),
     ("llama3-8b", 8, 1, "fused"),
     ("qwen3-vl-8b", 1, 1, "fused"),
     ("qwen3-32b", 8, 1, "fused"),
+    ("qwen3-32b", 8, 2, "fused"),
     ("qwen3-32b", 1, 1, "pair"),
+    ("qwen3-32b", 1, 2, "pair"),
 ]
 
 

@@ -143,23 +143,28 @@ PIPELINED = {"product_dot": "fma", "block_k": 64, "k_stages": 4, "num_warps": 4}
 @pytest.mark.parametrize(
     "heads,hidden,split,gemv",
     [
-        ((32, 8), 4096, 4, {**PIPELINED, "split_k": 8}),  # Qwen3-8B TP 1: 48 x 16 > 128
-        ((4, 1), 4096, 8, {**ONE_STEP, "split_k": 16}),  # Qwen3-8B TP 8: 6 x 16 = 96
-        ((8, 1), 5120, 8, {**PIPELINED, "split_k": 10}),  # Qwen3-32B TP 8: 10 x 20 > 128
-        ((4, 1), 200, 1, {**ONE_STEP}),  # K in one step: no ranges, no workspace
+        # Qwen3-8B TP 1: 48 heads x 16 ranges > 128 programs; 50 MB of weights: one token
+        ((32, 8), 4096, 4, [{**PIPELINED, "split_k": 8}]),
+        # Qwen3-8B TP 8: 6 x 16 = 96 programs for one token, 192 for two; 6.3 MB of weights
+        ((4, 1), 4096, 8, [{**ONE_STEP, "split_k": 16}, {**PIPELINED, "split_k": 8}]),
+        # Qwen3-32B TP 8: 10 x 20 > 128 programs; 13.1 MB
+        ((8, 1), 5120, 8, [{**PIPELINED, "split_k": 10}] * 2),
+        # K in one step: no ranges, no workspace
+        ((4, 1), 200, 1, [ONE_STEP] * 2),
     ],
     ids=["48-heads", "6-heads", "10-heads-k5120", "k200"],
 )
 def test_the_public_ops_buckets(heads, hidden, split, gemv):
-    """One token by the GEMV: K in ranges of one 256-wide step and 8 warps where heads x
-    ranges stay within 128 programs, else ranges of 512 in pipelined 64-wide steps, 4 warps;
-    split-K at T <= 16 (4 ranges for 32 head programs or more, 8 below, as far as each keeps
-    two 64-wide steps), 64-token tiles after; any schedule option pins one variant."""
+    """T = 1, and T = 2 where the weights are at most 16 MiB (TP 8's, not TP 1's), by the
+    GEMV: K in ranges of one 256-wide step and 8 warps where tokens x heads x ranges stay
+    within 128 programs, else ranges of 512 in pipelined 64-wide steps, 4 warps; split-K at
+    T <= 16 (4 ranges for 32 head programs or more, 8 below, as far as each keeps two 64-wide
+    steps), 64-token tiles after; any schedule option pins one variant."""
     hq, hkv = heads
     program, *_ = _problem(2, hq=hq, hkv=hkv, d=128, rotary=128, hidden=hidden, tokens=2)
     buckets = get_target("cuda").token_buckets(plan_program(program))
     assert buckets == (
-        (1, gemv),
+        *((tokens, options) for tokens, options in enumerate(gemv, start=1)),
         (16, {"num_warps": 4, **({"split_k": split} if split > 1 else {})}),
         (None, {"block_t": 64, "num_warps": 4}),
     )
