@@ -145,10 +145,9 @@ def test_info_log_names_the_lowered_kernel(monkeypatch, tmp_path, capsys):
     """At INFO fqr says which kernel was lowered, for which target, and where its source is."""
     from fqr import lowering
     from fqr.logger import configure
+    from fqr.lowering import loader
     from fqr.presets import get_preset
     from fqr.prologue import program_of
-
-    from fqr.lowering import loader
 
     monkeypatch.setenv("FQR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "_KERNELS", {})
