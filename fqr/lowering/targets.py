@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,7 +249,8 @@ class CudaTarget(Target):
         buckets: list[tuple[int | None, dict[str, Any]]] = []
         if not whole_rows:
             weight = next(c.product.weight for c in plan.chains if c.product is not None)
-            weight_bytes = math.prod(weight.aval.shape) * weight.aval.dtype.itemsize
+            rows, columns = (int(n) for n in weight.aval.shape)  # [N, K]: static
+            weight_bytes = rows * columns * weight.aval.dtype.itemsize
             # a second token re-reads the weights: from L2 where they fit it easily
             most = 2 if weight_bytes <= GEMV_TWO_TOKEN_BYTES else 1
             for tokens in range(1, most + 1):
