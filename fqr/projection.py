@@ -4,8 +4,8 @@ pair (cuBLAS + fqr's prologue op), per bucket, whichever was measured faster.
 Every prologue has a projected form ``fqr.<op>_proj(x, w_qkv, ..., qkv_bias=None)``
 (:mod:`fqr.prologue.projected`): one kernel, the GEMM with the prologue as its epilogue, the
 fused contract (one rounding). It is not faster everywhere: on the H200 it wins at T = 1 (at
-TP 8 for every family measured, at TP 1 for all but Qwen3-32B) and loses at T = 16 and at
-prefill (docs/PERFORMANCE.md, issue 40). The projected op keeps its
+TP 8 for every family measured, at TP 1 for all but Qwen3-32B) and at T = 2 at TP 8, and loses
+at T = 16 and at prefill (docs/PERFORMANCE.md, issue 40). The projected op keeps its
 meaning (always that one kernel); this module is the separate entry that chooses::
 
     q, k, v = fqr.proj_dispatch("split_qkv_rmsnorm_rope", x, w_qkv, positions, cos_sin_cache,
@@ -49,8 +49,8 @@ not time) runs the pair: today's behaviour, never slower than it.
 
 ``fqr bench --projection --write-dispatch PATH`` writes a new table from its measured cells
 (:func:`fqr.bench.projection.dispatch_table`); the shipped one was written so from one H200
-run at T = 1, 16, 1024 and 16384, whose log and cells are
-``docs/results/projection-h200-issue40-c.{log,json}``.
+run at T = 1, 2, 16, 1024 and 16384, whose log and cells are
+``docs/results/projection-h200-issue40-d.{log,json}``.
 """
 
 from __future__ import annotations
