@@ -58,6 +58,7 @@ SCHEDULES: dict[str, dict] = {
 
 
 BENCH_KEYS = ("min_tokens", "max_tokens", "k_range")  # a schedule's keys that are not options
+BUILD_TOKENS = (1, 2, 16, 1024)  # build_ahead's launches: a token count in each public bucket
 
 
 def lowering_options(schedule: dict, depth: int) -> dict:
@@ -109,17 +110,17 @@ def build_ahead(presets=PRESETS, tps=(1, 8), schedules=None, dtype=torch.bfloat1
     launched = 0
     for name in presets:
         for tp in tps:
-            for tokens in (1, 2, 16, 1024):  # the public op's token buckets
+            for tokens in BUILD_TOKENS:  # one in each of the public op's token buckets
                 proj, args = given(name, tp, tokens)
                 proj.function(**args)
                 launched += 1
             for schedule in (schedules or SCHEDULES).values():
                 if not schedule:
                     continue
-                # at each token count of its range the bench times (1, 2, 16, 1024): a launch's
-                # specialisation (the workspace, the token tiles) can differ between them
+                # at each of those in its range: a launch's specialisation (the workspace, the
+                # token tiles) can differ between them
                 low, high = schedule.get("min_tokens", 1), schedule.get("max_tokens", 1 << 30)
-                for tokens in (t for t in (1, 2, 16, 1024) if low <= t <= high):
+                for tokens in (t for t in BUILD_TOKENS if low <= t <= high):
                     proj, args = given(name, tp, tokens)
                     call = proj.bound(proj.bind((), args))
                     proj.validate(call)

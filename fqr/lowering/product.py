@@ -32,6 +32,12 @@ def head_offset(section: Section) -> str:
     return f"hh * {section.head_stride}"
 
 
+def broadcast_step(acc: str, wk: str, xk: str) -> str:
+    """One K step as a broadcast product summed over K: ``acc [T, width] += sum_k xk [T, k] *
+    wk [k, width]``, any token tile and width."""
+    return f"{acc} += tl.sum({xk}[:, :, None] * {wk}.to(tl.float32)[None, :, :], 1)"
+
+
 class ProductEmission:
     """Mixed into :class:`fqr.lowering.emit.KernelBuilder` (whose state it uses: ``tiling``,
     ``head_tile``, ``head_valid``, ``split_depth``, ``emit``, ``fresh``, ``cols``, the
@@ -154,8 +160,7 @@ class ProductEmission:
                 zero = f"tl.zeros_like({acc}) + unfolded_zero"
                 self.emit(f"{acc} += tl.dot(xk, {operand}, {zero}{how})")
             elif mma:  # a piece narrower than the target's dot takes: a broadcast product
-                terms = f"{xk_fp32}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
-                self.emit(f"{acc} += tl.sum({terms}, 1)")
+                self.emit(broadcast_step(acc, wk, xk_fp32))
             else:
                 self._gemv_step(acc, wk, xk_fp32, step)
         self.indent -= 1
@@ -196,11 +201,10 @@ class ProductEmission:
         over the tile's tokens with the weight tile kept in registers was 10-100x slower
         there, docs/PERFORMANCE.md)."""
         column = f"tl.reshape({xk}, [{step}])[:, None]"
-        terms = f"{xk}[:, :, None] * {wk}.to(tl.float32)[None, :, :]"
         self.emit("if BLOCK_T == 1:")
         self.emit(f"    {acc} += tl.sum({wk}.to(tl.float32) * {column}, 0)[None, :]")
         self.emit("else:")
-        self.emit(f"    {acc} += tl.sum({terms}, 1)")
+        self.emit(f"    {broadcast_step(acc, wk, xk)}")
 
     def _join_splits(self, weight: Var, parts: list) -> None:
         """Split-K: this program's partial sums to the workspace ``[split_k, tokens, N]``

@@ -330,16 +330,16 @@ class CudaTarget(Target):
         )
 
 
-# The one-token GEMV schedules (CudaTarget.product_buckets). One step a split-K range, every
-# weight load of a program in flight at once, where heads x ranges stay within this many
-# programs (one wave of 8-warp programs on the H200's 132 SMs); else ranges of 512 in 64-wide
-# steps, the next steps' weight tiles loaded while one is summed.
+# The GEMV schedules (CudaTarget.product_buckets, gemv_schedule). One step a split-K range,
+# every weight load of a program in flight at once, where tokens x heads x ranges stay within
+# this many programs (one wave of 8-warp programs on the H200's 132 SMs); else ranges of 512
+# in 64-wide steps, the next steps' weight tiles loaded while one is summed.
 GEMV_BLOCK_K = 256
 ONE_STEP_GEMV_PROGRAMS = 128
 PIPELINED_GEMV = {"product_dot": "fma", "block_k": 64, "k_stages": 4, "num_warps": 4}
 PIPELINED_GEMV_RANGE = 512
 # The GEMV also takes T = 2 (one program per token and range, the second token's weight reads
-# hitting L2) where the weights are at most this big: TP 8's 6-10 MB on the H200 (50 MB of L2),
+# hitting L2) where the weights are at most this big: TP 8's 6-13 MB on the H200 (50 MB of L2),
 # not TP 1's 50-105 MB.
 GEMV_TWO_TOKEN_BYTES = 16 << 20
 

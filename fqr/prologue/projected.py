@@ -25,14 +25,15 @@ modes round qkv as the model's unfused chain does: that is ``torch.matmul`` then
 Where it runs: the reference backend (``fqr.core.eval_program``: fp32 product, then the
 prologue, rounded once), and every kernel backend as ONE generated kernel, the GEMM with the
 prologue as its epilogue (``fqr.lowering.product``): on the triton and interpret backends
-a one-token GEMV (each weight tile times x as a column, K in split-K ranges: one 256-wide
-step each, or 512 in pipelined 64-wide steps where that would make more than 128 programs),
-split-K on tensor cores at T <= 16 and 64-token tensor-core tiles after; on the Ascend
-backends (ascend, ascend-interpret, ascend-on-cuda) the cube-unit lowering (``fqr.lowering.ascend.
-ascend_product_tiling``: ``tl.dot`` on the cube, the epilogue on the vector cores, one program
-per AI core walking (token tile, head group) items with each K loop whole, tiles sized from
-the UB and the cube's L0A/L0B/L0C/L1; a head too wide for them is refused with one line
-naming the numbers before anything runs).
+a GEMV at T = 1, and at T = 2 where the weights are at most 16 MiB (each weight tile times x
+as a column, K in split-K ranges: one 256-wide step each, or 512 in pipelined 64-wide steps
+where that would make more than 128 programs), split-K on tensor cores at T <= 16 and
+64-token tensor-core tiles after; on the Ascend backends (ascend, ascend-interpret,
+ascend-on-cuda) the cube-unit lowering (``fqr.lowering.ascend.ascend_product_tiling``:
+``tl.dot`` on the cube, the epilogue on the vector cores, one program per AI core walking
+(token tile, head group) items with each K loop whole, tiles sized from the UB and the cube's
+L0A/L0B/L0C/L1; a head too wide for them is refused with one line naming the numbers before
+anything runs).
 """
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ def _doc(decl: Declaration, example: str) -> str:
     for the bound of the fp32 accumulation). The other arguments are ``{decl.name}``'s; its
     ``inplace``, ``out=`` and ``norm_stats`` are not taken, and ``numerics`` is "fused" only.
     On every kernel backend it is one kernel: the GEMM with the prologue as its epilogue
-    (triton, interpret: a one-token GEMV in split-K ranges, split-K at T <= 16, 64-token
+    (triton, interpret: a GEMV in split-K ranges at T <= 2, split-K at T <= 16, 64-token
     tensor-core tiles after; the Ascend backends: the cube unit's tl.dot, each program's K
     loop whole).
 
